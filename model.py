@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
     pos: str = "rope"  # one of POS_SCHEMES
     rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
+    rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
+    rope_factor: float = 1.0  # the extension factor s: target context / block_size
 
     def __post_init__(self):
         if self.pos not in POS_SCHEMES:
@@ -55,6 +58,12 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.rope_base <= 1.0:
             raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
+        if self.rope_scaling is not None and self.pos != "rope":
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} extends RoPE only; this model has pos={self.pos!r}")
+        if self.rope_scaling not in (None, *ROPE_SCALINGS):
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+        if self.rope_factor < 1.0:
+            raise ValueError(f"rope_factor must be >= 1, got {self.rope_factor}")
 
     @property
     def head_dim(self):
@@ -79,14 +88,53 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
     return pe.to(dtype)
 
 
-def rope_frequencies(head_dim, base=10000.0):
-    """RoPE's inverse frequencies theta_i = base^(-2i/head_dim), i = 0 .. head_dim/2 - 1 (Su et al. 2021, eq. 15).
+def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None):
+    """RoPE's inverse frequencies theta_i = base^(-2i/head_dim), i = 0 .. head_dim/2 - 1 (Su et al. 2021, eq. 15),
+    optionally rescaled to run a model trained on original_len tokens at factor s times that length,
+    without retraining. Returns (inv_freq float32, attention_scale); the scale multiplies cos and sin.
 
-    Returns (inv_freq, attention_scale). The scale multiplies cos and sin; it is 1.0 for plain RoPE
-    and exists for context-extension methods (YaRN's attention temperature).
+    scaling=None     plain RoPE.
+    "linear"         position interpolation (Chen et al. 2023): positions divided by s, i.e. theta_i / s.
+    "ntk"            NTK-aware: base' = base * s^(d / (d - 2)); high frequencies barely move, the lowest
+                     is interpolated by s (bloc97, 2023).
+    "dynamic"        dynamic NTK: the NTK base computed from the current length L = seq_len,
+                     base' = base * (s * L / T - (s - 1))^(d / (d - 2)); plain RoPE while L <= T.
+    "yarn"           YaRN (Peng et al. 2023, eq. 17-21): NTK-by-parts, theta_i' = (1 - g) theta_i / s + g theta_i
+                     with g a linear ramp in r_i = T / lambda_i (rotations over the original length) from 0 at
+                     beta_slow = 1 to 1 at beta_fast = 32, plus the attention temperature 0.1 ln(s) + 1
+                     applied to cos and sin (so to q.k twice, as sqrt(1/t) on each side).
     """
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    return inv_freq.float(), 1.0
+
+    def plain(b):
+        return b ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+    if scaling not in (None, *ROPE_SCALINGS):
+        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+    if factor < 1.0:
+        raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
+    d, s = head_dim, factor
+    attention_scale = 1.0
+    if scaling is None:
+        inv_freq = plain(base)
+    elif scaling == "linear":
+        inv_freq = plain(base) / s
+    elif scaling == "ntk":
+        inv_freq = plain(base * s ** (d / (d - 2)))
+    elif scaling == "dynamic":
+        if original_len is None or seq_len is None:
+            raise ValueError("dynamic rope scaling needs original_len and seq_len")
+        grown = max(1.0, s * seq_len / original_len - (s - 1))
+        inv_freq = plain(base * grown ** (d / (d - 2)))
+    else:  # yarn
+        if original_len is None:
+            raise ValueError("yarn rope scaling needs original_len")
+        beta_fast, beta_slow = 32.0, 1.0
+        theta = plain(base)
+        rotations = original_len * theta / (2 * math.pi)  # r_i = T / lambda_i
+        ramp = ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)  # gamma(r_i)
+        inv_freq = (1 - ramp) * theta / s + ramp * theta
+        attention_scale = 0.1 * math.log(s) + 1.0
+    return inv_freq.float(), attention_scale
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
@@ -139,19 +187,27 @@ def alibi_bias(slopes, n_query, n_key):
     return -slopes[:, None, None] * distance[None]
 
 
-def causal_mask(n_query, n_key, device=None):
-    """Additive mask: 0 where query i may see key j (j <= i), -inf for the future. -> (n_query, n_key)"""
+def causal_mask(n_query, n_key, window=None, device=None):
+    """Additive mask: 0 where query i may see key j, -inf elsewhere. -> (n_query, n_key)
+
+    Queries are the last n_query of the n_key positions. Visible: j <= i (causal) and, with a window,
+    i - j < window (sliding-window attention: each token sees itself and the window - 1 before it).
+    """
     query_pos = torch.arange(n_key - n_query, n_key, device=device)
     key_pos = torch.arange(n_key, device=device)
-    future = key_pos[None, :] > query_pos[:, None]
-    return torch.zeros(n_query, n_key, device=device).masked_fill(future, float("-inf"))
+    distance = query_pos[:, None] - key_pos[None, :]  # i - j
+    hidden = distance < 0
+    if window is not None:
+        hidden = hidden | (distance >= window)
+    return torch.zeros(n_query, n_key, device=device).masked_fill(hidden, float("-inf"))
 
 
 # -----------------------------------------------------------------------------
-# Position encodings: the modules. Each has the same three hooks; GPT calls them once per forward:
-#   embed(tok_emb)              -> what enters the first block (additive schemes add here)
-#   max_len                     -> longest sequence it can encode (None: unbounded)
-#   attention_inputs(T, device) -> (rope_cos_sin or None, additive score bias or None), shared by all layers
+# Position encodings: the modules. Each has the same three hooks, which GPT calls once per forward
+# (start is the absolute position of the first token: 0, or how many tokens a KV cache already holds):
+#   embed(tok_emb, start)                    -> what enters the first block (additive schemes add here)
+#   max_len                                  -> the longest sequence it can encode (None: unbounded)
+#   attention_inputs(start, n_query, n_key)  -> (RoPE's (cos, sin) or None, a score bias or None), for all layers
 
 
 class NoPositions(nn.Module):
@@ -163,10 +219,10 @@ class NoPositions(nn.Module):
     def __init__(self, config):
         super().__init__()
 
-    def embed(self, tok_emb):
+    def embed(self, tok_emb, start=0):
         return tok_emb
 
-    def attention_inputs(self, T, device):
+    def attention_inputs(self, start, n_query, n_key):
         return None, None
 
 
@@ -178,16 +234,16 @@ class LearnedPositions(nn.Embedding):
         super().__init__(config.block_size, config.n_embd)
         self.max_len = config.block_size
 
-    def embed(self, tok_emb):
-        T = tok_emb.size(1)
-        if T > self.max_len:
+    def embed(self, tok_emb, start=0):
+        end = start + tok_emb.size(1)
+        if end > self.max_len:
             raise ValueError(
-                f"sequence length {T} exceeds block_size={self.max_len}: pos=learned has no embedding past "
+                f"sequence length {end} exceeds block_size={self.max_len}: pos=learned has no embedding past "
                 f"position {self.max_len - 1}; sinusoidal, rope, alibi and none run longer"
             )
-        return tok_emb + self.weight[:T]
+        return tok_emb + self.weight[start:end]
 
-    def attention_inputs(self, T, device):
+    def attention_inputs(self, start, n_query, n_key):
         return None, None
 
 
@@ -204,33 +260,45 @@ class SinusoidalPositions(NoPositions):
         self.token_scale = math.sqrt(config.n_embd)
         self.register_buffer("table", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False)
 
-    def embed(self, tok_emb):
-        T = tok_emb.size(1)
-        if T > self.table.size(0):  # past the cached length: only when generating beyond block_size
-            self.table = sinusoidal_embedding(2 * T, self.table.size(1)).to(self.table.device)
-        return tok_emb * self.token_scale + self.table[:T].to(tok_emb.dtype)
+    def embed(self, tok_emb, start=0):
+        end = start + tok_emb.size(1)
+        if end > self.table.size(0):  # past the cached length: only when generating beyond block_size
+            self.table = sinusoidal_embedding(2 * end, self.table.size(1)).to(self.table.device)
+        return tok_emb * self.token_scale + self.table[start:end].to(tok_emb.dtype)
 
 
 class RotaryPositions(NoPositions):
     """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. No additive embedding.
-    cos/sin are float32, cached for block_size positions and extended on demand."""
+    cos/sin are float32, cached for block_size positions and extended on demand. With a context
+    extension (config.rope_scaling) the frequencies are rescaled against the trained block_size."""
 
     def __init__(self, config):
         super().__init__(config)
-        inv_freq, self.attention_scale = rope_frequencies(config.head_dim, config.rope_base)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.base = config.head_dim, config.rope_base
+        self.scaling, self.factor, self.original_len = config.rope_scaling, config.rope_factor, config.block_size
         self._cache(config.block_size)
 
-    def _cache(self, n_pos):
-        positions = torch.arange(n_pos, device=self.inv_freq.device)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scale)
+    def _cos_sin(self, n_pos, seq_len, device=None):
+        inv_freq, scale = rope_frequencies(
+            self.head_dim, self.base, self.scaling, self.factor, self.original_len, seq_len
+        )
+        return rope_cos_sin(torch.arange(n_pos, device=device), inv_freq.to(device), scale)
+
+    def _cache(self, n_pos, device=None):
+        cos, sin = self._cos_sin(n_pos, seq_len=self.original_len, device=device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def attention_inputs(self, T, device):
-        if T > self.cos.size(0):  # past the cached length: only when generating beyond block_size
-            self._cache(2 * T)
-        return (self.cos[:T], self.sin[:T]), None
+    def attention_inputs(self, start, n_query, n_key):
+        end = start + n_query
+        if self.scaling == "dynamic" and end > self.original_len:
+            # dynamic NTK: the frequencies follow the current length, so they are recomputed as it grows
+            cos, sin = self._cos_sin(end, seq_len=end, device=self.cos.device)
+        else:
+            if end > self.cos.size(0):  # past the cached length: only when generating beyond block_size
+                self._cache(2 * end, device=self.cos.device)
+            cos, sin = self.cos, self.sin
+        return (cos[start:end], sin[start:end]), None
 
 
 class ALiBiPositions(NoPositions):
@@ -241,9 +309,8 @@ class ALiBiPositions(NoPositions):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def attention_inputs(self, T, device):
-        bias = alibi_bias(self.slopes, T, T) + causal_mask(T, T, device=device)
-        return None, bias[None]  # (1, n_head, T, T)
+    def attention_inputs(self, start, n_query, n_key):
+        return None, alibi_bias(self.slopes, n_query, n_key)  # (n_head, n_query, n_key)
 
 
 # The one place where a scheme is chosen.
@@ -261,22 +328,26 @@ POSITION_MODULES = {
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, layer_idx=0):
         super().__init__()
+        self.layer_idx = layer_idx  # which slot of a KVCache is ours
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope=None, score_bias=None, causal=True):
-        """x: (B, T, C). rope: (cos, sin) to rotate q and k. score_bias: additive (…, T, T) mask that
-        already holds the causal -inf (ALiBi). causal=False drops the mask (for the lessons only)."""
+    def forward(self, x, rope=None, score_bias=None, causal=True, cache=None):
+        """x: (B, T, C). rope: (cos, sin) to rotate q and k. score_bias: an additive (..., T, n_key) mask that
+        already holds the causal -inf; None means plain causal attention. cache: a KVCache to append this
+        step's keys and values to and attend over. causal=False drops the mask (for the lessons only)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys, before the scores
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:  # keys are cached already rotated: a key's position never changes
+            k, v = cache.update(self.layer_idx, k, v)
         dropout_p = self.dropout if self.training else 0.0
         if score_bias is not None:
             # SDPA adds a float attn_mask to the scores; it must match q's dtype under autocast
@@ -302,15 +373,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm residual block (GPT-2): x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx=0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, score_bias=None):
-        x = x + self.attn(self.ln_1(x), rope, score_bias)
+    def forward(self, x, rope=None, score_bias=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, score_bias, cache=cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -328,7 +399,7 @@ class GPT(nn.Module):
                 # the position scheme lives under GPT-2's name; only `learned` has parameters here
                 wpe=POSITION_MODULES[config.pos](config),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
@@ -361,14 +432,24 @@ class GPT(nn.Module):
         """Trainable parameters, the tied embedding counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None):
-        """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are given."""
+    def forward(self, idx, targets=None, cache=None):
+        """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are given.
+        With a KVCache, idx continues the tokens already cached: positions start at cache.seen."""
         T = idx.size(1)
+        start = 0 if cache is None else cache.seen
+        n_key = T if cache is None else cache.n_cached + T
         pos = self.transformer.wpe
-        x = self.transformer.drop(pos.embed(self.transformer.wte(idx)))
-        rope, score_bias = pos.attention_inputs(T, idx.device)
+        x = self.transformer.drop(pos.embed(self.transformer.wte(idx), start))
+        rope, bias = pos.attention_inputs(start, T, n_key)
+        score_bias = None  # None: plain causal attention, SDPA's is_causal (the flash kernel on CUDA)
+        if cache is not None or bias is not None:
+            score_bias = causal_mask(T, n_key, None if cache is None else cache.window, idx.device)
+            if bias is not None:
+                score_bias = score_bias + bias  # (n_head, T, n_key)
         for block in self.transformer.h:
-            x = block(x, rope, score_bias)
+            x = block(x, rope, score_bias, cache)
+        if cache is not None:
+            cache.advance(T)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
@@ -390,24 +471,100 @@ class GPT(nn.Module):
     # Generation
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
         """The reference sampler: append max_new_tokens tokens to idx (B, T), re-running the whole context
         for each one. Runs past block_size for every scheme but learned, which sees only the last
-        block_size tokens. temperature=0 picks the most likely token."""
+        block_size tokens. max_context crops the context further (positions restart inside it).
+        temperature=0 picks the most likely token."""
+        limits = [n for n in (self.max_len, max_context) if n is not None]
+        crop = min(limits) if limits else None
         for _ in range(max_new_tokens):
-            context = idx if self.max_len is None else idx[:, -self.max_len :]
+            context = idx if crop is None else idx[:, -crop:]
             logits, _ = self(context)
-            idx_next = sample_next(logits[:, -1, :], temperature, top_k)
+            idx_next = sample_next(logits[:, -1, :], temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
+    @torch.no_grad()
+    def generate_cached(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
+                        on_token=None):
+        """The same samples as generate(), in O(context) per token instead of O(context^2): the prompt is
+        run once (prefill), then each new token attends to the cached keys and values (decode).
 
-def sample_next(logits, temperature=1.0, top_k=None):
-    """One token per row from the last position's logits (B, V) -> (B, 1)."""
+        Positions keep counting past block_size. A scheme with a position table (learned) cannot: once the
+        table is full the window of its last max_len tokens slides, positions restart inside it, and the
+        cache is rebuilt for every new token (as generate() does). For the other schemes max_context is a
+        sliding attention window over absolute positions (each token sees the max_context latest).
+        on_token(next_ids (B, 1)) is called as each token is produced, for streaming.
+        """
+        crop = None if self.max_len is None else min(self.max_len, max_context or self.max_len)
+        window = max_context if crop is None else None
+
+        def prefill(tokens):
+            cache = KVCache(self.config.n_layer, window)
+            logits, _ = self(tokens if crop is None else tokens[:, -crop:], cache=cache)
+            return cache, logits
+
+        cache, logits = prefill(idx)
+        for step in range(max_new_tokens):
+            idx_next = sample_next(logits[:, -1, :], temperature, top_k, top_p)
+            idx = torch.cat((idx, idx_next), dim=1)
+            if on_token is not None:
+                on_token(idx_next)
+            if step == max_new_tokens - 1:
+                break
+            if crop is not None and cache.seen >= crop:  # the table is full: slide, positions restart
+                cache, logits = prefill(idx)
+            else:
+                logits, _ = self(idx_next, cache=cache)
+        return idx
+
+
+class KVCache:
+    """Each layer's keys and values of the tokens seen so far, so that decoding a token attends to them
+    instead of recomputing the prefix. Keys are stored after RoPE, at their absolute positions.
+
+    window: keep only the latest `window` tokens (sliding-window attention); positions keep counting.
+    """
+
+    def __init__(self, n_layer, window=None):
+        self.window = window
+        self.seen = 0  # tokens run through the model so far = the position of the next token
+        self.layers = [None] * n_layer  # per layer: (k, v), each (B, n_head, n_cached, head_dim)
+
+    @property
+    def n_cached(self):
+        return 0 if self.layers[0] is None else self.layers[0][0].size(2)
+
+    def update(self, layer_idx, k, v):
+        """Append this step's (B, nh, T, hs) keys and values; return all the keys and values to attend to."""
+        if self.layers[layer_idx] is not None:
+            cached_k, cached_v = self.layers[layer_idx]
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+        keep = k.size(2) if self.window is None else min(k.size(2), self.window - 1)  # room for the next token
+        self.layers[layer_idx] = (k[:, :, k.size(2) - keep :], v[:, :, v.size(2) - keep :])
+        return k, v
+
+    def advance(self, n_tokens):
+        self.seen += n_tokens
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
+    """One token per row from the last position's logits (B, V) -> (B, 1).
+
+    temperature=0: the most likely token (no division by zero). top_k: only the k most likely tokens.
+    top_p: nucleus sampling (Holtzman et al. 2020), the smallest set whose probability reaches top_p.
+    """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))  # the top token always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

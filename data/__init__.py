@@ -1,0 +1,1 @@
+"""Datasets: one prepare.py per dataset, all writing the format read by data/common.py."""

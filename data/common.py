@@ -1,0 +1,382 @@
+"""
+The one on-disk format every dataset is written in, and what train.py and sample.py read it with.
+
+    data/<name>/train.bin, val.bin   flat arrays of token ids: uint16 when the vocabulary fits in 2**16 ids,
+                                     uint32 otherwise (ndarray.tofile, read back with np.memmap)
+    data/<name>/meta.json            {"tokenizer": "char"|"gpt2", "vocab_size", "dtype", "train_tokens",
+                                      "val_tokens", "chars" (char only)}
+
+meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
+Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
+big for memory); data/text/prepare.py turns any UTF-8 file into it.
+"""
+import importlib
+import json
+import os
+import sys
+import uuid
+from contextlib import contextmanager, suppress
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+import torch
+
+DATA_ROOT = Path(__file__).resolve().parent
+SPLITS = ("train", "val")
+FILES = ("train.bin", "val.bin", "meta.json")
+TOKENIZERS = ("char", "gpt2")
+# Datasets whose text ships with the repo, so ensure_prepared can build them on first use, offline
+# (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
+EMBEDDED = ("shakespeare_char", "shakespeare")
+
+
+class DataError(ValueError):
+    """A problem with the input data that the user can fix; the scripts print it as one line."""
+
+
+class EncodingUnavailable(RuntimeError):
+    """tiktoken could not load the GPT-2 BPE (it downloads it on first use, so offline it needs a cache)."""
+
+
+def dataset_dir(name: str) -> Path:
+    return DATA_ROOT / name
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    # ids run from 0 to vocab_size - 1, so uint16 holds up to 2**16 ids, in half the bytes of uint32
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+# -----------------------------------------------------------------------------
+# meta.json
+
+def _check_meta(meta, where) -> None:
+    """Raise ValueError unless meta has the fields of the format described at the top of this file."""
+    def bad(why):
+        return ValueError(f"{where}: {why}")
+    if not isinstance(meta, dict):
+        raise bad("meta must be a JSON object")
+    if meta.get("tokenizer") not in TOKENIZERS:
+        raise bad(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {meta.get('tokenizer')!r}")
+    for key in ("vocab_size", "train_tokens", "val_tokens"):
+        value, minimum = meta.get(key), (1 if key == "vocab_size" else 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise bad(f"dtype must be uint16 or uint32, got {meta.get('dtype')!r}")
+    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
+        raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
+    if meta["tokenizer"] == "char":
+        chars = meta.get("chars")
+        if (not isinstance(chars, list) or len(chars) != meta["vocab_size"]
+                or not all(isinstance(c, str) and len(c) == 1 for c in chars)):
+            raise bad("a char dataset needs chars: a list of vocab_size single characters")
+
+
+def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
+    """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
+    if not isinstance(meta.get("vocab_size"), int):
+        raise ValueError(f"meta needs an int vocab_size, got {meta.get('vocab_size')!r}")
+    full = {
+        "tokenizer": meta.get("tokenizer"),
+        "vocab_size": meta["vocab_size"],
+        "dtype": dtype_for_vocab(meta["vocab_size"]).name,
+        "train_tokens": int(train_tokens),
+        "val_tokens": int(val_tokens),
+    }
+    if "chars" in meta:
+        full["chars"] = list(meta["chars"])
+    _check_meta(full, "meta")
+    return full
+
+
+def save_meta(path, meta: dict) -> None:
+    # ensure_ascii=False keeps a char vocabulary readable ("é", not "\u00e9")
+    Path(path).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _prepare_command(data_dir: Path) -> str:
+    """The command that (re)creates the dataset in data_dir."""
+    script = data_dir / "prepare.py"
+    if script.is_file():
+        return f"python {os.path.relpath(script)}"
+    return f"python data/text/prepare.py --input FILE --name {data_dir.name}"
+
+
+def load_meta(data_dir) -> dict:
+    data_dir = Path(data_dir)
+    path = data_dir / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise ValueError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
+    _check_meta(meta, path)
+    return meta
+
+
+# -----------------------------------------------------------------------------
+# writing a dataset
+
+@contextmanager
+def staged_dataset(out_dir):
+    """Yield {file name: temporary path} for train.bin, val.bin and meta.json in out_dir, for the caller to
+    write; when the block ends without error, rename them into place; on any error, delete them.
+
+    Renaming (os.replace, atomic within a filesystem) means an interrupted preparation leaves nothing
+    half-written behind. meta.json is removed first and renamed last, so whenever it exists the .bin files
+    beside it are complete and match it. Temporary names are unique per call, so two processes preparing
+    the same dataset (DDP ranks) don't write into each other's files; they end with .bin or .json so that
+    .gitignore's data/**/*.bin covers the big ones if a process is killed outright.
+    """
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = {name: out_dir / f".tmp-{tag}-{name}" for name in FILES}
+    try:
+        yield tmp
+        (out_dir / "meta.json").unlink(missing_ok=True)
+        for name in FILES:
+            os.replace(tmp[name], out_dir / name)
+    except BaseException:  # KeyboardInterrupt too: Ctrl-C is the usual way a long preparation ends early
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        if created:
+            with suppress(OSError):  # only if empty: never delete anything we did not write
+                out_dir.rmdir()
+        raise
+
+
+def _as_id_array(ids, split: str) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        ids = ids.astype(np.int64)  # np.asarray([]) is float64
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}")
+    return ids
+
+
+def write_dataset(out_dir, train_ids, val_ids, meta: dict) -> dict:
+    """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset).
+
+    meta needs "tokenizer" and "vocab_size" (and "chars" for char); the dtype, chosen from vocab_size,
+    and the token counts are filled in here. Returns the meta as written.
+    """
+    splits = {"train": _as_id_array(train_ids, "train"), "val": _as_id_array(val_ids, "val")}
+    meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
+    for split, ids in splits.items():
+        if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
+            raise ValueError(f"{split} ids must lie in [0, {meta['vocab_size']}), "
+                             f"found {ids.min()}..{ids.max()}")
+    with staged_dataset(out_dir) as tmp:
+        for split, ids in splits.items():
+            ids.astype(meta["dtype"]).tofile(tmp[f"{split}.bin"])
+        save_meta(tmp["meta.json"], meta)
+    return meta
+
+
+def summarize(out_dir, meta: dict) -> str:
+    """One line for the prepare scripts to print."""
+    return (f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, vocab_size {meta['vocab_size']:,}, "
+            f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})")
+
+
+@contextmanager
+def exit_on_user_error():
+    """For a script's main(): print an error the user can fix as one line, `error: ...`, and exit with
+    status 2 as argparse does, instead of a traceback."""
+    try:
+        yield
+    except (DataError, FileNotFoundError, EncodingUnavailable, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# -----------------------------------------------------------------------------
+# finding datasets
+
+def available_datasets(data_root=DATA_ROOT) -> list:
+    """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one)."""
+    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and (
+        (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")))
+
+
+def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
+    """Return the folder of dataset `name`, preparing it first if it ships with the repo (EMBEDDED)."""
+    data_dir = Path(data_root) / name
+    if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
+        raise FileNotFoundError(
+            f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
+            f"or make one from your own text with python data/text/prepare.py --input FILE")
+    if all((data_dir / f).is_file() for f in FILES):
+        return data_dir
+    if name not in EMBEDDED:
+        raise FileNotFoundError(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
+    print(f"dataset {name!r} is not prepared yet: preparing it in {data_dir} (once)")
+    importlib.import_module(f"{__package__}.{name}.prepare").prepare(data_dir)
+    return data_dir
+
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+@lru_cache(maxsize=None)
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE, loaded once per process."""
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
+        raise EncodingUnavailable(
+            f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
+            f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
+        ) from e
+
+
+def _as_list(ids) -> list:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
+
+
+class Tokenizer:
+    """Text <-> token ids, as a dataset was prepared; get_tokenizer(meta) builds the right one."""
+    name: str
+    vocab_size: int
+    eot_id = None  # the id that ends a document, for tokenizers that have one
+
+    def encode(self, text: str) -> list:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def to_meta(self) -> dict:
+        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
+    name = "char"
+
+    def __init__(self, chars):
+        self.chars = list(chars)
+        self.vocab_size = len(self.chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str) -> list:
+        unknown = set(text).difference(self.stoi)
+        if unknown:
+            shown = ", ".join(repr(c) for c in sorted(unknown, key=text.index))  # in order of appearance
+            raise DataError(f"characters not in the vocabulary: {shown} "
+                            f"(this dataset's {self.vocab_size} characters are in its meta.json)")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids) -> str:
+        ids = _as_list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]  # a negative id would silently index from the end
+        if bad:
+            raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
+        return "".join(self.chars[i] for i in ids)
+
+    def to_meta(self) -> dict:
+        return {**super().to_meta(), "chars": self.chars}
+
+
+class GPT2Tokenizer(Tokenizer):
+    """GPT-2 BPE through tiktoken: 50257 ids, the last of which, 50256, is <|endoftext|>."""
+    name = "gpt2"
+
+    def __init__(self):
+        self.enc = gpt2_encoding()
+        self.vocab_size = self.enc.n_vocab  # 50257; a model may pad its embedding table past this
+        self.eot_id = self.enc.eot_token
+
+    def encode(self, text: str) -> list:
+        # encode_ordinary: "<|endoftext|>" written in a text is text; only eot_id ends a document
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids) -> str:
+        return self.enc.decode(_as_list(ids))
+
+
+def get_tokenizer(meta: dict) -> Tokenizer:
+    if meta.get("tokenizer") == "char":
+        return CharTokenizer(meta["chars"])
+    if meta.get("tokenizer") == "gpt2":
+        return GPT2Tokenizer()
+    raise ValueError(f"unknown tokenizer {meta.get('tokenizer')!r}: expected one of {', '.join(TOKENIZERS)}")
+
+
+# -----------------------------------------------------------------------------
+# batches
+
+class BatchSampler:
+    """Random (x, y) windows of a split, as nanoGPT's get_batch, reading through an np.memmap re-opened for
+    every batch: a memmap kept open leaks memory (nanoGPT, https://stackoverflow.com/questions/45132940).
+
+    The draw for each batch comes from a torch.Generator seeded from (seed, rank, split, batch number), so
+    - DDP ranks draw different batches,
+    - each split has its own stream: evaluating on val does not shift the training batches,
+    - the state is the number of batches drawn per split, which every rank shares: a checkpoint saved by
+      rank 0 resumes each rank's own stream exactly (a saved generator state would only resume rank 0's).
+    """
+
+    def __init__(self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0):
+        if block_size < 1 or batch_size < 1:
+            raise ValueError(f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}")
+        if seed < 0 or rank < 0:
+            raise ValueError(f"seed and rank must be non-negative, got {seed} and {rank}")
+        self.data_dir = Path(data_dir)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.device = torch.device(device)
+        self.seed, self.rank = seed, rank
+        meta = load_meta(self.data_dir)
+        self.dtype = np.dtype(meta["dtype"])
+        for split in SPLITS:
+            self._check_split(split, meta[f"{split}_tokens"])
+        self.batches = dict.fromkeys(SPLITS, 0)  # batches drawn so far, per split
+        self.generator = torch.Generator()
+
+    def _check_split(self, split: str, tokens: int) -> None:
+        path = self.data_dir / f"{split}.bin"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: prepare the dataset with {_prepare_command(self.data_dir)}")
+        if path.stat().st_size != tokens * self.dtype.itemsize:
+            raise ValueError(f"{path} holds {path.stat().st_size} bytes, but meta.json says {tokens} {self.dtype} "
+                             f"tokens: re-run {_prepare_command(self.data_dir)}")
+        if tokens < self.block_size + 1:
+            raise ValueError(f"the {split} split of {self.data_dir} has {tokens} tokens, fewer than block_size + 1 "
+                             f"= {self.block_size + 1}: use a smaller block_size or a longer text")
+
+    def _batch_seed(self, split: str) -> int:
+        # SeedSequence hashes the whole tuple, so nearby tuples (seed 0 rank 1, seed 1 rank 0) give unrelated draws
+        key = [self.seed, self.rank, SPLITS.index(split), self.batches[split]]
+        hi, lo = np.random.SeedSequence(key).generate_state(2)
+        return int(hi) << 32 | int(lo)
+
+    def get_batch(self, split: str):
+        if split not in self.batches:
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        self.generator.manual_seed(self._batch_seed(split))
+        self.batches[split] += 1
+        data = np.memmap(self.data_dir / f"{split}.bin", dtype=self.dtype, mode="r")
+        T = self.block_size
+        ix = torch.randint(len(data) - T, (self.batch_size,), generator=self.generator).numpy()
+        windows = torch.from_numpy(data[ix[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1), one read
+        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each; y[:, t] follows x[:, t]
+        if self.device.type == "cuda":
+            # pinned host memory lets the copy to the GPU run asynchronously (non_blocking)
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict:
+        # plain ints, so a checkpoint holding it loads with torch.load(weights_only=True)
+        return {"seed": self.seed, **{f"{split}_batches": n for split, n in self.batches.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the stream saved in state; this sampler keeps its own rank (see the class docstring)."""
+        self.seed = int(state["seed"])
+        self.batches = {split: int(state[f"{split}_batches"]) for split in SPLITS}

@@ -1,0 +1,39 @@
+"""
+Tiny Shakespeare, one token per character (nanoGPT's shakespeare_char): 65 characters, 90% train, 10% val.
+
+    python data/shakespeare_char/prepare.py
+
+input.txt here is the repo's one copy of the corpus (data/shakespeare reads it too). train.py prepares
+this dataset by itself on first use (data.common.ensure_prepared).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, it needs the repo root to import data.common
+
+from data.common import dataset_dir, exit_on_user_error, summarize
+from data.text.prepare import prepare_file
+
+INPUT = Path(__file__).with_name("input.txt")
+
+
+def prepare(out_dir=None) -> dict:
+    """Write Tiny Shakespeare's characters to out_dir (default data/shakespeare_char); return the meta."""
+    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare_char"), tokenizer="char", val_fraction=0.1)
+
+
+def main(argv=None):
+    argparse.ArgumentParser(description="Prepare data/shakespeare_char from input.txt.").parse_args(argv)
+    with exit_on_user_error():
+        meta = prepare()
+    print(summarize(dataset_dir("shakespeare_char"), meta))
+
+
+if __name__ == "__main__":
+    main()
+
+# Expected output (measured):
+# $ python data/shakespeare_char/prepare.py
+# wrote data/shakespeare_char: char tokenizer, vocab_size 65, train 1,003,854 tokens, val 111,540 tokens (uint16)
+# (1,115,394 characters in all; the same counts as nanoGPT's shakespeare_char)

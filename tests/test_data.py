@@ -1,0 +1,342 @@
+"""The data format, the preparation scripts and the batch sampler (data/), on small real inputs."""
+import io
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, EncodingUnavailable, ensure_prepared,
+                         get_tokenizer, load_meta, write_dataset)
+from data.fineweb_edu.prepare import write_token_dataset
+from data.shakespeare import prepare as shakespeare_bpe
+from data.shakespeare_char import prepare as shakespeare_char
+from data.text.prepare import main as text_main
+from data.text.prepare import prepare_file
+
+TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")
+EOT = 50256
+
+
+@lru_cache(maxsize=None)
+def gpt2_unavailable_reason():
+    """Why tiktoken's GPT-2 BPE can't be loaded here (tried once), or None when it can."""
+    try:
+        get_tokenizer({"tokenizer": "gpt2"})
+    except EncodingUnavailable as e:
+        return f"GPT-2 BPE unavailable: {e}"
+    return None
+
+
+def skip_without_gpt2():
+    reason = gpt2_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def char_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "shakespeare_char"
+    shakespeare_char.prepare(out)
+    return out
+
+
+def write_counting(out, n_train=5000, n_val=300, vocab_size=5000):
+    """A dataset whose token at position i is i % vocab_size, so a window's first id says where it came from."""
+    meta = write_dataset(out, np.arange(n_train) % vocab_size, np.arange(n_val) % vocab_size,
+                         {"tokenizer": "gpt2", "vocab_size": vocab_size})
+    return out, meta
+
+
+def draw(sampler, splits):
+    return [sampler.get_batch(split) for split in splits]
+
+
+def same(batches_a, batches_b):
+    return all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(batches_a, batches_b))
+
+
+# -----------------------------------------------------------------------------
+# preparation
+
+def test_char_prepare_round_trips_tiny_shakespeare(char_dir):
+    """Char Shakespeare: 65-char sorted vocab, uint16, a 90/10 split that covers the corpus, exact decode."""
+    meta = load_meta(char_dir)
+    assert meta["tokenizer"] == "char" and meta["vocab_size"] == 65 and meta["dtype"] == "uint16"
+    assert meta["chars"] == sorted(set(TEXT))
+    assert meta["train_tokens"] == int(len(TEXT) * 0.9) == 1_003_854
+    assert meta["train_tokens"] + meta["val_tokens"] == len(TEXT) == 1_115_394
+    assert sorted(p.name for p in char_dir.iterdir()) == sorted(FILES)  # no temporary files left over
+    tok = get_tokenizer(meta)
+    train = np.fromfile(char_dir / "train.bin", dtype=np.uint16)
+    val = np.fromfile(char_dir / "val.bin", dtype=np.uint16)
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    assert tok.decode(train) + tok.decode(val) == TEXT
+    assert tok.encode(TEXT[:100]) == train[:100].tolist()
+
+
+def test_bpe_prepare_writes_gpt2_format(tmp_path):
+    """BPE Shakespeare: gpt2 meta, 50257 ids in uint16, and the two splits decode back to the corpus."""
+    skip_without_gpt2()
+    meta = shakespeare_bpe.prepare(tmp_path)
+    assert meta == load_meta(tmp_path)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("gpt2", 50257, "uint16")
+    assert "chars" not in meta
+    train = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    val = np.fromfile(tmp_path / "val.bin", dtype=np.uint16)
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"]) == (301_966, 36_059)
+    tok = get_tokenizer(meta)
+    assert tok.decode(train) + tok.decode(val) == TEXT
+
+
+@pytest.mark.parametrize("vocab_size, dtype", [(65, np.uint16), (65536, np.uint16), (65537, np.uint32)])
+def test_dtype_follows_vocab_size(tmp_path, vocab_size, dtype):
+    """Ids are stored as uint16 while the vocabulary fits in 2**16 ids and as uint32 beyond, losslessly."""
+    ids = np.array([0, 1, vocab_size - 1, vocab_size // 2], dtype=np.int64)
+    meta = write_dataset(tmp_path, ids, ids[::-1], {"tokenizer": "gpt2", "vocab_size": vocab_size})
+    assert meta["dtype"] == np.dtype(dtype).name
+    assert (tmp_path / "train.bin").stat().st_size == len(ids) * np.dtype(dtype).itemsize
+    assert np.array_equal(np.fromfile(tmp_path / "train.bin", dtype=dtype), ids)
+
+
+def test_write_dataset_rejects_ids_outside_the_vocabulary(tmp_path):
+    """An id >= vocab_size is an error, not silently wrapped by the cast to uint16."""
+    with pytest.raises(ValueError, match="must lie in"):
+        write_dataset(tmp_path / "out", [1, 2, 70000], [1], {"tokenizer": "gpt2", "vocab_size": 50257})
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_characters_are_named():
+    """Encoding text with characters outside a char vocabulary names each of them, in order."""
+    tok = get_tokenizer({"tokenizer": "char", "vocab_size": 3, "chars": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match=r"characters not in the vocabulary: 'é', '€'"):
+        tok.encode("abé€éc")
+
+
+def test_text_prepare_makes_a_dataset_from_your_own_file(tmp_path):
+    """Any UTF-8 file becomes a char dataset with its own vocabulary, split 90/10, decoding back exactly."""
+    text = "Ünïcödé lines, with emoji 🎉 and accents: à la carte.\n" * 40
+    path = tmp_path / "mine.txt"
+    path.write_text(text, encoding="utf-8")
+    meta = prepare_file(path, tmp_path / "mine", block_size=64)
+    assert meta["chars"] == sorted(set(text)) and meta["vocab_size"] == len(set(text))
+    assert meta["train_tokens"] == int(len(text) * 0.9) and meta["train_tokens"] + meta["val_tokens"] == len(text)
+    tok = get_tokenizer(load_meta(tmp_path / "mine"))
+    train = np.fromfile(tmp_path / "mine" / "train.bin", dtype=meta["dtype"])
+    val = np.fromfile(tmp_path / "mine" / "val.bin", dtype=meta["dtype"])
+    assert tok.decode(train) + tok.decode(val) == text
+
+
+BAD_INPUTS = {
+    "missing": (None, FileNotFoundError, "no such file"),
+    "empty": (b"", DataError, "is empty"),
+    "non-UTF-8": ("café au lait, encore du café\n".encode("latin-1") * 50, DataError, "not UTF-8"),
+    "too short": (b"To be, or not to be.\n", DataError, "too short"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_text_prepare_errors_say_what_to_do_and_leave_nothing(tmp_path, capsys, case):
+    """Missing, empty, non-UTF-8 and too-short inputs raise a clear error, write nothing, and main exits 2."""
+    content, error, phrase = BAD_INPUTS[case]
+    path = tmp_path / "in.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(error, match=phrase):
+        prepare_file(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        text_main(["--input", str(path), "--name", "posgpt_test_never_written"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and phrase in err and err.count("\n") == 1
+    assert not (DATA_ROOT / "posgpt_test_never_written").exists()
+
+
+@pytest.mark.parametrize("val_fraction", [0.0, 1.0, -0.1, 1.5])
+def test_text_prepare_rejects_bad_val_fraction(tmp_path, val_fraction):
+    """val_fraction outside (0, 1) is an error that names the flag, and nothing is written."""
+    path = tmp_path / "in.txt"
+    path.write_text(TEXT[:10_000], encoding="utf-8")
+    with pytest.raises(DataError, match="--val_fraction"):
+        prepare_file(path, tmp_path / "out", val_fraction=val_fraction)
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_prepare_cli_names_valid_tokenizers(capsys):
+    """A wrong --tokenizer is an argparse error that lists the valid choices."""
+    with pytest.raises(SystemExit) as exit_info:
+        text_main(["--input", "x.txt", "--tokenizer", "bpe"])
+    assert exit_info.value.code == 2
+    assert "choose from 'char', 'gpt2'" in capsys.readouterr().err
+
+
+def test_web_writer_ends_each_document_with_eot(tmp_path):
+    """The FineWeb-Edu writer tokenizes in-memory documents in parallel, in order, one <|endoftext|> after
+    each (a literal "<|endoftext|>" in a text stays text), whole documents to val first, then train."""
+    skip_without_gpt2()
+    docs = [f"Document {i}: some text, ünïcödé 🎉." for i in range(9)] + ["A literal <|endoftext|> is only text."]
+    meta = write_token_dataset(tmp_path, docs, val_tokens=15, num_proc=2, docs_per_task=3)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("gpt2", 50257, "uint16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES)
+    tok = get_tokenizer(meta)
+    decoded = []
+    for split in ("val", "train"):
+        ids = np.fromfile(tmp_path / f"{split}.bin", dtype=np.uint16)
+        assert len(ids) == meta[f"{split}_tokens"] and ids[-1] == EOT
+        decoded += [tok.decode(doc) for doc in np.split(ids, np.flatnonzero(ids == EOT) + 1)[:-1]]
+    assert decoded == [doc + "<|endoftext|>" for doc in docs]
+    assert meta["val_tokens"] >= 15 and meta["val_tokens"] - len(tok.encode(docs[0])) - 1 < 15  # whole docs
+
+
+def test_web_writer_stops_at_max_tokens(tmp_path):
+    """max_tokens ends train.bin at the first document boundary past it."""
+    skip_without_gpt2()
+    docs = [f"Document number {i}." for i in range(100)]
+    meta = write_token_dataset(tmp_path, docs, val_tokens=1, max_tokens=20, num_proc=2, docs_per_task=4)
+    train = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    assert 20 <= meta["train_tokens"] == len(train) < 40 and train[-1] == EOT
+
+
+def test_web_writer_leaves_nothing_when_the_stream_fails(tmp_path):
+    """A stream that breaks midway leaves no dataset and no temporary files behind."""
+    skip_without_gpt2()
+
+    def docs():
+        yield from ["first document", "second document"] * 20
+        raise ConnectionError("stream dropped")
+
+    with pytest.raises(ConnectionError):
+        write_token_dataset(tmp_path / "out", docs(), val_tokens=5, num_proc=2, docs_per_task=4)
+    assert not (tmp_path / "out").exists()
+
+
+# -----------------------------------------------------------------------------
+# finding datasets
+
+def test_ensure_prepared_lists_datasets_for_an_unknown_name():
+    """An unknown dataset name is an error listing the available ones and how to make one."""
+    with pytest.raises(FileNotFoundError) as info:
+        ensure_prepared("no_such_dataset")
+    message = str(info.value)
+    for name in ("shakespeare_char", "shakespeare", "fineweb_edu", "data/text/prepare.py"):
+        assert name in message
+
+
+def test_ensure_prepared_builds_an_embedded_dataset_once(tmp_path, capsys):
+    """An embedded dataset is prepared in-process on first use, saying so in one line, then just found."""
+    (tmp_path / "shakespeare_char").mkdir()
+    data_dir = ensure_prepared("shakespeare_char", data_root=tmp_path)
+    assert capsys.readouterr().out.count("\n") == 1
+    assert load_meta(data_dir)["vocab_size"] == 65
+    assert ensure_prepared("shakespeare_char", data_root=tmp_path) == data_dir
+    assert capsys.readouterr().out == ""
+
+
+def test_ensure_prepared_names_the_prepare_command(tmp_path):
+    """A dataset that must be downloaded is not prepared silently: the error names its prepare.py."""
+    (tmp_path / "webdata").mkdir()
+    (tmp_path / "webdata" / "prepare.py").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"dataset 'webdata' is not prepared: run python .*webdata/prepare\.py"):
+        ensure_prepared("webdata", data_root=tmp_path)
+
+
+def test_load_meta_errors(tmp_path):
+    """A missing meta.json names the prepare command; a malformed one is a ValueError."""
+    with pytest.raises(FileNotFoundError, match="prepare"):
+        load_meta(tmp_path)
+    (tmp_path / "meta.json").write_text('{"tokenizer": "char", "vocab_size": 3}')
+    with pytest.raises(ValueError, match="train_tokens"):
+        load_meta(tmp_path)
+    (tmp_path / "meta.json").write_text("not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_meta(tmp_path)
+
+
+# -----------------------------------------------------------------------------
+# the batch sampler
+
+@pytest.mark.parametrize("vocab_size", [5000, 70000])  # uint16 and uint32 files
+def test_batches_are_shifted_windows_of_the_file(tmp_path, vocab_size):
+    """x is block_size consecutive tokens of the file, y the same window one token later, both int64."""
+    data_dir, meta = write_counting(tmp_path, n_train=vocab_size, vocab_size=vocab_size)
+    data = np.fromfile(data_dir / "train.bin", dtype=meta["dtype"])
+    sampler = BatchSampler(data_dir, block_size=16, batch_size=8, seed=0)
+    x, y = sampler.get_batch("train")
+    assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
+    for row_x, row_y in zip(x.numpy(), y.numpy()):
+        start = row_x[0]  # train token i is i here, so the first id is the window's offset
+        assert np.array_equal(row_x, data[start:start + 16]) and np.array_equal(row_y, data[start + 1:start + 17])
+
+
+def test_batches_match_the_char_dataset(char_dir):
+    """On real data, y is x shifted by one and every window occurs in train.bin."""
+    sampler = BatchSampler(char_dir, block_size=32, batch_size=4, seed=0)
+    x, y = sampler.get_batch("train")
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    data = np.fromfile(char_dir / "train.bin", dtype=np.uint16)
+    needle = x[0].numpy().astype(np.uint16).tobytes()
+    assert data.tobytes().find(needle) % 2 == 0  # found, at a token boundary
+
+
+def test_same_seed_gives_same_batches(tmp_path):
+    """Two samplers with the same seed and rank draw the same batches; another seed draws others."""
+    data_dir, _ = write_counting(tmp_path)
+    splits = ["train", "val", "train"]
+    a = draw(BatchSampler(data_dir, 8, 4, seed=3), splits)
+    assert same(a, draw(BatchSampler(data_dir, 8, 4, seed=3), splits))
+    assert not same(a, draw(BatchSampler(data_dir, 8, 4, seed=4), splits))
+
+
+def test_ranks_draw_different_batches(tmp_path):
+    """DDP ranks with one seed draw different batches (and (seed, rank) = (0, 1) differs from (1, 0))."""
+    data_dir, _ = write_counting(tmp_path)
+    batches = [draw(BatchSampler(data_dir, 8, 4, seed=s, rank=r), ["train"] * 3) for s, r in [(0, 0), (0, 1), (1, 0)]]
+    assert not same(batches[0], batches[1]) and not same(batches[1], batches[2])
+
+
+def test_val_draws_do_not_change_the_train_stream(tmp_path):
+    """Evaluating (drawing val batches) between training steps leaves the training batches as they were."""
+    data_dir, _ = write_counting(tmp_path)
+    plain = draw(BatchSampler(data_dir, 8, 4), ["train"] * 3)
+    sampler = BatchSampler(data_dir, 8, 4)
+    interleaved = [sampler.get_batch("train"), *draw(sampler, ["val"] * 5), sampler.get_batch("train"),
+                   sampler.get_batch("val"), sampler.get_batch("train")]
+    assert same(plain, [interleaved[0], interleaved[6], interleaved[8]])
+
+
+def test_state_dict_resumes_the_exact_stream(tmp_path):
+    """A state saved in a weights_only checkpoint resumes the same batches, for rank 0 and for other ranks."""
+    data_dir, _ = write_counting(tmp_path)
+    rank0, rank1 = BatchSampler(data_dir, 8, 4, seed=5), BatchSampler(data_dir, 8, 4, seed=5, rank=1)
+    for sampler in (rank0, rank1):
+        draw(sampler, ["train", "train", "val", "train"])
+    buffer = io.BytesIO()
+    torch.save({"sampler": rank0.state_dict()}, buffer)  # only rank 0 saves, as in train.py
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)["sampler"]
+    for sampler, rank in ((rank0, 0), (rank1, 1)):
+        resumed = BatchSampler(data_dir, 8, 4, seed=0, rank=rank)
+        resumed.load_state_dict(state)
+        splits = ["train", "val", "train"]
+        assert same(draw(sampler, splits), draw(resumed, splits))
+
+
+def test_sampler_rejects_bad_split_and_short_data(tmp_path):
+    """An unknown split name, and a split shorter than block_size + 1 tokens, are clear errors."""
+    data_dir, _ = write_counting(tmp_path, n_val=10)
+    with pytest.raises(ValueError, match="block_size"):
+        BatchSampler(data_dir, block_size=10, batch_size=2)
+    sampler = BatchSampler(data_dir, block_size=9, batch_size=2)
+    x, y = sampler.get_batch("val")  # exactly block_size + 1 tokens: the one window there is
+    assert torch.equal(x[0], torch.arange(9)) and torch.equal(y[0], torch.arange(1, 10))
+    with pytest.raises(ValueError, match="'train' or 'val'"):
+        sampler.get_batch("test")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_equal_cpu_batches(char_dir):
+    """On CUDA the batches arrive on the device (through pinned memory) and equal the CPU ones."""
+    cpu = BatchSampler(char_dir, 32, 4, device="cpu").get_batch("train")
+    gpu = BatchSampler(char_dir, 32, 4, device="cuda").get_batch("train")
+    assert gpu[0].is_cuda and all(torch.equal(c, g.cpu()) for c, g in zip(cpu, gpu))

@@ -7,7 +7,6 @@ import torch
 
 from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, KVCache, rope_frequencies, sample_next
 
-torch.set_num_threads(1)
 
 BLOCK = 16
 

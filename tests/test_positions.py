@@ -21,8 +21,6 @@ from model import (
     sinusoidal_embedding,
 )
 
-torch.set_num_threads(1)  # the suite runs many tiny ops; threads only add overhead here
-
 
 def tiny_config(pos, **overrides):
     fields = dict(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos=pos)

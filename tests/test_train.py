@@ -1,0 +1,244 @@
+"""train.py: flags and config files, the learning rate schedule, checkpoints, and short real training runs.
+
+All on CPU with tiny models through train.main, the code path `python train.py` takes; no mocks.
+"""
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from model import GPT, POS_SCHEMES, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
+    "--device=cpu", "--compile=false", "--eval_iters=2", "--log_interval=1000",
+]
+
+
+class Payload:
+    """A custom class: pickling it into a checkpoint makes loading it run code from this module."""
+
+
+def run(tmp_path, *flags):
+    return train.main([*TINY, f"--out_dir={tmp_path}", *flags])
+
+
+def error_line(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("train.py: error: ") and "\n" not in err, err
+    return err
+
+
+# -----------------------------------------------------------------------------
+# training runs
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
+    """Every scheme trains through main() and leaves a weights_only checkpoint that rebuilds the model (issue #325)."""
+    result = run(tmp_path, f"--pos={pos}", "--max_iters=3", "--eval_interval=3")
+    path = Path(result["checkpoint"])
+    assert path == tmp_path / "ckpt.pt" and result["iter_num"] == 3 and math.isfinite(result["best_val_loss"])
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    assert set(ckpt) == {"model", "model_config", "train_config", "iter_num", "best_val_loss", "meta", "optimizer"}
+    assert ckpt["model_config"]["pos"] == pos
+    assert ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65  # from the dataset, not the default
+    assert ckpt["train_config"]["device"] == "cpu" and ckpt["best_val_loss"] == result["best_val_loss"]
+    assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])  # strict: every parameter name matches
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_compiles_with_autocast_and_saves_plain_names(tmp_path):
+    """On CUDA the defaults turn on torch.compile and bf16/fp16 autocast; the checkpoint still has plain names."""
+    result = run(tmp_path, "--device=cuda", "--compile=true", "--dtype=auto", "--max_iters=3", "--eval_interval=3")
+    ckpt = train.load_checkpoint(result["checkpoint"], map_location="cpu")
+    assert ckpt["train_config"]["compile"] is True and ckpt["train_config"]["dtype"] in ("bfloat16", "float16")
+    assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
+    GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
+
+
+def test_loss_decreases_on_a_short_run(tmp_path):
+    """A few dozen steps take the val loss well below ln(65) = 4.17, the loss of a uniform guess."""
+    result = run(tmp_path, "--max_iters=60", "--eval_interval=60", "--eval_iters=8",
+                 "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=5")
+    first, last = result["evals"][0], result["evals"][-1]
+    assert first["iter"] == 0 and last["iter"] == 60
+    assert last["val"] < first["val"] - 0.5 and last["train"] < first["train"] - 0.5
+    assert result["best_val_loss"] == last["val"]
+
+
+# -----------------------------------------------------------------------------
+# flags and config files
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--pos=foo"], ["learned", "sinusoidal", "rope", "alibi", "none"]),
+        (["--device=tpu"], ["auto", "cpu", "cuda", "mps"]),
+        (["--n_layr=3"], ["did you mean --n_layer", "--pos", "--max_iters"]),
+        (["--n_layer=abc"], ["--n_layer", "integer", "abc"]),
+        (["--n_embd", "130", "--n_head", "4"], ["n_embd=130", "divisible", "n_head=4"]),
+        (["--compile=maybe"], ["--compile", "true/false"]),
+        (["--dtype=float8"], ["float32", "bfloat16", "float16"]),
+    ],
+)
+def test_bad_flag_is_a_one_line_error_naming_the_choices(capsys, argv, names):
+    """A typo or bad value stops before any work with exit status 2 and one line that says what is valid."""
+    err = error_line(capsys, argv)
+    assert all(name in err for name in names), err
+
+
+def test_config_file_with_unknown_key_is_a_one_line_error(capsys, tmp_path):
+    """A misspelt key in a TOML file is refused (not silently ignored), naming the file and the valid keys."""
+    config = tmp_path / "bad.toml"
+    config.write_text('n_layers = 3\npos = "alibi"\n')
+    err = error_line(capsys, ["--config", str(config)])
+    assert str(config) in err and "'n_layers'" in err and "n_layer" in err and "learning_rate" in err
+
+
+def test_config_file_bad_value_is_a_one_line_error(capsys, tmp_path):
+    """Values in a TOML file go through the same checks as flags."""
+    config = tmp_path / "bad.toml"
+    config.write_text('pos = "rotary"\n')
+    err = error_line(capsys, ["--config", str(config)])
+    assert str(config) in err and "rope" in err
+
+
+def test_config_file_is_read_and_flags_override_it(tmp_path):
+    """Precedence: defaults < --config file < flags, in either flag spelling (--x=v, --x v)."""
+    config = tmp_path / "run.toml"
+    config.write_text('n_layer = 3\npos = "alibi"\ndropout = 0.1\nmax_iters = 50\nbias = true\n')
+    cfg, model_config = train.parse_args(["--config", str(config), "--pos=learned", "--max_iters", "7"])
+    assert (model_config.n_layer, model_config.dropout, model_config.bias) == (3, 0.1, True)  # from the file
+    assert model_config.pos == "learned" and cfg.max_iters == 7  # flags win
+    assert model_config.n_embd == 128 and cfg.batch_size == 12  # untouched defaults: nanoGPT's CPU recipe
+
+
+@pytest.mark.parametrize("name", ["cpu_recipe", "shakespeare_char"])
+def test_shipped_configs_parse(name):
+    """The recipes in configs/ hold nanoGPT's settings."""
+    cfg, model_config = train.parse_args(["--config", str(ROOT / "configs" / f"{name}.toml"), "--device=cpu"])
+    shape = (model_config.n_layer, model_config.n_head, model_config.n_embd, model_config.block_size, cfg.batch_size)
+    expected = {"cpu_recipe": ((4, 4, 128, 64, 12), 2000, 0.0), "shakespeare_char": ((6, 6, 384, 256, 64), 5000, 0.2)}
+    assert (shape, cfg.max_iters, model_config.dropout) == expected[name]
+    assert cfg.lr_decay_iters == cfg.max_iters and cfg.eval_iters == 200
+
+
+def test_dropout_zero_and_boolean_spellings_parse():
+    """--dropout=0 is 0.0 (nanoGPT's configurator rejects it), booleans take true/false/1/0/yes/no or no value."""
+    cfg, model_config = train.parse_args(["--dropout=0", "--bias=False", "--compile", "no"])
+    assert model_config.dropout == 0.0 and model_config.bias is False and cfg.compile is False
+    cfg, model_config = train.parse_args(["--bias", "--compile=1", "--dropout", "0.25"])
+    assert model_config.bias is True and cfg.compile is True and model_config.dropout == 0.25
+
+
+def test_every_config_field_has_a_flag(capsys):
+    """Each field of TrainConfig and GPTConfig (but vocab_size, read from the dataset) is settable from the CLI."""
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    help_text = capsys.readouterr().out
+    names = [f.name for f in dataclasses.fields(train.TrainConfig)] + [f.name for f in dataclasses.fields(GPTConfig)]
+    assert [name for name in names if f"--{name} " not in help_text] == ["vocab_size"]
+
+
+def test_default_out_dir_names_dataset_and_pos():
+    """Runs of different schemes go to different folders instead of overwriting one checkpoint."""
+    for pos in ("rope", "learned"):
+        cfg, model_config = train.parse_args([f"--pos={pos}", "--device=cpu"])
+        assert train.resolve_runtime(cfg, model_config).out_dir == f"out/shakespeare_char_{pos}"
+
+
+# -----------------------------------------------------------------------------
+# learning rate schedule
+
+
+def test_lr_schedule_warmup_cosine_then_flat():
+    """Linear warmup to the peak, half cosine to min_lr at lr_decay_iters (whatever max_iters is), then flat."""
+    cfg = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110, max_iters=50)
+    lr = [train.get_lr(it, cfg) for it in range(200)]
+    assert lr[0] == pytest.approx(1 / 11) and lr[9] == pytest.approx(10 / 11)
+    assert all(a < b for a, b in zip(lr[:10], lr[1:11]))  # warmup rises to the peak
+    assert lr[10] == pytest.approx(1.0)  # peak
+    assert lr[60] == pytest.approx(0.55)  # halfway down the cosine: (1 + 0.1) / 2
+    assert all(a >= b for a, b in zip(lr[10:110], lr[11:111]))
+    assert lr[110] == pytest.approx(0.1) and set(lr[110:]) == {0.1}  # min_lr at lr_decay_iters and after
+    longer = dataclasses.replace(cfg, max_iters=1000)
+    assert [train.get_lr(it, longer) for it in range(200)] == lr  # max_iters plays no part
+
+
+def test_lr_decay_iters_defaults_to_max_iters():
+    """Without lr_decay_iters the cosine ends with the run (nanoGPT makes you set both)."""
+    cfg, _ = train.parse_args(["--max_iters=300", "--warmup_iters=10"])
+    assert cfg.lr_decay_iters == 300 and train.get_lr(300, cfg) == cfg.min_lr
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+
+def test_atomic_save_leaves_no_temp_files_and_survives_a_failed_save(tmp_path):
+    """save_checkpoint replaces the file whole; a save that fails midway keeps the old checkpoint and no litter."""
+    path = tmp_path / "ckpt.pt"
+    train.save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}}, path)
+    train.save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+    with pytest.raises(Exception):
+        train.save_checkpoint({"model": {"w": torch.ones(3)}, "unpicklable": lambda: None}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+    assert torch.equal(train.load_checkpoint(path)["model"]["w"], torch.zeros(3))
+
+
+def corrupt_checkpoint(tmp_path, kind):
+    path = tmp_path / "ckpt.pt"
+    if kind == "missing":
+        return path
+    if kind == "payload":
+        torch.save({"model": {}, "model_config": {}, "meta": Payload()}, path)
+        return path
+    if kind == "not_a_checkpoint":
+        torch.save({"weights": torch.ones(2)}, path)
+        return path
+    train.save_checkpoint({"model": {"w": torch.randn(64, 64)}, "model_config": {}}, path)
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"not a checkpoint at all", "empty": b""}[kind])
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("missing", "no such checkpoint"),
+        ("truncated", "truncated or corrupt"),
+        ("garbage", "truncated or corrupt"),
+        ("empty", "truncated or corrupt"),
+        ("payload", "Payload, and a posgpt checkpoint holds only tensors"),
+        ("not_a_checkpoint", "not a posgpt checkpoint (no model or model_config entry)"),
+    ],
+)
+def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words):
+    """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause."""
+    path = corrupt_checkpoint(tmp_path, kind)
+    with pytest.raises(train.CheckpointError) as error:
+        train.load_checkpoint(path)
+    message = str(error.value)
+    assert isinstance(error.value, ValueError) and "\n" not in message
+    assert message.startswith(str(path)) and words in message, message
+
+
+def test_importing_train_runs_nothing():
+    """`import train` (as sample.py and the tests do) parses no flags, prints nothing and writes nothing."""
+    code = "import sys; sys.argv = ['train.py', '--not-a-flag']; import train"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stderr

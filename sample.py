@@ -1,0 +1,291 @@
+"""
+Generate text from a trained checkpoint, by default 4x past the length it was trained on, and see what
+each position scheme does there.
+
+    python sample.py --out_dir=out/shakespeare_char_rope
+    python sample.py --out_dir=out/shakespeare_char_learned --start="ROMEO:" --num_samples=2
+    python sample.py --out_dir=out/shakespeare_char_rope --max_new_tokens=1024 --rope_scaling=yarn
+    python sample.py --compare out/shakespeare_char_learned out/shakespeare_char_rope --seed=1
+
+The checkpoint carries the model config (with its position scheme and trained block_size) and the vocabulary,
+so --out_dir is all it needs. The printed text marks where the trained length was crossed. --compare runs the
+same prompt, seed and settings through several checkpoints and reports each one's speed and its validation
+loss at positions inside vs beyond the trained length.
+"""
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.common import dataset_dir, get_tokenizer, load_meta
+from model import GPT, ROPE_SCALINGS, GPTConfig
+from train import CheckpointError, check_device, load_checkpoint, parse_bool, resolve_device
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote ckpt.pt
+    compare: list[str] = field(default_factory=list)  # several out_dirs to run side by side (overrides out_dir)
+    start: str = "\n"  # the prompt, or FILE:path to read it from a file
+    num_samples: int = 1  # independent samples, generated as one batch
+    max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
+    temperature: float = 0.8  # < 1 sharpens, > 1 flattens; 0 always takes the most likely token
+    top_k: int | None = 200  # sample only among the k most likely tokens (None: all)
+    top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
+    seed: int = 1337  # same seed, same settings: same text
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
+    max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
+    rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn
+    rope_factor: float | None = None  # its factor s; default: the generated length over the trained block_size
+    stream: bool = True  # print tokens as they are produced (a single sample only)
+
+    def __post_init__(self):
+        checks = [
+            (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
+            (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_context is None or self.max_context >= 1, f"max_context must be >= 1, got {self.max_context}"),
+            (self.rope_factor is None or self.rope_factor >= 1, f"rope_factor must be >= 1, got {self.rope_factor}"),
+            (self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = SampleConfig()
+    parser.add_argument("--out_dir", default=d.out_dir, help="folder holding ckpt.pt")
+    parser.add_argument("--compare", nargs="+", default=[], metavar="OUT_DIR", help="several out_dirs side by side")
+    parser.add_argument("--start", default=d.start, help="prompt text, or FILE:path")
+    parser.add_argument("--num_samples", type=int, default=d.num_samples)
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: 4 x the trained block_size")
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    parser.add_argument("--top_k", type=int, default=d.top_k, help="0: no top-k filter")
+    parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--kv_cache", type=parse_bool, default=d.kv_cache, help="on (default) or off: the reference")
+    parser.add_argument("--max_context", type=int, default=None, help="sliding attention window, in tokens")
+    parser.add_argument("--rope_scaling", choices=ROPE_SCALINGS, default=None, help="RoPE context extension")
+    parser.add_argument("--rope_factor", type=float, default=None, help="default: generated length / block_size")
+    parser.add_argument("--stream", type=parse_bool, default=d.stream, help="print tokens as they come (on/off)")
+    args = parser.parse_args(argv)
+    if args.top_k is not None and args.top_k <= 0:
+        args.top_k = None
+    if args.device not in ("auto", "cpu", "mps") and not args.device.startswith("cuda"):
+        parser.error(f"argument --device: invalid choice {args.device!r} (choose from auto, cpu, cuda, cuda:N, mps)")
+    try:
+        return SampleConfig(**vars(args))
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def read_prompt(start):
+    """--start is the prompt itself, or FILE:path to a UTF-8 file holding it."""
+    if not start.startswith("FILE:"):
+        return start
+    path = Path(start[len("FILE:") :])
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"prompt file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"prompt file {path} is not UTF-8 text") from None
+
+
+# -----------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class Loaded:
+    model: GPT
+    tokenizer: object
+    checkpoint: dict
+
+
+def load(out_dir, device, rope_scaling=None, rope_factor=1.0):
+    """The model saved by train.py in out_dir (eval mode, on device), optionally with a RoPE extension."""
+    checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", map_location=device)
+    model_config = dict(checkpoint["model_config"], rope_scaling=rope_scaling, rope_factor=rope_factor)
+    try:
+        model = GPT(GPTConfig(**model_config))
+    except ValueError as e:
+        raise ValueError(f"{out_dir}: {e}") from None
+    model.load_state_dict(checkpoint["model"])
+    return Loaded(model.to(device).eval(), get_tokenizer(checkpoint["meta"]), checkpoint)
+
+
+def rope_factor_for(cfg, block_size, total_len):
+    """--rope_factor, or by default the length we will reach over the trained length (never below 1)."""
+    if cfg.rope_scaling is None:
+        return 1.0
+    return cfg.rope_factor or max(1.0, total_len / block_size)
+
+
+# -----------------------------------------------------------------------------
+# Generation and printing
+
+
+def mark_trained_length(tokenizer, ids, block_size):
+    """The decoded text with a marker at the token where the trained length ends."""
+    if len(ids) <= block_size:
+        return tokenizer.decode(ids)
+    return tokenizer.decode(ids[:block_size]) + crossing_marker(block_size) + tokenizer.decode(ids[block_size:])
+
+
+def crossing_marker(block_size):
+    return f"[[trained length {block_size} ends here]]"
+
+
+class Streamer:
+    """Prints sample 0 as its tokens arrive, with the crossing marker in place. Decodes the whole text so far
+    and prints what is new, so a BPE token that ends inside a multi-byte character is held back until complete."""
+
+    def __init__(self, tokenizer, prompt_ids, block_size):
+        self.tokenizer, self.ids, self.block_size = tokenizer, list(prompt_ids), block_size
+        self.printed = mark_trained_length(tokenizer, self.ids, block_size)
+        print(self.printed, end="", flush=True)
+
+    def __call__(self, next_ids):
+        self.ids.append(next_ids[0, 0].item())
+        text = mark_trained_length(self.tokenizer, self.ids, self.block_size)
+        if text.endswith("\ufffd"):
+            return
+        print(text[len(self.printed) :], end="", flush=True)
+        self.printed = text
+
+
+def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
+    """cfg.num_samples continuations of prompt_ids. -> (list of token id lists, tokens per second)"""
+    model = loaded.model
+    torch.manual_seed(cfg.seed)
+    idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
+    sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, max_context=cfg.max_context)
+    start = time.perf_counter()
+    if cfg.kv_cache:
+        on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
+        out = model.generate_cached(idx, max_new_tokens, on_token=on_token, **sampling)
+    else:
+        out = model.generate(idx, max_new_tokens, **sampling)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return out.tolist(), cfg.num_samples * max_new_tokens / seconds
+
+
+def describe(model):
+    c = model.config
+    scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
+    return f"pos={c.pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
+
+
+def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
+    """Load one checkpoint and print its samples. -> (Loaded, samples, tokens/s)
+    scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
+    probe = load_checkpoint(Path(out_dir) / "ckpt.pt", map_location="cpu")
+    block_size = probe["model_config"]["block_size"]
+    if scale_rope_only and probe["model_config"]["pos"] != "rope":
+        cfg = replace(cfg, rope_scaling=None, rope_factor=None)
+    prompt_ids = get_tokenizer(probe["meta"]).encode(read_prompt(cfg.start))
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: give --start some text")
+    max_new_tokens = cfg.max_new_tokens or 4 * block_size
+    total_len = len(prompt_ids) + max_new_tokens
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor_for(cfg, block_size, total_len))
+    print(describe(loaded.model))
+    if loaded.model.max_len is not None and total_len > loaded.model.max_len:
+        print(f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "
+              f"model sees only the last {loaded.model.max_len} tokens (the context is cropped)")
+    stream = stream and cfg.kv_cache and cfg.num_samples == 1
+    samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
+    for i, ids in enumerate(samples):
+        if not stream:
+            print(mark_trained_length(loaded.tokenizer, ids, block_size), end="")
+        print("\n" + "-" * 60)
+    print(f"{tokens_per_second:.1f} tokens/s ({'KV cache' if cfg.kv_cache else 'no cache'})")
+    return loaded, samples, tokens_per_second
+
+
+# -----------------------------------------------------------------------------
+# Validation loss inside vs beyond the trained length
+
+
+def position_losses(model, x, y, chunk=64):
+    """Cross-entropy at every position of x (B, L) predicting y, as generation sees it: the whole context, or
+    for a scheme with a position table (learned) past its length, the window of its last max_len tokens. -> (L,)"""
+    L, limit = x.size(1), model.max_len
+    if limit is None or L <= limit:
+        logits = model(x)[0]
+    else:
+        head = model(x[:, :limit])[0]
+        windows = x.unfold(1, limit, 1)[:, 1:].reshape(-1, limit)  # windows ending at positions limit .. L-1
+        tails = torch.cat([model(w)[0][:, -1] for w in windows.split(chunk)]).view(x.size(0), L - limit, -1)
+        logits = torch.cat([head, tails], dim=1)
+    return F.cross_entropy(logits.transpose(1, 2).float(), y, reduction="none").mean(0)
+
+
+@torch.no_grad()
+def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
+    """Mean validation loss at positions < block_size and >= block_size over n_windows windows of `length`
+    tokens of the checkpoint's own dataset. -> (inside, beyond), or None if the dataset is not prepared here."""
+    data_dir = dataset_dir(loaded.checkpoint["train_config"]["dataset"])
+    try:
+        meta = load_meta(data_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    val = np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
+    length = min(length, len(val) - 1)
+    starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
+    x = torch.from_numpy(np.stack([val[s : s + length] for s in starts]).astype(np.int64)).to(device)
+    y = torch.from_numpy(np.stack([val[s + 1 : s + 1 + length] for s in starts]).astype(np.int64)).to(device)
+    losses = position_losses(loaded.model, x, y)
+    block_size = loaded.model.config.block_size
+    return losses[:block_size].mean().item(), losses[block_size:].mean().item()
+
+
+def compare(cfg, device):
+    """Every checkpoint in cfg.compare with the same prompt, seed and settings, then a summary table."""
+    rows = []
+    for out_dir in cfg.compare:
+        print(f"\n=== {out_dir} ===")
+        loaded, samples, tokens_per_second = run_one(out_dir, cfg, device, stream=False, scale_rope_only=True)
+        length = len(samples[0])
+        losses = inside_vs_beyond_loss(loaded, device, length)
+        rows.append((out_dir, loaded.model, tokens_per_second, losses, length))
+    print(f"\nvalidation loss by position, windows of the generated length; trained length = block_size")
+    print(f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}")
+    for out_dir, model, tokens_per_second, losses, length in rows:
+        c = model.config
+        inside, beyond = losses if losses else (float("nan"), float("nan"))
+        scaling = c.rope_scaling or "-"
+        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling:<10} {tokens_per_second:>9.1f} "
+              f"{inside:>9.4f} {beyond:>9.4f}")
+    return rows
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    try:
+        device = resolve_device(cfg.device)
+        check_device(device)
+        if cfg.compare:
+            return compare(cfg, device)
+        return run_one(cfg.out_dir, cfg, device, cfg.stream)
+    except (CheckpointError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""sample.py as a user runs it: train tiny checkpoints with train.py, then generate past their trained length."""
+
+import re
+
+import pytest
+import torch
+
+import sample
+import train
+from model import POS_SCHEMES
+
+BLOCK = 16
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
+        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """One tiny checkpoint per position scheme, trained for two steps on the embedded shakespeare_char."""
+    root = tmp_path_factory.mktemp("ckpts")
+    out_dirs = {}
+    for pos in POS_SCHEMES:
+        out_dirs[pos] = str(root / pos)
+        train.main(TINY + [f"--pos={pos}", f"--out_dir={out_dirs[pos]}"])
+    return out_dirs
+
+
+def run_sample(capsys, *flags):
+    result = sample.main(list(flags))
+    return result, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_sample_generates_four_times_block_size_and_marks_the_crossing(checkpoints, capsys, pos):
+    """With no length given every scheme generates 4 x block_size tokens, and the output marks where the
+    trained length ends; learned says its context is cropped."""
+    (_, samples, _), out = run_sample(capsys, f"--out_dir={checkpoints[pos]}", "--start=ROMEO:")
+    assert [len(ids) for ids in samples] == [len("ROMEO:") + 4 * BLOCK]
+    assert out.count(f"[[trained length {BLOCK} ends here]]") == 1
+    assert f"pos={pos}, trained length {BLOCK} tokens" in out
+    assert ("the context is cropped" in out) == (pos == "learned")
+
+
+def test_streamed_text_equals_the_batch_text(checkpoints, capsys):
+    """Streaming prints exactly the text that is generated, marker included."""
+    flags = [f"--out_dir={checkpoints['rope']}", "--start=ROMEO:", "--max_new_tokens=40"]
+    (loaded, streamed_ids, _), streamed = run_sample(capsys, *flags, "--stream=on")
+    (_, batch_ids, _), batch = run_sample(capsys, *flags, "--stream=off")
+    assert streamed_ids == batch_ids
+    text = sample.mark_trained_length(loaded.tokenizer, batch_ids[0], BLOCK)
+    assert text in streamed and text in batch
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_greedy_text_is_the_same_with_and_without_kv_cache(checkpoints, capsys, pos):
+    """--kv_cache=off runs the reference sampler; at temperature 0 both give the same tokens."""
+    flags = [f"--out_dir={checkpoints[pos]}", "--temperature=0", "--max_new_tokens=48", "--stream=off"]
+    (_, cached, _), _ = run_sample(capsys, *flags)
+    (_, reference, _), _ = run_sample(capsys, *flags, "--kv_cache=off")
+    assert cached == reference
+
+
+def test_same_seed_gives_the_same_samples_in_one_batch(checkpoints, capsys):
+    """--num_samples are one batch; the same --seed reproduces them, another seed does not."""
+    flags = [f"--out_dir={checkpoints['alibi']}", "--num_samples=3", "--max_new_tokens=30", "--top_p=0.9"]
+    (_, first, _), _ = run_sample(capsys, *flags, "--seed=1")
+    (_, again, _), _ = run_sample(capsys, *flags, "--seed=1")
+    (_, other, _), _ = run_sample(capsys, *flags, "--seed=2")
+    assert len(first) == 3 and first == again and first != other
+
+
+def test_prompt_from_file(checkpoints, capsys, tmp_path):
+    """--start=FILE:path reads the prompt from a file."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("KING RICHARD:\n", encoding="utf-8")
+    (_, samples, _), _ = run_sample(capsys, f"--out_dir={checkpoints['none']}", f"--start=FILE:{prompt}",
+                                    "--max_new_tokens=5", "--stream=off")
+    assert len(samples[0]) == len("KING RICHARD:\n") + 5
+
+
+def test_prompt_with_characters_outside_the_vocabulary_is_a_clear_error(checkpoints):
+    """A prompt character the model never saw is named in a one-line error, not a KeyError."""
+    with pytest.raises(SystemExit, match=r"error: characters not in the vocabulary: 'é', '€'"):
+        sample.main([f"--out_dir={checkpoints['rope']}", "--start=café €5"])
+
+
+def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
+    """No ckpt.pt, or a damaged one: a one-line error naming the file."""
+    with pytest.raises(SystemExit, match=r"error: .*ckpt.pt: no such checkpoint file"):
+        sample.main([f"--out_dir={tmp_path}"])
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match=r"error: .*ckpt.pt: .*corrupt"):
+        sample.main([f"--out_dir={tmp_path}"])
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--temperature=-1", "temperature must be >= 0"),
+        ("--top_p=1.5", r"top_p must be in \(0, 1\]"),
+        ("--rope_scaling=cubic", "invalid choice: 'cubic'"),
+        ("--device=tpu", "choose from auto, cpu, cuda, cuda:N, mps"),
+        ("--kv_cache=maybe", "expected a boolean"),
+        ("--rope_factor=2", "rope_factor needs --rope_scaling"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(flag, message, capsys):
+    """Every bad value is refused before anything loads, with the valid choices."""
+    with pytest.raises(SystemExit):
+        sample.main([flag])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_rope_scaling_on_a_non_rope_checkpoint_is_a_clear_error(checkpoints):
+    """--rope_scaling extends RoPE; asking it of an ALiBi model is an error that says so."""
+    with pytest.raises(SystemExit, match="extends RoPE only; this model has pos='alibi'"):
+        sample.main([f"--out_dir={checkpoints['alibi']}", "--rope_scaling=yarn"])
+
+
+def test_rope_factor_defaults_to_generated_length_over_trained_length(checkpoints, capsys):
+    """Without --rope_factor, s = (prompt + new tokens) / block_size: here (4 + 60) / 16 = 4."""
+    (loaded, _, _), out = run_sample(capsys, f"--out_dir={checkpoints['rope']}", "--start=ABCD",
+                                     "--max_new_tokens=60", "--rope_scaling=yarn", "--stream=off")
+    assert loaded.model.config.rope_factor == 4.0 and "rope scaling yarn x4" in out
+
+
+def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(checkpoints, capsys):
+    """--compare: a header per model, the same settings for each, and finite validation losses inside and
+    beyond the trained length (learned evaluated through its sliding window)."""
+    dirs = [checkpoints[p] for p in ("learned", "rope", "alibi")]
+    rows, out = run_sample(capsys, "--compare", *dirs, "--start=ROMEO:", "--seed=1", "--max_new_tokens=40",
+                           "--rope_scaling=ntk")
+    assert [f"=== {d} ===" in out for d in dirs] == [True] * 3
+    assert [row[1].config.pos for row in rows] == ["learned", "rope", "alibi"]
+    assert [row[1].config.rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
+    for _, _, tokens_per_second, (inside, beyond), length in rows:
+        assert tokens_per_second > 0 and length == len("ROMEO:") + 40
+        assert 0 < inside < 10 and 0 < beyond < 10
+    assert "loss >= T" in out
+
+
+def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpoints):
+    """Past block_size, learned's loss at position p comes from the window of the block_size tokens ending at p,
+    the same context its generator uses."""
+    loaded = sample.load(checkpoints["learned"], "cpu")
+    x = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
+    losses = sample.position_losses(loaded.model, x, y)
+    p = 2 * BLOCK + 5
+    logits, _ = loaded.model(x[:, p - BLOCK + 1 : p + 1])
+    expected = torch.nn.functional.cross_entropy(logits[:, -1], y[:, p])
+    torch.testing.assert_close(losses[p], expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,67 @@
+"""
+How much the KV cache buys: tokens/s of the cached sampler against the reference one that recomputes the whole
+context for every token, at 4 x and 16 x the trained block_size, for one position scheme.
+
+    python bench/generation.py                       # nanoGPT's CPU recipe model (4 layers, 4 heads, 128 dims, T=64)
+    python bench/generation.py --pos=alibi --repeats=5
+    python bench/generation.py --out_dir=out/shakespeare_char_rope   # a trained checkpoint instead
+
+Both samplers run greedy decoding from the same one-token prompt, so they produce the same tokens (checked),
+and each timing is the median of --repeats runs in this one process.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: model.py is one folder up
+
+from model import GPT, POS_SCHEMES, GPTConfig  # noqa: E402
+from sample import load  # noqa: E402
+
+
+def median_seconds(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pos", choices=POS_SCHEMES, default="rope", help="scheme of the random-init model")
+    parser.add_argument("--out_dir", default=None, help="benchmark this checkpoint instead of a random-init model")
+    parser.add_argument("--multiples", type=int, nargs="+", default=[4, 16], help="lengths, in block_size units")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    torch.manual_seed(0)
+    if args.out_dir:
+        model = load(args.out_dir, "cpu").model
+    else:
+        config = GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, pos=args.pos)
+        model = GPT(config).eval()
+    block_size = model.config.block_size
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    print(f"pos={model.config.pos}, {model.num_params():,} parameters, block_size {block_size}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"{'new tokens':>10} {'cached tok/s':>13} {'reference tok/s':>16} {'speed-up':>9}")
+    for multiple in args.multiples:
+        n = multiple * block_size
+        cached_s, cached = median_seconds(lambda: model.generate_cached(prompt, n, temperature=0), args.repeats)
+        reference_s, reference = median_seconds(lambda: model.generate(prompt, n, temperature=0), args.repeats)
+        assert torch.equal(cached, reference), "the cached sampler must produce the reference's tokens"
+        print(f"{n:>10} {n / cached_s:>13.1f} {n / reference_s:>16.1f} {reference_s / cached_s:>8.1f}x")
+
+
+if __name__ == "__main__":
+    main()

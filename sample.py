@@ -30,7 +30,7 @@ from train import CheckpointError, check_device, load_checkpoint, parse_bool, re
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote ckpt.pt
+    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
     compare: list[str] = field(default_factory=list)  # several out_dirs to run side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 1  # independent samples, generated as one batch
@@ -65,7 +65,7 @@ class SampleConfig:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = SampleConfig()
-    parser.add_argument("--out_dir", default=d.out_dir, help="folder holding ckpt.pt")
+    parser.add_argument("--out_dir", default=d.out_dir, help="folder holding best.pt or ckpt.pt")
     parser.add_argument("--compare", nargs="+", default=[], metavar="OUT_DIR", help="several out_dirs side by side")
     parser.add_argument("--start", default=d.start, help="prompt text, or FILE:path")
     parser.add_argument("--num_samples", type=int, default=d.num_samples)
@@ -115,9 +115,17 @@ class Loaded:
     checkpoint: dict
 
 
-def load(out_dir, device, rope_scaling=None, rope_factor=1.0):
-    """The model saved by train.py in out_dir (eval mode, on device), optionally with a RoPE extension."""
-    checkpoint = load_checkpoint(Path(out_dir) / "ckpt.pt", map_location=device)
+def checkpoint_path(out_dir):
+    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt)."""
+    best = Path(out_dir) / "best.pt"
+    return best if best.is_file() else Path(out_dir) / "ckpt.pt"
+
+
+def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
+    """The model saved by train.py in out_dir (eval mode, on device), optionally with a RoPE extension.
+    checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
+    if checkpoint is None:
+        checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
     model_config = dict(checkpoint["model_config"], rope_scaling=rope_scaling, rope_factor=rope_factor)
     try:
         model = GPT(GPTConfig(**model_config))
@@ -194,16 +202,16 @@ def describe(model):
 def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
     """Load one checkpoint and print its samples. -> (Loaded, samples, tokens/s)
     scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
-    probe = load_checkpoint(Path(out_dir) / "ckpt.pt", map_location="cpu")
-    block_size = probe["model_config"]["block_size"]
-    if scale_rope_only and probe["model_config"]["pos"] != "rope":
+    checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
+    block_size = checkpoint["model_config"]["block_size"]
+    if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None)
-    prompt_ids = get_tokenizer(probe["meta"]).encode(read_prompt(cfg.start))
+    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(read_prompt(cfg.start))
     if not prompt_ids:
         raise ValueError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     total_len = len(prompt_ids) + max_new_tokens
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor_for(cfg, block_size, total_len))
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor_for(cfg, block_size, total_len), checkpoint)
     print(describe(loaded.model))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
         print(f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "

@@ -150,3 +150,13 @@ def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpo
     logits, _ = loaded.model(x[:, p - BLOCK + 1 : p + 1])
     expected = torch.nn.functional.cross_entropy(logits[:, -1], y[:, p])
     torch.testing.assert_close(losses[p], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sample_prefers_the_best_checkpoint_over_the_latest(checkpoints, tmp_path):
+    """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest): sampling uses best.pt when it exists."""
+    import shutil
+
+    shutil.copy(f"{checkpoints['learned']}/ckpt.pt", tmp_path / "ckpt.pt")
+    assert sample.load(tmp_path, "cpu").model.config.pos == "learned"
+    shutil.copy(f"{checkpoints['alibi']}/ckpt.pt", tmp_path / "best.pt")
+    assert sample.load(tmp_path, "cpu").model.config.pos == "alibi"

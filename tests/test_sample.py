@@ -1,6 +1,7 @@
 """sample.py as a user runs it: train tiny checkpoints with train.py, then generate past their trained length."""
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -154,9 +155,25 @@ def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpo
 
 def test_sample_prefers_the_best_checkpoint_over_the_latest(checkpoints, tmp_path):
     """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest): sampling uses best.pt when it exists."""
-    import shutil
-
     shutil.copy(f"{checkpoints['learned']}/ckpt.pt", tmp_path / "ckpt.pt")
     assert sample.load(tmp_path, "cpu").model.config.pos == "learned"
     shutil.copy(f"{checkpoints['alibi']}/ckpt.pt", tmp_path / "best.pt")
     assert sample.load(tmp_path, "cpu").model.config.pos == "alibi"
+
+
+def test_gpt2_bpe_dataset_trains_and_samples_offline(tmp_path, capsys):
+    """The BPE Shakespeare: train.py prepares it, trains on its 50257-id vocabulary, and sample.py decodes
+    GPT-2 tokens (offline with TIKTOKEN_CACHE_DIR set; skipped when the encoding cannot be loaded)."""
+    from data.common import EncodingUnavailable, gpt2_encoding
+
+    try:
+        gpt2_encoding()
+    except EncodingUnavailable as e:
+        pytest.skip(f"GPT-2 BPE unavailable: {e}")
+    out_dir = tmp_path / "bpe"
+    result = train.main(TINY + ["--dataset=shakespeare", "--pos=rope", f"--out_dir={out_dir}"])
+    assert result["best_val_loss"] < 11  # about ln(50257) = 10.8 at initialisation
+    (loaded, samples, _), out = run_sample(capsys, f"--out_dir={out_dir}", "--start=ROMEO:", "--max_new_tokens=20")
+    assert loaded.tokenizer.name == "gpt2" and loaded.model.config.vocab_size == 50257
+    assert len(samples[0]) == len(loaded.tokenizer.encode("ROMEO:")) + 20
+    assert "pos=rope, trained length 16 tokens" in out and "ROMEO:" in out

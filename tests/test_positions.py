@@ -72,6 +72,19 @@ def test_causal_mask_breaks_equivariance_but_not_within_the_prefix():
     torch.testing.assert_close(out_reordered[:, i], out[:, i], rtol=0, atol=1e-12)
 
 
+def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
+    """Why NoPE trains at all: in [BOS, a, a, a, ...] the token a at position i gives weight 1/(i + 1)-ish to BOS,
+    so one masked layer with no positions already outputs something different at every position."""
+    layer = attention_layer()
+    bos, a = torch.randn(2, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    x = torch.cat([bos[None], a.expand(31, 16)])[None]  # (1, 32, 16)
+    out = layer(x)[0, 1:]
+    gaps = torch.cdist(out, out) + torch.eye(31, dtype=torch.float64)
+    assert gaps.min() > 1e-6, "every position must be distinguishable"
+    unmasked = layer(x, causal=False)[0, 1:]
+    torch.testing.assert_close(unmasked, unmasked[:1].expand(31, 16), rtol=0, atol=1e-12)  # no mask: no counting
+
+
 def encode_with_scheme(pos, tokens, layer, table):
     """One unmasked attention layer over embedded tokens, with the scheme's position signal injected
     where the model injects it: added to the input (learned, sinusoidal), rotating q and k (rope),

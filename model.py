@@ -12,7 +12,8 @@ Read it top to bottom, like a lesson:
        none        nothing at all (NoPE): order is only visible through the causal mask
   3. Attention, MLP, Block: GPT-2's pre-LayerNorm transformer.
   4. GPT: embeddings, the stack, the tied output head, one documented init.
-  5. Generation: the simple reference sampler (recomputes the whole context per token).
+  5. Generation: the simple reference sampler (recomputes the whole context per token), and the
+     KV-cached one, which must produce the same tokens (tests/test_generation.py).
 
 With pos="learned" this is exactly GPT-2 (same parameter names and shapes).
 """

@@ -272,7 +272,8 @@ def compare(cfg, device):
         length = len(samples[0])
         losses = inside_vs_beyond_loss(loaded, device, length)
         rows.append((out_dir, loaded.model, tokens_per_second, losses, length))
-    print(f"\nvalidation loss by position, windows of the generated length; trained length = block_size")
+    print(f"\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
+          f"generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
     print(f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}")
     for out_dir, model, tokens_per_second, losses, length in rows:
         c = model.config

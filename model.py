@@ -493,20 +493,14 @@ class GPT(nn.Module):
         run once (prefill), then each new token attends to the cached keys and values (decode).
 
         Positions keep counting past block_size. A scheme with a position table (learned) cannot: once the
-        table is full the window of its last max_len tokens slides, positions restart inside it, and the
-        cache is rebuilt for every new token (as generate() does). For the other schemes max_context is a
+        table is full the window of its last max_len tokens slides, positions restart inside it, and each
+        new token needs the whole window recomputed (as generate() does). For the other schemes max_context is a
         sliding attention window over absolute positions (each token sees the max_context latest).
         on_token(next_ids (B, 1)) is called as each token is produced, for streaming.
         """
         crop = None if self.max_len is None else min(self.max_len, max_context or self.max_len)
-        window = max_context if crop is None else None
-
-        def prefill(tokens):
-            cache = KVCache(self.config.n_layer, window)
-            logits, _ = self(tokens if crop is None else tokens[:, -crop:], cache=cache)
-            return cache, logits
-
-        cache, logits = prefill(idx)
+        cache = KVCache(self.config.n_layer, window=max_context if crop is None else None)
+        logits, _ = self(idx if crop is None else idx[:, -crop:], cache=cache)  # prefill
         for step in range(max_new_tokens):
             idx_next = sample_next(logits[:, -1, :], temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
@@ -514,10 +508,11 @@ class GPT(nn.Module):
                 on_token(idx_next)
             if step == max_new_tokens - 1:
                 break
-            if crop is not None and cache.seen >= crop:  # the table is full: slide, positions restart
-                cache, logits = prefill(idx)
+            if crop is not None and idx.size(1) > crop:
+                # the table is full: the window slides and every position in it changes, nothing to reuse
+                logits, _ = self(idx[:, -crop:])
             else:
-                logits, _ = self(idx_next, cache=cache)
+                logits, _ = self(idx_next, cache=cache)  # decode: one token against the cache
         return idx
 
 

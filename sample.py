@@ -44,7 +44,7 @@ class SampleConfig:
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
     rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn
     rope_factor: float | None = None  # its factor s; default: the generated length over the trained block_size
-    stream: bool = True  # print tokens as they are produced (a single sample only)
+    stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
         checks = [
@@ -218,7 +218,7 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
               f"model sees only the last {loaded.model.max_len} tokens (the context is cropped)")
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
-    for i, ids in enumerate(samples):
+    for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, block_size), end="")
         print("\n" + "-" * 60)

@@ -4,6 +4,7 @@ All on CPU with tiny models through train.main, the code path `python train.py` 
 """
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,8 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
     path = Path(result["checkpoint"])
     assert path == tmp_path / "ckpt.pt" and result["iter_num"] == 3 and math.isfinite(result["best_val_loss"])
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    assert set(ckpt) == {"model", "model_config", "train_config", "iter_num", "best_val_loss", "meta", "optimizer"}
+    assert set(ckpt) == {"model", "model_config", "train_config", "iter_num", "best_val_loss", "meta", "optimizer",
+                         "best_iter", "scaler", "sampler", "rng", "wandb_run_id"}  # sampling's keys, then resume's
     assert ckpt["model_config"]["pos"] == pos
     assert ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65  # from the dataset, not the default
     assert ckpt["train_config"]["device"] == "cpu" and ckpt["best_val_loss"] == result["best_val_loss"]
@@ -92,6 +94,8 @@ def test_loss_decreases_on_a_short_run(tmp_path):
         (["--n_embd", "130", "--n_head", "4"], ["n_embd=130", "divisible", "n_head=4"]),
         (["--compile=maybe"], ["--compile", "true/false"]),
         (["--dtype=float8"], ["float32", "bfloat16", "float16"]),
+        (["--grad_accum=0"], ["grad_accum", "positive integer"]),
+        (["--resume=maybe"], ["--resume", "true/false"]),
     ],
 )
 def test_bad_flag_is_a_one_line_error_naming_the_choices(capsys, argv, names):
@@ -134,6 +138,17 @@ def test_shipped_configs_parse(name):
     expected = {"cpu_recipe": ((4, 4, 128, 64, 12), 2000, 0.0), "shakespeare_char": ((6, 6, 384, 256, 64), 5000, 0.2)}
     assert (shape, cfg.max_iters, model_config.dropout) == expected[name]
     assert cfg.lr_decay_iters == cfg.max_iters and cfg.eval_iters == 200
+
+
+def test_gpt2_124m_config_is_gpt2_small_with_half_a_million_tokens_per_step():
+    """configs/gpt2_124m.toml: 12 layers, 12 heads, 768 dims, context 1024, 2**19 tokens per step through grad_accum,
+    which splits evenly over 1, 2, 4 or 8 GPUs."""
+    cfg, model_config = train.parse_args(["--config", str(ROOT / "configs" / "gpt2_124m.toml"), "--device=cpu"])
+    shape = (model_config.n_layer, model_config.n_head, model_config.n_embd, model_config.block_size)
+    assert shape == (12, 12, 768, 1024) and cfg.dataset == "fineweb_edu"
+    assert cfg.batch_size * model_config.block_size * cfg.grad_accum == 524_288
+    assert all(cfg.grad_accum % gpus == 0 for gpus in (1, 2, 4, 8))
+    assert (cfg.learning_rate, cfg.min_lr, cfg.beta2, cfg.lr_decay_iters) == (6e-4, 6e-5, 0.95, cfg.max_iters)
 
 
 def test_dropout_zero_and_boolean_spellings_parse():
@@ -242,3 +257,77 @@ def test_importing_train_runs_nothing():
     code = "import sys; sys.argv = ['train.py', '--not-a-flag']; import train"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stderr
+
+
+# -----------------------------------------------------------------------------
+# speed accounting and logs
+
+
+def test_flops_per_token_is_palm_6n_plus_attention():
+    """6N + 12 * n_layer * n_head * head_dim * block_size (PaLM appendix B); the learned position table is a
+    lookup, not a matmul, so learned and none cost the same."""
+    config = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    rope = GPT(GPTConfig(**config, pos="rope"))
+    assert train.flops_per_token(rope) == 6 * rope.num_params() + 12 * 2 * 2 * 16 * 16
+    learned, none = GPT(GPTConfig(**config, pos="learned")), GPT(GPTConfig(**config, pos="none"))
+    assert learned.num_params() == none.num_params() + 16 * 32
+    assert train.flops_per_token(learned) == train.flops_per_token(none)
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA A10G", None),  # not A10's 125 TFLOP/s: no guess, no MFU
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_peak_flops_table_matches_gpu_names(name, peak):
+    """MFU divides by the bf16 dense peak of the GPU torch names; a GPU missing from the table gets no MFU."""
+    assert train.peak_flops_of(name) == peak
+
+
+def test_log_is_one_line_per_interval_with_time_left_and_evaluations_say_what_they_do(tmp_path, capsys):
+    """log_interval=2 over 4 steps: 2 step lines with loss, ms/iter, tok/s and time left; each evaluation
+    announces itself before its result."""
+    run(tmp_path, "--max_iters=4", "--eval_interval=4", "--log_interval=2")
+    lines = capsys.readouterr().out.splitlines()
+    steps = [line for line in lines if re.match(r"step \d+/4 \|", line)]
+    assert len(steps) == 2 and all(re.search(r"ms/iter \| [\d,]+ tok/s \| \d+s left$", line) for line in steps), steps
+    for step in (0, 4):
+        announce = lines.index(f"step {step}: evaluating on 2 batches of train and of val ...")
+        assert lines[announce + 1].startswith(f"step {step}: train loss ")
+
+
+def wandb_records(run_dir):
+    """The bytes of an offline W&B run's log (run-<id>.wandb: protobuf records holding keys and values as text)."""
+    return next(run_dir.glob("run-*.wandb")).read_bytes()
+
+
+def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_the_run(tmp_path, monkeypatch):
+    """--wandb with the real wandb package in offline mode writes a run holding the config, losses, learning rate,
+    tokens/s and the checkpoint path; --resume logs into the same run id."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONSOLE", "off")  # leave pytest's capture of stdout alone
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out_dir = tmp_path / "out"
+    flags = [*TINY, f"--out_dir={out_dir}", "--eval_interval=2", "--log_interval=1", "--wandb", "--wandb_project=test"]
+    keys = (b"train/loss", b"train/lr", b"train/tokens_per_sec", b"train/tflops", b"eval/train_loss", b"eval/val_loss",
+            b"best_checkpoint", str(out_dir / "ckpt.pt").encode(), b"learning_rate", b"n_layer")
+    run_id = train.main([*flags, "--max_iters=2"])["wandb_run_id"]
+    first = wandb_records(next((tmp_path / "wandb").glob(f"offline-run-*-{run_id}")))
+    assert [key for key in keys if key not in first] == []
+    resumed = train.main([*flags, "--max_iters=4", "--resume"])
+    assert run_id and resumed["wandb_run_id"] == run_id == train.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
+    # offline, each process writes a folder offline-run-<time>-<run id> (the same one if both start within a second)
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert {path.name.rsplit("-", 1)[1] for path in runs} == {run_id}
+    assert [key for key in keys if key not in wandb_records(runs[-1])] == []  # the resumed process logged too

@@ -24,11 +24,13 @@ from model import GPT, POS_SCHEMES, GPTConfig  # noqa: E402
 from sample import load  # noqa: E402
 
 
-def median_seconds(fn, repeats):
+def median_seconds(fn, repeats, device):
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()  # kernels run asynchronously: wait for them before reading the clock
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
@@ -40,25 +42,27 @@ def main(argv=None):
     parser.add_argument("--multiples", type=int, nargs="+", default=[4, 16], help="lengths, in block_size units")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     if args.out_dir:
-        model = load(args.out_dir, "cpu").model
+        model = load(args.out_dir, args.device).model
     else:
         config = GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, pos=args.pos)
-        model = GPT(config).eval()
+        model = GPT(config).to(args.device).eval()
     block_size = model.config.block_size
-    prompt = torch.zeros(1, 1, dtype=torch.long)
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
     print(f"pos={model.config.pos}, {model.num_params():,} parameters, block_size {block_size}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}")
+          f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, median of {args.repeats}")
     print(f"{'new tokens':>10} {'cached tok/s':>13} {'reference tok/s':>16} {'speed-up':>9}")
     for multiple in args.multiples:
         n = multiple * block_size
-        cached_s, cached = median_seconds(lambda: model.generate_cached(prompt, n, temperature=0), args.repeats)
-        reference_s, reference = median_seconds(lambda: model.generate(prompt, n, temperature=0), args.repeats)
+        timed = lambda sampler: median_seconds(lambda: sampler(prompt, n, temperature=0), args.repeats, args.device)
+        cached_s, cached = timed(model.generate_cached)
+        reference_s, reference = timed(model.generate)
         assert torch.equal(cached, reference), "the cached sampler must produce the reference's tokens"
         print(f"{n:>10} {n / cached_s:>13.1f} {n / reference_s:>16.1f} {reference_s / cached_s:>8.1f}x")
 

@@ -18,6 +18,7 @@ import torch
 
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
+from helpers import train_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--device=cpu",
@@ -54,16 +55,6 @@ def same(a, b):
 
 def checkpoint(out_dir, name="ckpt.pt"):
     return train.load_checkpoint(Path(out_dir) / name)
-
-
-def fails(capsys, argv):
-    """train.main(argv) exits with status 1 and one line on stderr; -> that line."""
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
-    assert exit_info.value.code == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("train.py: error: ") and "\n" not in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +180,8 @@ def test_nan_loss_stops_with_step_and_last_good_loss_and_keeps_the_checkpoint(tm
     """A learning rate of 1e30 turns the weights to inf after one step: the NaN loss of step 2 stops the run with
     one line naming the step, the last good loss and the kept checkpoint, before the evaluation at step 2 would
     have overwritten ckpt.pt."""
-    err = fails(capsys, [*TINY, f"--out_dir={tmp_path}", "--max_iters=10", "--eval_interval=2",
-                         "--learning_rate=1e30", "--min_lr=0", "--warmup_iters=0"])
+    err = train_error_line(capsys, [*TINY, f"--out_dir={tmp_path}", "--max_iters=10", "--eval_interval=2",
+                                    "--learning_rate=1e30", "--min_lr=0", "--warmup_iters=0"], status=1)
     assert re.search(r"loss is nan at step 2: training stopped \(last good loss \d\.\d{4} at step 1\)", err), err
     assert f"{tmp_path / 'ckpt.pt'} (step 0) was kept" in err
     ckpt = checkpoint(tmp_path)
@@ -222,7 +213,7 @@ def saved_run(tmp_path_factory):
 def test_resume_with_another_pos_or_shape_is_refused(capsys, saved_run, flag, words):
     """Another position scheme or model shape than the checkpoint's is a one-line refusal naming both values."""
     flags, out_dir = saved_run
-    err = fails(capsys, [*flags, "--resume", flag])
+    err = train_error_line(capsys, [*flags, "--resume", flag], status=1)
     assert f"refusing to resume {out_dir / 'ckpt.pt'}: {words}" in err, err
 
 
@@ -259,7 +250,7 @@ def reversed_vocabulary_dataset():
 def test_resume_on_a_dataset_with_another_vocabulary_is_refused(capsys, saved_run, reversed_vocabulary_dataset):
     """The same vocab_size with other characters would silently change what every token means: refused."""
     flags, _ = saved_run
-    err = fails(capsys, [*flags, "--resume", f"--dataset={reversed_vocabulary_dataset}"])
+    err = train_error_line(capsys, [*flags, "--resume", f"--dataset={reversed_vocabulary_dataset}"], status=1)
     assert "trained on a char vocabulary of 65 tokens" in err and "(same size, other characters)" in err, err
 
 
@@ -296,11 +287,11 @@ def test_resume_from_a_bad_checkpoint_is_a_one_line_error(tmp_path, capsys, save
     copy.mkdir()
     (copy / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
     path = bad_checkpoint(copy, kind)
-    err = fails(capsys, [*flags, f"--out_dir={copy}", "--resume"])
+    err = train_error_line(capsys, [*flags, f"--out_dir={copy}", "--resume"], status=1)
     assert str(path) in err and words in err, err
 
 
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys):
     """--resume on an empty out_dir says there is nothing to resume and how to start instead."""
-    err = fails(capsys, [*TINY, f"--out_dir={tmp_path}", "--resume"])
+    err = train_error_line(capsys, [*TINY, f"--out_dir={tmp_path}", "--resume"], status=1)
     assert f"{tmp_path / 'ckpt.pt'} does not exist; start without --resume" in err

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import train
+from helpers import train_error_line
 from model import GPT, POS_SCHEMES, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,15 +29,6 @@ class Payload:
 
 def run(tmp_path, *flags):
     return train.main([*TINY, f"--out_dir={tmp_path}", *flags])
-
-
-def error_line(capsys, argv):
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("train.py: error: ") and "\n" not in err, err
-    return err
 
 
 # -----------------------------------------------------------------------------
@@ -100,7 +92,7 @@ def test_loss_decreases_on_a_short_run(tmp_path):
 )
 def test_bad_flag_is_a_one_line_error_naming_the_choices(capsys, argv, names):
     """A typo or bad value stops before any work with exit status 2 and one line that says what is valid."""
-    err = error_line(capsys, argv)
+    err = train_error_line(capsys, argv, status=2)
     assert all(name in err for name in names), err
 
 
@@ -108,7 +100,7 @@ def test_config_file_with_unknown_key_is_a_one_line_error(capsys, tmp_path):
     """A misspelt key in a TOML file is refused (not silently ignored), naming the file and the valid keys."""
     config = tmp_path / "bad.toml"
     config.write_text('n_layers = 3\npos = "alibi"\n')
-    err = error_line(capsys, ["--config", str(config)])
+    err = train_error_line(capsys, ["--config", str(config)], status=2)
     assert str(config) in err and "'n_layers'" in err and "n_layer" in err and "learning_rate" in err
 
 
@@ -116,7 +108,7 @@ def test_config_file_bad_value_is_a_one_line_error(capsys, tmp_path):
     """Values in a TOML file go through the same checks as flags."""
     config = tmp_path / "bad.toml"
     config.write_text('pos = "rotary"\n')
-    err = error_line(capsys, ["--config", str(config)])
+    err = train_error_line(capsys, ["--config", str(config)], status=2)
     assert str(config) in err and "rope" in err
 
 

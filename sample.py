@@ -25,7 +25,15 @@ import torch.nn.functional as F
 
 from data.common import dataset_dir, get_tokenizer, load_meta
 from model import GPT, ROPE_SCALINGS, GPTConfig
-from train import CheckpointError, check_device, load_checkpoint, parse_bool, resolve_device
+from train import (
+    DEVICE_CHOICES,
+    DEVICE_PATTERN,
+    CheckpointError,
+    check_device,
+    load_checkpoint,
+    parse_bool,
+    resolve_device,
+)
 
 
 @dataclass
@@ -83,8 +91,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.top_k is not None and args.top_k <= 0:
         args.top_k = None
-    if args.device not in ("auto", "cpu", "mps") and not args.device.startswith("cuda"):
-        parser.error(f"argument --device: invalid choice {args.device!r} (choose from auto, cpu, cuda, cuda:N, mps)")
+    if not DEVICE_PATTERN.fullmatch(args.device):  # train.py's check: one list of devices for both scripts
+        parser.error(f"argument --device: invalid choice {args.device!r} (choose from {DEVICE_CHOICES})")
     try:
         return SampleConfig(**vars(args))
     except ValueError as e:

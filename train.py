@@ -546,45 +546,49 @@ def sync_directory(folder):
             os.close(fd)
 
 
-def save_checkpoint(obj, path):
-    """torch.save(obj) to path atomically: a temporary file in the same folder, flushed and fsynced, then
-    os.replace over path. A crash, a kill -9 or a full disk mid-save leaves the previous checkpoint whole,
-    never half of one."""
+def replace_atomically(path, write):
+    """Put a new file at path all at once: write(tmp) fills a temporary file in the same folder, which then
+    os.replace()s path (atomic on POSIX and Windows within one filesystem) and the folder is fsynced. A crash,
+    a kill -9 or a full disk midway leaves the previous file whole and at worst a temporary one behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
     try:
-        with open(tmp, "xb") as f:  # not tempfile.mkstemp, whose files are private (0600) whatever the umask
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX and Windows when both are on one filesystem
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    sync_directory(path.parent)
-    return path
-
-
-def link_checkpoint(source, path):
-    """Make path a second name of the checkpoint at source, atomically: a hard link (no second copy of a
-    GPT-2-sized file) under a temporary name, then os.replace. The next save_checkpoint(source) writes a new file
-    and leaves this one alone. Copies where the filesystem has no hard links."""
-    source, path = Path(source), Path(path)
-    tmp = temporary_path(path)
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     sync_directory(path.parent)
     return path
+
+
+def save_checkpoint(obj, path):
+    """torch.save(obj) to path atomically (replace_atomically), flushed and fsynced before the rename."""
+
+    def write(tmp):
+        with open(tmp, "xb") as f:  # not tempfile.mkstemp, whose files are private (0600) whatever the umask
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return replace_atomically(path, write)
+
+
+def link_checkpoint(source, path):
+    """Make path a second name of the checkpoint at source, atomically: a hard link (no second copy of a
+    GPT-2-sized file) under a temporary name, then the rename. The next save_checkpoint(source) writes a new file
+    and leaves this one alone. Copies where the filesystem has no hard links."""
+
+    def write(tmp):
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+
+    return replace_atomically(path, write)
 
 
 def remove_unfinished_writes(out_dir):
@@ -757,6 +761,10 @@ class Run:
     @property
     def best_path(self):
         return Path(self.cfg.out_dir) / "best.pt"
+
+    @property
+    def tokens_per_step(self):
+        return self.cfg.batch_size * self.model_config.block_size * self.cfg.grad_accum
 
 
 @torch.no_grad()
@@ -1028,7 +1036,7 @@ def start_wandb(run, n_params):
 def train_loop(run, signals, wandb_run, resume_command):
     """Evaluate (and checkpoint) every eval_interval steps and at the end, step, log. -> (evals, losses, stopped)"""
     cfg, p, procs = run.cfg, run.progress, run.procs
-    tokens_per_step = cfg.batch_size * run.model_config.block_size * cfg.grad_accum
+    tokens_per_step = run.tokens_per_step
     flops_per_step = flops_per_token(run.model) * tokens_per_step
     peak = peak_flops(cfg.device)
     start_iter = p.iter_num
@@ -1074,14 +1082,13 @@ def train_loop(run, signals, wandb_run, resume_command):
 
 def header_line(run):
     cfg, procs = run.cfg, run.procs
-    tokens_per_step = cfg.batch_size * run.model_config.block_size * cfg.grad_accum
     split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches" \
         if procs.launched else (f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else "")
     compiled = " compiled" if cfg.compile else ""
     return (
         f"{cfg.dataset} ({run.meta['vocab_size']} tokens) | pos={run.model_config.pos} | "
         f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
-        f"{tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps"
+        f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps"
     )
 
 

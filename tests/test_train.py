@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -297,9 +298,18 @@ def test_log_is_one_line_per_interval_with_time_left_and_evaluations_say_what_th
         assert lines[announce + 1].startswith(f"step {step}: train loss ")
 
 
-def wandb_records(run_dir):
-    """The bytes of an offline W&B run's log (run-<id>.wandb: protobuf records holding keys and values as text)."""
-    return next(run_dir.glob("run-*.wandb")).read_bytes()
+def keys_missing_from_wandb_log(run_dir, keys, wait_seconds=30):
+    """The keys not (yet) in an offline W&B run's log (run-<id>.wandb: protobuf records holding keys and values as
+    text). wandb-core writes the log in its own process and can still be flushing it when run.finish() returns,
+    so this waits up to wait_seconds for the keys to appear."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        log = next(run_dir.glob("run-*.wandb"), None)
+        records = log.read_bytes() if log else b""
+        missing = [key for key in keys if key not in records]
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(0.1)
 
 
 def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_the_run(tmp_path, monkeypatch):
@@ -315,11 +325,11 @@ def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_th
     keys = (b"train/loss", b"train/lr", b"train/tokens_per_sec", b"train/tflops", b"eval/train_loss", b"eval/val_loss",
             b"best_checkpoint", str(out_dir / "ckpt.pt").encode(), b"learning_rate", b"n_layer")
     run_id = train.main([*flags, "--max_iters=2"])["wandb_run_id"]
-    first = wandb_records(next((tmp_path / "wandb").glob(f"offline-run-*-{run_id}")))
-    assert [key for key in keys if key not in first] == []
+    assert keys_missing_from_wandb_log(next((tmp_path / "wandb").glob(f"offline-run-*-{run_id}")), keys) == []
     resumed = train.main([*flags, "--max_iters=4", "--resume"])
     assert run_id and resumed["wandb_run_id"] == run_id == train.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
-    # offline, each process writes a folder offline-run-<time>-<run id> (the same one if both start within a second)
+    # offline, each process writes a folder offline-run-<time>-<run id>, with a suffix -1, -2 ... when both start
+    # within one second; inside it, the run's log run-<run id>.wandb names the run it belongs to
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert {path.name.rsplit("-", 1)[1] for path in runs} == {run_id}
-    assert [key for key in keys if key not in wandb_records(runs[-1])] == []  # the resumed process logged too
+    assert len(runs) >= 1 and {log.name for run in runs for log in run.glob("*.wandb")} == {f"run-{run_id}.wandb"}
+    assert keys_missing_from_wandb_log(runs[-1], keys) == []  # the resumed process logged too

@@ -13,7 +13,6 @@ same prompt, seed and settings through several checkpoints and reports each one'
 loss at positions inside vs beyond the trained length.
 """
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -23,17 +22,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from checkpoint import CheckpointError, build_model, checkpoint_path, load_checkpoint
+from cli import one_line_errors, parse_flags
 from data.common import dataset_dir, get_tokenizer, load_meta
-from model import GPT, ROPE_SCALINGS, GPTConfig
-from train import (
-    DEVICE_CHOICES,
-    DEVICE_PATTERN,
-    CheckpointError,
-    check_device,
-    load_checkpoint,
-    parse_bool,
-    resolve_device,
-)
+from hardware import check_device, check_device_name, resolve_device, synchronize
+from model import ROPE_SCALINGS
 
 
 @dataclass
@@ -44,7 +37,7 @@ class SampleConfig:
     num_samples: int = 1  # independent samples, generated as one batch
     max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
     temperature: float = 0.8  # < 1 sharpens, > 1 flattens; 0 always takes the most likely token
-    top_k: int | None = 200  # sample only among the k most likely tokens (None: all)
+    top_k: int | None = 200  # sample only among the k most likely tokens (0 or None: all)
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     seed: int = 1337  # same seed, same settings: same text
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -55,11 +48,13 @@ class SampleConfig:
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
+        if self.top_k == 0:
+            self.top_k = None
         checks = [
             (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
             (self.max_new_tokens is None or self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (self.top_k is None or self.top_k >= 1, f"top_k must be >= 0, got {self.top_k}"),
             (self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.max_context is None or self.max_context >= 1, f"max_context must be >= 1, got {self.max_context}"),
             (self.rope_factor is None or self.rope_factor >= 1, f"rope_factor must be >= 1, got {self.rope_factor}"),
@@ -68,35 +63,15 @@ class SampleConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_device_name(self.device)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = SampleConfig()
-    parser.add_argument("--out_dir", default=d.out_dir, help="folder holding best.pt or ckpt.pt")
-    parser.add_argument("--compare", nargs="+", default=[], metavar="OUT_DIR", help="several out_dirs side by side")
-    parser.add_argument("--start", default=d.start, help="prompt text, or FILE:path")
-    parser.add_argument("--num_samples", type=int, default=d.num_samples)
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: 4 x the trained block_size")
-    parser.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
-    parser.add_argument("--top_k", type=int, default=d.top_k, help="0: no top-k filter")
-    parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--kv_cache", type=parse_bool, default=d.kv_cache, help="on (default) or off: the reference")
-    parser.add_argument("--max_context", type=int, default=None, help="sliding attention window, in tokens")
-    parser.add_argument("--rope_scaling", choices=ROPE_SCALINGS, default=None, help="RoPE context extension")
-    parser.add_argument("--rope_factor", type=float, default=None, help="default: generated length / block_size")
-    parser.add_argument("--stream", type=parse_bool, default=d.stream, help="print tokens as they come (on/off)")
-    args = parser.parse_args(argv)
-    if args.top_k is not None and args.top_k <= 0:
-        args.top_k = None
-    if not DEVICE_PATTERN.fullmatch(args.device):  # train.py's check: one list of devices for both scripts
-        parser.error(f"argument --device: invalid choice {args.device!r} (choose from {DEVICE_CHOICES})")
-    try:
-        return SampleConfig(**vars(args))
-    except ValueError as e:
-        parser.error(str(e))
+    """Flags (and --config) -> SampleConfig; a mistake exits with status 2 and one line, as train.py's do."""
+    values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)],
+                         choices={"rope_scaling": ROPE_SCALINGS})
+    with one_line_errors("sample.py"):
+        return SampleConfig(**values)
 
 
 def read_prompt(start):
@@ -118,28 +93,17 @@ def read_prompt(start):
 
 @dataclass
 class Loaded:
-    model: GPT
+    model: object  # the GPT, in eval mode
     tokenizer: object
     checkpoint: dict
 
 
-def checkpoint_path(out_dir):
-    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt)."""
-    best = Path(out_dir) / "best.pt"
-    return best if best.is_file() else Path(out_dir) / "ckpt.pt"
-
-
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
-    """The model saved by train.py in out_dir (eval mode, on device), optionally with a RoPE extension.
+    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension.
     checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
-    if checkpoint is None:
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
-    model_config = dict(checkpoint["model_config"], rope_scaling=rope_scaling, rope_factor=rope_factor)
-    try:
-        model = GPT(GPTConfig(**model_config))
-    except ValueError as e:
-        raise ValueError(f"{out_dir}: {e}") from None
-    model.load_state_dict(checkpoint["model"])
+    path = checkpoint_path(out_dir)
+    checkpoint = checkpoint or load_checkpoint(path, map_location=device)
+    model = build_model(path, checkpoint, rope_scaling=rope_scaling, rope_factor=rope_factor)
     return Loaded(model.to(device).eval(), get_tokenizer(checkpoint["meta"]), checkpoint)
 
 
@@ -195,8 +159,7 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
         out = model.generate_cached(idx, max_new_tokens, on_token=on_token, **sampling)
     else:
         out = model.generate(idx, max_new_tokens, **sampling)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    synchronize(device)
     seconds = time.perf_counter() - start
     return out.tolist(), cfg.num_samples * max_new_tokens / seconds
 
@@ -280,8 +243,8 @@ def compare(cfg, device):
         length = len(samples[0])
         losses = inside_vs_beyond_loss(loaded, device, length)
         rows.append((out_dir, loaded.model, tokens_per_second, losses, length))
-    print(f"\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
-          f"generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
+    print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
+          "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
     print(f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}")
     for out_dir, model, tokens_per_second, losses, length in rows:
         c = model.config
@@ -301,7 +264,7 @@ def main(argv=None):
             return compare(cfg, device)
         return run_one(cfg.out_dir, cfg, device, cfg.stream)
     except (CheckpointError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"sample.py: error: {e}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: model.py is one folder up
 
 from model import GPT, POS_SCHEMES, GPTConfig  # noqa: E402
-from sample import load  # noqa: E402
+from checkpoint import load_model  # noqa: E402
 
 
 def median_seconds(fn, repeats, device):
@@ -49,7 +49,7 @@ def main(argv=None):
 
     torch.manual_seed(0)
     if args.out_dir:
-        model = load(args.out_dir, args.device).model
+        model = load_model(args.out_dir, args.device)[0]
     else:
         config = GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, pos=args.pos)
         model = GPT(config).to(args.device).eval()

@@ -7,6 +7,8 @@ TorchDynamo exactly as inductor does but skips code generation, so the check cos
 import pytest
 import torch
 
+import checkpoint
+import hardware
 import train
 from model import GPT, POS_SCHEMES, GPTConfig
 
@@ -58,7 +60,7 @@ def test_inductor_compiles_a_tiny_rope_model():
 def precision_for(*flags):
     cfg, model_config = train.parse_args(["--device=cpu", *flags])
     cfg = train.resolve_runtime(cfg, model_config)
-    autocast, scaler = train.precision(cfg)
+    autocast, scaler = hardware.precision(cfg)
     return cfg.dtype, autocast, scaler
 
 
@@ -81,7 +83,7 @@ def test_mixed_precision_run_trains_and_resumes_its_loss_scale(tmp_path, dtype):
              f"--out_dir={tmp_path}"]
     result = train.main([*flags, "--max_iters=2"])
     assert all(torch.isfinite(torch.tensor(loss)) for loss in result["losses"].values())
-    ckpt = train.load_checkpoint(tmp_path / "ckpt.pt")
+    ckpt = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["train_config"]["dtype"] == dtype and bool(ckpt["scaler"]) == (dtype == "float16")
     assert train.main([*flags, "--max_iters=3", "--resume"])["iter_num"] == 3
 
@@ -91,6 +93,6 @@ def test_cuda_defaults_to_bf16_or_fp16_with_a_scaler():
     """On CUDA auto is bfloat16 where supported, else float16 with loss scaling."""
     cfg, model_config = train.parse_args(["--device=cuda"])
     cfg = train.resolve_runtime(cfg, model_config)
-    _, scaler = train.precision(cfg)
+    _, scaler = hardware.precision(cfg)
     assert cfg.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
     assert scaler.is_enabled() == (cfg.dtype == "float16") and cfg.compile is True

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
+import cli
+import distributed
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +56,7 @@ def test_torchrun_two_processes_match_one_process_with_the_same_global_batch(run
     ddp_dir, log, single_dir, single = runs
     assert sorted(p.name for p in ddp_dir.iterdir()) == ["best.pt", "ckpt.pt"]
     assert log.count("step 6/6 |") == 1 and "2 processes x 1 micro-batches" in log  # one rank logs
-    ddp, one = train.load_checkpoint(ddp_dir / "ckpt.pt"), train.load_checkpoint(single_dir / "ckpt.pt")
+    ddp, one = checkpoint.load_checkpoint(ddp_dir / "ckpt.pt"), checkpoint.load_checkpoint(single_dir / "ckpt.pt")
     assert ddp["iter_num"] == one["iter_num"] == 6 and ddp["best_iter"] == one["best_iter"] == 6
     print(f"\nval loss after 6 steps: torchrun x2 {ddp['best_val_loss']!r}, one process {one['best_val_loss']!r}")
     assert abs(ddp["best_val_loss"] - one["best_val_loss"]) <= TOLERANCE
@@ -80,11 +83,12 @@ COUNT_ALL_REDUCES = """
 import sys
 from dataclasses import replace
 sys.path.insert(0, {root!r})
+import distributed
 import train
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 cfg, model_config = train.parse_args({flags!r})
-procs = train.start_processes(cfg)
+procs = distributed.start_processes(cfg)
 data_dir, meta = train.prepare_data(cfg.dataset, procs)
 model_config = replace(model_config, vocab_size=meta["vocab_size"])
 cfg = train.resolve_runtime(cfg, model_config, procs.device)
@@ -102,7 +106,7 @@ for it in range(3):
     train.train_step(run, train.get_lr(it, cfg))
     per_step.append(len(calls) - before)
 print(f"rank {{procs.rank}}: {{len(run.samplers)}} micro-batches, all-reduces per step {{per_step}}", flush=True)
-train.end_processes(procs, clean=True)
+distributed.end_processes(procs, clean=True)
 """
 
 
@@ -119,9 +123,18 @@ def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
 
 def test_grad_accum_must_divide_among_the_processes():
     """grad_accum micro-batches are shared out evenly: 3 among 2 processes is a one-line error naming a fix."""
-    with pytest.raises(train.RunError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
-        train.micro_steps_per_rank(3, train.Processes(world_size=2))
-    assert train.micro_steps_per_rank(8, train.Processes(world_size=2)) == 4
+    with pytest.raises(cli.RunError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
+        distributed.micro_steps_per_rank(3, distributed.Processes(world_size=2))
+    assert distributed.micro_steps_per_rank(8, distributed.Processes(world_size=2)) == 4
+
+
+def test_torchrun_without_grad_accum_runs_one_micro_batch_per_process(tmp_path):
+    """`torchrun --nproc_per_node=2 train.py` with --grad_accum left out: each process runs one micro-batch, a step
+    is 2 x batch_size x block_size tokens, and the header says why; the checkpoint records grad_accum=2."""
+    flags = [f for f in FLAGS if not f.startswith(("--grad_accum", "--max_iters"))] + ["--max_iters=2"]
+    log = torchrun("train.py", *flags, f"--out_dir={tmp_path}").stdout
+    assert "128 tokens/step | 2 processes x 1 micro-batches (one per process: --grad_accum not given)" in log, log
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["grad_accum"] == 2
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -130,5 +143,5 @@ def test_torchrun_on_two_gpus_uses_nccl_and_matches_one_gpu(tmp_path):
     flags = [f for f in FLAGS if f != "--device=cpu"] + ["--device=cuda"]
     torchrun("train.py", *flags, f"--out_dir={tmp_path / 'ddp'}")
     single = train.main([*flags, f"--out_dir={tmp_path / 'single'}"])
-    ddp = train.load_checkpoint(tmp_path / "ddp" / "ckpt.pt")
+    ddp = checkpoint.load_checkpoint(tmp_path / "ddp" / "ckpt.pt")
     assert abs(ddp["best_val_loss"] - single["best_val_loss"]) < 0.05  # bf16: a looser bound than float32's

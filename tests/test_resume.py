@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint as ckpt_io
+import distributed
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
 from helpers import train_error_line
@@ -54,7 +56,7 @@ def same(a, b):
 
 
 def checkpoint(out_dir, name="ckpt.pt"):
-    return train.load_checkpoint(Path(out_dir) / name)
+    return ckpt_io.load_checkpoint(Path(out_dir) / name)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +88,9 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     """python, numpy and torch generators, saved with the checkpoint and restored, draw the same numbers again."""
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # numpy keeps a cached gaussian: part of the state
-    path = train.save_checkpoint({"model": {}, "model_config": {}, "rng": train.rng_state("cpu")}, tmp_path / "c.pt")
+    path = ckpt_io.save_checkpoint({"model": {}, "model_config": {}, "rng": ckpt_io.rng_state("cpu")}, tmp_path / "c.pt")
     draws = [random.random(), np.random.standard_normal(), torch.rand(3)]
-    train.set_rng_state(train.load_checkpoint(path)["rng"], "cpu")
+    ckpt_io.set_rng_state(ckpt_io.load_checkpoint(path)["rng"], "cpu")
     assert same([random.random(), np.random.standard_normal(), torch.rand(3)], draws)
 
 
@@ -128,12 +130,13 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
 
 
 WRITER = """
-import itertools, sys, torch, train
+import itertools, sys, torch
+import checkpoint as ckpt_io
 path = sys.argv[1]
-train.save_checkpoint({"model": {"w": torch.zeros(4)}, "model_config": {"version": 0}}, path)
+ckpt_io.save_checkpoint({"model": {"w": torch.zeros(4)}, "model_config": {"version": 0}}, path)
 for version in itertools.count(1):  # big files (32 MB), so that a kill lands in the middle of one
     weights = {"w": torch.full((1 << 23,), float(version))}
-    train.save_checkpoint({"model": weights, "model_config": {"version": version}}, path)
+    ckpt_io.save_checkpoint({"model": weights, "model_config": {"version": version}}, path)
 """
 
 
@@ -155,11 +158,11 @@ def test_kill_9_while_writing_leaves_the_previous_checkpoint_whole(tmp_path, del
     finally:
         writer.kill()
     assert writer.returncode == -signal.SIGKILL
-    ckpt = train.load_checkpoint(path)
+    ckpt = ckpt_io.load_checkpoint(path)
     version = ckpt["model_config"]["version"]
     assert torch.all(ckpt["model"]["w"] == float(version))  # whole: every value of one version
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["ckpt.pt"]
-    train.remove_unfinished_writes(tmp_path)
+    ckpt_io.remove_unfinished_writes(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
@@ -257,9 +260,9 @@ def test_resume_on_a_dataset_with_another_vocabulary_is_refused(capsys, saved_ru
 def bad_checkpoint(out_dir, kind):
     """out_dir/ckpt.pt made unusable in one way."""
     path = out_dir / "ckpt.pt"
-    ckpt = train.load_checkpoint(path)
+    ckpt = ckpt_io.load_checkpoint(path)
     if kind == "pickled object":
-        torch.save({**ckpt, "meta": train.Processes()}, path)  # a dataclass instance: unpickling runs its module
+        torch.save({**ckpt, "meta": distributed.Processes()}, path)  # a dataclass instance: unpickling runs its module
     elif kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
     elif kind == "other shape weights":  # the config says one shape, the weights are another's
@@ -273,7 +276,7 @@ def bad_checkpoint(out_dir, kind):
 @pytest.mark.parametrize(
     "kind, words",
     [
-        ("pickled object", "refused to load: it pickles train.Processes"),
+        ("pickled object", "refused to load: it pickles distributed.Processes"),
         ("truncated", "truncated or corrupt checkpoint"),
         ("other shape weights", "its GPT state does not fit (Error(s) in loading state_dict for GPT"),
         ("sampling only", "can be sampled from but not resumed"),

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
+import hardware
 import train
 from helpers import train_error_line
 from model import GPT, POS_SCHEMES, GPTConfig
@@ -57,7 +59,7 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
 def test_cuda_run_compiles_with_autocast_and_saves_plain_names(tmp_path):
     """On CUDA the defaults turn on torch.compile and bf16/fp16 autocast; the checkpoint still has plain names."""
     result = run(tmp_path, "--device=cuda", "--compile=true", "--dtype=auto", "--max_iters=3", "--eval_interval=3")
-    ckpt = train.load_checkpoint(result["checkpoint"], map_location="cpu")
+    ckpt = checkpoint.load_checkpoint(result["checkpoint"], map_location="cpu")
     assert ckpt["train_config"]["compile"] is True and ckpt["train_config"]["dtype"] in ("bfloat16", "float16")
     assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
     GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
@@ -199,13 +201,13 @@ def test_lr_decay_iters_defaults_to_max_iters():
 def test_atomic_save_leaves_no_temp_files_and_survives_a_failed_save(tmp_path):
     """save_checkpoint replaces the file whole; a save that fails midway keeps the old checkpoint and no litter."""
     path = tmp_path / "ckpt.pt"
-    train.save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}}, path)
-    train.save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}}, path)
+    checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}}, path)
+    checkpoint.save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
     with pytest.raises(Exception):
-        train.save_checkpoint({"model": {"w": torch.ones(3)}, "unpicklable": lambda: None}, path)
+        checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "unpicklable": lambda: None}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
-    assert torch.equal(train.load_checkpoint(path)["model"]["w"], torch.zeros(3))
+    assert torch.equal(checkpoint.load_checkpoint(path)["model"]["w"], torch.zeros(3))
 
 
 def corrupt_checkpoint(tmp_path, kind):
@@ -218,7 +220,7 @@ def corrupt_checkpoint(tmp_path, kind):
     if kind == "not_a_checkpoint":
         torch.save({"weights": torch.ones(2)}, path)
         return path
-    train.save_checkpoint({"model": {"w": torch.randn(64, 64)}, "model_config": {}}, path)
+    checkpoint.save_checkpoint({"model": {"w": torch.randn(64, 64)}, "model_config": {}}, path)
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"not a checkpoint at all", "empty": b""}[kind])
     return path
@@ -238,8 +240,8 @@ def corrupt_checkpoint(tmp_path, kind):
 def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words):
     """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause."""
     path = corrupt_checkpoint(tmp_path, kind)
-    with pytest.raises(train.CheckpointError) as error:
-        train.load_checkpoint(path)
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.load_checkpoint(path)
     message = str(error.value)
     assert isinstance(error.value, ValueError) and "\n" not in message
     assert message.startswith(str(path)) and words in message, message
@@ -261,10 +263,10 @@ def test_flops_per_token_is_palm_6n_plus_attention():
     lookup, not a matmul, so learned and none cost the same."""
     config = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
     rope = GPT(GPTConfig(**config, pos="rope"))
-    assert train.flops_per_token(rope) == 6 * rope.num_params() + 12 * 2 * 2 * 16 * 16
+    assert hardware.flops_per_token(rope) == 6 * rope.num_params() + 12 * 2 * 2 * 16 * 16
     learned, none = GPT(GPTConfig(**config, pos="learned")), GPT(GPTConfig(**config, pos="none"))
     assert learned.num_params() == none.num_params() + 16 * 32
-    assert train.flops_per_token(learned) == train.flops_per_token(none)
+    assert hardware.flops_per_token(learned) == hardware.flops_per_token(none)
 
 
 @pytest.mark.parametrize(
@@ -283,7 +285,7 @@ def test_flops_per_token_is_palm_6n_plus_attention():
 )
 def test_peak_flops_table_matches_gpu_names(name, peak):
     """MFU divides by the bf16 dense peak of the GPU torch names; a GPU missing from the table gets no MFU."""
-    assert train.peak_flops_of(name) == peak
+    assert hardware.peak_flops_of(name) == peak
 
 
 def test_log_is_one_line_per_interval_with_time_left_and_evaluations_say_what_they_do(tmp_path, capsys):
@@ -327,7 +329,7 @@ def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_th
     run_id = train.main([*flags, "--max_iters=2"])["wandb_run_id"]
     assert keys_missing_from_wandb_log(next((tmp_path / "wandb").glob(f"offline-run-*-{run_id}")), keys) == []
     resumed = train.main([*flags, "--max_iters=4", "--resume"])
-    assert run_id and resumed["wandb_run_id"] == run_id == train.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
+    assert run_id and resumed["wandb_run_id"] == run_id == checkpoint.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
     # offline, each process writes a folder offline-run-<time>-<run id>, with a suffix -1, -2 ... when both start
     # within one second; inside it, the run's log run-<run id>.wandb names the run it belongs to
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))

@@ -1,0 +1,200 @@
+"""
+Command-line flags for every script, from its config dataclasses: one syntax, one kind of error.
+
+Each field of a script's config dataclass is a flag `--name=value` (or `--name value`); its help text is the
+comment after the field in the dataclass. `--config FILE.toml` reads the same settings from a TOML file (data,
+never executed), and flags override it. A mistake (an unknown flag, a typo, an abbreviation, a bad value, an
+unknown key in the file) stops the script before any work with exit status 2 and one line that names what is
+valid: argparse's multi-line usage block is never printed, and abbreviations are refused (`--temperatur` is
+a typo, not `--temperature`).
+
+    values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
+    with one_line_errors("sample.py"):
+        cfg = SampleConfig(**values)          # the dataclass's own checks, as one-line errors too
+"""
+
+import sys
+
+if sys.version_info < (3, 11):  # before tomllib's import fails with a traceback
+    sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
+
+import argparse
+import difflib
+import inspect
+import re
+import tomllib
+import typing
+from contextlib import contextmanager
+from dataclasses import MISSING, fields
+
+
+class UsageError(Exception):
+    """A bad flag, value or config file: one line and exit status 2."""
+
+
+class RunError(Exception):
+    """A run that cannot start or go on (a missing dataset, a diverged loss): one line and exit status 1."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse would print the whole usage block, dozens of lines here; raise so the caller prints one line
+        raise UsageError(message)
+
+
+@contextmanager
+def one_line_errors(prog, status=2, errors=(UsageError, ValueError)):
+    """Turn the errors a user can cause into `prog: error: message` on stderr and SystemExit(status)."""
+    try:
+        yield
+    except errors as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(status) from None
+
+
+# -----------------------------------------------------------------------------
+# Values
+
+
+def parse_bool(text):
+    """true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it)."""
+    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    if text.lower() not in value:
+        raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}")
+    return value[text.lower()]
+
+
+def parse_int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def parse_float(text):
+    # float, not int: `--dropout=0` is 0.0 (nanoGPT's configurator refused it as the wrong type)
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def flag_kind(annotation):
+    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list:
+        return flag_kind(args[0])[:2] + (True,)
+    kind = next((t for t in args if t is not type(None)), annotation)
+    convert = {bool: parse_bool, int: parse_int, float: parse_float}.get(kind, str)
+    if type(None) not in args:
+        return kind, convert, False
+    return kind, lambda text: None if text.lower() == "none" else convert(text), False
+
+
+def field_comments(config_class):
+    """{field: the comment after it} from the class's source: the dataclass comments are the --help text."""
+    try:
+        source = inspect.getsource(config_class)
+    except (OSError, TypeError):  # no source (a frozen app): flags without help
+        return {}
+    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", source, re.MULTILINE))
+
+
+def field_defaults(config_class):
+    """{field: default} of the fields that have one (a required field, such as a positional list, has none)."""
+    defaults = {}
+    for f in fields(config_class):
+        if f.default is not MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
+
+
+# -----------------------------------------------------------------------------
+# Flags and config files
+
+
+def build_parser(prog, description, sections, defaults, choices, positional):
+    """One flag per field (in sections: (title, dataclass, field names or None for all)). Defaults are
+    SUPPRESSed so that parsing sees only what was given, to layer flags over the config file; --help shows
+    the effective default."""
+    parser = ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags override it)")
+    for title, config_class, names in sections:
+        group = parser.add_argument_group(title)
+        comments = field_comments(config_class)
+        for name, annotation in typing.get_type_hints(config_class).items():
+            if names is not None and name not in names:
+                continue
+            kind, convert, is_list = flag_kind(annotation)
+            valid = choices.get(name)
+            if valid is not None and type(None) in typing.get_args(annotation):
+                valid = (*valid, None)
+            kwargs = dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}  # `--compile` alone: true
+            if is_list:
+                kwargs = dict(nargs="+" if name in positional else "*", metavar=name.upper())
+            help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
+            flag = name if name in positional else f"--{name}"
+            group.add_argument(flag, type=convert, choices=valid, help=help_text, **kwargs)
+    return parser
+
+
+def read_config_file(parser, path, valid):
+    """The settings in a TOML file, checked by the same parser as the flags (TOML is data: nothing is executed)."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+    unknown = [key for key in table if key not in valid]
+    if unknown:
+        raise UsageError(f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")
+    for key, value in table.items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise UsageError(f"{path}: {key} must be a string, number or boolean, got {value!r}")
+    try:  # through the flags' own converters and choices, so a file can't hold what a flag couldn't
+        return vars(parser.parse_args([f"--{key}={value}" for key, value in table.items()]))
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def explain(message, valid):
+    """Add the valid flags to argparse's `unrecognized arguments` (and a guess at the one meant)."""
+    if not message.startswith("unrecognized arguments"):
+        return message
+    given = message.split(":", 1)[1].split()[0].split("=")[0]
+    guess = difflib.get_close_matches(given, valid, n=1, cutoff=0.7)
+    hint = f" (did you mean {guess[0]}?)" if guess else ""
+    return f"{message}{hint}; valid flags: {' '.join(valid)}"
+
+
+def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=()):
+    """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
+    --config FILE.toml, then by the flags in argv (sys.argv[1:] when None). Fields named in `positional` are
+    positional arguments. A mistake exits with status 2 and one line naming the valid choices."""
+    values = {}
+    for _, config_class, names in sections:
+        values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
+    values |= dict(defaults or {})
+    parser = build_parser(prog, description, sections, values, choices or {}, positional)
+    valid = [name for _, config_class, names in sections for name in (names or [f.name for f in fields(config_class)])
+             if name not in positional]
+    with one_line_errors(prog):
+        try:
+            flags = vars(parser.parse_args(argv))
+        except UsageError as e:
+            raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
+        if "config" in flags:  # a file holds flags only, so it is checked by a parser without the positionals
+            file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
+            file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
+            from_file = read_config_file(file_parser, flags.pop("config"), valid)
+        else:
+            from_file = {}
+    return values | from_file | flags

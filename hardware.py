@@ -1,0 +1,116 @@
+"""
+What a script runs on: the device, the precision, and how fast that hardware can go (for MFU).
+
+Every entry point (train.py, sample.py, eval_length.py, bench.py) resolves `--device` and `--dtype` here,
+so `auto` means the same thing everywhere: cuda, then mps, then cpu; bfloat16 on CUDA, float32 elsewhere.
+"""
+
+import re
+from contextlib import nullcontext
+
+import torch
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N, mps"
+
+# Dense (no sparsity) bf16 tensor-core peak FLOP/s per GPU from NVIDIA's data sheets, fp16 for the GPUs without
+# bf16 (V100, T4); matched against torch.cuda.get_device_name, first match wins. MFU (PaLM, Chowdhery et al.
+# 2022, appendix B) is the model FLOPs achieved over this peak.
+PEAK_FLOPS = (
+    (r"\bH200\b.*\bNVL\b", 835e12),
+    (r"\bH200\b", 989e12),
+    (r"\bH100\b.*\bPCIe\b", 756e12),
+    (r"\bH100\b.*\bNVL\b", 835e12),
+    (r"\bH100\b", 989e12),  # SXM
+    (r"\bB200\b", 2250e12),
+    (r"\bA100\b", 312e12),
+    (r"\bL40S\b", 362e12),
+    (r"\bL4\b", 121e12),
+    (r"\bA10\b", 125e12),
+    (r"\bV100\b", 125e12),
+    (r"\bT4\b", 65e12),
+)
+
+
+def check_device_name(device):
+    """ValueError unless device is one of DEVICE_CHOICES (checked when flags are parsed, before any work)."""
+    if not DEVICE_PATTERN.fullmatch(device):
+        raise ValueError(f"device={device!r} is not a device; choose from {DEVICE_CHOICES}")
+
+
+def check_device(device):
+    """ValueError if this machine lacks the device asked for."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu")
+
+
+def resolve_device(device):
+    """`auto` -> cuda, then mps, then cpu; any other name as given."""
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_dtype(dtype, device_type):
+    if dtype != "auto":
+        return dtype
+    if device_type == "cuda":  # bfloat16 keeps float32's exponent range, so it needs no loss scaling
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"  # CPU autocast is slower than float32 for models this small
+
+
+def precision(cfg):
+    """(autocast context, GradScaler) for cfg.dtype on cfg.device, both resolved (any config with those two
+    fields: TrainConfig, a benchmark's); float32 runs without autocast."""
+    device_type, dtype = cfg.device.split(":")[0], cfg.dtype
+    if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
+        torch.set_float32_matmul_precision("high")
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
+    # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
+    return autocast, torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+
+
+def synchronize(device):
+    """Wait for the device's queued kernels, so that a clock read after it is the real time."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+    elif str(device) == "mps":
+        torch.mps.synchronize()
+
+
+def flops_per_token(model):
+    """Training FLOPs per token, as nanoGPT's estimate_mfu after PaLM (Chowdhery et al. 2022), appendix B:
+    6N for the matmuls with the N weights (2 FLOPs per weight forward, 4 backward), plus 12 * L * H * Q * T for
+    attention's two matmuls, q k^T and p v, over T keys in each of L layers and H heads of size Q (the causal
+    mask's skipped half is not discounted, as in PaLM). N leaves out the learned position table, a lookup and no
+    matmul, but keeps the token embedding, which is also the output head."""
+    n = model.num_params() - sum(p.numel() for p in model.transformer.wpe.parameters())
+    c = model.config
+    return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+
+
+def peak_flops_of(gpu_name):
+    """The dense bf16 peak FLOP/s of the GPU called gpu_name (torch.cuda.get_device_name), None if not in PEAK_FLOPS."""
+    return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, gpu_name)), None)
+
+
+def peak_flops(device):
+    """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then the log shows no MFU."""
+    return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
+
+
+def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
+    """A step's speed as logged and benchmarked: ms per step, tokens/s, model TFLOP/s, and MFU where the peak is
+    known (the model FLOPs achieved over the peak of all devices together)."""
+    metrics = {"ms_per_iter": step_seconds * 1e3, "tokens_per_sec": tokens_per_step / step_seconds,
+               "tflops": flops_per_step / step_seconds / 1e12}
+    if peak:
+        metrics["mfu"] = flops_per_step / step_seconds / (peak * n_devices)
+    return metrics

@@ -1,0 +1,89 @@
+"""
+What a training run reports: its header, a line per log_interval steps with speed and time left, and the
+same figures to Weights & Biases when asked.
+"""
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+
+class StepClock:
+    """Wall time of the steps between two log lines, evaluations left out, and the time the run has left."""
+
+    def __init__(self, cfg, start_iter):
+        self.cfg, self.start_iter = cfg, start_iter
+        self.train_seconds, self.eval_seconds = 0.0, 0.0  # in steps so far, and in the last evaluation
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    @contextmanager
+    def evaluation(self):
+        start = time.perf_counter()
+        self.train_seconds += start - self.window_start
+        yield
+        self.eval_seconds = time.perf_counter() - start
+        self.window_start, self.window_steps = time.perf_counter(), 0  # keep evaluation out of ms/iter
+
+    def step(self):
+        self.window_steps += 1
+
+    def lap(self, steps_done):
+        """(seconds per step since the last lap, seconds left). Call it after the device was waited for."""
+        now = time.perf_counter()
+        step_seconds = (now - self.window_start) / self.window_steps
+        self.train_seconds += now - self.window_start
+        self.window_start, self.window_steps = now, 0
+        per_step = self.train_seconds / (steps_done - self.start_iter)
+        left = (self.cfg.max_iters - steps_done) * per_step + evals_left(steps_done, self.cfg) * self.eval_seconds
+        return step_seconds, left
+
+
+def evals_left(step, cfg):
+    """How many evaluations remain after `step` steps: multiples of eval_interval, plus the final one."""
+    regular = cfg.max_iters // cfg.eval_interval - step // cfg.eval_interval
+    final = 1 if cfg.max_iters % cfg.eval_interval and step < cfg.max_iters else 0
+    return regular + final
+
+
+def format_seconds(seconds):
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def step_line(step, cfg, loss, lr, speed, seconds_left):
+    """`step 50/2000 | loss 2.1 | lr 5.0e-04 | 35.6 ms/iter | 21,500 tok/s | mfu 40.0% | 1m30s left`"""
+    mfu = f" | mfu {speed['mfu']:.1%}" if "mfu" in speed else ""
+    return (f"step {step}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {speed['ms_per_iter']:.1f} ms/iter | "
+            f"{speed['tokens_per_sec']:,.0f} tok/s{mfu} | {format_seconds(seconds_left)} left")
+
+
+def header_line(run, one_per_process):
+    """What is trained, on what, how: the first line of every run's log."""
+    cfg, procs = run.cfg, run.procs
+    split = f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
+    if procs.launched:
+        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches" + \
+            (" (one per process: --grad_accum not given)" if one_per_process else "")
+    compiled = " compiled" if cfg.compile else ""
+    return (f"{cfg.dataset} ({run.meta['vocab_size']} tokens) | pos={run.model_config.pos} | "
+            f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
+            f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps")
+
+
+def start_wandb(run):
+    """A Weights & Biases run on rank 0 (None elsewhere or without --wandb); a resumed run continues its id."""
+    cfg, p = run.cfg, run.progress
+    if not (cfg.wandb and run.procs.master):
+        return None
+    import wandb  # only when asked for: optional, and slow to import
+
+    config = asdict(cfg) | asdict(run.model_config) | {"world_size": run.procs.world_size,
+                                                       "parameters": run.model.num_params()}
+    wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+                           id=p.wandb_run_id, resume="allow" if p.wandb_run_id else None, config=config)
+    p.wandb_run_id = wandb_run.id
+    return wandb_run

@@ -1,0 +1,132 @@
+"""Every script takes its flags from cli.py: the same syntax, the same one-line errors; and the layout rules.
+
+train.py and sample.py are run through main() as a user would; a mistake must stop them before any work with
+exit status 2 and one line (never argparse's usage block), abbreviations are refused, and typos get a guess.
+"""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = ("train", "sample", "eval_length", "bench")
+
+
+def one_line_error(capsys, main, argv, status=2):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == status
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "usage:" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--seeed=3"], ["unrecognized arguments: --seeed=3", "did you mean --seed?", "valid flags:"]),
+        (["--see=3"], ["unrecognized arguments: --see=3"]),  # an abbreviation of --seed is not --seed
+        (["--seed=abc"], ["argument --seed: expected an integer, got 'abc'"]),
+        (["--device=tpu"], ["choose from auto, cpu, cuda, cuda:N, mps"]),
+    ],
+)
+def test_both_scripts_refuse_typos_abbreviations_and_bad_values_in_one_line(capsys, script, argv, words):
+    """The same mistakes get the same one-line error from train.py and sample.py, naming the script."""
+    err = one_line_error(capsys, script.main, argv)
+    assert err.startswith(f"{script.__name__}.py: error: ") and all(w in err for w in words), err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--temperatur=0.5"], ["--temperatur=0.5", "did you mean --temperature?"]),
+        (["--stream=maybe"], ["argument --stream: expected a boolean"]),
+        (["--top_k=-3"], ["top_k must be >= 0"]),
+        (["--rope_scaling=cubic"], ["invalid choice: 'cubic'", "'linear', 'ntk', 'dynamic', 'yarn'"]),
+    ],
+)
+def test_sample_flag_mistakes_are_one_line_errors(capsys, argv, words):
+    err = one_line_error(capsys, sample.main, argv)
+    assert all(w in err for w in words), err
+
+
+def test_sample_reads_a_config_file_like_train(tmp_path, capsys):
+    """--config works for sample.py as for train.py, and an unknown key names the valid ones."""
+    preset = tmp_path / "sample.toml"
+    preset.write_text('temperature = 0.5\ntop_k = 0\nmax_context = 32\n')
+    cfg = sample.parse_args([f"--config={preset}", "--max_context=16"])
+    assert (cfg.temperature, cfg.top_k, cfg.max_context) == (0.5, None, 16)
+    preset.write_text("temprature = 0.5\n")
+    err = one_line_error(capsys, sample.main, [f"--config={preset}"])
+    assert "unknown key 'temprature'" in err and "temperature" in err
+
+
+def imported_modules(path):
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_script_imports_another_script():
+    """Entry points share modules (checkpoint, cli, distributed, hardware, ...), never each other."""
+    scripts = [p for p in ROOT.rglob("*.py") if "tests" not in p.parts and not p.name.startswith(".")]
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_modules(p) & set(ENTRY_POINTS) - {p.stem})
+                 for p in scripts}
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_model_imports_only_torch_and_the_standard_library():
+    assert imported_modules(ROOT / "model.py") - set(sys.stdlib_module_names) == {"torch"}
+
+
+# What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.
+OLD_TRAIN_CONFIG = dict(
+    dataset="shakespeare_char", batch_size=4, grad_accum=1, learning_rate=1e-3, weight_decay=0.1, beta1=0.9,
+    beta2=0.99, grad_clip=1.0, max_iters=2, warmup_iters=100, lr_decay_iters=2, min_lr=1e-4, eval_interval=2,
+    eval_iters=2, log_interval=1, wandb=False, wandb_project="posgpt", wandb_run_name=None, out_dir="OUT",
+    resume=False, device="cpu", dtype="float32", compile=False, seed=1337)
+OLD_KEYS = {"model", "model_config", "train_config", "iter_num", "best_val_loss", "best_iter", "meta", "optimizer",
+            "scaler", "sampler", "rng", "wandb_run_id"}
+
+
+def test_a_checkpoint_written_before_the_layout_change_still_samples_and_resumes(tmp_path, capsys):
+    """A checkpoint dict with exactly the keys and train_config fields train.py saved before this layout (no
+    init_from, grad_accum an int) loads in sample.py and resumes in train.py."""
+    flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+             "--eval_interval=2", "--log_interval=1", "--lr_decay_iters=2", "--device=cpu", "--compile=false",
+             f"--out_dir={tmp_path}"]
+    train.main([*flags, "--max_iters=2"])
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    old = {key: ckpt[key] for key in OLD_KEYS} | {"train_config": OLD_TRAIN_CONFIG | {"out_dir": str(tmp_path)}}
+    assert set(old) == OLD_KEYS
+    torch.save(old, tmp_path / "ckpt.pt")
+    (tmp_path / "best.pt").unlink()
+    loaded, samples, _ = sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=8", "--stream=off"])
+    assert len(samples[0]) == 1 + 8
+    capsys.readouterr()
+    resumed = train.main([*flags, "--max_iters=3", "--resume"])
+    assert resumed["iter_num"] == 3 and list(resumed["losses"]) == [3]
+    assert re.search(r"resuming \S+ at step 2", capsys.readouterr().out)
+
+
+def test_python_version_check_is_one_line():
+    """cli.py says which Python it needs before tomllib's import could fail with a traceback."""
+    source = (ROOT / "cli.py").read_text()
+    assert source.index("sys.version_info < (3, 11)") < source.index("import tomllib")
+    code = "import sys; sys.version_info = (3, 10, 12); sys.version = '3.10.12 (fake)'; import cli"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.strip() == \
+        "posgpt needs Python 3.11 or newer (for tomllib); this is Python 3.10.12", done.stderr

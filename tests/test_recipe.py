@@ -1,0 +1,81 @@
+"""The training recipe's details that a refactor can silently lose: each test fails if one is removed.
+
+Evaluation in eval mode, gradient clipping before the optimizer step, the sinusoidal token scaling and GPT-2's
+residual-projection init all leave training working, just worse, so only a test of the property itself catches
+their loss. Tiny models on CPU through train.py's own functions; no mocks.
+"""
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import train
+from distributed import Processes
+from model import GPT, GPTConfig
+
+
+def tiny_run(tmp_path, *flags):
+    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char, built as train() does."""
+    cfg, model_config = train.parse_args(["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
+                                          "--batch_size=4", "--device=cpu", "--compile=false",
+                                          f"--out_dir={tmp_path}", *flags])
+    data_dir, meta = train.prepare_data(cfg.dataset, Processes())
+    model_config = replace(model_config, vocab_size=meta["vocab_size"])
+    cfg = train.resolve_runtime(cfg, model_config)
+    return train.build_run(cfg, model_config, meta, data_dir, Processes())
+
+
+def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
+    """With dropout 0.5 the estimate equals the eval-mode loss on the same batches (dropout would make it higher
+    and random), and the model is back in train mode afterwards."""
+    run = tiny_run(tmp_path, "--dropout=0.5")
+    state = run.eval_sampler.state_dict()
+    estimate = train.estimate_loss(run.model, run.eval_sampler, 3, run.autocast)
+    assert run.model.training
+    run.eval_sampler.load_state_dict(state)
+    run.model.eval()
+    with torch.no_grad():
+        expected = {split: sum(run.model(*run.eval_sampler.get_batch(split))[1].item() for _ in range(3)) / 3
+                    for split in ("train", "val")}
+    assert estimate == pytest.approx(expected, abs=1e-6)
+
+
+def gradient_norm_at_step(run, lr=1e-3):
+    """The global gradient norm the optimizer sees in one train_step (read by the optimizer's own pre-step hook)."""
+    seen = []
+    hook = run.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in run.model.parameters() if p.grad is not None]))))
+    train.train_step(run, lr)
+    hook.remove()
+    return seen[0].item()
+
+
+def test_train_step_clips_the_gradient_norm_before_the_optimizer_step(tmp_path):
+    """grad_clip=0.01: the optimizer steps with a gradient of norm 0.01; grad_clip=0 leaves it (about 1 at init)."""
+    assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0.01")) == pytest.approx(0.01, rel=1e-4)
+    assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0")) > 0.1
+
+
+def test_sinusoidal_scales_token_embeddings_by_sqrt_n_embd():
+    """Vaswani et al. section 3.4: the token embeddings are multiplied by sqrt(d_model) before the unit-amplitude
+    table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal"))
+    tok_emb = torch.randn(1, 8, 32, dtype=torch.float64)
+    table = model.transformer.wpe.table[:8].double()
+    torch.testing.assert_close(model.transformer.wpe.embed(tok_emb), tok_emb * math.sqrt(32) + table)
+
+
+def test_residual_projections_start_smaller_by_sqrt_two_n_layer():
+    """GPT-2 init: attn.c_proj and mlp.c_proj weights ~ N(0, 0.02 / sqrt(2 n_layer)), every other matrix 0.02,
+    so the 2 n_layer additions to the residual stream keep its variance near that of one."""
+    torch.manual_seed(0)
+    n_layer = 8
+    model = GPT(GPTConfig(block_size=8, vocab_size=64, n_layer=n_layer, n_head=4, n_embd=256, pos="none"))
+    for block in model.transformer.h:
+        for proj in (block.attn.c_proj, block.mlp.c_proj):
+            assert proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.03)
+        assert block.mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
+        assert block.attn.c_attn.weight.std().item() == pytest.approx(0.02, rel=0.03)

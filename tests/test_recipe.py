@@ -12,7 +12,7 @@ import torch
 
 import train
 from distributed import Processes
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):
@@ -58,14 +58,36 @@ def test_train_step_clips_the_gradient_norm_before_the_optimizer_step(tmp_path):
     assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0")) > 0.1
 
 
+def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_path):
+    """grad_accum=2: the step's loss and the gradient the optimizer sees are the means over the two micro-batches
+    (a sum would double the effective learning rate with every extra micro-batch)."""
+    run = tiny_run(tmp_path, "--grad_accum=2", "--grad_clip=0")
+    states = [sampler.state_dict() for sampler in run.samplers]
+    batches = [sampler.get_batch("train") for sampler in run.samplers]
+    for sampler, state in zip(run.samplers, states):
+        sampler.load_state_dict(state)
+    losses = [run.model(x, y)[1] for x, y in batches]
+    expected = torch.autograd.grad(sum(losses) / 2, list(run.model.parameters()))
+    seen = []
+    run.optimizer.register_step_pre_hook(lambda *_: seen.append([p.grad.clone() for p in run.model.parameters()]))
+    loss = train.train_step(run, lr=1e-3)
+    assert loss.item() == pytest.approx(sum(l.item() for l in losses) / 2, rel=1e-6)
+    for got, want in zip(seen[0], expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
 def test_sinusoidal_scales_token_embeddings_by_sqrt_n_embd():
     """Vaswani et al. section 3.4: the token embeddings are multiplied by sqrt(d_model) before the unit-amplitude
-    table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions."""
+    table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions. Read at the input of
+    the first block, through GPT.forward."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal"))
-    tok_emb = torch.randn(1, 8, 32, dtype=torch.float64)
-    table = model.transformer.wpe.table[:8].double()
-    torch.testing.assert_close(model.transformer.wpe.embed(tok_emb), tok_emb * math.sqrt(32) + table)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")).double()
+    idx = torch.randint(0, 16, (1, 8))
+    first_block_input = []
+    model.transformer.h[0].register_forward_pre_hook(lambda module, args: first_block_input.append(args[0]))
+    model(idx)
+    expected = model.transformer.wte(idx) * math.sqrt(32) + sinusoidal_embedding(8, 32, dtype=torch.float64)
+    torch.testing.assert_close(first_block_input[0], expected)
 
 
 def test_residual_projections_start_smaller_by_sqrt_two_n_layer():

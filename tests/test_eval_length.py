@@ -1,0 +1,221 @@
+"""eval_length.py as a user runs it: tiny checkpoints trained for two steps with train.py, measured at and past
+their trained length. CPU, fixed seeds, no mocks."""
+
+import csv
+import importlib.util
+import math
+
+import pytest
+import torch
+
+import eval_length
+import train
+from checkpoint import build_model, checkpoint_path, load_checkpoint
+from evaluation import validation_tokens, window_losses, window_starts
+from model import POS_SCHEMES, ROPE_SCALINGS
+
+BLOCK = 16
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
+        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
+LENGTHS = "0.5,1,2,4"  # 8, 16, 32 and 64 tokens at T = 16
+WINDOWS = 3
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """One tiny checkpoint per scheme, and "extended": rope fine-tuned for 0 steps at 2 x T with YaRN, so that its
+    model_config records rope_scaling (a context-extension run, as experiments/extrapolation.py makes)."""
+    root = tmp_path_factory.mktemp("ckpts")
+    out_dirs = {pos: str(root / pos) for pos in POS_SCHEMES}
+    for pos, out_dir in out_dirs.items():
+        train.main([*TINY, f"--pos={pos}", f"--out_dir={out_dir}"])
+    out_dirs["extended"] = str(root / "extended")
+    train.main(["--init_from", out_dirs["rope"], f"--block_size={2 * BLOCK}", "--rope_scaling=yarn", "--rope_factor=2",
+                "--max_iters=0", "--eval_iters=1", "--batch_size=4", "--device=cpu", "--compile=false",
+                f"--out_dir={out_dirs['extended']}"])
+    return out_dirs
+
+
+@pytest.fixture(scope="module")
+def measured(checkpoints, tmp_path_factory):
+    """eval_length.main on every checkpoint at 0.5, 1, 2 and 4 x T. -> (rows, {output: path})"""
+    out = tmp_path_factory.mktemp("eval")
+    files = {"csv": out / "loss.csv", "positions_csv": out / "positions.csv"}
+    if HAS_MATPLOTLIB:
+        files["plot"] = out / "loss.png"
+    rows = eval_length.main([*checkpoints.values(), f"--lengths={LENGTHS}", f"--max_windows={WINDOWS}",
+                             "--batch_size=2", "--device=cpu", "--progress=false", "--bucket=4",
+                             *[f"--{flag}={path}" for flag, path in files.items()]])
+    return rows, files
+
+
+def rows_of(rows, checkpoint):
+    return {row.scaling: row for row in rows if row.checkpoint == checkpoint}
+
+
+def not_available(row, length):
+    return row.pos == "learned" and row.scaling == "plain" and length > row.block_size
+
+
+def test_every_cell_is_finite_except_learned_past_its_table(measured):
+    """Every loss, loss past T and standard error is a finite number over WINDOWS windows, except the documented
+    gaps: learned's plain loss past T (it has no positions there) and loss_beyond at L <= T."""
+    rows, _ = measured
+    for row in rows:
+        assert math.isfinite(row.reference)
+        for length, m in row.measures.items():
+            if not_available(row, length):
+                assert (m.loss, m.loss_beyond, m.stderr, m.windows, m.positions) == (None, None, None, 0, [])
+                continue
+            assert m.windows == WINDOWS and math.isfinite(m.loss) and math.isfinite(m.stderr) and m.stderr >= 0
+            assert (m.loss_beyond is None) == (length <= row.block_size)
+            assert m.loss_beyond is None or math.isfinite(m.loss_beyond)
+
+
+def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, checkpoints):
+    """RoPE gets a row per extension, learned a sliding-window row, a run that records its extension only its own."""
+    rows, _ = measured
+    assert list(rows_of(rows, checkpoints["rope"])) == ["plain", *ROPE_SCALINGS]
+    assert list(rows_of(rows, checkpoints["learned"])) == ["plain", "window"]
+    for pos in ("sinusoidal", "alibi", "none"):
+        assert list(rows_of(rows, checkpoints[pos])) == ["plain"]
+    extended = rows_of(rows, checkpoints["extended"])
+    assert list(extended) == ["yarn"] and extended["yarn"].block_size == 2 * BLOCK
+    assert extended["yarn"].label == "yarn x2 (as trained)"
+
+
+def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoints):
+    """At L <= T the factor is max(1, L / T) = 1, where linear, ntk, dynamic and yarn are plain RoPE: the same
+    losses at every position, and the same logits from the model functions, at any length for linear, ntk and
+    yarn (their frequencies are plain at s = 1) and up to T for dynamic (whose base also grows with the length)."""
+    rows, _ = measured
+    by_scaling = rows_of(rows, checkpoints["rope"])
+    for scaling in ROPE_SCALINGS:
+        for length in (BLOCK // 2, BLOCK):
+            got, plain = by_scaling[scaling].measures[length], by_scaling["plain"].measures[length]
+            torch.testing.assert_close(torch.tensor(got.positions), torch.tensor(plain.positions), rtol=1e-6, atol=0)
+    path = checkpoint_path(checkpoints["rope"])
+    ckpt = load_checkpoint(path)
+    x = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = build_model(path, ckpt).eval()(x)[0]
+        for scaling in ROPE_SCALINGS:
+            n = BLOCK if scaling == "dynamic" else 3 * BLOCK
+            scaled = build_model(path, ckpt, rope_scaling=scaling, rope_factor=1.0).eval()(x[:, :n])[0]
+            torch.testing.assert_close(scaled, plain[:, :n], rtol=1e-6, atol=1e-6, msg=scaling)
+
+
+def test_dynamic_ntk_equals_plain_rope_up_to_the_trained_length(checkpoints):
+    """Dynamic NTK recomputes its base from the current length and leaves RoPE alone while L <= T, whatever its
+    factor; past T it changes the frequencies (so the equality below T is not vacuous)."""
+    path = checkpoint_path(checkpoints["rope"])
+    ckpt = load_checkpoint(path)
+    plain = build_model(path, ckpt).eval()
+    dynamic = build_model(path, ckpt, rope_scaling="dynamic", rope_factor=4.0).eval()
+    tokens = validation_tokens("shakespeare_char")
+
+    def losses(model, length):
+        return window_losses(model, tokens, length, window_starts(len(tokens), length, 4), 4, "cpu")
+
+    for length in (1, BLOCK // 2, BLOCK):
+        torch.testing.assert_close(losses(dynamic, length), losses(plain, length), rtol=0, atol=0)
+    assert not torch.equal(losses(dynamic, 2 * BLOCK), losses(plain, 2 * BLOCK))
+
+
+def test_learned_window_row_is_plain_within_the_table(measured, checkpoints):
+    """Up to T learned's sliding window holds the whole context: its window row is its plain row."""
+    rows, _ = measured
+    learned = rows_of(rows, checkpoints["learned"])
+    for length in (BLOCK // 2, BLOCK):
+        assert learned["window"].measures[length].positions == learned["plain"].measures[length].positions
+
+
+def test_per_position_curve_has_one_point_per_position(measured):
+    """Each measure holds the mean loss at each of its L positions, whose mean is the measure's loss; the positions
+    CSV has one line per position; the plot's curves average --bucket positions per point."""
+    rows, files = measured
+    for row in rows:
+        for length, m in row.measures.items():
+            if m.loss is not None:
+                assert len(m.positions) == length
+                assert sum(m.positions) / length == pytest.approx(m.loss, rel=1e-9)
+    with open(files["positions_csv"], newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert list(lines[0]) == list(eval_length.POSITION_COLUMNS)
+    rope_4t = [int(line["position"]) for line in lines if line["scaling"] == "ntk" and line["length"] == "64"]
+    assert rope_4t == list(range(4 * BLOCK))
+    starts, points = eval_length.bucketed(list(range(10)), 4)
+    assert starts == [0, 4, 8] and points == [1.5, 5.5, 8.5]
+
+
+def test_csv_has_exactly_the_documented_columns(measured, checkpoints):
+    """One line per (checkpoint, method, length): length in tokens, loss empty only for learned past T,
+    loss_beyond empty exactly when L <= T."""
+    rows, files = measured
+    with open(files["csv"], newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        lines = [dict(zip(header, line)) for line in reader]
+    assert header == ["checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr",
+                      "windows"]
+    assert len(lines) == len(rows) * 4
+    assert {line["scaling"] for line in lines} == {"plain", "window", *ROPE_SCALINGS}
+    for line in lines:
+        length, block_size = int(line["length"]), int(line["block_size"])
+        expected_lengths = [b * block_size // 2 for b in (1, 2, 4, 8)]
+        assert length in expected_lengths
+        learned_past_t = line["pos"] == "learned" and line["scaling"] == "plain" and length > block_size
+        assert (line["loss"] == "") == learned_past_t
+        assert (line["loss_beyond"] == "") == (length <= block_size or learned_past_t)
+        assert int(line["windows"]) == (0 if learned_past_t else WINDOWS)
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="--plot needs matplotlib")
+def test_plot_is_written(measured):
+    _, files = measured
+    assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measured):
+    """The markdown table: the lengths as given, loss (ratio to L = T) in each cell, n/a for learned past T."""
+    rows, _ = measured
+    lines = eval_length.markdown_table(rows, eval_length.parse_lengths(LENGTHS)).splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == "| checkpoint | pos | T | method | 0.5x | 1x | 2x | 4x |"
+    assert len(table) == 2 + len(rows)
+    learned_plain = next(line for line in table if "| learned | 16 | plain |" in line)
+    assert learned_plain.endswith("| n/a | n/a |") and "(1.00)" in learned_plain
+
+
+def test_lengths_are_multiples_of_t_or_token_counts():
+    """2, 8 and 32x are multiples of T; 64, 256 (bare, above 16) and 8t are token counts, as in --lengths 64,256."""
+    lengths = eval_length.parse_lengths("0.5, 2x,8,32x,64,256,8t")
+    assert [length.tokens(BLOCK) for length in lengths] == [8, 32, 128, 512, 64, 256, 8]
+    assert [str(length) for length in lengths] == ["0.5x", "2x", "8x", "32x", "64t", "256t", "8t"]
+    for text, message in [("0", "below 1"), ("0t", "below 1"), ("-2x", "below 1"), ("2.5t", "whole number"),
+                          ("100.5", "whole number"), ("abc", "not a length"), ("1,,2", "not a length")]:
+        with pytest.raises(ValueError, match=message):
+            eval_length.parse_lengths(text)
+
+
+def one_line_error(capsys, argv, status):
+    with pytest.raises(SystemExit) as exit_info:
+        eval_length.main(argv)
+    assert exit_info.value.code == status
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eval_length.py: error: ") and "\n" not in err, err
+    return err
+
+
+def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
+    """A bad path, a file that is not a checkpoint, a length below one token: one line on stderr each."""
+    assert "no such folder or checkpoint file" in one_line_error(capsys, [str(tmp_path / "missing")], status=1)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    assert "corrupt checkpoint" in one_line_error(capsys, [str(junk)], status=1)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    assert "not a posgpt checkpoint" in one_line_error(capsys, [str(tmp_path / "other.pt")], status=1)
+    assert "below 1" in one_line_error(capsys, [checkpoints["rope"], "--lengths=0"], status=2)
+    assert "is 0 tokens, below 1" in one_line_error(capsys, [checkpoints["rope"], "--lengths=0.01"], status=1)
+    assert "invalid choice: 'cubic'" in one_line_error(capsys, [checkpoints["rope"], "--rope_scalings", "cubic"], 2)

@@ -1,0 +1,135 @@
+"""
+Who bit whom? Feed "dog bites man" and "man bites dog" through a trained model of each position scheme and
+compare the hidden states, layer by layer, up to the swap.
+
+    python -m demo.permutation                        # all five schemes, with the causal mask
+    python -m demo.permutation --pos=none --no_mask   # NoPE without the mask: the same states up to the swap
+    python -m demo.permutation --checkpoint=out/shakespeare_char_rope
+
+For each hidden state (the embedding output, then each block) it prints max |h(man bites dog)[swap] -
+h(dog bites man)|, once over the swapped words and once over the tokens that stay put (" bites "): 0 means the
+model saw the same thing up to the swap (attention is permutation equivariant: lesson section 1). Any position
+scheme, and the causal mask alone, make them differ. Models come from out/figures/<pos> (trained there with
+train.py first when missing: minutes on a CPU), from --checkpoints DIR, or from --checkpoint.
+"""
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from cli import one_line_errors, parse_flags
+from demo import (
+    FIGURE_MAX_ITERS,
+    describe,
+    load,
+    model_dir,
+    swap_differences,
+    swap_permutation,
+    use_one_thread,
+)
+from model import POS_SCHEMES
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class PermutationConfig:
+    pos: str = "all"  # one scheme, or all five side by side
+    no_mask: bool = False  # attention without the causal mask (CausalSelfAttention's causal=False)
+    checkpoint: str | None = None  # a trained out_dir to use instead (its scheme is the checkpoint's)
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/ checkpoints
+    sentence: str = "dog bites man"  # three words; the first and the last are swapped
+    dtype: str = "float64"  # float64: equivariance shows as ~1e-16; float32: ~1e-7
+    max_iters: int = FIGURE_MAX_ITERS  # training steps of a figure model that has to be trained first
+
+    def __post_init__(self):
+        words = self.sentence.split(" ")
+        if len(words) != 3 or not all(words):
+            raise ValueError(f"sentence must be three words separated by single spaces, got {self.sentence!r}")
+        if self.checkpoint and (self.pos != "all" or self.checkpoints):
+            raise ValueError("--checkpoint names one model: leave out --pos and --checkpoints")
+
+
+def parse_args(argv=None):
+    values = parse_flags(argv, "demo/permutation.py", __doc__, [("demo", PermutationConfig, None)],
+                         choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)})
+    with one_line_errors("demo/permutation.py"):
+        return PermutationConfig(**values)
+
+
+def pieces(tokenizer, sentence):
+    """Token ids of [first word, the middle, last word]. GPT-2 BPE writes a word after a space as one token with
+    the space (" dog"), so there every word gets a leading space; then both words are pieces of the same form,
+    and the swapped sentence is the same tokens with the first and last piece exchanged."""
+    first, middle, last = sentence.split(" ")
+    texts = [first, f" {middle} ", last] if tokenizer.name == "char" else [f" {first}", f" {middle}", f" {last}"]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def compare(model, tokenizer, sentence, mask=True):
+    """-> (rows: one (swapped words max, unchanged max) per hidden state, text, swapped text)"""
+    ids = pieces(tokenizer, sentence)
+    perm = swap_permutation(ids)
+    original = torch.tensor(ids[0] + ids[1] + ids[2])
+    words = list(range(len(ids[0]))) + list(range(len(original) - len(ids[2]), len(original)))
+    rows = swap_differences(model, original, original[perm], perm, words, mask)
+    return rows, tokenizer.decode(original.tolist()), tokenizer.decode(original[perm].tolist())
+
+
+def verdict(rows, dtype):
+    worst = max(max(r) for r in rows)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    return "same up to the swap" if worst < tolerance else "different"
+
+
+def number(value):
+    return f"{value:.1e}" if value else "0"  # an exact 0 as 0: the states are bit-for-bit equal
+
+
+def layer_names(n_states):
+    return ["embedding"] + [f"block {i}" for i in range(1, n_states)]
+
+
+def report(results, cfg, dtype):
+    """results: {label: (rows, text, swapped)} -> the printed table, one column pair per model."""
+    labels = list(results)
+    _, text, swapped = results[labels[0]]
+    mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
+    lines = [f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
+             "each cell: over the swapped words / over the tokens between them, which stay put", ""]
+    width = 22
+    lines.append(f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels))
+    n_states = max(len(rows) for rows, _, _ in results.values())
+    for i, name in enumerate(layer_names(n_states)):
+        cells = []
+        for label in labels:
+            rows = results[label][0]
+            cells.append(f"{number(rows[i][0])} / {number(rows[i][1])}" if i < len(rows) else "")
+        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
+    lines.append(f"{'':<10}" + "".join(f"{verdict(results[label][0], dtype):>{width}}" for label in labels))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    use_one_thread()
+    dtype = DTYPES[cfg.dtype]
+    with one_line_errors("demo/permutation.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+        if cfg.checkpoint:
+            folders = {None: cfg.checkpoint}
+        else:
+            schemes = list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos]
+            folders = {pos: model_dir(pos, cfg.checkpoints, cfg.max_iters) for pos in schemes}
+        results = {}
+        for folder in folders.values():
+            model, tokenizer, ckpt = load(folder, dtype)
+            print(f"pos={model.config.pos:<11} {describe(folder, ckpt)}")
+            results[model.config.pos] = compare(model, tokenizer, cfg.sentence, mask=not cfg.no_mask)
+    print()
+    print(report(results, cfg, dtype))
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)

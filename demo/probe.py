@@ -1,0 +1,133 @@
+"""
+Where does position live? Linear probes read each token's position from the hidden states of a trained model
+of each scheme, layer by layer.
+
+    python -m demo.probe                          # the five figure models (out/figures/<pos>, trained if missing)
+    python -m demo.probe --checkpoints=out        # or out/shakespeare_char_<pos> from your own runs
+    python -m demo.probe --figure=docs/figures/probe.png
+
+Two targets per token: its absolute position in the window (0 .. T-1), and its distance back to the latest
+newline (tokens whose window shows no newline before them are left out: the model cannot know it). The probe
+(demo.probe_positions) is least squares with a small ridge, fit on the first half of the validation windows
+and scored (R^2) on the second half, on the embedding output and after every block. Beside each R^2 stands the same
+probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or below). The NoPE model is
+probed twice, the second time with its causal mask removed: then attention sees a set, and position has no way
+in (lesson section 1).
+"""
+
+import sys
+from dataclasses import dataclass
+
+from cli import one_line_errors, parse_flags
+from demo import (
+    FIGURE_MAX_ITERS,
+    describe,
+    load,
+    model_dir,
+    probe_positions,
+    use_one_thread,
+    validation_windows,
+)
+from model import POS_SCHEMES
+
+TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
+NOPE_UNMASKED = "none, no mask"
+
+
+@dataclass
+class ProbeConfig:
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: out/figures
+    windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
+    ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
+    figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
+    max_iters: int = FIGURE_MAX_ITERS  # training steps of a figure model that has to be trained first
+
+    def __post_init__(self):
+        if self.windows < 4:
+            raise ValueError(f"windows must be >= 4 (half fit the probe, half score it), got {self.windows}")
+        if self.ridge < 0:
+            raise ValueError(f"ridge must be >= 0, got {self.ridge}")
+
+
+def parse_args(argv=None):
+    values = parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)])
+    with one_line_errors("demo/probe.py"):
+        return ProbeConfig(**values)
+
+
+def run_probes(cfg, log=print):
+    """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
+    results = {}
+    for pos in POS_SCHEMES:
+        folder = model_dir(pos, cfg.checkpoints, cfg.max_iters, log)
+        model, tokenizer, ckpt = load(folder)
+        log(f"pos={pos:<11} {describe(folder, ckpt)}")
+        windows = validation_windows(ckpt, cfg.windows)
+        newline = tokenizer.encode("\n")[0]
+        results[pos] = probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
+        if pos == "none":
+            results[NOPE_UNMASKED] = probe_positions(model, windows, newline, mask=False, ridge=cfg.ridge)
+    return results
+
+
+def table(results, target):
+    labels = list(results)
+    n_states = max(len(r[target]) for r in results.values())
+    width = 17
+    lines = [f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()",
+             f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels)]
+    for i in range(n_states):
+        name = "embedding" if i == 0 else f"block {i}"
+        cells = [f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[label][target][i] for label in labels)]
+        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
+    return "\n".join(lines)
+
+
+def draw(results, path):
+    """R^2 per layer, one line per model, its shuffled baseline dotted in the same colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, target in zip(axes, TARGETS):
+        for i, (label, result) in enumerate(results.items()):
+            r2, shuffled = zip(*result[target])
+            layers = range(len(r2))
+            style = {"color": f"C{i}", "linestyle": "--" if label == NOPE_UNMASKED else "-"}
+            ax.plot(layers, r2, marker="o", label=label, **style)
+            ax.plot(layers, shuffled, color=f"C{i}", linestyle=":", linewidth=1)
+        ax.set_xticks(list(layers), ["emb"] + [f"block {j}" for j in layers][1:])
+        ax.set_title(f"probe for {TARGETS[target]}")
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_ylim(-0.1, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out R$^2$ (dotted: shuffled targets)")
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    use_one_thread()
+    with one_line_errors("demo/probe.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+        results = run_probes(cfg)
+    for target in TARGETS:
+        print()
+        print(table(results, target))
+    if cfg.figure:
+        try:
+            draw(results, cfg.figure)
+            print(f"\nwrote {cfg.figure}")
+        except ImportError:
+            print("demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn",
+                  file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""
+Regenerate every figure of the lesson (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
+
+    python docs/make_figures.py                                  # all of them (trains 5 small models first)
+    python docs/make_figures.py --only=sinusoidal,rope_decay     # a subset (these two need no model)
+    python docs/make_figures.py --checkpoints=out                # reuse out/shakespeare_char_<pos> (or out/<pos>)
+
+The figures:
+    sinusoidal      the sin/cos table at d = 768 as a heatmap, and each pair's wavelength (2 pi .. ~61,000 tokens)
+    rope_decay      RoPE's long-term decay (Su et al. 2021, section 3.4.3): the bound, and scores of random q, k
+    qk_terms        layer 1's q k^T of a trained learned-position model, split into its four terms
+    attention       attention maps of the trained models, one per scheme (same head, same prompt), and the
+                    average attention against distance
+    extrapolation   validation loss against length, read from docs/extrapolation.csv (the extrapolation study);
+                    skipped with a message when that file does not exist
+    probe           linear probes for position, per layer and scheme (runs python -m demo.probe --figure)
+
+The figures that need trained models take them from --checkpoints, or train them with train.py (default model,
+--max_iters steps, seed 1337) into out/figures/<pos> the first time: about 5 x 1-6 minutes on 2 CPU cores,
+depending on the load. Every random draw has a fixed seed, so the same checkpoints give the same PNG bytes.
+"""
+
+import csv
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as python docs/make_figures.py: the root holds model.py, cli.py, demo/
+    sys.path.insert(0, str(ROOT))
+
+from cli import one_line_errors, parse_flags
+from demo import (
+    FIGURE_MAX_ITERS,
+    attention_probabilities,
+    load,
+    model_dir,
+    qk_terms,
+    use_one_thread,
+    validation_windows,
+)
+from model import POS_SCHEMES, rope_frequencies, sinusoidal_embedding
+
+FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
+NEEDS_MODELS = ("qk_terms", "attention", "probe")
+DPI = 110
+
+
+@dataclass
+class FiguresConfig:
+    only: str | None = None  # a comma-separated subset of the figures (default: all)
+    out: str = "docs/figures"  # where the PNGs go
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: out/figures
+    max_iters: int = FIGURE_MAX_ITERS  # training steps of the figure models, when they have to be trained
+    csv: str = "docs/extrapolation.csv"  # the extrapolation study's results, read (never recomputed) here
+
+    def __post_init__(self):
+        names = self.names()
+        unknown = [name for name in names if name not in FIGURES]
+        if unknown or not names:
+            raise ValueError(f"--only={self.only!r}: unknown figure {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(FIGURES)}")
+
+    def names(self):
+        return list(FIGURES) if self.only is None else [n.strip() for n in self.only.split(",") if n.strip()]
+
+
+def parse_args(argv=None):
+    values = parse_flags(argv, "make_figures.py", __doc__, [("figures", FiguresConfig, None)])
+    with one_line_errors("make_figures.py"):
+        return FiguresConfig(**values)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path):
+    """The same figure gives the same bytes: no software version or date in the PNG's metadata."""
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
+    pyplot().close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Sinusoidal: the table and its wavelengths (Vaswani et al. 2017, section 3.5)
+
+
+def sinusoidal_wavelengths(dim, base=10000.0):
+    """2 pi / w_i with w_i = base^(-2i/dim): pair i returns to its start every that many tokens. -> (dim/2,)"""
+    return 2 * math.pi * base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def figure_sinusoidal(out, dim=768, n_pos=512, **_):
+    plt = pyplot()
+    fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
+    table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64)
+    image = ax_table.imshow(table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    ax_table.set_xlabel("channel (2i: sin, 2i + 1: cos)")
+    ax_table.set_ylabel("position p")
+    ax_table.set_title(f"PE[p, channel], d = {dim}: fast pairs on the left, slow on the right")
+    fig.colorbar(image, ax=ax_table, fraction=0.04)
+
+    wavelength = sinusoidal_wavelengths(dim)
+    ax_wave.semilogy(wavelength.numpy(), color="C0")
+    for length, label in ((64, "T = 64 (our models)"), (1024, "T = 1024 (GPT-2)")):
+        ax_wave.axhline(length, color="grey", linestyle="--", linewidth=0.8)
+        ax_wave.text(dim // 2 - 1, length * 1.15, label, ha="right", fontsize=8, color="grey")
+    for i in (0, dim // 2 - 1):
+        ax_wave.annotate(f"{wavelength[i]:,.1f}", (i, wavelength[i]), textcoords="offset points",
+                         xytext=(8 if i == 0 else -8, 6 if i == 0 else -14), ha="left" if i == 0 else "right")
+    ax_wave.set_xlabel("pair i")
+    ax_wave.set_ylabel("wavelength 2 pi 10000^(2i/d) (tokens)")
+    ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
+    ax_wave.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return [save(fig, out / "sinusoidal.png")]
+
+
+# -----------------------------------------------------------------------------
+# RoPE's long-term decay (Su et al. 2021, section 3.4.3)
+
+
+def rope_decay_bound(distances, head_dim=128, base=10000.0):
+    """Su et al.'s bound on |q^T R_m k| is max_j |h_(j+1) - h_j| times sum_j |S_j|, with the partial sums
+    S_j = sum_(k<j) e^(i m theta_k), j = 1 .. d/2. -> (1/(d/2)) sum_j |S_j| at each distance m, divided by its
+    value at m = 0, (d/2 + 1) / 2: so 1 at distance 0, decaying (with ripples) as m grows."""
+    inv_freq, _ = rope_frequencies(head_dim, base)
+    angle = distances.to(torch.float64)[:, None] * inv_freq.double()[None, :]  # (M, d/2)
+    partial = torch.polar(torch.ones_like(angle), angle).cumsum(dim=1)  # S_1 .. S_(d/2)
+    bound = partial.abs().mean(dim=1)
+    return bound / ((head_dim / 2 + 1) / 2)
+
+
+def rope_scores(q, k, distances, inv_freq):
+    """<R_m q, k> for each pair and distance m (query m tokens after the key; only the offset matters), in the
+    rotate-half pairs of apply_rope: pair i is (x_i, x_(i + d/2)), and R_m turns it by m theta_i, so
+    <R_m q, k> = sum_i cos(m theta_i) (q1 k1 + q2 k2)_i + sin(m theta_i) (q1 k2 - q2 k1)_i.
+    q, k: (N, d) -> (N, M). tests/test_figures.py checks it against apply_rope."""
+    half = q.size(-1) // 2
+    (q1, q2), (k1, k2) = q.split(half, dim=-1), k.split(half, dim=-1)
+    angle = distances.to(q.dtype)[:, None] * inv_freq.to(q.dtype)[None, :]  # (M, d/2)
+    return (q1 * k1 + q2 * k2) @ angle.cos().T + (q1 * k2 - q2 * k1) @ angle.sin().T
+
+
+def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
+    plt = pyplot()
+    distances = torch.arange(max_distance + 1)
+    inv_freq = rope_frequencies(head_dim)[0].double()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, n_pairs, head_dim, dtype=torch.float64, generator=g)
+    same = rope_scores(q, q, distances, inv_freq) / (q * q).sum(-1, keepdim=True)  # q = k, relative to m = 0
+    independent = rope_scores(q, k, distances, inv_freq) / (q.norm(dim=-1) * k.norm(dim=-1))[:, None]
+
+    fig, (ax_bound, ax_random) = plt.subplots(1, 2, figsize=(12, 4.3), sharex=True)
+    ax_bound.plot(distances, rope_decay_bound(distances, head_dim))
+    ax_bound.set_title(f"Su et al. 3.4.3: the bound (1/(d/2)) sum_j |S_j|, d = {head_dim}, base 10^4")
+    ax_bound.set_ylabel("relative to its value at distance 0")
+    for ax in (ax_bound, ax_random):
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_xlabel("relative distance m - n (tokens)")
+        ax.grid(alpha=0.3)
+    for scores, color, label in ((same, "C0", "q = k random"), (independent, "C3", "q, k independent")):
+        low, high = torch.quantile(scores, torch.tensor([0.05, 0.95], dtype=scores.dtype), dim=0)
+        ax_random.fill_between(distances, low, high, color=color, alpha=0.2, label=f"{label}: 5-95 %")
+        ax_random.plot(distances, scores.mean(dim=0), color=color, label=f"{label}: mean")
+    ax_random.set_title(f"{n_pairs} random Gaussian pairs: q.k / (|q| |k|) after RoPE")
+    ax_random.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return [save(fig, out / "rope_decay.png")]
+
+
+# -----------------------------------------------------------------------------
+# Figures of trained models
+
+
+def prompt_window(ckpt):
+    """The first validation window: the same prompt (block_size characters) for every model. -> (1, T)"""
+    return validation_windows(ckpt, 1)
+
+
+def lower_triangle(matrix):
+    """The scores a causal query can use; the masked future as NaN (drawn blank)."""
+    T = matrix.size(-1)
+    return matrix.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("nan"))
+
+
+def figure_qk_terms(out, folders, head=0, **_):
+    """Each term on its own colour scale (its spread in the title), so the small ones still show their shape."""
+    plt = pyplot()
+    model, tokenizer, ckpt = load(folders["learned"], torch.float64)
+    idx = prompt_window(ckpt)
+    terms = qk_terms(model, idx, head)
+    terms["sum = q k^T"] = sum(terms.values())
+    fig, axes = plt.subplots(1, 5, figsize=(20, 4.6), layout="constrained")
+    for ax, (name, term) in zip(axes, terms.items()):
+        visible = lower_triangle(term)
+        limit = visible.nan_to_num().abs().max().item()
+        image = ax.imshow(visible.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set_title(f"{name}\n(std {visible[~visible.isnan()].std().item():.2f})")
+        ax.set_xlabel("key position j")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    axes[0].set_ylabel("query position i")
+    text = tokenizer.decode(idx[0].tolist()).replace("\n", "\\n")
+    fig.suptitle(f"Learned positions, layer 1, head {head}: q k^T = (q_tok + q_pos)(k_tok + k_pos)^T "
+                 f"on \"{text[:48]}...\"\n"
+                 "ln_1 split by the statistics of the sum x = tok + pos: LN(x) = g (tok - mean tok)/sigma_x + "
+                 "g (pos - mean pos)/sigma_x (exact, bias=False); W_q, W_k of the head applied to each part")
+    return [save(fig, out / "qk_terms.png")]
+
+
+def attention_by_distance(probs):
+    """Average attention weight at each distance i - j, over queries, heads and windows. probs (..., T, T) -> (T,).
+    Even uniform attention falls with distance here (far keys exist only for late queries, which spread
+    thinner), so the figure draws that baseline too."""
+    T = probs.size(-1)
+    distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    return torch.stack([probs[..., distance == d].mean() for d in range(T)])
+
+
+def figure_attention(out, folders, head=0, n_windows=64, **_):
+    """Row 1: layer 1, row 2: the last layer, head `head`, on the same prompt; then the distance profile."""
+    plt = pyplot()
+    from matplotlib.colors import PowerNorm
+
+    fig, axes = plt.subplots(2, len(POS_SCHEMES), figsize=(4 * len(POS_SCHEMES), 8), squeeze=False)
+    profiles = {}
+    for column, pos in enumerate(POS_SCHEMES):
+        model, _, ckpt = load(folders[pos])
+        idx = prompt_window(ckpt)
+        last = model.config.n_layer - 1
+        for row, layer in enumerate((0, last)):
+            probs = attention_probabilities(model, idx, layer)[0, head]
+            ax = axes[row][column]
+            ax.imshow(probs.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
+            ax.set_title(f"{pos}: layer {layer + 1}, head {head}", fontsize=10)
+            ax.set_xlabel("key position j")
+        windows = validation_windows(ckpt, n_windows)
+        profiles[pos] = [attention_by_distance(attention_probabilities(model, windows, layer)) for layer in (0, last)]
+    for row in axes:
+        row[0].set_ylabel("query position i")
+    fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
+    fig.tight_layout()
+    paths = [save(fig, out / "attention.png")]
+
+    T = next(iter(profiles.values()))[0].numel()
+    uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # each query spreads evenly: 1/(i + 1)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
+        for pos, profile in profiles.items():
+            ax.semilogy(profile[layer].numpy(), label=pos)
+        ax.semilogy(attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i")
+        ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
+        ax.set_xlabel("distance i - j (tokens)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("mean attention probability")
+    axes[1].legend()
+    fig.tight_layout()
+    return paths + [save(fig, out / "attention_distance.png")]
+
+
+def figure_probe(out, checkpoints=None, max_iters=FIGURE_MAX_ITERS, **_):
+    """The probe lives in its own entry point: run it as a user would (a subprocess), which draws the figure."""
+    command = [sys.executable, "-m", "demo.probe", f"--figure={out / 'probe.png'}", f"--max_iters={max_iters}"]
+    if checkpoints:
+        command.append(f"--checkpoints={checkpoints}")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    print(done.stdout.rstrip())
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m demo.probe failed: {done.stderr.strip()}")
+    return [out / "probe.png"]
+
+
+# -----------------------------------------------------------------------------
+# Extrapolation: read from the study's CSV
+
+
+def read_extrapolation(path):
+    """{(checkpoint, pos, scaling): rows sorted by length}, each row with floats (NaN where empty)."""
+
+    def number(text):
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return float("nan")
+
+    curves = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
+            curves.setdefault(key, []).append({name: number(row.get(name)) for name in
+                                               ("block_size", "length", "loss", "loss_beyond", "stderr")})
+    return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in curves.items()}
+
+
+def figure_extrapolation(out, csv_path, **_):
+    path = Path(csv_path)
+    if not path.is_file():
+        print(f"skipping extrapolation: {path} does not exist yet (the extrapolation study writes it); "
+              "the other figures are made")
+        return []
+    plt = pyplot()
+    curves = read_extrapolation(path)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
+        lengths = [r["length"] for r in rows]
+        label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
+        style = {"color": f"C{i % 10}", "marker": "o", "markersize": 3, "capsize": 2,
+                 "label": f"{label} ({Path(checkpoint).name})"}
+        axes[0].errorbar(lengths, [r["loss"] for r in rows], yerr=[r["stderr"] for r in rows], **style)
+        axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **{k: v for k, v in style.items() if k != "capsize"})
+    block_sizes = sorted({r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])})
+    for ax, title in zip(axes, ("validation loss over the whole window", "loss at positions past the trained length")):
+        for block_size in block_sizes:
+            ax.axvline(block_size, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation length (tokens); dashed: trained length")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("cross-entropy (nats/token)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Extrapolation, read from {path.name}")
+    fig.tight_layout()
+    return [save(fig, out / "extrapolation.png")]
+
+
+# -----------------------------------------------------------------------------
+
+
+def make(cfg, log=print):
+    """Make the figures named in cfg; -> the paths written."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = cfg.names()
+    folders = {}
+    if any(name in NEEDS_MODELS for name in names):
+        started = time.perf_counter()
+        folders = {pos: model_dir(pos, cfg.checkpoints, cfg.max_iters, log) for pos in POS_SCHEMES}
+        shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
+        log(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
+    makers = {"sinusoidal": figure_sinusoidal, "rope_decay": figure_rope_decay, "qk_terms": figure_qk_terms,
+              "attention": figure_attention, "extrapolation": figure_extrapolation, "probe": figure_probe}
+    written = []
+    for name in names:
+        started = time.perf_counter()
+        torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
+        paths = makers[name](out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints,
+                             max_iters=cfg.max_iters)
+        for path in paths:
+            log(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
+        written += paths
+    return written
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    use_one_thread()
+    try:
+        pyplot()
+    except ImportError:
+        print("make_figures.py: error: matplotlib is not installed: pip install matplotlib", file=sys.stderr)
+        raise SystemExit(1) from None
+    with one_line_errors("make_figures.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+        return make(cfg)
+
+
+if __name__ == "__main__":
+    main()

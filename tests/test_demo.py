@@ -1,0 +1,171 @@
+"""The demonstrations (python -m demo.permutation, python -m demo.probe) and the instruments in demo/ that the
+figures use: each instrument reads the model's own modules, so each is checked against the model's own output.
+
+Tiny random models in float64 wherever exactness is the point; fixed seeds."""
+
+import os
+
+import pytest
+import torch
+
+import demo
+from data.common import CharTokenizer, GPT2Tokenizer
+from demo import permutation
+from model import GPT, POS_SCHEMES, GPTConfig
+
+LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
+
+
+def tiny_model(pos, seed=0, **overrides):
+    torch.manual_seed(seed)
+    fields = dict(block_size=16, vocab_size=LETTERS.vocab_size, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
+                  bias=False, pos=pos)
+    return GPT(GPTConfig(**(fields | overrides))).double().eval()
+
+
+def worst(rows):
+    return max(max(row) for row in rows)
+
+
+# -----------------------------------------------------------------------------
+# python -m demo.permutation
+
+
+def test_without_positions_or_mask_the_swapped_sentence_gives_the_same_states_up_to_the_swap():
+    """NoPE with the mask off: every hidden state of 'man bites dog', reordered, is that of 'dog bites man'
+    (float64 rounding only): attention alone is permutation equivariant, and so is the whole model."""
+    rows, text, swapped = permutation.compare(tiny_model("none"), LETTERS, "dog bites man", mask=False)
+    assert (text, swapped) == ("dog bites man", "man bites dog")
+    assert len(rows) == 3  # the embedding output and two blocks
+    assert worst(rows) < 1e-12
+
+
+def test_the_causal_mask_alone_tells_the_swapped_sentences_apart():
+    """With the mask NoPE's states differ: 'dog' at position 0 sees only itself, at position 10 the whole sentence."""
+    rows, _, _ = permutation.compare(tiny_model("none"), LETTERS, "dog bites man", mask=True)
+    assert rows[0] == (0.0, 0.0)  # the embedding carries no position
+    assert rows[-1][0] > 1e-6 and rows[-1][1] > 1e-6
+
+
+@pytest.mark.parametrize("pos", [p for p in POS_SCHEMES if p != "none"])
+def test_every_position_scheme_tells_the_swapped_sentences_apart_even_without_the_mask(pos):
+    """Each scheme breaks the symmetry by itself. The additive ones already in the embedding, at the swapped
+    words only (the unchanged tokens keep their positions); RoPE and ALiBi only inside attention."""
+    rows, _, _ = permutation.compare(tiny_model(pos), LETTERS, "dog bites man", mask=False)
+    assert rows[-1][0] > 1e-6
+    additive = pos in ("learned", "sinusoidal")
+    assert (rows[0][0] > 0) == additive and rows[0][1] == 0.0
+
+
+@pytest.mark.skipif(not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE needs tiktoken's cached files")
+def test_with_gpt2_bpe_the_swap_is_a_permutation_of_the_real_tokens():
+    """GPT-2 BPE makes ' dog' one token and 'dog' another: with a leading space on every word the pieces are
+    alike, and 'man bites dog' tokenizes to the same tokens as 'dog bites man' with the words exchanged."""
+    tokenizer = GPT2Tokenizer()
+    first, middle, last = permutation.pieces(tokenizer, "dog bites man")
+    assert first + middle + last == tokenizer.encode(" dog bites man")
+    assert last + middle + first == tokenizer.encode(" man bites dog")
+
+
+# -----------------------------------------------------------------------------
+# The instruments
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_hidden_states_are_the_residual_stream_the_logits_come_from(pos):
+    """The last hidden state through ln_f and the head gives the model's logits: the hooks read the real stream."""
+    model = tiny_model(pos)
+    idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    states = demo.hidden_states(model, idx)
+    assert len(states) == model.config.n_layer + 1
+    logits, _ = model(idx)
+    torch.testing.assert_close(model.lm_head(model.transformer.ln_f(states[-1])), logits, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_without_the_mask_the_first_token_sees_the_last(pos):
+    """demo.unmasked really removes the mask: changing the last token changes the first token's states only then."""
+    model = tiny_model(pos)
+    idx = torch.randint(1, LETTERS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    changed = idx.clone()
+    changed[0, -1] = 0
+    for mask, should_change in ((True, False), (False, True)):
+        first = demo.hidden_states(model, idx, mask)[-1][0, 0]
+        first_changed = demo.hidden_states(model, changed, mask)[-1][0, 0]
+        assert (not torch.allclose(first, first_changed, rtol=0, atol=1e-12)) == should_change, mask
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_attention_probabilities_reproduce_the_layers_output(pos):
+    """softmax(q k^T / sqrt(hs) + bias) recomputed from the layer's own weights, times v, through c_proj, is the
+    attention output the model computed: the attention maps are the model's, not a second model's."""
+    model = tiny_model(pos)
+    idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    layer = 1
+    attn = model.transformer.h[layer].attn
+    seen = []
+    handle = attn.register_forward_hook(lambda module, args, out: seen.append(out))
+    probs = demo.attention_probabilities(model, idx, layer)
+    handle.remove()
+    x = demo.attention_inputs(model, idx, layer)["x"]
+    C = x.size(-1)
+    v = demo.split_heads(attn.c_attn(x).split(C, dim=2)[2], attn.n_head)
+    y = (probs @ v).transpose(1, 2).reshape(x.shape)
+    torch.testing.assert_close(attn.c_proj(y), seen[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 16, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert probs.triu(1).abs().max() == 0  # causal
+
+
+def test_the_four_qk_terms_add_up_to_the_scores():
+    """token-token + token-position + position-token + position-position = q k^T of layer 1's head, exactly:
+    ln_1 is split with the statistics of the sum, which makes it linear in the two parts."""
+    model = tiny_model("learned")
+    idx = torch.randint(0, LETTERS.vocab_size, (1, 16), generator=torch.Generator().manual_seed(4))
+    terms = demo.qk_terms(model, idx, head=1)
+    assert set(terms) == {"token-token", "token-position", "position-token", "position-position"}
+    x = demo.attention_inputs(model, idx, 0)["x"][0]
+    q, k, _ = model.transformer.h[0].attn.c_attn(x).split(16, dim=1)
+    head = slice(8, 16)
+    torch.testing.assert_close(sum(terms.values()), q[:, head] @ k[:, head].T, rtol=0, atol=1e-12)
+
+
+# -----------------------------------------------------------------------------
+# python -m demo.probe
+
+
+def test_probe_targets_count_back_to_the_latest_newline():
+    """Distance to the latest newline at or before each token; unknown (NaN) before the window's first newline."""
+    windows = torch.tensor([[5, 0, 5, 5, 0, 5]])  # 0 is the newline
+    position, distance = demo.probe_targets(windows, newline_id=0)
+    assert position[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert distance[0, 0].isnan() and distance[0, 1:].tolist() == [0, 1, 2, 0, 1]
+
+
+def probe_windows(n=256, T=16, seed=5):
+    return torch.randint(0, LETTERS.vocab_size, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_probe_gives_one_r2_per_hidden_state_and_its_shuffled_baseline_is_near_zero():
+    """A learned table is linearly readable at the embedding, even untrained: its 16 random rows and the 28 token
+    vectors are linearly independent in 64 dimensions, so R^2 is ~1. The same probe fit on shuffled positions
+    explains nothing of the held-out positions."""
+    model = tiny_model("learned", n_embd=64)
+    result = demo.probe_positions(model, probe_windows(), newline_id=0)
+    for target in ("position", "newline"):
+        assert len(result[target]) == model.config.n_layer + 1
+    r2, _ = result["position"][0]
+    assert r2 > 0.99
+    assert all(abs(baseline) < 0.1 for _, baseline in result["position"])  # chance: ~2/sqrt(n) here
+
+
+def test_without_the_mask_nope_hidden_states_hold_no_position():
+    """Unmasked NoPE sees a set: a token's state depends on its own token and on the whole window, never on
+    where it stands, so no probe can read its position (R^2 <= ~0 on held-out windows, at every layer)."""
+    result = demo.probe_positions(tiny_model("none", n_embd=32), probe_windows(), newline_id=0, mask=False)
+    assert all(r2 < 0.05 for r2, _ in result["position"]), result["position"]
+
+
+def test_permutation_flag_pos_none_means_the_nope_scheme():
+    """--pos=none is the scheme called none, not a missing value (a `str | None` flag would read it as None)."""
+    assert permutation.parse_args(["--pos=none", "--no_mask"]).pos == "none"
+    assert permutation.parse_args([]).pos == "all"

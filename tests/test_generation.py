@@ -145,18 +145,30 @@ def test_dynamic_ntk_follows_the_current_length():
     torch.testing.assert_close(grown.double(), plain_inv_freq(16, 10000.0 * 5.0 ** (16 / 14)), rtol=1e-6, atol=0)
 
 
-def test_yarn_interpolates_only_slow_dimensions_and_sets_temperature():
-    """YaRN worked in float64 from the paper: with T = 64, d = 8, s = 4, theta = (1, 0.1, 0.01, 0.001) make
-    r = T*theta/2pi = (10.186, 1.0186, 0.1019, 0.0102) rotations; the ramp (r - 1)/31 gives
-    g = (0.29632, 0.0006, 0, 0); theta' = (1 - g) theta / s + g theta; temperature 0.1 ln 4 + 1 = 1.1386."""
+def test_yarn_ramps_in_the_pair_index_as_released():
+    """YaRN as the authors' code and transformers compute it, worked by hand for d = 8, T = 64, s = 4,
+    theta = (1, 0.1, 0.01, 0.001): the pair index turning r times over T is i(r) = d ln(T / 2 pi r) / (2 ln base),
+    i(32) = -0.4971 and i(1) = 1.0080, so low = max(floor, 0) = 0 and high = ceil = 2; the ramp (i - low) / 2
+    is (0, 0.5, 1, 1) and theta' = theta / s * ramp + theta * (1 - ramp) = (1, 0.0625, 0.0025, 0.00025):
+    the fastest pair is kept, the middle one half-interpolated, the slow ones divided by s. Temperature
+    0.1 ln 4 + 1 = 1.1386. (The paper's ramp in r would have interpolated pair 0 too: it turns 10.2 < 32 times.)"""
+    i_of = lambda r: 8 * math.log(64 / (2 * math.pi * r)) / (2 * math.log(10000.0))
+    assert abs(i_of(32) - -0.4971499) < 1e-6 and abs(i_of(1) - 1.0080001) < 1e-6
     inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=4.0, original_len=64)
-    theta = plain_inv_freq(8)
-    r = 64 * theta / (2 * math.pi)
-    g = ((r - 1) / 31).clamp(0, 1)
-    torch.testing.assert_close(inv_freq.double(), (1 - g) * theta / 4 + g * theta, rtol=1e-6, atol=0)
-    assert abs(inv_freq[0].item() - (0.70368 * 0.25 + 0.29632)) < 1e-5  # fastest pair: mostly kept
-    torch.testing.assert_close(inv_freq[2:].double(), theta[2:] / 4, rtol=1e-6, atol=0)  # slow pairs: interpolated
+    expected = torch.tensor([1.0, 0.0625, 0.0025, 0.00025], dtype=torch.float64)
+    torch.testing.assert_close(inv_freq.double(), expected, rtol=1e-6, atol=0)
     assert abs(scale - 1.1386294361) < 1e-9
+
+
+def test_yarn_keeps_pairs_that_turn_often_and_interpolates_the_rest():
+    """d = 16, T = 64, s = 4: i(32) = -0.994 and i(1) = 2.016 give low = 0, high = 3, so the ramp is
+    (0, 1/3, 2/3, 1, 1, 1, 1, 1): pair 0 keeps theta_0 and pairs 3 to 7 are exactly theta_i / 4."""
+    inv_freq, _ = rope_frequencies(16, scaling="yarn", factor=4.0, original_len=64)
+    theta = plain_inv_freq(16)
+    ramp = torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64)
+    torch.testing.assert_close(inv_freq.double(), theta / 4 * ramp + theta * (1 - ramp), rtol=1e-6, atol=0)
+    assert inv_freq[0] == 1.0
+    torch.testing.assert_close(inv_freq[3:].double(), theta[3:] / 4, rtol=1e-6, atol=0)
 
 
 def test_rope_scaling_on_another_scheme_is_an_error():
@@ -174,3 +186,83 @@ def test_scaled_rope_cache_matches_full_forward(scaling):
     idx = torch.randint(0, 32, (1, 4 * BLOCK), generator=torch.Generator().manual_seed(6))
     full_logits, _ = model(idx)
     torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=4), full_logits, rtol=0, atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# The preallocated cache and compiled decoding
+
+
+def test_cache_is_written_in_place_and_remembers_each_slots_position():
+    """Decoding writes each new key and value into buffers allocated once (the same storage at every step: no
+    concatenation per token), and `positions` says which absolute position each slot holds, -1 while empty."""
+    model = tiny_model("rope")
+    idx = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(7))
+    cache = KVCache(model.config.n_layer, max_len=8)
+    model(idx[:, :3], cache=cache)
+    storage = [t.data_ptr() for t in (*cache.k, *cache.v, cache.positions)]
+    for t in range(3, 6):
+        model(idx[:, t : t + 1], cache=cache)
+    assert [t.data_ptr() for t in (*cache.k, *cache.v, cache.positions)] == storage
+    assert cache.k[0].shape == (2, 2, 8, 8) and cache.seen == 6
+    assert cache.positions.tolist() == [0, 1, 2, 3, 4, 5, -1, -1]
+
+
+def test_sliding_window_cache_is_a_ring_of_window_slots():
+    """With a window W the cache has W slots and position p lives in slot p % W: after 11 tokens with W = 4 the
+    slots hold positions 8, 9, 10 and 7, the four latest."""
+    model = tiny_model("alibi")
+    idx = torch.randint(0, 32, (1, 11), generator=torch.Generator().manual_seed(8))
+    cache = KVCache(model.config.n_layer, window=4)
+    model(idx[:, :2], cache=cache)
+    for t in range(2, 11):
+        model(idx[:, t : t + 1], cache=cache)
+    assert cache.k[0].size(2) == 4
+    assert cache.positions.tolist() == [8, 9, 10, 7]
+
+
+def test_cache_without_a_size_grows_by_doubling():
+    """KVCache(n_layer) allocates what the first step needs and doubles when full, keeping what it held."""
+    model = tiny_model("none")
+    idx = torch.randint(0, 32, (1, 14), generator=torch.Generator().manual_seed(9))
+    cache = KVCache(model.config.n_layer)
+    model(idx[:, :3], cache=cache)
+    sizes = [cache.size]
+    for t in range(3, 14):
+        model(idx[:, t : t + 1], cache=cache)
+        sizes.append(cache.size)
+    assert sizes == [3, 6, 6, 6, 12, 12, 12, 12, 12, 12, 24, 24]
+    assert cache.positions[:14].tolist() == list(range(14))
+    full_logits, _ = model(idx)
+    torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
+    """compile=True runs every decode step through torch.compile, attending over the whole preallocated cache
+    with a mask from its positions. With backend "eager" (TorchDynamo traces as for inductor but generates no
+    code) the tokens equal the uncompiled cache's, with and without a sliding window; and one graph serves every
+    step: the position is a tensor, so advancing it never recompiles."""
+    torch._dynamo.reset()
+    model = tiny_model(pos)
+    prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(10))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = model.generate_cached(prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
+    assert torch.equal(compiled, model.generate_cached(prompt, 4 * BLOCK, temperature=0))
+    windowed = model.generate_cached(prompt, 3 * BLOCK, temperature=0, max_context=7, compile=True, backend="eager")
+    assert torch.equal(windowed, model.generate_cached(prompt, 3 * BLOCK, temperature=0, max_context=7))
+
+
+def test_compiled_decoding_with_inductor_matches():
+    """One real inductor compile of the decode step (C++ generated and built on the CPU): the same greedy tokens."""
+    torch._dynamo.reset()
+    model = tiny_model("rope")
+    prompt = torch.randint(0, 32, (1, 3), generator=torch.Generator().manual_seed(11))
+    compiled = model.generate_cached(prompt, 2 * BLOCK, temperature=0, compile=True)
+    assert torch.equal(compiled, model.generate_cached(prompt, 2 * BLOCK, temperature=0))
+
+
+def test_compiled_decoding_refuses_dynamic_ntk():
+    """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot: say so."""
+    model = tiny_model("rope", rope_scaling="dynamic", rope_factor=2.0)
+    with pytest.raises(ValueError, match="dynamic.*compile=False"):
+        model.generate_cached(torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager")

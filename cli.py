@@ -144,15 +144,20 @@ def build_parser(prog, description, sections, defaults, choices, positional):
     return parser
 
 
-def read_config_file(parser, path, valid):
-    """The settings in a TOML file, checked by the same parser as the flags (TOML is data: nothing is executed)."""
+def read_toml(path):
+    """The table in a TOML file (data: nothing is executed); a missing or malformed file is a UsageError."""
     try:
         with open(path, "rb") as f:
-            table = tomllib.load(f)
+            return tomllib.load(f)
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+
+
+def read_config_file(parser, path, valid):
+    """The settings in a TOML file, checked by the same parser as the flags."""
+    table = read_toml(path)
     unknown = [key for key in table if key not in valid]
     if unknown:
         raise UsageError(f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")

@@ -1,0 +1,497 @@
+"""
+How fast each position scheme trains and generates, on this machine: one table per run, every figure measured
+in the same process so that the ratios between schemes are fair.
+
+    python bench.py                                        # nanoGPT's CPU recipe model, all five schemes
+    python bench.py --pos=rope --gen_multiples 1 4 --json=bench.json
+    python bench.py --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
+
+Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
+batch_size x block_size x grad_accum tokens, in the config's dtype under autocast, compiled when --compile says
+so), tokens/s, FLOPs per token (6N plus attention, as MFU counts them) and the share of the device's peak: on
+CUDA the card's bf16 peak from hardware.PEAK_FLOPS, on CPU the float32 matmul rate measured here at the start
+(a --matmul_size square torch.mm). Compile time (the first steps) is reported apart and not in the median.
+Batches are random tokens: the step costs the same on any data, and no dataset is needed.
+
+Generation, per scheme: tokens/s of the KV-cached sampler, of the reference that recomputes the whole context
+per token, and of compiled decoding where model.py offers it, at --gen_multiples x block_size new tokens,
+greedy from a 1-token prompt, in float32 as sample.py runs it; every sampler must give the reference's tokens
+(the table says if not).
+
+Memory: on CUDA the peak allocated while each scheme trained or generated; on CPU the process's maximum RSS
+so far, a high-water mark over everything run before it in this process (not a per-scheme figure).
+
+--config FILE.toml reads a training preset from configs/: its model keys (block_size, n_layer, n_head, n_embd,
+dropout, bias), batch_size, grad_accum, device, dtype and compile, and its dataset for the vocabulary size;
+training-only keys (learning rate, schedule, evaluation, ...) are ignored. Flags override the file.
+"""
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+
+import torch
+
+from cli import UsageError, one_line_errors, parse_flags, read_toml
+from data.common import dataset_dir, load_meta
+from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
+                      resolve_device, resolve_dtype, speed, synchronize)
+from model import GPT, POS_SCHEMES, GPTConfig
+
+MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
+PRESET_KEYS = (*MODEL_KEYS, "batch_size", "grad_accum", "device", "dtype", "compile")
+GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
+REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long: one run is steady enough
+
+
+@dataclass
+class BenchConfig:
+    pos: str = "all"  # the position scheme to measure, or all of them
+    # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), with random weights
+    block_size: int = 64  # training context T; generation lengths are multiples of it
+    vocab_size: int = 65  # shakespeare_char's 65 characters; a --config preset on a GPT-2 BPE dataset sets 50257
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    n_embd: int = 128  # model width
+    dropout: float = 0.0  # dropout in training steps (costs time like a real run)
+    bias: bool = False  # biases in Linear and LayerNorm
+    # training
+    batch_size: int = 12  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
+    warmup_steps: int = 3  # untimed steps first (the first one compiles); their time is reported as compile time
+    # Rounds: a change in the machine's load then reaches every scheme alike. On CUDA one round keeps one model
+    # resident at a time, so each scheme's peak memory is its own.
+    rounds: int | None = None  # timed steps alternate between the schemes in this many rounds; None: 3 on CPU, else 1
+    # generation
+    gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size; none: no generation
+    repeats: int = 3  # timed runs per generation figure, the median reported (fewer once the runs took 10 s)
+    reference_max_tokens: int = 1024  # skip the O(n^2) uncached reference past this many new tokens; 0: never
+    compile_decode: bool | None = None  # also time compiled decoding where model.py offers it; None: as --compile
+    # system
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
+    compile: bool | None = None  # torch.compile the training step; None: on CUDA only (on CPU: costs more than it gains)
+    threads: int | None = None  # torch.set_num_threads; None: torch's default (one per core)
+    matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
+    seed: int = 1337  # seeds the weights and the random batches
+    json: str | None = None  # write every figure, the machine and the command line to this file
+
+    def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "repeats", "matmul_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_steps", "warmup_steps", "reference_max_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
+            raise ValueError(f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}")
+        if any(m < 1 for m in self.gen_multiples):
+            raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        check_device_name(self.device)
+        for pos in self.schemes:
+            model_config(self, pos)  # GPTConfig's own checks (n_embd divisible by n_head, ...), before any work
+
+    @property
+    def schemes(self):
+        return POS_SCHEMES if self.pos == "all" else (self.pos,)
+
+
+def model_config(cfg, pos):
+    return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, pos=pos)
+
+
+# -----------------------------------------------------------------------------
+# Flags and presets
+
+
+def split_config_flag(argv):
+    """(the --config path or None, argv without it). bench.py reads presets itself: they hold training keys that
+    are no flags here, which cli's --config would refuse."""
+    path, rest, args = None, [], iter(argv)
+    for arg in args:
+        if arg == "--config":
+            path = next(args, None)
+            if path is None:
+                raise UsageError("argument --config: expected one argument")
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return path, rest
+
+
+def vocab_size_of(dataset):
+    """The vocabulary train.py would use for a preset's dataset: its meta.json if prepared, else GPT-2's BPE
+    (every dataset here but shakespeare_char, whose 65 characters are the default)."""
+    try:
+        return load_meta(dataset_dir(dataset))["vocab_size"]
+    except (OSError, ValueError):
+        return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
+
+
+def read_preset(path):
+    """{field: value} of the preset's keys that bench.py uses (PRESET_KEYS, and vocab_size from its dataset)."""
+    table = read_toml(path)
+    values = {key: table[key] for key in PRESET_KEYS if key in table}
+    if "dataset" in table and "vocab_size" not in table:
+        values["vocab_size"] = vocab_size_of(table["dataset"])
+    return values
+
+
+def parse_args(argv=None):
+    """Flags (and --config) -> BenchConfig; a mistake exits with status 2 and one line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with one_line_errors("bench.py"):
+        path, argv = split_config_flag(argv)
+        preset = read_preset(path) if path else {}
+    values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)], preset,
+                         choices={"pos": ("all", *POS_SCHEMES), "dtype": DTYPES})
+    with one_line_errors("bench.py"):
+        cfg = BenchConfig(**values)
+        check_device(resolve_device(cfg.device))
+    return cfg
+
+
+def resolve(cfg):
+    """cfg with every `auto` and None replaced by what this run uses."""
+    device = resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    compile_ = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    return replace(cfg, device=device, dtype=resolve_dtype(cfg.dtype, device_type), compile=compile_,
+                   compile_decode=compile_ if cfg.compile_decode is None else cfg.compile_decode,
+                   rounds=cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1))
+
+
+# -----------------------------------------------------------------------------
+# Clocks, memory, the machine
+
+
+def timed(fn, device):
+    """(seconds fn() took, its result), waiting for the device's queued work before reading the clock."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def cpu_matmul_flops(size, repeats=5):
+    """FLOP/s of a float32 (size x size) @ (size x size) torch.mm on the CPU (2 size^3 FLOPs), median of repeats:
+    the CPU's practical peak for the dense matmuls a float32 model is made of."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up: thread pool, caches
+    seconds = [timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(repeats)]
+    return 2 * size**3 / statistics.median(seconds)
+
+
+def reset_peak_memory(device):
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device):
+    """CUDA: peak allocated since the last reset_peak_memory. Elsewhere: the process's max RSS so far (Linux reports
+    KiB, macOS bytes), a high-water mark that never goes down."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+def source():
+    """Which code was measured: the git commit, whether the working tree differs from it (model.py's owner may be
+    mid-change), and model.py's own hash."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
+    try:
+        commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "--untracked-files=no")
+    except OSError:  # no git
+        commit, changed = None, ""
+    with open(os.path.join(root, "model.py"), "rb") as f:
+        model_sha1 = hashlib.sha1(f.read()).hexdigest()
+    return {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed.splitlines()],
+            "model_py_sha1": model_sha1}
+
+
+def machine(device):
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+class Trainer:
+    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as train.py takes it."""
+
+    def __init__(self, cfg, pos):
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.device = cfg, cfg.device
+        self.model = GPT(model_config(cfg, pos)).to(cfg.device)
+        self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
+        self.run = torch.compile(self.model) if cfg.compile else self.model
+        self.autocast, self.scaler = precision(cfg)
+        shape = (cfg.batch_size, cfg.block_size)
+        self.batches = [(torch.randint(cfg.vocab_size, shape, device=cfg.device),
+                         torch.randint(cfg.vocab_size, shape, device=cfg.device)) for _ in range(cfg.grad_accum)]
+        self.step_seconds, self.warmup_seconds = [], []
+
+    def step(self):
+        for x, y in self.batches:
+            with self.autocast:
+                _, loss = self.run(x, y)
+            self.scaler.scale(loss / len(self.batches)).backward()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradient, as train.py does
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def time_steps(self, n, into):
+        for _ in range(n):
+            seconds, loss = timed(self.step, self.device)
+            into.append(seconds)
+        return loss
+
+    def results(self, peak, memory_mb):
+        median = statistics.median(self.step_seconds)
+        tokens = self.cfg.batch_size * self.cfg.block_size * self.cfg.grad_accum
+        per_token = flops_per_token(self.model)
+        first = self.warmup_seconds[0] if self.warmup_seconds else None
+        return {"ms_per_step": median * 1e3, "step_ms_min": min(self.step_seconds) * 1e3,
+                "step_ms_max": max(self.step_seconds) * 1e3, "timed_steps": len(self.step_seconds),
+                "tokens_per_step": tokens, "first_step_s": first,
+                "compile_s": max(0.0, first - median) if self.cfg.compile and first is not None else None,
+                "flops_per_token": per_token, "params": self.model.num_params(), "peak_memory_mb": memory_mb,
+                **speed(median, tokens, per_token * tokens, peak)}
+
+
+def bench_training(cfg, peak, results, log, save):
+    """Fill results with {pos: training figures}, saving as each scheme finishes. The timed steps run in cfg.rounds
+    rounds, each over every scheme in turn (a new order each round), so a change in machine load during the run
+    reaches every scheme alike."""
+    trainers = {}
+    per_round = [cfg.train_steps // cfg.rounds + (r < cfg.train_steps % cfg.rounds) for r in range(cfg.rounds)]
+    for r, n in enumerate(per_round):
+        order = cfg.schemes[r % len(cfg.schemes):] + cfg.schemes[: r % len(cfg.schemes)]
+        for pos in order:
+            if pos not in trainers:
+                if cfg.compile and not trainers:
+                    # nothing compiled is alive: forget the last model's graphs, so TORCH_LOGS=recompiles shows
+                    # real recompiles only, not each new model of the same GPT.forward
+                    torch._dynamo.reset()
+                reset_peak_memory(cfg.device)
+                trainers[pos] = Trainer(cfg, pos)
+                trainers[pos].time_steps(cfg.warmup_steps, trainers[pos].warmup_seconds)
+            loss = trainers[pos].time_steps(n, trainers[pos].step_seconds)
+            if not math.isfinite(loss.item()):
+                raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
+            if r == len(per_round) - 1:  # the last round: done with this scheme
+                results[pos] = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
+                log(f"trained {pos}: {results[pos]['ms_per_step']:.1f} ms/step")
+                save()
+    for pos in cfg.schemes:  # in POS_SCHEMES order, not the order the last round finished them in
+        results[pos] = results.pop(pos)
+
+
+# -----------------------------------------------------------------------------
+# Generation
+
+
+NO_COMPILED_DECODING = "n/a (not available in this model.py)"
+
+
+def compiled_decoding_call(model):
+    """How this model.py offers compiled decoding, looked up at run time on a GPT or its class: a `compile`
+    parameter of generate_cached, or a compile_decode() method to call first; None if neither."""
+    if "compile" in inspect.signature(model.generate_cached).parameters:
+        return "model.generate_cached(idx, n, temperature=0, compile=True)"
+    if callable(getattr(model, "compile_decode", None)):
+        return "model.compile_decode(), then model.generate_cached(idx, n, temperature=0)"
+    return None
+
+
+def compiled_sampler(model):
+    """A sampler (idx, n) -> tokens that decodes with compiled code, or None if this model.py offers none."""
+    call = compiled_decoding_call(model)
+    if call is None:
+        return None
+    if call.startswith("model.compile_decode()"):
+        model.compile_decode()
+        return lambda idx, n: model.generate_cached(idx, n, temperature=0)
+    return lambda idx, n: model.generate_cached(idx, n, temperature=0, compile=True)
+
+
+def time_sampler(sampler, prompt, n, cfg):
+    """(tokens/s as the median over up to cfg.repeats runs, the tokens of the last run)."""
+    seconds = []
+    while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
+        s, out = timed(lambda: sampler(prompt, n), cfg.device)
+        seconds.append(s)
+    return n / statistics.median(seconds), out
+
+
+def same_prefix(tokens, reference):
+    """Whether the shorter of two greedy generations from the same prompt is a prefix of the longer one."""
+    n = min(tokens.size(1), reference.size(1))
+    return bool(torch.equal(tokens[:, :n], reference[:, :n]))
+
+
+def bench_generation(cfg, pos, log):
+    """[figures per length] for one scheme."""
+    torch.manual_seed(cfg.seed)
+    model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
+    cached = lambda idx, n: model.generate_cached(idx, n, temperature=0)
+    reference = lambda idx, n: model.generate(idx, n, temperature=0)
+    compiled = compiled_sampler(model) if cfg.compile_decode else None
+    for sampler in (cached, reference):
+        sampler(prompt, 8)  # warm-up: lazy initialisation, caches
+    rows, longest_reference = [], None
+    for multiple in cfg.gen_multiples:
+        n = multiple * cfg.block_size
+        row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
+        row["cached_tok_s"], cached_out = time_sampler(cached, prompt, n, cfg)
+        if cfg.reference_max_tokens and n > cfg.reference_max_tokens:
+            row["reference_tok_s"] = row["speedup"] = None
+            row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
+        else:
+            row["reference_tok_s"], reference_out = time_sampler(reference, prompt, n, cfg)
+            row["speedup"] = row["cached_tok_s"] / row["reference_tok_s"]
+            if longest_reference is None or reference_out.size(1) > longest_reference.size(1):
+                longest_reference = reference_out
+        row["compiled_tok_s"] = row["compile_s"] = row["compiled_matches"] = None
+        if compiled is not None:
+            first, _ = timed(lambda n=n: compiled(prompt, n), cfg.device)  # compiles for this length: not timed
+            row["compiled_tok_s"], compiled_out = time_sampler(compiled, prompt, n, cfg)
+            row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
+            row["compiled_matches"] = same_prefix(compiled_out, cached_out)
+        checked = longest_reference is not None  # greedy: the shorter run must be a prefix of the longer one
+        row["cached_matches_reference"] = same_prefix(cached_out, longest_reference) if checked else None
+        rows.append(row)
+        log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# Report
+
+
+def fmt(value, spec, missing="-"):
+    return missing if value is None else format(value, spec)
+
+
+def training_table(train):
+    learned = train.get("learned", {}).get("ms_per_step")
+    columns = ["pos", "params", "ms/step", "x learned", "tokens/s", "compile s", "FLOPs/token", "TFLOP/s", "% of peak",
+               "peak MB"]
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for pos, t in train.items():
+        ratio = t["ms_per_step"] / learned if learned else None
+        share = t.get("mfu")
+        lines.append(f"| {pos} | {t['params']:,} | {t['ms_per_step']:.1f} | {fmt(ratio, '.2f')} | "
+                     f"{t['tokens_per_sec']:,.0f} | {fmt(t['compile_s'], '.1f')} | {t['flops_per_token']:,} | "
+                     f"{t['tflops']:.3g} | {fmt(share and 100 * share, '.1f')} | {t['peak_memory_mb']:,.0f} |")
+    return "\n".join(lines)
+
+
+def generation_table(generation, compiled_note):
+    columns = ["pos", "new tokens", "cached tok/s", "reference tok/s", "speed-up", "compiled tok/s", "same tokens",
+               "peak MB"]
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for pos, g in generation.items():
+        for row in g["rows"]:
+            matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
+            same = "n/a" if not matches else "yes" if all(matches) else "NO"
+            compiled = fmt(row["compiled_tok_s"], ",.0f", compiled_note)
+            lines.append(f"| {pos} | {row['new_tokens']} | {row['cached_tok_s']:,.0f} | "
+                         f"{fmt(row['reference_tok_s'], ',.0f', 'skipped')} | {fmt(row['speedup'], '.1f')}"
+                         f"{'x' if row['speedup'] else ''} | {compiled} | {same} | {g['peak_memory_mb']:,.0f} |")
+    return "\n".join(lines)
+
+
+def write_json(path, report):
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+
+# -----------------------------------------------------------------------------
+
+
+def device_peak(cfg):
+    """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
+    if cfg.device == "cpu":
+        return cpu_matmul_flops(cfg.matmul_size), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
+    if cfg.device.startswith("cuda"):
+        return peak_flops(cfg.device), "the card's bf16 peak (hardware.PEAK_FLOPS)"
+    return None, "unknown on this device"
+
+
+def new_report(cfg, argv, peak, peak_source):
+    on_cuda = cfg.device.startswith("cuda")
+    return {"command": shlex.join(["python", "bench.py", *argv]), "date": datetime.now(UTC).isoformat(),
+            "machine": machine(cfg.device), "source": source(), "config": asdict(cfg),
+            "peak_flops": peak, "peak_source": peak_source,
+            "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
+                      "process max RSS so far (a high-water mark, not per scheme)",
+            # what bench.py calls for compiled decoding (timed only with --compile_decode); None: not offered
+            "compiled_decoding": compiled_decoding_call(GPT),
+            "training": {}, "generation": {}}
+
+
+def print_report(report, cfg):
+    gpu = report["machine"]["gpu"]
+    compiled = report["compiled_decoding"] or NO_COMPILED_DECODING
+    print(f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
+          f"{f' ({gpu})' if gpu else ''}, "
+          f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
+          f"peak {fmt(report['peak_flops'], '.3g')} FLOP/s ({report['peak_source']}); memory: {report['memory']}; "
+          f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n")
+    if report["training"]:
+        print(training_table(report["training"]) + "\n")
+    if report["generation"]:
+        note = "off" if not cfg.compile_decode else "-" if report["compiled_decoding"] else NO_COMPILED_DECODING
+        print(generation_table(report["generation"], note))
+
+
+def main(argv=None):
+    """Run the benchmark; -> the report dict (also written to --json)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = resolve(parse_args(argv))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    log = lambda message: print(message, file=sys.stderr, flush=True)
+    report = new_report(cfg, argv, *device_peak(cfg))
+    save = (lambda: write_json(cfg.json, report)) if cfg.json else (lambda: None)
+    if cfg.train_steps:
+        bench_training(cfg, report["peak_flops"], report["training"], log, save)
+    for pos in cfg.schemes if cfg.gen_multiples else ():
+        reset_peak_memory(cfg.device)
+        rows = bench_generation(cfg, pos, log)
+        report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
+        save()  # after each scheme: a run cut short by a timeout keeps what it measured
+    print_report(report, cfg)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""bench.py runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
+one line. Speed itself is measured by bench.py, never asserted here."""
+import json
+import math
+
+import pytest
+
+import bench
+from model import POS_SCHEMES
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--train_steps=2",
+        "--warmup_steps=1", "--gen_multiples", "1", "2", "--repeats=1", "--matmul_size=128", "--device=cpu"]
+
+
+def numbers(tree):
+    """Every int and float in a nested dict/list (booleans are not figures)."""
+    if isinstance(tree, dict):
+        return [n for value in tree.values() for n in numbers(value)]
+    if isinstance(tree, list):
+        return [n for value in tree for n in numbers(value)]
+    return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    report = bench.main([*TINY, f"--json={path}"])
+    return report, json.loads(path.read_text())
+
+
+def test_every_scheme_is_trained_and_generated_with_finite_figures(tiny_report):
+    report, _ = tiny_report
+    assert list(report["training"]) == list(POS_SCHEMES) == list(report["generation"])
+    figures = numbers(report["training"]) + numbers(report["generation"]) + [report["peak_flops"]]
+    assert figures and all(math.isfinite(x) and x >= 0 for x in figures)
+    for t in report["training"].values():
+        assert t["timed_steps"] == 2 and t["ms_per_step"] > 0 and 0 < t["mfu"]
+        assert t["flops_per_token"] > 6 * t["params"] - 6 * 8 * 16  # 6N (less the learned table) + attention
+
+
+def test_cached_sampler_gives_the_reference_tokens_at_every_length(tiny_report):
+    """The benchmark checks the samplers agree; on a tiny model they must (a mismatch reads NO in the table)."""
+    report, _ = tiny_report
+    for g in report["generation"].values():
+        assert [row["new_tokens"] for row in g["rows"]] == [8, 16]
+        assert all(row["cached_matches_reference"] is True and row["speedup"] > 0 for row in g["rows"])
+
+
+def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
+    report, written = tiny_report
+    assert written == json.loads(json.dumps(report))
+    assert {"command", "date", "machine", "source", "config", "peak_flops", "peak_source", "memory", "training",
+            "generation", "compiled_decoding"} <= set(written)
+    assert {"platform", "cpu_count", "gpu", "torch", "torch_threads"} <= set(written["machine"])
+    assert written["command"].startswith("python bench.py --n_layer=1")
+    assert written["config"]["device"] == "cpu" and written["config"]["dtype"] == "float32"
+    assert {"ms_per_step", "tokens_per_sec", "compile_s", "flops_per_token", "tflops", "mfu",
+            "peak_memory_mb"} <= set(written["training"]["rope"])
+    row = written["generation"]["rope"]["rows"][0]
+    assert {"cached_tok_s", "reference_tok_s", "speedup", "compiled_tok_s", "cached_matches_reference"} <= set(row)
+
+
+def test_reference_past_its_limit_is_reported_skipped_not_run():
+    report = bench.main([*TINY, "--pos=alibi", "--train_steps=0", "--reference_max_tokens=8"])
+    short, long = report["generation"]["alibi"]["rows"]
+    assert short["reference_tok_s"] > 0 and long["reference_tok_s"] is None and "skipped" in long["reference"]
+    assert long["cached_matches_reference"] is True  # checked against the shorter reference's tokens
+    assert report["training"] == {}
+
+
+def test_a_preset_gives_its_model_and_batch_and_flags_override_it():
+    """--config takes the model keys and batch settings of a training preset, ignores its training-only keys
+    (learning_rate, max_iters, ...), and takes the vocabulary from its dataset."""
+    cfg = bench.parse_args(["--config", "configs/cpu_recipe.toml", "--n_layer=2"])
+    assert (cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.batch_size, cfg.bias) == (64, 2, 4, 128, 12, False)
+    assert (cfg.device, cfg.compile, cfg.vocab_size) == ("cpu", False, 65)
+    big = bench.parse_args(["--config=configs/gpt2_124m.toml", "--grad_accum=2", "--device=cpu"])
+    assert (big.n_layer, big.n_embd, big.block_size, big.batch_size, big.grad_accum) == (12, 768, 1024, 16, 2)
+    assert big.vocab_size == 50257
+
+
+def one_line_error(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench.py: error: ") and "\n" not in err and "usage:" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--pos=rotary"], ["invalid choice: 'rotary'", "'all'", "'rope'"]),
+    (["--train_step=3"], ["did you mean --train_steps?"]),
+    (["--gen_multiples", "0"], ["gen_multiples must be >= 1"]),
+    (["--n_head=3"], ["must be divisible by n_head=3"]),
+    (["--config=configs/missing.toml"], ["--config configs/missing.toml"]),
+    (["--config"], ["--config: expected one argument"]),
+    (["--device=tpu"], ["choose from auto, cpu, cuda, cuda:N, mps"]),
+])
+def test_bad_flags_are_one_line_errors(capsys, argv, words):
+    err = one_line_error(capsys, argv)
+    assert all(w in err for w in words), err

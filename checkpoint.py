@@ -181,6 +181,20 @@ def build_model(path, ckpt, **overrides):
     return model
 
 
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes, GPT.from_pretrained
+
+
+def pretrained_checkpoint(name):
+    """OpenAI's GPT-2 weights (GPT.from_pretrained, through the optional transformers package) as the part of a
+    checkpoint dict that sampling reads: model, model_config and meta (GPT-2's BPE)."""
+    try:
+        model = GPT.from_pretrained(name)
+    except (ImportError, OSError, RuntimeError) as e:
+        raise CheckpointError(f"--init_from={name}: {first_line(e)}") from None
+    return {"model": model.state_dict(), "model_config": asdict(model.config),
+            "meta": {"tokenizer": "gpt2", "vocab_size": model.config.vocab_size}}
+
+
 def load_model(out_dir, device="cpu", **overrides):
     """(model in eval mode on device, tokenizer, checkpoint dict) from the checkpoint train.py kept in out_dir
     (best.pt, else ckpt.pt): what sample.py, eval_length.py and the figures start from."""
@@ -335,7 +349,7 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "dropout")
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", "dropout")
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 

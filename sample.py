@@ -18,13 +18,12 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from checkpoint import CheckpointError, build_model, checkpoint_path, load_checkpoint
+from checkpoint import PRETRAINED, CheckpointError, build_model, checkpoint_path, load_checkpoint, pretrained_checkpoint
 from cli import one_line_errors, parse_flags
-from data.common import dataset_dir, get_tokenizer, load_meta
+from data.common import get_tokenizer
+from evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
 from hardware import check_device, check_device_name, resolve_device, synchronize
 from model import ROPE_SCALINGS
 
@@ -32,6 +31,7 @@ from model import ROPE_SCALINGS
 @dataclass
 class SampleConfig:
     out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
+    init_from: str | None = None  # instead of out_dir: OpenAI's weights, gpt2 | gpt2-medium | gpt2-large | gpt2-xl
     compare: list[str] = field(default_factory=list)  # several out_dirs to run side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 1  # independent samples, generated as one batch
@@ -69,7 +69,7 @@ class SampleConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a mistake exits with status 2 and one line, as train.py's do."""
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)],
-                         choices={"rope_scaling": ROPE_SCALINGS})
+                         choices={"rope_scaling": ROPE_SCALINGS, "init_from": PRETRAINED})
     with one_line_errors("sample.py"):
         return SampleConfig(**values)
 
@@ -103,7 +103,8 @@ def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
     checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
     path = checkpoint_path(out_dir)
     checkpoint = checkpoint or load_checkpoint(path, map_location=device)
-    model = build_model(path, checkpoint, rope_scaling=rope_scaling, rope_factor=rope_factor)
+    scaling = {} if rope_scaling is None else dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
+    model = build_model(path, checkpoint, **scaling)  # without --rope_scaling, the checkpoint's own (fine-tuned)
     return Loaded(model.to(device).eval(), get_tokenizer(checkpoint["meta"]), checkpoint)
 
 
@@ -171,9 +172,12 @@ def describe(model):
 
 
 def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
-    """Load one checkpoint and print its samples. -> (Loaded, samples, tokens/s)
+    """Load one checkpoint (or a PRETRAINED name) and print its samples. -> (Loaded, samples, tokens/s)
     scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
-    checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
+    if out_dir in PRETRAINED:
+        checkpoint = pretrained_checkpoint(out_dir)
+    else:
+        checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None)
@@ -198,40 +202,7 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
 
 
 # -----------------------------------------------------------------------------
-# Validation loss inside vs beyond the trained length
-
-
-def position_losses(model, x, y, chunk=64):
-    """Cross-entropy at every position of x (B, L) predicting y, as generation sees it: the whole context, or
-    for a scheme with a position table (learned) past its length, the window of its last max_len tokens. -> (L,)"""
-    L, limit = x.size(1), model.max_len
-    if limit is None or L <= limit:
-        logits = model(x)[0]
-    else:
-        head = model(x[:, :limit])[0]
-        windows = x.unfold(1, limit, 1)[:, 1:].reshape(-1, limit)  # windows ending at positions limit .. L-1
-        tails = torch.cat([model(w)[0][:, -1] for w in windows.split(chunk)]).view(x.size(0), L - limit, -1)
-        logits = torch.cat([head, tails], dim=1)
-    return F.cross_entropy(logits.transpose(1, 2).float(), y, reduction="none").mean(0)
-
-
-@torch.no_grad()
-def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
-    """Mean validation loss at positions < block_size and >= block_size over n_windows windows of `length`
-    tokens of the checkpoint's own dataset. -> (inside, beyond), or None if the dataset is not prepared here."""
-    data_dir = dataset_dir(loaded.checkpoint["train_config"]["dataset"])
-    try:
-        meta = load_meta(data_dir)
-    except (FileNotFoundError, ValueError):
-        return None
-    val = np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
-    length = min(length, len(val) - 1)
-    starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
-    x = torch.from_numpy(np.stack([val[s : s + length] for s in starts]).astype(np.int64)).to(device)
-    y = torch.from_numpy(np.stack([val[s + 1 : s + 1 + length] for s in starts]).astype(np.int64)).to(device)
-    losses = position_losses(loaded.model, x, y)
-    block_size = loaded.model.config.block_size
-    return losses[:block_size].mean().item(), losses[block_size:].mean().item()
+# Comparing checkpoints (the losses come from evaluation.py, shared with eval_length.py)
 
 
 def compare(cfg, device):
@@ -262,7 +233,7 @@ def main(argv=None):
         check_device(device)
         if cfg.compare:
             return compare(cfg, device)
-        return run_one(cfg.out_dir, cfg, device, cfg.stream)
+        return run_one(cfg.init_from or cfg.out_dir, cfg, device, cfg.stream)
     except (CheckpointError, ValueError) as e:
         sys.exit(f"sample.py: error: {e}")
 

@@ -123,6 +123,8 @@ def parse_args(argv=None):
             saved = ckpt_io.load_checkpoint(ckpt_io.checkpoint_path(source))["model_config"]
             defaults = MODEL_DEFAULTS | {k: v for k, v in saved.items() if k in model_flags} | {"out_dir": None}
             values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+            if values["rope_scaling"] and not saved["rope_scaling"] and values["rope_original_len"] is None:
+                values["rope_original_len"] = saved["block_size"]  # the scaling extends the length trained on
             if values["out_dir"] is None:  # not given: beside the source, named after the extension
                 scaling = values["rope_scaling"] or "plain"
                 values["out_dir"] = str(source.parent / f"{source.name}_ctx{values['block_size']}_{scaling}")

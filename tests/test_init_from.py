@@ -5,6 +5,7 @@ import torch
 
 import checkpoint
 import train
+from model import rope_frequencies
 from helpers import train_error_line
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=1",
@@ -33,8 +34,9 @@ def test_init_from_starts_a_new_run_from_the_weights_with_the_checkpoints_model(
                          "--eval_iters=1", "--batch_size=4", f"--out_dir={out_dir}"])
     assert result["iter_num"] == 2 and list(result["losses"]) == [1, 2]
     saved, source = weights(out_dir), weights(trained["rope"])
-    assert saved["model_config"] | {"block_size": 16, "rope_scaling": None, "rope_factor": 1.0} == \
-        source["model_config"]
+    assert saved["model_config"]["rope_original_len"] == 16  # YaRN scales against the length first trained on
+    assert saved["model_config"] | {"block_size": 16, "rope_scaling": None, "rope_factor": 1.0,
+                                    "rope_original_len": None} == source["model_config"]
     assert saved["train_config"]["init_from"] == str(trained["rope"])
     assert "initialised from" in capsys.readouterr().out
     untrained = train.main(["--init_from", str(trained["rope"]), "--max_iters=0", "--device=cpu",
@@ -71,3 +73,18 @@ def test_init_from_never_writes_into_the_folder_it_reads(trained, capsys):
     assert "same folder" in err
     err = train_error_line(capsys, ["--init_from", str(trained["rope"] / "missing")], status=2)
     assert "no such checkpoint file" in err
+
+
+def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trained, tmp_path):
+    """Fine-tuned at 2 x T with YaRN x2, the checkpoint records rope_original_len = T = 16, so the model it
+    rebuilds (as sample.py and eval_length.py do, with no flags) scales RoPE against 16 tokens, not the new 32."""
+    out_dir = tmp_path / "yarn"
+    train.main(["--init_from", str(trained["rope"]), "--block_size=32", "--rope_scaling=yarn", "--rope_factor=2",
+                "--max_iters=0", "--device=cpu", f"--out_dir={out_dir}"])
+    model, _, ckpt = checkpoint.load_model(out_dir)
+    assert ckpt["model_config"]["rope_original_len"] == 16 and model.config.rope_scaling == "yarn"
+    inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=2.0, original_len=16)
+    assert model.transformer.wpe.original_len == 16
+    positions = torch.arange(32, dtype=torch.float32)
+    cos = torch.cos(positions[:, None] * inv_freq[None]) * scale
+    torch.testing.assert_close(model.transformer.wpe.cos[:32], cos)

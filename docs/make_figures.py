@@ -313,11 +313,12 @@ def figure_extrapolation(out, csv_path, **_):
         return []
     plt = pyplot()
     curves = read_extrapolation(path)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
         lengths = [r["length"] for r in rows]
         label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
-        style = {"color": f"C{i % 10}", "marker": "o", "markersize": 3, "capsize": 2,
+        style = {"color": colors[i % len(colors)], "marker": "o", "markersize": 3, "capsize": 2,
                  "label": f"{label} ({Path(checkpoint).name})"}
         axes[0].errorbar(lengths, [r["loss"] for r in rows], yerr=[r["stderr"] for r in rows], **style)
         axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **{k: v for k, v in style.items() if k != "capsize"})
@@ -330,9 +331,9 @@ def figure_extrapolation(out, csv_path, **_):
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("cross-entropy (nats/token)")
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7)
     fig.suptitle(f"Extrapolation, read from {path.name}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.74, 1))
     return [save(fig, out / "extrapolation.png")]
 
 

@@ -177,3 +177,15 @@ def test_gpt2_bpe_dataset_trains_and_samples_offline(tmp_path, capsys):
     assert loaded.tokenizer.name == "gpt2" and loaded.model.config.vocab_size == 50257
     assert len(samples[0]) == len(loaded.tokenizer.encode("ROMEO:")) + 20
     assert "pos=rope, trained length 16 tokens" in out and "ROMEO:" in out
+
+
+def test_compiled_decoding_gives_the_same_greedy_text(checkpoints, capsys):
+    """sample.py --compile runs the decode step through torch.compile (inductor on CPU) and gives the tokens of
+    the uncompiled cached sampler; --compile without the cache is a one-line error."""
+    flags = [f"--out_dir={checkpoints['rope']}", "--temperature=0", "--max_new_tokens=24", "--stream=off"]
+    (_, plain, _), _ = run_sample(capsys, *flags)
+    (_, compiled, _), out = run_sample(capsys, *flags, "--compile")
+    assert compiled == plain and "compiled KV cache" in out
+    with pytest.raises(SystemExit):
+        sample.main([*flags, "--compile", "--kv_cache=off"])
+    assert "--compile compiles the KV-cached decode step" in capsys.readouterr().err

@@ -101,3 +101,12 @@ def test_residual_projections_start_smaller_by_sqrt_two_n_layer():
             assert proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.03)
         assert block.mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
         assert block.attn.c_attn.weight.std().item() == pytest.approx(0.02, rel=0.03)
+
+
+def test_output_head_is_the_token_embedding():
+    """Weight tying (Press & Wolf 2017), as GPT-2: lm_head and wte are one matrix, saved under both of GPT-2's
+    names (so GPT-2's checkpoints load) but one tensor."""
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, pos="none"))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()

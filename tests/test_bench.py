@@ -6,6 +6,7 @@ import math
 import pytest
 
 import bench
+from helpers import error_line
 from model import POS_SCHEMES
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--train_steps=2",
@@ -79,15 +80,6 @@ def test_a_preset_gives_its_model_and_batch_and_flags_override_it():
     assert big.vocab_size == 50257
 
 
-def one_line_error(capsys, argv):
-    with pytest.raises(SystemExit) as exit_info:
-        bench.main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("bench.py: error: ") and "\n" not in err and "usage:" not in err, err
-    return err
-
-
 @pytest.mark.parametrize("argv, words", [
     (["--pos=rotary"], ["invalid choice: 'rotary'", "'all'", "'rope'"]),
     (["--train_step=3"], ["did you mean --train_steps?"]),
@@ -98,5 +90,5 @@ def one_line_error(capsys, argv):
     (["--device=tpu"], ["choose from auto, cpu, cuda, cuda:N, mps"]),
 ])
 def test_bad_flags_are_one_line_errors(capsys, argv, words):
-    err = one_line_error(capsys, argv)
+    err = error_line(capsys, bench, argv, 2)
     assert all(w in err for w in words), err

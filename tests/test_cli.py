@@ -14,18 +14,10 @@ import torch
 
 import sample
 import train
+from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = ("train", "sample", "eval_length", "bench")
-
-
-def one_line_error(capsys, main, argv, status=2):
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == status
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "usage:" not in err, err
-    return err
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
@@ -40,7 +32,7 @@ def one_line_error(capsys, main, argv, status=2):
 )
 def test_both_scripts_refuse_typos_abbreviations_and_bad_values_in_one_line(capsys, script, argv, words):
     """The same mistakes get the same one-line error from train.py and sample.py, naming the script."""
-    err = one_line_error(capsys, script.main, argv)
+    err = error_line(capsys, script, argv, 2)
     assert err.startswith(f"{script.__name__}.py: error: ") and all(w in err for w in words), err
 
 
@@ -54,7 +46,7 @@ def test_both_scripts_refuse_typos_abbreviations_and_bad_values_in_one_line(caps
     ],
 )
 def test_sample_flag_mistakes_are_one_line_errors(capsys, argv, words):
-    err = one_line_error(capsys, sample.main, argv)
+    err = error_line(capsys, sample, argv, 2)
     assert all(w in err for w in words), err
 
 
@@ -65,7 +57,7 @@ def test_sample_reads_a_config_file_like_train(tmp_path, capsys):
     cfg = sample.parse_args([f"--config={preset}", "--max_context=16"])
     assert (cfg.temperature, cfg.top_k, cfg.max_context) == (0.5, None, 16)
     preset.write_text("temprature = 0.5\n")
-    err = one_line_error(capsys, sample.main, [f"--config={preset}"])
+    err = error_line(capsys, sample, [f"--config={preset}"], 2)
     assert "unknown key 'temprature'" in err and "temperature" in err
 
 

@@ -10,6 +10,7 @@ import torch
 
 import eval_length
 import train
+from helpers import error_line
 from checkpoint import build_model, checkpoint_path, load_checkpoint
 from evaluation import validation_tokens, window_losses, window_starts
 from model import POS_SCHEMES, ROPE_SCALINGS
@@ -199,23 +200,14 @@ def test_lengths_are_multiples_of_t_or_token_counts():
             eval_length.parse_lengths(text)
 
 
-def one_line_error(capsys, argv, status):
-    with pytest.raises(SystemExit) as exit_info:
-        eval_length.main(argv)
-    assert exit_info.value.code == status
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("eval_length.py: error: ") and "\n" not in err, err
-    return err
-
-
 def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     """A bad path, a file that is not a checkpoint, a length below one token: one line on stderr each."""
-    assert "no such folder or checkpoint file" in one_line_error(capsys, [str(tmp_path / "missing")], status=1)
+    assert "no such folder or checkpoint file" in error_line(capsys, eval_length, [str(tmp_path / "missing")], 1)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
-    assert "corrupt checkpoint" in one_line_error(capsys, [str(junk)], status=1)
+    assert "corrupt checkpoint" in error_line(capsys, eval_length, [str(junk)], 1)
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    assert "not a posgpt checkpoint" in one_line_error(capsys, [str(tmp_path / "other.pt")], status=1)
-    assert "below 1" in one_line_error(capsys, [checkpoints["rope"], "--lengths=0"], status=2)
-    assert "is 0 tokens, below 1" in one_line_error(capsys, [checkpoints["rope"], "--lengths=0.01"], status=1)
-    assert "invalid choice: 'cubic'" in one_line_error(capsys, [checkpoints["rope"], "--rope_scalings", "cubic"], 2)
+    assert "not a posgpt checkpoint" in error_line(capsys, eval_length, [str(tmp_path / "other.pt")], 1)
+    assert "below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0"], 2)
+    assert "is 0 tokens, below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0.01"], 1)
+    assert "invalid choice: 'cubic'" in error_line(capsys, eval_length, [checkpoints["rope"], "--rope_scalings", "cubic"], 2)

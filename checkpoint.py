@@ -367,6 +367,29 @@ def resize_position_table(table, n_pos):
     return ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
 
 
+def saved_model_config(out_dir, names):
+    """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults to."""
+    saved = load_checkpoint(checkpoint_path(out_dir))["model_config"]
+    return {name: value for name, value in saved.items() if name in names}
+
+
+def init_from_settings(values, saved):
+    """What a run started from a checkpoint (values["init_from"], whose model settings are saved) needs beyond
+    its flags: rope_original_len, so that a new RoPE extension scales against the length the checkpoint was
+    trained on, and an out_dir of its own beside the source when none was given. Never the source's folder."""
+    source, settings = Path(values["init_from"]), {}
+    if values["rope_scaling"] and not saved.get("rope_scaling") and values["rope_original_len"] is None:
+        settings["rope_original_len"] = saved["block_size"]
+    out_dir = values["out_dir"]
+    if out_dir is None:
+        out_dir = settings["out_dir"] = str(
+            source.parent / f"{source.name}_ctx{values['block_size']}_{values['rope_scaling'] or 'plain'}")
+    if Path(out_dir).resolve() == source.resolve():
+        raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
+                         "checkpoint writes its own; give another --out_dir")
+    return settings
+
+
 def init_model_from(out_dir, model, meta, dataset):
     """Load the weights of the checkpoint in out_dir into model, whose config may differ from the checkpoint's
     only in INIT_KNOBS (else a one-line CheckpointError). -> a note for the log when a learned table was resized."""

@@ -119,18 +119,10 @@ def parse_args(argv=None):
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
     with one_line_errors("train.py"):
         if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
-            source = Path(values["init_from"])
-            saved = ckpt_io.load_checkpoint(ckpt_io.checkpoint_path(source))["model_config"]
-            defaults = MODEL_DEFAULTS | {k: v for k, v in saved.items() if k in model_flags} | {"out_dir": None}
-            values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
-            if values["rope_scaling"] and not saved["rope_scaling"] and values["rope_original_len"] is None:
-                values["rope_original_len"] = saved["block_size"]  # the scaling extends the length trained on
-            if values["out_dir"] is None:  # not given: beside the source, named after the extension
-                scaling = values["rope_scaling"] or "plain"
-                values["out_dir"] = str(source.parent / f"{source.name}_ctx{values['block_size']}_{scaling}")
-            if Path(values["out_dir"]).resolve() == source.resolve():
-                raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
-                                 "checkpoint writes its own; give another --out_dir")
+            saved = ckpt_io.saved_model_config(values["init_from"], model_flags)
+            values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS | saved | {"out_dir": None},
+                                 choices)
+            values |= ckpt_io.init_from_settings(values, saved)
         cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
         model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
         format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)

@@ -34,6 +34,7 @@ import csv
 import importlib.util
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,12 +298,19 @@ def markdown_table(rows, lengths):
     return "\n".join([caption, "", *lines])
 
 
-def write_csv(path, rows):
-    """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
+@contextmanager
+def csv_writer(path, columns):
+    """A csv.writer over a new file at path (its folder made), the header row written."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
+        writer.writerow(columns)
+        yield writer
+
+
+def write_csv(path, rows):
+    """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
+    with csv_writer(path, CSV_COLUMNS) as writer:
         for row in rows:
             for n, m in row.measures.items():
                 writer.writerow([row.checkpoint, row.pos, row.scaling, row.block_size, n, fmt(m.loss),
@@ -311,10 +319,7 @@ def write_csv(path, rows):
 
 def write_positions_csv(path, rows):
     """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(POSITION_COLUMNS)
+    with csv_writer(path, POSITION_COLUMNS) as writer:
         for row in rows:
             for n, m in row.measures.items():
                 writer.writerows([row.checkpoint, row.scaling, n, p, fmt(loss)] for p, loss in enumerate(m.positions))

@@ -247,7 +247,7 @@ def causal_block_mask(n, device):
 #   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses past its own)
 #   embed(tok_emb, positions)        -> what enters the first block (learned, sinusoidal add here)
 #   rotation(query_pos, seq_len)     -> RoPE's (cos, sin) for q and k, or None
-#   score_bias(query_pos, key_pos)   -> an additive (n_head, T, n_key) score bias (ALiBi), or None
+#   score_bias(query_pos, key_pos)   -> an additive (1, n_head, T, n_key) score bias (ALiBi), or None
 #   score_mod                        the same bias as a FlexAttention score_mod (ALiBi), or None
 
 
@@ -368,7 +368,9 @@ class ALiBiPositions(NoPositions):
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
     def score_bias(self, query_pos, key_pos):
-        return alibi_bias_at(self.slopes, query_pos, key_pos)  # (n_head, n_query, n_key)
+        # (1, n_head, n_query, n_key): SDPA's fused CPU kernel takes a 4-D mask; a 3-D one sends it down the
+        # unfused math path, 3-4x slower (docs/perf.md)
+        return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
     def score_mod(self, score, batch, head, q_idx, kv_idx):
         """The same bias for FlexAttention, added to each score inside its fused kernel: no (n_head, T, T)

@@ -85,6 +85,21 @@ def test_same_seed_same_sample_and_streaming_sees_every_token():
     assert torch.equal(torch.cat(streamed, dim=1), first[:, 1:])
 
 
+@pytest.mark.parametrize("pos", ["rope", "sinusoidal"])
+def test_generating_past_the_tables_leaves_a_model_that_still_trains(pos):
+    """generate_cached runs its steps under inference_mode, yet the tokens it returns and the position tables it grew
+    past block_size are ordinary tensors: they train (embedding saves its indices for backward) and mutate."""
+    model = tiny_model(pos)
+    tokens = model.generate_cached(torch.zeros(2, 1, dtype=torch.long), 3 * BLOCK, temperature=0)
+    assert not tokens.is_inference()
+    assert not any(buffer.is_inference() for buffer in model.buffers())
+    model.train()
+    _, loss = model(tokens[:, :-1], targets=tokens[:, 1:])
+    loss.backward()
+    assert model.lm_head.weight.grad.abs().sum() > 0
+    tokens[:, 0] = 1  # in place, outside inference mode
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     """Nucleus sampling with p = 0.6 over probabilities (0.5, 0.3, 0.15, 0.05) can only pick the first two."""
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(2000, 1)

@@ -566,8 +566,9 @@ class GPT(nn.Module):
             if cache is not None and not cache.needs_mask:  # one query that sees every key the cache returned
                 score_bias = bias
             elif cache is not None or bias is not None:  # the mask, from the positions, plus the scheme's bias
-                visible = causal_mask(query_pos, key_pos, None if cache is None else cache.window)
-                score_bias = torch.where(visible, 0.0 if bias is None else bias, float("-inf"))  # (.., T, n_key)
+                visible = causal_mask(query_pos, key_pos, None if cache is None else cache.window)[None, None]
+                # (1, n_head or 1, T, n_key): 4-D, as SDPA's fused CPU kernel takes a mask (see ALiBi's score_bias)
+                score_bias = torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
         for block in self.transformer.h:
             x = block(x, rope, score_bias, cache, slots, flex)
         return self.lm_head(self.transformer.ln_f(x))

@@ -1,13 +1,17 @@
 """bench.py runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
 one line. Speed itself is measured by bench.py, never asserted here."""
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 import bench
 from helpers import error_line
 from model import POS_SCHEMES
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--train_steps=2",
         "--warmup_steps=1", "--gen_multiples", "1", "2", "--repeats=1", "--matmul_size=128", "--device=cpu"]
@@ -92,3 +96,20 @@ def test_a_preset_gives_its_model_and_batch_and_flags_override_it():
 def test_bad_flags_are_one_line_errors(capsys, argv, words):
     err = error_line(capsys, bench, argv, 2)
     assert all(w in err for w in words), err
+
+
+def load_decode_ab():
+    spec = importlib.util.spec_from_file_location("decode_ab", ROOT / "bench" / "decode_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_ab_compares_only_samplers_that_give_the_same_tokens():
+    """bench/decode_ab.py: its module-free loop decodes exactly the model's greedy tokens (it refuses to time
+    otherwise), and model.py loaded from a git revision (HEAD) runs beside this tree's. Figures are finite."""
+    decode_ab = load_decode_ab()
+    module_free = decode_ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
+    against_head = decode_ab.main(["--against=HEAD", "--pos=rope,alibi", "--new_tokens=6", "--rounds=1"])
+    assert [row[0] for row in module_free] == ["none"] and [row[0] for row in against_head] == ["rope", "alibi"]
+    assert all(math.isfinite(x) and x > 0 for row in module_free + against_head for x in row[1:])

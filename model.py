@@ -674,10 +674,11 @@ class GPT(nn.Module):
         cache = KVCache(self.config.n_layer, window=max_context if crop is None else None, max_len=n_pos)
         out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
         out[:, :n_prompt] = idx
-        # The steps run under inference_mode, which skips autograd's bookkeeping (version counters, view tracking)
+        # Eager steps run under inference_mode, which skips autograd's bookkeeping (version counters, view tracking)
         # that no_grad still does: ~10% of a decode step of this many tiny ops. `out` and the position tables were
         # made before it, so what is returned and what the model keeps are ordinary tensors (they can still train).
-        with torch.inference_mode():
+        # A compiled step has no such bookkeeping to skip and stays under no_grad, as gpt-fast runs CUDA graphs.
+        with torch.inference_mode(not compile):
             logits = self(prompt, cache=cache)[0][:, -1]  # prefill
             if compile:
                 decode_step = self.compile_decode_step(backend)

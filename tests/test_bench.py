@@ -98,18 +98,21 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
     assert all(w in err for w in words), err
 
 
-def load_decode_ab():
-    spec = importlib.util.spec_from_file_location("decode_ab", ROOT / "bench" / "decode_ab.py")
+def load_ab():
+    spec = importlib.util.spec_from_file_location("ab", ROOT / "bench" / "ab.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_decode_ab_compares_only_samplers_that_give_the_same_tokens():
-    """bench/decode_ab.py: its module-free loop decodes exactly the model's greedy tokens (it refuses to time
-    otherwise), and model.py loaded from a git revision (HEAD) runs beside this tree's. Figures are finite."""
-    decode_ab = load_decode_ab()
-    module_free = decode_ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
-    against_head = decode_ab.main(["--against=HEAD", "--pos=rope,alibi", "--new_tokens=6", "--rounds=1"])
-    assert [row[0] for row in module_free] == ["none"] and [row[0] for row in against_head] == ["rope", "alibi"]
-    assert all(math.isfinite(x) and x > 0 for row in module_free + against_head for x in row[1:])
+def test_ab_compares_model_versions_and_the_module_free_loop_on_the_same_tokens():
+    """bench/ab.py: its module-free loop decodes exactly the model's greedy tokens, and model.py loaded from a git
+    revision (HEAD) decodes beside this tree's (it refuses to time either otherwise); training steps too. Every
+    figure is finite. Speed is not asserted."""
+    ab = load_ab()
+    module_free = ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
+    decoding = ab.main(["--against=HEAD", "--pos=rope,alibi", "--new_tokens=6", "--rounds=1"])
+    training = ab.main(["--against=HEAD", "--measure=train", "--pos=learned,rope", "--steps=1", "--rounds=1"])
+    assert [row[0] for row in module_free] == ["none"] and [row[0] for row in decoding] == ["rope", "alibi"]
+    assert [row[0] for row in training] == ["learned", "rope"]
+    assert all(math.isfinite(x) and x > 0 for row in module_free + decoding + training for x in row[1:])

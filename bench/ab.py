@@ -1,0 +1,209 @@
+"""
+A/B ratios for model.py, measured in one process (the two sides alternated, medians), so that the machine's
+drift reaches both sides alike: what a change to model.py bought, and where a decode step's time goes.
+The model is nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65, bias off), random
+weights.
+
+    python bench/ab.py --against=5af28a4                   # decoding: model.py at that git revision vs this tree
+    python bench/ab.py --against=e752f8b --measure=train   # training steps, the same comparison
+    python bench/ab.py --module_free                       # decoding: generate_cached vs no nn.Module at all
+
+--against=REV: model.py as committed at REV (loaded from `git show`, beside this tree's) against this tree's,
+per --pos; the last column is this tree's speed over the other side's. --measure=decode: tokens/s of greedy
+generate_cached from one token, the two sides checked to give the same tokens before anything is timed.
+--measure=train: ms per optimizer step (forward, backward, gradient clipping at 1.0, AdamW) on a batch of
+12 x 64 random tokens, --steps per round, every scheme of both sides interleaved; with learned among the
+schemes, each one's step time over learned's too.
+
+--module_free: this tree's generate_cached against the same transformer written as a plain loop of torch
+functions over the model's own weights (F.linear, F.layer_norm, SDPA, index_copy_ into a preallocated cache)
+that calls no module and keeps no per-step bookkeeping; the same greedy tokens, checked. pos=none only (no
+position signal to apply): it measures how much of a decode step is Python and nn.Module overhead.
+"""
+
+import statistics
+import subprocess
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python bench/ab.py`: the modules live one folder up
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import model as current  # noqa: E402
+from cli import UsageError, one_line_errors, parse_flags  # noqa: E402
+
+MEASURES = ("decode", "train")
+TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
+
+
+@dataclass
+class ABConfig:
+    against: str | None = None  # a git revision: its model.py against this tree's
+    module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module (pos=none)
+    measure: str = "decode"  # what --against compares: decode (tokens/s) or train (ms per optimizer step)
+    pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated (--against only)
+    new_tokens: int = 1024  # tokens generated per decoding run: 16 x block_size
+    steps: int = 10  # optimizer steps per training round
+    rounds: int = 5  # rounds of each side, alternated
+    threads: int = 0  # torch threads; 0 leaves torch's default
+
+    def __post_init__(self):
+        if (self.against is None) == (not self.module_free):
+            raise UsageError("give exactly one of --against=REV and --module_free")
+        if self.module_free and self.measure != "decode":
+            raise UsageError("--module_free measures decoding only (--measure=decode)")
+        unknown = set(self.pos.split(",")) - set(current.POS_SCHEMES)
+        if unknown:
+            valid = ", ".join(current.POS_SCHEMES)
+            raise UsageError(f"--pos: unknown {', '.join(sorted(unknown))}; choose from {valid}")
+        if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
+            raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
+
+
+def recipe_model(module, pos):
+    torch.manual_seed(0)
+    config = module.GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False,
+                              dropout=0.0, pos=pos)
+    return module.GPT(config)
+
+
+def model_at(revision):
+    """The model module as committed at `revision` (this repository's own history)."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:model.py"], capture_output=True, text=True)
+    if source.returncode != 0:
+        raise UsageError(f"--against={revision}: git show found no model.py there ({source.stderr.strip()})")
+    module = sys.modules.setdefault("model_at_revision", types.ModuleType("model_at_revision"))
+    exec(compile(source.stdout, f"{revision}:model.py", "exec"), module.__dict__)
+    return module
+
+
+@torch.inference_mode()
+def module_free_generate(model, n_new):
+    """Greedy decoding from token 0 with the model's weights and no module calls (pos=none, bias off)."""
+    cfg = model.config
+    B, C, n_head = 1, cfg.n_embd, cfg.n_head
+    layers = [(b.ln_1.weight, b.attn.c_attn.weight, b.attn.c_proj.weight, b.ln_2.weight, b.mlp.c_fc.weight,
+               b.mlp.c_proj.weight) for b in model.transformer.h]
+    wte, ln_f = model.transformer.wte.weight, model.transformer.ln_f.weight
+    keys = [torch.zeros(B, n_head, n_new, C // n_head) for _ in layers]
+    values = [torch.zeros_like(k) for k in keys]
+    token, slot, out = torch.zeros(B, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), []
+    for t in range(n_new):
+        x = F.embedding(token, wte)
+        for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
+            q, k, v = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head).unbind(1)
+            k_cache.index_copy_(2, slot, k)
+            v_cache.index_copy_(2, slot, v)
+            y = F.scaled_dot_product_attention(q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1])
+            x = x + F.linear(y.view(B, 1, C), proj)
+            x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln_2), fc), approximate="tanh"), fc_proj)
+        token = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1].argmax(-1, keepdim=True)
+        out.append(token)
+        slot += 1
+    return torch.cat(out, dim=1)
+
+
+def cached_sampler(model, n_new):
+    """A function generating n_new greedy tokens from token 0 with the KV cache (-> the new tokens)."""
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    return lambda: model.eval().generate_cached(prompt, n_new, temperature=0)[:, 1:]
+
+
+def trainer(model, steps):
+    """A function running `steps` optimizer steps of the CPU recipe on one batch of random tokens."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0))
+    x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
+
+    def run():
+        for _ in range(steps):
+            _, loss = model.train()(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def alternate(runs, rounds):
+    """{name: median seconds of one call}, each function called once per round, in turn."""
+    seconds = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
+def same_tokens_or_exit(pos, samplers):
+    first, second = (sample() for sample in samplers)
+    if not torch.equal(first, second):
+        raise SystemExit(f"bench/ab.py: {pos}: the two sides generate different tokens; nothing timed")
+
+
+def compare_decoding(cfg, old_module):
+    """[(pos, side A tok/s, side B tok/s)], side B always this tree's generate_cached."""
+    rows = []
+    for pos in ["none"] if cfg.module_free else cfg.pos.split(","):
+        model = recipe_model(current, pos)
+        if cfg.module_free:
+            side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
+        else:
+            side_a = cached_sampler(recipe_model(old_module, pos), cfg.new_tokens)
+        samplers = {"a": side_a, "b": cached_sampler(model, cfg.new_tokens)}
+        same_tokens_or_exit(pos, samplers.values())
+        seconds = alternate(samplers, cfg.rounds)
+        rows.append((pos, cfg.new_tokens / seconds["a"], cfg.new_tokens / seconds["b"]))
+    return rows
+
+
+def compare_training(cfg, old_module):
+    """[(pos, REV ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
+    schemes = cfg.pos.split(",")
+    runs = {(side, pos): trainer(recipe_model(module, pos), cfg.steps)
+            for side, module in (("a", old_module), ("b", current)) for pos in schemes}
+    for run in runs.values():
+        run()  # warm-up: the first steps allocate the optimizer state
+    seconds = alternate(runs, cfg.rounds)
+    return [(pos, *(1e3 * seconds[side, pos] / cfg.steps for side in "ab")) for pos in schemes]
+
+
+def main(argv=None):
+    values = parse_flags(argv, "bench/ab.py", __doc__, [("comparison", ABConfig, None)],
+                         choices={"measure": MEASURES})
+    with one_line_errors("bench/ab.py"):
+        cfg = ABConfig(**values)
+        old_module = model_at(cfg.against) if cfg.against else None
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
+    work = f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
+          f"median of {cfg.rounds} alternated runs")
+    if cfg.measure == "decode":
+        rows = compare_decoding(cfg, old_module)
+        print(f"\n| pos | {side_a} tok/s | this tree tok/s | this tree's speed-up |\n|---|---|---|---|")
+        for pos, a, b in rows:
+            print(f"| {pos} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
+    else:
+        rows = compare_training(cfg, old_module)
+        learned = {side: row[side] for row in rows if row[0] == "learned" for side in (1, 2)}
+        vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
+        print(f"\n| pos | {side_a} ms/step | this tree ms/step | this tree's speed-up |\n|---|---|---|---|")
+        for row in rows:
+            print(f"| {row[0]} | {row[1]:.1f}{vs_learned(row, 1)} | {row[2]:.1f}{vs_learned(row, 2)} | "
+                  f"{row[1] / row[2]:.2f}x |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

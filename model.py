@@ -19,6 +19,7 @@ Read it top to bottom, like a lesson:
 With pos="learned" this is exactly GPT-2 (same parameter names and shapes): GPT.from_pretrained("gpt2").
 """
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -677,8 +678,9 @@ class GPT(nn.Module):
         # Eager steps run under inference_mode, which skips autograd's bookkeeping (version counters, view tracking)
         # that no_grad still does: ~10% of a decode step of this many tiny ops. `out` and the position tables were
         # made before it, so what is returned and what the model keeps are ordinary tensors (they can still train).
-        # A compiled step has no such bookkeeping to skip and stays under no_grad, as gpt-fast runs CUDA graphs.
-        with torch.inference_mode(not compile):
+        # A compiled step has no such bookkeeping to skip and stays under plain no_grad, as gpt-fast runs CUDA graphs
+        # (torch.compile from inside inference_mode has open CUDA-graph bugs, pytorch/pytorch#135892).
+        with contextlib.nullcontext() if compile else torch.inference_mode():
             logits = self(prompt, cache=cache)[0][:, -1]  # prefill
             if compile:
                 decode_step = self.compile_decode_step(backend)

@@ -267,6 +267,20 @@ def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
     assert torch.equal(windowed, model.generate_cached(prompt, 3 * BLOCK, temperature=0, max_context=7))
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_decoding_builds_no_autograd_graph(compile):
+    """Neither the eager nor the compiled sampler records anything for backward, though the parameters require
+    grad: no tensor is saved for a backward pass at any step (a step with grad on would save dozens each)."""
+    torch._dynamo.reset()
+    model = tiny_model("rope")
+    assert all(p.requires_grad for p in model.parameters())
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        model.generate_cached(torch.zeros(1, 2, dtype=torch.long), BLOCK, temperature=0, compile=compile,
+                              backend="eager")
+    assert saved == []
+
+
 def test_compiled_decoding_with_inductor_matches():
     """One real inductor compile of the decode step (C++ generated and built on the CPU): the same greedy tokens."""
     torch._dynamo.reset()

@@ -172,25 +172,21 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
-    """The rotation by the angles position * theta_i as two (T, head_dim) tables in inv_freq's dtype, laid out for
-    apply_rope: cos = [cos, cos] and sin = [-sin, sin] over the two halves of the head dimension."""
+    """cos and sin of the rotation angles position * theta_i, in inv_freq's dtype. -> two (T, head_dim/2)"""
     angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
-    cos, sin = angle.cos() * attention_scale, angle.sin() * attention_scale
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+    return angle.cos() * attention_scale, angle.sin() * attention_scale
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of coordinates of x by its position's angle. x: (..., T, head_dim); cos, sin: rope_cos_sin's.
+    """Rotate each pair of coordinates of x by its position's angle. x: (..., T, head_dim); cos, sin: (T, head_dim/2).
 
-    Pair convention: halves, as GPT-NeoX and Llama ("rotate half"): coordinate i pairs with i + head_dim/2, and
-    with x = [x1, x2] the rotation is [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin],
-    where [x2, x1] is x rolled by half its width: four tensor ops instead of eight for chunk, products and cat,
-    which shows in decoding, where each op is a few microseconds of overhead (docs/perf.md).
+    Pair convention: halves, as GPT-NeoX and Llama ("rotate half"): coordinate i pairs with i + head_dim/2.
     RoFormer interleaves (2i, 2i+1) instead; the two are the same rotation up to a fixed permutation of
     the head dimensions (tests/test_positions.py proves it), so attention scores are identical.
     The product is computed in cos's dtype (float32 under bf16 autocast) and cast back.
     """
-    rotated = x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return rotated.to(x.dtype)
 
 

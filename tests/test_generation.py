@@ -100,6 +100,36 @@ def test_generating_past_the_tables_leaves_a_model_that_still_trains(pos):
     tokens[:, 0] = 1  # in place, outside inference mode
 
 
+class SDPAMasks(torch.overrides.TorchFunctionMode):
+    """Records the number of dimensions of every attn_mask that reaches scaled_dot_product_attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.dims = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            self.dims.append(None if mask is None else mask.dim())
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("pos", ["alibi", "rope"])
+def test_every_mask_reaches_sdpa_four_dimensional(pos):
+    """SDPA's fused CPU kernel takes an attn_mask only as a 4-D tensor; a 3-D one silently falls back to the unfused
+    math path, 3-4x slower (docs/perf.md). Training, a windowed prefill and cached decoding all pass 4-D masks."""
+    model = tiny_model(pos)
+    idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(12))
+    with SDPAMasks() as seen:
+        model(idx)
+        cache = KVCache(model.config.n_layer, window=5)
+        model(idx[:, :8], cache=cache)
+        model(idx[:, 8:9], cache=cache)
+    masks = [d for d in seen.dims if d is not None]
+    assert masks and set(masks) == {4}, seen.dims
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     """Nucleus sampling with p = 0.6 over probabilities (0.5, 0.3, 0.15, 0.05) can only pick the first two."""
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(2000, 1)

@@ -47,6 +47,7 @@ from data.common import dataset_dir, load_meta
 from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from model import GPT, POS_SCHEMES, GPTConfig
+from report import markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 PRESET_KEYS = (*MODEL_KEYS, "batch_size", "grad_accum", "device", "dtype", "compile")
@@ -386,29 +387,29 @@ def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
     columns = ["pos", "params", "ms/step", "x learned", "tokens/s", "compile s", "FLOPs/token", "TFLOP/s", "% of peak",
                "peak MB"]
-    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    rows = []
     for pos, t in train.items():
         ratio = t["ms_per_step"] / learned if learned else None
         share = t.get("mfu")
-        lines.append(f"| {pos} | {t['params']:,} | {t['ms_per_step']:.1f} | {fmt(ratio, '.2f')} | "
-                     f"{t['tokens_per_sec']:,.0f} | {fmt(t['compile_s'], '.1f')} | {t['flops_per_token']:,} | "
-                     f"{t['tflops']:.3g} | {fmt(share and 100 * share, '.1f')} | {t['peak_memory_mb']:,.0f} |")
-    return "\n".join(lines)
+        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f"),
+                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f"), f"{t['flops_per_token']:,}",
+                     f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f"), f"{t['peak_memory_mb']:,.0f}"])
+    return markdown_table(columns, rows)
 
 
 def generation_table(generation, compiled_note):
     columns = ["pos", "new tokens", "cached tok/s", "reference tok/s", "speed-up", "compiled tok/s", "same tokens",
                "peak MB"]
-    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    rows = []
     for pos, g in generation.items():
         for row in g["rows"]:
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
-            compiled = fmt(row["compiled_tok_s"], ",.0f", compiled_note)
-            lines.append(f"| {pos} | {row['new_tokens']} | {row['cached_tok_s']:,.0f} | "
-                         f"{fmt(row['reference_tok_s'], ',.0f', 'skipped')} | {fmt(row['speedup'], '.1f')}"
-                         f"{'x' if row['speedup'] else ''} | {compiled} | {same} | {g['peak_memory_mb']:,.0f} |")
-    return "\n".join(lines)
+            speedup = fmt(row["speedup"], ".1f") + ("x" if row["speedup"] else "")
+            rows.append([pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}",
+                         fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup,
+                         fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"])
+    return markdown_table(columns, rows)
 
 
 def write_json(path, report):

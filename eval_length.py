@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import report
 from checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
 from cli import UsageError, one_line_errors, parse_flags
 from data.common import dataset_dir, load_meta
@@ -286,16 +287,16 @@ def fmt(value, digits=6):
 def markdown_table(rows, lengths):
     """One line per row, one column per length: 'loss (ratio to the plain loss at L = T)', n/a where not available."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for row in rows:
         cells = []
         for length in lengths:
             m = row.measures[length.tokens(row.block_size)]
             cells.append("n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})")
-        lines.append("| " + " | ".join([row.checkpoint, row.pos, str(row.block_size), row.label, *cells]) + " |")
+        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
     caption = ("validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
                "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T")
-    return "\n".join([caption, "", *lines])
+    return "\n".join([caption, "", report.markdown_table(head, lines)])
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """
 What a training run reports: its header, a line per log_interval steps with speed and time left, and the
-same figures to Weights & Biases when asked.
+same figures to Weights & Biases when asked. And the markdown tables the measuring scripts print.
 """
 
 import time
@@ -52,6 +52,13 @@ def format_seconds(seconds):
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def markdown_table(columns, rows):
+    """A markdown table: the header row of `columns`, its rule, then one line per row of cell strings."""
+    lines = ["| " + " | ".join(cells) + " |" for cells in [columns, *rows]]
+    lines.insert(1, "|" + "---|" * len(columns))
+    return "\n".join(lines)
 
 
 def step_line(step, cfg, loss, lr, speed, seconds_left):

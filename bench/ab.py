@@ -38,6 +38,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import model as current  # noqa: E402
 from cli import UsageError, one_line_errors, parse_flags  # noqa: E402
+from report import markdown_table  # noqa: E402
 
 MEASURES = ("decode", "train")
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
@@ -191,17 +192,16 @@ def main(argv=None):
           f"median of {cfg.rounds} alternated runs")
     if cfg.measure == "decode":
         rows = compare_decoding(cfg, old_module)
-        print(f"\n| pos | {side_a} tok/s | this tree tok/s | this tree's speed-up |\n|---|---|---|---|")
-        for pos, a, b in rows:
-            print(f"| {pos} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
+        columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
+        cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
         rows = compare_training(cfg, old_module)
         learned = {side: row[side] for row in rows if row[0] == "learned" for side in (1, 2)}
         vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
-        print(f"\n| pos | {side_a} ms/step | this tree ms/step | this tree's speed-up |\n|---|---|---|---|")
-        for row in rows:
-            print(f"| {row[0]} | {row[1]:.1f}{vs_learned(row, 1)} | {row[2]:.1f}{vs_learned(row, 2)} | "
-                  f"{row[1] / row[2]:.2f}x |")
+        columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]
+        cells = [[row[0], f"{row[1]:.1f}{vs_learned(row, 1)}", f"{row[2]:.1f}{vs_learned(row, 2)}",
+                  f"{row[1] / row[2]:.2f}x"] for row in rows]
+    print("\n" + markdown_table(columns, cells))
     return rows
 
 

@@ -42,10 +42,11 @@ def position_losses(model, x, y, chunk=64):
 # The validation split, in windows
 
 
-def validation_tokens(dataset):
+def validation_tokens(dataset, prepare=True):
     """The val split of a dataset (data/<dataset>/val.bin) as a read-only np.memmap; an embedded dataset is
-    prepared on first use. FileNotFoundError (with the command that prepares it) when it is missing."""
-    data_dir = ensure_prepared(dataset)
+    prepared on first use unless prepare=False. FileNotFoundError (with the command that prepares it) when it is
+    missing."""
+    data_dir = ensure_prepared(dataset) if prepare else dataset_dir(dataset)
     meta = load_meta(data_dir)
     return np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
 
@@ -79,17 +80,16 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
 def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
     """Mean validation loss at positions < block_size and >= block_size over n_windows windows of `length`
     tokens of the checkpoint's own dataset (loaded: .model and .checkpoint, as sample.load returns).
-    -> (inside, beyond), or None if the dataset is not prepared here."""
-    data_dir = dataset_dir(loaded.checkpoint["train_config"]["dataset"])
+    -> (inside, beyond), or None if the dataset is not prepared here or the checkpoint names none (GPT-2's)."""
+    dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
+    if dataset is None:
+        return None
     try:
-        meta = load_meta(data_dir)
+        val = validation_tokens(dataset, prepare=False)
     except (FileNotFoundError, ValueError):
         return None
-    val = np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
     length = min(length, len(val) - 1)
     starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
-    x = torch.from_numpy(np.stack([val[s : s + length] for s in starts]).astype(np.int64)).to(device)
-    y = torch.from_numpy(np.stack([val[s + 1 : s + 1 + length] for s in starts]).astype(np.int64)).to(device)
-    losses = position_losses(loaded.model, x, y)
+    losses = window_losses(loaded.model, val, length, starts, n_windows, device).mean(0)
     block_size = loaded.model.config.block_size
     return losses[:block_size].mean().item(), losses[block_size:].mean().item()

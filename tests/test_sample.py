@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+import evaluation
 import sample
 import train
 from model import POS_SCHEMES
@@ -138,6 +139,15 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
         assert tokens_per_second > 0 and length == len("ROMEO:") + 40
         assert 0 < inside < 10 and 0 < beyond < 10
     assert "loss >= T" in out
+
+
+def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoints):
+    """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
+    missing for it (nan in the table), not a KeyError."""
+    loaded = sample.load(checkpoints["rope"], "cpu")
+    pretrained = sample.Loaded(loaded.model, loaded.tokenizer, {k: loaded.checkpoint[k] for k in ("model", "meta")})
+    assert evaluation.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None
+    assert evaluation.inside_vs_beyond_loss(loaded, "cpu", 2 * BLOCK) is not None
 
 
 def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpoints):

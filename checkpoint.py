@@ -195,11 +195,12 @@ def pretrained_checkpoint(name):
             "meta": {"tokenizer": "gpt2", "vocab_size": model.config.vocab_size}}
 
 
-def load_model(out_dir, device="cpu", **overrides):
+def load_model(out_dir, device="cpu", ckpt=None, **overrides):
     """(model in eval mode on device, tokenizer, checkpoint dict) from the checkpoint train.py kept in out_dir
-    (best.pt, else ckpt.pt): what sample.py, eval_length.py and the figures start from."""
+    (best.pt, else ckpt.pt), or from ckpt, that checkpoint already loaded (or pretrained_checkpoint's), with model
+    settings overridden (e.g. rope_scaling): what sample.py, eval_length.py and the figures start from."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path, map_location=device)
+    ckpt = ckpt or load_checkpoint(path, map_location=device)
     model = build_model(path, ckpt, **overrides)
     return model.to(device).eval(), get_tokenizer(ckpt["meta"]), ckpt
 

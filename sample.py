@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import PRETRAINED, CheckpointError, build_model, checkpoint_path, load_checkpoint, pretrained_checkpoint
+from checkpoint import PRETRAINED, CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
 from cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
 from evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
@@ -103,11 +103,8 @@ class Loaded:
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
     """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension.
     checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
-    path = checkpoint_path(out_dir)
-    checkpoint = checkpoint or load_checkpoint(path, map_location=device)
     scaling = {} if rope_scaling is None else dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
-    model = build_model(path, checkpoint, **scaling)  # without --rope_scaling, the checkpoint's own (fine-tuned)
-    return Loaded(model.to(device).eval(), get_tokenizer(checkpoint["meta"]), checkpoint)
+    return Loaded(*load_model(out_dir, device, checkpoint, **scaling))  # no --rope_scaling: the checkpoint's own
 
 
 def rope_factor_for(cfg, block_size, total_len):

@@ -324,6 +324,25 @@ def training_state(run, rng):
     }
 
 
+def write_checkpoints(run, improved):
+    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are gathered);
+    rank 0 writes."""
+    rng = run.procs.gather(rng_state(run.cfg.device))
+    run.progress.saved_iter = run.progress.iter_num
+    if not run.procs.master:
+        return
+    save_checkpoint(training_state(run, rng), run.ckpt_path)
+    if improved:
+        link_checkpoint(run.ckpt_path, run.best_path)
+
+
+def kept_checkpoint(run):
+    """What an error that stops training says of the checkpoint on disk."""
+    if run.progress.saved_iter is None:
+        return "no checkpoint was written"
+    return f"{run.ckpt_path} (step {run.progress.saved_iter}) was kept"
+
+
 def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it: weights, optimizer moments, loss scale, data streams,
     step, best loss, and (last, as building the model drew from them) the random generators of this rank."""

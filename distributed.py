@@ -10,6 +10,7 @@ collective is a no-op, so train.py has one code path.
 import gc
 import inspect
 import os
+import shlex
 import signal
 import threading
 from dataclasses import dataclass
@@ -70,6 +71,12 @@ class Processes:
         gathered = [None] * self.world_size if self.master else None
         dist.gather_object(obj, gathered, dst=0)
         return gathered
+
+    def resume_command(self, argv, resuming):
+        """The command that continues this run: the same launcher and flags (argv), plus --resume."""
+        launcher = f"torchrun --standalone --nproc_per_node={self.world_size} train.py" if self.launched \
+            else "python train.py"
+        return " ".join([launcher, shlex.join([*argv, *([] if resuming else ["--resume"])])])
 
 
 def launched_by_torchrun():

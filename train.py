@@ -13,14 +13,13 @@ then the TOML file given with --config, then flags. Every field of TrainConfig a
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
 Read top to bottom: the config, the model and optimizer, one step, evaluation, the loop, main(). The machinery is
-beside it: checkpoint.py (what a checkpoint holds, atomic writes, safe loads, resume checks), cli.py (flags),
+beside it: checkpoint.py (what a checkpoint holds, writing a run's, safe loads, resume checks), cli.py (flags),
 distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each by default),
 hardware.py (device, precision, FLOPs), report.py (log lines), data/common.py (batches).
 """
 
 import importlib.util
 import math
-import shlex
 import sys
 import time
 import typing
@@ -293,18 +292,6 @@ def estimate_loss(model, sampler, eval_iters, autocast):
         model.train()
 
 
-def write_checkpoints(run, improved):
-    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are gathered);
-    rank 0 writes."""
-    rng = run.procs.gather(ckpt_io.rng_state(run.cfg.device))
-    run.progress.saved_iter = run.progress.iter_num
-    if not run.procs.master:
-        return
-    ckpt_io.save_checkpoint(ckpt_io.training_state(run, rng), run.ckpt_path)
-    if improved:
-        ckpt_io.link_checkpoint(run.ckpt_path, run.best_path)
-
-
 def evaluate(run, wandb_run):
     """Estimate the losses (rank 0; the others get them), stop if they are not finite, else write checkpoints."""
     p, cfg = run.progress, run.cfg
@@ -316,11 +303,11 @@ def evaluate(run, wandb_run):
     train_loss, val_loss = run.procs.share(losses, run.cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         raise RunError(f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss}): "
-                       f"training stopped; {kept_checkpoint(run)}")
+                       f"training stopped; {ckpt_io.kept_checkpoint(run)}")
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
-    write_checkpoints(run, improved)
+    ckpt_io.write_checkpoints(run, improved)
     saved = f"saved {run.ckpt_path}" + (f" and {run.best_path.name} (best)" if improved else
                                         f" (best {p.best_val_loss:.4f} at step {p.best_iter})")
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
@@ -331,19 +318,13 @@ def evaluate(run, wandb_run):
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
-def kept_checkpoint(run):
-    if run.progress.saved_iter is None:
-        return "no checkpoint was written"
-    return f"{run.ckpt_path} (step {run.progress.saved_iter}) was kept"
-
-
 def check_finite(run, loss, step):
     """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken weights."""
     if math.isfinite(loss):
         return
     last = run.progress.last_loss
     last_good = f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
-    raise RunError(f"loss is {loss} at step {step}: training stopped ({last_good}); {kept_checkpoint(run)}; "
+    raise RunError(f"loss is {loss} at step {step}: training stopped ({last_good}); {ckpt_io.kept_checkpoint(run)}; "
                    "a lower --learning_rate may help, with --resume to continue from it")
 
 
@@ -368,7 +349,7 @@ def train_loop(run, signals, wandb_run, resume_command):
             return evals, losses, None
         if stop:
             if p.saved_iter != it:
-                write_checkpoints(run, improved=False)
+                ckpt_io.write_checkpoints(run, improved=False)
             why = signals.received or "a signal to another rank"
             procs.log(f"stopped by {why} after step {it}: saved {run.ckpt_path}; to continue, run {resume_command}")
             return evals, losses, why
@@ -436,13 +417,6 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
             "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
 
 
-def resume_command_for(argv, cfg, procs):
-    """The command that continues this run: the same flags plus --resume."""
-    launcher = f"torchrun --standalone --nproc_per_node={procs.world_size} train.py" if procs.launched \
-        else "python train.py"
-    return " ".join([launcher, shlex.join([*argv, *([] if cfg.resume else ["--resume"])])])
-
-
 def main(argv=None):
     """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
     train()'s summary. A RunError or CheckpointError is one line on stderr and exit status 1."""
@@ -451,7 +425,7 @@ def main(argv=None):
     procs = start_processes(cfg)
     clean = False
     try:
-        summary = train(cfg, model_config, procs, resume_command_for(argv, cfg, procs))
+        summary = train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
         clean = True
         return summary
     except (RunError, CheckpointError) as e:

@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 
 import torch
 
+from checkpoint import replace_atomically
 from cli import UsageError, one_line_errors, parse_flags, read_toml
 from data.common import dataset_dir, load_meta
 from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
@@ -413,9 +414,8 @@ def generation_table(generation, compiled_note):
 
 
 def write_json(path, report):
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
+    """Rewritten after each scheme, atomically: a run killed while writing keeps the figures it had."""
+    replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
 
 
 # -----------------------------------------------------------------------------

@@ -103,6 +103,8 @@ class BenchConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         check_device_name(self.device)
+        if self.dtype not in DTYPES:  # a preset's value skips the flag's choices: checked here, as TrainConfig does
+            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
         for pos in self.schemes:
             model_config(self, pos)  # GPTConfig's own checks (n_embd divisible by n_head, ...), before any work
 

@@ -98,6 +98,14 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
     assert all(w in err for w in words), err
 
 
+def test_a_presets_bad_dtype_is_a_one_line_error(capsys, tmp_path):
+    """A preset's values reach BenchConfig without the flags' choices: its own check names the valid dtypes."""
+    preset = tmp_path / "bad.toml"
+    preset.write_text('dtype = "bf16"\n')
+    err = error_line(capsys, bench, [f"--config={preset}"], 2)
+    assert "dtype='bf16' is not a dtype" in err and "bfloat16" in err, err
+
+
 def load_ab():
     spec = importlib.util.spec_from_file_location("ab", ROOT / "bench" / "ab.py")
     module = importlib.util.module_from_spec(spec)

@@ -393,6 +393,13 @@ def saved_model_config(out_dir, names):
     return {name: value for name, value in saved.items() if name in names}
 
 
+def fine_tune_dir(source, block_size, rope_scaling):
+    """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after the
+    new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
+    source = Path(source)
+    return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
+
+
 def init_from_settings(values, saved):
     """What a run started from a checkpoint (values["init_from"], whose model settings are saved) needs beyond
     its flags: rope_original_len, so that a new RoPE extension scales against the length the checkpoint was
@@ -402,8 +409,7 @@ def init_from_settings(values, saved):
         settings["rope_original_len"] = saved["block_size"]
     out_dir = values["out_dir"]
     if out_dir is None:
-        out_dir = settings["out_dir"] = str(
-            source.parent / f"{source.name}_ctx{values['block_size']}_{values['rope_scaling'] or 'plain'}")
+        out_dir = settings["out_dir"] = fine_tune_dir(source, values["block_size"], values["rope_scaling"])
     if Path(out_dir).resolve() == source.resolve():
         raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
                          "checkpoint writes its own; give another --out_dir")

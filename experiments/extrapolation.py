@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:  # run as `python experiments/extrapolation.py`: t
 
 import torch  # noqa: E402
 
-from checkpoint import checkpoint_path, load_checkpoint  # noqa: E402
+from checkpoint import checkpoint_path, fine_tune_dir, saved_model_config  # noqa: E402
 from cli import RunError, one_line_errors, parse_flags  # noqa: E402
 from model import POS_SCHEMES  # noqa: E402
 
@@ -42,7 +42,8 @@ FINE_TUNES = (("rope", "linear"), ("rope", "yarn"), ("learned", None), ("rope", 
 # --quick: a few steps of everything, to check the pipeline end to end (the numbers mean nothing)
 QUICK_TRAIN = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--max_iters=20", "--eval_interval=20", "--eval_iters=2",
                "--log_interval=10"]
-QUICK_FINE_TUNE = ["--max_iters=4", "--warmup_iters=1", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
+QUICK_FINE_TUNE = ["--max_iters=4", "--warmup_iters=1", "--eval_interval=4", "--eval_iters=1", "--log_interval=2",
+                   "--batch_size=4"]
 QUICK_WINDOWS = 2
 
 
@@ -108,10 +109,6 @@ def base_dir(cfg, pos):
     return f"{cfg.out_root}/{DATASET}_{pos}"
 
 
-def fine_tune_dir(cfg, pos, scaling, block_size):
-    return f"{base_dir(cfg, pos)}_ctx{block_size}_{scaling or 'plain'}"  # train.py's own name for it
-
-
 def train_base(cfg):
     """The five schemes, train.py's defaults (QUICK_TRAIN's few steps with --quick)."""
     for pos in POS_SCHEMES:
@@ -126,13 +123,13 @@ def train_base(cfg):
 def fine_tune(cfg, block_size):
     """The four context extensions to EXTENSION x block_size, each from its base run's weights. -> their folders"""
     long = EXTENSION * block_size
-    steps = 4 if cfg.quick else cfg.max_iters
+    steps = cfg.max_iters
     schedule = QUICK_FINE_TUNE if cfg.quick else [
         f"--max_iters={steps}", f"--warmup_iters={max(1, steps // 10)}", f"--eval_interval={max(1, steps // 2)}",
-        "--eval_iters=20", f"--log_interval={max(1, steps // 10)}"]
+        "--eval_iters=20", f"--log_interval={max(1, steps // 10)}", f"--batch_size={cfg.batch_size}"]
     out_dirs = []
     for pos, scaling in FINE_TUNES:
-        out_dir = fine_tune_dir(cfg, pos, scaling, long)
+        out_dir = fine_tune_dir(base_dir(cfg, pos), long, scaling)  # train.py's own name for it
         out_dirs.append(out_dir)
         if exists(out_dir) and not cfg.retrain:
             print(f"reusing {out_dir} (--retrain fine-tunes it again)")
@@ -140,7 +137,7 @@ def fine_tune(cfg, block_size):
         extension = [f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []
         run(["train.py", f"--init_from={base_dir(cfg, pos)}", f"--block_size={long}", *extension, *schedule,
              f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}",
-             f"--batch_size={4 if cfg.quick else cfg.batch_size}", f"--device={cfg.device}", f"--out_dir={out_dir}"])
+             f"--device={cfg.device}", f"--out_dir={out_dir}"])
     return out_dirs
 
 
@@ -166,7 +163,7 @@ def main(argv=None):
     start = time.perf_counter()
     with one_line_errors("experiments/extrapolation.py", status=1, errors=(RunError,)):
         train_base(cfg)
-        block_size = load_checkpoint(checkpoint_path(ROOT / base_dir(cfg, "rope")))["model_config"]["block_size"]
+        block_size = saved_model_config(ROOT / base_dir(cfg, "rope"), ["block_size"])["block_size"]
         fine_tuned = fine_tune(cfg, block_size)
         table = evaluate(cfg, block_size, [base_dir(cfg, pos) for pos in POS_SCHEMES] + fine_tuned)
     seconds = time.perf_counter() - start

@@ -34,8 +34,8 @@ if str(ROOT) not in sys.path:  # python -m demo.x runs from the root already; do
     sys.path.insert(0, str(ROOT))
 
 from checkpoint import checkpoint_path, load_model
-from data.common import ensure_prepared, load_meta
-from model import CausalSelfAttention, alibi_bias, apply_rope
+from evaluation import validation_tokens
+from model import CausalSelfAttention, apply_rope, causal_mask
 
 FIGURE_MODELS = ROOT / "out" / "figures"  # where the small models of the figures and demos are trained
 FIGURE_MAX_ITERS = 500  # steps of train.py's default CPU model: enough to learn positions, minutes each
@@ -103,10 +103,8 @@ def load(out_dir, dtype=torch.float32):
 
 def validation_windows(ckpt, n_windows, length=None):
     """The first n_windows non-overlapping windows of the checkpoint's validation split. -> (n_windows, length)"""
-    folder = ensure_prepared(ckpt["train_config"]["dataset"])  # an embedded dataset is prepared on first use
-    meta = load_meta(folder)
+    data = validation_tokens(ckpt["train_config"]["dataset"])  # an embedded dataset is prepared on first use
     length = length or ckpt["model_config"]["block_size"]
-    data = np.memmap(folder / "val.bin", dtype=meta["dtype"], mode="r")
     n_windows = min(n_windows, len(data) // length)
     return torch.from_numpy(data[: n_windows * length].astype(np.int64)).view(n_windows, length)
 
@@ -122,11 +120,11 @@ def attention_arguments(args, kwargs):
     return bound.arguments
 
 
-def unmasked_bias(model, T, dtype):
-    """The scheme's score bias at every (query, key) pair of T tokens, future ones too, or None: ALiBi's
-    -m_h (i - j) (alibi_bias), which the model adds to the causal mask; no other scheme biases the scores."""
-    slopes = getattr(model.transformer.wpe, "slopes", None)
-    return None if slopes is None else alibi_bias(slopes, T, T).to(dtype)
+def unmasked_bias(model, T, device):
+    """The scheme's own score bias (its score_bias hook) at every (query, key) pair of T tokens, future ones too,
+    or None: ALiBi's -m_h (i - j), which the model adds to the causal mask; no other scheme biases the scores."""
+    positions = torch.arange(T, device=device)
+    return model.transformer.wpe.score_bias(positions, positions)
 
 
 @contextmanager
@@ -138,7 +136,7 @@ def unmasked(model):
         arguments = attention_arguments(args, kwargs)
         arguments.pop("self")
         x = arguments["x"]
-        arguments.update(causal=False, score_bias=unmasked_bias(model, x.size(1), x.dtype))
+        arguments.update(causal=False, score_bias=unmasked_bias(model, x.size(1), x.device))
         return (), arguments
 
     handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h]
@@ -206,7 +204,8 @@ def attention_probabilities(model, idx, layer):
     if score_bias is not None:  # already holds the causal -inf
         scores = scores + score_bias
     elif inputs["causal"]:  # plain causal attention: query i sees keys j <= i
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        positions = torch.arange(T, device=x.device)
+        scores = scores.masked_fill(~causal_mask(positions, positions), float("-inf"))
     return F.softmax(scores, dim=-1)
 
 

@@ -45,7 +45,7 @@ from demo import (
     use_one_thread,
     validation_windows,
 )
-from model import POS_SCHEMES, rope_frequencies, sinusoidal_embedding
+from model import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
@@ -193,8 +193,8 @@ def prompt_window(ckpt):
 
 def lower_triangle(matrix):
     """The scores a causal query can use; the masked future as NaN (drawn blank)."""
-    T = matrix.size(-1)
-    return matrix.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("nan"))
+    positions = torch.arange(matrix.size(-1))
+    return matrix.masked_fill(~causal_mask(positions, positions), float("nan"))
 
 
 def figure_qk_terms(out, folders, head=0, **_):
@@ -256,7 +256,8 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     paths = [save(fig, out / "attention.png")]
 
     T = next(iter(profiles.values()))[0].numel()
-    uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # each query spreads evenly: 1/(i + 1)
+    positions = torch.arange(T)
+    uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # evenly over j <= i: 1/(i + 1)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
         for pos, profile in profiles.items():

@@ -265,6 +265,13 @@ def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
                               "checkpoint's vocabulary, or start a new run with another --out_dir")
 
 
+def model_differences(saved, wanted, may_change):
+    """The model settings (GPTConfig fields) of `wanted` that differ from the checkpoint's `saved` ones, those in
+    may_change aside, as "--name=new but the checkpoint has old" for a one-line refusal; "" when none do."""
+    differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
+    return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
+
+
 def check_resumable(path, ckpt, train_config, model_config, meta):
     """Refuse (CheckpointError, one line) to continue a checkpoint with another vocabulary, position scheme or
     model shape: its weights would not fit, or would mean something else. Returns the training knobs and model
@@ -275,9 +282,7 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
                               "(written by an older train.py?); start a new run with another --out_dir")
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
-    differ = [name for name in wanted if name not in MODEL_KNOBS and saved.get(name) != wanted[name]]
-    if differ:
-        changes = ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
+    if changes := model_differences(saved, wanted, MODEL_KNOBS):
         raise CheckpointError(f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
                               "(only training settings such as max_iters or learning_rate may change), or start a "
                               "new run with another --out_dir")
@@ -422,10 +427,7 @@ def init_model_from(out_dir, model, meta, dataset):
     path = checkpoint_path(out_dir)
     ckpt = load_checkpoint(path)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
-    saved, wanted = ckpt["model_config"], asdict(model.config)
-    differ = [name for name in wanted if name not in INIT_KNOBS and saved.get(name) != wanted[name]]
-    if differ:
-        changes = ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
+    if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise CheckpointError(f"refusing to initialise from {path}: {changes}; --init_from may change only "
                               f"{', '.join(INIT_KNOBS)} (the weights must fit)")
     state, note = ckpt["model"], None

@@ -176,7 +176,6 @@ class Progress:
     best_val_loss: float = math.inf
     best_iter: int | None = None
     wandb_run_id: str | None = None
-    last_loss: float | None = None  # the last finite training loss, for the message if the loss diverges
     saved_iter: int | None = None  # the step of the checkpoint on disk (ckpt.pt)
 
 
@@ -318,11 +317,11 @@ def evaluate(run, wandb_run):
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
-def check_finite(run, loss, step):
-    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken weights."""
+def check_finite(run, loss, step, last):
+    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken weights.
+    last: the step before's loss (finite), if this process ran it."""
     if math.isfinite(loss):
         return
-    last = run.progress.last_loss
     last_good = f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
     raise RunError(f"loss is {loss} at step {step}: training stopped ({last_good}); {ckpt_io.kept_checkpoint(run)}; "
                    "a lower --learning_rate may help, with --resume to continue from it")
@@ -356,8 +355,8 @@ def train_loop(run, signals, wandb_run, resume_command):
         lr = get_lr(it, cfg)
         loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
         p.iter_num = it + 1
-        check_finite(run, loss, it + 1)
-        p.last_loss = losses[it + 1] = loss
+        check_finite(run, loss, it + 1, losses.get(it))
+        losses[it + 1] = loss
         clock.step()
         if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device, so the clock reads real time
             step_seconds, seconds_left = clock.lap(it + 1)

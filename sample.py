@@ -130,21 +130,28 @@ def crossing_marker(block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, with the crossing marker in place. Decodes the whole text so far
-    and prints what is new, so a BPE token that ends inside a multi-byte character is held back until complete."""
+    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's text.
+    Each call decodes only the tokens not printed yet (decoding the whole text again for every token made streaming
+    O(n^2)); a BPE token that ends inside a multi-byte character is held back until the character is complete."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
-        self.tokenizer, self.ids, self.block_size = tokenizer, list(prompt_ids), block_size
-        self.printed = mark_trained_length(tokenizer, self.ids, block_size)
-        print(self.printed, end="", flush=True)
+        self.tokenizer, self.block_size = tokenizer, block_size
+        self.n_ids = len(prompt_ids)
+        self.pending = []  # ids generated but not printed yet
+        print(mark_trained_length(tokenizer, prompt_ids, block_size), end="", flush=True)
 
     def __call__(self, next_ids):
-        self.ids.append(next_ids[0, 0].item())
-        text = mark_trained_length(self.tokenizer, self.ids, self.block_size)
-        if text.endswith("\ufffd"):
-            return
-        print(text[len(self.printed) :], end="", flush=True)
-        self.printed = text
+        if self.n_ids == self.block_size:  # this token is the first past the trained length
+            self._print(self.tokenizer.decode(self.pending) + crossing_marker(self.block_size))
+        self.pending.append(next_ids[0, 0].item())
+        self.n_ids += 1
+        text = self.tokenizer.decode(self.pending)
+        if not text.endswith("\ufffd"):
+            self._print(text)
+
+    def _print(self, text):
+        print(text, end="", flush=True)
+        self.pending = []
 
 
 def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):

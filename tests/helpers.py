@@ -1,8 +1,11 @@
 """Helpers shared by the test files (pytest puts this folder on sys.path)."""
 
+from functools import cache
+
 import pytest
 
 import train
+from data.common import EncodingUnavailable, get_tokenizer
 
 
 def error_line(capsys, script, argv, status):
@@ -19,3 +22,19 @@ def error_line(capsys, script, argv, status):
 
 def train_error_line(capsys, argv, status):
     return error_line(capsys, train, argv, status)
+
+
+@cache
+def gpt2_unavailable_reason():
+    """Why tiktoken's GPT-2 BPE can't be loaded here (tried once), or None when it can."""
+    try:
+        get_tokenizer({"tokenizer": "gpt2"})
+    except EncodingUnavailable as e:
+        return f"GPT-2 BPE unavailable: {e}"
+    return None
+
+
+def skip_without_gpt2():
+    reason = gpt2_unavailable_reason()
+    if reason:
+        pytest.skip(reason)

@@ -1,37 +1,21 @@
 """The data format, the preparation scripts and the batch sampler (data/), on small real inputs."""
 import io
-from functools import lru_cache
 
 import numpy as np
 import pytest
 import torch
 
-from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, EncodingUnavailable, ensure_prepared,
+from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, ensure_prepared,
                          get_tokenizer, load_meta, write_dataset)
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
 from data.text.prepare import main as text_main
 from data.text.prepare import prepare_file
+from helpers import skip_without_gpt2
 
 TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")
 EOT = 50256
-
-
-@lru_cache(maxsize=None)
-def gpt2_unavailable_reason():
-    """Why tiktoken's GPT-2 BPE can't be loaded here (tried once), or None when it can."""
-    try:
-        get_tokenizer({"tokenizer": "gpt2"})
-    except EncodingUnavailable as e:
-        return f"GPT-2 BPE unavailable: {e}"
-    return None
-
-
-def skip_without_gpt2():
-    reason = gpt2_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

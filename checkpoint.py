@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import uuid
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -125,14 +126,18 @@ def remove_unfinished_writes(out_dir):
 # Reading: weights_only, every failure one line
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path, map_location="cpu", mmap=False):
     """The checkpoint dict at path, read with weights_only=True: unpickling arbitrary objects can run arbitrary
-    code, so a file that needs it is refused. Every failure is a CheckpointError naming the path and the cause."""
+    code, so a file that needs it is refused. Every failure is a CheckpointError naming the path and the cause.
+    mmap=True maps the file instead of reading it, so a tensor is read from disk only when used: what reads a
+    config, or the weights without the optimizer state (2/3 of a training checkpoint), should pass it."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        # torch maps only its zip format: another file (an older format) is read whole, as before
+        mmap = mmap and zipfile.is_zipfile(path)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if refused:  # weights_only met a class or function: loading it would import and run code
@@ -200,7 +205,7 @@ def load_model(out_dir, device="cpu", ckpt=None, **overrides):
     (best.pt, else ckpt.pt), or from ckpt, that checkpoint already loaded (or pretrained_checkpoint's), with model
     settings overridden (e.g. rope_scaling): what sample.py, eval_length.py and the figures start from."""
     path = checkpoint_path(out_dir)
-    ckpt = ckpt or load_checkpoint(path, map_location=device)
+    ckpt = ckpt or load_checkpoint(path, mmap=True)  # the weights only: moved to device with the model
     model = build_model(path, ckpt, **overrides)
     return model.to(device).eval(), get_tokenizer(ckpt["meta"]), ckpt
 
@@ -394,7 +399,7 @@ def resize_position_table(table, n_pos):
 
 def saved_model_config(out_dir, names):
     """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults to."""
-    saved = load_checkpoint(checkpoint_path(out_dir))["model_config"]
+    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
@@ -425,7 +430,7 @@ def init_model_from(out_dir, model, meta, dataset):
     """Load the weights of the checkpoint in out_dir into model, whose config may differ from the checkpoint's
     only in INIT_KNOBS (else a one-line CheckpointError). -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise CheckpointError(f"refusing to initialise from {path}: {changes}; --init_from may change only "

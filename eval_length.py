@@ -162,7 +162,7 @@ def open_source(name, dataset=None):
     if not given.exists():
         raise CheckpointError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
-    ckpt = load_checkpoint(path, map_location="cpu")
+    ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
         raise CheckpointError(f"{path}: records no training dataset; say which with --dataset")

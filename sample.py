@@ -183,7 +183,7 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
     if out_dir in PRETRAINED:
         checkpoint = pretrained_checkpoint(out_dir)
     else:
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), map_location=device)
+        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)  # load() moves the weights to device
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None)

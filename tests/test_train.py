@@ -210,6 +210,16 @@ def test_atomic_save_leaves_no_temp_files_and_survives_a_failed_save(tmp_path):
     assert torch.equal(checkpoint.load_checkpoint(path)["model"]["w"], torch.zeros(3))
 
 
+def test_a_mapped_load_gives_the_same_checkpoint_in_either_file_format(tmp_path):
+    """load_checkpoint(mmap=True), what sampling and --init_from use, returns what a full read does: for torch's zip
+    format, which it maps, and for its older format, which cannot be mapped and is read whole instead."""
+    saved = {"model": {"w": torch.randn(4, 4)}, "model_config": {"block_size": 8}}
+    for name, zip_format in (("zip.pt", True), ("legacy.pt", False)):
+        torch.save(saved, tmp_path / name, _use_new_zipfile_serialization=zip_format)
+        mapped = checkpoint.load_checkpoint(tmp_path / name, mmap=True)
+        assert mapped["model_config"] == saved["model_config"] and torch.equal(mapped["model"]["w"], saved["model"]["w"])
+
+
 def corrupt_checkpoint(tmp_path, kind):
     path = tmp_path / "ckpt.pt"
     if kind == "missing":
@@ -237,11 +247,13 @@ def corrupt_checkpoint(tmp_path, kind):
         ("not_a_checkpoint", "not a posgpt checkpoint (no model or model_config entry)"),
     ],
 )
-def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words):
-    """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause."""
+@pytest.mark.parametrize("mmap", [False, True])
+def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words, mmap):
+    """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause,
+    whether it reads the file (resuming) or maps it (sampling, evaluating, --init_from)."""
     path = corrupt_checkpoint(tmp_path, kind)
     with pytest.raises(checkpoint.CheckpointError) as error:
-        checkpoint.load_checkpoint(path)
+        checkpoint.load_checkpoint(path, mmap=mmap)
     message = str(error.value)
     assert isinstance(error.value, ValueError) and "\n" not in message
     assert message.startswith(str(path)) and words in message, message

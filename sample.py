@@ -177,9 +177,10 @@ def describe(model):
     return f"pos={c.pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
 
 
-def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
-    """Load one checkpoint (or a PRETRAINED name) and print its samples. -> (Loaded, samples, tokens/s)
-    scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
+def open_model(out_dir, cfg, device, scale_rope_only=False):
+    """The model of out_dir (or a PRETRAINED name), with --rope_scaling applied, and what to generate from it.
+    -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint, weights included, is let go on return: the
+    weights then live once, in the model (GPT-2 XL's 6 GB not kept twice)."""
     if out_dir in PRETRAINED:
         checkpoint = pretrained_checkpoint(out_dir)
     else:
@@ -191,8 +192,15 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
     if not prompt_ids:
         raise ValueError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
-    total_len = len(prompt_ids) + max_new_tokens
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor_for(cfg, block_size, total_len), checkpoint)
+    rope_factor = rope_factor_for(cfg, block_size, len(prompt_ids) + max_new_tokens)
+    return load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint), cfg, prompt_ids, max_new_tokens
+
+
+def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
+    """Load one checkpoint (or a PRETRAINED name) and print its samples. -> (Loaded, samples, tokens/s)
+    scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
+    loaded, cfg, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device, scale_rope_only)
+    block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
     print(describe(loaded.model))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
         print(f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "

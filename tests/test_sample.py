@@ -190,11 +190,23 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
     assert "loss >= T" in out
 
 
+def test_a_loaded_model_holds_the_only_copy_of_its_weights(checkpoints):
+    """sample.load keeps the checkpoint's configs, meta and progress beside the model, not its weights or optimizer
+    state: the model holds the weights, once."""
+    loaded = sample.load(checkpoints["rope"], "cpu")
+    assert {"model_config", "meta", "train_config", "iter_num"} <= loaded.checkpoint.keys()
+    assert not [key for key, value in loaded.checkpoint.items() if isinstance(value, dict) and
+                any(isinstance(v, torch.Tensor) for v in value.values())]
+    assert "model" not in loaded.checkpoint and "optimizer" not in loaded.checkpoint
+
+
 def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoints):
     """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
     missing for it (nan in the table), not a KeyError."""
     loaded = sample.load(checkpoints["rope"], "cpu")
-    pretrained = sample.Loaded(loaded.model, loaded.tokenizer, {k: loaded.checkpoint[k] for k in ("model", "meta")})
+    # what a PRETRAINED name's checkpoint info holds once loaded: its model config and meta, no training config
+    info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
+    pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
     assert evaluation.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None
     assert evaluation.inside_vs_beyond_loss(loaded, "cpu", 2 * BLOCK) is not None
 

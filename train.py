@@ -372,12 +372,12 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
     "iter_num", "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped"
     (the signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
     start = time.perf_counter()
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: preparing data can take hours
+        raise RunError("--wandb needs the wandb package: pip install wandb")
     data_dir, meta = prepare_data(cfg.dataset, procs)
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:
-        raise RunError("--wandb needs the wandb package: pip install wandb")
     resumed = None
     if cfg.resume:
         path, ckpt, changes = ckpt_io.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)

@@ -326,6 +326,16 @@ def keys_missing_from_wandb_log(run_dir, keys, wait_seconds=30):
         time.sleep(0.1)
 
 
+def test_wandb_without_its_package_is_a_one_line_error_before_any_work(tmp_path, capsys, monkeypatch):
+    """--wandb where the wandb package cannot be imported stops at once with one line saying how to install it:
+    before the dataset is looked at (preparing one can take hours), and before anything is written."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what importlib.util.find_spec sees for a missing package
+    out_dir = tmp_path / "out"
+    err = train_error_line(capsys, [*TINY, "--dataset=fineweb_edu", "--wandb", f"--out_dir={out_dir}"], 1)
+    assert "--wandb needs the wandb package: pip install wandb" in err
+    assert not out_dir.exists()
+
+
 def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_the_run(tmp_path, monkeypatch):
     """--wandb with the real wandb package in offline mode writes a run holding the config, losses, learning rate,
     tokens/s and the checkpoint path; --resume logs into the same run id."""

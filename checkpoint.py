@@ -201,15 +201,13 @@ def pretrained_checkpoint(name):
 
 
 def load_model(out_dir, device="cpu", ckpt=None, **overrides):
-    """(model in eval mode on device, tokenizer, checkpoint info) from the checkpoint train.py kept in out_dir
+    """(model in eval mode on device, tokenizer, checkpoint dict) from the checkpoint train.py kept in out_dir
     (best.pt, else ckpt.pt), or from ckpt, that checkpoint already loaded (or pretrained_checkpoint's), with model
-    settings overridden (e.g. rope_scaling): what sample.py and the figures start from. The info is the checkpoint
-    without its tensors (configs, meta, steps, losses): the weights live in the model only, not twice."""
+    settings overridden (e.g. rope_scaling): what sample.py, eval_length.py and the figures start from."""
     path = checkpoint_path(out_dir)
     ckpt = ckpt or load_checkpoint(path, mmap=True)  # the weights only: moved to device with the model
     model = build_model(path, ckpt, **overrides)
-    info = {key: value for key, value in ckpt.items() if key not in ("model", "optimizer")}
-    return model.to(device).eval(), get_tokenizer(ckpt["meta"]), info
+    return model.to(device).eval(), get_tokenizer(ckpt["meta"]), ckpt
 
 
 # -----------------------------------------------------------------------------

@@ -97,14 +97,17 @@ def read_prompt(start):
 class Loaded:
     model: object  # the GPT, in eval mode
     tokenizer: object
-    checkpoint: dict
+    checkpoint: dict  # the checkpoint's configs, meta and progress; not its tensors, which the model holds
 
 
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
     """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension.
     checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
     scaling = {} if rope_scaling is None else dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
-    return Loaded(*load_model(out_dir, device, checkpoint, **scaling))  # no --rope_scaling: the checkpoint's own
+    model, tokenizer, checkpoint = load_model(out_dir, device, checkpoint, **scaling)  # no --rope_scaling: its own
+    # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
+    info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
+    return Loaded(model, tokenizer, info)
 
 
 def rope_factor_for(cfg, block_size, total_len):

@@ -19,7 +19,7 @@ Rows, one per checkpoint and method; the method is the CSV's scaling column:
            rope_scaling) is evaluated as recorded, at its own factor, and its row is labelled with that scaling.
   linear, ntk, dynamic, yarn
            RoPE checkpoints without a recorded extension: that extension at factor s = max(1, L / T), without
-           retraining (as sample.py --rope_scaling sets it). At L <= T, s = 1 and each equals plain.
+           retraining (as sample.py --rope_scaling sets it). At L <= T, s = 1 and each is plain (measured once).
   window   learned only. It has no positions past T, so its plain row is n/a there (never clamped or wrapped);
            this row scores each position with a sliding window of up to T tokens of context, as it generates.
 
@@ -247,14 +247,20 @@ def label(source, method):
     return f"{method} (s = L/T)"
 
 
+def same_as_plain(source, method, length):
+    """A RoPE extension applied here (not recorded in the checkpoint) at L <= T runs at s = 1: the plain model."""
+    return method in ROPE_SCALINGS and not source.config.get("rope_scaling") and length <= source.block_size
+
+
 def evaluate(sources, lengths, cfg, device):
-    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]"""
+    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]
+    A row that is the plain model at some length (same_as_plain) reuses plain's measure there."""
     plan = []  # (source, method, L, window starts)
     for source in sources:
         asked = sorted(set(lengths_for(source, lengths).values()))
         for i, method in enumerate(source.methods(cfg.rope_scalings)):
             for n in sorted({*asked, source.block_size}) if i == 0 else asked:
-                if available(source, method, n):
+                if available(source, method, n) and not same_as_plain(source, method, n):
                     plan.append((source, method, n, window_starts(len(source.tokens), n, cfg.max_windows)))
     results = {}
     with tqdm(total=sum(len(starts) for *_, starts in plan), unit="window", disable=not cfg.progress,
@@ -269,7 +275,8 @@ def evaluate(sources, lengths, cfg, device):
         methods = source.methods(cfg.rope_scalings)
         reference = results[source.name, methods[0], source.block_size].loss
         for method in methods:
-            measures = {n: results.get((source.name, method, n), Measure(n, 0))
+            measures = {n: results.get((source.name, "plain" if same_as_plain(source, method, n) else method, n),
+                                       Measure(n, 0))
                         for n in lengths_for(source, lengths).values()}
             rows.append(Row(source.name, source.config["pos"], method, source.block_size, label(source, method),
                             measures, reference))

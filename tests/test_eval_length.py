@@ -88,8 +88,9 @@ def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, ch
 
 def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoints):
     """At L <= T the factor is max(1, L / T) = 1, where linear, ntk, dynamic and yarn are plain RoPE: the same
-    losses at every position, and the same logits from the model functions, at any length for linear, ntk and
-    yarn (their frequencies are plain at s = 1) and up to T for dynamic (whose base also grows with the length)."""
+    logits from the model functions, at any length for linear, ntk and yarn (their frequencies are plain at s = 1)
+    and up to T for dynamic (whose base also grows with the length). So the table's rows show plain's losses at
+    every position there (eval_length.py reuses plain's measure instead of running the same model again)."""
     rows, _ = measured
     by_scaling = rows_of(rows, checkpoints["rope"])
     for scaling in ROPE_SCALINGS:

@@ -248,8 +248,10 @@ def label(source, method):
 
 
 def same_as_plain(source, method, length):
-    """A RoPE extension applied here (not recorded in the checkpoint) at L <= T runs at s = 1: the plain model."""
-    return method in ROPE_SCALINGS and not source.config.get("rope_scaling") and length <= source.block_size
+    """Whether a row is the plain model at L: up to T, a RoPE extension applied here (not recorded in the
+    checkpoint) runs at s = 1, and learned's sliding window holds the whole context."""
+    applied_here = method == "window" or (method in ROPE_SCALINGS and not source.config.get("rope_scaling"))
+    return applied_here and length <= source.block_size
 
 
 def evaluate(sources, lengths, cfg, device):

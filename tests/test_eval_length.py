@@ -126,7 +126,8 @@ def test_dynamic_ntk_equals_plain_rope_up_to_the_trained_length(checkpoints):
 
 
 def test_learned_window_row_is_plain_within_the_table(measured, checkpoints):
-    """Up to T learned's sliding window holds the whole context: its window row is its plain row."""
+    """Up to T learned's sliding window holds the whole context (evaluation.token_losses runs the plain forward
+    there): its window row shows its plain row's losses, which eval_length.py measures once."""
     rows, _ = measured
     learned = rows_of(rows, checkpoints["learned"])
     for length in (BLOCK // 2, BLOCK):

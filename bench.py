@@ -21,9 +21,10 @@ greedy from a 1-token prompt, in float32 as sample.py runs it; every sampler mus
 Memory: on CUDA the peak allocated while each scheme trained or generated; on CPU the process's maximum RSS
 so far, a high-water mark over everything run before it in this process (not a per-scheme figure).
 
---config FILE.toml reads a training preset from configs/: its model keys (block_size, n_layer, n_head, n_embd,
-dropout, bias), batch_size, grad_accum, device, dtype and compile, and its dataset for the vocabulary size;
-training-only keys (learning rate, schedule, evaluation, ...) are ignored. Flags override the file.
+--config FILE.toml reads a training preset from configs/: the keys that are flags here (block_size, n_layer,
+n_head, n_embd, dropout, bias, batch_size, grad_accum, device, dtype, compile, and dataset for the vocabulary
+size), checked as the flags are; its training-only keys (learning rate, schedule, evaluation, ...) are ignored.
+Flags override the file.
 """
 
 import hashlib
@@ -43,15 +44,14 @@ from datetime import UTC, datetime
 import torch
 
 from checkpoint import replace_atomically
-from cli import UsageError, one_line_errors, parse_flags, read_toml
-from data.common import dataset_dir, load_meta
+from cli import one_line_errors, parse_flags
+from data.common import available_datasets, dataset_dir, load_meta
 from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from model import GPT, POS_SCHEMES, GPTConfig
 from report import markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
-PRESET_KEYS = (*MODEL_KEYS, "batch_size", "grad_accum", "device", "dtype", "compile")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long: one run is steady enough
 
@@ -61,7 +61,8 @@ class BenchConfig:
     pos: str = "all"  # the position scheme to measure, or all of them
     # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), with random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
-    vocab_size: int = 65  # shakespeare_char's 65 characters; a --config preset on a GPT-2 BPE dataset sets 50257
+    vocab_size: int | None = None  # None: --dataset's vocabulary, or shakespeare_char's 65 characters without one
+    dataset: str | None = None  # whose vocabulary to use (a --config preset's): its meta.json, else GPT-2's 50257
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # model width
@@ -90,6 +91,8 @@ class BenchConfig:
     json: str | None = None  # write every figure, the machine and the command line to this file
 
     def __post_init__(self):
+        if self.vocab_size is None:
+            self.vocab_size = vocab_size_of(self.dataset or "shakespeare_char")
         for name in ("batch_size", "grad_accum", "repeats", "matmul_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -103,7 +106,7 @@ class BenchConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         check_device_name(self.device)
-        if self.dtype not in DTYPES:  # a preset's value skips the flag's choices: checked here, as TrainConfig does
+        if self.dtype not in DTYPES:  # BenchConfig built in code skips the flag's choices: checked here too
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
         for pos in self.schemes:
             model_config(self, pos)  # GPTConfig's own checks (n_embd divisible by n_head, ...), before any work
@@ -121,48 +124,22 @@ def model_config(cfg, pos):
 # Flags and presets
 
 
-def split_config_flag(argv):
-    """(the --config path or None, argv without it). bench.py reads presets itself: they hold training keys that
-    are no flags here, which cli's --config would refuse."""
-    path, rest, args = None, [], iter(argv)
-    for arg in args:
-        if arg == "--config":
-            path = next(args, None)
-            if path is None:
-                raise UsageError("argument --config: expected one argument")
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return path, rest
-
-
 def vocab_size_of(dataset):
-    """The vocabulary train.py would use for a preset's dataset: its meta.json if prepared, else GPT-2's BPE
-    (every dataset here but shakespeare_char, whose 65 characters are the default)."""
+    """The vocabulary train.py would use for a dataset: its meta.json if prepared, else GPT-2's BPE (every dataset
+    here but shakespeare_char, whose 65 characters are the default). An unknown name is a ValueError."""
+    if dataset not in available_datasets():
+        raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}")
     try:
         return load_meta(dataset_dir(dataset))["vocab_size"]
     except (OSError, ValueError):
         return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
 
 
-def read_preset(path):
-    """{field: value} of the preset's keys that bench.py uses (PRESET_KEYS, and vocab_size from its dataset)."""
-    table = read_toml(path)
-    values = {key: table[key] for key in PRESET_KEYS if key in table}
-    if "dataset" in table and "vocab_size" not in table:
-        values["vocab_size"] = vocab_size_of(table["dataset"])
-    return values
-
-
 def parse_args(argv=None):
-    """Flags (and --config) -> BenchConfig; a mistake exits with status 2 and one line."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    with one_line_errors("bench.py"):
-        path, argv = split_config_flag(argv)
-        preset = read_preset(path) if path else {}
-    values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)], preset,
-                         choices={"pos": ("all", *POS_SCHEMES), "dtype": DTYPES})
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a mistake exits with
+    status 2 and one line."""
+    values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
+                         choices={"pos": ("all", *POS_SCHEMES), "dtype": DTYPES}, foreign_keys=True)
     with one_line_errors("bench.py"):
         cfg = BenchConfig(**values)
         check_device(resolve_device(cfg.device))

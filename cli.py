@@ -155,11 +155,14 @@ def read_toml(path):
         raise UsageError(f"--config {path}: not valid TOML: {e}") from None
 
 
-def read_config_file(parser, path, valid):
-    """The settings in a TOML file, checked by the same parser as the flags."""
+def read_config_file(parser, path, valid, foreign_keys=False):
+    """The settings in a TOML file, checked by the same parser as the flags. foreign_keys: keys that are no flag
+    here are another script's settings, ignored (else refused, as a typo)."""
     table = read_toml(path)
     unknown = [key for key in table if key not in valid]
-    if unknown:
+    if foreign_keys:
+        table = {key: value for key, value in table.items() if key in valid}
+    elif unknown:
         raise UsageError(f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
@@ -180,10 +183,12 @@ def explain(message, valid):
     return f"{message}{hint}; valid flags: {' '.join(valid)}"
 
 
-def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=()):
+def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False):
     """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
     --config FILE.toml, then by the flags in argv (sys.argv[1:] when None). Fields named in `positional` are
-    positional arguments. A mistake exits with status 2 and one line naming the valid choices."""
+    positional arguments. foreign_keys: the --config file is another script's (bench.py reads training presets),
+    so its keys that are no flag here are ignored instead of refused. A mistake exits with status 2 and one line
+    naming the valid choices."""
     values = {}
     for _, config_class, names in sections:
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
@@ -199,7 +204,7 @@ def parse_flags(argv, prog, description, sections, defaults=None, choices=None, 
         if "config" in flags:  # a file holds flags only, so it is checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
-            from_file = read_config_file(file_parser, flags.pop("config"), valid)
+            from_file = read_config_file(file_parser, flags.pop("config"), valid, foreign_keys)
         else:
             from_file = {}
     return values | from_file | flags

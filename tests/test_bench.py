@@ -98,12 +98,17 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
     assert all(w in err for w in words), err
 
 
-def test_a_presets_bad_dtype_is_a_one_line_error(capsys, tmp_path):
-    """A preset's values reach BenchConfig without the flags' choices: its own check names the valid dtypes."""
+def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp_path):
+    """A preset's values go through the flags' own checks (a bad dtype names the valid ones), and so do those of a
+    BenchConfig built in code; an unknown dataset names the datasets there are."""
     preset = tmp_path / "bad.toml"
-    preset.write_text('dtype = "bf16"\n')
+    preset.write_text('dtype = "bf16"\nlearning_rate = 1e-3\n')
     err = error_line(capsys, bench, [f"--config={preset}"], 2)
-    assert "dtype='bf16' is not a dtype" in err and "bfloat16" in err, err
+    assert str(preset) in err and "'bf16'" in err and "bfloat16" in err, err
+    with pytest.raises(ValueError, match="dtype='bf16' is not a dtype; choose one of auto, .*bfloat16"):
+        bench.BenchConfig(dtype="bf16")
+    err = error_line(capsys, bench, ["--dataset=shakespear"], 2)
+    assert "dataset='shakespear' is not a dataset here" in err and "shakespeare_char" in err, err
 
 
 def load_ab():

@@ -5,7 +5,6 @@ Each test launches `torchrun --standalone --nproc_per_node=2` as a user would, o
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 

@@ -231,12 +231,11 @@ def compare(cfg, device):
         loaded, samples, tokens_per_second = run_one(out_dir, cfg, device, stream=False, scale_rope_only=True)
         length = len(samples[0])
         losses = inside_vs_beyond_loss(loaded, device, length)
-        rows.append((out_dir, loaded.model, tokens_per_second, losses, length))
+        rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model held at a time
     print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
           "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
     print(f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}")
-    for out_dir, model, tokens_per_second, losses, length in rows:
-        c = model.config
+    for out_dir, c, tokens_per_second, losses, length in rows:
         inside, beyond = losses if losses else (float("nan"), float("nan"))
         scaling = c.rope_scaling or "-"
         print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling:<10} {tokens_per_second:>9.1f} "

@@ -182,8 +182,8 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
     rows, out = run_sample(capsys, "--compare", *dirs, "--start=ROMEO:", "--seed=1", "--max_new_tokens=40",
                            "--rope_scaling=ntk")
     assert [f"=== {d} ===" in out for d in dirs] == [True] * 3
-    assert [row[1].config.pos for row in rows] == ["learned", "rope", "alibi"]
-    assert [row[1].config.rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
+    assert [row[1].pos for row in rows] == ["learned", "rope", "alibi"]  # each model's GPTConfig
+    assert [row[1].rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
     for _, _, tokens_per_second, (inside, beyond), length in rows:
         assert tokens_per_second > 0 and length == len("ROMEO:") + 40
         assert 0 < inside < 10 and 0 < beyond < 10

@@ -84,7 +84,7 @@ def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tok
             assert streamed_text(capsys, tokenizer, ids, n_prompt, block_size) == expected, (n_prompt, block_size)
 
 
-def test_streaming_decodes_each_new_token_once(capsys):
+def test_streaming_decodes_a_number_of_ids_linear_in_the_tokens(capsys):
     """Streaming n tokens decodes O(n) ids in all, not the whole text again per token (O(n^2): 20% of sample.py's
     time at 4,096 tokens)."""
     decoded = []

@@ -4,6 +4,7 @@ in the same process so that the ratios between schemes are fair.
 
     python bench.py                                        # nanoGPT's CPU recipe model, all five schemes
     python bench.py --pos=rope --gen_multiples 1 4 --json=bench.json
+    python bench.py --pos=learned,rope,alibi --gen_multiples                 # training only, three schemes
     python bench.py --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
 Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
@@ -58,7 +59,7 @@ REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took
 
 @dataclass
 class BenchConfig:
-    pos: str = "all"  # the position scheme to measure, or all of them
+    pos: str = "all"  # schemes to measure: one (rope), several in the order to run them (learned,rope,alibi), or all
     # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), with random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
     vocab_size: int | None = None  # None: --dataset's vocabulary, or shakespeare_char's 65 characters without one
@@ -108,12 +109,17 @@ class BenchConfig:
         check_device_name(self.device)
         if self.dtype not in DTYPES:  # BenchConfig built in code skips the flag's choices: checked here too
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
+        unknown = [pos for pos in self.pos.split(",") if pos not in ("all", *POS_SCHEMES)]
+        if unknown or len(set(self.schemes)) < len(self.schemes):
+            raise ValueError(f"pos={self.pos!r}: give all, or one or more of {', '.join(POS_SCHEMES)}, comma-separated "
+                             "and each once")
         for pos in self.schemes:
             model_config(self, pos)  # GPTConfig's own checks (n_embd divisible by n_head, ...), before any work
 
     @property
     def schemes(self):
-        return POS_SCHEMES if self.pos == "all" else (self.pos,)
+        """The schemes to measure, in the order given (a run cut short by a timeout keeps the first ones)."""
+        return POS_SCHEMES if self.pos == "all" else tuple(self.pos.split(","))
 
 
 def model_config(cfg, pos):
@@ -139,7 +145,7 @@ def parse_args(argv=None):
     """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a mistake exits with
     status 2 and one line."""
     values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
-                         choices={"pos": ("all", *POS_SCHEMES), "dtype": DTYPES}, foreign_keys=True)
+                         choices={"dtype": DTYPES}, foreign_keys=True)
     with one_line_errors("bench.py"):
         cfg = BenchConfig(**values)
         check_device(resolve_device(cfg.device))
@@ -288,7 +294,7 @@ def bench_training(cfg, peak, results, log, save):
                 results[pos] = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
                 log(f"trained {pos}: {results[pos]['ms_per_step']:.1f} ms/step")
                 save()
-    for pos in cfg.schemes:  # in POS_SCHEMES order, not the order the last round finished them in
+    for pos in cfg.schemes:  # in the order asked, not the order the last round finished them in
         results[pos] = results.pop(pos)
 
 

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The GPU checks in one call of at most ~8 minutes (the timeouts below add up to 470 s):
-#   1. bench.py on GPT-2 124M (configs/gpt2_124m.toml) on one GPU, bf16 autocast, torch.compile, for every --pos:
-#      ms/step, tokens/s, MFU against the card's bf16 peak, compile time and peak memory; then cached vs
-#      uncached generation at 1 x block_size (1024 new tokens). grad_accum 2 (32,768 tokens a step) keeps a step short.
-#   2. compiled decoding (where model.py offers it) on rope, in a run of its own so that its compile time stays
-#      out of the first run's budget (the reference is skipped there: the first run measured it).
-#   3. the tests that need CUDA (they skip on a machine without it).
-# TORCH_LOGS="recompiles,graph_breaks" goes to torch_logs.txt; summary.txt counts both. Every figure is in the JSON.
-# Random tokens: no dataset is needed.
+#   1. bench.py training on GPT-2 124M (configs/gpt2_124m.toml) on one GPU, bf16 autocast, torch.compile:
+#      ms/step, tokens/s, MFU against the card's bf16 peak, compile time and peak memory, the schemes the targets
+#      name first (learned, rope, alibi), so that a timeout costs the others. grad_accum 2 (32,768 tokens a step)
+#      keeps a step short.
+#   2. bench.py generation, cached vs uncached at 1 x block_size (1024 new tokens), every scheme, in a run of its
+#      own: a slow compile in 1 cannot take its time.
+#   3. compiled decoding (where model.py offers it) on rope, in a run of its own (the reference is skipped: 2
+#      measured it).
+#   4. the tests that need CUDA (they skip on a machine without it).
+# TORCH_LOGS="recompiles,graph_breaks" goes to torch_logs*.txt; summary.txt counts both. Every figure is in the
+# JSON files. Random tokens: no dataset is needed.
 #
-#     OUT=/tmp/gpu_check bash bench/gpu_check.sh      # writes env.txt, bench_124m.{json,log}, decode_124m.{json,log},
+#     OUT=/tmp/gpu_check bash bench/gpu_check.sh      # writes env.txt, bench_124m.{json,log} (training),
+#                                                     # generate_124m.{json,log}, decode_124m.{json,log},
 #                                                     # torch_logs*.txt, pytest_cuda.log, summary.txt under $OUT
 #
-# Exit status: 0 when all three ran, 1 without CUDA (one line, nothing measured), else the first failure's.
+# Exit status: 0 when all four ran, 1 without CUDA (one line, nothing measured), else the first failure's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -44,18 +48,22 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its exit status in the 
 
 BENCH=(python3 bench.py --config configs/gpt2_124m.toml --device=cuda --dtype=bfloat16 --compile=true
        --grad_accum=2 --train_steps=10 --warmup_steps=2 --repeats=1)
-TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M, all schemes" 320 \
-    "${BENCH[@]}" --pos=all --gen_multiples 1 --compile_decode=false --json="$OUT/bench_124m.json" \
+SCHEMES=--pos=learned,rope,alibi,sinusoidal,none   # the targets' schemes first
+TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M training, all schemes" 270 \
+    "${BENCH[@]}" $SCHEMES --gen_multiples --json="$OUT/bench_124m.json" \
     > "$OUT/bench_124m.log" 2> "$OUT/torch_logs.txt"
-TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M, compiled decoding, rope" 100 \
+step "bench.py 124M generation, all schemes" 90 \
+    "${BENCH[@]}" $SCHEMES --train_steps=0 --gen_multiples 1 --compile_decode=false \
+    --json="$OUT/generate_124m.json" > "$OUT/generate_124m.log" 2>&1
+TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M, compiled decoding, rope" 70 \
     "${BENCH[@]}" --pos=rope --train_steps=0 --gen_multiples 1 --compile_decode=true --reference_max_tokens=1 \
     --json="$OUT/decode_124m.json" > "$OUT/decode_124m.log" 2> "$OUT/torch_logs_decode.txt"
-step "pytest -m 'not slow' -k cuda" 50 python3 -m pytest -q -m "not slow" -k cuda tests > "$OUT/pytest_cuda.log" 2>&1
+step "pytest -m 'not slow' -k cuda" 40 python3 -m pytest -q -m "not slow" -k cuda tests > "$OUT/pytest_cuda.log" 2>&1
 
 for log in torch_logs.txt torch_logs_decode.txt; do
     echo "$log: $(grep -c 'Graph break' "$OUT/$log") graph-break lines, $(grep -c 'Recompiling function' "$OUT/$log") recompiles" \
         >> "$OUT/summary.txt"
 done
 tail -1 "$OUT/pytest_cuda.log" | sed 's/^/pytest: /' >> "$OUT/summary.txt"
-cat "$OUT/env.txt" "$OUT/bench_124m.log" "$OUT/decode_124m.log" "$OUT/summary.txt"
+cat "$OUT/env.txt" "$OUT/bench_124m.log" "$OUT/generate_124m.log" "$OUT/decode_124m.log" "$OUT/summary.txt"
 exit $status

@@ -283,7 +283,7 @@ def bench_training(cfg, peak, results, log, save):
                 if cfg.compile and not trainers:
                     # nothing compiled is alive: forget the last model's graphs, so TORCH_LOGS=recompiles shows
                     # real recompiles only, not each new model of the same GPT.forward
-                    torch._dynamo.reset()
+                    torch.compiler.reset()
                 reset_peak_memory(cfg.device)
                 trainers[pos] = Trainer(cfg, pos)
                 trainers[pos].time_steps(cfg.warmup_steps, trainers[pos].warmup_seconds)

@@ -244,6 +244,8 @@ def compare(cfg, device):
 
 
 def main(argv=None):
+    """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, its GPTConfig, tokens/s,
+    (loss < T, loss >= T) or None, the length those losses were measured over)."""
     cfg = parse_args(argv)
     try:
         device = resolve_device(cfg.device)

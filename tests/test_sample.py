@@ -10,8 +10,8 @@ import evaluation
 import sample
 import train
 from data.common import CharTokenizer, get_tokenizer
-from model import POS_SCHEMES
 from helpers import skip_without_gpt2
+from model import POS_SCHEMES
 
 BLOCK = 16
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",

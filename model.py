@@ -10,7 +10,7 @@ Read it top to bottom, like a lesson:
        rope        queries and keys rotated by their positions (Su et al. 2021)
        alibi       a linear distance penalty added to the attention scores (Press et al. 2022)
        none        nothing at all (NoPE): order is only visible through the causal mask
-  3. Attention, MLP, Block: GPT-2's pre-LayerNorm transformer (ALiBi through FlexAttention on CUDA).
+  3. Attention, MLP, Block: GPT-2's pre-LayerNorm transformer (ALiBi through FlexAttention when training on CUDA).
   4. GPT: embeddings, the stack, the tied output head, one documented init; OpenAI's GPT-2 weights.
   5. Generation: the simple reference sampler (recomputes the whole context per token), and the
      KV-cached one, which must produce the same tokens (tests/test_generation.py): a preallocated
@@ -523,14 +523,18 @@ class GPT(nn.Module):
 
     def flex_attention_applies(self, device):
         """The one place that picks FlexAttention: only for a scheme whose bias is a score_mod (ALiBi), in a forward
-        without a KV cache. By default on CUDA, where torch has it (>= 2.5) and no attention dropout is due (it
-        has none): there the (n_head, T, T) bias is never built and the blocks above the diagonal are skipped.
-        Elsewhere SDPA with the materialised bias, the reference. self.use_flex_attention = True / False forces it."""
+        without a KV cache. By default for training on CUDA, where torch has it (>= 2.5) and no attention dropout
+        is due (it has none): there the (n_head, T, T) bias is never built and the blocks above the diagonal are
+        skipped. Not in eval mode: flex is compiled for static shapes, so each new length compiles it again and,
+        past torch's recompile limit (8), it runs unfused; the reference sampler, one token longer at every step,
+        then decoded at about 1% of SDPA's speed (docs/perf.md). Elsewhere SDPA with the materialised bias, the
+        reference. self.use_flex_attention = True / False forces it."""
         if self.transformer.wpe.score_mod is None:
             return False
         dropout_due = self.training and self.config.dropout > 0
         if self.use_flex_attention is None:
-            return torch.device(device).type == "cuda" and flex_attention is not None and not dropout_due
+            on_cuda = torch.device(device).type == "cuda" and flex_attention is not None
+            return on_cuda and self.training and not dropout_due
         if self.use_flex_attention and dropout_due:
             raise ValueError("FlexAttention has no attention dropout: set dropout=0 or use_flex_attention=False")
         return self.use_flex_attention

@@ -71,13 +71,15 @@ def test_flex_alibi_traces_inside_a_compiled_model():
     torch.testing.assert_close(flex, logits_with(model, idx, False), rtol=0, atol=1e-5)
 
 
-def test_flex_is_chosen_in_one_place_for_alibi_on_cuda_only():
-    """By default flex serves ALiBi's full forward on CUDA (where torch has it), never on the CPU, never for a
-    scheme without a score_mod, and not while attention dropout is due (flex has none)."""
+def test_flex_is_chosen_in_one_place_for_alibi_training_on_cuda_only():
+    """By default flex serves ALiBi's training forward on CUDA (where torch has it), never on the CPU, never for a
+    scheme without a score_mod, not while attention dropout is due (flex has none), and not in eval mode, where
+    lengths vary and each would compile it again."""
     for pos in POS_SCHEMES:
-        model = tiny_alibi(pos=pos)
+        model = tiny_alibi(pos=pos).train()
         assert not model.flex_attention_applies("cpu")
         assert model.flex_attention_applies("cuda") == (pos == "alibi" and model_module.flex_attention is not None)
+        assert not model.eval().flex_attention_applies("cuda")
     model = tiny_alibi(dropout=0.1).train()
     assert not model.flex_attention_applies("cuda")
     model.use_flex_attention = True

@@ -92,8 +92,9 @@ class BenchConfig:
     json: str | None = None  # write every figure, the machine and the command line to this file
 
     def __post_init__(self):
+        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")  # a bad name is refused even if unused
         if self.vocab_size is None:
-            self.vocab_size = vocab_size_of(self.dataset or "shakespeare_char")
+            self.vocab_size = dataset_vocab
         for name in ("batch_size", "grad_accum", "repeats", "matmul_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

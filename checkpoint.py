@@ -186,9 +186,6 @@ def build_model(path, ckpt, **overrides):
     return model
 
 
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes, GPT.from_pretrained
-
-
 def pretrained_checkpoint(name):
     """OpenAI's GPT-2 weights (GPT.from_pretrained, through the optional transformers package) as the part of a
     checkpoint dict that sampling reads: model, model_config and meta (GPT-2's BPE)."""

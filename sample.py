@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import PRETRAINED, CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
+from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
 from cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
 from evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
 from hardware import check_device, check_device_name, resolve_device, synchronize
-from model import ROPE_SCALINGS
+from model import GPT2_MODELS, ROPE_SCALINGS
 
 
 @dataclass
@@ -71,7 +71,7 @@ class SampleConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a mistake exits with status 2 and one line, as train.py's do."""
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)],
-                         choices={"rope_scaling": ROPE_SCALINGS, "init_from": PRETRAINED})
+                         choices={"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS})
     with one_line_errors("sample.py"):
         return SampleConfig(**values)
 
@@ -181,10 +181,10 @@ def describe(model):
 
 
 def open_model(out_dir, cfg, device, scale_rope_only=False):
-    """The model of out_dir (or a PRETRAINED name), with --rope_scaling applied, and what to generate from it.
+    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from it.
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint, weights included, is let go on return: the
     weights then live once, in the model (GPT-2 XL's 6 GB not kept twice)."""
-    if out_dir in PRETRAINED:
+    if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
     else:
         checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)  # load() moves the weights to device
@@ -200,7 +200,7 @@ def open_model(out_dir, cfg, device, scale_rope_only=False):
 
 
 def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
-    """Load one checkpoint (or a PRETRAINED name) and print its samples. -> (Loaded, samples, tokens/s)
+    """Load one checkpoint (or a GPT2_MODELS name) and print its samples. -> (Loaded, samples, tokens/s)
     scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
     loaded, cfg, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device, scale_rope_only)
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens

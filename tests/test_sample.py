@@ -204,7 +204,7 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
     missing for it (nan in the table), not a KeyError."""
     loaded = sample.load(checkpoints["rope"], "cpu")
-    # what a PRETRAINED name's checkpoint info holds once loaded: its model config and meta, no training config
+    # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
     assert evaluation.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None

@@ -809,7 +809,8 @@ class KVCache:
 
     def mark_static(self):
         """Tell torch.compile that the buffers keep their addresses from step to step, so that a CUDA graph
-        writes into them where they are instead of copying them in and out at every token."""
+        writes into them where they are instead of copying them in and out at every token. (torch has no public
+        name for this; transformers' StaticCache calls the same function.)"""
         for buffer in (*self.k, *self.v, self.positions):
             if buffer is not None:
                 torch._dynamo.mark_static_address(buffer)

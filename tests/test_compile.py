@@ -33,7 +33,7 @@ def loss_and_grads(model, x, y, run=None):
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_compiled_model_has_no_graph_breaks(pos):
     """Forward and backward of every scheme compile as one graph (fullgraph=True), and agree with eager mode."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, x, y = model_and_batch(pos)
     eager_loss, eager_grads = loss_and_grads(model, x, y)
     compiled_loss, compiled_grads = loss_and_grads(model, x, y, torch.compile(model, backend="eager", fullgraph=True))
@@ -44,7 +44,7 @@ def test_compiled_model_has_no_graph_breaks(pos):
 
 def test_inductor_compiles_a_tiny_rope_model():
     """One real inductor compile (C++ code generated and built on the CPU): loss and gradients match eager mode."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, x, y = model_and_batch("rope")
     eager_loss, eager_grads = loss_and_grads(model, x, y)
     compiled_loss, compiled_grads = loss_and_grads(model, x, y, torch.compile(model, fullgraph=True))

@@ -63,7 +63,7 @@ def test_flex_alibi_traces_inside_a_compiled_model():
     """train.py compiles the whole model: flex_attention is then traced with it, in one graph (backend "eager"
     keeps this check fast), and still gives the reference's logits."""
     needs_flex()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = tiny_alibi()
     idx = torch.randint(0, 32, (2, 20), generator=torch.Generator().manual_seed(2))
     compiled = torch.compile(model, backend="eager", fullgraph=True)

@@ -287,7 +287,7 @@ def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
     with a mask from its positions. With backend "eager" (TorchDynamo traces as for inductor but generates no
     code) the tokens equal the uncompiled cache's, with and without a sliding window; and one graph serves every
     step: the position is a tensor, so advancing it never recompiles."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = tiny_model(pos)
     prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(10))
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -301,7 +301,7 @@ def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
 def test_decoding_builds_no_autograd_graph(compile):
     """Neither the eager nor the compiled sampler records anything for backward, though the parameters require
     grad: no tensor is saved for a backward pass at any step (a step with grad on would save dozens each)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = tiny_model("rope")
     assert all(p.requires_grad for p in model.parameters())
     saved = []
@@ -313,7 +313,7 @@ def test_decoding_builds_no_autograd_graph(compile):
 
 def test_compiled_decoding_with_inductor_matches():
     """One real inductor compile of the decode step (C++ generated and built on the CPU): the same greedy tokens."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = tiny_model("rope")
     prompt = torch.randint(0, 32, (1, 3), generator=torch.Generator().manual_seed(11))
     compiled = model.generate_cached(prompt, 2 * BLOCK, temperature=0, compile=True)

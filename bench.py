@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 import torch
 
 from checkpoint import replace_atomically
-from cli import one_line_errors, parse_flags
+from cli import one_line_errors, parse_flags, parse_list
 from data.common import available_datasets, dataset_dir, load_meta
 from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
@@ -110,17 +110,13 @@ class BenchConfig:
         check_device_name(self.device)
         if self.dtype not in DTYPES:  # BenchConfig built in code skips the flag's choices: checked here too
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-        unknown = [pos for pos in self.pos.split(",") if pos not in ("all", *POS_SCHEMES)]
-        if unknown or len(set(self.schemes)) < len(self.schemes):
-            raise ValueError(f"pos={self.pos!r}: give all, or one or more of {', '.join(POS_SCHEMES)}, comma-separated "
-                             "and each once")
-        for pos in self.schemes:
-            model_config(self, pos)  # GPTConfig's own checks (n_embd divisible by n_head, ...), before any work
+        for pos in self.schemes:  # known names, each once; then GPTConfig's own checks (n_embd divisible by n_head, ...)
+            model_config(self, pos)
 
     @property
     def schemes(self):
         """The schemes to measure, in the order given (a run cut short by a timeout keeps the first ones)."""
-        return POS_SCHEMES if self.pos == "all" else tuple(self.pos.split(","))
+        return parse_list("pos", self.pos, POS_SCHEMES, everything="all")
 
 
 def model_config(cfg, pos):

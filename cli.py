@@ -79,6 +79,19 @@ def parse_float(text):
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def parse_list(name, text, choices, everything=None):
+    """A comma-separated value naming some of `choices`, each once, in the order given (bench.py and bench/ab.py's
+    --pos) -> tuple. `everything`: a word that stands for all of them, in their own order ("all")."""
+    if everything is not None and text == everything:
+        return tuple(choices)
+    items = tuple(text.split(","))
+    if any(item not in choices for item in items) or len(set(items)) < len(items):
+        either = f"{everything}, or " if everything is not None else ""
+        raise ValueError(f"{name}={text!r}: give {either}one or more of {', '.join(choices)}, comma-separated and "
+                         "each once")
+    return items
+
+
 def flag_kind(annotation):
     """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None."""
     args = typing.get_args(annotation)

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import model as current  # noqa: E402
-from cli import UsageError, one_line_errors, parse_flags  # noqa: E402
+from cli import UsageError, one_line_errors, parse_flags, parse_list  # noqa: E402
 from report import markdown_table  # noqa: E402
 
 MEASURES = ("decode", "train")
@@ -60,12 +60,13 @@ class ABConfig:
             raise UsageError("give exactly one of --against=REV and --module_free")
         if self.module_free and self.measure != "decode":
             raise UsageError("--module_free measures decoding only (--measure=decode)")
-        unknown = set(self.pos.split(",")) - set(current.POS_SCHEMES)
-        if unknown:
-            valid = ", ".join(current.POS_SCHEMES)
-            raise UsageError(f"--pos: unknown {', '.join(sorted(unknown))}; choose from {valid}")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
+        parse_list("pos", self.pos, current.POS_SCHEMES)  # a one-line error now, not after a revision is loaded
+
+    @property
+    def schemes(self):
+        return parse_list("pos", self.pos, current.POS_SCHEMES)
 
 
 def recipe_model(module, pos):
@@ -154,7 +155,7 @@ def same_tokens_or_exit(pos, samplers):
 def compare_decoding(cfg, old_module):
     """[(pos, side A tok/s, side B tok/s)], side B always this tree's generate_cached."""
     rows = []
-    for pos in ["none"] if cfg.module_free else cfg.pos.split(","):
+    for pos in ["none"] if cfg.module_free else cfg.schemes:
         model = recipe_model(current, pos)
         if cfg.module_free:
             side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
@@ -169,7 +170,7 @@ def compare_decoding(cfg, old_module):
 
 def compare_training(cfg, old_module):
     """[(pos, REV ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
-    schemes = cfg.pos.split(",")
+    schemes = cfg.schemes
     runs = {(side, pos): trainer(recipe_model(module, pos), cfg.steps)
             for side, module in (("a", old_module), ("b", current)) for pos in schemes}
     for run in runs.values():

@@ -14,6 +14,7 @@ import torch
 
 import sample
 import train
+from cli import parse_list
 from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,3 +128,14 @@ def test_python_version_check_is_one_line():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.strip() == \
         "posgpt needs Python 3.11 or newer (for tomllib); this is Python 3.10.12", done.stderr
+
+
+def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
+    """cli.parse_list, behind bench.py's and bench/ab.py's --pos: the names in the order given, `everything` for all
+    of them in their own order, and one line naming the choices for an unknown or repeated name."""
+    choices = ("learned", "rope", "alibi")
+    assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")
+    assert parse_list("pos", "all", choices, everything="all") == choices
+    for bad in ("rotary", "rope,rope", "all", "rope,"):
+        with pytest.raises(ValueError, match=r"give one or more of learned, rope, alibi, comma-separated and each once"):
+            parse_list("pos", bad, choices)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from data.common import get_tokenizer
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
 # Resuming needs these beyond what sampling needs
@@ -187,14 +187,14 @@ def build_model(path, ckpt, **overrides):
 
 
 def pretrained_checkpoint(name):
-    """OpenAI's GPT-2 weights (GPT.from_pretrained, through the optional transformers package) as the part of a
-    checkpoint dict that sampling reads: model, model_config and meta (GPT-2's BPE)."""
+    """OpenAI's GPT-2 weights (through the optional transformers package) as the part of a checkpoint dict that
+    sampling reads: model, model_config and meta (GPT-2's BPE). No GPT is built here: load_model builds the one."""
     try:
-        model = GPT.from_pretrained(name)
+        config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
         raise CheckpointError(f"--init_from={name}: {first_line(e)}") from None
-    return {"model": model.state_dict(), "model_config": asdict(model.config),
-            "meta": {"tokenizer": "gpt2", "vocab_size": model.config.vocab_size}}
+    return {"model": state_dict, "model_config": asdict(config),
+            "meta": {"tokenizer": "gpt2", "vocab_size": config.vocab_size}}
 
 
 def load_model(out_dir, device="cpu", ckpt=None, **overrides):

@@ -593,43 +593,15 @@ class GPT(nn.Module):
         """GPT-2 as OpenAI released it: name is one of GPT2_MODELS (gpt2 = 124M ... gpt2-xl = 1.5B parameters).
         Downloads the weights with transformers' GPT2LMHeadModel.from_pretrained (or reads them from its cache)
         and converts them with from_hf_gpt2: pos="learned", bias=True, vocab 50257, block_size 1024, dropout 0."""
-        if name not in GPT2_MODELS:
-            raise ValueError(f"{name!r} is not an OpenAI GPT-2 model; choose one of {', '.join(GPT2_MODELS)}")
-        try:
-            from transformers import GPT2LMHeadModel
-        except ImportError:
-            raise ImportError("GPT.from_pretrained needs Hugging Face transformers: pip install transformers") from None
-        try:
-            hf_model = GPT2LMHeadModel.from_pretrained(name)
-        except OSError as error:
-            raise RuntimeError(
-                f"could not load {name!r} from the Hugging Face Hub (no internet, and not in the local cache): "
-                f"{str(error).splitlines()[0]}"
-            ) from error
-        return cls.from_hf_gpt2(hf_model)
+        return cls.from_hf_gpt2(download_gpt2(name))
 
     @classmethod
     def from_hf_gpt2(cls, hf_model):
         """This model with the weights of a transformers GPT2LMHeadModel, built or loaded already (so it also works
-        offline). The parameter names are GPT-2's on both sides; only HF's Conv1D layers store their weight as
-        (in, out) where nn.Linear has (out, in), so those four are transposed, as nanoGPT does."""
-        c = hf_model.config
-        if c.activation_function != "gelu_new" or c.layer_norm_epsilon != 1e-5 or c.n_inner not in (None, 4 * c.n_embd):
-            raise ValueError(
-                "only GPT-2's own architecture converts: activation_function='gelu_new' (tanh GELU), layer_norm_epsilon"
-                f"=1e-5, n_inner=None; got {c.activation_function!r}, {c.layer_norm_epsilon}, {c.n_inner}"
-            )
-        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                           n_embd=c.n_embd, dropout=0.0, bias=True, pos="learned")
+        offline): see gpt2_weights_from_hf."""
+        config, state_dict = gpt2_weights_from_hf(hf_model)
         model = cls(config)
-        hf_state = hf_model.state_dict()
-        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        with torch.no_grad():
-            for name, tensor in model.state_dict().items():  # lm_head.weight is wte.weight (tied) on both sides
-                source = hf_state[name].t() if name.endswith(conv1d) else hf_state[name]
-                if source.shape != tensor.shape:
-                    raise ValueError(f"{name}: {tuple(source.shape)} in transformers, {tuple(tensor.shape)} here")
-                tensor.copy_(source)
+        model.load_state_dict(state_dict)
         return model.eval()
 
     # -------------------------------------------------------------------------
@@ -725,6 +697,57 @@ class GPT(nn.Module):
             return torch.compile(self.decode_step, backend=backend, fullgraph=True, dynamic=False)
         mode = "reduce-overhead" if self.lm_head.weight.is_cuda else None
         return torch.compile(self.decode_step, mode=mode, fullgraph=True, dynamic=False)
+
+
+# -----------------------------------------------------------------------------
+# OpenAI's GPT-2 weights, in this model's terms (GPT.from_pretrained and GPT.from_hf_gpt2 build a GPT from them)
+
+
+def download_gpt2(name):
+    """transformers' GPT2LMHeadModel of one of GPT2_MODELS: downloaded once, then read from its cache."""
+    if name not in GPT2_MODELS:
+        raise ValueError(f"{name!r} is not an OpenAI GPT-2 model; choose one of {', '.join(GPT2_MODELS)}")
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        raise ImportError("GPT.from_pretrained needs Hugging Face transformers: pip install transformers") from None
+    try:
+        return GPT2LMHeadModel.from_pretrained(name)
+    except OSError as error:
+        raise RuntimeError(
+            f"could not load {name!r} from the Hugging Face Hub (no internet, and not in the local cache): "
+            f"{str(error).splitlines()[0]}"
+        ) from error
+
+
+def gpt2_weights_from_hf(hf_model):
+    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel in this model's terms, without building a GPT: a
+    checkpoint's two parts, loadable as one (sample.py --init_from builds the model once, from them).
+    The parameter names are GPT-2's on both sides; only HF's Conv1D layers store their weight as (in, out) where
+    nn.Linear has (out, in), so those four are transposed, as nanoGPT does (views: loading copies them)."""
+    c = hf_model.config
+    if c.activation_function != "gelu_new" or c.layer_norm_epsilon != 1e-5 or c.n_inner not in (None, 4 * c.n_embd):
+        raise ValueError(
+            "only GPT-2's own architecture converts: activation_function='gelu_new' (tanh GELU), layer_norm_epsilon"
+            f"=1e-5, n_inner=None; got {c.activation_function!r}, {c.layer_norm_epsilon}, {c.n_inner}"
+        )
+    config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                       n_embd=c.n_embd, dropout=0.0, bias=True, pos="learned")
+    with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
+        expected = GPT(config).state_dict()
+    hf_state = hf_model.state_dict()
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    state_dict = {}
+    for name, tensor in expected.items():  # lm_head.weight is wte.weight (tied) on both sides
+        source = hf_state[name].t() if name.endswith(conv1d) else hf_state[name]
+        if source.shape != tensor.shape:
+            raise ValueError(f"{name}: {tuple(source.shape)} in transformers, {tuple(tensor.shape)} here")
+        state_dict[name] = source
+    return config, state_dict
+
+
+# -----------------------------------------------------------------------------
+# Generation: the KV cache and the sampling rule
 
 
 class KVCache:

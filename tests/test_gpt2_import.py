@@ -7,12 +7,14 @@ for the released ones (GPT.from_pretrained downloads those, then runs the same c
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
 
+from checkpoint import build_model
 from conftest import ROOT
-from model import GPT
+from model import GPT, gpt2_weights_from_hf
 
 REASON = "the GPT-2 import needs Hugging Face transformers: pip install transformers"
 
@@ -42,6 +44,21 @@ def test_converted_gpt2_gives_transformers_logits():
         expected = hf_model(idx).logits
         logits, _ = model(idx)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+
+
+def test_gpt2_weights_convert_as_views_and_build_one_model_through_the_checkpoint_path():
+    """sample.py --init_from=gpt2 builds one GPT: the conversion returns views of transformers' tensors (nothing
+    copied, no GPT built) as a checkpoint's parts, and the checkpoint path builds from them a model that computes
+    transformers' logits."""
+    hf_model = tiny_hf_gpt2()
+    config, state_dict = gpt2_weights_from_hf(hf_model)
+    hf_state = hf_model.state_dict()
+    assert all(t.untyped_storage().data_ptr() == hf_state[name].untyped_storage().data_ptr()
+               for name, t in state_dict.items())
+    model = build_model("gpt2", {"model": state_dict, "model_config": asdict(config)}).eval()
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf_model(idx).logits, rtol=0, atol=1e-5)
 
 
 def test_converted_gpt2_is_learned_gpt2_with_the_same_parameters():

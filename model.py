@@ -626,13 +626,17 @@ class GPT(nn.Module):
     def generate_cached(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
                         on_token=None, compile=False, backend=None):
         """The same samples as generate(), in O(context) per token instead of O(context^2): the prompt is
-        run once (prefill), then each new token attends to the cached keys and values (decode).
+        run once (prefill), then each new token attends to the cached keys and values (decode). Two settings
+        differ from generate() by design, as README.md says: max_context, and rope_scaling="dynamic" (below).
 
         Positions keep counting past block_size. A scheme with a position table (learned) cannot: once the
         table is full the window of its last max_len tokens slides, positions restart inside it, and each
         new token needs the whole window recomputed (as generate() does). For the other schemes max_context is a
-        sliding attention window over absolute positions (each token sees the max_context latest).
-        on_token(next_ids (B, 1)) is called as each token is produced, for streaming.
+        sliding attention window over absolute positions (each token sees the max_context latest, so with several
+        layers information still flows from further back), where generate() re-runs only the last max_context
+        tokens with positions restarting at 0. With dynamic NTK scaling a key stays rotated by the frequencies of
+        the length at which it was cached (as in Hugging Face transformers), where generate() rotates every key by
+        those of the current length. on_token(next_ids (B, 1)) is called as each token is produced, for streaming.
 
         The cache is allocated once for the whole generation (a ring of max_context slots with a window). With
         compile=True every decode step runs through decode_step compiled once (see compile_decode_step; backend

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, KVCache, rope_frequencies, sample_next
+from model import (GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, KVCache, apply_rope, rope_cos_sin, rope_frequencies,
+                   sample_next)
 
 
 BLOCK = 16
@@ -231,6 +232,40 @@ def test_scaled_rope_cache_matches_full_forward(scaling):
     idx = torch.randint(0, 32, (1, 4 * BLOCK), generator=torch.Generator().manual_seed(6))
     full_logits, _ = model(idx)
     torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=4), full_logits, rtol=0, atol=1e-5)
+
+
+def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_at():
+    """README's claim: with the KV cache, dynamic NTK leaves each key rotated as it was when cached (as transformers
+    does); only the new token's query and key use the frequencies of the current length. So the first layer's
+    cached key at position p equals the unrotated key turned by the frequencies of the length at which p entered:
+    the prompt's length for prompt tokens, p + 1 for each decoded one; and once past T these differ from the
+    current length's (what generate(), without a cache, uses for every key)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = tiny_model("rope", rope_scaling="dynamic", rope_factor=4.0)
+        cfg, n_prompt = model.config, BLOCK + 4
+        idx = torch.randint(0, 32, (1, 3 * BLOCK), generator=torch.Generator().manual_seed(7))
+        cache = KVCache(cfg.n_layer)
+        model(idx[:, :n_prompt], cache=cache)
+        for t in range(n_prompt, idx.size(1)):
+            model(idx[:, t : t + 1], cache=cache)
+        block = model.transformer.h[0]
+        raw = block.attn.c_attn(block.ln_1(model.transformer.wte(idx))).split(cfg.n_embd, dim=-1)[1]
+        raw = raw.view(1, -1, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (1, nh, L, hs), not rotated
+
+        def rotated(p, length):
+            inv_freq, scale = rope_frequencies(cfg.head_dim, cfg.rope_base, "dynamic", cfg.rope_factor, BLOCK, length)
+            cos, sin = rope_cos_sin(torch.tensor([p]), inv_freq, scale)  # float32 tables, as the model's
+            return apply_rope(raw[:, :, p : p + 1], cos, sin)
+
+        for p in range(idx.size(1)):
+            entered_at = n_prompt if p < n_prompt else p + 1
+            cached = cache.k[0][:, :, p : p + 1]
+            torch.testing.assert_close(cached, rotated(p, entered_at), rtol=0, atol=1e-12)
+            if 0 < p and entered_at < idx.size(1):  # not the current length's (position 0 is never turned)
+                assert not torch.allclose(cached, rotated(p, idx.size(1)), rtol=0, atol=1e-6)
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 # -----------------------------------------------------------------------------

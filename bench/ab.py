@@ -17,10 +17,13 @@ schemes, each one's step time over learned's too.
 
 --module_free: this tree's generate_cached against the same transformer written as a plain loop of torch
 functions over the model's own weights (F.linear, F.layer_norm, SDPA, index_copy_ into a preallocated cache)
-that calls no module and keeps no per-step bookkeeping; the same greedy tokens, checked. pos=none only (no
-position signal to apply): it measures how much of a decode step is Python and nn.Module overhead.
+that calls no module and keeps no per-step bookkeeping (each scheme's position arithmetic written out: the
+sinusoidal table, RoPE's rotation, ALiBi's bias), per --pos but learned. Its logits at every step are checked
+against the model's forward first (on a copy with sharper attention, where positions move them); then it
+measures how much of a decode step is Python and nn.Module overhead.
 """
 
+import copy
 import statistics
 import subprocess
 import sys
@@ -47,9 +50,9 @@ TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
 @dataclass
 class ABConfig:
     against: str | None = None  # a git revision: its model.py against this tree's
-    module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module (pos=none)
+    module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module
     measure: str = "decode"  # what --against compares: decode (tokens/s) or train (ms per optimizer step)
-    pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated (--against only)
+    pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated
     new_tokens: int = 1024  # tokens generated per decoding run: 16 x block_size
     steps: int = 10  # optimizer steps per training round
     rounds: int = 5  # rounds of each side, alternated
@@ -60,6 +63,8 @@ class ABConfig:
             raise UsageError("give exactly one of --against=REV and --module_free")
         if self.module_free and self.measure != "decode":
             raise UsageError("--module_free measures decoding only (--measure=decode)")
+        if self.module_free and "learned" in self.pos.split(","):
+            raise UsageError("--module_free decodes past no position table: give --pos among sinusoidal, rope, alibi, none")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
         parse_list("pos", self.pos, current.POS_SCHEMES)  # a one-line error now, not after a revision is loaded
@@ -87,10 +92,14 @@ def model_at(revision):
 
 
 @torch.inference_mode()
-def module_free_generate(model, n_new):
-    """Greedy decoding from token 0 with the model's weights and no module calls (pos=none, bias off)."""
-    cfg = model.config
+def module_free_generate(model, n_new, logits=None):
+    """Greedy decoding from token 0 with the model's weights and position tables and no module calls (bias off).
+    The position schemes' arithmetic is written out with model.py's own functions: the sinusoidal table added to
+    the scaled token embedding, RoPE's rotation of q and k, ALiBi's bias over the keys so far. logits: a list to
+    which each step's logits (B, vocab) are appended."""
+    cfg, pos = model.config, model.transformer.wpe
     B, C, n_head = 1, cfg.n_embd, cfg.n_head
+    pos.reserve(n_new)
     layers = [(b.ln_1.weight, b.attn.c_attn.weight, b.attn.c_proj.weight, b.ln_2.weight, b.mlp.c_fc.weight,
                b.mlp.c_proj.weight) for b in model.transformer.h]
     wte, ln_f = model.transformer.wte.weight, model.transformer.ln_f.weight
@@ -99,17 +108,43 @@ def module_free_generate(model, n_new):
     token, slot, out = torch.zeros(B, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), []
     for t in range(n_new):
         x = F.embedding(token, wte)
+        if cfg.pos == "sinusoidal":
+            x = x * pos.token_scale + pos.table[slot]
+        rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
+        bias = current.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None] if cfg.pos == "alibi" else None
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
-            q, k, v = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head).unbind(1)
+            qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
+            q, k, v = qkv.unbind(1) if rope is None else (*current.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
-            y = F.scaled_dot_product_attention(q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1])
+            y = F.scaled_dot_product_attention(q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias)
             x = x + F.linear(y.view(B, 1, C), proj)
             x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln_2), fc), approximate="tanh"), fc_proj)
-        token = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1].argmax(-1, keepdim=True)
+        step_logits = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1]
+        if logits is not None:
+            logits.append(step_logits)
+        token = step_logits.argmax(-1, keepdim=True)
         out.append(token)
         slot += 1
     return torch.cat(out, dim=1)
+
+
+def module_free_matches_or_exit(pos, model, n_new):
+    """The module-free loop's logits at every step must be the model's own forward over the same tokens, to 1e-4 of
+    their scale. Checked on a copy whose matrices are 10x larger: at GPT-2's initialisation attention is so flat
+    that the logits do not move (by 1e-6) when RoPE or ALiBi is left out, so the model as timed could not tell."""
+    sharp = copy.deepcopy(model)
+    with torch.no_grad():
+        for weight in sharp.parameters():
+            if weight.dim() == 2:
+                weight.mul_(10.0)
+    logits = []
+    tokens = module_free_generate(sharp, n_new, logits)
+    with torch.inference_mode():
+        expected = sharp(torch.cat([torch.zeros(1, 1, dtype=torch.long), tokens[:, :-1]], dim=1))[0]
+    error = (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max()
+    if not error < 1e-4:
+        raise SystemExit(f"bench/ab.py: {pos}: the module-free loop's logits are not the model's; nothing timed")
 
 
 def cached_sampler(model, n_new):
@@ -155,9 +190,10 @@ def same_tokens_or_exit(pos, samplers):
 def compare_decoding(cfg, old_module):
     """[(pos, side A tok/s, side B tok/s)], side B always this tree's generate_cached."""
     rows = []
-    for pos in ["none"] if cfg.module_free else cfg.schemes:
+    for pos in cfg.schemes:
         model = recipe_model(current, pos)
         if cfg.module_free:
+            module_free_matches_or_exit(pos, model, cfg.new_tokens)
             side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
         else:
             side_a = cached_sampler(recipe_model(old_module, pos), cfg.new_tokens)

@@ -126,16 +126,20 @@ def load_ab():
     return module
 
 
-def test_ab_compares_model_versions_and_the_module_free_loop_on_the_same_tokens():
-    """bench/ab.py: its module-free loop decodes exactly the model's greedy tokens, and model.py loaded from a git
-    revision (HEAD) decodes beside this tree's (it refuses to time either otherwise); training steps too. Every
-    figure is finite. Speed is not asserted."""
+def test_ab_checks_the_module_free_loop_and_model_versions_before_timing_them():
+    """bench/ab.py: its module-free loop gives the model's logits for every scheme it writes out (sinusoidal, rope,
+    alibi, none; learned is refused in one line), and model.py loaded from a git revision (HEAD) decodes the same
+    tokens beside this tree's (it refuses to time either otherwise); training steps too. Every figure is finite.
+    Speed is not asserted."""
     if not (ROOT / ".git").exists():
         pytest.skip("bench/ab.py --against reads model.py from git history: this is not a git checkout")
     ab = load_ab()
     module_free = ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
+    with pytest.raises(SystemExit, match="2"):
+        ab.main(["--module_free", "--pos=learned,rope"])
     decoding = ab.main(["--against=HEAD", "--pos=rope,alibi", "--new_tokens=6", "--rounds=1"])
     training = ab.main(["--against=HEAD", "--measure=train", "--pos=learned,rope", "--steps=1", "--rounds=1"])
-    assert [row[0] for row in module_free] == ["none"] and [row[0] for row in decoding] == ["rope", "alibi"]
+    assert [row[0] for row in module_free] == ["rope", "sinusoidal", "alibi", "none"]
+    assert [row[0] for row in decoding] == ["rope", "alibi"]
     assert [row[0] for row in training] == ["learned", "rope"]
     assert all(math.isfinite(x) and x > 0 for row in module_free + decoding + training for x in row[1:])

@@ -17,7 +17,8 @@ Batches are random tokens: the step costs the same on any data, and no dataset i
 Generation, per scheme: tokens/s of the KV-cached sampler, of the reference that recomputes the whole context
 per token, and of compiled decoding where model.py offers it, at --gen_multiples x block_size new tokens,
 greedy from a 1-token prompt, in float32 as sample.py runs it; every sampler must give the reference's tokens
-(the table says if not).
+(the table says if not: a smoke check, since random weights barely make greedy tokens depend on positions;
+tests/test_generation.py checks the logits).
 
 Memory: on CUDA the peak allocated while each scheme trained or generated; on CPU the process's maximum RSS
 so far, a high-water mark over everything run before it in this process (not a per-scheme figure).

@@ -111,7 +111,7 @@ class BenchConfig:
         check_device_name(self.device)
         if self.dtype not in DTYPES:  # BenchConfig built in code skips the flag's choices: checked here too
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-        for pos in self.schemes:  # known names, each once; then GPTConfig's own checks (n_embd divisible by n_head, ...)
+        for pos in self.schemes:  # known names, each once; then GPTConfig's own checks (n_embd % n_head, ...)
             model_config(self, pos)
 
     @property

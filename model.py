@@ -714,7 +714,8 @@ def download_gpt2(name):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError("OpenAI's GPT-2 weights come through Hugging Face transformers: pip install transformers") from None
+        raise ImportError("OpenAI's GPT-2 weights come through Hugging Face transformers: "
+                          "pip install transformers") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name)
     except OSError as error:

@@ -63,11 +63,12 @@ class ABConfig:
             raise UsageError("give exactly one of --against=REV and --module_free")
         if self.module_free and self.measure != "decode":
             raise UsageError("--module_free measures decoding only (--measure=decode)")
-        if self.module_free and "learned" in self.pos.split(","):
-            raise UsageError("--module_free decodes past no position table: give --pos among sinusoidal, rope, alibi, none")
+        # self.schemes checks the names: a one-line error now, not after a revision is loaded
+        if "learned" in self.schemes and self.module_free:
+            raise UsageError("--module_free decodes past no position table: give --pos among sinusoidal, rope, "
+                             "alibi, none")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
-        parse_list("pos", self.pos, current.POS_SCHEMES)  # a one-line error now, not after a revision is loaded
 
     @property
     def schemes(self):

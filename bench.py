@@ -45,13 +45,14 @@ from datetime import UTC, datetime
 
 import torch
 
-from checkpoint import replace_atomically
-from cli import one_line_errors, parse_flags, parse_list
+from plumbing.checkpoint import replace_atomically
+from plumbing.cli import one_line_errors, parse_flags, parse_list
 from data.common import available_datasets, dataset_dir, load_meta
-from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
+from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
+from generation import generate_cached
 from model import GPT, POS_SCHEMES, GPTConfig
-from report import markdown_table
+from plumbing.report import markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
@@ -302,7 +303,7 @@ def bench_training(cfg, peak, results, log, save):
 
 def compiled_sampler(model):
     """A sampler (idx, n) -> tokens through the compiled decode step (each cache size compiles once)."""
-    return lambda idx, n: model.generate_cached(idx, n, temperature=0, compile=True)
+    return lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True)
 
 
 def time_sampler(sampler, prompt, n, cfg):
@@ -325,7 +326,7 @@ def bench_generation(cfg, pos, log):
     torch.manual_seed(cfg.seed)
     model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
-    cached = lambda idx, n: model.generate_cached(idx, n, temperature=0)
+    cached = lambda idx, n: generate_cached(model, idx, n, temperature=0)
     reference = lambda idx, n: model.generate(idx, n, temperature=0)
     compiled = compiled_sampler(model) if cfg.compile_decode else None
     for sampler in (cached, reference):
@@ -421,7 +422,7 @@ def new_report(cfg, argv, peak, peak_source):
             "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
                       "process max RSS so far (a high-water mark, not per scheme)",
             # what bench.py calls for compiled decoding (timed only with --compile_decode)
-            "compiled_decoding": "model.generate_cached(idx, n, temperature=0, compile=True)",
+            "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
             "training": {}, "generation": {}}
 
 

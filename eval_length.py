@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import report
-from checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
-from cli import UsageError, one_line_errors, parse_flags
+from plumbing import report
+from plumbing.checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
+from plumbing.cli import UsageError, one_line_errors, parse_flags
 from data.common import dataset_dir, load_meta
-from evaluation import validation_tokens, window_losses, window_starts
-from hardware import check_device, check_device_name, resolve_device
+from plumbing.evaluation import validation_tokens, window_losses, window_starts
+from plumbing.hardware import check_device, check_device_name, resolve_device
 from model import ROPE_SCALINGS
 
 CSV_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr", "windows")

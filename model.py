@@ -1,28 +1,14 @@
 """
-A GPT-2 style language model whose position scheme is one switch.
-
-Read it top to bottom, like a lesson:
-  1. GPTConfig: the hyperparameters, `pos` among them.
-  2. Position encodings: each scheme is a small pure function plus a module that
-     applies it in exactly one place:
-       learned     a trained (block_size, n_embd) table added to the tokens (GPT-2)
-       sinusoidal  a fixed sin/cos table added to the tokens (Vaswani et al. 2017)
-       rope        queries and keys rotated by their positions (Su et al. 2021)
-       alibi       a linear distance penalty added to the attention scores (Press et al. 2022)
-       none        nothing at all (NoPE): order is only visible through the causal mask
-  3. Attention, MLP, Block: GPT-2's pre-LayerNorm transformer (ALiBi through FlexAttention when training on CUDA).
-  4. GPT: embeddings, the stack, the tied output head, one documented init; OpenAI's GPT-2 weights.
-  5. Generation: the simple reference sampler (recomputes the whole context per token), and the
-     KV-cached one, which must produce the same tokens (tests/test_generation.py): a preallocated
-     cache written in place, and a decode step that torch.compile can turn into one graph.
-
-With pos="learned" this is exactly GPT-2 (same parameter names and shapes): GPT.from_pretrained("gpt2").
+A GPT-2 style language model whose position scheme is one switch, `GPTConfig.pos`. Read it top to bottom:
+the config; the position encodings, each a small pure function plus a module that applies it in one place
+(learned, sinusoidal, rope, alibi, none); attention, MLP and block; GPT with its init, OpenAI's GPT-2 weights
+and the reference sampler. Cached generation lives in generation.py. With pos="learned" this is exactly GPT-2.
 """
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -89,11 +75,10 @@ class GPTConfig:
 
 
 def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
-    """Vaswani et al. 2017, section 3.5: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(same).
+    """Vaswani et al. 2017, section 3.5: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(same). -> (n_pos, dim)
 
-    Pair i turns at angular frequency w_i = base^(-2i/dim), i.e. wavelength 2*pi*base^(2i/dim) tokens,
-    from 2*pi up to ~2*pi*base. Because sin/cos of (p + k) are a rotation of sin/cos of p, PE(p + k)
-    is a fixed linear map of PE(p) for every offset k. Any length, no parameters. -> (n_pos, dim)
+    Pair i turns at w_i = base^(-2i/dim): wavelengths from 2 pi to ~2 pi base tokens. sin/cos of p + k are a
+    rotation of sin/cos of p, so PE(p + k) is one fixed linear map of PE(p) for every p.
     """
     position = torch.arange(n_pos, dtype=torch.float64)
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
@@ -103,33 +88,21 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
 
 
 def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None):
-    """RoPE's inverse frequencies theta_i = base^(-2i/head_dim), i = 0 .. head_dim/2 - 1 (Su et al. 2021, eq. 15),
-    optionally rescaled to run a model trained on original_len tokens at factor s times that length,
-    without retraining. Returns (inv_freq float32, attention_scale); the scale multiplies cos and sin.
+    """RoPE's inverse frequencies theta_i = base^(-2i/d), i < d/2 (Su et al. 2021, eq. 15), optionally rescaled to
+    run a model trained on original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
 
-    scaling=None     plain RoPE.
-    "linear"         position interpolation (Chen et al. 2023): positions divided by s, i.e. theta_i / s.
-    "ntk"            NTK-aware: base' = base * s^(d / (d - 2)); high frequencies barely move, the lowest
-                     is interpolated by s (bloc97, 2023).
-    "dynamic"        dynamic NTK: the NTK base computed from the current length L = seq_len,
-                     base' = base * (s * L / T - (s - 1))^(d / (d - 2)); plain RoPE while L <= T.
-    "yarn"           YaRN (Peng et al. 2023): NTK-by-parts plus an attention temperature. Pairs that turn
-                     many times over the trained length T keep theta_i, pairs that turn less than once are
-                     interpolated (theta_i / s), a linear ramp in between; and cos, sin are multiplied by
-                     0.1 ln(s) + 1 (so q.k by its square: the paper's sqrt(1/t) on each side).
-
-    YaRN as the released models compute it. The paper (eq. 17-18) writes the ramp in the number of rotations
-    r_i = T theta_i / 2pi, linear from beta_slow = 1 to beta_fast = 32 rotations. The authors' code, and so every
-    released YaRN model and Hugging Face transformers (`_compute_yarn_parameters`), ramps linearly in the pair
-    INDEX instead, between integer bounds:
-        i(r)  = d ln(T / (2 pi r)) / (2 ln base)       the fractional pair index that turns r times over T
-        low   = max(floor(i(beta_fast)), 0),  high = min(ceil(i(beta_slow)), d - 1)   (high += 0.001 if equal)
-        ramp_i = clamp((i - low) / (high - low), 0, 1),  theta_i' = theta_i / s * ramp_i + theta_i * (1 - ramp_i)
-    Worked example, d = 8, T = 64, s = 4, base = 10^4, so theta = (1, 0.1, 0.01, 0.001):
-        i(32) = 8 ln(64 / 201.06) / (2 ln 10^4) = -0.4971 -> low = max(-1, 0) = 0
-        i(1)  = 8 ln(64 / 6.2832) / (2 ln 10^4) =  1.0080 -> high = min(2, 7) = 2
-        ramp = (0, 0.5, 1, 1), theta' = (1, 0.0625, 0.0025, 0.00025), attention scale 0.1 ln 4 + 1 = 1.1386.
-    (The paper's r-ramp would interpolate all four pairs here: even pair 0 turns only 10.2 < 32 times.)
+    "linear"   position interpolation (Chen et al. 2023): theta_i / s.
+    "ntk"      NTK-aware (bloc97, 2023): base' = base * s^(d / (d - 2)).
+    "dynamic"  NTK with the current length L = seq_len: base' = base * (s L / T - (s - 1))^(d / (d - 2)), L > T.
+    "yarn"     YaRN (Peng et al. 2023): fast pairs keep theta_i, slow pairs get theta_i / s, a ramp between;
+               cos and sin are multiplied by 0.1 ln(s) + 1 (so q.k by its square: sqrt(1/t) on each side).
+    YaRN's ramp as the released models compute it (the authors' code, transformers' _compute_yarn_parameters):
+    linear in the pair INDEX, where the paper (eq. 17-18) writes it in rotations r_i = T theta_i / 2 pi.
+        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair index that turns r times over T
+        low = max(floor(i(32)), 0), high = min(ceil(i(1)), d - 1) (+0.001 if equal)
+        ramp_i = clamp((i - low) / (high - low), 0, 1), theta_i' = theta_i / s * ramp_i + theta_i * (1 - ramp_i)
+    Worked: d = 8, T = 64, s = 4, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
+    ramp = (0, 0.5, 1, 1), theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386 (the paper's ramp would move all 4).
     """
 
     def plain(b):
@@ -178,12 +151,11 @@ def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of coordinates of x by its position's angle. x: (..., T, head_dim); cos, sin: (T, head_dim/2).
+    """Rotate each pair of coordinates of x (..., T, head_dim) by its position's angle; cos, sin: (T, head_dim/2).
 
-    Pair convention: halves, as GPT-NeoX and Llama ("rotate half"): coordinate i pairs with i + head_dim/2.
-    RoFormer interleaves (2i, 2i+1) instead; the two are the same rotation up to a fixed permutation of
-    the head dimensions (tests/test_positions.py proves it), so attention scores are identical.
-    The product is computed in cos's dtype (float32 under bf16 autocast) and cast back.
+    Pairs are halves, as GPT-NeoX and Llama ("rotate half"): coordinate i with i + head_dim/2. RoFormer's
+    interleaved (2i, 2i+1) is the same rotation up to a fixed permutation of the head dimensions
+    (tests/test_positions.py). Computed in cos's dtype (float32 under bf16 autocast), cast back.
     """
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -191,12 +163,9 @@ def apply_rope(x, cos, sin):
 
 
 def alibi_slopes(n_head):
-    """ALiBi head slopes m_h (Press et al. 2022, section 3).
-
-    For n a power of two: the geometric sequence starting at 2^(-8/n) with that same ratio,
-    e.g. 8 heads: 1/2, 1/4, ..., 1/256. Otherwise (the paper's rule, from its reference code): take the
-    slopes of the closest power of two below n, then every other slope of twice that power for the rest.
-    """
+    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence from
+    2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code does, the slopes of the
+    power of two below n, then every other slope of twice that power for the rest."""
 
     def power_of_two_slopes(n):
         start = 2.0 ** (-8.0 / n)
@@ -210,10 +179,8 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, n_query, n_key):
-    """The linear penalty -m_h * (i - j) for query position i and key position j. -> (n_head, n_query, n_key)
-
-    Queries are the last n_query of the n_key positions. The causal mask is added separately.
-    """
+    """-m_h (i - j) for query i and key j, the queries being the last n_query of n_key positions; the causal mask
+    is added separately. -> (n_head, n_query, n_key)"""
     query_pos = torch.arange(n_key - n_query, n_key, device=slopes.device)
     return alibi_bias_at(slopes, query_pos, torch.arange(n_key, device=slopes.device))
 
@@ -225,9 +192,8 @@ def alibi_bias_at(slopes, query_pos, key_pos):
 
 
 def causal_mask(query_pos, key_pos, window=None):
-    """Which keys each query may see, from absolute positions: query i sees key j if j <= i (causal) and, with a
-    window, i - j < window (sliding-window attention: itself and the window - 1 before it). A key position of -1
-    marks an empty KV-cache slot, never seen. -> (n_query, n_key) bool"""
+    """Query i sees key j if j <= i and, with a window, i - j < window (itself and the window - 1 before it).
+    A key position of -1 is an empty KV-cache slot, never seen. -> (n_query, n_key) bool"""
     distance = query_pos[:, None] - key_pos[None, :]  # i - j
     visible = (distance >= 0) & (key_pos >= 0)[None, :]
     if window is not None:
@@ -240,10 +206,17 @@ def causal_block_mask(n, device):
     return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n, n, device=device)
 
 
+class FlexMask(NamedTuple):
+    """A score bias for FlexAttention: score_mod adds it inside the fused kernel, so no (n_head, T, T) tensor is
+    built, and block_mask skips the blocks above the diagonal."""
+
+    score_mod: object
+    block_mask: object
+
+
 # -----------------------------------------------------------------------------
-# Position encodings: the modules. Each scheme acts in one of three places, through the same hooks, which GPT
-# calls once per forward. Positions are absolute, as (T,) tensors: 0 .. T-1 for a plain forward; with a KV cache
-# the queries continue where the cache stopped and the keys are the positions the cache holds.
+# Position encodings: the modules. Each acts in one of three places, through the same hooks, called once per
+# forward with absolute positions as (T,) tensors (0 .. T-1, or where a KV cache left off; keys: what it holds):
 #   max_len                          the longest sequence it can encode (None: unbounded)
 #   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses past its own)
 #   embed(tok_emb, positions)        -> what enters the first block (learned, sinusoidal add here)
@@ -303,12 +276,9 @@ class LearnedPositions(nn.Embedding):
 
 
 class SinusoidalPositions(NoPositions):
-    """Vaswani et al.: a fixed sin/cos table added to the token embedding, extended on demand.
-
-    Scale: the table has unit amplitude while GPT-2 initialises token embeddings with std 0.02, so
-    added as is it drowns the tokens. As in Vaswani et al. (section 3.4) the token embeddings are
-    multiplied by sqrt(n_embd) first, which brings them to the table's order of magnitude.
-    """
+    """Vaswani et al.: a fixed sin/cos table added to the token embedding, extended on demand. The table has unit
+    amplitude and GPT-2's token embeddings std 0.02, so, as in Vaswani et al. (3.4), the tokens are multiplied by
+    sqrt(n_embd) first: added as is, the table would drown them."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -325,11 +295,10 @@ class SinusoidalPositions(NoPositions):
 
 
 class RotaryPositions(NoPositions):
-    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. No additive embedding.
-    cos/sin are float32, tabulated for block_size positions and extended on demand. With a context
-    extension (config.rope_scaling) the frequencies are rescaled against the length the model was first trained
-    on: rope_original_len after a context-extension fine-tune at a longer block_size (Hugging Face's
-    original_max_position_embeddings), else block_size."""
+    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n; no additive embedding. cos/sin are
+    float32, tabulated for block_size positions and extended on demand. A context extension rescales the
+    frequencies against the length first trained on: rope_original_len after a fine-tune at a longer block_size
+    (Hugging Face's original_max_position_embeddings), else block_size."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -369,14 +338,11 @@ class ALiBiPositions(NoPositions):
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
     def score_bias(self, query_pos, key_pos):
-        # (1, n_head, n_query, n_key): SDPA's fused CPU kernel takes a 4-D mask; a 3-D one sends it down the
-        # unfused math path, 3-4x slower (docs/perf.md)
+        # 4-D (1, n_head, n_query, n_key): SDPA's fused CPU kernel takes no 3-D mask (docs/perf.md)
         return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
     def score_mod(self, score, batch, head, q_idx, kv_idx):
-        """The same bias for FlexAttention, added to each score inside its fused kernel: no (n_head, T, T)
-        tensor is ever built."""
-        return score - self.slopes[head] * (q_idx - kv_idx)
+        return score - self.slopes[head] * (q_idx - kv_idx)  # the same bias, inside FlexAttention's kernel
 
 
 # The one place where a scheme is chosen.
@@ -396,18 +362,17 @@ POSITION_MODULES = {
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx=0):
         super().__init__()
-        self.layer_idx = layer_idx  # which slot of a KVCache is ours
+        self.layer_idx = layer_idx  # which layer of a KV cache is ours
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope=None, score_bias=None, causal=True, cache=None, slots=None, flex=None):
-        """x: (B, T, C). rope: (cos, sin) to rotate q and k. score_bias: an additive (..., T, n_key) mask that
-        already holds the causal -inf; None means plain causal attention. cache, slots: a KVCache and where in it
-        this step's keys and values go; attention then runs over the keys and values it returns. flex:
-        (score_mod, block_mask) to run FlexAttention instead of SDPA. causal=False drops the mask (lessons only)."""
+    def forward(self, x, rope=None, mask=None, cache=None, causal=True):
+        """x: (B, T, C). rope: (cos, sin) for q and k. mask: None (plain causal attention), an additive score bias
+        holding the causal -inf, or a FlexMask. cache: a KV cache whose keys and values are attended to.
+        causal=False drops the mask (the lessons' permutation-equivariance demonstration)."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
@@ -416,23 +381,21 @@ class CausalSelfAttention(nn.Module):
         else:
             q, k, v = qkv.unbind(0)
         if cache is not None:  # keys are cached already rotated: a key's position never changes
-            k, v = cache.update(self.layer_idx, k, v, slots)
+            k, v = cache.update(self.layer_idx, k, v)
         dropout_p = self.dropout if self.training else 0.0
-        if flex is not None:  # fused, never materialises the scores; no dropout (GPT only picks it without)
-            y = compiled_flex_attention(q, k, v, score_mod=flex[0], block_mask=flex[1])
-        elif score_bias is not None:
-            # SDPA adds a float attn_mask to the scores; it must match q's dtype under autocast
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=score_bias.to(q.dtype), dropout_p=dropout_p)
-        else:  # flash attention on CUDA. With a cache and no mask, the one query sees every key it returned
+        if isinstance(mask, FlexMask):  # no dropout: GPT picks FlexAttention only without it
+            y = compiled_flex_attention(q, k, v, score_mod=mask.score_mod, block_mask=mask.block_mask)
+        elif mask is not None:  # SDPA adds a float attn_mask to the scores, in q's dtype under autocast
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
+        else:  # flash attention on CUDA; with a cache and no mask, the one query sees every key returned
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and cache is None)
         y = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # re-assemble the heads side by side
-        # dropout is the identity in eval mode: skip the call (decoding runs ~100 tiny ops per token, each shows)
-        return self.resid_dropout(y) if self.training else y
+        return self.resid_dropout(y) if self.training else y  # eval: skip the identity's call (decoding is per op)
 
 
 def compiled_flex_attention(q, k, v, score_mod, block_mask):
-    """flex_attention must be compiled to fuse (called as is, it materialises the scores). Inside a compiled
-    model it is traced with the rest; otherwise it runs through one compiled copy."""
+    """flex_attention fuses only when compiled (called as is, it materialises the scores): traced with the rest
+    inside a compiled model, else through one compiled copy."""
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
     return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask)
@@ -466,8 +429,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, score_bias=None, cache=None, slots=None, flex=None):
-        x = x + self.attn(self.ln_1(x), rope, score_bias, cache=cache, slots=slots, flex=flex)
+    def forward(self, x, rope=None, mask=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, mask, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -492,7 +455,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying (Press & Wolf 2017), as GPT-2: the output head reuses the token embedding
         self.transformer.wte.weight = self.lm_head.weight
-        # how a score bias that has a score_mod (ALiBi) is applied: None decides per call (flex_attention_applies);
+        # a score_mod bias (ALiBi) through FlexAttention: None decides per call (flex_attention_applies),
         # True / False force FlexAttention / SDPA with the bias materialised (the reference)
         self.use_flex_attention = None
         self.init_weights()
@@ -522,13 +485,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flex_attention_applies(self, device):
-        """The one place that picks FlexAttention: only for a scheme whose bias is a score_mod (ALiBi), in a forward
-        without a KV cache. By default for training on CUDA, where torch has it (>= 2.5) and no attention dropout
-        is due (it has none): there the (n_head, T, T) bias is never built and the blocks above the diagonal are
-        skipped. Not in eval mode: flex is compiled for static shapes, so each new length compiles it again and,
-        past torch's recompile limit (8), it runs unfused; the reference sampler, one token longer at every step,
-        then decoded at about 1% of SDPA's speed (docs/perf.md). Elsewhere SDPA with the materialised bias, the
-        reference. self.use_flex_attention = True / False forces it."""
+        """FlexAttention for a score_mod bias (ALiBi) by default only when training on CUDA without attention
+        dropout: it is compiled for static shapes, so in eval mode every new length would compile it again
+        (docs/perf.md). Elsewhere SDPA with the materialised bias, the reference."""
         if self.transformer.wpe.score_mod is None:
             return False
         dropout_due = self.training and self.config.dropout > 0
@@ -541,38 +500,42 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are given.
-        With a KVCache, idx continues the tokens already cached: positions start at cache.seen."""
+        With a KV cache (generation.KVCache), idx continues the tokens it holds: positions start at cache.seen."""
         T = idx.size(1)
         start = 0 if cache is None else cache.seen
         self.transformer.wpe.reserve(start + T)  # tables grow here, outside any step; learned refuses
         query_pos = torch.arange(start, start + T, device=idx.device)
-        key_pos, slots = (query_pos, None) if cache is None else cache.begin(query_pos)
-        logits = self.run(idx, query_pos, key_pos, cache, slots, seq_len=start + T)
+        key_pos = query_pos if cache is None else cache.begin(query_pos)
+        logits = self.run(idx, query_pos, key_pos, cache, seq_len=start + T)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def run(self, idx, query_pos, key_pos, cache=None, slots=None, seq_len=None):
+    def run(self, idx, query_pos, key_pos, cache=None, seq_len=None):
         """The transformer on tokens idx (B, T) at absolute positions query_pos (T,), attending to keys at key_pos
-        (themselves, or what the cache holds). forward() and decode_step() both come here. -> logits (B, T, V)"""
+        (themselves, or what the cache holds). -> logits (B, T, V)"""
         pos = self.transformer.wpe
         x = self.transformer.drop(pos.embed(self.transformer.wte(idx), query_pos))
         rope = pos.rotation(query_pos, seq_len)
-        score_bias, flex = None, None  # both None: plain causal attention, SDPA's is_causal (flash on CUDA)
-        if cache is None and self.flex_attention_applies(idx.device):
-            flex = (pos.score_mod, causal_block_mask(idx.size(1), idx.device))
-        else:
-            bias = pos.score_bias(query_pos, key_pos)
-            if cache is not None and not cache.needs_mask:  # one query that sees every key the cache returned
-                score_bias = bias
-            elif cache is not None or bias is not None:  # the mask, from the positions, plus the scheme's bias
-                visible = causal_mask(query_pos, key_pos, None if cache is None else cache.window)[None, None]
-                # (1, n_head or 1, T, n_key): 4-D, as SDPA's fused CPU kernel takes a mask (see ALiBi's score_bias)
-                score_bias = torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
+        mask = self.attention_mask(query_pos, key_pos, cache, idx.device)
         for block in self.transformer.h:
-            x = block(x, rope, score_bias, cache, slots, flex)
+            x = block(x, rope, mask, cache)
         return self.lm_head(self.transformer.ln_f(x))
+
+    def attention_mask(self, query_pos, key_pos, cache, device):
+        """What attention gets as its mask: None (SDPA's is_causal, flash on CUDA; or one query that sees every
+        key the cache returned), a FlexMask, or the causal mask from the positions plus the scheme's bias."""
+        pos = self.transformer.wpe
+        if cache is None and self.flex_attention_applies(device):
+            return FlexMask(pos.score_mod, causal_block_mask(query_pos.numel(), device))
+        bias = pos.score_bias(query_pos, key_pos)
+        if cache is not None and not cache.needs_mask:
+            return bias
+        if cache is None and bias is None:
+            return None
+        visible = causal_mask(query_pos, key_pos, None if cache is None else cache.window)[None, None]
+        return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))  # (1, n_head or 1, T, n_key)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with decoupled weight decay on matrices only (embeddings included), none on biases and
@@ -585,34 +548,25 @@ class GPT(nn.Module):
         fused = device_type == "cuda"  # one kernel for the whole update
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
-    # -------------------------------------------------------------------------
-    # OpenAI's GPT-2 weights (Radford et al. 2019), through Hugging Face transformers (an optional dependency)
-
     @classmethod
     def from_pretrained(cls, name):
-        """GPT-2 as OpenAI released it: name is one of GPT2_MODELS (gpt2 = 124M ... gpt2-xl = 1.5B parameters).
-        Downloads the weights with transformers' GPT2LMHeadModel.from_pretrained (or reads them from its cache)
-        and converts them with from_hf_gpt2: pos="learned", bias=True, vocab 50257, block_size 1024, dropout 0."""
+        """OpenAI's GPT-2 (Radford et al. 2019), name one of GPT2_MODELS, through transformers (downloaded once):
+        pos="learned", bias=True, vocab 50257, block_size 1024, dropout 0."""
         return cls.from_hf_gpt2(download_gpt2(name))
 
     @classmethod
     def from_hf_gpt2(cls, hf_model):
-        """This model with the weights of a transformers GPT2LMHeadModel, built or loaded already (so it also works
-        offline): see gpt2_weights_from_hf."""
+        """This model with the weights of a transformers GPT2LMHeadModel already built or loaded (works offline)."""
         config, state_dict = gpt2_weights_from_hf(hf_model)
         model = cls(config)
         model.load_state_dict(state_dict)
         return model.eval()
 
-    # -------------------------------------------------------------------------
-    # Generation
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
-        """The reference sampler: append max_new_tokens tokens to idx (B, T), re-running the whole context
-        for each one. Runs past block_size for every scheme but learned, which sees only the last
-        block_size tokens. max_context crops the context further (positions restart inside it).
-        temperature=0 picks the most likely token."""
+        """The reference sampler: append max_new_tokens tokens to idx (B, T), re-running the whole context for each
+        (generation.generate_cached is the fast one). Past its table learned sees the last block_size tokens;
+        max_context crops further, positions restarting inside it. temperature=0 picks the most likely token."""
         limits = [n for n in (self.max_len, max_context) if n is not None]
         crop = min(limits) if limits else None
         for _ in range(max_new_tokens):
@@ -622,89 +576,27 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
-    @torch.no_grad()
-    def generate_cached(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
-                        on_token=None, compile=False, backend=None):
-        """The same samples as generate(), in O(context) per token instead of O(context^2): the prompt is
-        run once (prefill), then each new token attends to the cached keys and values (decode). Two settings
-        differ from generate() by design, as README.md says: max_context, and rope_scaling="dynamic" (below).
 
-        Positions keep counting past block_size. A scheme with a position table (learned) cannot: once the
-        table is full the window of its last max_len tokens slides, positions restart inside it, and each
-        new token needs the whole window recomputed (as generate() does). For the other schemes max_context is a
-        sliding attention window over absolute positions (each token sees the max_context latest, so with several
-        layers information still flows from further back), where generate() re-runs only the last max_context
-        tokens with positions restarting at 0. With dynamic NTK scaling a key stays rotated by the frequencies of
-        the length at which it was cached (as in Hugging Face transformers), where generate() rotates every key by
-        those of the current length. on_token(next_ids (B, 1)) is called as each token is produced, for streaming.
-
-        The cache is allocated once for the whole generation (a ring of max_context slots with a window). With
-        compile=True every decode step runs through decode_step compiled once (see compile_decode_step; backend
-        is torch.compile's, e.g. "eager" in tests): the first call pays for the compilation.
-        """
-        B, n_prompt = idx.shape
-        crop = None if self.max_len is None else min(self.max_len, max_context or self.max_len)
-        prompt = idx if crop is None else idx[:, -crop:]
-        n_pos = prompt.size(1) + max_new_tokens - 1  # positions that get a key: the last token is never run
-        n_pos = n_pos if crop is None else min(n_pos, crop)
-        self.transformer.wpe.reserve(n_pos)  # every table sized once, before any step
-        cache = KVCache(self.config.n_layer, window=max_context if crop is None else None, max_len=n_pos)
-        out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
-        out[:, :n_prompt] = idx
-        # Eager steps run under inference_mode, which skips autograd's bookkeeping (version counters, view tracking)
-        # that no_grad still does: ~10% of a decode step of this many tiny ops. `out` and the position tables were
-        # made before it, so what is returned and what the model keeps are ordinary tensors (they can still train).
-        # A compiled step has no such bookkeeping to skip and stays under plain no_grad, as gpt-fast runs CUDA graphs
-        # (torch.compile from inside inference_mode has open CUDA-graph bugs, pytorch/pytorch#135892).
-        with contextlib.nullcontext() if compile else torch.inference_mode():
-            logits = self(prompt, cache=cache)[0][:, -1]  # prefill
-            if compile:
-                decode_step = self.compile_decode_step(backend)
-                cache.mark_static()
-                position = torch.full((1,), cache.seen, dtype=torch.long, device=idx.device)
-            for t in range(n_prompt, n_prompt + max_new_tokens):
-                idx_next = sample_next(logits, temperature, top_k, top_p)
-                out[:, t : t + 1] = idx_next
-                if on_token is not None:
-                    on_token(idx_next)
-                if t == n_prompt + max_new_tokens - 1:
-                    break
-                if crop is not None and t + 1 > crop:
-                    # the table is full: the window slides and every position in it changes, nothing to reuse
-                    logits = self(out[:, t + 1 - crop : t + 1])[0][:, -1]
-                elif compile:
-                    logits = decode_step(idx_next, position, cache)
-                    cache.seen += 1  # Python state stays out of the compiled graph: the position advances here
-                    position += 1
-                else:
-                    logits = self(idx_next, cache=cache)[0][:, -1]  # decode: one token against the cache
-        return out
-
-    def decode_step(self, idx, position, cache):
-        """One new token per row, idx (B, 1), at the absolute position held in `position`, a (1,) long tensor,
-        against a KVCache allocated for every position it will see. Shapes never change from one step to the
-        next: the whole cache is attended to (empty and out-of-window slots masked), and the position is a
-        tensor, not a Python int, so one compiled graph serves every step. The tables must already cover the
-        position (wpe.reserve) and cache.seen is left to the caller. -> logits (B, vocab_size)"""
-        key_pos, slots = cache.begin_static(position)
-        return self.run(idx, position, key_pos, cache, slots)[:, -1]
-
-    def compile_decode_step(self, backend=None):
-        """decode_step through torch.compile, with static shapes (dynamic=False) and in one graph. On CUDA
-        mode="reduce-overhead" records it as a CUDA graph: one launch per token instead of one per kernel. On other
-        devices torch.compile's default mode; backend: torch.compile's (default inductor, which needs a C++
-        compiler on CPU; "eager" traces without generating code). Each new cache size compiles again."""
-        if self.config.rope_scaling == "dynamic":
-            raise ValueError("rope_scaling='dynamic' recomputes the frequencies from the length at every step, "
-                             "which a static decode step cannot do: generate with compile=False")
-        if backend is not None:
-            return torch.compile(self.decode_step, backend=backend, fullgraph=True, dynamic=False)
-        mode = "reduce-overhead" if self.lm_head.weight.is_cuda else None
-        return torch.compile(self.decode_step, mode=mode, fullgraph=True, dynamic=False)
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
+    """One token per row from the last position's logits (B, V) -> (B, 1). temperature=0: the most likely token.
+    top_k: only the k most likely. top_p: nucleus sampling (Holtzman et al. 2020), the smallest set reaching top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))  # the top token always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
 # -----------------------------------------------------------------------------
-# OpenAI's GPT-2 weights, in this model's terms (GPT.from_pretrained and GPT.from_hf_gpt2 build a GPT from them)
+# OpenAI's GPT-2 weights, in this model's terms
 
 
 def download_gpt2(name):
@@ -714,8 +606,8 @@ def download_gpt2(name):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError("OpenAI's GPT-2 weights come through Hugging Face transformers: "
-                          "pip install transformers") from None
+        raise ImportError("OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through "
+                          "Hugging Face transformers: pip install transformers") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name)
     except OSError as error:
@@ -726,10 +618,8 @@ def download_gpt2(name):
 
 
 def gpt2_weights_from_hf(hf_model):
-    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel in this model's terms, without building a GPT: a
-    checkpoint's two parts, loadable as one (sample.py --init_from builds the model once, from them).
-    The parameter names are GPT-2's on both sides; only HF's Conv1D layers store their weight as (in, out) where
-    nn.Linear has (out, in), so those four are transposed, as nanoGPT does (views: loading copies them)."""
+    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel, without building a GPT. The names are GPT-2's on
+    both sides; HF's Conv1D stores (in, out) where nn.Linear has (out, in), so those four are transposed (views)."""
     c = hf_model.config
     if c.activation_function != "gelu_new" or c.layer_norm_epsilon != 1e-5 or c.n_inner not in (None, 4 * c.n_embd):
         raise ValueError(
@@ -749,130 +639,3 @@ def gpt2_weights_from_hf(hf_model):
             raise ValueError(f"{name}: {tuple(source.shape)} in transformers, {tuple(tensor.shape)} here")
         state_dict[name] = source
     return config, state_dict
-
-
-# -----------------------------------------------------------------------------
-# Generation: the KV cache and the sampling rule
-
-
-class KVCache:
-    """Each layer's keys and values of the tokens seen so far, so that decoding a token attends to them instead
-    of recomputing the prefix (as gpt-fast and nanochat's engine do). Keys are stored after RoPE.
-
-    The buffers are allocated once and written in place at each step (no concatenation per token), and every
-    slot remembers the absolute position of the key it holds (`positions`, -1 while empty): the causal mask,
-    a sliding window and ALiBi's distances all come from comparing a query's position with that buffer.
-
-    window: each token sees only the `window` latest (sliding-window attention); positions keep counting. The
-            buffer is then a ring of `window` slots: position p lives in slot p % window.
-    max_len: how many positions it will hold, allocated at the first step; None: as many as that step needs,
-            doubled whenever more are needed.
-    """
-
-    def __init__(self, n_layer, window=None, max_len=None):
-        if window is not None and window < 1:
-            raise ValueError(f"window must be a positive number of tokens, got {window}")
-        self.window = window
-        limits = [n for n in (window, max_len) if n is not None]
-        self.size = min(limits) if limits else None  # slots per layer
-        self.seen = 0  # tokens run through the model so far = the position of the next token
-        self.k = [None] * n_layer  # per layer: (B, n_head, size, head_dim), allocated at the first step
-        self.v = [None] * n_layer
-        self.positions = None  # (size,): the absolute position of the key in each slot, -1 while empty
-        self.n_read = None  # this step attends to slots [0, n_read) ...
-        self.n_old = None  # ... or, when not None, to the n_old old keys plus this step's new ones (see begin)
-        self.needs_mask = True  # False: every key this step attends to is visible to its one query
-
-    def begin(self, query_pos):
-        """Plan a step of T new tokens at query_pos = seen .. seen + T - 1. -> (key positions to attend to, slots to
-        write). Slots fill from 0 in order, so those in use are always [0, min(seen, size))."""
-        T, end = query_pos.numel(), self.seen + query_pos.numel()
-        needed = end if self.window is None else min(end, self.window)
-        if self.size is None or needed > self.size:  # room for every key a query of this step may see
-            size = max(needed, 2 * (self.size or 0))
-            self._resize(size if self.window is None else min(size, self.window), query_pos.device)
-        elif self.positions is None:
-            self._resize(self.size, query_pos.device)
-        slots = query_pos % self.size
-        if self.window is not None and T > 1:
-            # several tokens into a ring: writing first would overwrite keys the earlier ones still see, so
-            # they attend to the old keys plus all the new ones, and only the latest `size` are kept
-            self.n_old, keep = min(self.seen, self.size), min(T, self.size)
-            key_pos = torch.cat([self.positions[: self.n_old], query_pos])
-            self.positions.index_copy_(0, slots[-keep:], query_pos[-keep:])
-        else:
-            self.n_old, self.n_read = None, min(end, self.size)
-            self.positions.index_copy_(0, slots, query_pos)
-            key_pos = self.positions[: self.n_read]
-        self.needs_mask = T > 1  # one token sees all it gets: the keys before it, within the window
-        self.seen = end
-        return key_pos, slots
-
-    def begin_static(self, position):
-        """begin() for decode_step: one token at `position`, a (1,) tensor, written at slot position % size;
-        it attends over every slot, so shapes never change. -> (key positions, slots)"""
-        slots = position % self.size
-        self.positions.index_copy_(0, slots, position)
-        self.n_old, self.n_read, self.needs_mask = None, self.size, True
-        return self.positions, slots
-
-    def update(self, layer_idx, k, v, slots):
-        """Write this step's (B, nh, T, hs) keys and values at slots, in place; return the keys and values to
-        attend to."""
-        if self.k[layer_idx] is None:
-            B, n_head, _, head_dim = k.shape
-            self.k[layer_idx] = k.new_zeros(B, n_head, self.size, head_dim)
-            self.v[layer_idx] = v.new_zeros(B, n_head, self.size, head_dim)
-        cached_k, cached_v = self.k[layer_idx], self.v[layer_idx]
-        if self.n_old is not None:  # several tokens into a ring (see begin)
-            k_all = torch.cat([cached_k[:, :, : self.n_old], k], dim=2)
-            v_all = torch.cat([cached_v[:, :, : self.n_old], v], dim=2)
-            keep = min(k.size(2), self.size)
-            cached_k.index_copy_(2, slots[-keep:], k[:, :, -keep:])
-            cached_v.index_copy_(2, slots[-keep:], v[:, :, -keep:])
-            return k_all, v_all
-        cached_k.index_copy_(2, slots, k)
-        cached_v.index_copy_(2, slots, v)
-        return cached_k[:, :, : self.n_read], cached_v[:, :, : self.n_read]
-
-    def mark_static(self):
-        """Tell torch.compile that the buffers keep their addresses from step to step, so that a CUDA graph
-        writes into them where they are instead of copying them in and out at every token. (torch has no public
-        name for this; transformers' StaticCache calls the same function.)"""
-        for buffer in (*self.k, *self.v, self.positions):
-            if buffer is not None:
-                torch._dynamo.mark_static_address(buffer)
-
-    def _resize(self, size, device):
-        """(Re)allocate `size` slots per layer, keeping what the old ones held (they are a prefix)."""
-        positions = torch.full((size,), -1, dtype=torch.long, device=device)
-        if self.positions is not None:
-            positions[: self.positions.size(0)] = self.positions
-        self.positions = positions
-        for buffers in (self.k, self.v):
-            for i, old in enumerate(buffers):
-                if old is not None:
-                    buffers[i] = old.new_zeros(*old.shape[:2], size, old.size(3))
-                    buffers[i][:, :, : old.size(2)] = old
-        self.size = size
-
-
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
-    """One token per row from the last position's logits (B, V) -> (B, 1).
-
-    temperature=0: the most likely token (no division by zero). top_k: only the k most likely tokens.
-    top_p: nucleus sampling (Holtzman et al. 2020), the smallest set whose probability reaches top_p.
-    """
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = F.softmax(sorted_logits, dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))  # the top token always stays
-        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
-from cli import one_line_errors, parse_flags
+from plumbing.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
+from plumbing.cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
-from evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
-from hardware import check_device, check_device_name, resolve_device, synchronize
+from plumbing.evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
+from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
+from generation import generate_cached
 from model import GPT2_MODELS, ROPE_SCALINGS
 
 
@@ -166,7 +167,7 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     start = time.perf_counter()
     if cfg.kv_cache:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
-        out = model.generate_cached(idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
+        out = generate_cached(model, idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
     else:
         out = model.generate(idx, max_new_tokens, **sampling)
     synchronize(device)

@@ -30,16 +30,16 @@ from types import MappingProxyType
 
 import torch
 
-import checkpoint as ckpt_io
-from checkpoint import CheckpointError
-from cli import RunError, one_line_errors, parse_flags
+from plumbing import checkpoint as ckpt_io
+from plumbing.checkpoint import CheckpointError
+from plumbing.cli import RunError, one_line_errors, parse_flags
 from data.common import BatchSampler, EncodingUnavailable, ensure_prepared, load_meta
-from distributed import (Processes, StopSignals, check_torchrun_device, end_processes, micro_steps_per_rank,
+from plumbing.distributed import (Processes, StopSignals, check_torchrun_device, end_processes, micro_steps_per_rank,
                          start_processes, wrap_ddp)
-from hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
+from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed)
 from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
-from report import StepClock, format_seconds, header_line, start_wandb, step_line
+from plumbing.report import StepClock, format_seconds, header_line, start_wandb, step_line
 
 # The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
 # "I only have a macbook"), small enough to learn something in minutes on a laptop. model.py's GPTConfig

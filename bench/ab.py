@@ -40,8 +40,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import model as current  # noqa: E402
-from cli import UsageError, one_line_errors, parse_flags, parse_list  # noqa: E402
-from report import markdown_table  # noqa: E402
+from plumbing.cli import UsageError, one_line_errors, parse_flags, parse_list  # noqa: E402
+from plumbing.report import markdown_table  # noqa: E402
 
 MEASURES = ("decode", "train")
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # python -m demo.x runs from the root already; docs/make_figures.py does not
     sys.path.insert(0, str(ROOT))
 
-from checkpoint import checkpoint_path, load_model
-from evaluation import validation_tokens
+from plumbing.checkpoint import checkpoint_path, load_model
+from plumbing.evaluation import validation_tokens
 from model import CausalSelfAttention, apply_rope, causal_mask
 
 FIGURE_MODELS = ROOT / "out" / "figures"  # where the small models of the figures and demos are trained

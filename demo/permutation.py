@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cli import one_line_errors, parse_flags
+from plumbing.cli import one_line_errors, parse_flags
 from demo import (
     FIGURE_MAX_ITERS,
     describe,

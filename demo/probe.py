@@ -18,7 +18,7 @@ in (lesson section 1).
 import sys
 from dataclasses import dataclass
 
-from cli import one_line_errors, parse_flags
+from plumbing.cli import one_line_errors, parse_flags
 from demo import (
     FIGURE_MAX_ITERS,
     describe,

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as python docs/make_figures.py: the root holds model.py, cli.py, demo/
     sys.path.insert(0, str(ROOT))
 
-from cli import one_line_errors, parse_flags
+from plumbing.cli import one_line_errors, parse_flags
 from demo import (
     FIGURE_MAX_ITERS,
     attention_probabilities,

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:  # run as `python experiments/extrapolation.py`: t
 
 import torch  # noqa: E402
 
-from checkpoint import checkpoint_path, fine_tune_dir, saved_model_config  # noqa: E402
-from cli import RunError, one_line_errors, parse_flags  # noqa: E402
+from plumbing.checkpoint import checkpoint_path, fine_tune_dir, saved_model_config  # noqa: E402
+from plumbing.cli import RunError, one_line_errors, parse_flags  # noqa: E402
 from model import POS_SCHEMES  # noqa: E402
 
 DATASET = "shakespeare_char"

@@ -14,7 +14,7 @@ import torch
 
 import sample
 import train
-from cli import parse_list
+from plumbing.cli import parse_list
 from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,9 +122,9 @@ def test_a_checkpoint_written_before_the_layout_change_still_samples_and_resumes
 
 def test_python_version_check_is_one_line():
     """cli.py says which Python it needs before tomllib's import could fail with a traceback."""
-    source = (ROOT / "cli.py").read_text()
+    source = (ROOT / "plumbing" / "cli.py").read_text()
     assert source.index("sys.version_info < (3, 11)") < source.index("import tomllib")
-    code = "import sys; sys.version_info = (3, 10, 12); sys.version = '3.10.12 (fake)'; import cli"
+    code = "import sys; sys.version_info = (3, 10, 12); sys.version = '3.10.12 (fake)'; import plumbing.cli"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.strip() == \
         "posgpt needs Python 3.11 or newer (for tomllib); this is Python 3.10.12", done.stderr

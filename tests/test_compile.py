@@ -7,8 +7,8 @@ TorchDynamo exactly as inductor does but skips code generation, so the check cos
 import pytest
 import torch
 
-import checkpoint
-import hardware
+from plumbing import checkpoint
+from plumbing import hardware
 import train
 from model import GPT, POS_SCHEMES, GPTConfig
 

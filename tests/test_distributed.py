@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import cli
-import distributed
+from plumbing import checkpoint
+from plumbing import cli
+from plumbing import distributed
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ COUNT_ALL_REDUCES = """
 import sys
 from dataclasses import replace
 sys.path.insert(0, {root!r})
-import distributed
+from plumbing import distributed
 import train
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import model as model_module
+from generation import generate_cached
 from model import GPT, POS_SCHEMES, GPTConfig
 
 
@@ -95,4 +96,4 @@ def test_kv_cache_keeps_the_sdpa_path():
     model.use_flex_attention = False
     reference = model.generate(prompt, 12, temperature=0)
     model.use_flex_attention = True
-    assert torch.equal(model.generate_cached(prompt, 12, temperature=0), reference)
+    assert torch.equal(generate_cached(model, prompt, 12, temperature=0), reference)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from model import (GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, KVCache, apply_rope, rope_cos_sin, rope_frequencies,
-                   sample_next)
+from generation import KVCache, generate_cached
+from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, apply_rope, rope_cos_sin, rope_frequencies, sample_next
 
 
 BLOCK = 16
@@ -60,7 +60,7 @@ def test_greedy_tokens_identical_with_and_without_cache(pos):
     model = tiny_model(pos)
     prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(3))
     reference = model.generate(prompt, 4 * BLOCK, temperature=0)
-    cached = model.generate_cached(prompt, 4 * BLOCK, temperature=0)
+    cached = generate_cached(model, prompt, 4 * BLOCK, temperature=0)
     assert torch.equal(cached, reference)
 
 
@@ -69,7 +69,7 @@ def test_learned_max_context_crops_the_same_way_in_both_samplers():
     model = tiny_model("learned")
     prompt = torch.randint(0, 32, (1, 4), generator=torch.Generator().manual_seed(4))
     reference = model.generate(prompt, 40, temperature=0, max_context=6)
-    cached = model.generate_cached(prompt, 40, temperature=0, max_context=6)
+    cached = generate_cached(model, prompt, 40, temperature=0, max_context=6)
     assert torch.equal(cached, reference)
 
 
@@ -79,9 +79,9 @@ def test_same_seed_same_sample_and_streaming_sees_every_token():
     prompt = torch.zeros(3, 1, dtype=torch.long)
     streamed = []
     torch.manual_seed(5)
-    first = model.generate_cached(prompt, 30, temperature=1.0, top_k=10, on_token=streamed.append)
+    first = generate_cached(model, prompt, 30, temperature=1.0, top_k=10, on_token=streamed.append)
     torch.manual_seed(5)
-    second = model.generate_cached(prompt, 30, temperature=1.0, top_k=10)
+    second = generate_cached(model, prompt, 30, temperature=1.0, top_k=10)
     assert torch.equal(first, second)
     assert torch.equal(torch.cat(streamed, dim=1), first[:, 1:])
 
@@ -91,7 +91,7 @@ def test_generating_past_the_tables_leaves_a_model_that_still_trains(pos):
     """generate_cached runs its steps under inference_mode, yet the tokens it returns and the position tables it grew
     past block_size are ordinary tensors: they train (embedding saves its indices for backward) and mutate."""
     model = tiny_model(pos)
-    tokens = model.generate_cached(torch.zeros(2, 1, dtype=torch.long), 3 * BLOCK, temperature=0)
+    tokens = generate_cached(model, torch.zeros(2, 1, dtype=torch.long), 3 * BLOCK, temperature=0)
     assert not tokens.is_inference()
     assert not any(buffer.is_inference() for buffer in model.buffers())
     model.train()
@@ -326,10 +326,10 @@ def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
     model = tiny_model(pos)
     prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(10))
     with torch._dynamo.config.patch(error_on_recompile=True):
-        compiled = model.generate_cached(prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
-    assert torch.equal(compiled, model.generate_cached(prompt, 4 * BLOCK, temperature=0))
-    windowed = model.generate_cached(prompt, 3 * BLOCK, temperature=0, max_context=7, compile=True, backend="eager")
-    assert torch.equal(windowed, model.generate_cached(prompt, 3 * BLOCK, temperature=0, max_context=7))
+        compiled = generate_cached(model, prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
+    assert torch.equal(compiled, generate_cached(model, prompt, 4 * BLOCK, temperature=0))
+    windowed = generate_cached(model, prompt, 3 * BLOCK, temperature=0, max_context=7, compile=True, backend="eager")
+    assert torch.equal(windowed, generate_cached(model, prompt, 3 * BLOCK, temperature=0, max_context=7))
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -341,8 +341,8 @@ def test_decoding_builds_no_autograd_graph(compile):
     assert all(p.requires_grad for p in model.parameters())
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-        model.generate_cached(torch.zeros(1, 2, dtype=torch.long), BLOCK, temperature=0, compile=compile,
-                              backend="eager")
+        generate_cached(model, torch.zeros(1, 2, dtype=torch.long), BLOCK, temperature=0, compile=compile,
+                        backend="eager")
     assert saved == []
 
 
@@ -351,12 +351,12 @@ def test_compiled_decoding_with_inductor_matches():
     torch.compiler.reset()
     model = tiny_model("rope")
     prompt = torch.randint(0, 32, (1, 3), generator=torch.Generator().manual_seed(11))
-    compiled = model.generate_cached(prompt, 2 * BLOCK, temperature=0, compile=True)
-    assert torch.equal(compiled, model.generate_cached(prompt, 2 * BLOCK, temperature=0))
+    compiled = generate_cached(model, prompt, 2 * BLOCK, temperature=0, compile=True)
+    assert torch.equal(compiled, generate_cached(model, prompt, 2 * BLOCK, temperature=0))
 
 
 def test_compiled_decoding_refuses_dynamic_ntk():
     """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot: say so."""
     model = tiny_model("rope", rope_scaling="dynamic", rope_factor=2.0)
     with pytest.raises(ValueError, match="dynamic.*compile=False"):
-        model.generate_cached(torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager")
+        generate_cached(model, torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager")

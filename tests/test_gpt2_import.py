@@ -12,8 +12,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from checkpoint import build_model
+from plumbing.checkpoint import build_model
 from conftest import ROOT
+from generation import generate_cached
 from model import GPT, gpt2_weights_from_hf
 
 REASON = "the GPT-2 import needs Hugging Face transformers: pip install transformers"
@@ -79,7 +80,7 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
     prompt = torch.randint(0, 50, (1, 4), generator=torch.Generator().manual_seed(2))
     expected = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
                                  attention_mask=torch.ones_like(prompt))
-    assert torch.equal(model.generate_cached(prompt, 12, temperature=0), expected)
+    assert torch.equal(generate_cached(model, prompt, 12, temperature=0), expected)
 
 
 def test_position_past_n_positions_is_a_clear_error():

@@ -3,7 +3,7 @@ weights, for context-extension fine-tuning. Tiny models on CPU through train.mai
 import pytest
 import torch
 
-import checkpoint
+from plumbing import checkpoint
 import train
 from model import rope_frequencies
 from helpers import train_error_line

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from distributed import Processes
+from plumbing.distributed import Processes
 from model import GPT, GPTConfig, sinusoidal_embedding
 
 

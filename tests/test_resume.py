@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint as ckpt_io
-import distributed
+from plumbing import checkpoint as ckpt_io
+from plumbing import distributed
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
 from helpers import train_error_line
@@ -131,7 +131,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
 
 WRITER = """
 import itertools, sys, torch
-import checkpoint as ckpt_io
+from plumbing import checkpoint as ckpt_io
 path = sys.argv[1]
 ckpt_io.save_checkpoint({"model": {"w": torch.zeros(4)}, "model_config": {"version": 0}}, path)
 for version in itertools.count(1):  # big files (32 MB), so that a kill lands in the middle of one

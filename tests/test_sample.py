@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-import evaluation
+from plumbing import evaluation
 import sample
 import train
 from data.common import CharTokenizer, get_tokenizer

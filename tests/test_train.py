@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import hardware
+from plumbing import checkpoint
+from plumbing import hardware
 import train
 from helpers import train_error_line
 from model import GPT, POS_SCHEMES, GPTConfig

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cli import RunError
-from hardware import resolve_device
+from plumbing.cli import RunError
+from plumbing.hardware import resolve_device
 
 
 @dataclass(frozen=True)

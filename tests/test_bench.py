@@ -1,8 +1,9 @@
 """bench.py runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
 one line. Speed itself is measured by bench.py, never asserted here."""
-import importlib.util
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import bench
 from helpers import error_line
 from model import POS_SCHEMES
+from perf import ab
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,21 +121,23 @@ def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp
     assert "dataset='shakespear' is not a dataset here" in err and "shakespeare_char" in err, err
 
 
-def load_ab():
-    spec = importlib.util.spec_from_file_location("ab", ROOT / "bench" / "ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The last commit before cached generation left model.py for generation.py: GPT.generate_cached was a method then.
+BEFORE_GENERATION_PY = "491106f"
+
+
+def skip_without_git_history(revision="HEAD"):
+    """perf.ab --against reads model.py from git history: a tarball or a shallow clone may not hold it."""
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{revision}:model.py"], capture_output=True)
+    if found.returncode != 0:
+        pytest.skip(f"perf.ab --against needs {revision}:model.py from git history, which this checkout lacks")
 
 
 def test_ab_checks_the_module_free_loop_and_model_versions_before_timing_them():
-    """bench/ab.py: its module-free loop gives the model's logits for every scheme it writes out (sinusoidal, rope,
+    """perf.ab: its module-free loop gives the model's logits for every scheme it writes out (sinusoidal, rope,
     alibi, none; learned is refused in one line), and model.py loaded from a git revision (HEAD) decodes the same
     tokens beside this tree's (it refuses to time either otherwise); training steps too. Every figure is finite.
     Speed is not asserted."""
-    if not (ROOT / ".git").exists():
-        pytest.skip("bench/ab.py --against reads model.py from git history: this is not a git checkout")
-    ab = load_ab()
+    skip_without_git_history()
     module_free = ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
     with pytest.raises(SystemExit, match="2"):
         ab.main(["--module_free", "--pos=learned,rope"])
@@ -143,3 +147,19 @@ def test_ab_checks_the_module_free_loop_and_model_versions_before_timing_them():
     assert [row[0] for row in decoding] == ["rope", "alibi"]
     assert [row[0] for row in training] == ["learned", "rope"]
     assert all(math.isfinite(x) and x > 0 for row in module_free + decoding + training for x in row[1:])
+
+
+def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
+    """A revision's generation.py imports that revision's model.py (not this tree's), and `import model` still
+    means this tree's afterwards."""
+    skip_without_git_history()
+    side = ab.side_at("HEAD")
+    assert sys.modules["generation_at_revision"].sample_next is side.module.sample_next
+    assert side.module is not ab.current and sys.modules["model"] is ab.current
+
+
+def test_ab_measures_a_revision_from_before_generation_py():
+    """Before generation.py, generate_cached was a method of GPT: perf.ab calls that one for such a revision."""
+    skip_without_git_history(BEFORE_GENERATION_PY)
+    decoding = ab.main([f"--against={BEFORE_GENERATION_PY}", "--pos=rope", "--new_tokens=6", "--rounds=1"])
+    assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])

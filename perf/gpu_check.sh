@@ -6,13 +6,13 @@
 #      keeps a step short.
 #   2. bench.py generation, cached vs uncached at 1 x block_size (1024 new tokens), every scheme, in a run of its
 #      own: a slow compile in 1 cannot take its time.
-#   3. compiled decoding (where model.py offers it) on rope, in a run of its own (the reference is skipped: 2
+#   3. compiled decoding (where generation.py offers it) on rope, in a run of its own (the reference is skipped: 2
 #      measured it).
 #   4. the tests that need CUDA (they skip on a machine without it).
 # TORCH_LOGS="recompiles,graph_breaks" goes to torch_logs*.txt; summary.txt counts both. Every figure is in the
 # JSON files. Random tokens: no dataset is needed.
 #
-#     OUT=/tmp/gpu_check bash bench/gpu_check.sh      # writes env.txt, bench_124m.{json,log} (training),
+#     OUT=/tmp/gpu_check bash perf/gpu_check.sh       # writes env.txt, bench_124m.{json,log} (training),
 #                                                     # generate_124m.{json,log}, decode_124m.{json,log},
 #                                                     # torch_logs*.txt, pytest_cuda.log, summary.txt under $OUT
 #

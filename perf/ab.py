@@ -4,13 +4,14 @@ drift reaches both sides alike: what a change to model.py bought, and where a de
 The model is nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65, bias off), random
 weights.
 
-    python bench/ab.py --against=5af28a4                   # decoding: model.py at that git revision vs this tree
-    python bench/ab.py --against=e752f8b --measure=train   # training steps, the same comparison
-    python bench/ab.py --module_free                       # decoding: generate_cached vs no nn.Module at all
+    python -m perf.ab --against=5af28a4                    # decoding: model.py at that git revision vs this tree
+    python -m perf.ab --against=e752f8b --measure=train    # training steps, the same comparison
+    python -m perf.ab --module_free                        # decoding: generate_cached vs no nn.Module at all
 
---against=REV: model.py as committed at REV (loaded from `git show`, beside this tree's) against this tree's,
-per --pos; the last column is this tree's speed over the other side's. --measure=decode: tokens/s of greedy
-generate_cached from one token, the two sides checked to give the same tokens before anything is timed.
+--against=REV: model.py as committed at REV (loaded from `git show`, beside this tree's, with REV's generation.py
+where it has one) against this tree's, per --pos; the last column is this tree's speed over the other side's.
+--measure=decode: tokens/s of greedy generate_cached from one token, the two sides checked to give the same
+tokens before anything is timed.
 --measure=train: ms per optimizer step (forward, backward, gradient clipping at 1.0, AdamW) on a batch of
 12 x 64 random tokens, --steps per round, every scheme of both sides interleaved; with learned among the
 schemes, each one's step time over learned's too.
@@ -29,19 +30,22 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/ab.py`: the modules live one folder up
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import model as current
+from generation import generate_cached
+from plumbing.cli import UsageError, one_line_errors, parse_flags, parse_list
+from plumbing.report import markdown_table
 
-import model as current  # noqa: E402
-from plumbing.cli import UsageError, one_line_errors, parse_flags, parse_list  # noqa: E402
-from plumbing.report import markdown_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+PROG = "python -m perf.ab"
 
 MEASURES = ("decode", "train")
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
@@ -82,14 +86,55 @@ def recipe_model(module, pos):
     return module.GPT(config)
 
 
-def model_at(revision):
-    """The model module as committed at `revision` (this repository's own history)."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:model.py"], capture_output=True, text=True)
-    if source.returncode != 0:
-        raise UsageError(f"--against={revision}: git show found no model.py there ({source.stderr.strip()})")
-    module = sys.modules.setdefault("model_at_revision", types.ModuleType("model_at_revision"))
-    exec(compile(source.stdout, f"{revision}:model.py", "exec"), module.__dict__)
+class Side(NamedTuple):
+    """One side of a comparison: a model module and the generate_cached(model, idx, max_new_tokens, ...) for it."""
+    module: types.ModuleType
+    generate: Callable
+
+
+THIS_TREE = Side(current, generate_cached)
+
+
+def git_show(revision, path):
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True)
+
+
+def module_from_source(name, source, origin):
+    """A fresh module `name` running `source`, registered in sys.modules (dataclasses look their module up there)."""
+    module = sys.modules[name] = types.ModuleType(name)
+    exec(compile(source, origin, "exec"), module.__dict__)
     return module
+
+
+@contextmanager
+def module_as(name, module):
+    """sys.modules[name] is `module` inside the block, what it was before after it."""
+    saved = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        yield
+    finally:
+        if saved is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = saved
+
+
+def side_at(revision):
+    """model.py as committed at `revision` (this repository's own history), and its cached generation: REV's
+    generation.py where it has one, else the method GPT.generate_cached that came before it."""
+    model_source = git_show(revision, "model.py")
+    if model_source.returncode != 0:
+        raise UsageError(f"--against={revision}: git show found no model.py there ({model_source.stderr.strip()})")
+    module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
+    generation_source = git_show(revision, "generation.py")
+    if generation_source.returncode != 0:
+        return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
+    # its `from model import ...` runs now, at the top of the source, and must get REV's model.py, not this tree's
+    with module_as("model", module):
+        generation = module_from_source("generation_at_revision", generation_source.stdout,
+                                        f"{revision}:generation.py")
+    return Side(module, generation.generate_cached)
 
 
 @torch.inference_mode()
@@ -145,13 +190,13 @@ def module_free_matches_or_exit(pos, model, n_new):
         expected = sharp(torch.cat([torch.zeros(1, 1, dtype=torch.long), tokens[:, :-1]], dim=1))[0]
     error = (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max()
     if not error < 1e-4:
-        raise SystemExit(f"bench/ab.py: {pos}: the module-free loop's logits are not the model's; nothing timed")
+        raise SystemExit(f"{PROG}: {pos}: the module-free loop's logits are not the model's; nothing timed")
 
 
-def cached_sampler(model, n_new):
-    """A function generating n_new greedy tokens from token 0 with the KV cache (-> the new tokens)."""
+def cached_sampler(side, model, n_new):
+    """A function generating n_new greedy tokens from token 0 with the side's KV cache (-> the new tokens)."""
     prompt = torch.zeros(1, 1, dtype=torch.long)
-    return lambda: model.eval().generate_cached(prompt, n_new, temperature=0)[:, 1:]
+    return lambda: side.generate(model.eval(), prompt, n_new, temperature=0)[:, 1:]
 
 
 def trainer(model, steps):
@@ -185,10 +230,10 @@ def alternate(runs, rounds):
 def same_tokens_or_exit(pos, samplers):
     first, second = (sample() for sample in samplers)
     if not torch.equal(first, second):
-        raise SystemExit(f"bench/ab.py: {pos}: the two sides generate different tokens; nothing timed")
+        raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
 
 
-def compare_decoding(cfg, old_module):
+def compare_decoding(cfg, old_side):
     """[(pos, side A tok/s, side B tok/s)], side B always this tree's generate_cached."""
     rows = []
     for pos in cfg.schemes:
@@ -197,19 +242,19 @@ def compare_decoding(cfg, old_module):
             module_free_matches_or_exit(pos, model, cfg.new_tokens)
             side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
         else:
-            side_a = cached_sampler(recipe_model(old_module, pos), cfg.new_tokens)
-        samplers = {"a": side_a, "b": cached_sampler(model, cfg.new_tokens)}
+            side_a = cached_sampler(old_side, recipe_model(old_side.module, pos), cfg.new_tokens)
+        samplers = {"a": side_a, "b": cached_sampler(THIS_TREE, model, cfg.new_tokens)}
         same_tokens_or_exit(pos, samplers.values())
         seconds = alternate(samplers, cfg.rounds)
         rows.append((pos, cfg.new_tokens / seconds["a"], cfg.new_tokens / seconds["b"]))
     return rows
 
 
-def compare_training(cfg, old_module):
+def compare_training(cfg, old_side):
     """[(pos, REV ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
     schemes = cfg.schemes
     runs = {(side, pos): trainer(recipe_model(module, pos), cfg.steps)
-            for side, module in (("a", old_module), ("b", current)) for pos in schemes}
+            for side, module in (("a", old_side.module), ("b", current)) for pos in schemes}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
     seconds = alternate(runs, cfg.rounds)
@@ -217,11 +262,10 @@ def compare_training(cfg, old_module):
 
 
 def main(argv=None):
-    values = parse_flags(argv, "bench/ab.py", __doc__, [("comparison", ABConfig, None)],
-                         choices={"measure": MEASURES})
-    with one_line_errors("bench/ab.py"):
+    values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices={"measure": MEASURES})
+    with one_line_errors(PROG):
         cfg = ABConfig(**values)
-        old_module = model_at(cfg.against) if cfg.against else None
+        old_side = side_at(cfg.against) if cfg.against else None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
@@ -229,11 +273,11 @@ def main(argv=None):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
           f"median of {cfg.rounds} alternated runs")
     if cfg.measure == "decode":
-        rows = compare_decoding(cfg, old_module)
+        rows = compare_decoding(cfg, old_side)
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
-        rows = compare_training(cfg, old_module)
+        rows = compare_training(cfg, old_side)
         learned = {side: row[side] for row in rows if row[0] == "learned" for side in (1, 2)}
         vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]

@@ -97,12 +97,18 @@ def save_meta(path, meta: dict) -> None:
     Path(path).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def _from_root(command: str) -> str:
+    """command (python -m data....) as typed where the user stands: -m finds the data package in the current
+    folder, so from anywhere but the repository root it needs a cd first."""
+    root = DATA_ROOT.parent
+    return command if Path.cwd().resolve() == root else f"cd {os.path.relpath(root)} && {command}"
+
+
 def _prepare_command(data_dir: Path) -> str:
     """The command that (re)creates the dataset in data_dir."""
-    script = data_dir / "prepare.py"
-    if script.is_file():
-        return f"python {os.path.relpath(script)}"
-    return f"python data/text/prepare.py --input FILE --name {data_dir.name}"
+    if (data_dir / "prepare.py").is_file():
+        return _from_root(f"python -m data.{data_dir.name}.prepare")
+    return _from_root(f"python -m data.text.prepare --input FILE --name {data_dir.name}")
 
 
 def load_meta(data_dir) -> dict:
@@ -211,7 +217,7 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise FileNotFoundError(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
-            f"or make one from your own text with python data/text/prepare.py --input FILE")
+            f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}")
     if all((data_dir / f).is_file() for f in FILES):
         return data_dir
     if name not in EMBEDDED:

@@ -1,5 +1,8 @@
 """The data format, the preparation scripts and the batch sampler (data/), on small real inputs."""
 import io
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from data.text.prepare import prepare_file
 from helpers import skip_without_gpt2
 
 TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")
+ROOT = DATA_ROOT.parent
 EOT = 50256
 
 
@@ -203,7 +207,7 @@ def test_ensure_prepared_lists_datasets_for_an_unknown_name():
     with pytest.raises(FileNotFoundError) as info:
         ensure_prepared("no_such_dataset")
     message = str(info.value)
-    for name in ("shakespeare_char", "shakespeare", "fineweb_edu", "data/text/prepare.py"):
+    for name in ("shakespeare_char", "shakespeare", "fineweb_edu", "python -m data.text.prepare --input FILE"):
         assert name in message
 
 
@@ -218,11 +222,33 @@ def test_ensure_prepared_builds_an_embedded_dataset_once(tmp_path, capsys):
 
 
 def test_ensure_prepared_names_the_prepare_command(tmp_path):
-    """A dataset that must be downloaded is not prepared silently: the error names its prepare.py."""
+    """A dataset that must be downloaded is not prepared silently: the error names its prepare module."""
     (tmp_path / "webdata").mkdir()
     (tmp_path / "webdata" / "prepare.py").write_text("")
-    with pytest.raises(FileNotFoundError, match=r"dataset 'webdata' is not prepared: run python .*webdata/prepare\.py"):
+    command = r"(cd \S+ && )?python -m data\.webdata\.prepare"  # the cd when pytest runs elsewhere than the root
+    with pytest.raises(FileNotFoundError, match=rf"dataset 'webdata' is not prepared: run {command}$"):
         ensure_prepared("webdata", data_root=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["shakespeare_char", "shakespeare", "text", "fineweb_edu"])
+def test_each_prepare_script_runs_as_a_module_from_the_root(name):
+    """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit (--help: no work)."""
+    done = subprocess.run([sys.executable, "-m", f"data.{name}.prepare", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m data.{name}.prepare"), done.stderr
+
+
+def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
+    """-m finds the data package in the current folder only: away from the root, the suggestion starts with a cd
+    there, and the command runs as given."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        ensure_prepared("no_such_dataset")
+    command = str(info.value).split("from your own text with ")[1]
+    assert command.startswith("cd ")
+    done = subprocess.run(command.replace("python ", f"{shlex.quote(sys.executable)} ", 1) + " --help", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage: python -m data.text.prepare" in done.stdout, done.stderr
 
 
 def test_load_meta_errors(tmp_path):

@@ -2,8 +2,8 @@
 FineWeb-Edu (its 10B-token sample) as GPT-2 BPE tokens: the web-scale corpus for GPU runs.
 
     pip install datasets
-    python data/fineweb_edu/prepare.py                            # the whole sample: ~10B tokens, ~20 GB
-    python data/fineweb_edu/prepare.py --max_tokens 1000000000    # the first ~1B train tokens, for shorter runs
+    python -m data.fineweb_edu.prepare                            # the whole sample: ~10B tokens, ~20 GB
+    python -m data.fineweb_edu.prepare --max_tokens 1000000000    # the first ~1B train tokens, for shorter runs
 
 Why FineWeb-Edu rather than nanoGPT's OpenWebText: on the Hugging Face Hub OpenWebText is a loading script,
 which `datasets` 4 refuses ("Dataset scripts are no longer supported", nanoGPT issue #633), and pinning an old
@@ -17,13 +17,9 @@ the rest to train, so the two never share a document.
 """
 import argparse
 import os
-import sys
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import islice
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, it needs the repo root to import data.common
 
 import numpy as np
 from tqdm import tqdm
@@ -105,7 +101,9 @@ def stream_documents():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.")
+    parser = argparse.ArgumentParser(
+        prog="python -m data.fineweb_edu.prepare",
+        description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.")
     parser.add_argument("--max_tokens", type=int, default=None, help="stop once train holds this many tokens (default: all)")
     parser.add_argument("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")
     parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) - 1),

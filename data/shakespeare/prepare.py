@@ -1,17 +1,13 @@
 """
 Tiny Shakespeare as GPT-2 BPE tokens (nanoGPT's shakespeare): 90% train, 10% val, split by characters.
 
-    python data/shakespeare/prepare.py
+    python -m data.shakespeare.prepare
 
 Reads the one copy of the corpus, data/shakespeare_char/input.txt. The BPE comes from tiktoken, which
 downloads it on first use; offline, point TIKTOKEN_CACHE_DIR at a folder that holds its cached files.
 train.py prepares this dataset by itself on first use (data.common.ensure_prepared).
 """
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, it needs the repo root to import data.common
 
 from data.common import DATA_ROOT, dataset_dir, exit_on_user_error, summarize
 from data.text.prepare import prepare_file
@@ -25,7 +21,9 @@ def prepare(out_dir=None) -> dict:
 
 
 def main(argv=None):
-    argparse.ArgumentParser(description="Prepare data/shakespeare from data/shakespeare_char/input.txt.").parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m data.shakespeare.prepare",
+                                     description="Prepare data/shakespeare from data/shakespeare_char/input.txt.")
+    parser.parse_args(argv)
     with exit_on_user_error():
         meta = prepare()
     print(summarize(dataset_dir("shakespeare"), meta))
@@ -35,6 +33,6 @@ if __name__ == "__main__":
     main()
 
 # Expected output (measured):
-# $ python data/shakespeare/prepare.py
+# $ python -m data.shakespeare.prepare
 # wrote data/shakespeare: gpt2 tokenizer, vocab_size 50,257, train 301,966 tokens, val 36,059 tokens (uint16)
 # (the same counts as nanoGPT's data/shakespeare)

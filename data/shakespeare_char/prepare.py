@@ -1,16 +1,13 @@
 """
 Tiny Shakespeare, one token per character (nanoGPT's shakespeare_char): 65 characters, 90% train, 10% val.
 
-    python data/shakespeare_char/prepare.py
+    python -m data.shakespeare_char.prepare
 
 input.txt here is the repo's one copy of the corpus (data/shakespeare reads it too). train.py prepares
 this dataset by itself on first use (data.common.ensure_prepared).
 """
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, it needs the repo root to import data.common
 
 from data.common import dataset_dir, exit_on_user_error, summarize
 from data.text.prepare import prepare_file
@@ -24,7 +21,9 @@ def prepare(out_dir=None) -> dict:
 
 
 def main(argv=None):
-    argparse.ArgumentParser(description="Prepare data/shakespeare_char from input.txt.").parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m data.shakespeare_char.prepare",
+                                     description="Prepare data/shakespeare_char from input.txt.")
+    parser.parse_args(argv)
     with exit_on_user_error():
         meta = prepare()
     print(summarize(dataset_dir("shakespeare_char"), meta))
@@ -34,6 +33,6 @@ if __name__ == "__main__":
     main()
 
 # Expected output (measured):
-# $ python data/shakespeare_char/prepare.py
+# $ python -m data.shakespeare_char.prepare
 # wrote data/shakespeare_char: char tokenizer, vocab_size 65, train 1,003,854 tokens, val 111,540 tokens (uint16)
 # (1,115,394 characters in all; the same counts as nanoGPT's shakespeare_char)

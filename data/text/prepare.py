@@ -1,8 +1,8 @@
 """
 Make a dataset from your own UTF-8 text file.
 
-    python data/text/prepare.py --input mybook.txt                    # -> data/mybook, one token per character
-    python data/text/prepare.py --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
+    python -m data.text.prepare --input mybook.txt                    # -> data/mybook, one token per character
+    python -m data.text.prepare --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
     python train.py --dataset mybook
 
 The text is cut at (1 - val_fraction) of its characters and each part encoded, so val is the end of the
@@ -10,10 +10,7 @@ text, as in nanoGPT's shakespeare_char. With --tokenizer char the vocabulary is 
 characters. The Shakespeare datasets are this script with a fixed input.
 """
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, it needs the repo root to import data.common
 
 from data.common import (TOKENIZERS, CharTokenizer, DataError, GPT2Tokenizer, dataset_dir, exit_on_user_error,
                          summarize, write_dataset)
@@ -67,7 +64,9 @@ def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.")
+    parser = argparse.ArgumentParser(
+        prog="python -m data.text.prepare",
+        description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.")
     parser.add_argument("--input", required=True, help="the UTF-8 text file")
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default="char",
                         help="char: one token per character, vocabulary from the file; gpt2: GPT-2 BPE (tiktoken)")

@@ -8,7 +8,7 @@ The one on-disk format every dataset is written in, and what train.py and sample
 
 meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
 Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
-big for memory); data/text/prepare.py turns any UTF-8 file into it.
+big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare).
 """
 import importlib
 import json
@@ -314,6 +314,56 @@ def get_tokenizer(meta: dict) -> Tokenizer:
     if meta.get("tokenizer") == "gpt2":
         return GPT2Tokenizer()
     raise ValueError(f"unknown tokenizer {meta.get('tokenizer')!r}: expected one of {', '.join(TOKENIZERS)}")
+
+
+# -----------------------------------------------------------------------------
+# a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input)
+
+def read_text(path) -> str:
+    """The text of a UTF-8 file, or an error that says what to do about it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; pass --input the path of a UTF-8 text file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
+                        f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt") from None
+    if not text:
+        raise DataError(f"{path} is empty: pass a file with some text in it")
+    return text
+
+
+def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: float = 0.1, block_size: int = 64,
+                 source: str = "the text") -> dict:
+    """Split, encode and write `text` as a dataset in out_dir; return its meta.
+
+    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window.
+    """
+    if not 0 < val_fraction < 1:
+        raise DataError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if block_size < 1:
+        raise DataError(f"--block_size must be at least 1, got {block_size}")
+    if tokenizer not in TOKENIZERS:
+        raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
+    tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else GPT2Tokenizer()
+    n = int(len(text) * (1 - val_fraction))
+    splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
+    for split, ids in splits.items():
+        if len(ids) < block_size + 1:
+            fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
+            raise DataError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
+                            f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}")
+    return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta())
+
+
+def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction: float = 0.1,
+                 block_size: int = 64) -> dict:
+    """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
+    text = read_text(input_path)
+    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
+    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, source=str(input_path))
 
 
 # -----------------------------------------------------------------------------

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, ensure_prepared,
-                         get_tokenizer, load_meta, write_dataset)
+from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, ensure_prepared, get_tokenizer, load_meta,
+                         prepare_file, write_dataset)
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
 from data.text.prepare import main as text_main
-from data.text.prepare import prepare_file
 from helpers import skip_without_gpt2
 
 TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")

@@ -9,8 +9,7 @@ train.py prepares this dataset by itself on first use (data.common.ensure_prepar
 """
 import argparse
 
-from data.common import DATA_ROOT, dataset_dir, exit_on_user_error, summarize
-from data.text.prepare import prepare_file
+from data.common import DATA_ROOT, dataset_dir, exit_on_user_error, prepare_file, summarize
 
 INPUT = DATA_ROOT / "shakespeare_char" / "input.txt"
 

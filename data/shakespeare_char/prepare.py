@@ -9,8 +9,7 @@ this dataset by itself on first use (data.common.ensure_prepared).
 import argparse
 from pathlib import Path
 
-from data.common import dataset_dir, exit_on_user_error, summarize
-from data.text.prepare import prepare_file
+from data.common import dataset_dir, exit_on_user_error, prepare_file, summarize
 
 INPUT = Path(__file__).with_name("input.txt")
 

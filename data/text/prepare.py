@@ -7,60 +7,12 @@ Make a dataset from your own UTF-8 text file.
 
 The text is cut at (1 - val_fraction) of its characters and each part encoded, so val is the end of the
 text, as in nanoGPT's shakespeare_char. With --tokenizer char the vocabulary is the sorted set of the file's
-characters. The Shakespeare datasets are this script with a fixed input.
+characters. The Shakespeare datasets are the same preparation (data.common.prepare_file) on a fixed input.
 """
 import argparse
 from pathlib import Path
 
-from data.common import (TOKENIZERS, CharTokenizer, DataError, GPT2Tokenizer, dataset_dir, exit_on_user_error,
-                         summarize, write_dataset)
-
-
-def read_text(path) -> str:
-    """The text of a UTF-8 file, or an error that says what to do about it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; pass --input the path of a UTF-8 text file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
-                        f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt") from None
-    if not text:
-        raise DataError(f"{path} is empty: pass a file with some text in it")
-    return text
-
-
-def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: float = 0.1, block_size: int = 64,
-                 source: str = "the text") -> dict:
-    """Split, encode and write `text` as a dataset in out_dir; return its meta.
-
-    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window.
-    """
-    if not 0 < val_fraction < 1:
-        raise DataError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    if block_size < 1:
-        raise DataError(f"--block_size must be at least 1, got {block_size}")
-    if tokenizer not in TOKENIZERS:
-        raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
-    tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else GPT2Tokenizer()
-    n = int(len(text) * (1 - val_fraction))
-    splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
-    for split, ids in splits.items():
-        if len(ids) < block_size + 1:
-            fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
-            raise DataError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
-                            f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}")
-    return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta())
-
-
-def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction: float = 0.1,
-                 block_size: int = 64) -> dict:
-    """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
-    text = read_text(input_path)
-    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
-    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, source=str(input_path))
+from data.common import TOKENIZERS, dataset_dir, exit_on_user_error, prepare_file, summarize
 
 
 def main(argv=None):

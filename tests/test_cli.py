@@ -1,4 +1,5 @@
-"""Every script takes its flags from cli.py: the same syntax, the same one-line errors; and the layout rules.
+"""Every script takes its flags from plumbing/cli.py: the same syntax, the same one-line errors; and the layout
+rules, read from the files git tracks.
 
 train.py and sample.py are run through main() as a user would; a mistake must stop them before any work with
 exit status 2 and one line (never argparse's usage block), abbreviations are refused, and typos get a guess.
@@ -7,7 +8,8 @@ import ast
 import re
 import subprocess
 import sys
-from pathlib import Path
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
@@ -18,7 +20,9 @@ from plumbing.cli import parse_list
 from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = ("train", "sample", "eval_length", "bench")
+# What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
+ENTRY_POINTS = ("train", "sample", "eval_length", "bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare")
+SHARED_MODULES = ("model", "generation", "plumbing.*", "data.common")
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
@@ -62,23 +66,89 @@ def test_sample_reads_a_config_file_like_train(tmp_path, capsys):
     assert "unknown key 'temprature'" in err and "temperature" in err
 
 
-def imported_modules(path):
-    tree = ast.parse(path.read_text())
+def project_files(suffix=""):
+    """The project's own files (paths from the root, present in the working tree), as git tracks them: a virtual
+    environment, datasets or runs inside the checkout are not the project. Skips outside a git checkout."""
+    try:
+        top = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True)
+    except FileNotFoundError:  # no git at all
+        top = None
+    if top is None or top.returncode != 0 or Path(top.stdout.strip()).resolve() != ROOT:
+        pytest.skip("the layout tests read the files git tracks: this tree is not a git checkout of its own")
+    return [name for name in listed.stdout.split("\0") if name.endswith(suffix) and (ROOT / name).is_file()]
+
+
+def module_name(path):
+    """train.py -> train, data/common.py -> data.common, perf/__init__.py -> perf."""
+    parts = PurePosixPath(path).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path):
+    """Every dotted name the file imports, anywhere in it (function bodies too): for `from a.b import c` both a.b and
+    a.b.c, since c may be a module; relative imports resolved from the file's package."""
+    package = module_name(path) if path.endswith("__init__.py") else module_name(path).rpartition(".")[0]
+    package_parts = package.split(".") if package else []
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module.split(".")[0])
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package_parts[: len(package_parts) + 1 - node.level] if node.level else []
+            base += node.module.split(".") if node.module else []
+            names |= {".".join(base)} if base else set()
+            names |= {".".join([*base, alias.name]) for alias in node.names}
     return names
 
 
+def imported_modules(path):
+    """The top-level packages a file imports."""
+    return {name.split(".")[0] for name in imported_names(path)}
+
+
+def project_modules():
+    """{module name: path} of every tracked .py file but the tests."""
+    return {module_name(path): path for path in project_files(".py") if not path.startswith("tests/")}
+
+
 def test_no_script_imports_another_script():
-    """Entry points share modules (checkpoint, cli, distributed, hardware, ...), never each other."""
-    scripts = [p for p in ROOT.rglob("*.py") if "tests" not in p.parts and not p.name.startswith(".")]
-    offenders = {str(p.relative_to(ROOT)): sorted(imported_modules(p) & set(ENTRY_POINTS) - {p.stem})
-                 for p in scripts}
+    """Entry points (train.py, sample.py, eval_length.py, bench.py, and what runs as python -m: perf.ab, demo.*,
+    experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py), never each other;
+    no shared module imports one either, or the entry points would import each other through it."""
+    modules = project_modules()
+    entry_points = {name for name in modules if any(fnmatch(name, pattern) for pattern in ENTRY_POINTS)}
+    assert {"train", "sample", "eval_length", "bench", "perf.ab"} <= entry_points
+    offenders = {path: sorted(imported_names(path) & entry_points - {name}) for name, path in modules.items()}
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_every_module_is_an_entry_point_or_a_shared_module():
+    """A new module says which it is by where it lives: at the root only the entry points and model.py and
+    generation.py; shared code goes in plumbing/ (or data/common.py for the data format)."""
+    unsorted = [path for name, path in project_modules().items() if not path.endswith("__init__.py")
+                and not any(fnmatch(name, pattern) for pattern in ENTRY_POINTS + SHARED_MODULES)]
+    assert unsorted == []
+
+
+def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
+    """bench.py beside a folder bench/ is the trap: with a bench/__init__.py, `import bench` gets the folder."""
+    files = project_files()
+    assert len([path for path in files if "/" not in path and path.endswith(".py")]) <= 6
+    folders = {(folder.parent, folder.name) for path in files for folder in PurePosixPath(path).parents if folder.name}
+    stems = {(PurePosixPath(path).parent, PurePosixPath(path).stem) for path in files}
+    assert sorted(str(parent / name) for parent, name in folders & stems) == []
+
+
+def test_no_module_but_the_tests_edits_sys_path():
+    """Everything runs from the root (python train.py, python -m perf.ab, ...), where the modules import each other
+    as they are; a sys.path edit would make a script work only from where it was tried, or import a module twice
+    under two names."""
+    def touches_sys_path(path):
+        return any(isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                   and node.value.id == "sys" for node in ast.walk(ast.parse((ROOT / path).read_text())))
+
+    assert [path for path in project_modules().values() if touches_sys_path(path)] == []
 
 
 def test_model_imports_only_torch_and_the_standard_library():
@@ -87,7 +157,7 @@ def test_model_imports_only_torch_and_the_standard_library():
     top_level = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     top_level |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
     assert top_level - set(sys.stdlib_module_names) == {"torch"}
-    assert imported_modules(ROOT / "model.py") - set(sys.stdlib_module_names) <= {"torch", "transformers"}
+    assert imported_modules("model.py") - set(sys.stdlib_module_names) <= {"torch", "transformers"}
 
 
 # What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.
@@ -131,7 +201,7 @@ def test_python_version_check_is_one_line():
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
-    """cli.parse_list, behind bench.py's and bench/ab.py's --pos: the names in the order given, `everything` for all
+    """cli.parse_list, behind bench.py's and perf.ab's --pos: the names in the order given, `everything` for all
     of them in their own order, and one line naming the choices for an unknown or repeated name."""
     choices = ("learned", "rope", "alibi")
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")

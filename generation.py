@@ -79,7 +79,7 @@ class KVCache:
         return self.positions
 
     def update(self, layer_idx, k, v):
-        """Write this step's (B, nh, T, hs) keys and values at the planned slots; -> the keys and values to attend to."""
+        """Write this step's (B, nh, T, hs) keys and values at the planned slots. -> the keys and values to attend to"""
         if self.k[layer_idx] is None:
             B, n_head, _, head_dim = k.shape
             self.k[layer_idx] = k.new_zeros(B, n_head, self.size, head_dim)

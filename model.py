@@ -1,9 +1,7 @@
-"""
-A GPT-2 style language model whose position scheme is one switch, `GPTConfig.pos`. Read it top to bottom:
-the config; the position encodings, each a small pure function plus a module that applies it in one place
-(learned, sinusoidal, rope, alibi, none); attention, MLP and block; GPT with its init, OpenAI's GPT-2 weights
-and the reference sampler. Cached generation lives in generation.py. With pos="learned" this is exactly GPT-2.
-"""
+"""A GPT-2 style language model whose position scheme is one switch, `GPTConfig.pos`. Top to bottom: the config;
+the position encodings (learned, sinusoidal, rope, alibi, none), each a pure function plus a module applying it in
+one place; attention, MLP, block; GPT, OpenAI's GPT-2 weights and the reference sampler (cached generation:
+generation.py). With pos="learned" this is exactly GPT-2."""
 
 import functools
 import math
@@ -75,11 +73,8 @@ class GPTConfig:
 
 
 def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
-    """Vaswani et al. 2017, section 3.5: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(same). -> (n_pos, dim)
-
-    Pair i turns at w_i = base^(-2i/dim): wavelengths from 2 pi to ~2 pi base tokens. sin/cos of p + k are a
-    rotation of sin/cos of p, so PE(p + k) is one fixed linear map of PE(p) for every p.
-    """
+    """Vaswani et al. 2017, 3.5: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim): wavelengths
+    2 pi to ~2 pi base. sin/cos of p + k rotate those of p, so PE(p + k) = M_k PE(p) for all p. -> (n_pos, dim)"""
     position = torch.arange(n_pos, dtype=torch.float64)
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     angle = position[:, None] * inv_freq[None, :]  # (n_pos, dim/2)
@@ -90,17 +85,13 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
 def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None):
     """RoPE's inverse frequencies theta_i = base^(-2i/d), i < d/2 (Su et al. 2021, eq. 15), optionally rescaled to
     run a model trained on original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
-
-    "linear"   position interpolation (Chen et al. 2023): theta_i / s.
-    "ntk"      NTK-aware (bloc97, 2023): base' = base * s^(d / (d - 2)).
-    "dynamic"  NTK with the current length L = seq_len: base' = base * (s L / T - (s - 1))^(d / (d - 2)), L > T.
-    "yarn"     YaRN (Peng et al. 2023): fast pairs keep theta_i, slow pairs get theta_i / s, a ramp between;
-               cos and sin are multiplied by 0.1 ln(s) + 1 (so q.k by its square: sqrt(1/t) on each side).
-    YaRN's ramp as the released models compute it (the authors' code, transformers' _compute_yarn_parameters):
-    linear in the pair INDEX, where the paper (eq. 17-18) writes it in rotations r_i = T theta_i / 2 pi.
-        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair index that turns r times over T
-        low = max(floor(i(32)), 0), high = min(ceil(i(1)), d - 1) (+0.001 if equal)
-        ramp_i = clamp((i - low) / (high - low), 0, 1), theta_i' = theta_i / s * ramp_i + theta_i * (1 - ramp_i)
+    "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
+    s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
+    "yarn": YaRN (Peng et al. 2023): fast pairs keep theta_i, slow ones get theta_i / s, a ramp between; cos and sin
+    times 0.1 ln(s) + 1 (q.k times its square). The ramp as the released code computes it (transformers'
+    _compute_yarn_parameters): linear in the pair INDEX, where the paper (eq. 17-18) ramps rotations T theta_i / 2 pi.
+        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair that turns r times over T; low = max(floor(i(32)), 0),
+        high = min(ceil(i(1)), d - 1) (+0.001 if equal); ramp_i = clamp((i - low) / (high - low), 0, 1)
     Worked: d = 8, T = 64, s = 4, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
     ramp = (0, 0.5, 1, 1), theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386 (the paper's ramp would move all 4).
     """
@@ -151,12 +142,9 @@ def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of coordinates of x (..., T, head_dim) by its position's angle; cos, sin: (T, head_dim/2).
-
-    Pairs are halves, as GPT-NeoX and Llama ("rotate half"): coordinate i with i + head_dim/2. RoFormer's
-    interleaved (2i, 2i+1) is the same rotation up to a fixed permutation of the head dimensions
-    (tests/test_positions.py). Computed in cos's dtype (float32 under bf16 autocast), cast back.
-    """
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, head_dim/2). Pairs are halves
+    (i, i + head_dim/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to a fixed
+    permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return rotated.to(x.dtype)
@@ -276,9 +264,8 @@ class LearnedPositions(nn.Embedding):
 
 
 class SinusoidalPositions(NoPositions):
-    """Vaswani et al.: a fixed sin/cos table added to the token embedding, extended on demand. The table has unit
-    amplitude and GPT-2's token embeddings std 0.02, so, as in Vaswani et al. (3.4), the tokens are multiplied by
-    sqrt(n_embd) first: added as is, the table would drown them."""
+    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit amplitude,
+    GPT-2's token embeddings std 0.02: as in Vaswani et al. (3.4) the tokens are scaled by sqrt(n_embd) first."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -295,10 +282,9 @@ class SinusoidalPositions(NoPositions):
 
 
 class RotaryPositions(NoPositions):
-    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n; no additive embedding. cos/sin are
-    float32, tabulated for block_size positions and extended on demand. A context extension rescales the
-    frequencies against the length first trained on: rope_original_len after a fine-tune at a longer block_size
-    (Hugging Face's original_max_position_embeddings), else block_size."""
+    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin, tabulated for
+    block_size positions, extended on demand. A context extension rescales against the length first trained on:
+    rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -370,9 +356,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rope=None, mask=None, cache=None, causal=True):
-        """x: (B, T, C). rope: (cos, sin) for q and k. mask: None (plain causal attention), an additive score bias
-        holding the causal -inf, or a FlexMask. cache: a KV cache whose keys and values are attended to.
-        causal=False drops the mask (the lessons' permutation-equivariance demonstration)."""
+        """x: (B, T, C); rope: (cos, sin) for q and k; mask: None (causal), an additive bias holding the causal -inf,
+        or a FlexMask; cache: a KV cache to attend to; causal=False drops the mask (the lessons' equivariance)."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
@@ -461,9 +446,8 @@ class GPT(nn.Module):
         self.init_weights()
 
     def init_weights(self):
-        """GPT-2 initialisation: every Linear and Embedding weight ~ N(0, 0.02), biases 0, LayerNorm 1/0;
-        the two projections that write into the residual stream (attn.c_proj, mlp.c_proj) get
-        std 0.02 / sqrt(2 * n_layer), since 2 * n_layer of them add up along the residual path."""
+        """GPT-2's: Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1/0; the 2 n_layer projections
+        adding into the residual stream (attn.c_proj, mlp.c_proj) 0.02 / sqrt(2 n_layer): variance flat in depth."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -485,9 +469,8 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flex_attention_applies(self, device):
-        """FlexAttention for a score_mod bias (ALiBi) by default only when training on CUDA without attention
-        dropout: it is compiled for static shapes, so in eval mode every new length would compile it again
-        (docs/perf.md). Elsewhere SDPA with the materialised bias, the reference."""
+        """FlexAttention for a score_mod bias (ALiBi) by default when training on CUDA without dropout; not in eval,
+        where each new length compiles it again (docs/perf.md). Elsewhere SDPA with the bias materialised."""
         if self.transformer.wpe.score_mod is None:
             return False
         dropout_due = self.training and self.config.dropout > 0
@@ -564,9 +547,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
-        """The reference sampler: append max_new_tokens tokens to idx (B, T), re-running the whole context for each
-        (generation.generate_cached is the fast one). Past its table learned sees the last block_size tokens;
-        max_context crops further, positions restarting inside it. temperature=0 picks the most likely token."""
+        """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each. Learned
+        sees the last block_size tokens; max_context crops further, positions restarting at 0. temperature=0: argmax."""
         limits = [n for n in (self.max_len, max_context) if n is not None]
         crop = min(limits) if limits else None
         for _ in range(max_new_tokens):

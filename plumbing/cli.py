@@ -80,7 +80,7 @@ def parse_float(text):
 
 
 def parse_list(name, text, choices, everything=None):
-    """A comma-separated value naming some of `choices`, each once, in the order given (bench.py and bench/ab.py's
+    """A comma-separated value naming some of `choices`, each once, in the order given (bench.py's and perf.ab's
     --pos) -> tuple. `everything`: a word that stands for all of them, in their own order ("all")."""
     if everything is not None and text == everything:
         return tuple(choices)

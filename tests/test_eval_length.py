@@ -26,7 +26,7 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """One tiny checkpoint per scheme, and "extended": rope fine-tuned for 0 steps at 2 x T with YaRN, so that its
-    model_config records rope_scaling (a context-extension run, as experiments/extrapolation.py makes)."""
+    model_config records rope_scaling (a context-extension run, as python -m experiments.extrapolation makes)."""
     root = tmp_path_factory.mktemp("ckpts")
     out_dirs = {pos: str(root / pos) for pos in POS_SCHEMES}
     for pos, out_dir in out_dirs.items():

@@ -8,14 +8,19 @@ The one on-disk format every dataset is written in, and what train.py and sample
 
 meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
 Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
-big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare).
+big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare). A dataset is written
+into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there unless
+asked to (--replace). Readers check what they read (load_meta, check_split) and raise DataError, one line that
+names the file and what to do.
 """
 import importlib
 import json
 import os
+import re
+import shutil
+import signal
 import sys
-import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,10 +35,16 @@ TOKENIZERS = ("char", "gpt2")
 # Datasets whose text ships with the repo, so ensure_prepared can build them on first use, offline
 # (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
 EMBEDDED = ("shakespeare_char", "shakespeare")
+REPLACE_HELP = "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
 
 
 class DataError(ValueError):
     """A problem with the input data that the user can fix; the scripts print it as one line."""
+
+
+class DatasetNotFound(DataError, FileNotFoundError):
+    """A dataset, or one of its files, is not there. A FileNotFoundError too, as callers caught before DataError
+    covered missing datasets (train.py's prepare_data, eval_length.py) still do."""
 
 
 class EncodingUnavailable(RuntimeError):
@@ -104,57 +115,121 @@ def _from_root(command: str) -> str:
     return command if Path.cwd().resolve() == root else f"cd {os.path.relpath(root)} && {command}"
 
 
+def dataset_files(data_dir) -> list:
+    """Which of FILES data_dir holds: any of them means a dataset (or part of one) that preparing would replace."""
+    return [name for name in FILES if (Path(data_dir) / name).exists()]
+
+
 def _prepare_command(data_dir: Path) -> str:
-    """The command that (re)creates the dataset in data_dir."""
+    """The command that (re)creates the dataset in data_dir, with --replace where there are files it replaces."""
     if (data_dir / "prepare.py").is_file():
-        return _from_root(f"python -m data.{data_dir.name}.prepare")
-    return _from_root(f"python -m data.text.prepare --input FILE --name {data_dir.name}")
+        command = f"python -m data.{data_dir.name}.prepare"
+    else:
+        command = f"python -m data.text.prepare --input FILE --name {data_dir.name}"
+    return _from_root(command + (" --replace" if dataset_files(data_dir) else ""))
 
 
 def load_meta(data_dir) -> dict:
+    """data_dir/meta.json, checked; DataError (DatasetNotFound when missing) saying how to make the dataset."""
     data_dir = Path(data_dir)
     path = data_dir / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+    if not data_dir.is_dir():
+        raise DatasetNotFound(f"no dataset at {data_dir} (no such folder): "
+                              f"prepare it with {_prepare_command(data_dir)}")
+    if not path.exists():
+        raise DatasetNotFound(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:  # no read permission, a folder named meta.json, an I/O error
+        raise DataError(f"{path} cannot be read ({e.strerror}): check it, "
+                        f"or re-run {_prepare_command(data_dir)}") from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        raise ValueError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
-    _check_meta(meta, path)
+        raise DataError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
+    try:
+        _check_meta(meta, path)
+    except ValueError as e:
+        raise DataError(f"{e}: re-run {_prepare_command(data_dir)}") from None
     return meta
 
 
 # -----------------------------------------------------------------------------
 # writing a dataset
 
-@contextmanager
-def staged_dataset(out_dir):
-    """Yield {file name: temporary path} for train.bin, val.bin and meta.json in out_dir, for the caller to
-    write; when the block ends without error, rename them into place; on any error, delete them.
+def refuse_existing(out_dir, replace: bool = False) -> None:
+    """DataError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
+    accident, neither the user's own nor an embedded one, which train.py would never rebuild."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
+    found = dataset_files(out_dir)
+    if found and not replace:
+        other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"  # data.text's flag
+        raise DataError(f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it"
+                        f"{other_name}")
 
-    Renaming (os.replace, atomic within a filesystem) means an interrupted preparation leaves nothing
-    half-written behind. meta.json is removed first and renamed last, so whenever it exists the .bin files
-    beside it are complete and match it. Temporary names are unique per call, so two processes preparing
-    the same dataset (DDP ranks) don't write into each other's files; they end with .bin or .json so that
-    .gitignore's data/**/*.bin covers the big ones if a process is killed outright.
+
+# data/.<name>.tmp-<pid>: a preparation's temporary folder, named with its process id to tell leftovers apart
+TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
+
+
+def remove_leftovers(parent) -> None:
+    """Delete the temporary folders in parent that preparations killed outright (kill -9, a power cut) left:
+    those whose process is gone. A stop by signal cleans up after itself (staged_dataset, exit_on_user_error)."""
+    for path in Path(parent).glob(".*.tmp-*"):
+        match = TEMPORARY.fullmatch(path.name)
+        if match and path.is_dir() and not _running(int(match["pid"])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, out_dir: Path) -> None:
+    """Move a complete dataset from the staging folder to out_dir.
+
+    A new out_dir is the staging folder renamed, in one step. An existing one (a package folder such as
+    data/shakespeare_char, holding its prepare.py, or a dataset being replaced) gets the files one by one
+    (os.replace, atomic each), meta.json removed first and put back last, so a stop in between leaves a folder
+    that load_meta refuses, never a meta.json that describes other .bin files.
+    """
+    if not out_dir.exists():
+        os.rename(staging, out_dir)
+        return
+    (out_dir / "meta.json").unlink(missing_ok=True)
+    for name in FILES:  # meta.json is the last of FILES
+        os.replace(staging / name, out_dir / name)
+
+
+@contextmanager
+def staged_dataset(out_dir, replace: bool = False):
+    """Yield {file name: path} for train.bin, val.bin and meta.json in a temporary folder beside out_dir, for
+    the caller to write; when the block ends without error, move them into out_dir; on any error, and on
+    Ctrl-C or SIGTERM (see exit_on_user_error), delete them.
+
+    out_dir holding a dataset already is a DataError unless replace (refuse_existing). The temporary folder,
+    data/.<name>.tmp-<pid>, sits beside out_dir so renaming stays on one filesystem; its pid lets a later run
+    remove what a killed one left (remove_leftovers) and keeps two processes preparing the same dataset at once
+    out of each other's files. git ignores its files as the dataset's (.gitignore: data/**/*.bin, data/**/meta.json).
     """
     out_dir = Path(out_dir)
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp = {name: out_dir / f".tmp-{tag}-{name}" for name in FILES}
+    refuse_existing(out_dir, replace)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out_dir.parent)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed process whose pid was ours
+    staging.mkdir()
     try:
-        yield tmp
-        (out_dir / "meta.json").unlink(missing_ok=True)
-        for name in FILES:
-            os.replace(tmp[name], out_dir / name)
-    except BaseException:  # KeyboardInterrupt too: Ctrl-C is the usual way a long preparation ends early
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
-        if created:
-            with suppress(OSError):  # only if empty: never delete anything we did not write
-                out_dir.rmdir()
-        raise
+        yield {name: staging / name for name in FILES}
+        _move_into_place(staging, out_dir)
+    finally:  # gone after a move, or holding the files of a failed or stopped run
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _as_id_array(ids, split: str) -> np.ndarray:
@@ -166,8 +241,9 @@ def _as_id_array(ids, split: str) -> np.ndarray:
     return ids
 
 
-def write_dataset(out_dir, train_ids, val_ids, meta: dict) -> dict:
-    """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset).
+def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
+    """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset); a dataset already
+    there is a DataError unless replace.
 
     meta needs "tokenizer" and "vocab_size" (and "chars" for char); the dtype, chosen from vocab_size,
     and the token counts are filled in here. Returns the meta as written.
@@ -178,7 +254,7 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict) -> dict:
         if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
             raise ValueError(f"{split} ids must lie in [0, {meta['vocab_size']}), "
                              f"found {ids.min()}..{ids.max()}")
-    with staged_dataset(out_dir) as tmp:
+    with staged_dataset(out_dir, replace) as tmp:
         for split, ids in splits.items():
             ids.astype(meta["dtype"]).tofile(tmp[f"{split}.bin"])
         save_meta(tmp["meta.json"], meta)
@@ -191,37 +267,64 @@ def summarize(out_dir, meta: dict) -> str:
             f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})")
 
 
+class Stopped(BaseException):
+    """SIGTERM, raised as Python raises KeyboardInterrupt for SIGINT, so that with-blocks clean up on the way
+    out (a BaseException, as KeyboardInterrupt: no `except Exception` swallows it)."""
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
 @contextmanager
 def exit_on_user_error():
     """For a script's main(): print an error the user can fix as one line, `error: ...`, and exit with
-    status 2 as argparse does, instead of a traceback."""
+    status 2 as argparse does, instead of a traceback. Ctrl-C and SIGTERM end it with one line too, after the
+    block's cleanups ran (staged_dataset deletes its temporary folder), with 130 and 143 (128 + the signal's
+    number) as shells expect, so that a caller can tell stopped from finished."""
+    previous = signal.signal(signal.SIGTERM, _stop)  # the default would end the process with no cleanup
     try:
         yield
     except (DataError, FileNotFoundError, EncodingUnavailable, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
+        print(f"stopped by {signal.Signals(signum).name}: temporary files removed, no dataset half-written",
+              file=sys.stderr)
+        raise SystemExit(128 + signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -----------------------------------------------------------------------------
 # finding datasets
 
 def available_datasets(data_root=DATA_ROOT) -> list:
-    """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one)."""
-    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and (
+    """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one); not
+    hidden ones (a preparation's temporary folder, .<name>.tmp-<pid>, holds a meta.json too)."""
+    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and not p.name.startswith(".") and (
         (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")))
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
-    """Return the folder of dataset `name`, preparing it first if it ships with the repo (EMBEDDED)."""
+    """Return the folder of dataset `name`, preparing it first if it ships with the repo (EMBEDDED) and none
+    of its files are there: part of a dataset (a replacement stopped midway, files copied by hand) is the
+    user's to replace, never silently."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
-        raise FileNotFoundError(
+        raise DatasetNotFound(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
             f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}")
-    if all((data_dir / f).is_file() for f in FILES):
+    found = dataset_files(data_dir)
+    if len(found) == len(FILES):
         return data_dir
+    if found:
+        missing = ", ".join(f for f in FILES if f not in found)
+        raise DatasetNotFound(f"dataset {name!r} in {data_dir} is incomplete (no {missing}): "
+                              f"run {_prepare_command(data_dir)}")
     if name not in EMBEDDED:
-        raise FileNotFoundError(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
+        raise DatasetNotFound(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
     print(f"dataset {name!r} is not prepared yet: preparing it in {data_dir} (once)")
     importlib.import_module(f"{__package__}.{name}.prepare").prepare(data_dir)
     return data_dir
@@ -336,10 +439,11 @@ def read_text(path) -> str:
 
 
 def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: float = 0.1, block_size: int = 64,
-                 source: str = "the text") -> dict:
+                 source: str = "the text", replace: bool = False) -> dict:
     """Split, encode and write `text` as a dataset in out_dir; return its meta.
 
-    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window.
+    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window. A dataset
+    already in out_dir is a DataError unless replace.
     """
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
@@ -355,15 +459,56 @@ def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: floa
             fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
             raise DataError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
                             f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}")
-    return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta())
+    return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
 
 
 def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction: float = 0.1,
-                 block_size: int = 64) -> dict:
+                 block_size: int = 64, replace: bool = False) -> dict:
     """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
-    text = read_text(input_path)
     out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
-    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, source=str(input_path))
+    refuse_existing(out_dir, replace)  # before reading and encoding, not after (write_dataset checks again)
+    text = read_text(input_path)
+    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, str(input_path), replace)
+
+
+# -----------------------------------------------------------------------------
+# reading a split, checked
+
+@lru_cache(maxsize=64)
+def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> int:
+    """The largest id in a .bin file, read once per process and version of the file (a new version, renamed
+    into place or rewritten, differs in inode, size or mtime): train.py opens a sampler per micro-step and one
+    more for evaluation."""
+    if size == 0:
+        return -1  # np.memmap cannot map an empty file
+    return int(np.memmap(path, dtype=dtype, mode="r").max())
+
+
+def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
+    """DataError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
+    vocab_size, and (given block_size) at least block_size + 1 tokens, one (x, y) window.
+
+    The ids are checked by one pass over the file (a memmap's max, once per process), skipped where the
+    dtype cannot hold an id past the vocabulary. Unchecked, an id out of range fails in the embedding lookup
+    (an IndexError on CPU, a device-side assert on CUDA) at whatever step first draws it, hours in perhaps.
+    """
+    data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
+    path = data_dir / f"{split}.bin"
+    if not path.is_file():
+        raise DatasetNotFound(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+    stat = path.stat()
+    if stat.st_size != tokens * dtype.itemsize:
+        raise DataError(f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
+                        f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}")
+    if meta["vocab_size"] <= np.iinfo(dtype).max:
+        largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if largest >= meta["vocab_size"]:
+            vocab_size = meta["vocab_size"]
+            raise DataError(f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
+                            f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}")
+    if block_size is not None and tokens < block_size + 1:
+        raise DataError(f"the {split} split of {data_dir} has {tokens} tokens, fewer than block_size + 1 = "
+                        f"{block_size + 1}: use a smaller block_size, or prepare a longer text")
 
 
 # -----------------------------------------------------------------------------
@@ -392,20 +537,9 @@ class BatchSampler:
         meta = load_meta(self.data_dir)
         self.dtype = np.dtype(meta["dtype"])
         for split in SPLITS:
-            self._check_split(split, meta[f"{split}_tokens"])
+            check_split(self.data_dir, split, meta, block_size)
         self.batches = dict.fromkeys(SPLITS, 0)  # batches drawn so far, per split
         self.generator = torch.Generator()
-
-    def _check_split(self, split: str, tokens: int) -> None:
-        path = self.data_dir / f"{split}.bin"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: prepare the dataset with {_prepare_command(self.data_dir)}")
-        if path.stat().st_size != tokens * self.dtype.itemsize:
-            raise ValueError(f"{path} holds {path.stat().st_size} bytes, but meta.json says {tokens} {self.dtype} "
-                             f"tokens: re-run {_prepare_command(self.data_dir)}")
-        if tokens < self.block_size + 1:
-            raise ValueError(f"the {split} split of {self.data_dir} has {tokens} tokens, fewer than block_size + 1 "
-                             f"= {self.block_size + 1}: use a smaller block_size or a longer text")
 
     def _batch_seed(self, split: str) -> int:
         # SeedSequence hashes the whole tuple, so nearby tuples (seed 0 rank 1, seed 1 rank 0) give unrelated draws

@@ -1,6 +1,11 @@
 """The data format, the preparation scripts and the batch sampler (data/), on small real inputs."""
 import io
+import json
+import os
+import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -8,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, ensure_prepared, get_tokenizer, load_meta,
-                         prepare_file, write_dataset)
+from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, DatasetNotFound, available_datasets,
+                         ensure_prepared, get_tokenizer, load_meta, prepare_file, staged_dataset, write_dataset)
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
@@ -33,6 +38,18 @@ def write_counting(out, n_train=5000, n_val=300, vocab_size=5000):
     meta = write_dataset(out, np.arange(n_train) % vocab_size, np.arange(n_val) % vocab_size,
                          {"tokenizer": "gpt2", "vocab_size": vocab_size})
     return out, meta
+
+
+def snapshot(folder):
+    """{file name: bytes} of a folder, to show that a refused or failed preparation left it as it was."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def dead_pid():
+    """The id of a process that has ended (and been reaped), as a kill -9 leaves one."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
 
 
 def draw(sampler, splits):
@@ -158,6 +175,89 @@ def test_text_prepare_cli_names_valid_tokenizers(capsys):
     assert "choose from 'char', 'gpt2'" in capsys.readouterr().err
 
 
+# -----------------------------------------------------------------------------
+# nothing replaced by accident, nothing left half-written
+
+@pytest.fixture
+def scratch_name():
+    """A dataset name under the real data/ (the prepare scripts write nowhere else), removed afterwards."""
+    name = f"posgpt_test_scratch_{os.getpid()}"
+    yield name
+    shutil.rmtree(DATA_ROOT / name, ignore_errors=True)
+
+
+def test_prepare_refuses_an_existing_dataset_unless_asked_to_replace_it(tmp_path, capsys, scratch_name):
+    """python -m data.text.prepare onto a name that holds a dataset is one line, exit 2, files byte-identical;
+    --replace replaces it, through a temporary folder that is gone afterwards."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(TEXT[:5000], encoding="utf-8")
+    second.write_text(TEXT[5000:12000], encoding="utf-8")
+    text_main(["--input", str(first), "--name", scratch_name])
+    before = snapshot(DATA_ROOT / scratch_name)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        text_main(["--input", str(second), "--name", scratch_name])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert f"{scratch_name} already holds a dataset (train.bin, val.bin, meta.json): add --replace" in err
+    assert snapshot(DATA_ROOT / scratch_name) == before
+    text_main(["--input", str(second), "--name", scratch_name, "--replace"])
+    assert load_meta(DATA_ROOT / scratch_name)["train_tokens"] == int(7000 * 0.9)
+    assert sorted(snapshot(DATA_ROOT / scratch_name)) == sorted(FILES)
+    assert not list(DATA_ROOT.glob(f".{scratch_name}.tmp-*"))
+
+
+def test_a_failed_replacement_leaves_the_old_dataset(tmp_path):
+    """An error while the new files are written (a stream that breaks, a full disk) leaves the dataset that was
+    there byte-identical and no temporary folder; so does a refused write_dataset, which replace=False is."""
+    data_dir, _ = write_counting(tmp_path / "mine", n_train=100, n_val=50, vocab_size=100)
+    before = snapshot(data_dir)
+    with pytest.raises(RuntimeError, match="disk full"):
+        with staged_dataset(data_dir, replace=True) as tmp:
+            tmp["train.bin"].write_bytes(b"partial")
+            raise RuntimeError("disk full")
+    with pytest.raises(DataError, match="already holds a dataset"):
+        write_counting(data_dir, n_train=200, n_val=50, vocab_size=100)
+    assert snapshot(data_dir) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_leftovers_of_a_killed_preparation_are_removed_by_the_next(tmp_path):
+    """A temporary folder whose process is gone (kill -9) is deleted by the next preparation beside it; one
+    whose process still runs is not, and neither is listed as a dataset."""
+    dead, running = tmp_path / f".mine.tmp-{dead_pid()}", tmp_path / f".other.tmp-{os.getpid()}"
+    for leftover in (dead, running):
+        leftover.mkdir()
+        (leftover / "meta.json").write_text("{}")
+    assert available_datasets(tmp_path) == []
+    write_counting(tmp_path / "mine", n_train=100, n_val=50, vocab_size=100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "mine"]
+    assert available_datasets(tmp_path) == ["mine"]
+
+
+STOP_DURING_PREPARATION = """
+import os, sys, time
+from data.common import exit_on_user_error, staged_dataset
+with exit_on_user_error():
+    with staged_dataset(sys.argv[1]) as tmp:
+        tmp["train.bin"].write_bytes(bytes(1000))
+        print(tmp["train.bin"].parent.name, flush=True)
+        os.kill(os.getpid(), int(sys.argv[2]))
+        time.sleep(10)  # the signal ends it at once
+"""
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_preparation_removes_the_temporary_folder(tmp_path, signum, status):
+    """Ctrl-C or SIGTERM while a prepare script writes its files: it deletes its temporary folder, writes no
+    dataset, says so in one line and exits 128 + the signal, as shells report a process the signal ended."""
+    done = subprocess.run([sys.executable, "-c", STOP_DURING_PREPARATION, str(tmp_path / "out"), str(int(signum))],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith(".out.tmp-")  # the signal came while it was writing there
+    assert done.returncode == status, done.stderr
+    assert done.stderr == f"stopped by {signum.name}: temporary files removed, no dataset half-written\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_web_writer_ends_each_document_with_eot(tmp_path):
     """The FineWeb-Edu writer tokenizes in-memory documents in parallel, in order, one <|endoftext|> after
     each (a literal "<|endoftext|>" in a text stays text), whole documents to val first, then train."""
@@ -220,6 +320,17 @@ def test_ensure_prepared_builds_an_embedded_dataset_once(tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_ensure_prepared_never_rebuilds_part_of_a_dataset(tmp_path):
+    """An embedded dataset holding some of its files (a replacement stopped midway, files copied by hand) is
+    not prepared over them: the error names what is missing and the command, with --replace."""
+    (tmp_path / "shakespeare_char").mkdir()
+    (tmp_path / "shakespeare_char" / "train.bin").write_bytes(b"mine")
+    with pytest.raises(DatasetNotFound, match=r"'shakespeare_char' in \S+ is incomplete \(no val.bin, meta.json\): "
+                                              r"run .*--replace$"):
+        ensure_prepared("shakespeare_char", data_root=tmp_path)
+    assert snapshot(tmp_path / "shakespeare_char") == {"train.bin": b"mine"}
+
+
 def test_ensure_prepared_names_the_prepare_command(tmp_path):
     """A dataset that must be downloaded is not prepared silently: the error names its prepare module."""
     (tmp_path / "webdata").mkdir()
@@ -235,6 +346,7 @@ def test_each_prepare_script_runs_as_a_module_from_the_root(name):
     done = subprocess.run([sys.executable, "-m", f"data.{name}.prepare", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m data.{name}.prepare"), done.stderr
+    assert "--replace" in done.stdout
 
 
 def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
@@ -251,14 +363,14 @@ def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
 
 
 def test_load_meta_errors(tmp_path):
-    """A missing meta.json names the prepare command; a malformed one is a ValueError."""
+    """A missing meta.json names the prepare command; a malformed one is a DataError (so a ValueError)."""
     with pytest.raises(FileNotFoundError, match="prepare"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text('{"tokenizer": "char", "vocab_size": 3}')
-    with pytest.raises(ValueError, match="train_tokens"):
+    with pytest.raises(DataError, match="train_tokens"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text("not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(DataError, match="not valid JSON"):
         load_meta(tmp_path)
 
 
@@ -334,13 +446,69 @@ def test_state_dict_resumes_the_exact_stream(tmp_path):
 def test_sampler_rejects_bad_split_and_short_data(tmp_path):
     """An unknown split name, and a split shorter than block_size + 1 tokens, are clear errors."""
     data_dir, _ = write_counting(tmp_path, n_val=10)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(DataError, match="block_size"):
         BatchSampler(data_dir, block_size=10, batch_size=2)
     sampler = BatchSampler(data_dir, block_size=9, batch_size=2)
     x, y = sampler.get_batch("val")  # exactly block_size + 1 tokens: the one window there is
     assert torch.equal(x[0], torch.arange(9)) and torch.equal(y[0], torch.arange(1, 10))
     with pytest.raises(ValueError, match="'train' or 'val'"):
         sampler.get_batch("test")
+
+
+def break_dataset(data_dir, how):
+    """Damage a dataset of write_counting(n_train=100, n_val=50, vocab_size=100) as a user or a crash might."""
+    meta_path = data_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if how == "no folder":
+        shutil.rmtree(data_dir)
+    elif how == "id beyond the vocabulary":
+        np.full(100, 60000, dtype=np.uint16).tofile(data_dir / "train.bin")  # same size, ids of another vocabulary
+    elif how == "bin longer than meta says":
+        with open(data_dir / "val.bin", "ab") as f:
+            f.write(bytes(8))
+    elif how == "bin missing":
+        (data_dir / "val.bin").unlink()
+    elif how == "meta missing":
+        meta_path.unlink()
+    elif how == "meta unreadable":
+        meta_path.unlink()
+        meta_path.mkdir()  # unreadable even to root, for whom chmod 000 is not
+    elif how == "meta not JSON":
+        meta_path.write_bytes(b"\x80 not json")
+    elif how == "meta without vocab_size":
+        meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "vocab_size"}))
+
+
+# each damage: the file the message names and what it says to do
+BROKEN_DATASETS = {
+    "no folder": ("d", r"no dataset at \S+/d \(no such folder\): prepare it with .*python -m data\.text\.prepare "
+                       r"--input FILE --name d$"),
+    "id beyond the vocabulary": ("train.bin", r"holds token id 60000, outside meta\.json's vocabulary of 100 ids "
+                                              r"\(0\.\.99\): the files disagree; re-run .* --replace$"),
+    "bin longer than meta says": ("val.bin", r"holds 108 bytes, but meta\.json says 50 uint16 tokens \(100 bytes\): "
+                                             r"re-run .* --replace$"),
+    "bin missing": ("val.bin", r"not found: prepare the dataset with .* --replace$"),
+    "meta missing": ("meta.json", r"not found: prepare the dataset with .* --replace$"),
+    "meta unreadable": ("meta.json", r"cannot be read \(Is a directory\): check it, or re-run .* --replace$"),
+    "meta not JSON": ("meta.json", r"is not valid JSON \(.*\): re-run .* --replace$"),
+    "meta without vocab_size": ("meta.json", r"vocab_size must be an int >= 1, got None: re-run .* --replace$"),
+    "too short for block_size": ("d", r"the val split of \S+/d has 50 tokens, fewer than block_size \+ 1 = 61: "
+                                      r"use a smaller block_size, or prepare a longer text$"),
+}
+
+
+@pytest.mark.parametrize("how", BROKEN_DATASETS)
+def test_a_broken_dataset_is_one_data_error_that_says_what_to_do(tmp_path, how):
+    """Every way a dataset can disagree with itself is a one-line DataError from the sampler (as train.py opens
+    it), naming the file and the fix; never a traceback from deep inside a batch."""
+    data_dir, _ = write_counting(tmp_path / "d", n_train=100, n_val=50, vocab_size=100)
+    break_dataset(data_dir, how)
+    named, message = BROKEN_DATASETS[how]
+    with pytest.raises(DataError) as info:
+        BatchSampler(data_dir, block_size=60 if how == "too short for block_size" else 8, batch_size=2)
+    text = str(info.value)
+    assert "\n" not in text and f"{tmp_path}/d" in text and named in text, text
+    assert re.search(message, text), text
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

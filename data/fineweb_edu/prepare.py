@@ -17,6 +17,7 @@ the rest to train, so the two never share a document.
 """
 import argparse
 import os
+import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import islice
@@ -24,8 +25,8 @@ from itertools import islice
 import numpy as np
 from tqdm import tqdm
 
-from data.common import (GPT2Tokenizer, complete_meta, dataset_dir, dtype_for_vocab, exit_on_user_error,
-                         gpt2_encoding, save_meta, staged_dataset, summarize)
+from data.common import (REPLACE_HELP, GPT2Tokenizer, complete_meta, dataset_dir, dtype_for_vocab,
+                         exit_on_user_error, gpt2_encoding, refuse_existing, save_meta, staged_dataset, summarize)
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens; sets the progress bar's ETA
@@ -43,13 +44,20 @@ def _batched(iterable, n: int):
         yield batch
 
 
+def _leave_signals_to_the_parent():
+    # Ctrl-C reaches the whole process group: the workers ignore it and finish their task while the parent
+    # stops and cleans up; SIGTERM gets back its default, not the parent's handler inherited through fork
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
     """Yield tokenize_docs' arrays in document order, from num_proc processes.
 
     At most 2 * num_proc tasks are in flight: Pool.imap would read the whole stream into memory ahead of the
     workers, as its feeder thread never waits.
     """
-    with ProcessPoolExecutor(num_proc) as pool:
+    with ProcessPoolExecutor(num_proc, initializer=_leave_signals_to_the_parent) as pool:
         pending = deque()
         try:
             for batch in _batched(docs, docs_per_task):
@@ -64,17 +72,18 @@ def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
 
 
 def write_token_dataset(out_dir, docs, val_tokens: int, max_tokens=None, num_proc: int = 1,
-                        docs_per_task: int = 64, total_tokens=None) -> dict:
+                        docs_per_task: int = 64, total_tokens=None, replace: bool = False) -> dict:
     """Tokenize an iterable of document strings and write them as a GPT-2 dataset in out_dir; return the meta.
 
     Whole documents go to val.bin until it holds at least val_tokens tokens, then to train.bin until it holds
     at least max_tokens (None: until docs run out). Files appear only when all is written (staged_dataset).
-    total_tokens, if known, gives the progress bar an ETA.
+    total_tokens, if known, gives the progress bar an ETA. A dataset already in out_dir is a DataError unless
+    replace.
     """
     tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
     assert dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
-    with staged_dataset(out_dir) as tmp:
+    with staged_dataset(out_dir, replace) as tmp:
         with open(tmp["train.bin"], "wb") as train_f, open(tmp["val.bin"], "wb") as val_f, \
                 tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}") as bar:
             files = {"train": train_f, "val": val_f}
@@ -108,12 +117,14 @@ def main(argv=None):
     parser.add_argument("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")
     parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="tokenizer processes (default: all cores but the one reading the stream)")
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     out_dir = dataset_dir("fineweb_edu")
     total = args.val_tokens + (args.max_tokens if args.max_tokens is not None else SAMPLE_TOKENS)
     with exit_on_user_error():
+        refuse_existing(out_dir, args.replace)  # before connecting to the Hub
         meta = write_token_dataset(out_dir, stream_documents(), args.val_tokens, args.max_tokens, args.num_proc,
-                                   total_tokens=total)
+                                   total_tokens=total, replace=args.replace)
     print(summarize(out_dir, meta))
 
 

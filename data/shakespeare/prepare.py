@@ -9,22 +9,24 @@ train.py prepares this dataset by itself on first use (data.common.ensure_prepar
 """
 import argparse
 
-from data.common import DATA_ROOT, dataset_dir, exit_on_user_error, prepare_file, summarize
+from data.common import DATA_ROOT, REPLACE_HELP, dataset_dir, exit_on_user_error, prepare_file, summarize
 
 INPUT = DATA_ROOT / "shakespeare_char" / "input.txt"
 
 
-def prepare(out_dir=None) -> dict:
+def prepare(out_dir=None, replace: bool = False) -> dict:
     """Write Tiny Shakespeare's GPT-2 tokens to out_dir (default data/shakespeare); return the meta."""
-    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare"), tokenizer="gpt2", val_fraction=0.1)
+    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare"), tokenizer="gpt2", val_fraction=0.1,
+                        replace=replace)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m data.shakespeare.prepare",
                                      description="Prepare data/shakespeare from data/shakespeare_char/input.txt.")
-    parser.parse_args(argv)
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    args = parser.parse_args(argv)
     with exit_on_user_error():
-        meta = prepare()
+        meta = prepare(replace=args.replace)
     print(summarize(dataset_dir("shakespeare"), meta))
 
 

@@ -3,6 +3,7 @@ Make a dataset from your own UTF-8 text file.
 
     python -m data.text.prepare --input mybook.txt                    # -> data/mybook, one token per character
     python -m data.text.prepare --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
+    python -m data.text.prepare --input mybook2.txt --name mybook --replace  # a name in use needs --replace
     python train.py --dataset mybook
 
 The text is cut at (1 - val_fraction) of its characters and each part encoded, so val is the end of the
@@ -12,7 +13,7 @@ characters. The Shakespeare datasets are the same preparation (data.common.prepa
 import argparse
 from pathlib import Path
 
-from data.common import TOKENIZERS, dataset_dir, exit_on_user_error, prepare_file, summarize
+from data.common import REPLACE_HELP, TOKENIZERS, dataset_dir, exit_on_user_error, prepare_file, summarize
 
 
 def main(argv=None):
@@ -26,12 +27,14 @@ def main(argv=None):
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
     parser.add_argument("--block_size", type=int, default=64,
                         help="the context length you will train with: each split needs at least block_size + 1 tokens")
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     name = args.name or Path(args.input).stem
     if Path(name).name != name or name in ("", ".", ".."):
         parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
     with exit_on_user_error():
-        meta = prepare_file(args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size)
+        meta = prepare_file(args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size,
+                            args.replace)
     print(summarize(dataset_dir(name), meta))
     print(f"train on it with --dataset {name}")
 

@@ -474,6 +474,10 @@ def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction
 # -----------------------------------------------------------------------------
 # reading a split, checked
 
+FULL_ID_SCAN_BYTES = 1 << 30  # up to 1 GiB of tokens every id is checked: a second or two, once per process
+ID_SCAN_CHUNK, ID_SCAN_CHUNKS = 1 << 20, 64  # past it, 64 chunks of 1M tokens from start to end
+
+
 @lru_cache(maxsize=64)
 def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> int:
     """The largest id in a .bin file, read once per process and version of the file (a new version, renamed
@@ -481,15 +485,21 @@ def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> 
     more for evaluation."""
     if size == 0:
         return -1  # np.memmap cannot map an empty file
-    return int(np.memmap(path, dtype=dtype, mode="r").max())
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    if tokens.nbytes <= FULL_ID_SCAN_BYTES:
+        return int(tokens.max())
+    # a corpus for many GPUs (FineWeb-Edu's 10B tokens: 20 GB) is not read whole by every rank at start-up: evenly
+    # spaced chunks catch a file of another tokenizer or dtype, which is wrong all through, in under a second
+    starts = np.linspace(0, len(tokens) - ID_SCAN_CHUNK, ID_SCAN_CHUNKS).astype(np.int64)
+    return max(int(tokens[start : start + ID_SCAN_CHUNK].max()) for start in starts)
 
 
 def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
     """DataError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
     vocab_size, and (given block_size) at least block_size + 1 tokens, one (x, y) window.
 
-    The ids are checked by one pass over the file (a memmap's max, once per process), skipped where the
-    dtype cannot hold an id past the vocabulary. Unchecked, an id out of range fails in the embedding lookup
+    The ids are checked by one pass over the file (a memmap's max, once per process; chunks of a file over 1 GiB),
+    skipped where the dtype cannot hold an id past the vocabulary. Unchecked, an id out of range fails in the embedding lookup
     (an IndexError on CPU, a device-side assert on CUDA) at whatever step first draws it, hours in perhaps.
     """
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]

@@ -15,6 +15,7 @@ import torch
 
 from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, DatasetNotFound, available_datasets,
                          ensure_prepared, get_tokenizer, load_meta, prepare_file, staged_dataset, write_dataset)
+from data import common
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
@@ -517,3 +518,15 @@ def test_cuda_batches_equal_cpu_batches(char_dir):
     cpu = BatchSampler(char_dir, 32, 4, device="cpu").get_batch("train")
     gpu = BatchSampler(char_dir, 32, 4, device="cuda").get_batch("train")
     assert gpu[0].is_cuda and all(torch.equal(c, g.cpu()) for c, g in zip(cpu, gpu))
+
+
+def test_a_large_split_is_checked_in_chunks_that_reach_its_last_token(tmp_path, monkeypatch):
+    """Past FULL_ID_SCAN_BYTES the id check reads 64 evenly spaced chunks, the last ending at the file's end, so a
+    file of another tokenizer (wrong all through) is still caught without reading a 20 GB corpus whole."""
+    monkeypatch.setattr(common, "FULL_ID_SCAN_BYTES", 1024)
+    tokens = np.zeros(3 * common.ID_SCAN_CHUNK + 5, dtype=np.uint16)
+    tokens[-1] = 7
+    path = tmp_path / "train.bin"
+    tokens.tofile(path)
+    stat = path.stat()
+    assert common._largest_id(str(path), "uint16", stat.st_ino, stat.st_size, stat.st_mtime_ns) == 7

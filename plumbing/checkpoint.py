@@ -19,20 +19,24 @@ It holds only tensors and plain Python data, so load_checkpoint reads it with to
 Sampling and evaluation need only model, model_config and meta (SAMPLING_KEYS); resuming needs the rest.
 """
 
+import io
 import os
 import pickle
+import pickletools
 import random
 import re
 import shutil
 import uuid
+import warnings
 import zipfile
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from data.common import get_tokenizer
+from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
@@ -43,6 +47,8 @@ RESUME_KEYS = ("train_config", "iter_num", "best_val_loss", "best_iter", "optimi
 MODEL_KNOBS = ("dropout",)
 # TrainConfig fields that say nothing about the run being continued
 NOT_COMPARED = ("resume", "init_from")
+# What a checkpoint train.py wrote pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
+SAFE_GLOBAL = re.compile(r"torch\._utils _rebuild_\w+|torch \w+Storage|collections OrderedDict")
 
 
 class CheckpointError(ValueError):
@@ -137,13 +143,15 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     try:
         # torch maps only its zip format: another file (an older format) is read whole, as before
         mmap = mmap and zipfile.is_zipfile(path)
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error, if any, says it in one line
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if refused:  # weights_only met a class or function: loading it would import and run code
+        if refused := refused_globals(path, e):  # a class or function: loading it would import and run code
             raise CheckpointError(
-                f"{path}: refused to load: it pickles {refused.group(1)}, and a posgpt checkpoint holds only tensors "
-                "and plain data (torch.load(weights_only=True)); use weights_only=False only on a file you trust"
+                f"{path}: refused to load: it pickles {refused}, code that unpickling would import and could run; a "
+                "posgpt checkpoint holds only tensors and plain data, so this file was not written by train.py or "
+                "was altered: do not load it"
             ) from None
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # e.g. "Unsupported operand 110"
         cause = detail.group(1) if detail else first_line(e)
@@ -161,18 +169,100 @@ def first_line(error):
     return lines[0] if lines else "no details"
 
 
+def refused_globals(path, error):
+    """The classes and functions a file pickles that weights_only refused, as 'module.name' ('' if none): from
+    torch's message ("GLOBAL posix.system"), else (torch stopped earlier, at an opcode it does not know) from the
+    pickle's own opcodes, read with pickletools, which decodes them without running anything."""
+    named = re.findall(r"GLOBAL ([\w.]+)", str(error))
+    if not named:
+        named = [name.replace(" ", ".") for name in pickled_globals(path) if not SAFE_GLOBAL.fullmatch(name)]
+    return ", ".join(dict.fromkeys(named))
+
+
+def pickled_globals(path):
+    """Every 'module name' a pickle file references (torch's zip format: its data.pkl; an older one: the pickles
+    one after another). A STACK_GLOBAL's names are the two strings pushed just before it."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            data = b"".join(z.read(name) for name in z.namelist() if name.endswith("data.pkl"))
+    else:
+        data = Path(path).read_bytes()
+    stream, found, strings = io.BytesIO(data), [], []
+    with suppress(Exception):  # a damaged stream: what was read so far
+        while stream.tell() < len(data):
+            for op, arg, _ in pickletools.genops(stream):
+                if op.name == "GLOBAL":
+                    found.append(arg)
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(" ".join(strings[-2:]))
+                if isinstance(arg, str):
+                    strings.append(arg)
+    return found
+
+
 def checkpoint_path(out_dir):
-    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt)."""
+    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt); a checkpoint file given
+    instead of its folder is that file."""
+    if Path(out_dir).is_file():
+        return Path(out_dir)
     best = Path(out_dir) / "best.pt"
     return best if best.is_file() else Path(out_dir) / "ckpt.pt"
 
 
+def run_folder(path):
+    """The folder of a run given as its folder or as one of its checkpoint files."""
+    return Path(path).parent if Path(path).is_file() else Path(path)
+
+
+def check_meta(path, ckpt):
+    """Refuse (one line) a checkpoint whose meta cannot say what its token ids mean: without it nothing can be
+    decoded, nor a dataset's vocabulary compared with it."""
+    meta = ckpt.get("meta")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it "
+                              "can be neither sampled from nor trained on; train.py writes one into every checkpoint")
+    tokenizer, vocab_size, chars = vocabulary(meta)
+    if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise CheckpointError(f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size "
+                              f"{vocab_size!r}; expected one of {', '.join(TOKENIZERS)} and a positive size)")
+    if tokenizer == "char" and not (isinstance(chars, (list, str)) and len(chars) == vocab_size
+                                    and all(isinstance(c, str) and len(c) == 1 for c in chars)):
+        raise CheckpointError(f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the "
+                              f"{vocab_size} characters its token ids stand for")
+    model_vocab = ckpt["model_config"].get("vocab_size") if isinstance(ckpt["model_config"], dict) else None
+    if model_vocab is not None and model_vocab != vocab_size:
+        raise CheckpointError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
+
+
+def mismatched_tensors(module, state_dict, shown=3):
+    """What keeps state_dict from fitting module, in one line: the missing, unexpected and mis-shaped tensors
+    (the first `shown` of each kind)."""
+    if not isinstance(state_dict, dict):
+        return f"a {type(state_dict).__name__} where a state dict of tensors belongs"
+    expected = module.state_dict()
+
+    def some(names):
+        return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+    missing = [name for name in expected if name not in state_dict]
+    unexpected = [name for name in state_dict if name not in expected]
+    shapes = [f"{name} {tuple(getattr(value, 'shape', ()))} where the model has {tuple(expected[name].shape)}"
+              for name, value in state_dict.items()
+              if name in expected and getattr(value, "shape", None) != expected[name].shape]
+    parts = [f"{what} {some(names)}" for what, names in
+             (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)) if names]
+    return "; ".join(parts)
+
+
 def load_weights(path, module, state_dict):
-    """module.load_state_dict, its multi-line mismatch report turned into a one-line CheckpointError."""
+    """module.load_state_dict, its multi-line mismatch report turned into a one-line CheckpointError that names
+    the tensors that do not fit."""
     try:
         module.load_state_dict(state_dict)
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{path}: its {type(module).__name__} state does not fit ({first_line(e)})") from None
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        detail = mismatched_tensors(module, state_dict) if isinstance(module, torch.nn.Module) else ""
+        raise CheckpointError(f"{path}: its {type(module).__name__} state does not fit "
+                              f"({detail or first_line(e)})") from None
 
 
 def build_model(path, ckpt, **overrides):
@@ -203,6 +293,7 @@ def load_model(out_dir, device="cpu", ckpt=None, **overrides):
     settings overridden (e.g. rope_scaling): what sample.py, eval_length.py and the figures start from."""
     path = checkpoint_path(out_dir)
     ckpt = ckpt or load_checkpoint(path, mmap=True)  # the weights only: moved to device with the model
+    check_meta(path, ckpt)
     model = build_model(path, ckpt, **overrides)
     return model.to(device).eval(), get_tokenizer(ckpt["meta"]), ckpt
 
@@ -282,6 +373,7 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
     if missing:
         raise CheckpointError(f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
                               "(written by an older train.py?); start a new run with another --out_dir")
+    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
     if changes := model_differences(saved, wanted, MODEL_KNOBS):
@@ -403,7 +495,7 @@ def saved_model_config(out_dir, names):
 def fine_tune_dir(source, block_size, rope_scaling):
     """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after the
     new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
-    source = Path(source)
+    source = run_folder(source)
     return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
 
 
@@ -417,7 +509,7 @@ def init_from_settings(values, saved):
     out_dir = values["out_dir"]
     if out_dir is None:
         out_dir = settings["out_dir"] = fine_tune_dir(source, values["block_size"], values["rope_scaling"])
-    if Path(out_dir).resolve() == source.resolve():
+    if Path(out_dir).resolve() == run_folder(source).resolve():
         raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
                          "checkpoint writes its own; give another --out_dir")
     return settings
@@ -428,6 +520,7 @@ def init_model_from(out_dir, model, meta, dataset):
     only in INIT_KNOBS (else a one-line CheckpointError). -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
     ckpt = load_checkpoint(path, mmap=True)
+    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise CheckpointError(f"refusing to initialise from {path}: {changes}; --init_from may change only "

@@ -4,6 +4,8 @@ All on CPU with tiny models through train.main, the code path `python train.py` 
 """
 import dataclasses
 import math
+import os
+import pickle
 import re
 import subprocess
 import sys
@@ -28,6 +30,16 @@ TINY = [
 
 class Payload:
     """A custom class: pickling it into a checkpoint makes loading it run code from this module."""
+
+
+class Shell:
+    """Unpickled, it would run a shell command: what a malicious checkpoint carries."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
 
 
 def run(tmp_path, *flags):
@@ -227,6 +239,10 @@ def corrupt_checkpoint(tmp_path, kind):
     if kind == "payload":
         torch.save({"model": {}, "model_config": {}, "meta": Payload()}, path)
         return path
+    if kind in ("shell", "shell_protocol_4"):  # protocol 4: torch's unpickler stops at its FRAME opcode, unnamed
+        torch.save({"model": {}, "model_config": {}, "meta": Shell(tmp_path / "ran")}, path,
+                   pickle_protocol=4 if kind == "shell_protocol_4" else 2)
+        return path
     if kind == "not_a_checkpoint":
         torch.save({"weights": torch.ones(2)}, path)
         return path
@@ -243,20 +259,24 @@ def corrupt_checkpoint(tmp_path, kind):
         ("truncated", "truncated or corrupt"),
         ("garbage", "truncated or corrupt"),
         ("empty", "truncated or corrupt"),
-        ("payload", "Payload, and a posgpt checkpoint holds only tensors"),
+        ("payload", "refused to load: it pickles test_train.Payload, code that unpickling would import"),
+        ("shell", f"refused to load: it pickles {os.system.__module__}.system, code"),
+        ("shell_protocol_4", f"refused to load: it pickles {os.system.__module__}.system, code"),
         ("not_a_checkpoint", "not a posgpt checkpoint (no model or model_config entry)"),
     ],
 )
 @pytest.mark.parametrize("mmap", [False, True])
 def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words, mmap):
-    """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause,
-    whether it reads the file (resuming) or maps it (sampling, evaluating, --init_from)."""
+    """load_checkpoint turns a missing, damaged or code-carrying file into one line naming the path and the cause
+    (for a code-carrying one, the global it refused, never a hint to load it with weights_only=False), whether it
+    reads the file (resuming) or maps it (sampling, evaluating, --init_from); nothing in the file runs."""
     path = corrupt_checkpoint(tmp_path, kind)
     with pytest.raises(checkpoint.CheckpointError) as error:
         checkpoint.load_checkpoint(path, mmap=mmap)
     message = str(error.value)
     assert isinstance(error.value, ValueError) and "\n" not in message
     assert message.startswith(str(path)) and words in message, message
+    assert "weights_only=False" not in message and not (tmp_path / "ran").exists()
 
 
 def test_importing_train_runs_nothing():

@@ -20,6 +20,7 @@ hardware.py (device, precision, FLOPs), report.py (log lines), data/common.py (b
 
 import importlib.util
 import math
+import signal
 import sys
 import time
 import typing
@@ -418,7 +419,8 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
 
 def main(argv=None):
     """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
-    train()'s summary. A RunError or CheckpointError is one line on stderr and exit status 1."""
+    train()'s summary, also when a signal stopped the run (its exit status is exit_status's). A RunError or
+    CheckpointError is one line on stderr and exit status 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model_config = parse_args(argv)
     procs = start_processes(cfg)
@@ -436,5 +438,29 @@ def main(argv=None):
         end_processes(procs, clean)
 
 
+def exit_status(summary):
+    """0 for a run that reached its max_iters; for one a signal stopped (after saving), 128 + the signal's number,
+    as a shell reports a process the signal ended (130 for Ctrl-C, 143 for SIGTERM): so that no caller mistakes
+    a stopped run for a finished one."""
+    stopped = summary["stopped"]
+    if stopped is None:
+        return 0
+    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": SIGTERM's, as torchrun's
+
+
+def run_as_script():
+    """`python train.py`: main() and its exit status. A second Ctrl-C (while the first one's checkpoint is being
+    written, say) stops at once, without a traceback: checkpoints are written atomically, so the last one stays."""
+    try:
+        return exit_status(main())
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("train.py: interrupted: stopped at once, without a final checkpoint (the last one written is whole)",
+              file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    finally:  # the run is over: a Ctrl-C from here on (the interpreter shutting down) would only add a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_as_script())

@@ -15,6 +15,7 @@ best.pt (a hard link to the same file). Both hold the same plain dict:
     sampler        {"train": ..., "eval": ...}: batches drawn per split (BatchSampler.state_dict), to resume the streams
     rng            one dict per rank of the random generators' states: python, numpy, torch, cuda (None on CPU)
     wandb_run_id   the Weights & Biases run this training logs to (None without --wandb), continued on --resume
+    finished       whether the run had completed its max_iters when it was saved (older files: see run_finished)
 It holds only tensors and plain Python data, so load_checkpoint reads it with torch.load(weights_only=True).
 Sampling and evaluation need only model, model_config and meta (SAMPLING_KEYS); resuming needs the rest.
 """
@@ -420,6 +421,7 @@ def training_state(run, rng):
         "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
         "rng": rng,
         "wandb_run_id": p.wandb_run_id,
+        "finished": p.iter_num >= run.cfg.max_iters,
     }
 
 
@@ -433,6 +435,15 @@ def write_checkpoints(run, improved):
     save_checkpoint(training_state(run, rng), run.ckpt_path)
     if improved:
         link_checkpoint(run.ckpt_path, run.best_path)
+
+
+def run_finished(ckpt):
+    """Whether a checkpoint's run completed its max_iters: False for one a signal, a crash or a NaN stopped, which
+    --resume continues. Files written before the `finished` key are judged by their step."""
+    if "finished" in ckpt:
+        return bool(ckpt["finished"])
+    max_iters = (ckpt.get("train_config") or {}).get("max_iters")
+    return max_iters is not None and ckpt.get("iter_num", -1) >= max_iters
 
 
 def kept_checkpoint(run):

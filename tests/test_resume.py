@@ -44,6 +44,16 @@ def train_in_fresh_process(*flags):
     return {int(step): loss for step, loss in summary["losses"]}, summary["evals"], done.stdout
 
 
+def training_until_step(step, *flags):
+    """`python train.py flags` in a new process, once it has logged step `step` (its stdout read up to there)."""
+    proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"step {step}/"):
+            break
+    return proc
+
+
 def same(a, b):
     """Equal, tensors bit for bit, through nested dicts and lists."""
     if isinstance(a, torch.Tensor):
@@ -96,33 +106,50 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(tmp_path, straight, sig):
-    """SIGINT / SIGTERM: the step in progress ends, ckpt.pt is written at that step, the process exits 0 with the
-    command that resumes; resuming gives the straight run's losses and weights."""
+    """SIGINT / SIGTERM: the step in progress ends, ckpt.pt is written at that step, recorded as unfinished, and
+    the process prints the command that resumes and exits 128 + the signal's number (130, 143: what a shell
+    reports, so a caller never takes a stopped run for a finished one); resuming gives the straight run's losses
+    and weights."""
     out_dir = tmp_path / "stopped"
     flags = [*RESUMABLE, f"--out_dir={out_dir}"]
-    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--max_iters=100000"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = training_until_step(2, *flags, "--max_iters=100000")
     try:
-        for line in proc.stdout:
-            if line.startswith("step 2/"):
-                proc.send_signal(sig)
-                break
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 128 + sig, err
     stopped = re.search(rf"stopped by {sig.name} after step (\d+): saved (\S+); to continue, run (.+)", out)
     assert stopped, out
     step = int(stopped.group(1))
     assert stopped.group(2) == str(out_dir / "ckpt.pt") and stopped.group(3).endswith(" --resume")
     assert stopped.group(3).startswith("python train.py ") and f"--out_dir={out_dir}" in stopped.group(3)
-    assert checkpoint(out_dir)["iter_num"] == step >= 2
+    assert checkpoint(out_dir)["iter_num"] == step >= 2 and checkpoint(out_dir)["finished"] is False
     if step + 2 > 8:
         pytest.skip(f"the signal landed late (step {step}), past the straight run")
     whole, whole_dir = straight
     resumed = train.main([*flags, "--max_iters=8", "--resume"])
     assert resumed["losses"] == {s: whole["losses"][s] for s in range(step + 1, 9)}
     assert same(checkpoint(out_dir)["model"], checkpoint(whole_dir)["model"])
+    assert ckpt_io.run_finished(checkpoint(out_dir)) and ckpt_io.run_finished(checkpoint(whole_dir))
+
+
+def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
+    """Two Ctrl-C in a row: the first asks for a checkpoint and a stop, the second (in the middle of that, or
+    after) stops at once: exit status 130, at most one line on stderr, no traceback."""
+    out_dir = tmp_path / "twice"
+    proc = training_until_step(2, *RESUMABLE, f"--out_dir={out_dir}", "--max_iters=100000")
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)  # not at once: two pending SIGINTs reach Python as one
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert err.startswith("train.py: interrupted: stopped at once") or err == "", err
+    ckpt_io.load_checkpoint(out_dir / "ckpt.pt")  # whole
 
 
 # -----------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
     assert path == tmp_path / "ckpt.pt" and result["iter_num"] == 3 and math.isfinite(result["best_val_loss"])
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert set(ckpt) == {"model", "model_config", "train_config", "iter_num", "best_val_loss", "meta", "optimizer",
-                         "best_iter", "scaler", "sampler", "rng", "wandb_run_id"}  # sampling's keys, then resume's
+                         "best_iter", "scaler", "sampler", "rng", "wandb_run_id", "finished"}  # sampling's, resume's
     assert ckpt["model_config"]["pos"] == pos
     assert ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65  # from the dataset, not the default
     assert ckpt["train_config"]["device"] == "cpu" and ckpt["best_val_loss"] == result["best_val_loss"]

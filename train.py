@@ -7,6 +7,7 @@ Train a GPT on one dataset with one position scheme. Every experiment in this re
     python train.py --config configs/shakespeare_char.toml   # nanoGPT's GPU recipe, one GPU
     torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m.toml --pos=rope
     python train.py --resume                                 # the same command plus --resume continues the run
+    python train.py --overwrite                              # starts again in a folder that holds a run, replacing it
 
 Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CPU-recipe model (MODEL_DEFAULTS),
 then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
@@ -24,7 +25,7 @@ import signal
 import sys
 import time
 import typing
-from contextlib import nullcontext, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -34,7 +35,7 @@ import torch
 from plumbing import checkpoint as ckpt_io
 from plumbing.checkpoint import CheckpointError
 from plumbing.cli import RunError, one_line_errors, parse_flags
-from data.common import BatchSampler, EncodingUnavailable, ensure_prepared, load_meta
+from data.common import BatchSampler, DataError, EncodingUnavailable, ensure_prepared, load_meta
 from plumbing.distributed import (Processes, StopSignals, check_torchrun_device, end_processes, micro_steps_per_rank,
                          start_processes, wrap_ddp)
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
@@ -80,7 +81,8 @@ class TrainConfig:
     # system
     out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
     resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
-    init_from: str | None = None  # a new run from this out_dir's weights; model flags default to its config
+    overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
+    init_from: str | None = None  # a new run from this out_dir's (or checkpoint file's) weights; model flags: its own
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = "auto"  # autocast dtype; auto: bfloat16 on CUDA (float16 + loss scaling if unsupported), else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on CPU compiling costs more than it saves)
@@ -107,6 +109,12 @@ class TrainConfig:
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
         if not self.wandb_project.strip():
             raise ValueError("wandb_project must not be empty")
+        # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
+        for name in ("out_dir", "init_from"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ValueError(f"--{name} is empty (an unset shell variable?): give a folder, e.g. --{name}=out/NAME")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the run in out_dir and --overwrite replaces it: give one of them")
 
 
 def parse_args(argv=None):
@@ -125,7 +133,7 @@ def parse_args(argv=None):
             values |= ckpt_io.init_from_settings(values, saved)
         cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
         model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
-        format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
+        check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
         check_device(cfg.device)
         check_torchrun_device(cfg.device)
     return cfg, model_config
@@ -136,6 +144,14 @@ def format_out_dir(template, dataset, pos):
         return template.format(dataset=dataset, pos=pos)
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})") from None
+
+
+def check_out_dir(out_dir):
+    """A file where the run's folder belongs (a checkpoint given for its folder) is a one-line error naming the
+    folder to give instead."""
+    if Path(out_dir).is_file():
+        raise ValueError(f"--out_dir={out_dir} is a file: give the folder that holds the run, "
+                         f"--out_dir={Path(out_dir).parent}")
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
@@ -215,13 +231,24 @@ def prepare_data(dataset, procs):
     """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others wait).
     Every rank then looks for the dataset itself, so that all of them meet the same error, if any, together."""
     if procs.master:
-        with suppress(FileNotFoundError, EncodingUnavailable):
+        with suppress(FileNotFoundError, EncodingUnavailable, ValueError):
             ensure_prepared(dataset)
     procs.barrier()
     try:
         data_dir = ensure_prepared(dataset)
         return data_dir, load_meta(data_dir)
-    except (FileNotFoundError, EncodingUnavailable) as e:  # a dataset to download or prepare by hand: it says how
+    # a dataset to download or prepare by hand, or a damaged one (DataError, a ValueError): the message says how
+    except (FileNotFoundError, EncodingUnavailable, ValueError) as e:
+        raise RunError(str(e)) from None
+
+
+def batch_streams(data_dir, model_config, cfg, streams):
+    """A BatchSampler per stream; a dataset whose files disagree with its meta.json, or whose splits are shorter
+    than block_size, is a RunError (every rank meets it at the same point)."""
+    try:
+        return [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=stream)
+                for stream in streams]
+    except (FileNotFoundError, ValueError) as e:
         raise RunError(str(e)) from None
 
 
@@ -236,9 +263,7 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     compiled = torch.compile(model) if cfg.compile else model
     train_model = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
-    samplers = [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=slot)
-                for slot in slots]
-    eval_sampler = BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, EVAL_STREAM)
+    *samplers, eval_sampler = batch_streams(data_dir, model_config, cfg, [*slots, EVAL_STREAM])
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
     return Run(cfg, model_config, meta, procs, model, train_model, compiled, optimizer, scaler, autocast,
@@ -368,17 +393,46 @@ def train_loop(run, signals, wandb_run, resume_command):
                               step=it + 1)
 
 
+@contextmanager
+def own_folder(cfg, procs):
+    """Rank 0 locks out_dir for the run and checks that it may start there (one run per folder; a folder holding
+    a run needs --resume or --overwrite); every rank learns the outcome, so that a refusal stops all together."""
+    with ExitStack() as held:
+        refusal, note = None, None
+        if procs.master:
+            try:
+                held.enter_context(ckpt_io.lock_folder(cfg.out_dir, procs.log))
+                note = ckpt_io.check_may_start(cfg.out_dir, cfg.resume, cfg.overwrite)
+            except RunError as e:
+                refusal = e
+            except OSError as e:  # a read-only folder, a file on the path
+                refusal = RunError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror or e})")
+        if procs.share([float(refusal is not None)], cfg.device)[0]:
+            raise refusal or RunError("rank 0 could not take out_dir")  # only rank 0 prints it
+        if note:
+            procs.log(note)
+        yield
+
+
 def train(cfg, model_config, procs=Processes(), resume_command="the same command with --resume"):
-    """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume. Returns {"best_val_loss", "best_iter",
-    "iter_num", "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped"
-    (the signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
+    """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout.
+    Returns {"best_val_loss", "best_iter", "iter_num", "checkpoint", "best_checkpoint", "evals", "losses" ({step:
+    loss} of the steps run here), "stopped" (the signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
     start = time.perf_counter()
     if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: preparing data can take hours
         raise RunError("--wandb needs the wandb package: pip install wandb")
-    data_dir, meta = prepare_data(cfg.dataset, procs)
-    model_config = replace(model_config, vocab_size=meta["vocab_size"])
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
+    with own_folder(cfg, procs):
+        run = start_run(cfg, model_config, procs)
+        procs.log(header_line(run, one_per_process))
+        return run_to_the_end(run, resume_command, start)
+
+
+def start_run(cfg, model_config, procs):
+    """The Run, built fresh, continued from out_dir/ckpt.pt (--resume) or from another run's weights (--init_from)."""
+    data_dir, meta = prepare_data(cfg.dataset, procs)
+    model_config = replace(model_config, vocab_size=meta["vocab_size"])
     resumed = None
     if cfg.resume:
         path, ckpt, changes = ckpt_io.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)
@@ -392,12 +446,13 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
     elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
         note = ckpt_io.init_model_from(cfg.init_from, run.model, meta, cfg.dataset)
         procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
-    elif procs.master and run.ckpt_path.is_file():
-        procs.log(f"note: {cfg.out_dir} holds a checkpoint; this run starts from scratch and replaces it at its "
-                  "first evaluation (--resume continues it instead)")
     if procs.master and (removed := ckpt_io.remove_unfinished_writes(cfg.out_dir)):
         procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
-    procs.log(header_line(run, one_per_process))
+    return run
+
+
+def run_to_the_end(run, resume_command, start):
+    """The loop, until max_iters or a stop by signal, then the summary train() returns."""
     wandb_run = start_wandb(run)
     finished = False
     try:
@@ -411,7 +466,7 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
     if not stopped:
         best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}" \
             if p.best_iter is not None else "no evaluation"
-        procs.log(f"done in {format_seconds(seconds)}: {best}")
+        run.procs.log(f"done in {format_seconds(seconds)}: {best}")
     return {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num,
             "checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals,
             "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
@@ -419,8 +474,8 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
 
 def main(argv=None):
     """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
-    train()'s summary, also when a signal stopped the run (its exit status is exit_status's). A RunError or
-    CheckpointError is one line on stderr and exit status 1."""
+    train()'s summary, also when a signal stopped the run (its exit status is exit_status's). A RunError,
+    CheckpointError or DataError is one line on stderr and exit status 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model_config = parse_args(argv)
     procs = start_processes(cfg)
@@ -433,6 +488,9 @@ def main(argv=None):
         clean = True  # every rank meets these at the same point: they can still end together
         if procs.master:
             print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except DataError as e:  # met in a batch by whichever rank drew it: that rank says it, torchrun stops the others
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         end_processes(procs, clean)

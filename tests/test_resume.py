@@ -125,6 +125,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
     assert stopped.group(2) == str(out_dir / "ckpt.pt") and stopped.group(3).endswith(" --resume")
     assert stopped.group(3).startswith("python train.py ") and f"--out_dir={out_dir}" in stopped.group(3)
     assert checkpoint(out_dir)["iter_num"] == step >= 2 and checkpoint(out_dir)["finished"] is False
+    assert not (out_dir / ckpt_io.LOCK_NAME).exists()  # the folder is free again
     if step + 2 > 8:
         pytest.skip(f"the signal landed late (step {step}), past the straight run")
     whole, whole_dir = straight
@@ -136,7 +137,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
 
 def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
     """Two Ctrl-C in a row: the first asks for a checkpoint and a stop, the second (in the middle of that, or
-    after) stops at once: exit status 130, at most one line on stderr, no traceback."""
+    after) stops at once: exit status 130, at most one line on stderr, no traceback, no lock left behind."""
     out_dir = tmp_path / "twice"
     proc = training_until_step(2, *RESUMABLE, f"--out_dir={out_dir}", "--max_iters=100000")
     try:
@@ -149,6 +150,7 @@ def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
     assert err.startswith("train.py: interrupted: stopped at once") or err == "", err
+    assert not (out_dir / ckpt_io.LOCK_NAME).exists()
     ckpt_io.load_checkpoint(out_dir / "ckpt.pt")  # whole
 
 

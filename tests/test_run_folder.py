@@ -1,0 +1,258 @@
+"""A run owns its folder, finished means finished, and every bad input to train.py is one line (issue 18).
+
+A second run in a folder in use is refused naming the holder; a lock a killed run left is taken over; a folder
+holding a run is never replaced without --overwrite; a checkpoint records whether its run finished; checkpoints,
+datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback, with every file
+that was there before left as it was. Tiny models on CPU through train.main or `python train.py`; no mocks.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from data.common import DATA_ROOT, load_meta
+from helpers import train_error_line
+from plumbing import checkpoint as ckpt_io
+from test_resume import ENV, training_until_step
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
+        "--compile=false", "--eval_iters=2", "--log_interval=1", "--max_iters=2", "--eval_interval=2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run of 2 steps: its folder (copy it before changing anything)."""
+    out_dir = tmp_path_factory.mktemp("finished")
+    train.main([*TINY, f"--out_dir={out_dir}"])
+    return out_dir
+
+
+def copy_of(folder, to):
+    shutil.copytree(folder, to)
+    return to
+
+
+def files(folder):
+    """{relative path: bytes} of every file under folder: what 'left intact' compares."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_lock(out_dir, **record):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / ckpt_io.LOCK_NAME).write_text(json.dumps({"started": "2024-01-01 00:00:00",
+                                                          "command": "python train.py", **record}))
+
+
+# -----------------------------------------------------------------------------
+# one run per folder
+
+
+def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees_it_when_stopped(tmp_path, capsys):
+    """While `python train.py` runs in a folder, a second run there (even with --resume) stops in one line naming
+    the first one's pid, host and command, and touches nothing; SIGTERM stops the first, which removes its lock."""
+    out_dir = tmp_path / "busy"
+    proc = training_until_step(1, *TINY, f"--out_dir={out_dir}", "--max_iters=100000")
+    try:
+        before = files(out_dir)
+        for extra in ([], ["--resume"]):
+            err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}", *extra], status=1)
+            assert f"{out_dir} is in use by another run (pid {proc.pid} on {socket.gethostname()}, started " in err
+            assert "python train.py" in err and f"delete {out_dir / ckpt_io.LOCK_NAME}" in err, err
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert not (out_dir / ckpt_io.LOCK_NAME).exists()
+    assert set(files(out_dir)) <= set(before) | {"ckpt.pt", "best.pt"}  # nothing of the refused runs
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_another_host_is_not(tmp_path, capsys):
+    """A kill -9 leaves the lock behind: the next run sees that its process is gone, says so and takes it over.
+    A lock from another machine (a shared filesystem) cannot be checked from here: refused, the lock kept."""
+    out_dir = tmp_path / "stale"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    write_lock(out_dir, pid=int(dead.stdout), host=socket.gethostname())
+    result = train.main([*TINY, f"--out_dir={out_dir}"])
+    out = capsys.readouterr().out
+    assert result["iter_num"] == 2 and f"note: took over {out_dir / ckpt_io.LOCK_NAME}, left by a run that no " \
+                                       f"longer runs (pid {int(dead.stdout)} on {socket.gethostname()}" in out, out
+    assert sorted(files(out_dir)) == ["best.pt", "ckpt.pt"]
+    elsewhere = tmp_path / "elsewhere"
+    write_lock(elsewhere, pid=1234, host="another-machine")
+    err = train_error_line(capsys, [*TINY, f"--out_dir={elsewhere}"], status=1)
+    assert "in use by another run (pid 1234 on another-machine" in err
+    assert sorted(files(elsewhere)) == [ckpt_io.LOCK_NAME]
+
+
+# -----------------------------------------------------------------------------
+# a run is never replaced without asking; finished means finished
+
+
+def test_a_finished_run_is_not_overwritten_and_overwrite_starts_again(tmp_path, capsys, finished):
+    """The same command again in a folder holding a finished run is refused in one line giving both ways out,
+    best.pt byte for byte as it was; --overwrite starts again and replaces the run."""
+    out_dir = copy_of(finished, tmp_path / "run")
+    before = files(out_dir)
+    err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}"], status=1)
+    assert err == (f"train.py: error: {out_dir} holds a finished run (step 2 of 2): --resume with a larger "
+                   "--max_iters trains it further, --overwrite starts again and replaces it (or give another "
+                   "--out_dir)")
+    assert files(out_dir) == before
+    result = train.main([*TINY, f"--out_dir={out_dir}", "--overwrite", "--max_iters=1", "--eval_interval=1"])
+    assert f"note: --overwrite: {out_dir} holds a finished run (step 2 of 2)" in capsys.readouterr().out
+    assert result["iter_num"] == 1 and ckpt_io.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 1
+    assert files(out_dir)["best.pt"] != before["best.pt"]
+
+
+def test_a_checkpoint_records_whether_its_run_finished(tmp_path, finished):
+    """`finished` is True at max_iters, False at a step before it (where a stop or crash leaves a run); files
+    written before the key are judged by iter_num against max_iters (run_finished, what the study asks)."""
+    ckpt = ckpt_io.load_checkpoint(finished / "ckpt.pt")
+    assert ckpt["finished"] is True and ckpt_io.run_finished(ckpt)
+    assert ckpt_io.load_checkpoint(finished / "best.pt")["finished"] is False  # step 0's
+    old = {key: value for key, value in ckpt.items() if key != "finished"}
+    assert ckpt_io.run_finished(old) and not ckpt_io.run_finished(old | {"iter_num": 1})
+    assert not ckpt_io.run_finished({"model": {}, "model_config": {}})  # says nothing: not trusted as finished
+
+
+def test_a_checkpoint_file_given_to_init_from_is_taken_for_its_run(tmp_path, finished):
+    """--init_from=out/x/ckpt.pt starts from that file, and its default out_dir is beside the run's folder."""
+    source = copy_of(finished, tmp_path / "source")
+    result = train.main(["--init_from", str(source / "ckpt.pt"), "--block_size=32", "--max_iters=0",
+                         "--device=cpu", "--eval_iters=1", "--batch_size=2"])
+    assert Path(result["checkpoint"]) == tmp_path / "source_ctx32_plain" / "ckpt.pt"
+
+
+# -----------------------------------------------------------------------------
+# one line for each bad input, files intact
+
+
+class Shell:
+    """Unpickled, it would run a shell command: what a malicious checkpoint carries."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def spoil(path, kind, marker):
+    """Rewrite the checkpoint at path in one of the ways issue 18's hostile user found."""
+    ckpt = ckpt_io.load_checkpoint(path)
+    if kind == "no meta":
+        del ckpt["meta"]
+    elif kind == "no vocabulary":
+        del ckpt["meta"]["chars"]
+    elif kind == "weights that do not fit":
+        ckpt["model"]["lm_head.weight"] = torch.zeros(65, 8)
+        ckpt["model"]["extra.weight"] = torch.zeros(1)
+        del ckpt["model"]["transformer.h.0.mlp.c_fc.weight"]
+    elif kind == "malicious":
+        ckpt["meta"] = Shell(marker)
+    torch.save(ckpt, path)
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("no meta", "ckpt.pt: no meta entry (the tokenizer and vocabulary its token ids belong to)"),
+        ("no vocabulary", "ckpt.pt: its meta has no vocabulary: a char tokenizer needs chars"),
+        ("weights that do not fit", "ckpt.pt: its GPT state does not fit (missing transformer.h.0.mlp.c_fc.weight; "
+                                    "unexpected extra.weight; mis-shaped lm_head.weight (65, 8) where the model "
+                                    "has (65, 16))"),
+        ("malicious", f"ckpt.pt: refused to load: it pickles {os.system.__module__}.system, code that unpickling "
+                      "would import and could run"),
+    ],
+)
+@pytest.mark.parametrize("how", ["--resume", "--init_from"])
+def test_a_checkpoint_that_cannot_be_used_is_one_line(tmp_path, capsys, finished, kind, words, how):
+    """Resuming, or starting from, a checkpoint without meta or vocabulary, with weights that do not fit (named),
+    or pickling a function (named, and never run; no hint to load it with weights_only=False): one line, exit 1."""
+    out_dir = copy_of(finished, tmp_path / "run")
+    (out_dir / "best.pt").unlink()  # --init_from reads best.pt first: both read ckpt.pt here
+    spoil(out_dir / "ckpt.pt", kind, tmp_path / "ran")
+    before = files(tmp_path)
+    flags = [f"--out_dir={out_dir}", "--resume"] if how == "--resume" else \
+        [f"--init_from={out_dir}", f"--out_dir={tmp_path / 'new'}"]
+    status = 2 if how == "--init_from" and kind == "malicious" else 1  # read with the flags: a flag's value
+    err = train_error_line(capsys, [*TINY, *flags], status=status)
+    assert words in err and "weights_only=False" not in err, err
+    assert files(tmp_path) == before and not (tmp_path / "ran").exists() and not (tmp_path / "new").exists()
+
+
+@pytest.fixture
+def dataset():
+    """A dataset folder data/<name> written by hand (train.bin, val.bin, meta.json of the char vocabulary), for
+    the test to spoil; removed after it."""
+    name = f"test_run_folder_{os.getpid()}"
+    folder = DATA_ROOT / name
+    folder.mkdir()
+    meta = load_meta(DATA_ROOT / "shakespeare_char")
+    ids = (np.arange(200) % meta["vocab_size"]).astype(np.uint16)
+    for split in ("train", "val"):
+        ids.tofile(folder / f"{split}.bin")
+    (folder / "meta.json").write_text(json.dumps({**meta, "train_tokens": 200, "val_tokens": 200}))
+    yield name, folder
+    shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize(
+    "kind, status, words",
+    [
+        ("empty out_dir", 2, "--out_dir is empty (an unset shell variable?): give a folder"),
+        ("checkpoint for out_dir", 2, "is a file: give the folder that holds the run, --out_dir="),
+        ("resume and overwrite", 2, "--resume continues the run in out_dir and --overwrite replaces it"),
+        ("split shorter than block_size", 1, "block_size"),  # data/common.py's words, checked there
+        ("bin file disagreeing with meta.json", 1, "meta.json"),
+    ],
+)
+def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, kind, status, words):
+    """An empty --out_dir (an unset shell variable), a checkpoint file as --out_dir, --resume with --overwrite, a
+    split shorter than block_size, a .bin file that disagrees with meta.json: one line, before any training, and
+    the run folder and the dataset as they were."""
+    name, data_dir = dataset
+    out_dir = copy_of(finished, tmp_path / "run")
+    flags = {"empty out_dir": ["--out_dir="], "checkpoint for out_dir": [f"--out_dir={out_dir / 'ckpt.pt'}",
+                                                                         "--resume"],
+             "resume and overwrite": [f"--out_dir={out_dir}", "--resume", "--overwrite"]}.get(kind)
+    if flags is None:  # a dataset spoiled, a new folder
+        flags = [f"--dataset={name}", f"--out_dir={tmp_path / 'new'}"]
+        if kind == "split shorter than block_size":
+            np.arange(10, dtype=np.uint16).tofile(data_dir / "val.bin")
+            meta = json.loads((data_dir / "meta.json").read_text())
+            (data_dir / "meta.json").write_text(json.dumps(meta | {"val_tokens": 10}))
+        else:
+            np.arange(50, dtype=np.uint16).tofile(data_dir / "train.bin")
+    before, data_before = files(tmp_path), files(data_dir)
+    err = train_error_line(capsys, [*TINY, *flags], status=status)
+    assert words in err, err
+    assert files(tmp_path) == before and files(data_dir) == data_before and not (tmp_path / "new").exists()
+
+
+def test_python_train_py_errors_are_one_line_without_a_traceback(tmp_path, finished):
+    """The same through `python train.py`, as a user runs it: an empty --out_dir, a folder holding a finished run,
+    and a malicious checkpoint are one line on stderr, a non-zero exit, no traceback; nothing is written."""
+    out_dir = copy_of(finished, tmp_path / "run")
+    malicious = copy_of(finished, tmp_path / "malicious")
+    spoil(malicious / "ckpt.pt", "malicious", tmp_path / "ran")
+    before = files(tmp_path)
+    for flags, status in ((["--out_dir="], 2), ([f"--out_dir={out_dir}"], 1),
+                          ([f"--out_dir={malicious}", "--resume"], 1)):
+        done = subprocess.run([sys.executable, "train.py", *TINY, *flags], cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == status and done.stdout == "", (flags, done.stdout, done.stderr)
+        assert done.stderr.startswith("train.py: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert files(tmp_path) == before and not (tmp_path / "ran").exists()

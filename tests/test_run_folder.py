@@ -217,12 +217,13 @@ def dataset():
         ("resume and overwrite", 2, "--resume continues the run in out_dir and --overwrite replaces it"),
         ("split shorter than block_size", 1, "block_size"),  # data/common.py's words, checked there
         ("bin file disagreeing with meta.json", 1, "meta.json"),
+        ("token id beyond the vocabulary", 1, "token id 300"),
     ],
 )
 def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, kind, status, words):
     """An empty --out_dir (an unset shell variable), a checkpoint file as --out_dir, --resume with --overwrite, a
-    split shorter than block_size, a .bin file that disagrees with meta.json: one line, before any training, and
-    the run folder and the dataset as they were."""
+    split shorter than block_size, a .bin file that disagrees with meta.json, a token id past the vocabulary: one
+    line, before any training, and the run folder and the dataset as they were."""
     name, data_dir = dataset
     out_dir = copy_of(finished, tmp_path / "run")
     flags = {"empty out_dir": ["--out_dir="], "checkpoint for out_dir": [f"--out_dir={out_dir / 'ckpt.pt'}",
@@ -234,8 +235,12 @@ def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, 
             np.arange(10, dtype=np.uint16).tofile(data_dir / "val.bin")
             meta = json.loads((data_dir / "meta.json").read_text())
             (data_dir / "meta.json").write_text(json.dumps(meta | {"val_tokens": 10}))
-        else:
+        elif kind == "bin file disagreeing with meta.json":
             np.arange(50, dtype=np.uint16).tofile(data_dir / "train.bin")
+        else:  # the vocabulary has 65 ids
+            ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16)
+            ids[100] = 300
+            ids.tofile(data_dir / "train.bin")
     before, data_before = files(tmp_path), files(data_dir)
     err = train_error_line(capsys, [*TINY, *flags], status=status)
     assert words in err, err

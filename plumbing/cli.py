@@ -3,10 +3,11 @@ Command-line flags for every script, from its config dataclasses: one syntax, on
 
 Each field of a script's config dataclass is a flag `--name=value` (or `--name value`); its help text is the
 comment after the field in the dataclass. `--config FILE.toml` reads the same settings from a TOML file (data,
-never executed), and flags override it. A mistake (an unknown flag, a typo, an abbreviation, a bad value, an
-unknown key in the file) stops the script before any work with exit status 2 and one line that names what is
-valid: argparse's multi-line usage block is never printed, and abbreviations are refused (`--temperatur` is
-a typo, not `--temperature`).
+never executed), and flags override it; several --config are read in the order given, each file overriding the
+ones before. A mistake (an unknown flag, a typo, an abbreviation, a bad value, a NaN or infinite number, an
+unknown key in the file, a file that cannot be read) stops the script before any work with exit status 2 and one
+line that names what is valid: argparse's multi-line usage block is never printed, and abbreviations are refused
+(`--temperatur` is a typo, not `--temperature`).
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
     with one_line_errors("sample.py"):
@@ -21,6 +22,7 @@ if sys.version_info < (3, 11):  # before tomllib's import fails with a traceback
 import argparse
 import difflib
 import inspect
+import math
 import re
 import tomllib
 import typing
@@ -74,9 +76,13 @@ def parse_int(text):
 def parse_float(text):
     # float, not int: `--dropout=0` is 0.0 (nanoGPT's configurator refused it as the wrong type)
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    # float() takes nan, inf and 1e999; every range check (lr > 0, 0 < top_p <= 1) lets a NaN through
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def parse_list(name, text, choices, everything=None):
@@ -137,7 +143,9 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags override it)")
+    parser.add_argument("--config", metavar="FILE.toml", action="append",
+                        help="read settings from a TOML file; given again, the files are read in order, each "
+                             "overriding the ones before; flags override them all")
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         comments = field_comments(config_class)
@@ -164,6 +172,8 @@ def read_toml(path):
             return tomllib.load(f)
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}") from None
+    except UnicodeDecodeError:  # before TOMLDecodeError: it is a ValueError too, and would not name the file
+        raise UsageError(f"--config {path}: not UTF-8 text, as a TOML file must be") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not valid TOML: {e}") from None
 
@@ -198,10 +208,10 @@ def explain(message, valid):
 
 def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False):
     """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
-    --config FILE.toml, then by the flags in argv (sys.argv[1:] when None). Fields named in `positional` are
-    positional arguments. foreign_keys: the --config file is another script's (bench.py reads training presets),
-    so its keys that are no flag here are ignored instead of refused. A mistake exits with status 2 and one line
-    naming the valid choices."""
+    each --config FILE.toml in the order given, then by the flags in argv (sys.argv[1:] when None). Fields named in
+    `positional` are positional arguments. foreign_keys: the --config file is another script's (bench.py reads
+    training presets), so its keys that are no flag here are ignored instead of refused. A mistake exits with
+    status 2 and one line naming the valid choices."""
     values = {}
     for _, config_class, names in sections:
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
@@ -214,10 +224,10 @@ def parse_flags(argv, prog, description, sections, defaults=None, choices=None, 
             flags = vars(parser.parse_args(argv))
         except UsageError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
+        from_files = {}
         if "config" in flags:  # a file holds flags only, so it is checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
-            from_file = read_config_file(file_parser, flags.pop("config"), valid, foreign_keys)
-        else:
-            from_file = {}
-    return values | from_file | flags
+            for path in flags.pop("config"):
+                from_files |= read_config_file(file_parser, path, valid, foreign_keys)
+    return values | from_files | flags

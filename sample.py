@@ -11,6 +11,9 @@ The checkpoint carries the model config (with its position scheme and trained bl
 so --out_dir is all it needs. The printed text marks where the trained length was crossed. --compare runs the
 same prompt, seed and settings through several checkpoints and reports each one's speed and its validation
 loss at positions inside vs beyond the trained length.
+
+A generation (or --compare's evaluation windows) that would not fit in the memory left is refused in one line
+before it allocates, with the size it needs, estimated from the shapes. Ctrl-C stops quietly, exit status 130.
 """
 
 import sys
@@ -24,8 +27,8 @@ from plumbing.checkpoint import CheckpointError, checkpoint_path, load_checkpoin
 from plumbing.cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
 from plumbing.evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
-from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
-from generation import generate_cached
+from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
+from generation import generate_cached, generation_bytes
 from model import GPT2_MODELS, ROPE_SCALINGS
 
 
@@ -86,6 +89,8 @@ def read_prompt(start):
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"prompt file {path} does not exist") from None
+    except OSError as e:  # a folder, a file we may not read
+        raise ValueError(f"prompt file {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"prompt file {path} is not UTF-8 text") from None
 
@@ -182,9 +187,10 @@ def describe(model):
 
 
 def open_model(out_dir, cfg, device, scale_rope_only=False):
-    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from it.
-    -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint, weights included, is let go on return: the
-    weights then live once, in the model (GPT-2 XL's 6 GB not kept twice)."""
+    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from it,
+    cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens). The
+    checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2 XL's 6 GB
+    not kept twice). A generation that would not fit in the memory left is refused here, before it allocates."""
     if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
     else:
@@ -192,18 +198,27 @@ def open_model(out_dir, cfg, device, scale_rope_only=False):
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None)
-    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(read_prompt(cfg.start))
+    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = rope_factor_for(cfg, block_size, len(prompt_ids) + max_new_tokens)
-    return load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint), cfg, prompt_ids, max_new_tokens
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint)
+    needed = generation_bytes(loaded.model.config, cfg.num_samples, len(prompt_ids), max_new_tokens, cfg.max_context,
+                              cached=cfg.kv_cache)
+    check_memory(needed, device, f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
+                 "lower --max_new_tokens or --num_samples, or bound the context with --max_context")
+    return loaded, cfg, prompt_ids, max_new_tokens
 
 
-def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
-    """Load one checkpoint (or a GPT2_MODELS name) and print its samples. -> (Loaded, samples, tokens/s)
-    scale_rope_only: apply --rope_scaling to RoPE checkpoints and leave the others as they are (--compare)."""
-    loaded, cfg, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device, scale_rope_only)
+def run_one(out_dir, cfg, device, stream):
+    """Load one checkpoint (or a GPT2_MODELS name) and print its samples. -> (Loaded, samples, tokens/s)"""
+    loaded, cfg, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device)
+    return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
+
+
+def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
+    """Generate and print cfg.num_samples continuations of prompt_ids. -> (samples, tokens/s)"""
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
     print(describe(loaded.model))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
@@ -217,7 +232,7 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
         print("\n" + "-" * 60)
     how = "compiled KV cache, compile time included" if cfg.compile else "KV cache" if cfg.kv_cache else "no cache"
     print(f"{tokens_per_second:.1f} tokens/s ({how})")
-    return loaded, samples, tokens_per_second
+    return samples, tokens_per_second
 
 
 # -----------------------------------------------------------------------------
@@ -225,13 +240,16 @@ def run_one(out_dir, cfg, device, stream, scale_rope_only=False):
 
 
 def compare(cfg, device):
-    """Every checkpoint in cfg.compare with the same prompt, seed and settings, then a summary table."""
+    """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the RoPE
+    ones only), then a summary table."""
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
-        loaded, samples, tokens_per_second = run_one(out_dir, cfg, device, stream=False, scale_rope_only=True)
-        length = len(samples[0])
+        loaded, cfg_here, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device, scale_rope_only=True)
+        length = len(prompt_ids) + max_new_tokens
+        # measured before generating: windows that would not fit in memory stop it before the work, not after
         losses = inside_vs_beyond_loss(loaded, device, length)
+        _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False)
         rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model held at a time
     print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
           "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
@@ -251,11 +269,14 @@ def main(argv=None):
     try:
         device = resolve_device(cfg.device)
         check_device(device)
+        cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
             return compare(cfg, device)
         return run_one(cfg.init_from or cfg.out_dir, cfg, device, cfg.stream)
     except (CheckpointError, ValueError) as e:
         sys.exit(f"sample.py: error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, with the status a shell gives an interrupted command
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ tokens. Everything here is a full forward pass (no KV cache) of a model in eval 
     losses = token_losses(model, x, y)                       # (B, L): cross-entropy of every token
     val = validation_tokens("shakespeare_char")             # the val split, read through np.memmap
     per_window = window_losses(model, val, 256, window_starts(len(val), 256, 32), batch_size=8, device="cpu")
+    window_bytes(model.config, 8, 256)                       # {what: bytes} that batch allocates, for check_memory
 """
 
 import numpy as np
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from data.common import dataset_dir, ensure_prepared, load_meta
+from generation import forward_bytes, position_table_bytes
+from plumbing.hardware import check_memory
 
 
 @torch.no_grad()
@@ -36,6 +39,18 @@ def token_losses(model, x, y, chunk=64):
 def position_losses(model, x, y, chunk=64):
     """token_losses averaged over the batch: the loss at each position. -> (L,)"""
     return token_losses(model, x, y, chunk).mean(0)
+
+
+def window_bytes(config, batch, length):
+    """{what: bytes} that token_losses allocates for `batch` windows of `length` tokens of a model of config,
+    estimated from the shapes before anything is allocated: a forward pass (generation.forward_bytes; the logits
+    batch x length x vocab_size are usually the largest), the log-softmax the cross-entropy takes of them, the
+    position table grown to `length`, and for a scheme with a table (learned) past it, its sliding windows' tokens."""
+    parts = forward_bytes(config, batch, length) | {"position table": position_table_bytes(config, length)}
+    parts["log-softmax"] = parts["logits"]
+    if config.pos == "learned" and length > config.block_size:
+        parts["sliding windows"] = batch * (length - config.block_size) * config.block_size * 8
+    return parts
 
 
 # -----------------------------------------------------------------------------
@@ -80,7 +95,8 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
 def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
     """Mean validation loss at positions < block_size and >= block_size over n_windows windows of `length`
     tokens of the checkpoint's own dataset (loaded: .model and .checkpoint, as sample.load returns).
-    -> (inside, beyond), or None if the dataset is not prepared here or the checkpoint names none (GPT-2's)."""
+    -> (inside, beyond), or None if the dataset is not prepared here or the checkpoint names none (GPT-2's).
+    ValueError (one line) if those windows would not fit in the memory available."""
     dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
     if dataset is None:
         return None
@@ -89,6 +105,8 @@ def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
     except (FileNotFoundError, ValueError):
         return None
     length = min(length, len(val) - 1)
+    what = f"measuring the validation loss over {n_windows} windows of {length:,} tokens"
+    check_memory(window_bytes(loaded.model.config, n_windows, length), device, what, "lower --max_new_tokens")
     starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
     losses = window_losses(loaded.model, val, length, starts, n_windows, device).mean(0)
     block_size = loaded.model.config.block_size

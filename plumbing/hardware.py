@@ -1,10 +1,12 @@
 """
-What a script runs on: the device, the precision, and how fast that hardware can go (for MFU).
+What a script runs on: the device, the precision, how fast that hardware can go (for MFU), and how much memory
+it has left.
 
 Every entry point (train.py, sample.py, eval_length.py, bench.py) resolves `--device` and `--dtype` here,
 so `auto` means the same thing everywhere: cuda, then mps, then cpu; bfloat16 on CUDA, float32 elsewhere.
 """
 
+import os
 import re
 from contextlib import nullcontext
 
@@ -75,6 +77,45 @@ def precision(cfg):
     autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
     # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
     return autocast, torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+
+
+def available_memory(device):
+    """Bytes that can still be allocated on device, or None where unknown. CUDA: the free memory plus what
+    torch's caching allocator holds unused. Elsewhere (MPS shares it) the host's: /proc/meminfo's MemAvailable
+    (free memory plus the page cache the kernel can drop), else the free pages sysconf reports."""
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or not this name (macOS)
+        return None
+
+
+def format_bytes(n):
+    """1234567 -> '1.2 MB' (powers of 1000, as disk and memory sizes are printed by df and free -H)."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def check_memory(parts, device, what, advice):
+    """ValueError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
+    available now: refused before the allocation, where the kernel would kill the process without a word. The
+    message names the parts of at least 1% of the total. Nothing is refused where the available memory is unknown."""
+    needed, available = sum(parts.values()), available_memory(device)
+    if available is None or needed <= available:
+        return
+    largest = sorted(parts.items(), key=lambda part: -part[1])
+    detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
+    raise ValueError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
+                     f"{format_bytes(available)} available; {advice}")
 
 
 def synchronize(device):

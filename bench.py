@@ -45,13 +45,13 @@ from datetime import UTC, datetime
 
 import torch
 
-from plumbing.checkpoint import replace_atomically
-from plumbing.cli import one_line_errors, parse_flags, parse_list
+from plumbing.cli import RunError, one_line_errors, parse_flags, parse_list
 from data.common import available_datasets, dataset_dir, load_meta
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from generation import generate_cached
 from model import GPT, POS_SCHEMES, GPTConfig
+from plumbing.outputs import check_outputs, write_output
 from plumbing.report import markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
@@ -75,7 +75,7 @@ class BenchConfig:
     batch_size: int = 12  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
-    warmup_steps: int = 3  # untimed steps first (the first one compiles); their time is reported as compile time
+    warmup_steps: int = 3  # untimed steps first (the first compiles), their time reported as compile time; 0: none
     # Rounds: a change in the machine's load then reaches every scheme alike. On CUDA one round keeps one model
     # resident at a time, so each scheme's peak memory is its own.
     rounds: int | None = None  # timed steps alternate between the schemes in this many rounds; None: 3 on CPU, else 1
@@ -91,7 +91,7 @@ class BenchConfig:
     threads: int | None = None  # torch.set_num_threads; None: torch's default (one per core)
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
-    json: str | None = None  # write every figure, the machine and the command line to this file
+    json: str | None = None  # write every figure, the machine and the command line to this file (checked first)
 
     def __post_init__(self):
         dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")  # a bad name is refused even if unused
@@ -251,6 +251,8 @@ class Trainer:
         return loss.detach()
 
     def time_steps(self, n, into):
+        """Take n steps, appending each one's seconds to into. -> the last step's loss (None when n is 0)"""
+        loss = None
         for _ in range(n):
             seconds, loss = timed(self.step, self.device)
             into.append(seconds)
@@ -399,7 +401,7 @@ def generation_table(generation, compiled_note):
 
 def write_json(path, report):
     """Rewritten after each scheme, atomically: a run killed while writing keeps the figures it had."""
-    replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    write_output("json", path, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
 
 
 # -----------------------------------------------------------------------------
@@ -441,10 +443,9 @@ def print_report(report, cfg):
         print(generation_table(report["generation"], note))
 
 
-def main(argv=None):
-    """Run the benchmark; -> the report dict (also written to --json)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = resolve(parse_args(argv))
+def run(cfg, argv):
+    """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
+    check_outputs({"json": cfg.json})  # before minutes of benchmarking, not after the first scheme
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)
@@ -459,6 +460,14 @@ def main(argv=None):
         save()  # after each scheme: a run cut short by a timeout keeps what it measured
     print_report(report, cfg)
     return report
+
+
+def main(argv=None):
+    """Run the benchmark; -> the report dict (also written to --json)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = resolve(parse_args(argv))
+    with one_line_errors("bench.py", status=1, errors=(RunError,)):
+        return run(cfg, argv)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,18 @@ Rows, one per checkpoint and method; the method is the CSV's scaling column:
 Output: a markdown table on stdout, a row per checkpoint and method, a column per length; a cell is the loss
 and, in brackets, its ratio to the same checkpoint's plain loss at L = T (measured even when T is not among the
 lengths). --csv writes one line per (checkpoint, method, length); --positions_csv the mean loss at every
-position; --plot the loss by position and the loss against length (needs matplotlib). A bad flag is one line and
-exit status 2; a checkpoint or dataset that cannot be used, one line and exit status 1.
+position; --plot the loss by position and the loss against length (needs matplotlib; the format from its
+extension, png without one). Each is checked before the evaluation (its folder made, a temporary file written
+there) and written all at once after it, so a prior file is replaced whole or not at all.
+
+A bad flag is one line and exit status 2; a checkpoint or dataset that cannot be used, an output that cannot be
+written, or windows that would not fit in the memory available, one line and exit status 1.
 """
 
 import csv
 import importlib.util
 import math
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +46,12 @@ from tqdm import tqdm
 
 from plumbing import report
 from plumbing.checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
-from plumbing.cli import UsageError, one_line_errors, parse_flags
+from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags
 from data.common import dataset_dir, load_meta
-from plumbing.evaluation import validation_tokens, window_losses, window_starts
-from plumbing.hardware import check_device, check_device_name, resolve_device
-from model import ROPE_SCALINGS
+from plumbing.evaluation import validation_tokens, window_bytes, window_losses, window_starts
+from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
+from plumbing.outputs import check_outputs, write_output
+from model import ROPE_SCALINGS, GPTConfig
 
 CSV_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
@@ -77,6 +81,12 @@ class EvalConfig:
         check_device_name(self.device)
         if self.plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
+        if self.plot:
+            plot_format(self.plot)
+
+    @property
+    def outputs(self):
+        return {"csv": self.csv, "positions_csv": self.positions_csv, "plot": self.plot}
 
 
 def parse_args(argv=None):
@@ -308,37 +318,47 @@ def markdown_table(rows, lengths):
     return "\n".join([caption, "", report.markdown_table(head, lines)])
 
 
-@contextmanager
-def csv_writer(path, columns):
-    """A csv.writer over a new file at path (its folder made), the header row written."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        yield writer
+def write_table(flag, path, columns, lines):
+    """A CSV file at path (its folder made): the header row, then lines; written atomically (outputs.write_output)."""
+
+    def write(tmp):
+        with open(tmp, "x", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(lines)
+
+    write_output(flag, path, write)
 
 
 def write_csv(path, rows):
     """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    with csv_writer(path, CSV_COLUMNS) as writer:
-        for row in rows:
-            for n, m in row.measures.items():
-                writer.writerow([row.checkpoint, row.pos, row.scaling, row.block_size, n, fmt(m.loss),
-                                 fmt(m.loss_beyond), fmt(m.stderr), m.windows])
+    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n, fmt(m.loss),
+                                            fmt(m.loss_beyond), fmt(m.stderr), m.windows]
+                                           for row in rows for n, m in row.measures.items()])
 
 
 def write_positions_csv(path, rows):
     """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    with csv_writer(path, POSITION_COLUMNS) as writer:
-        for row in rows:
-            for n, m in row.measures.items():
-                writer.writerows([row.checkpoint, row.scaling, n, p, fmt(loss)] for p, loss in enumerate(m.positions))
+    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p, fmt(loss)]
+                                                          for row in rows for n, m in row.measures.items()
+                                                          for p, loss in enumerate(m.positions)])
 
 
 def bucketed(positions, bucket):
     """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be short."""
     points = torch.tensor(positions, dtype=torch.float64).split(bucket)
     return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
+
+
+def plot_format(path):
+    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(f"--plot={path}: matplotlib writes no .{suffix} file; give one of "
+                         f"{', '.join('.' + name for name in sorted(formats))}")
+    return suffix or "png"
 
 
 def plot(path, rows, bucket=1):
@@ -373,30 +393,39 @@ def plot(path, rows, bucket=1):
     handles, labels = by_length.get_legend_handles_labels()
     fig.tight_layout(rect=(0, 0, 0.74, 1))
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7, frameon=False)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
     plt.close(fig)
+
+
+def check_windows(source, length, cfg, device):
+    """ValueError (one line) if not one window of `length` tokens fits in the split, or a batch of them would not
+    fit in the memory available."""
+    batch = min(cfg.batch_size, len(window_starts(len(source.tokens), length, cfg.max_windows)))
+    check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
+                 f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
+                 "lower --lengths or --batch_size")
 
 
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     cfg = parse_args(argv)
     lengths = parse_lengths(cfg.lengths)
-    with one_line_errors("eval_length.py", status=1, errors=(CheckpointError, UsageError, ValueError)):
+    with one_line_errors("eval_length.py", status=1, errors=(CheckpointError, RunError, UsageError, ValueError)):
         device = resolve_device(cfg.device)
         check_device(device)
         sources = [open_source(name, cfg.dataset) for name in cfg.checkpoints]
+        check_outputs(cfg.outputs, inputs=[source.path for source in sources])  # before the work, not after it
         for source in sources:  # every length is checked before any work
             for n in lengths_for(source, lengths).values():
-                window_starts(len(source.tokens), n)
+                check_windows(source, n, cfg, device)
         rows = evaluate(sources, lengths, cfg, device)
-    print(markdown_table(rows, lengths))
-    if cfg.csv:
-        write_csv(cfg.csv, rows)
-    if cfg.positions_csv:
-        write_positions_csv(cfg.positions_csv, rows)
-    if cfg.plot:
-        plot(cfg.plot, rows, cfg.bucket)
+        print(markdown_table(rows, lengths))
+        if cfg.csv:
+            write_csv(cfg.csv, rows)
+        if cfg.positions_csv:
+            write_positions_csv(cfg.positions_csv, rows)
+        if cfg.plot:
+            plot(cfg.plot, rows, cfg.bucket)
     return rows
 
 

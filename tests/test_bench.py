@@ -82,6 +82,14 @@ def test_reference_past_its_limit_is_reported_skipped_not_run():
     assert report["training"] == {}
 
 
+def test_no_warmup_steps_times_every_step():
+    """--warmup_steps=0: every step is timed, the first one (compiling, with --compile) among them; no first-step or
+    compile time is reported apart."""
+    report = bench.main([*TINY, "--pos=rope", "--warmup_steps=0", "--gen_multiples"])
+    rope = report["training"]["rope"]
+    assert rope["timed_steps"] == 2 and rope["ms_per_step"] > 0 and rope["first_step_s"] is None
+
+
 def test_a_preset_gives_its_model_and_batch_and_flags_override_it():
     """--config takes the model keys and batch settings of a training preset, ignores its training-only keys
     (learning_rate, max_iters, ...), and takes the vocabulary from its dataset."""

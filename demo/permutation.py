@@ -9,8 +9,9 @@ compare the hidden states, layer by layer, up to the swap.
 For each hidden state (the embedding output, then each block) it prints max |h(man bites dog)[swap] -
 h(dog bites man)|, once over the swapped words and once over the tokens that stay put (" bites "): 0 means the
 model saw the same thing up to the swap (attention is permutation equivariant: lesson section 1). Any position
-scheme, and the causal mask alone, make them differ. Models come from out/figures/<pos> (trained there with
-train.py first when missing: minutes on a CPU), from --checkpoints DIR, or from --checkpoint.
+scheme, and the causal mask alone, make them differ. The models are the README's runs, `python train.py
+--pos=X` in out/shakespeare_char_X (trained first where missing: 1.5-2 minutes each on 2 CPU cores, announced
+before it starts), or those in --checkpoints DIR, or the one --checkpoint names.
 """
 
 import sys
@@ -18,17 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from plumbing.cli import one_line_errors, parse_flags
-from demo import (
-    FIGURE_MAX_ITERS,
-    describe,
-    load,
-    model_dir,
-    swap_differences,
-    swap_permutation,
-    use_one_thread,
-)
 from model import POS_SCHEMES
+from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
+from plumbing.runs import model_dirs
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -41,7 +35,6 @@ class PermutationConfig:
     checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/ checkpoints
     sentence: str = "dog bites man"  # three words; the first and the last are swapped
     dtype: str = "float64"  # float64: equivariance shows as ~1e-16; float32: ~1e-7
-    max_iters: int = FIGURE_MAX_ITERS  # training steps of a figure model that has to be trained first
 
     def __post_init__(self):
         words = self.sentence.split(" ")
@@ -115,12 +108,11 @@ def main(argv=None):
     cfg = parse_args(argv)
     use_one_thread()
     dtype = DTYPES[cfg.dtype]
-    with one_line_errors("demo/permutation.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+    with one_line_errors("demo/permutation.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
         else:
-            schemes = list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos]
-            folders = {pos: model_dir(pos, cfg.checkpoints, cfg.max_iters) for pos in schemes}
+            folders = model_dirs(list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos], cfg.checkpoints)
         results = {}
         for folder in folders.values():
             model, tokenizer, ckpt = load(folder, dtype)

@@ -2,33 +2,26 @@
 Where does position live? Linear probes read each token's position from the hidden states of a trained model
 of each scheme, layer by layer.
 
-    python -m demo.probe                          # the five figure models (out/figures/<pos>, trained if missing)
-    python -m demo.probe --checkpoints=out        # or out/shakespeare_char_<pos> from your own runs
+    python -m demo.probe                          # the README's runs out/shakespeare_char_<pos>, trained if missing
+    python -m demo.probe --checkpoints=DIR        # or the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
     python -m demo.probe --figure=docs/figures/probe.png
 
 Two targets per token: its absolute position in the window (0 .. T-1), and its distance back to the latest
 newline (tokens whose window shows no newline before them are left out: the model cannot know it). The probe
-(demo.probe_positions) is least squares with a small ridge, fit on the first half of the validation windows
-and scored (R^2) on the second half, on the embedding output and after every block. Beside each R^2 stands the same
-probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or below). The NoPE model is
-probed twice, the second time with its causal mask removed: then attention sees a set, and position has no way
-in (lesson section 1).
+(plumbing.instruments.probe_positions) is least squares with a small ridge, fit on the first half of the
+validation windows and scored (R^2) on the second half, on the embedding output and after every block. Beside
+each R^2 stands the same probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or
+below). The NoPE model is probed twice, the second time with its causal mask removed: then attention sees a set,
+and position has no way in (lesson section 1). Missing models are trained first, announced before it starts.
 """
 
 import sys
 from dataclasses import dataclass
 
-from plumbing.cli import one_line_errors, parse_flags
-from demo import (
-    FIGURE_MAX_ITERS,
-    describe,
-    load,
-    model_dir,
-    probe_positions,
-    use_one_thread,
-    validation_windows,
-)
 from model import POS_SCHEMES
+from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.instruments import describe, load, probe_positions, use_one_thread, validation_windows
+from plumbing.runs import model_dirs
 
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
 NOPE_UNMASKED = "none, no mask"
@@ -36,11 +29,10 @@ NOPE_UNMASKED = "none, no mask"
 
 @dataclass
 class ProbeConfig:
-    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: out/figures
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
     windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
     ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
     figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
-    max_iters: int = FIGURE_MAX_ITERS  # training steps of a figure model that has to be trained first
 
     def __post_init__(self):
         if self.windows < 4:
@@ -58,8 +50,7 @@ def parse_args(argv=None):
 def run_probes(cfg, log=print):
     """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
     results = {}
-    for pos in POS_SCHEMES:
-        folder = model_dir(pos, cfg.checkpoints, cfg.max_iters, log)
+    for pos, folder in model_dirs(POS_SCHEMES, cfg.checkpoints, log).items():
         model, tokenizer, ckpt = load(folder)
         log(f"pos={pos:<11} {describe(folder, ckpt)}")
         windows = validation_windows(ckpt, cfg.windows)
@@ -114,7 +105,7 @@ def draw(results, path):
 def main(argv=None):
     cfg = parse_args(argv)
     use_one_thread()
-    with one_line_errors("demo/probe.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+    with one_line_errors("demo/probe.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
         results = run_probes(cfg)
     for target in TARGETS:
         print()

@@ -1,8 +1,8 @@
 """
 The length-extrapolation study of docs/extrapolation.md, in one command: train, fine-tune, evaluate, draw.
 
-    python experiments/extrapolation.py             # about 20 minutes on 2 CPU cores, alone on the machine
-    python experiments/extrapolation.py --quick     # every step once, tiny and meaningless: a smoke run
+    python -m experiments.extrapolation             # about 20 minutes on 2 CPU cores, alone on the machine
+    python -m experiments.extrapolation --quick     # every step once, tiny and meaningless: a smoke run
 
 It runs `python train.py` and `python eval_length.py` as subprocesses, exactly as a user would type them (each
 command is printed first), on char-level Tiny Shakespeare:
@@ -14,7 +14,10 @@ command is printed first), on char-level Tiny Shakespeare:
   3. eval_length.py on all nine at 0.5, 1, 2, 4 and 8 x 64 tokens (the same token counts for every checkpoint),
      which also runs each RoPE extension without fine-tuning (s = L / T) and learned's sliding window
   4. {results}/extrapolation.csv, extrapolation.png and extrapolation_table.md, and the wall time.
-A checkpoint that exists is reused (--retrain trains it again), so an interrupted study continues where it was.
+A finished run of the same command is reused, one stopped early is continued (train.py --resume), and a folder
+holding a run of other settings stops the study with one line (plumbing/runs.py; --retrain trains them all
+again). So the README's own `python train.py --pos=X` runs serve as step 1, and an interrupted study continues
+where it was.
 """
 
 import platform
@@ -25,15 +28,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python experiments/extrapolation.py`: the modules live one folder up
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from plumbing.checkpoint import checkpoint_path, fine_tune_dir, saved_model_config  # noqa: E402
-from plumbing.cli import RunError, one_line_errors, parse_flags  # noqa: E402
-from model import POS_SCHEMES  # noqa: E402
+from model import POS_SCHEMES
+from plumbing.checkpoint import CheckpointError, fine_tune_dir, saved_model_config
+from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, run_python
 
 DATASET = "shakespeare_char"
 EXTENSION = 4  # the fine-tunes' context: 4 x T
@@ -91,33 +91,20 @@ def parse_args(argv=None):
 # The commands
 
 
-def run(args, **kwargs):
-    """Run `python args...` from the repository root, printing the command first; a failure stops the study."""
-    command = [sys.executable, *map(str, args)]
-    print("\n$ " + " ".join(["python", *map(str, args)]), flush=True)
-    done = subprocess.run(command, cwd=ROOT, **kwargs)
-    if done.returncode:
-        raise RunError(f"{' '.join(map(str, args[:1]))} failed (exit status {done.returncode}); see its output above")
-    return done
-
-
-def exists(out_dir):
-    return checkpoint_path(ROOT / out_dir).is_file()
-
-
 def base_dir(cfg, pos):
     return f"{cfg.out_root}/{DATASET}_{pos}"
 
 
+def train_runs(cfg, commands, duration=None):
+    """The runs of these train.py commands: reused, continued or trained (plumbing/runs.py)."""
+    ensure_trained(commands, None if cfg.quick else duration, cfg.retrain,
+                   elsewhere="move it away, or pass another --out_root (--retrain trains it again, replacing it)")
+
+
 def train_base(cfg):
     """The five schemes, train.py's defaults (QUICK_TRAIN's few steps with --quick)."""
-    for pos in POS_SCHEMES:
-        out_dir = base_dir(cfg, pos)
-        if exists(out_dir) and not cfg.retrain:
-            print(f"reusing {out_dir} (--retrain trains it again)")
-            continue
-        run(["train.py", f"--pos={pos}", f"--out_dir={out_dir}", f"--device={cfg.device}",
-             *(QUICK_TRAIN if cfg.quick else [])])
+    train_runs(cfg, [[f"--pos={pos}", f"--out_dir={base_dir(cfg, pos)}", f"--device={cfg.device}",
+                      *(QUICK_TRAIN if cfg.quick else [])] for pos in POS_SCHEMES], DEFAULT_DURATION)
 
 
 def fine_tune(cfg, block_size):
@@ -127,17 +114,12 @@ def fine_tune(cfg, block_size):
     schedule = QUICK_FINE_TUNE if cfg.quick else [
         f"--max_iters={steps}", f"--warmup_iters={max(1, steps // 10)}", f"--eval_interval={max(1, steps // 2)}",
         "--eval_iters=20", f"--log_interval={max(1, steps // 10)}", f"--batch_size={cfg.batch_size}"]
-    out_dirs = []
-    for pos, scaling in FINE_TUNES:
-        out_dir = fine_tune_dir(base_dir(cfg, pos), long, scaling)  # train.py's own name for it
-        out_dirs.append(out_dir)
-        if exists(out_dir) and not cfg.retrain:
-            print(f"reusing {out_dir} (--retrain fine-tunes it again)")
-            continue
-        extension = [f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []
-        run(["train.py", f"--init_from={base_dir(cfg, pos)}", f"--block_size={long}", *extension, *schedule,
-             f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}",
-             f"--device={cfg.device}", f"--out_dir={out_dir}"])
+    out_dirs = [fine_tune_dir(base_dir(cfg, pos), long, scaling) for pos, scaling in FINE_TUNES]  # train.py's names
+    train_runs(cfg, [[f"--init_from={base_dir(cfg, pos)}", f"--block_size={long}",
+                      *([f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []), *schedule,
+                      f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}",
+                      f"--device={cfg.device}", f"--out_dir={out_dir}"]
+                     for (pos, scaling), out_dir in zip(FINE_TUNES, out_dirs)])
     return out_dirs
 
 
@@ -151,24 +133,24 @@ def evaluate(cfg, block_size, out_dirs):
     except ImportError:
         print("note: matplotlib is not installed: no figure (pip install matplotlib)")
         figure = []
-    done = run(["eval_length.py", *out_dirs, "--lengths", lengths,
-                f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}", "--batch_size=8",
-                f"--device={cfg.device}", "--csv", results / "extrapolation.csv", *figure],
-               stdout=subprocess.PIPE, text=True)
-    return done.stdout
+    command = ["eval_length.py", *out_dirs, "--lengths", lengths,
+               f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}", "--batch_size=8",
+               f"--device={cfg.device}", "--csv", results / "extrapolation.csv", *figure]
+    print("\n$ " + " ".join(["python", *map(str, command)]))
+    return run_python(command, stdout=subprocess.PIPE, text=True).stdout
 
 
 def main(argv=None):
     cfg = parse_args(argv)
     start = time.perf_counter()
-    with one_line_errors("experiments/extrapolation.py", status=1, errors=(RunError,)):
+    with one_line_errors("experiments/extrapolation.py", status=1, errors=(RunError, CheckpointError)):
         train_base(cfg)
         block_size = saved_model_config(ROOT / base_dir(cfg, "rope"), ["block_size"])["block_size"]
         fine_tuned = fine_tune(cfg, block_size)
         table = evaluate(cfg, block_size, [base_dir(cfg, pos) for pos in POS_SCHEMES] + fine_tuned)
     seconds = time.perf_counter() - start
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    footer = (f"Measured {when} by `python {' '.join(['experiments/extrapolation.py', *(argv or sys.argv[1:])])}`: "
+    footer = (f"Measured {when} by `python {' '.join(['-m experiments.extrapolation', *(argv or sys.argv[1:])])}`: "
               f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()} with "
               f"{torch.get_num_threads()} threads; wall time {seconds / 60:.1f} min"
               + (" (--quick: the numbers mean nothing)" if cfg.quick else "") + ".")

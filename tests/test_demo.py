@@ -1,17 +1,21 @@
-"""The demonstrations (python -m demo.permutation, python -m demo.probe) and the instruments in demo/ that the
-figures use: each instrument reads the model's own modules, so each is checked against the model's own output.
+"""The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
+figures (plumbing/instruments.py): each instrument reads the model's own modules, so each is checked against the
+model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
 
 import os
+import signal
 
 import pytest
 import torch
 
-import demo
+import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
 from model import GPT, POS_SCHEMES, GPTConfig
+from plumbing import instruments, runs
+from plumbing.cli import RunError
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
@@ -76,7 +80,7 @@ def test_hidden_states_are_the_residual_stream_the_logits_come_from(pos):
     """The last hidden state through ln_f and the head gives the model's logits: the hooks read the real stream."""
     model = tiny_model(pos)
     idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
-    states = demo.hidden_states(model, idx)
+    states = instruments.hidden_states(model, idx)
     assert len(states) == model.config.n_layer + 1
     logits, _ = model(idx)
     torch.testing.assert_close(model.lm_head(model.transformer.ln_f(states[-1])), logits, rtol=0, atol=1e-12)
@@ -84,14 +88,15 @@ def test_hidden_states_are_the_residual_stream_the_logits_come_from(pos):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_without_the_mask_the_first_token_sees_the_last(pos):
-    """demo.unmasked really removes the mask: changing the last token changes the first token's states only then."""
+    """instruments.unmasked really removes the mask: changing the last token changes the first token's states
+    only then."""
     model = tiny_model(pos)
     idx = torch.randint(1, LETTERS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     changed = idx.clone()
     changed[0, -1] = 0
     for mask, should_change in ((True, False), (False, True)):
-        first = demo.hidden_states(model, idx, mask)[-1][0, 0]
-        first_changed = demo.hidden_states(model, changed, mask)[-1][0, 0]
+        first = instruments.hidden_states(model, idx, mask)[-1][0, 0]
+        first_changed = instruments.hidden_states(model, changed, mask)[-1][0, 0]
         assert (not torch.allclose(first, first_changed, rtol=0, atol=1e-12)) == should_change, mask
 
 
@@ -105,11 +110,11 @@ def test_attention_probabilities_reproduce_the_layers_output(pos):
     attn = model.transformer.h[layer].attn
     seen = []
     handle = attn.register_forward_hook(lambda module, args, out: seen.append(out))
-    probs = demo.attention_probabilities(model, idx, layer)
+    probs = instruments.attention_probabilities(model, idx, layer)
     handle.remove()
-    x = demo.attention_inputs(model, idx, layer)["x"]
+    x = instruments.attention_inputs(model, idx, layer)["x"]
     C = x.size(-1)
-    v = demo.split_heads(attn.c_attn(x).split(C, dim=2)[2], attn.n_head)
+    v = instruments.split_heads(attn.c_attn(x).split(C, dim=2)[2], attn.n_head)
     y = (probs @ v).transpose(1, 2).reshape(x.shape)
     torch.testing.assert_close(attn.c_proj(y), seen[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 16, dtype=torch.float64), rtol=0, atol=1e-12)
@@ -121,9 +126,9 @@ def test_the_four_qk_terms_add_up_to_the_scores():
     ln_1 is split with the statistics of the sum, which makes it linear in the two parts."""
     model = tiny_model("learned")
     idx = torch.randint(0, LETTERS.vocab_size, (1, 16), generator=torch.Generator().manual_seed(4))
-    terms = demo.qk_terms(model, idx, head=1)
+    terms = instruments.qk_terms(model, idx, head=1)
     assert set(terms) == {"token-token", "token-position", "position-token", "position-position"}
-    x = demo.attention_inputs(model, idx, 0)["x"][0]
+    x = instruments.attention_inputs(model, idx, 0)["x"][0]
     q, k, _ = model.transformer.h[0].attn.c_attn(x).split(16, dim=1)
     head = slice(8, 16)
     torch.testing.assert_close(sum(terms.values()), q[:, head] @ k[:, head].T, rtol=0, atol=1e-12)
@@ -136,7 +141,7 @@ def test_the_four_qk_terms_add_up_to_the_scores():
 def test_probe_targets_count_back_to_the_latest_newline():
     """Distance to the latest newline at or before each token; unknown (NaN) before the window's first newline."""
     windows = torch.tensor([[5, 0, 5, 5, 0, 5]])  # 0 is the newline
-    position, distance = demo.probe_targets(windows, newline_id=0)
+    position, distance = instruments.probe_targets(windows, newline_id=0)
     assert position[0].tolist() == [0, 1, 2, 3, 4, 5]
     assert distance[0, 0].isnan() and distance[0, 1:].tolist() == [0, 1, 2, 0, 1]
 
@@ -150,7 +155,7 @@ def test_probe_gives_one_r2_per_hidden_state_and_its_shuffled_baseline_is_near_z
     vectors are linearly independent in 64 dimensions, so R^2 is ~1. The same probe fit on shuffled positions
     explains nothing of the held-out positions."""
     model = tiny_model("learned", n_embd=64)
-    result = demo.probe_positions(model, probe_windows(), newline_id=0)
+    result = instruments.probe_positions(model, probe_windows(), newline_id=0)
     for target in ("position", "newline"):
         assert len(result[target]) == model.config.n_layer + 1
     r2, _ = result["position"][0]
@@ -161,7 +166,7 @@ def test_probe_gives_one_r2_per_hidden_state_and_its_shuffled_baseline_is_near_z
 def test_without_the_mask_nope_hidden_states_hold_no_position():
     """Unmasked NoPE sees a set: a token's state depends on its own token and on the whole window, never on
     where it stands, so no probe can read its position (R^2 <= ~0 on held-out windows, at every layer)."""
-    result = demo.probe_positions(tiny_model("none", n_embd=32), probe_windows(), newline_id=0, mask=False)
+    result = instruments.probe_positions(tiny_model("none", n_embd=32), probe_windows(), newline_id=0, mask=False)
     assert all(r2 < 0.05 for r2, _ in result["position"]), result["position"]
 
 
@@ -169,3 +174,46 @@ def test_permutation_flag_pos_none_means_the_nope_scheme():
     """--pos=none is the scheme called none, not a missing value (a `str | None` flag would read it as None)."""
     assert permutation.parse_args(["--pos=none", "--no_mask"]).pos == "none"
     assert permutation.parse_args([]).pos == "all"
+
+
+# -----------------------------------------------------------------------------
+# plumbing/runs.py: which trained run the demos, the figures and the study use
+
+TINY_RUN = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+            "--eval_interval=2", "--log_interval=1", "--max_iters=2", "--device=cpu", "--compile=false"]
+
+
+def stopped_by_ctrl_c(argv):
+    """train.main(argv) with a Ctrl-C (SIGINT) in its first forward pass: train.py finishes the step it is in,
+    saves ckpt.pt and stops, before max_iters."""
+
+    def ctrl_c(module, args, output):
+        handle.remove()
+        signal.raise_signal(signal.SIGINT)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(ctrl_c)
+    try:
+        return train.main(argv)
+    finally:
+        handle.remove()
+
+
+def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refused(tmp_path):
+    """runs.decide reads a folder's ckpt.pt against what the command will train (train.py's own reading of its
+    flags): a finished run is reused, one stopped before its max_iters is continued with --resume, an empty folder
+    is trained, and a run of another pos or model shape is a one-line error naming the folder."""
+    finished, stopped = tmp_path / "finished", tmp_path / "stopped"
+    assert train.main([*TINY_RUN, f"--out_dir={finished}"])["iter_num"] == 2
+    assert stopped_by_ctrl_c([*TINY_RUN, f"--out_dir={stopped}"])["stopped"] == "SIGINT"
+    commands = [[*TINY_RUN, f"--out_dir={folder}"] for folder in (finished, stopped, tmp_path / "empty")]
+    commands += [[*TINY_RUN, f"--out_dir={finished}", flag] for flag in ("--pos=alibi", "--n_embd=32")]
+    reuse, resume, empty, other_pos, other_shape = runs.plan(commands)
+    assert runs.decide(reuse) == ("reuse", 2)
+    assert runs.decide(resume) == ("resume", 1)
+    assert runs.decide(empty) == ("train", None)
+    for plan, words in ((other_pos, "(pos rope, not alibi)"), (other_shape, "(n_embd 16, not 32)")):
+        with pytest.raises(RunError) as error:
+            runs.decide(plan, elsewhere="move it away")
+        message = str(error.value)
+        assert message.startswith(f"{finished} holds another run") and words in message, message
+        assert "\n" not in message and message.endswith("move it away")

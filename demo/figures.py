@@ -1,9 +1,9 @@
 """
 Regenerate every figure of the lesson (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
 
-    python docs/make_figures.py                                  # all of them (trains 5 small models first)
-    python docs/make_figures.py --only=sinusoidal,rope_decay     # a subset (these two need no model)
-    python docs/make_figures.py --checkpoints=out                # reuse out/shakespeare_char_<pos> (or out/<pos>)
+    python -m demo.figures                                  # all of them (the README's five runs, trained if missing)
+    python -m demo.figures --only=sinusoidal,rope_decay     # a subset (these two need no model)
+    python -m demo.figures --checkpoints=DIR                # the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
 
 The figures:
     sinusoidal      the sin/cos table at d = 768 as a heatmap, and each pair's wavelength (2 pi .. ~61,000 tokens)
@@ -15,15 +15,14 @@ The figures:
                     skipped with a message when that file does not exist
     probe           linear probes for position, per layer and scheme (runs python -m demo.probe --figure)
 
-The figures that need trained models take them from --checkpoints, or train them with train.py (default model,
---max_iters steps, seed 1337) into out/figures/<pos> the first time: about 5 x 1-6 minutes on 2 CPU cores,
-depending on the load. Every random draw has a fixed seed, so the same checkpoints give the same PNG bytes.
+The figures that need trained models take them from --checkpoints, or use the README's runs, `python train.py
+--pos=X` in out/shakespeare_char_X: those missing are trained first, each announced before it starts (1.5-2
+minutes each on 2 CPU cores). Every random draw has a fixed seed, so the same checkpoints give the same PNG bytes.
 """
 
 import csv
 import math
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -31,21 +30,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as python docs/make_figures.py: the root holds model.py, cli.py, demo/
-    sys.path.insert(0, str(ROOT))
-
-from plumbing.cli import one_line_errors, parse_flags
-from demo import (
-    FIGURE_MAX_ITERS,
-    attention_probabilities,
-    load,
-    model_dir,
-    qk_terms,
-    use_one_thread,
-    validation_windows,
-)
 from model import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
+from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
+from plumbing.runs import model_dirs, run_python
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
@@ -56,8 +44,7 @@ DPI = 110
 class FiguresConfig:
     only: str | None = None  # a comma-separated subset of the figures (default: all)
     out: str = "docs/figures"  # where the PNGs go
-    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: out/figures
-    max_iters: int = FIGURE_MAX_ITERS  # training steps of the figure models, when they have to be trained
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
     csv: str = "docs/extrapolation.csv"  # the extrapolation study's results, read (never recomputed) here
 
     def __post_init__(self):
@@ -72,8 +59,8 @@ class FiguresConfig:
 
 
 def parse_args(argv=None):
-    values = parse_flags(argv, "make_figures.py", __doc__, [("figures", FiguresConfig, None)])
-    with one_line_errors("make_figures.py"):
+    values = parse_flags(argv, "demo/figures.py", __doc__, [("figures", FiguresConfig, None)])
+    with one_line_errors("demo/figures.py"):
         return FiguresConfig(**values)
 
 
@@ -272,15 +259,10 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     return paths + [save(fig, out / "attention_distance.png")]
 
 
-def figure_probe(out, checkpoints=None, max_iters=FIGURE_MAX_ITERS, **_):
+def figure_probe(out, checkpoints=None, **_):
     """The probe lives in its own entry point: run it as a user would (a subprocess), which draws the figure."""
-    command = [sys.executable, "-m", "demo.probe", f"--figure={out / 'probe.png'}", f"--max_iters={max_iters}"]
-    if checkpoints:
-        command.append(f"--checkpoints={checkpoints}")
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    print(done.stdout.rstrip())
-    if done.returncode != 0:
-        raise RuntimeError(f"python -m demo.probe failed: {done.stderr.strip()}")
+    run_python(["-m", "demo.probe", f"--figure={out.resolve() / 'probe.png'}",
+                *([f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else [])])
     return [out / "probe.png"]
 
 
@@ -349,7 +331,7 @@ def make(cfg, log=print):
     folders = {}
     if any(name in NEEDS_MODELS for name in names):
         started = time.perf_counter()
-        folders = {pos: model_dir(pos, cfg.checkpoints, cfg.max_iters, log) for pos in POS_SCHEMES}
+        folders = model_dirs(POS_SCHEMES, cfg.checkpoints, log)
         shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
         log(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
     makers = {"sinusoidal": figure_sinusoidal, "rope_decay": figure_rope_decay, "qk_terms": figure_qk_terms,
@@ -358,8 +340,7 @@ def make(cfg, log=print):
     for name in names:
         started = time.perf_counter()
         torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
-        paths = makers[name](out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints,
-                             max_iters=cfg.max_iters)
+        paths = makers[name](out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
         for path in paths:
             log(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
         written += paths
@@ -372,9 +353,9 @@ def main(argv=None):
     try:
         pyplot()
     except ImportError:
-        print("make_figures.py: error: matplotlib is not installed: pip install matplotlib", file=sys.stderr)
+        print("demo/figures.py: error: matplotlib is not installed: pip install matplotlib", file=sys.stderr)
         raise SystemExit(1) from None
-    with one_line_errors("make_figures.py", status=1, errors=(ValueError, FileNotFoundError, RuntimeError)):
+    with one_line_errors("demo/figures.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
         return make(cfg)
 
 

@@ -1,0 +1,280 @@
+"""
+Instruments for the live demonstrations (python -m demo.permutation, python -m demo.probe) and the figures
+(python -m demo.figures): read what happens inside a trained model. plumbing/runs.py gets the models.
+
+Everything here runs the model's own modules. Hidden states and attention inputs are read with forward hooks
+on GPT's blocks, attention probabilities are recomputed from the layer's own c_attn weights and the rotation or
+mask its position module hands it, and "no mask" is CausalSelfAttention's own causal=False. A test checks each
+instrument against the model's output (tests/test_demo.py), so none of them is a second model.
+
+    hidden_states(model, idx, mask)      -> [embedding output, after block 1, ..., after block L]
+    attention_probabilities(model, idx, layer)   -> (B, n_head, T, T)
+    qk_terms(model, idx, head)           -> the four terms of layer 0's q k^T for a learned-position model
+    swap_differences(model, ids_a, ids_b, perm, mask)   -> per layer, how far apart the two runs are
+    probe_positions(model, windows, newline_id)
+                                         -> R^2 of linear probes for position per layer, and a shuffled baseline
+"""
+
+import inspect
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import CausalSelfAttention, apply_rope, causal_mask
+from plumbing.checkpoint import load_model
+from plumbing.evaluation import validation_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -----------------------------------------------------------------------------
+# Trained models
+
+
+def use_one_thread():
+    """One intra-op thread unless OMP_NUM_THREADS says otherwise. These models are tiny (128 dims): extra threads
+    only add synchronisation, and on a shared machine their spin-waits made a forward pass 10-15 x slower
+    (measured: 0.3-0.4 s with 2 threads under load vs 0.03 s with one). tests/conftest.py makes the same choice."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+def describe(out_dir, ckpt):
+    """'out/shakespeare_char_rope (2000 steps, val loss 1.7588)'"""
+    steps, loss = ckpt.get("iter_num"), ckpt.get("best_val_loss")
+    trained = f"{steps} steps, val loss {loss:.4f}" if steps is not None and loss is not None else "trained"
+    folder = Path(out_dir).resolve()
+    return f"{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else out_dir} ({trained})"
+
+
+def load(out_dir, dtype=torch.float32):
+    """(model on the CPU in eval mode and dtype, tokenizer, checkpoint dict)."""
+    model, tokenizer, ckpt = load_model(out_dir, "cpu")
+    return model.to(dtype), tokenizer, ckpt
+
+
+def validation_windows(ckpt, n_windows, length=None):
+    """The first n_windows non-overlapping windows of the checkpoint's validation split. -> (n_windows, length)"""
+    data = validation_tokens(ckpt["train_config"]["dataset"])  # an embedded dataset is prepared on first use
+    length = length or ckpt["model_config"]["block_size"]
+    n_windows = min(n_windows, len(data) // length)
+    return torch.from_numpy(data[: n_windows * length].astype(np.int64)).view(n_windows, length)
+
+
+# -----------------------------------------------------------------------------
+# Reading the model: hooks on its own modules
+
+
+def attention_arguments(args, kwargs):
+    """CausalSelfAttention.forward's arguments by name, however the block passed them."""
+    bound = inspect.signature(CausalSelfAttention.forward).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def unmasked_bias(model, T, device):
+    """The scheme's own score bias (its score_bias hook) at every (query, key) pair of T tokens, future ones too,
+    or None: ALiBi's -m_h (i - j), which the model's mask holds beside the causal -inf; no other scheme biases
+    the scores."""
+    positions = torch.arange(T, device=device)
+    return model.transformer.wpe.score_bias(positions, positions)
+
+
+@contextmanager
+def unmasked(model):
+    """Every attention layer without the causal mask: CausalSelfAttention's causal=False (offered for the
+    lessons), and for ALiBi its bias over all pairs instead of the bias plus the mask's -inf."""
+
+    def drop_mask(module, args, kwargs):
+        arguments = attention_arguments(args, kwargs)
+        arguments.pop("self")
+        x = arguments["x"]
+        arguments.update(causal=False, mask=unmasked_bias(model, x.size(1), x.device))
+        return (), arguments
+
+    handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h]
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def hidden_states(model, idx, mask=True):
+    """The residual stream: what enters block 1 (the embedding output, positions added for the additive
+    schemes), then the output of each block. -> list of n_layer + 1 tensors (B, T, C)"""
+    states = []
+    blocks = model.transformer.h
+    handles = [blocks[0].register_forward_pre_hook(lambda module, args: states.append(args[0]))]
+    handles += [block.register_forward_hook(lambda module, args, out: states.append(out)) for block in blocks]
+    try:
+        if mask:
+            model(idx)
+        else:
+            with unmasked(model):
+                model(idx)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return states
+
+
+@torch.no_grad()
+def attention_inputs(model, idx, layer):
+    """What the attention of `layer` receives when the model runs on idx: x (after ln_1), rope, mask, causal,
+    and the module itself as "self"."""
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen.update(attention_arguments(args, kwargs), self=module)
+
+    handle = model.transformer.h[layer].attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model(idx)
+    finally:
+        handle.remove()
+    return seen
+
+
+def split_heads(t, n_head):
+    B, T, C = t.shape
+    return t.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+
+@torch.no_grad()
+def attention_probabilities(model, idx, layer):
+    """softmax(q k^T / sqrt(hs) + bias) of one layer, from its own c_attn and the rotation or bias the position
+    module gave it (Vaswani et al. 2017, eq. 1). -> (B, n_head, T, T), rows sum to 1, zero above the diagonal."""
+    inputs = attention_inputs(model, idx, layer)
+    attn, x, rope, mask = inputs["self"], inputs["x"], inputs["rope"], inputs["mask"]
+    T, C = x.size(1), x.size(2)
+    q, k, _ = attn.c_attn(x).split(C, dim=2)
+    q, k = split_heads(q, attn.n_head), split_heads(k, attn.n_head)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:  # a bias holding the causal -inf (in eval mode a FlexMask only if use_flex_attention)
+        scores = scores + mask
+    elif inputs["causal"]:  # plain causal attention: query i sees keys j <= i
+        positions = torch.arange(T, device=x.device)
+        scores = scores.masked_fill(~causal_mask(positions, positions), float("-inf"))
+    return F.softmax(scores, dim=-1)
+
+
+@torch.no_grad()
+def qk_terms(model, idx, head=0):
+    """Layer 0's attention scores of a learned-position model, split into four terms (as in Ke et al. 2021, TUPE):
+    x = e + p (token plus position embedding) gives q k^T = (q_e + q_p)(k_e + k_p)^T, i.e.
+    token-token + token-position + position-token + position-position.
+
+    ln_1 is not linear, so it is split by its own statistics: with mu and sigma the mean and standard deviation of
+    each token's sum x, LN(x) = g (e - mean(e)) / sigma + g (p - mean(p)) / sigma, exactly (bias=False, no shift).
+    W_q and W_k of the head are applied to each part, so the four terms add up to the scores q k^T exactly
+    (before the 1/sqrt(hs) scale and the mask). -> dict name -> (T, T), for the first sequence of idx."""
+    if model.config.pos != "learned" or model.config.bias:
+        raise ValueError("the four-term split needs pos=learned and bias=False (train.py's default)")
+    block, T = model.transformer.h[0], idx.size(1)
+    e = model.transformer.wte(idx[:1])[0]  # (T, C)
+    p = model.transformer.wpe.weight[:T]
+    ln = block.ln_1
+    x = e + p
+    sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+
+    def normalised(part):  # this part's share of LN(x)
+        return ln.weight * (part - part.mean(dim=-1, keepdim=True)) / sigma
+
+    C, nh = x.size(1), block.attn.n_head
+    hs = C // nh
+    w_q, w_k, _ = block.attn.c_attn.weight.split(C, dim=0)
+    rows = slice(head * hs, (head + 1) * hs)
+    q = {name: normalised(part) @ w_q[rows].T for name, part in (("token", e), ("position", p))}
+    k = {name: normalised(part) @ w_k[rows].T for name, part in (("token", e), ("position", p))}
+    return {f"{a}-{b}": q[a] @ k[b].T for a in ("token", "position") for b in ("token", "position")}
+
+
+# -----------------------------------------------------------------------------
+# The permutation demonstration
+
+
+def swap_permutation(pieces):
+    """Token pieces [A, middle, B] -> perm, the order of B + middle + A as indices into A + middle + B
+    (so (A + middle + B)[perm] = B + middle + A)."""
+    a, mid, b = (len(p) for p in pieces)
+    perm = list(range(a + mid, a + mid + b)) + list(range(a, a + mid)) + list(range(a))
+    return torch.tensor(perm)
+
+
+@torch.no_grad()
+def swap_differences(model, ids, swapped_ids, perm, words, mask=True):
+    """For each layer, max |h(swapped)[perm^-1] - h(ids)| over the positions of the swapped words and over the
+    unchanged ones: 0 means the two runs coincide up to the swap (equivariance). swapped_ids = ids[perm].
+    -> list of (words max, unchanged max), one per hidden state"""
+    assert torch.equal(swapped_ids, ids[perm]), "the swapped sentence must be a permutation of the tokens"
+    inverse = torch.argsort(perm)
+    rest = torch.ones(len(ids), dtype=torch.bool)
+    rest[words] = False
+    out = []
+    for h, h_swapped in zip(hidden_states(model, ids[None], mask), hidden_states(model, swapped_ids[None], mask)):
+        gap = (h_swapped[0, inverse] - h[0]).abs().amax(dim=-1)  # (T,): row i is token i of the original
+        out.append((gap[words].max().item(), gap[rest].max().item() if rest.any() else 0.0))
+    return out
+
+
+# -----------------------------------------------------------------------------
+# The probe: where does position live?
+
+
+def probe_targets(windows, newline_id):
+    """Per token: its position in the window, and its distance back to the latest newline at or before it
+    (NaN when the window shows none: the model cannot know it). -> two (N, T) float64 tensors"""
+    n, T = windows.shape
+    position = torch.arange(T, dtype=torch.float64).expand(n, T)
+    is_newline = windows == newline_id
+    latest = torch.where(is_newline, position, torch.full_like(position, -1)).cummax(dim=1).values
+    distance = torch.where(latest >= 0, position - latest, torch.full_like(position, float("nan")))
+    return position, distance
+
+
+def fit_ridge(X, y, ridge):
+    """Least squares with a small ridge, on centred data (the intercept unpenalised). -> (weights, intercept)"""
+    mean_x, mean_y = X.mean(dim=0), y.mean()
+    Xc = X - mean_x
+    gram = Xc.T @ Xc
+    penalty = ridge * gram.diagonal().mean() * torch.eye(X.size(1), dtype=X.dtype)
+    w = torch.linalg.solve(gram + penalty, Xc.T @ (y - mean_y))
+    return w, mean_y - mean_x @ w
+
+
+def r_squared(y, prediction):
+    return 1.0 - ((y - prediction) ** 2).sum().item() / ((y - y.mean()) ** 2).sum().item()
+
+
+def probe_score(features, target, fit_rows, ridge=1e-3, seed=0):
+    """R^2 on held-out windows of a linear probe fit on the others, and the same probe fit on shuffled targets
+    (the baseline: what a probe of this size finds in noise). features (N, T, C), target (N, T), fit_rows (N,)."""
+    X_fit, y_fit = features[fit_rows], target[fit_rows]
+    X_test, y_test = features[~fit_rows], target[~fit_rows]
+    keep_fit, keep_test = ~y_fit.isnan(), ~y_test.isnan()
+    X_fit, y_fit, X_test, y_test = X_fit[keep_fit], y_fit[keep_fit], X_test[keep_test], y_test[keep_test]
+    scores = []
+    for y in (y_fit, y_fit[torch.randperm(len(y_fit), generator=torch.Generator().manual_seed(seed))]):
+        w, b = fit_ridge(X_fit, y, ridge)
+        scores.append(r_squared(y_test, X_test @ w + b))
+    return tuple(scores)
+
+
+def probe_positions(model, windows, newline_id, mask=True, ridge=1e-3):
+    """Linear probes for each token's position and its distance to the latest newline, from every hidden state
+    (embedding output and after each block), fit on the first half of the windows and scored on the second half.
+    -> {"position": [(R^2, shuffled R^2) per layer], "newline": [...]}"""
+    states = [h.double() for h in hidden_states(model, windows, mask)]
+    position, distance = probe_targets(windows, newline_id)
+    fit_rows = torch.arange(len(windows)) < len(windows) // 2
+    return {name: [probe_score(h, target, fit_rows, ridge) for h in states]
+            for name, target in (("position", position), ("newline", distance))}

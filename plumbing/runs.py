@@ -1,0 +1,151 @@
+"""
+Trained models for the demos, the figures and the extrapolation study, made the way the README tells a user:
+`python train.py --pos=X ...` run from the repository root, its progress shown, into the folder train.py picks.
+So the runs a user already made with `python train.py --pos=X` are used, not trained again.
+
+    model_dirs(schemes, checkpoints=None)  -> {pos: folder}: from --checkpoints as given, else the README's runs
+    ensure_trained(commands)               -> each command's out_dir, holding its finished run
+    decide(plan)                           -> what to do with what a command's out_dir holds
+
+What a folder holds decides: nothing, train; a finished run of the command's settings, reuse it; the same run
+stopped before its max_iters (Ctrl-C, a crash), continue it with --resume; a run of other settings, stop with
+one line. A user's run is never overwritten (the study's --retrain asks for it).
+"""
+
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_finished
+from plumbing.cli import RunError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DURATION = "1.5-2 minutes on 2 CPU cores"  # the README's time for `python train.py`
+# train.py's reading of its own flags, defaults and --config (entry points never import each other): the
+# settings each command will train with, one JSON line per command
+PLAN_CODE = ("import dataclasses, json, sys, train\n"
+             "for args in json.loads(sys.argv[1]):\n"
+             "    cfg, model = train.parse_args(args)\n"
+             "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n")
+# Settings that say where and how a run ran rather than what it trained, or that train.py fills in as it starts
+# (auto devices and dtypes, vocab_size from the dataset)
+NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval",
+                "wandb", "wandb_project", "wandb_run_name", "vocab_size")
+EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
+
+
+@dataclasses.dataclass
+class Plan:
+    """What `python train.py *args` will train, and where."""
+
+    args: list
+    train_config: dict
+    model_config: dict
+
+    @property
+    def out_dir(self):  # train.py fills in the default folder's {dataset} and {pos}
+        return self.train_config["out_dir"].format(dataset=self.train_config["dataset"], pos=self.model_config["pos"])
+
+    @property
+    def command(self):
+        return shlex.join(["python", "train.py", *self.args])
+
+    def describe(self):
+        """'a pos=rope model (4 layers x 128 dims, T = 64, 2000 steps)'"""
+        m, steps = self.model_config, self.train_config["max_iters"]
+        layers = f"{m['n_layer']} layer{'s' if m['n_layer'] > 1 else ''}"
+        start = f" from {self.train_config['init_from']}" if self.train_config.get("init_from") else ""
+        return f"a pos={m['pos']} model ({layers} x {m['n_embd']} dims, T = {m['block_size']}, {steps} steps){start}"
+
+
+def run_python(args, **kwargs):
+    """`python args...` from the repository root, as a user types it, its output shown (unless kwargs capture
+    it). A failure is a RunError."""
+    sys.stdout.flush()  # what we printed comes before the command's output
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
+    if done.returncode:
+        raise RunError(f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
+                       "see its output above")
+    return done
+
+
+def plan(commands):
+    """The Plan of each train.py command (a list of flags), as train.py reads it: one subprocess for all."""
+    done = subprocess.run([sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True,
+                          text=True)
+    if done.returncode:  # a bad flag: train.py's own one-line error
+        raise RunError(done.stderr.strip() or f"train.py could not read {commands}")
+    return [Plan(args, *json.loads(line)) for args, line in zip(commands, done.stdout.splitlines())]
+
+
+def differences(saved, wanted):
+    """The settings in which a checkpoint's config (saved) differs from the planned one, as 'name saved, not
+    wanted'; '' when it is the same run. A setting the checkpoint lacks is newer than the train.py that wrote it."""
+    return "; ".join(f"{name} {saved[name]}, not {value}" for name, value in wanted.items()
+                     if name not in NOT_COMPARED and name in saved and saved[name] != value)
+
+
+def decide(plan, elsewhere="move it away"):
+    """What a command's out_dir calls for: ("train", None) when it holds no run, ("reuse", step) for the
+    command's finished run, ("resume", step) for the same run stopped before its max_iters. A run of other
+    settings is a RunError naming the folder (and `elsewhere`, where else the caller can look)."""
+    path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
+    if not path.is_file():
+        return "train", None
+    ckpt = load_checkpoint(path, mmap=True)
+    changed = "; ".join(filter(None, (differences(ckpt.get("model_config", {}), plan.model_config),
+                                      differences(ckpt.get("train_config", {}), plan.train_config))))
+    if changed:
+        raise RunError(f"{plan.out_dir} holds another run than `{plan.command}` ({changed}): {elsewhere}")
+    return ("reuse" if run_finished(ckpt) else "resume"), ckpt["iter_num"]
+
+
+def announcement(plan, action, step, duration):
+    """The line said before train.py starts: what is trained, where, about how long, and the command."""
+    command = " ".join([plan.command, *EXTRA_FLAGS[action]])
+    if action == "resume":
+        took = f" (a whole run takes about {duration})" if duration else ""
+        return f"continuing {plan.describe()} in {plan.out_dir}, stopped at step {step}{took}: {command}"
+    took = f", about {duration}" if duration else ""
+    return f"training {plan.describe()} into {plan.out_dir}{took}: {command}"
+
+
+def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print):
+    """Make each train.py command's out_dir hold its finished run: reuse it, continue it, or train it (always,
+    with retrain, replacing what is there), announcing each run before it starts. -> the out_dirs, absolute"""
+    plans = plan(commands)
+    actions = [("overwrite", None) if retrain else decide(p, elsewhere) for p in plans]
+    for p, (action, _) in zip(plans, actions):
+        if action == "reuse":
+            log(f"using {p.out_dir}: {p.describe()}, finished")
+    todo = [(p, action, step) for p, (action, step) in zip(plans, actions) if action != "reuse"]
+    for i, (p, action, step) in enumerate(todo, 1):
+        log(f"[{i}/{len(todo)}] {announcement(p, action, step, duration)}")
+        started = time.perf_counter()
+        run_python(["train.py", *p.args, *EXTRA_FLAGS[action]])  # a run stopped early exits with 1, 130 or 143
+        log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
+    return [ROOT / p.out_dir for p in plans]
+
+
+def find_checkpoint(pos, checkpoints):
+    """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/)."""
+    for name in (pos, f"shakespeare_char_{pos}"):
+        folder = Path(checkpoints) / name
+        if checkpoint_path(folder).is_file():
+            return folder
+    raise FileNotFoundError(f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
+                            f"{checkpoints}/shakespeare_char_{pos}/ holding best.pt or ckpt.pt")
+
+
+def model_dirs(schemes, checkpoints=None, log=print):
+    """{pos: checkpoint folder} for each scheme: from `checkpoints` as they are when given, else the README's
+    runs (`python train.py --pos=X`, in out/shakespeare_char_X), trained first where missing or unfinished."""
+    if checkpoints is not None:
+        return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
+    folders = ensure_trained([[f"--pos={pos}"] for pos in schemes], DEFAULT_DURATION,
+                             elsewhere="move it away, or give a folder of trained runs with --checkpoints", log=log)
+    return dict(zip(schemes, folders))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.common import dataset_dir, ensure_prepared, load_meta
+from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from generation import forward_bytes, position_table_bytes
 from plumbing.hardware import check_memory
 
@@ -59,10 +59,11 @@ def window_bytes(config, batch, length):
 
 def validation_tokens(dataset, prepare=True):
     """The val split of a dataset (data/<dataset>/val.bin) as a read-only np.memmap; an embedded dataset is
-    prepared on first use unless prepare=False. FileNotFoundError (with the command that prepares it) when it is
-    missing."""
+    prepared on first use unless prepare=False. A DataError (with the command that prepares it) when it is missing
+    or disagrees with its meta.json."""
     data_dir = ensure_prepared(dataset) if prepare else dataset_dir(dataset)
     meta = load_meta(data_dir)
+    check_split(data_dir, "val", meta)  # its size and ids against meta.json: a one-line DataError
     return np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
 
 

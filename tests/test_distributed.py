@@ -3,6 +3,7 @@
 Each test launches `torchrun --standalone --nproc_per_node=2` as a user would, on a tiny model; no mocks.
 """
 import os
+import sys
 import re
 import subprocess
 import textwrap
@@ -30,7 +31,8 @@ TOLERANCE = 1e-5
 
 
 def torchrun(*args, nproc=2):
-    done = subprocess.run(["torchrun", "--standalone", f"--nproc_per_node={nproc}", *args], cwd=ROOT, env=ENV,
+    # torchrun is `python -m torch.distributed.run`: this interpreter's, whether or not its bin/ is on PATH
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     # a rank that aborts (gloo at interpreter exit, for one) fails torchrun or leaves these in its output
     aborted = re.search(r"Aborted|terminate called|SIGABRT|Signal 6|exitcode\s*:\s*-", done.stdout + done.stderr)

@@ -14,9 +14,10 @@ then the TOML file given with --config, then flags. Every field of TrainConfig a
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
 Read top to bottom: the config, the model and optimizer, one step, evaluation, the loop, main(). The machinery is
-beside it: checkpoint.py (what a checkpoint holds, writing a run's, safe loads, resume checks), cli.py (flags),
-distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each by default),
-hardware.py (device, precision, FLOPs), report.py (log lines), data/common.py (batches).
+beside it, in plumbing/: checkpoint.py (what a checkpoint holds, writing a run's, safe loads, resume checks),
+run_folder.py (one run per out_dir, never a finished run replaced unasked), cli.py (flags), distributed.py (torchrun:
+each process runs its share of grad_accum micro-batches, one each by default), hardware.py (device, precision,
+FLOPs), report.py (log lines); and data/common.py (batches).
 """
 
 import importlib.util
@@ -25,7 +26,7 @@ import signal
 import sys
 import time
 import typing
-from contextlib import ExitStack, contextmanager, nullcontext, suppress
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -41,6 +42,7 @@ from plumbing.distributed import (Processes, StopSignals, check_torchrun_device,
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed)
 from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
+from plumbing.run_folder import own_folder
 from plumbing.report import StepClock, format_seconds, header_line, start_wandb, step_line
 
 # The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
@@ -393,27 +395,6 @@ def train_loop(run, signals, wandb_run, resume_command):
                               step=it + 1)
 
 
-@contextmanager
-def own_folder(cfg, procs):
-    """Rank 0 locks out_dir for the run and checks that it may start there (one run per folder; a folder holding
-    a run needs --resume or --overwrite); every rank learns the outcome, so that a refusal stops all together."""
-    with ExitStack() as held:
-        refusal, note = None, None
-        if procs.master:
-            try:
-                held.enter_context(ckpt_io.lock_folder(cfg.out_dir, procs.log))
-                note = ckpt_io.check_may_start(cfg.out_dir, cfg.resume, cfg.overwrite)
-            except RunError as e:
-                refusal = e
-            except OSError as e:  # a read-only folder, a file on the path
-                refusal = RunError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror or e})")
-        if procs.share([float(refusal is not None)], cfg.device)[0]:
-            raise refusal or RunError("rank 0 could not take out_dir")  # only rank 0 prints it
-        if note:
-            procs.log(note)
-        yield
-
-
 def train(cfg, model_config, procs=Processes(), resume_command="the same command with --resume"):
     """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout.
     Returns {"best_val_loss", "best_iter", "iter_num", "checkpoint", "best_checkpoint", "evals", "losses" ({step:
@@ -423,7 +404,7 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
         raise RunError("--wandb needs the wandb package: pip install wandb")
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
-    with own_folder(cfg, procs):
+    with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         run = start_run(cfg, model_config, procs)
         procs.log(header_line(run, one_per_process))
         return run_to_the_end(run, resume_command, start)

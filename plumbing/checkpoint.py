@@ -23,21 +23,16 @@ A run owns its folder while it runs: out_dir/train.lock (see lock_folder) names 
 """
 
 import io
-import json
 import os
 import pickle
 import pickletools
 import random
 import re
-import shlex
 import shutil
-import socket
-import sys
-import time
 import uuid
 import warnings
 import zipfile
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,7 +41,6 @@ import torch
 
 from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
-from plumbing.cli import RunError
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
 # Resuming needs these beyond what sampling needs
@@ -552,160 +546,3 @@ def init_model_from(out_dir, model, meta, dataset):
                 "interpolation of the trained rows")
     load_weights(path, model, state)
     return note
-
-
-# -----------------------------------------------------------------------------
-# A run's folder: one run at a time, and never a finished run replaced without asking
-
-LOCK_NAME = "train.lock"
-LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being written, not a crashed run's
-
-
-def process_start(pid):
-    """When process pid started, in clock ticks since boot (Linux /proc), or None where that cannot be read: a
-    pid the kernel gave again to another process after the lock's owner died has another start."""
-    with suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, after the name
-    return None
-
-
-def lock_record():
-    """What the lock says of this process: enough for the refusal to name it, and to tell a stale lock."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": shlex.join(["python", *sys.argv]), "process_start": process_start(os.getpid())}
-
-
-def read_lock(path):
-    """The lock file's text, or None when there is none."""
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
-
-
-def parse_lock(text):
-    with suppress(ValueError):
-        held = json.loads(text)
-        if isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0:
-            return held
-    return None
-
-
-def describe_holder(held):
-    return (f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: "
-            f"{held.get('command', 'an unknown command')}")
-
-
-def holder_alive(held, path):
-    """Whether the process a lock names may still run. A process on another machine (a shared filesystem) cannot
-    be checked from here, nor can one outside POSIX: assumed alive, so never two runs in one folder."""
-    if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
-        with suppress(FileNotFoundError):
-            return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS
-        return False
-    if held.get("host") != socket.gethostname() or os.name != "posix":
-        return True
-    try:
-        os.kill(held["pid"], 0)  # signal 0: nothing is sent, only whether the process exists
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    started, now = held.get("process_start"), process_start(held["pid"])
-    return started is None or now is None or started == now
-
-
-def remove_stale_lock(path, text):
-    """Remove the lock whose text was judged stale, unless another process took it over meanwhile: the file is
-    moved aside first (one rename, which only one process wins) and put back if it is no longer the stale one."""
-    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.stale")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    if read_lock(aside) != text:
-        with suppress(OSError):
-            os.link(aside, path)  # fails if yet another process holds it now: then that one stays
-    aside.unlink(missing_ok=True)
-
-
-def take_lock(path):
-    """Create the lock (O_CREAT | O_EXCL: exactly one process can) -> (its text, a note if a stale one was
-    taken over). A live holder is a one-line RunError naming it."""
-    note = None
-    for _ in range(10):
-        text = json.dumps(lock_record())
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            held_text = read_lock(path)
-            if held_text is None:
-                continue
-            held = parse_lock(held_text)
-            if holder_alive(held, path):
-                holder = describe_holder(held) if held else "a process that has just started"
-                raise RunError(f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
-                               f"another --out_dir (if it is no longer running, delete {path})") from None
-            remove_stale_lock(path, held_text)
-            note = (f"note: took over {path}, left by a run that no longer runs "
-                    f"({describe_holder(held) if held else 'unreadable'})")
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return text, note
-    raise RunError(f"could not take {path}: other runs keep taking it")
-
-
-@contextmanager
-def lock_folder(out_dir, log=print):
-    """Own out_dir while the block runs: a second run in it is refused in one line naming this one. The lock is
-    removed on every way out (the end, an error, a stop by signal, a second Ctrl-C); a kill -9 leaves it behind,
-    and the next run sees that its process is gone and takes it over. A folder made here and left empty (the run
-    failed before writing anything) is removed too."""
-    folder = Path(out_dir)
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
-    try:
-        text, note = take_lock(path)
-    except BaseException:
-        if made:
-            with suppress(OSError):
-                folder.rmdir()
-        raise
-    if note:
-        log(note)
-    try:
-        yield path
-    finally:
-        if read_lock(path) == text:
-            path.unlink(missing_ok=True)
-        if made:
-            with suppress(OSError):  # not empty: the run wrote something, which stays
-                folder.rmdir()
-
-
-def describe_run(out_dir):
-    """(what out_dir holds, what --resume does with it), e.g. ('a finished run (step 300 of 300)', 'with a larger
-    --max_iters trains it further') or ('a run stopped at step 120 of 2000', 'continues it'), for the refusal."""
-    path = Path(out_dir) / "ckpt.pt"
-    try:
-        ckpt = load_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
-    except CheckpointError:
-        return "a run (its checkpoint cannot be read)", "continues it"
-    step = f"step {ckpt.get('iter_num')} of {(ckpt.get('train_config') or {}).get('max_iters')}"
-    if run_finished(ckpt):
-        return f"a finished run ({step})", "with a larger --max_iters trains it further"
-    return f"a run stopped at {step}", "continues it"
-
-
-def check_may_start(out_dir, resume, overwrite):
-    """Refuse (one line) to start a new run in a folder that holds one, unless asked: --resume continues it,
-    --overwrite starts again and replaces it. -> a note when --overwrite is about to replace one, else None."""
-    if resume or not any((Path(out_dir) / name).is_file() for name in ("ckpt.pt", "best.pt")):
-        return None
-    run, resuming = describe_run(out_dir)
-    if overwrite:
-        return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
-    raise RunError(f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
-                   "give another --out_dir)")

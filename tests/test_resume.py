@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from plumbing import checkpoint as ckpt_io
+from plumbing.run_folder import LOCK_NAME
 from plumbing import distributed
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
@@ -125,7 +126,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
     assert stopped.group(2) == str(out_dir / "ckpt.pt") and stopped.group(3).endswith(" --resume")
     assert stopped.group(3).startswith("python train.py ") and f"--out_dir={out_dir}" in stopped.group(3)
     assert checkpoint(out_dir)["iter_num"] == step >= 2 and checkpoint(out_dir)["finished"] is False
-    assert not (out_dir / ckpt_io.LOCK_NAME).exists()  # the folder is free again
+    assert not (out_dir / LOCK_NAME).exists()  # the folder is free again
     if step + 2 > 8:
         pytest.skip(f"the signal landed late (step {step}), past the straight run")
     whole, whole_dir = straight
@@ -150,7 +151,7 @@ def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
     assert err.startswith("train.py: interrupted: stopped at once") or err == "", err
-    assert not (out_dir / ckpt_io.LOCK_NAME).exists()
+    assert not (out_dir / LOCK_NAME).exists()
     ckpt_io.load_checkpoint(out_dir / "ckpt.pt")  # whole
 
 
@@ -161,6 +162,7 @@ def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
 WRITER = """
 import itertools, sys, torch
 from plumbing import checkpoint as ckpt_io
+from plumbing.run_folder import LOCK_NAME
 path = sys.argv[1]
 ckpt_io.save_checkpoint({"model": {"w": torch.zeros(4)}, "model_config": {"version": 0}}, path)
 for version in itertools.count(1):  # big files (32 MB), so that a kill lands in the middle of one

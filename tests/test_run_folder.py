@@ -22,6 +22,7 @@ import train
 from data.common import DATA_ROOT, load_meta
 from helpers import train_error_line
 from plumbing import checkpoint as ckpt_io
+from plumbing.run_folder import LOCK_NAME
 from test_resume import ENV, training_until_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def files(folder):
 
 def write_lock(out_dir, **record):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / ckpt_io.LOCK_NAME).write_text(json.dumps({"started": "2024-01-01 00:00:00",
+    (out_dir / LOCK_NAME).write_text(json.dumps({"started": "2024-01-01 00:00:00",
                                                           "command": "python train.py", **record}))
 
 
@@ -68,13 +69,13 @@ def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees
         for extra in ([], ["--resume"]):
             err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}", *extra], status=1)
             assert f"{out_dir} is in use by another run (pid {proc.pid} on {socket.gethostname()}, started " in err
-            assert "python train.py" in err and f"delete {out_dir / ckpt_io.LOCK_NAME}" in err, err
+            assert "python train.py" in err and f"delete {out_dir / LOCK_NAME}" in err, err
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 143, stderr
-    assert not (out_dir / ckpt_io.LOCK_NAME).exists()
+    assert not (out_dir / LOCK_NAME).exists()
     assert set(files(out_dir)) <= set(before) | {"ckpt.pt", "best.pt"}  # nothing of the refused runs
 
 
@@ -86,14 +87,14 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_anothe
     write_lock(out_dir, pid=int(dead.stdout), host=socket.gethostname())
     result = train.main([*TINY, f"--out_dir={out_dir}"])
     out = capsys.readouterr().out
-    assert result["iter_num"] == 2 and f"note: took over {out_dir / ckpt_io.LOCK_NAME}, left by a run that no " \
+    assert result["iter_num"] == 2 and f"note: took over {out_dir / LOCK_NAME}, left by a run that no " \
                                        f"longer runs (pid {int(dead.stdout)} on {socket.gethostname()}" in out, out
     assert sorted(files(out_dir)) == ["best.pt", "ckpt.pt"]
     elsewhere = tmp_path / "elsewhere"
     write_lock(elsewhere, pid=1234, host="another-machine")
     err = train_error_line(capsys, [*TINY, f"--out_dir={elsewhere}"], status=1)
     assert "in use by another run (pid 1234 on another-machine" in err
-    assert sorted(files(elsewhere)) == [ckpt_io.LOCK_NAME]
+    assert sorted(files(elsewhere)) == [LOCK_NAME]
 
 
 # -----------------------------------------------------------------------------

@@ -7,13 +7,14 @@ weights.
     python -m perf.ab --against=5af28a4                    # decoding: model.py at that git revision vs this tree
     python -m perf.ab --against=e752f8b --measure=train    # training steps, the same comparison
     python -m perf.ab --module_free                        # decoding: generate_cached vs no nn.Module at all
+    python -m perf.ab --against=nanogpt --measure=train --pos=learned   # training: nanoGPT's structure vs this tree
 
 --against=REV: model.py as committed at REV (loaded from `git show`, beside this tree's, with REV's generation.py
 where it has one) against this tree's, per --pos; the last column is this tree's speed over the other side's.
 --measure=decode: tokens/s of greedy generate_cached from one token, the two sides checked to give the same
 tokens before anything is timed.
 --measure=train: ms per optimizer step (forward, backward, gradient clipping at 1.0, AdamW) on a batch of
-12 x 64 random tokens, --steps per round, every scheme of both sides interleaved; with learned among the
+12 x 64 random tokens, --steps per round, every scheme of both sides interleaved; with learned and other
 schemes, each one's step time over learned's too.
 
 --module_free: this tree's generate_cached against the same transformer written as a plain loop of torch
@@ -22,6 +23,18 @@ that calls no module and keeps no per-step bookkeeping (each scheme's position a
 sinusoidal table, RoPE's rotation, ALiBi's bias), per --pos but learned. Its logits at every step are checked
 against the model's forward first (on a copy with sharper attention, where positions move them); then it
 measures how much of a decode step is Python and nn.Module overhead.
+
+--against=nanogpt (a reserved word, never read as a git revision): a model with nanoGPT's structure against this
+tree's GPT(pos=learned), in training steps (--measure=train --pos=learned; decoding is refused, nanoGPT has no KV
+cache). No copy of nanoGPT is needed: the reference is written below, from nanoGPT's description: token plus
+learned position embedding; pre-LayerNorm blocks whose LayerNorm has no bias (F.layer_norm); attention as c_attn,
+split into q, k and v, each viewed into heads and transposed, SDPA with is_causal=True, c_proj; an MLP with the
+exact (erf) GELU; the lm_head tied to the token embedding; cross-entropy over all positions. It starts from this
+tree's weights (GPT-2's initialisation; the parameter names are GPT-2's on both sides). This tree's GELU is GPT-2's
+tanh approximation, so --nanogpt_gelu=tanh gives the reference that one: the two are then one network written two
+ways, and what is left of the difference is not the GELU. Before anything is timed, the reference with the tanh
+GELU must give this tree's logits and loss on the training batch to 1e-5 (else nothing is timed); how far the exact
+GELU moves them is printed.
 """
 
 import copy
@@ -37,6 +50,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import model as current
@@ -49,11 +63,13 @@ PROG = "python -m perf.ab"
 
 MEASURES = ("decode", "train")
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
+NANOGPT = "nanogpt"  # --against's reserved word: the reference with nanoGPT's structure, not a git revision
+NANOGPT_GELUS = ("exact", "tanh")  # the reference's GELU: nanoGPT's erf GELU, or GPT-2's (and this tree's) tanh one
 
 
 @dataclass
 class ABConfig:
-    against: str | None = None  # a git revision: its model.py against this tree's
+    against: str | None = None  # a git revision, or nanogpt (a reserved word): nanoGPT's structure, training only
     module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module
     measure: str = "decode"  # what --against compares: decode (tokens/s) or train (ms per optimizer step)
     pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated
@@ -61,6 +77,7 @@ class ABConfig:
     steps: int = 10  # optimizer steps per training round
     rounds: int = 5  # rounds of each side, alternated
     threads: int = 0  # torch threads; 0 leaves torch's default
+    nanogpt_gelu: str = "exact"  # --against=nanogpt's GELU: exact (nanoGPT's) or tanh (GPT-2's, this tree's)
 
     def __post_init__(self):
         if (self.against is None) == (not self.module_free):
@@ -71,6 +88,12 @@ class ABConfig:
         if "learned" in self.schemes and self.module_free:
             raise UsageError("--module_free decodes past no position table: give --pos among sinusoidal, rope, "
                              "alibi, none")
+        if self.against == NANOGPT and self.measure != "train":
+            raise UsageError("--against=nanogpt times training only (--measure=train): nanoGPT has no KV cache")
+        if self.against == NANOGPT and self.schemes != ("learned",):
+            raise UsageError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned")
+        if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
+            raise UsageError("--nanogpt_gelu is the GELU of --against=nanogpt's reference; give --against=nanogpt")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
 
@@ -193,17 +216,143 @@ def module_free_matches_or_exit(pos, model, n_new):
         raise SystemExit(f"{PROG}: {pos}: the module-free loop's logits are not the model's; nothing timed")
 
 
+# -----------------------------------------------------------------------------
+# --against=nanogpt: a model with nanoGPT's structure, written here from its description (bias off, as the recipe)
+
+
+class BiasFreeLayerNorm(nn.Module):
+    """LayerNorm with a gain and no bias, through F.layer_norm."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_embd))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
+
+
+class SplitAttention(nn.Module):
+    """Causal self-attention: c_attn's output split into q, k and v along the channels, each viewed into heads and
+    transposed to (B, nh, T, hs), SDPA with is_causal=True, the heads re-assembled side by side, c_proj."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+class ReferenceMLP(nn.Module):
+    """c_fc to 4 n_embd, the GELU (gelu: exact, nn.GELU()'s erf form, or GPT-2's tanh approximation), c_proj."""
+
+    def __init__(self, config, gelu):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.gelu = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class ReferenceBlock(nn.Module):
+    """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config, gelu):
+        super().__init__()
+        self.ln_1 = BiasFreeLayerNorm(config.n_embd)
+        self.attn = SplitAttention(config)
+        self.ln_2 = BiasFreeLayerNorm(config.n_embd)
+        self.mlp = ReferenceMLP(config, gelu)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPTStructured(nn.Module):
+    """The reference of --against=nanogpt: token plus learned position embedding, the blocks, a final LayerNorm, the
+    lm_head tied to the token embedding, cross-entropy over every position. Parameter names are GPT-2's (as this
+    tree's GPT(pos=learned, bias=False)): its weights come from load_state_dict. gelu: one of NANOGPT_GELUS."""
+
+    def __init__(self, config, gelu="exact"):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
+            ln_f=BiasFreeLayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets=None):
+        """idx: (B, T) -> logits (B, T, vocab_size), and the mean cross-entropy over all positions with targets."""
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                                              ignore_index=-1)
+        return logits, loss
+
+
+def nanogpt_structured(model, gelu):
+    """The reference with the weights of `model`, this tree's GPT(pos=learned, bias=False): copied, not shared."""
+    reference = NanoGPTStructured(model.config, gelu)
+    reference.load_state_dict(model.state_dict())
+    return reference
+
+
+@torch.no_grad()
+def nanogpt_matches_or_exit(model, x, y):
+    """The reference with the tanh GELU must give this tree's logits and loss on (x, y) to 1e-5: then it is the same
+    network written another way, and the exact GELU is the one difference left. -> (max |logit change|, |loss
+    change|) that the exact GELU makes, for the record."""
+    logits, loss = model.train()(x, y)
+    outputs = {gelu: nanogpt_structured(model, gelu).train()(x, y) for gelu in NANOGPT_GELUS}
+    change = {gelu: ((out[0] - logits).abs().max().item(), (out[1] - loss).abs().item())
+              for gelu, out in outputs.items()}
+    if not all(c <= 1e-5 for c in change["tanh"]):  # NaN fails too
+        raise SystemExit(f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
+                         f"and loss (off by {change['tanh'][0]:.2e} and {change['tanh'][1]:.2e}); nothing timed")
+    return change["exact"]
+
+
+def checked_nanogpt_structured(model, gelu):
+    """The reference with `gelu` and the weights of `model`, once nanogpt_matches_or_exit has passed (said in a line)"""
+    logit_change, loss_change = nanogpt_matches_or_exit(model, *training_batch())
+    print(f"checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; the "
+          f"exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}")
+    return nanogpt_structured(model, gelu)
+
+
 def cached_sampler(side, model, n_new):
     """A function generating n_new greedy tokens from token 0 with the side's KV cache (-> the new tokens)."""
     prompt = torch.zeros(1, 1, dtype=torch.long)
     return lambda: side.generate(model.eval(), prompt, n_new, temperature=0)[:, 1:]
 
 
+def training_batch():
+    """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
+    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0))
+    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
+
+
 def trainer(model, steps):
     """A function running `steps` optimizer steps of the CPU recipe on one batch of random tokens."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0))
-    x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
+    x, y = training_batch()
 
     def run():
         for _ in range(steps):
@@ -250,11 +399,13 @@ def compare_decoding(cfg, old_side):
     return rows
 
 
-def compare_training(cfg, old_side):
-    """[(pos, REV ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
+def compare_training(cfg, side_a_model):
+    """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round.
+    side_a_model(pos, this tree's model) -> side A's model for that scheme."""
     schemes = cfg.schemes
-    runs = {(side, pos): trainer(recipe_model(module, pos), cfg.steps)
-            for side, module in (("a", old_side.module), ("b", current)) for pos in schemes}
+    models = {("b", pos): recipe_model(current, pos) for pos in schemes}
+    models = {("a", pos): side_a_model(pos, models["b", pos]) for pos in schemes} | models
+    runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
     seconds = alternate(runs, cfg.rounds)
@@ -262,13 +413,19 @@ def compare_training(cfg, old_side):
 
 
 def main(argv=None):
-    values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices={"measure": MEASURES})
+    choices = {"measure": MEASURES, "nanogpt_gelu": NANOGPT_GELUS}
+    values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices=choices)
     with one_line_errors(PROG):
         cfg = ABConfig(**values)
-        old_side = side_at(cfg.against) if cfg.against else None
+        old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
+    if cfg.module_free:
+        side_a = "module-free loop"
+    elif cfg.against == NANOGPT:
+        side_a = f"nanoGPT-structured model ({cfg.nanogpt_gelu} GELU)"
+    else:
+        side_a = f"model.py at {cfg.against}"
     work = f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
           f"median of {cfg.rounds} alternated runs")
@@ -277,8 +434,12 @@ def main(argv=None):
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
-        rows = compare_training(cfg, old_side)
-        learned = {side: row[side] for row in rows if row[0] == "learned" for side in (1, 2)}
+        if cfg.against == NANOGPT:
+            side_a_model = lambda pos, model: checked_nanogpt_structured(model, cfg.nanogpt_gelu)
+        else:
+            side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
+        rows = compare_training(cfg, side_a_model)
+        learned = {side: row[side] for row in rows if row[0] == "learned" and len(rows) > 1 for side in (1, 2)}
         vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]
         cells = [[row[0], f"{row[1]:.1f}{vs_learned(row, 1)}", f"{row[2]:.1f}{vs_learned(row, 2)}",

@@ -10,7 +10,7 @@ in the same process so that the ratios between schemes are fair.
 Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
 batch_size x block_size x grad_accum tokens, in the config's dtype under autocast, compiled when --compile says
 so), tokens/s, FLOPs per token (6N plus attention, as MFU counts them) and the share of the device's peak: on
-CUDA the card's bf16 peak from hardware.PEAK_FLOPS, on CPU the float32 matmul rate measured here at the start
+CUDA the card's bf16 peak from plumbing.hardware.PEAK_FLOPS, on CPU the float32 matmul rate measured here at the start
 (a --matmul_size square torch.mm). Compile time (the first steps) is reported apart and not in the median.
 Batches are random tokens: the step costs the same on any data, and no dataset is needed.
 
@@ -412,7 +412,7 @@ def device_peak(cfg):
     if cfg.device == "cpu":
         return cpu_matmul_flops(cfg.matmul_size), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
     if cfg.device.startswith("cuda"):
-        return peak_flops(cfg.device), "the card's bf16 peak (hardware.PEAK_FLOPS)"
+        return peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     return None, "unknown on this device"
 
 

@@ -1,7 +1,7 @@
 """
 Loss against length: how each checkpoint predicts text at, and past, the length it was trained on.
 
-    python eval_length.py out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8
+    python eval_length.py out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8 --max_windows 64
     python eval_length.py out/shakespeare_char_rope out/shakespeare_char_alibi --lengths 32t,64t,256t \
         --max_windows 32 --csv loss.csv --plot loss.png
 

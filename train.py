@@ -22,7 +22,6 @@ FLOPs), report.py (log lines); and data/common.py (batches).
 
 import importlib.util
 import math
-import signal
 import sys
 import time
 import typing
@@ -33,17 +32,17 @@ from types import MappingProxyType
 
 import torch
 
+from data.common import BatchSampler, DataError, EncodingUnavailable, ensure_prepared, load_meta
+from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
 from plumbing import checkpoint as ckpt_io
 from plumbing.checkpoint import CheckpointError
 from plumbing.cli import RunError, one_line_errors, parse_flags
-from data.common import BatchSampler, DataError, EncodingUnavailable, ensure_prepared, load_meta
 from plumbing.distributed import (Processes, StopSignals, check_torchrun_device, end_processes, micro_steps_per_rank,
-                         start_processes, wrap_ddp)
+                                  run_script, start_processes, wrap_ddp)
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
-                      resolve_device, resolve_dtype, speed)
-from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
-from plumbing.run_folder import own_folder
+                               resolve_device, resolve_dtype, speed)
 from plumbing.report import StepClock, format_seconds, header_line, start_wandb, step_line
+from plumbing.run_folder import check_out_dir, own_folder
 
 # The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
 # "I only have a macbook"), small enough to learn something in minutes on a laptop. model.py's GPTConfig
@@ -146,14 +145,6 @@ def format_out_dir(template, dataset, pos):
         return template.format(dataset=dataset, pos=pos)
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})") from None
-
-
-def check_out_dir(out_dir):
-    """A file where the run's folder belongs (a checkpoint given for its folder) is a one-line error naming the
-    folder to give instead."""
-    if Path(out_dir).is_file():
-        raise ValueError(f"--out_dir={out_dir} is a file: give the folder that holds the run, "
-                         f"--out_dir={Path(out_dir).parent}")
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
@@ -455,7 +446,7 @@ def run_to_the_end(run, resume_command, start):
 
 def main(argv=None):
     """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
-    train()'s summary, also when a signal stopped the run (its exit status is exit_status's). A RunError,
+    train()'s summary, also when a signal stopped the run (run_script turns that into its exit status). A RunError,
     CheckpointError or DataError is one line on stderr and exit status 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model_config = parse_args(argv)
@@ -477,29 +468,5 @@ def main(argv=None):
         end_processes(procs, clean)
 
 
-def exit_status(summary):
-    """0 for a run that reached its max_iters; for one a signal stopped (after saving), 128 + the signal's number,
-    as a shell reports a process the signal ended (130 for Ctrl-C, 143 for SIGTERM): so that no caller mistakes
-    a stopped run for a finished one."""
-    stopped = summary["stopped"]
-    if stopped is None:
-        return 0
-    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": SIGTERM's, as torchrun's
-
-
-def run_as_script():
-    """`python train.py`: main() and its exit status. A second Ctrl-C (while the first one's checkpoint is being
-    written, say) stops at once, without a traceback: checkpoints are written atomically, so the last one stays."""
-    try:
-        return exit_status(main())
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("train.py: interrupted: stopped at once, without a final checkpoint (the last one written is whole)",
-              file=sys.stderr, flush=True)
-        return 128 + signal.SIGINT
-    finally:  # the run is over: a Ctrl-C from here on (the interpreter shutting down) would only add a traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 if __name__ == "__main__":
-    sys.exit(run_as_script())
+    sys.exit(run_script(main, "train.py"))

@@ -12,6 +12,7 @@ import inspect
 import os
 import shlex
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -168,3 +169,28 @@ class StopSignals:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def exit_status(summary):
+    """0 for a run that reached its max_iters; for one a signal stopped (after saving), 128 + the signal's number,
+    as a shell reports a process the signal ended (130 for Ctrl-C, 143 for SIGTERM): so that no caller mistakes
+    a stopped run for a finished one."""
+    stopped = summary["stopped"]
+    if stopped is None:
+        return 0
+    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": SIGTERM's, as torchrun's
+
+
+def run_script(main, prog):
+    """`python train.py`: main() and its exit status (exit_status of the summary it returns). A second Ctrl-C
+    (while the first one's checkpoint is being written, say) stops at once, without a traceback: checkpoints are
+    written atomically, so the last one stays."""
+    try:
+        return exit_status(main())
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"{prog}: interrupted: stopped at once, without a final checkpoint (the last one written is whole)",
+              file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    finally:  # the run is over: a Ctrl-C from here on (the interpreter shutting down) would only add a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

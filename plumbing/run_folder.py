@@ -175,6 +175,14 @@ def check_may_start(out_dir, resume, overwrite):
                    "give another --out_dir)")
 
 
+def check_out_dir(out_dir):
+    """A file where the run's folder belongs (a checkpoint given for its folder) is a one-line error naming the
+    folder to give instead."""
+    if Path(out_dir).is_file():
+        raise ValueError(f"--out_dir={out_dir} is a file: give the folder that holds the run, "
+                         f"--out_dir={Path(out_dir).parent}")
+
+
 @contextmanager
 def own_folder(out_dir, resume, overwrite, procs, device):
     """Rank 0 locks out_dir for the run and checks that it may start there (one run per folder; a folder holding

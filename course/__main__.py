@@ -1,0 +1,103 @@
+"""
+Course mode: exercises cut from this repository's own code, graded by the lesson's own tests.
+
+    python -m course make OUT_DIR                   # a student copy: every exercise's bodies become stubs
+    python -m course make OUT_DIR --only=ex1,ex3    # only these exercises
+    python -m course grade                          # here, in the solution: every exercise passes
+    python -m course grade OUT_DIR --only=ex3       # one line per exercise and a total; exit 0 when all pass
+
+The exercises are course/exercises.py's table; docs/exercises.md describes them, for students and instructors.
+"""
+
+import sys
+from dataclasses import dataclass
+
+from course.exercises import EXERCISES, by_id
+from course.grade import graded_by, grade, report_lines
+from course.make import make_copy
+from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags, parse_list
+
+COMMANDS = "make OUT_DIR [--only=IDS] or grade [DIR] [--only=IDS]"
+
+
+@dataclass
+class MakeConfig:
+    out_dir: str  # the folder the student copy goes into: new, or empty
+    only: str = "all"  # the exercises to cut, comma-separated ids (ex1,ex3), or all
+
+
+@dataclass
+class GradeConfig:
+    dir: str = "."  # this repository, or a student copy python -m course make wrote
+    only: str | None = None  # the exercises to grade, comma-separated ids; default: all those of DIR
+
+
+def chosen(text, everything=None):
+    """--only's exercises, in the table's order; the ids are checked by parse_list (one line naming the valid ones)."""
+    ids = parse_list("--only", text, [e.id for e in EXERCISES], everything=everything)
+    return [e for e in EXERCISES if e.id in ids]
+
+
+def names_a_folder(argv):
+    """Whether grade's argv gives DIR: parse_flags' positionals are required, and DIR defaults to the current
+    folder, so it is only passed on when given."""
+    values = iter(argv)
+    for arg in values:
+        if arg in ("--only", "--config"):
+            next(values, None)  # `--only ex3`: the next word is the value, not DIR
+        elif not arg.startswith("-"):
+            return True
+    return False
+
+
+def make(argv):
+    values = parse_flags(argv, "course make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
+    with one_line_errors("course make"):
+        exercises = chosen(values["only"], everything="all")
+        cfg = MakeConfig(**values)
+    with one_line_errors("course make", status=1, errors=(RunError, OSError)):
+        with one_line_errors("course make"):
+            notes = make_copy(cfg.out_dir, exercises)
+    print(f"a student copy of {notes.files} files in {cfg.out_dir}: {len(exercises)} exercises, "
+          f"{len(notes.functions)} function bodies to write")
+    for exercise in exercises:
+        print(f"  {exercise.id:<5} {exercise.title}: {', '.join(exercise.functions)}")
+    print("instructor notes: " + ("no docs page quoted a stripped body" if not notes.pages_changed else
+                                  "docs passages replaced in the copy:"))
+    for change in notes.pages_changed:
+        print(f"  {change['page']}:{change['line']}: {change['why']}")
+    print(f"grade it: python -m course grade {cfg.out_dir}")
+    return 0
+
+
+def grade_command(argv):
+    positional = ("dir",) if names_a_folder(argv) else ()
+    values = parse_flags(argv, "course grade", __doc__, [("grade", GradeConfig, None)], positional=positional)
+    with one_line_errors("course grade"):
+        cfg = GradeConfig(**values)
+        default = graded_by(cfg.dir)
+        if cfg.only is not None:
+            exercises = chosen(cfg.only)
+        else:
+            exercises = [e for e in EXERCISES if default is None or e.id in default]
+        unknown = [e for e in default or [] if e not in by_id()]
+        if unknown:
+            raise UsageError(f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again")
+    verdicts, _ = grade(cfg.dir, exercises)
+    print("\n".join(report_lines(verdicts)))
+    return 0 if all(v.passed for v in verdicts) else 1
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    with one_line_errors("course"):
+        if not argv or argv[0] not in ("make", "grade"):
+            raise UsageError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""))
+    return make(argv[1:]) if argv[0] == "make" else grade_command(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

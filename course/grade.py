@@ -1,0 +1,101 @@
+"""
+python -m course grade [DIR]: each exercise graded by its own tests, in a student copy or in this repository
+(where every exercise passes). One pytest run for all the chosen exercises, `-m "ex1 or ex2 ..." --strict-markers`
+over the files their tests live in; course/plugin.py reports each test's outcome and marker, and an exercise
+passes when every one of its tests ran and none failed.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from course.make import MARKER, ROOT, read_marker
+from plumbing.cli import UsageError
+
+TIME_LIMIT = 900  # seconds for the whole run: a student's endless loop should not hang the grader
+
+
+@dataclass
+class Verdict:
+    exercise: object  # the Exercise
+    passed: bool
+    n_tests: int
+    detail: str  # why it failed: the first failing test and its line
+
+
+def graded_by(directory):
+    """The exercise ids a directory is graded on by default: a copy's stripped ones, or all of them in this
+    repository; anything else is a UsageError."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a folder")
+    marker = read_marker(directory)
+    if marker is not None:
+        return marker.get("exercises", [])
+    if directory.resolve() == ROOT:
+        return None  # all
+    raise UsageError(f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
+                     "with python -m course make OUT_DIR")
+
+
+def run_tests(directory, exercises, calls=False):
+    """Run the exercises' tests in `directory` in one pytest process. -> (report dict, pytest exit status, the
+    last line pytest printed)"""
+    files = sorted({node.split("::")[0] for exercise in exercises for node in exercise.tests})
+    selection = " or ".join(exercise.id for exercise in exercises)
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        command = [sys.executable, "-m", "pytest", *files, "-m", selection, "--strict-markers", "-q",
+                   f"--rootdir={directory}", "-p", "no:cacheprovider", "-p", "course.plugin",
+                   f"--course-report={report}", *(["--course-calls"] if calls else [])]
+        try:
+            done = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=TIME_LIMIT)
+        except subprocess.TimeoutExpired:
+            return {"tests": {}, "errors": [{"node": "", "message": f"the tests ran past {TIME_LIMIT} s"}]}, None, ""
+        printed = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        results = json.loads(report.read_text()) if report.is_file() else {"tests": {}, "errors": []}
+    return results, done.returncode, printed[-1] if printed else ""
+
+
+def verdict(exercise, results):
+    """Passed when each node id the exercise names ran, at least one test passed and none failed."""
+    tests = {node: test for node, test in results["tests"].items() if exercise.id in test["exercises"]}
+    files = {node.split("::")[0] for node in exercise.tests}
+    broken = [e for e in results["errors"] if e["node"].split("::")[0] in files or not e["node"]]
+    if broken:
+        return Verdict(exercise, False, 0, f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}")
+    missing = [node for node in exercise.tests if not any(t == node or t.startswith(f"{node}[") for t in tests)]
+    if missing:
+        return Verdict(exercise, False, len(tests), f"no test {missing[0]} (course/exercises.py names it)")
+    failing = [(node, t) for node, t in tests.items() if t["outcome"] in ("failed", "error")]
+    if failing:
+        node, test = failing[0]
+        stub = test["message"].startswith("NotImplementedError: exercise")
+        where = "" if stub else f"{node.split('::')[-1]}: "
+        return Verdict(exercise, False, len(tests), f"{where}{test['message']}")
+    if not any(t["outcome"] == "passed" for t in tests.values()):
+        return Verdict(exercise, False, len(tests), "every test was skipped")
+    return Verdict(exercise, True, len(tests), "")
+
+
+def report_lines(verdicts):
+    width = max(len(v.exercise.title) for v in verdicts)
+    lines = []
+    for v in verdicts:
+        head = f"{v.exercise.id:<5} {v.exercise.title:<{width}}"
+        lines.append(f"{head}  passed ({v.n_tests} tests)" if v.passed else f"{head}  FAILED  {v.detail}")
+    passed = sum(v.passed for v in verdicts)
+    total = f"all {len(verdicts)} exercises pass" if passed == len(verdicts) else \
+        f"{passed} of {len(verdicts)} exercises pass"
+    return lines + [total]
+
+
+def grade(directory, exercises, calls=False):
+    """-> (verdicts, the raw report) for the exercises, in the order given."""
+    results, status, last = run_tests(Path(directory).resolve(), exercises, calls)
+    if status not in (0, 1, None) and not results["errors"] and not results["tests"]:
+        results["errors"].append({"node": "", "message": f"pytest stopped (exit {status}): {last}"})
+    return [verdict(exercise, results) for exercise in exercises], results

@@ -1,0 +1,206 @@
+"""
+python -m course make OUT_DIR: a student copy of this repository. The files git tracks are copied (never .git,
+__pycache__, runs or datasets git ignores), and in each chosen exercise's functions the body after the docstring
+becomes `raise NotImplementedError("exercise N: <title>; see docs/lesson.md#<section>")`, cut from the syntax tree
+(course/source.py): the solution's code carries no markers. A docs page quoting a stripped body would hand the
+answer out, so such passages are replaced in the copy and listed in the instructor notes. .course.json records
+what was stripped, which is how `python -m course grade` tells a copy.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course.exercises import LESSON
+from course.source import SourceError, body_lines, body_span, replace_bodies, split_lines, stub_line, telling_lines
+from plumbing.cli import RunError, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = ".course.json"  # in a copy's root: the exercises stripped there
+OMITTED = "(Left out of the course copy: this passage quoted the solution of {what}. docs/exercises.md says why.)"
+
+
+@dataclass
+class Notes:
+    """What make did, for the instructor: the files copied, and each docs passage it replaced and why."""
+
+    files: int = 0
+    functions: list = field(default_factory=list)  # "model:apply_rope" of every stripped body
+    pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per replaced passage
+
+
+def module_path(module):
+    """"plumbing.instruments" -> plumbing/instruments.py"""
+    return Path(*module.split(".")).with_suffix(".py")
+
+
+def split_function(spec):
+    module, _, qualname = spec.partition(":")
+    return module, qualname
+
+
+def tracked_files(source):
+    """The files git tracks in `source` (paths from its root) that exist in its working tree."""
+    try:
+        listed = subprocess.run(["git", "-C", str(source), "ls-files", "-z"], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RunError("git is not installed: the copy is made of the files git tracks") from None
+    if listed.returncode != 0:
+        raise RunError(f"{source} is not a git checkout: the copy is made of the files git tracks")
+    return [name for name in listed.stdout.split("\0") if name and (source / name).is_file()]
+
+
+def lesson_anchors(markdown):
+    """GitHub's anchors of a page's headings: lowercase, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+\s+(.+?)\s*$", markdown, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def check_table(source, exercises):
+    """Every function the chosen exercises name exists in its module, and every section in the lesson."""
+    anchors = lesson_anchors((source / LESSON).read_text())
+    for exercise in exercises:
+        if exercise.section not in anchors:
+            raise RunError(f"{exercise.id}: section {exercise.section!r} is no heading of {LESSON}")
+        for spec in exercise.functions:
+            module, qualname = split_function(spec)
+            path = source / module_path(module)
+            try:
+                body_lines(path.read_text(), qualname)
+            except (OSError, SourceError) as e:
+                raise RunError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
+
+
+def stripped_sources(source, exercises):
+    """{module path: its text with the exercises' bodies replaced by stubs}, {"module:qualname": the body's lines}"""
+    messages = {}
+    for exercise in exercises:
+        for spec in exercise.functions:
+            module, qualname = split_function(spec)
+            messages.setdefault(module, {})[qualname] = exercise.stub_message
+    texts, bodies = {}, {}
+    for module, stubs in messages.items():
+        text = (source / module_path(module)).read_text()
+        replaced = {}
+        for qualname, message in stubs.items():
+            start, end, indent = body_span(text, qualname)
+            bodies[f"{module}:{qualname}"] = split_lines(text)[start:end]
+            replaced[qualname] = [stub_line(indent, message)]
+        texts[module_path(module)] = replace_bodies(text, replaced)
+    return texts, bodies
+
+
+def scrub_page(text, telling):
+    """A markdown page with each fenced code block (or loose line) that quotes a telling line replaced by a note.
+    telling: {line of code: "exercise N (module:function)"}. -> (new text, [(line number, why)])"""
+    lines = split_lines(text)
+    changes, out, i = [], [], 0
+
+    def quoted(chunk):
+        flat = " ".join(" ".join(chunk).split())
+        return next((what for line, what in telling.items() if line in flat), None)
+
+    while i < len(lines):
+        fence = re.match(r"\s*(```|~~~)", lines[i])
+        end = i + 1
+        if fence:
+            while end < len(lines) and not lines[end].lstrip().startswith(fence.group(1)):
+                end += 1
+            end = min(end + 1, len(lines))
+        what = quoted(lines[i:end])
+        if what:
+            indent = re.match(r"\s*", lines[i]).group()
+            out.append(f"{indent}{OMITTED.format(what=what)}\n")
+            changes.append((i + 1, f"quoted the solution of {what}"))
+        else:
+            out.extend(lines[i:end])
+        i = end
+    return "".join(out), changes
+
+
+def telling_lines_of(exercises, bodies):
+    telling = {}
+    for exercise in exercises:
+        for spec in exercise.functions:
+            for line in telling_lines(bodies[spec]):
+                telling.setdefault(line, f"exercise {exercise.number} ({spec})")
+    return telling
+
+
+def check_out_dir(out_dir, source):
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UsageError(f"{out_dir} exists and is not an empty folder: give a new or empty one")
+    if out_dir.resolve().is_relative_to(source.resolve()):
+        raise UsageError(f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
+                         "give a folder outside it")
+
+
+def make_copy(out_dir, exercises, source=ROOT):
+    """Write the student copy into out_dir (new, or empty). -> Notes"""
+    out_dir, source = Path(out_dir), Path(source)
+    check_out_dir(out_dir, source)
+    check_table(source, exercises)
+    files = tracked_files(source)
+    texts, bodies = stripped_sources(source, exercises)
+    telling = telling_lines_of(exercises, bodies)
+    notes = Notes(files=len(files), functions=[spec for e in exercises for spec in e.functions])
+    for name in files:
+        if name.endswith(".md"):
+            scrubbed, changes = scrub_page((source / name).read_text(), telling)
+            if changes:
+                texts[Path(name)] = scrubbed
+                notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        building.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the copy from the students it is for
+        for name in files:
+            target = building / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if Path(name) in texts:
+                target.write_text(texts[Path(name)])
+                shutil.copymode(source / name, target)
+            else:
+                shutil.copy2(source / name, target, follow_symlinks=False)
+        marker = {"exercises": [e.id for e in exercises], "functions": notes.functions,
+                  "pages_changed": notes.pages_changed}
+        (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        os.replace(building, out_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return notes
+
+
+def read_marker(directory):
+    """A copy's .course.json, or None where there is none."""
+    path = Path(directory) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not the marker python -m course make writes ({e})") from None
+
+
+def solution_leaks(directory, exercises, source=ROOT):
+    """Files of a copy (other than the stubbed modules' own stubs) holding a telling line of a stripped body:
+    [(path, what)]. Used by tests/test_course.py; make scrubs the docs pages it finds."""
+    _, bodies = stripped_sources(source, exercises)
+    telling = telling_lines_of(exercises, bodies)
+    leaks = []
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json"):
+            flat = " ".join(path.read_text(errors="replace").split())
+            leaks += [(path.relative_to(directory).as_posix(), what) for line, what in telling.items() if line in flat]
+    return leaks

@@ -1,0 +1,99 @@
+"""
+The pytest plugin behind `python -m course grade`: `-p course.plugin --course-report=FILE` writes each test's
+outcome, first line of failure and exercise marker to FILE (JSON), and the modules that failed to import.
+
+--course-calls also records which exercise functions (course/exercises.py) each test calls, from their code
+objects, through sys.settrace: tests/test_course.py checks with it that an exercise's tests call that exercise's
+functions and no other exercise's, which is what makes a copy with one body put back pass exactly that exercise.
+"""
+
+import importlib
+import inspect
+import json
+import sys
+from functools import reduce
+from pathlib import Path
+
+import pytest
+
+from course.exercises import EXERCISES
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("course")
+    group.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE (JSON)")
+    group.addoption("--course-calls", action="store_true", help="also record the exercise functions each test calls")
+
+
+def pytest_configure(config):
+    path = config.getoption("course_report")
+    if path:
+        config.pluginmanager.register(Recorder(Path(path), config.getoption("course_calls")), "course-recorder")
+
+
+def first_line(report):
+    """The exception's own line ('NotImplementedError: exercise 3: ...', 'AssertionError: ...'), or the reason."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message
+    elif isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+        text = report.longrepr[2]
+    else:
+        text = str(report.longrepr)
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def exercise_functions():
+    """{code object: "module:qualname"} of every function in the table, as imported now."""
+    codes = {}
+    for exercise in EXERCISES:
+        for spec in exercise.functions:
+            module, qualname = spec.split(":")
+            function = reduce(getattr, qualname.split("."), importlib.import_module(module))
+            codes[inspect.unwrap(function).__code__] = spec
+    return codes
+
+
+class Recorder:
+    def __init__(self, path, calls):
+        self.path, self.calls = path, calls
+        self.tests, self.errors = {}, []
+        self.codes = None
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.errors.append({"node": report.nodeid, "message": first_line(report)})
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        ids = {exercise.id for exercise in EXERCISES}
+        self.tests[item.nodeid] = {"exercises": [m.name for m in item.iter_markers() if m.name in ids],
+                                   "outcome": "passed", "message": "", "calls": []}
+        if not self.calls:
+            return (yield)
+        self.codes = self.codes if self.codes is not None else exercise_functions()
+        called = set()
+
+        def trace(frame, event, arg):  # 'call' events only: returning None asks for no line events
+            if frame.f_code in self.codes:
+                called.add(self.codes[frame.f_code])
+
+        sys.settrace(trace)
+        try:
+            return (yield)
+        finally:
+            sys.settrace(None)
+            self.tests[item.nodeid]["calls"] = sorted(called)
+
+    def pytest_runtest_logreport(self, report):
+        test = self.tests.get(report.nodeid)
+        if test is None or test["outcome"] in ("failed", "error"):
+            return  # the first failure is the one to show
+        if report.failed:
+            test["outcome"] = "failed" if report.when == "call" else "error"
+            test["message"] = first_line(report)
+        elif report.skipped:
+            test["outcome"], test["message"] = "skipped", first_line(report)
+
+    def pytest_sessionfinish(self, session):
+        self.path.write_text(json.dumps({"tests": self.tests, "errors": self.errors}, indent=1))

@@ -1,0 +1,117 @@
+"""
+Function bodies in a module's source, found by qualname in its syntax tree ("LearnedPositions.reserve"): where
+a body starts (after its docstring) and ends, to replace it with a stub (python -m course make) or to put a
+solved one back (tests/test_course.py). Lines are replaced whole, so everything else stays byte for byte.
+
+    body_span(text, qualname)       -> (first line, line after the last, indentation), 0-based
+    body_lines(text, qualname)      -> the body's lines as written (what a stub replaces)
+    replace_bodies(text, {qualname: lines})   -> the source with those bodies replaced
+    stub_line(indent, message)      -> 'raise NotImplementedError("...")', indented
+    telling_lines(lines)            -> the body's lines of code long enough to give it away if quoted
+"""
+
+import ast
+import io
+import json
+import re
+import tokenize
+
+
+class SourceError(Exception):
+    """The table names a function the source does not define, or one that cannot be cut out."""
+
+
+def split_lines(text):
+    """Lines with their endings, as the syntax tree counts them (files here end lines with \\n)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def find_function(tree, qualname):
+    """The def of `qualname` ("f", "Class.method") among the module's top-level statements."""
+    body, node = tree.body, None
+    for depth, name in enumerate(qualname.split(".")):
+        last = depth == len(qualname.split(".")) - 1
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef) if last else (ast.ClassDef,)
+        node = next((n for n in body if isinstance(n, kinds) and n.name == name), None)
+        if node is None:
+            raise SourceError(f"no {'function' if last else 'class'} {name!r} on the way to {qualname}")
+        body = node.body
+    return node
+
+
+def header_end(text, node):
+    """The 1-based line of the colon that ends a def's header (its signature may span several lines)."""
+    depth = 0
+    lines = iter(split_lines(text)[node.lineno - 1:])
+    for token in tokenize.generate_tokens(lambda: next(lines, "")):
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+        elif token.type == tokenize.OP and token.string == ":" and depth == 0:
+            return node.lineno + token.start[0] - 1
+    raise SourceError(f"{node.name}: no end to its header")
+
+
+def has_docstring(node):
+    first = node.body[0]
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+
+
+def body_span(text, qualname):
+    """(start, end, indent): lines[start:end] are the body after the docstring, with the comments that close it;
+    indent is the body's. The docstring, the signature and the decorators are outside the span."""
+    node = find_function(ast.parse(text), qualname)
+    lines = split_lines(text)
+    first = node.body[0]
+    indent = re.match(r"[ \t]*", lines[first.lineno - 1]).group()
+    if first.lineno == node.lineno or first.col_offset != len(indent):
+        raise SourceError(f"{qualname}: its body shares a line with its def or its docstring; write one statement a line")
+    start = first.end_lineno if has_docstring(node) else header_end(text, node)
+    end = node.body[-1].end_lineno if len(node.body) > 1 or not has_docstring(node) else start
+    for j in range(end, len(lines)):  # comments at the body's depth after its last statement belong to it
+        stripped = lines[j].strip()
+        if stripped.startswith("#") and lines[j].startswith(indent):
+            end = j + 1
+        elif stripped:
+            break
+    return start, end, indent
+
+
+def body_lines(text, qualname):
+    start, end, _ = body_span(text, qualname)
+    return split_lines(text)[start:end]
+
+
+def replace_bodies(text, bodies):
+    """The source with the body of each qualname in `bodies` replaced by its lines (each ending in a newline)."""
+    spans = sorted(((*body_span(text, q)[:2], q) for q in bodies), reverse=True)
+    for (start, end, q), (next_start, _, other) in zip(spans[1:], spans):
+        if end > next_start:
+            raise SourceError(f"{q} and {other} overlap: one is inside the other")
+    lines = split_lines(text)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"  # so that a body replaced at the very end still ends its line
+    for start, end, qualname in spans:
+        lines[start:end] = bodies[qualname]
+    return "".join(lines)
+
+
+def stub_line(indent, message):
+    return f"{indent}raise NotImplementedError({json.dumps(message)})\n"
+
+
+def telling_lines(lines, shortest=16):
+    """The body's lines of code (comments dropped, spaces collapsed) long enough that seeing one quoted gives the
+    body away: `return x` and `else:` are everywhere, `x1 * cos - x2 * sin` is not."""
+    code = []
+    for line in lines:
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+            comment = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), None)
+        except (tokenize.TokenError, SyntaxError, IndentationError):  # a line inside a longer statement
+            comment = None
+        text = " ".join((line if comment is None else line[:comment]).split())
+        if len(text) >= shortest:
+            code.append(text)
+    return code

@@ -1,0 +1,555 @@
+"""Property tests that grade the course's exercises (course/exercises.py): each checks what a function must do
+over random sizes and seeds, plus a value worked by hand where a convention matters (which coordinates RoPE
+pairs, which head gets ALiBi's steepest slope), so that a body returning a constant, or one handling only the
+shapes of the lesson's snapshot tests, fails.
+
+Each test calls the functions of one exercise and no other a student writes (tests/test_course.py checks it):
+ex6 and ex9 run pos="none" models one token at a time, which need no other exercise, and ex7's tests hand
+rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the point.
+"""
+
+import math
+import random
+
+import pytest
+import torch
+
+import model
+from generation import KVCache
+from model import (GPT, GPTConfig, LearnedPositions, alibi_bias, alibi_bias_at, alibi_slopes, apply_rope,
+                   causal_mask, rope_cos_sin, rope_frequencies, rope_inv_freq, sinusoidal_embedding, yarn_ramp)
+from plumbing import instruments
+
+SEEDS = range(3)
+
+
+def nope_model(seed, **overrides):
+    """A tiny GPT without positions, float64, eval: its forward pass calls no exercise's function, one token at
+    a time through a KV cache only ex6's."""
+    torch.manual_seed(seed)
+    fields = dict(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos="none")
+    return GPT(GPTConfig(**(fields | overrides))).double().eval()
+
+
+# -----------------------------------------------------------------------------
+# ex1: the sinusoidal table
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
+    """PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim), at every entry of tables of random
+    size and base, in the dtype asked for."""
+    rng = random.Random(seed)
+    n_pos, dim, base = rng.randint(1, 300), 2 * rng.randint(1, 24), rng.choice([100.0, 10000.0, 5e5])
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        pe = sinusoidal_embedding(n_pos, dim, base=base, dtype=dtype)
+        assert pe.shape == (n_pos, dim) and pe.dtype == dtype, (pe.shape, pe.dtype)
+        for p in {0, n_pos - 1, *rng.sample(range(n_pos), min(n_pos, 20))}:
+            for i in range(dim // 2):
+                angle = p * base ** (-2 * i / dim)
+                assert abs(pe[p, 2 * i].item() - math.sin(angle)) < tol, f"PE[{p}, {2 * i}] should be sin({angle})"
+                assert abs(pe[p, 2 * i + 1].item() - math.cos(angle)) < tol, f"PE[{p}, {2 * i + 1}] should be cos"
+
+
+def test_sinusoidal_first_rows_worked_by_hand():
+    """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1); row 2 is (sin 2, cos 2, sin 0.2, cos 0.2), interleaved."""
+    pe = sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)
+    expected = torch.tensor([[0, 1, 0, 1], [math.sin(1), math.cos(1), math.sin(0.1), math.cos(0.1)],
+                             [math.sin(2), math.cos(2), math.sin(0.2), math.cos(0.2)]], dtype=torch.float64)
+    torch.testing.assert_close(pe, expected, rtol=0, atol=1e-15)
+
+
+# -----------------------------------------------------------------------------
+# ex2: the learned table
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_learned_reserve_refuses_only_past_block_size(seed):
+    """reserve(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
+    block = random.Random(seed).randint(1, 40)
+    table = LearnedPositions(GPTConfig(block_size=block, n_embd=8, n_head=2, pos="learned"))
+    for n in range(1, block + 1):
+        table.reserve(n)
+    for n in (block + 1, 2 * block + 3):
+        with pytest.raises(ValueError, match=f"block_size={block}"):
+            table.reserve(n)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_learned_embed_adds_the_rows_at_the_given_positions(seed):
+    """embed(tok, positions) = tok + table[positions] for any positions (a KV cache passes the later ones), and
+    the gradient reaches exactly those rows of the table."""
+    rng = random.Random(seed)
+    block, n_embd, B, T = rng.randint(4, 30), 2 * rng.randint(1, 8), rng.randint(1, 3), rng.randint(1, 4)
+    torch.manual_seed(seed)
+    table = LearnedPositions(GPTConfig(block_size=block, n_embd=n_embd, n_head=1, pos="learned"))
+    positions = torch.tensor(rng.sample(range(block), T))
+    tok = torch.randn(B, T, n_embd)
+    out = table.embed(tok, positions)
+    torch.testing.assert_close(out, tok + table.weight.detach()[positions], rtol=0, atol=0)
+    out.sum().backward()
+    touched = table.weight.grad.abs().sum(dim=1) > 0
+    assert touched.nonzero().flatten().tolist() == sorted(positions.tolist())
+
+
+# -----------------------------------------------------------------------------
+# ex3: RoPE's frequencies and rotation
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rope_inv_freq_is_base_to_the_minus_2i_over_d(seed):
+    """theta_i = base^(-2i/dim) for i < dim/2, in float64; by hand, dim 4 and base 100 give (1, 0.1)."""
+    rng = random.Random(seed)
+    dim, base = 2 * rng.randint(1, 64), rng.uniform(2.0, 1e6)
+    theta = rope_inv_freq(dim, base)
+    assert theta.shape == (dim // 2,) and theta.dtype == torch.float64
+    for i in range(dim // 2):
+        assert abs(theta[i].item() - base ** (-2 * i / dim)) <= 1e-12 * base ** (-2 * i / dim), i
+    torch.testing.assert_close(rope_inv_freq(4, 100.0), torch.tensor([1.0, 0.1], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rope_cos_sin_turn_each_pair_by_position_times_theta(seed):
+    """cos, sin = cos(m theta_i), sin(m theta_i) times the attention scale, (T, d/2), in theta's dtype, at any
+    positions (a KV cache asks for late ones alone)."""
+    rng = random.Random(seed)
+    positions = torch.tensor(rng.sample(range(5000), rng.randint(1, 6)))
+    theta = torch.rand(rng.randint(1, 9), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    scale = rng.choice([1.0, 1.25])
+    cos, sin = rope_cos_sin(positions, theta, scale)
+    assert cos.shape == sin.shape == (len(positions), len(theta)) and cos.dtype == sin.dtype == torch.float64
+    for row, m in enumerate(positions.tolist()):
+        for i, t in enumerate(theta.tolist()):
+            assert abs(cos[row, i].item() - scale * math.cos(m * t)) < 1e-9, (m, i)
+            assert abs(sin[row, i].item() - scale * math.sin(m * t)) < 1e-9, (m, i)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
+    """Coordinates i and i + d/2 form a pair, turned by +angle: as the complex number x_i + j x_(i+d/2) times
+    e^(j angle). Random batch, heads, length and head size; computed in cos's dtype, returned in x's."""
+    rng = random.Random(seed)
+    B, H, T, d = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 6), 2 * rng.randint(1, 8)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, H, T, d, dtype=torch.float64, generator=g)
+    angle = 10 * torch.randn(T, d // 2, dtype=torch.float64, generator=g)
+    out = apply_rope(x, angle.cos(), angle.sin())
+    assert out.shape == x.shape and out.dtype == x.dtype
+    turned = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
+    expected = torch.cat([turned.real, turned.imag], dim=-1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12, msg=lambda m: (
+        "apply_rope must turn each pair (x_i, x_(i+d/2)) by +angle: (x cos - y sin, x sin + y cos)\n" + m))
+    assert apply_rope(x.float(), angle.cos(), angle.sin()).dtype == torch.float32
+
+
+def test_apply_rope_worked_by_hand():
+    """d = 4, x = (1, 2, 3, 4), angles (pi/2, pi): pair (1, 3) turns a quarter to (-3, 1), pair (2, 4) half a turn
+    to (-2, -4): (-3, -2, 1, -4). Turning by -angle gives (3, -2, -1, -4); RoFormer's interleaved pairs
+    (-2, 1, -3, -4)."""
+    angle = torch.tensor([[math.pi / 2, math.pi]], dtype=torch.float64)
+    out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), angle.cos(), angle.sin())
+    torch.testing.assert_close(out, torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
+    """<R_m q, R_n k> = <R_(m+s) q, R_(n+s) k> for random head sizes, bases, positions and shifts, with the three
+    functions together as RotaryPositions uses them; and the rotation keeps every norm."""
+    rng = random.Random(seed)
+    d, base = 2 * rng.randint(1, 16), rng.choice([100.0, 10000.0, 1e6])
+    theta = rope_inv_freq(d, base)
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 1, d, dtype=torch.float64, generator=g)
+
+    def turned(x, m):
+        return apply_rope(x, *rope_cos_sin(torch.tensor([m]), theta))[0]
+
+    for _ in range(5):
+        m, n, shift = rng.randint(0, 500), rng.randint(0, 500), rng.randint(1, 10_000)
+        score = turned(q, m) @ turned(k, n)
+        assert abs(turned(q, m + shift) @ turned(k, n + shift) - score) < 1e-9, (m, n, shift)
+        assert abs(turned(q, m).norm() - q.norm()) < 1e-12
+    assert not torch.allclose(turned(q, 1), q[0]), "position 1 must turn q"
+
+
+# -----------------------------------------------------------------------------
+# ex4: ALiBi
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alibi_slopes_at_random_head_counts(seed):
+    """For n heads, P the largest power of two <= n: heads 0 .. P-1 get r^1, r^2, ..., r^P with r = 2^(-8/P), the
+    steepest first; heads P .. n-1 the odd powers r'^1, r'^3, ... of r' = 2^(-8/(2P)) (Press et al.'s code)."""
+    rng = random.Random(seed)
+    for n in [2 ** rng.randint(0, 6), *rng.sample(range(1, 80), 5)]:
+        slopes = alibi_slopes(n)
+        P = 2 ** math.floor(math.log2(n))
+        assert slopes.shape == (n,), slopes.shape
+        assert abs(slopes[0].item() - 2 ** (-8 / P)) < 1e-7, \
+            f"alibi_slopes({n})[0] must be the steepest slope 2^(-8/{P}) = {2 ** (-8 / P):.4g}, got {slopes.tolist()}"
+        for h in range(n):
+            expected = 2 ** (-8 / P * (h + 1)) if h < P else 2 ** (-8 / (2 * P) * (2 * (h - P) + 1))
+            assert abs(slopes[h].item() - expected) < 1e-7, f"alibi_slopes({n})[{h}] should be {expected:.4g}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alibi_bias_between_any_positions(seed):
+    """alibi_bias_at(slopes, query_pos, key_pos)[h, a, b] = -m_h (query_pos[a] - key_pos[b]), whatever the
+    positions (a KV cache holds them out of order), in the slopes' dtype."""
+    rng = random.Random(seed)
+    slopes = torch.rand(rng.randint(1, 5), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    query_pos = torch.tensor([rng.randint(0, 200) for _ in range(rng.randint(1, 5))])
+    key_pos = torch.tensor([rng.randint(0, 200) for _ in range(rng.randint(1, 7))])
+    bias = alibi_bias_at(slopes, query_pos, key_pos)
+    assert bias.shape == (len(slopes), len(query_pos), len(key_pos)) and bias.dtype == torch.float64
+    for h, m in enumerate(slopes.tolist()):
+        for a, i in enumerate(query_pos.tolist()):
+            for b, j in enumerate(key_pos.tolist()):
+                assert abs(bias[h, a, b].item() + m * (i - j)) < 1e-12, (h, i, j)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alibi_bias_puts_the_queries_last(seed):
+    """alibi_bias(slopes, n_query, n_key): the queries are the last n_query of the n_key positions."""
+    rng = random.Random(seed)
+    n_key = rng.randint(1, 9)
+    n_query = rng.randint(1, n_key)
+    slopes = torch.rand(rng.randint(1, 4), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    bias = alibi_bias(slopes, n_query, n_key)
+    assert bias.shape == (len(slopes), n_query, n_key)
+    for h, m in enumerate(slopes.tolist()):
+        for a in range(n_query):
+            for j in range(n_key):
+                assert abs(bias[h, a, j].item() + m * (n_key - n_query + a - j)) < 1e-12, (h, a, j)
+
+
+# -----------------------------------------------------------------------------
+# ex5: the causal mask
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_causal_mask_matches_its_definition_at_random_positions(seed):
+    """Query i sees key j iff j >= 0 (-1: an empty cache slot), j <= i and, with a window W, i - j < W; for
+    positions in any order, as a KV cache's ring holds them. -> (n_query, n_key) bool"""
+    rng = random.Random(seed)
+    query_pos = torch.tensor(sorted(rng.sample(range(60), rng.randint(1, 6))))
+    key_pos = torch.tensor([rng.choice([-1, *range(60)]) for _ in range(rng.randint(1, 12))])
+    for window in (None, rng.randint(1, 10)):
+        mask = causal_mask(query_pos, key_pos, window)
+        assert mask.shape == (len(query_pos), len(key_pos)) and mask.dtype == torch.bool
+        for a, i in enumerate(query_pos.tolist()):
+            for b, j in enumerate(key_pos.tolist()):
+                sees = j >= 0 and j <= i and (window is None or i - j < window)
+                assert mask[a, b].item() == sees, f"query {i}, key {j}, window {window}: should see it: {sees}"
+
+
+def test_causal_mask_worked_by_hand():
+    """Queries 2 and 3 over keys 0, 1, 2, 3 and an empty slot: causal, then with a window of 2."""
+    query_pos, key_pos = torch.tensor([2, 3]), torch.tensor([0, 1, 2, 3, -1])
+    assert causal_mask(query_pos, key_pos).tolist() == [[True, True, True, False, False],
+                                                         [True, True, True, True, False]]
+    assert causal_mask(query_pos, key_pos, 2).tolist() == [[False, True, True, False, False],
+                                                            [False, False, True, True, False]]
+
+
+# -----------------------------------------------------------------------------
+# ex6: the KV cache
+
+
+def fill_cache(seed):
+    """A KVCache (random window and size) fed keys and values in random chunks, as GPT.forward does (begin, then
+    update per layer). -> yields (cache, query_pos, key_pos, k_all, v_all, {position: (k, v)}) per step"""
+    rng = random.Random(seed)
+    window = rng.choice([None, rng.randint(1, 6)])
+    cache = KVCache(1, window=window, max_len=rng.choice([None, rng.randint(1, 20)]))
+    g = torch.Generator().manual_seed(seed)
+    given, seen = {}, 0
+    for step in range(rng.randint(3, 9)):
+        T = rng.randint(1, 7) if step == 0 else rng.choice([1, 1, rng.randint(1, 4)])
+        query_pos = torch.arange(seen, seen + T)
+        k, v = torch.randn(2, 2, 3, T, 4, generator=g)  # (B=2, n_head=3, T, head_dim=4) each
+        key_pos = cache.begin(query_pos)
+        k_all, v_all = cache.update(0, k, v)
+        given |= {seen + t: (k[:, :, t], v[:, :, t]) for t in range(T)}
+        seen += T
+        yield cache, window, query_pos, key_pos, k_all, v_all, given
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
+    """At every step, among the keys begin/update hand back, those a query i may see (position j >= 0, j <= i,
+    within the window) are exactly positions max(0, i - W + 1) .. i, each once, with the keys and values given for
+    them; a windowed cache never holds more than W slots."""
+    for cache, window, query_pos, key_pos, k_all, v_all, given in fill_cache(seed):
+        assert cache.seen == query_pos[-1].item() + 1
+        assert k_all.shape[2] == v_all.shape[2] == key_pos.numel(), "one key position per key handed back"
+        for i in query_pos.tolist():
+            visible = [(slot, j) for slot, j in enumerate(key_pos.tolist())
+                       if 0 <= j <= i and (window is None or i - j < window)]
+            first = 0 if window is None else max(0, i - window + 1)
+            assert sorted(j for _, j in visible) == list(range(first, i + 1)), \
+                f"query {i} (window {window}) should see keys {first}..{i}, it gets {sorted(j for _, j in visible)}"
+            for slot, j in visible:
+                assert torch.equal(k_all[:, :, slot], given[j][0]) and torch.equal(v_all[:, :, slot], given[j][1]), j
+        if window is not None:
+            assert cache.k[0].size(2) <= window, "a sliding window needs only a ring of `window` slots"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kv_cache_keeps_position_p_in_slot_p_mod_size(seed):
+    """The convention decode_step (begin_static) relies on: position p is written in slot p % size, and
+    `positions` says so, for every position the cache still holds (the latest min(seen, size))."""
+    for cache, _, query_pos, _, _, _, given in fill_cache(seed):
+        held = range(max(0, cache.seen - cache.size), cache.seen)
+        for p in held:
+            slot = p % cache.size
+            assert cache.positions[slot].item() == p, f"slot {slot} should hold position {p}"
+            assert torch.equal(cache.k[0][:, :, slot], given[p][0]) and torch.equal(cache.v[0][:, :, slot], given[p][1])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(seed):
+    """Feeding a NoPE model one token at a time through a KVCache (positions counting past block_size) gives the
+    logits of one forward pass over the whole sequence, at every position."""
+    rng = random.Random(seed)
+    model_ = nope_model(seed, n_layer=rng.randint(1, 2))
+    length = rng.randint(9, 32)
+    idx = torch.randint(0, 32, (rng.randint(1, 2), length), generator=torch.Generator().manual_seed(seed))
+    full, _ = model_(idx)
+    cache = KVCache(model_.config.n_layer, max_len=rng.choice([None, rng.randint(1, length)]))
+    stepped = torch.cat([model_(idx[:, t : t + 1], cache=cache)[0] for t in range(length)], dim=1)
+    torch.testing.assert_close(stepped, full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decoding_in_a_window_sees_only_the_latest_tokens(seed):
+    """With a window W, a one-layer NoPE model decoding token t sees tokens t - W + 1 .. t: its logits are those
+    of a forward pass over just those tokens (without positions, where they stand does not matter)."""
+    rng = random.Random(seed)
+    model_ = nope_model(seed, n_layer=1)
+    window, length = rng.randint(1, 6), rng.randint(10, 24)
+    idx = torch.randint(0, 32, (1, length), generator=torch.Generator().manual_seed(seed))
+    cache = KVCache(1, window=window)
+    for t in range(length):
+        logits = model_(idx[:, t : t + 1], cache=cache)[0][:, -1]
+        alone = model_(idx[:, max(0, t - window + 1) : t + 1])[0][:, -1]
+        torch.testing.assert_close(logits, alone, rtol=0, atol=1e-10, msg=f"token {t}, window {window}")
+
+
+# -----------------------------------------------------------------------------
+# ex7: RoPE context extension. rope_frequencies builds on rope_inv_freq (ex3) and yarn_ramp (ex8): here both are
+# given, so that ex7 is graded alone.
+
+
+def given_theta(dim, base=10000.0):
+    return torch.tensor([base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
+
+
+def given_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
+    """A stand-in for YaRN's ramp: any values in [0, 1] show how rope_frequencies blends with it."""
+    return torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64) ** 2
+
+
+@pytest.fixture
+def given_parts(monkeypatch):
+    monkeypatch.setattr(model, "rope_inv_freq", given_theta)
+    monkeypatch.setattr(model, "yarn_ramp", given_ramp)
+
+
+def shapes(seed):
+    rng = random.Random(seed)
+    return 2 * rng.randint(2, 32), rng.choice([500.0, 10000.0, 1e6]), rng.uniform(1.5, 16.0), rng.randint(8, 4096)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rope_frequencies_at_factor_one_are_plain_rope(given_parts, seed):
+    """Without scaling, and with any scaling at factor 1: theta_i = rope_inv_freq(d, base) in float32, and an
+    attention scale of 1."""
+    d, base, _, T = shapes(seed)
+    for scaling in (None, *model.ROPE_SCALINGS):
+        inv_freq, scale = rope_frequencies(d, base, scaling, 1.0, original_len=T, seq_len=T)
+        assert inv_freq.dtype == torch.float32, scaling
+        torch.testing.assert_close(inv_freq, given_theta(d, base).float(), msg=f"scaling={scaling}, factor 1")
+        assert scale == 1.0, scaling
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_linear_scaling_divides_theta_by_the_factor(given_parts, seed):
+    """Position interpolation: theta_i / s, attention scale 1."""
+    d, base, s, T = shapes(seed)
+    inv_freq, scale = rope_frequencies(d, base, "linear", s, original_len=T)
+    torch.testing.assert_close(inv_freq.double(), given_theta(d, base) / s, rtol=1e-6, atol=0)
+    assert scale == 1.0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ntk_scaling_raises_the_base(given_parts, seed):
+    """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1, the slowest is divided by s."""
+    d, base, s, T = shapes(seed)
+    inv_freq, scale = rope_frequencies(d, base, "ntk", s, original_len=T)
+    torch.testing.assert_close(inv_freq.double(), given_theta(d, base * s ** (d / (d - 2))), rtol=1e-6, atol=0)
+    assert inv_freq[0] == 1.0 and scale == 1.0
+    assert abs(inv_freq[-1].item() * s / given_theta(d, base)[-1].item() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dynamic_ntk_follows_the_current_length(given_parts, seed):
+    """Dynamic NTK at length L: plain RoPE while L <= T, then base' = base (s L / T - (s - 1))^(d/(d-2))."""
+    d, base, s, T = shapes(seed)
+    for L in (1, T // 2 + 1, T):
+        inv_freq, _ = rope_frequencies(d, base, "dynamic", s, original_len=T, seq_len=L)
+        torch.testing.assert_close(inv_freq, given_theta(d, base).float(), msg=f"L = {L} <= T = {T}")
+    for L in (T + 1, 3 * T, int(s * T) + 5):
+        inv_freq, scale = rope_frequencies(d, base, "dynamic", s, original_len=T, seq_len=L)
+        grown = base * (s * L / T - (s - 1)) ** (d / (d - 2))
+        torch.testing.assert_close(inv_freq.double(), given_theta(d, grown), rtol=1e-6, atol=0, msg=f"L = {L}")
+        assert scale == 1.0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_yarn_blends_theta_by_its_ramp_and_scales_attention(given_parts, seed):
+    """YaRN: theta_i / s where the ramp is 1, theta_i where it is 0, linear between (the ramp is given here:
+    ex8 writes it); attention scale 0.1 ln s + 1."""
+    d, base, s, T = shapes(seed)
+    inv_freq, scale = rope_frequencies(d, base, "yarn", s, original_len=T)
+    ramp, theta = given_ramp(d, base, T), given_theta(d, base)
+    torch.testing.assert_close(inv_freq.double(), theta / s * ramp + theta * (1 - ramp), rtol=1e-6, atol=0)
+    assert abs(scale - (0.1 * math.log(s) + 1)) < 1e-12
+
+
+def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
+    """An unknown scaling, a factor below 1, and dynamic or yarn without the lengths they need: ValueError."""
+    for kwargs in (dict(scaling="cubic"), dict(scaling="linear", factor=0.5), dict(scaling="dynamic", factor=2.0),
+                   dict(scaling="yarn", factor=2.0)):
+        with pytest.raises(ValueError):
+            rope_frequencies(16, 10000.0, **kwargs)
+
+
+# -----------------------------------------------------------------------------
+# ex8: the YaRN ramp
+
+
+def test_yarn_ramp_worked_by_hand():
+    """d = 8, T = 64: i(32) = -0.497, i(1) = 1.008, so low 0, high 2: (0, 0.5, 1, 1). d = 16: low 0, high 3:
+    (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released: (0, 1, 1, 1)."""
+    torch.testing.assert_close(yarn_ramp(8, 10000.0, 64), torch.tensor([0, 0.5, 1, 1], dtype=torch.float64))
+    torch.testing.assert_close(yarn_ramp(16, 10000.0, 64),
+                               torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64))
+    torch.testing.assert_close(yarn_ramp(8, 10000.0, 4), torch.tensor([0, 1, 1, 1], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_yarn_ramp_keeps_fast_pairs_and_moves_slow_ones(seed):
+    """Pair i turns r_i = T theta_i / 2 pi times over T. Its ramp is 0 (theta kept) where r_i > beta_fast, 1 (theta
+    / s) where r_i < beta_slow, and in between it climbs in equal steps of the pair index."""
+    rng = random.Random(seed)
+    d, base, T = 2 * rng.randint(2, 64), rng.choice([1000.0, 10000.0, 5e5]), rng.randint(16, 8192)
+    beta_fast, beta_slow = rng.choice([16, 32, 64]), rng.choice([1, 2])
+    ramp = yarn_ramp(d, base, T, beta_fast, beta_slow)
+    assert ramp.shape == (d // 2,) and ramp.dtype == torch.float64
+    rotations = [T * base ** (-2 * i / d) / (2 * math.pi) for i in range(d // 2)]
+    for i, r in enumerate(rotations):
+        if r > beta_fast:
+            assert ramp[i] == 0, f"pair {i} turns {r:.1f} > {beta_fast} times: keep it (ramp 0)"
+        if r < beta_slow:
+            assert ramp[i] == 1, f"pair {i} turns {r:.2f} < {beta_slow} times: interpolate it (ramp 1)"
+    assert (ramp.diff() >= 0).all() and ramp.min() >= 0 and ramp.max() <= 1, ramp
+    between = ramp[(ramp > 0) & (ramp < 1)]
+    if len(between) > 1:
+        torch.testing.assert_close(between.diff(), torch.full_like(between.diff(), between.diff()[0].item()))
+
+
+# -----------------------------------------------------------------------------
+# ex9: the permutation-equivariance measure
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_swap_permutation_puts_the_last_piece_first_at_random_sizes(seed):
+    """(A + middle + B)[perm] = B + middle + A, for pieces of any length (the middle may be empty)."""
+    rng = random.Random(seed)
+    a, mid, b = rng.randint(1, 5), rng.randint(0, 5), rng.randint(1, 5)
+    pieces = [list(range(100, 100 + a)), list(range(200, 200 + mid)), list(range(300, 300 + b))]
+    perm = instruments.swap_permutation(pieces)
+    tokens = torch.tensor(pieces[0] + pieces[1] + pieces[2])
+    assert tokens[perm].tolist() == pieces[2] + pieces[1] + pieces[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_swap_differences_is_the_largest_gap_up_to_the_permutation(seed):
+    """For each hidden state: the largest |h(permuted)[where token i went] - h(original)[i]| over the given words,
+    and over the other tokens (0 when there are none). Checked against the hidden states themselves for a random
+    permutation of a random sentence; without the mask a NoPE model gives 0 up to rounding (equivariance)."""
+    rng = random.Random(seed)
+    model_ = nope_model(seed, n_layer=rng.randint(1, 2))
+    T = rng.randint(3, 10)
+    ids = torch.randint(0, 32, (T,), generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(seed + 1))
+    words = sorted(rng.sample(range(T), rng.randint(1, T)))
+    rows = instruments.swap_differences(model_, ids, ids[perm], perm, words)
+    states = instruments.hidden_states(model_, ids[None])
+    permuted = instruments.hidden_states(model_, ids[perm][None])
+    assert len(rows) == len(states) == model_.config.n_layer + 1
+    where = {i: q for q, i in enumerate(perm.tolist())}  # token i of the original is at position where[i]
+    for h, h_perm, row in zip(states, permuted, rows):
+        gaps = [(h_perm[0, where[i]] - h[0, i]).abs().max().item() for i in range(T)]
+        rest = [gaps[i] for i in range(T) if i not in words]
+        assert row == pytest.approx((max(gaps[i] for i in words), max(rest) if rest else 0.0), rel=1e-12, abs=0)
+    unmasked = instruments.swap_differences(model_, ids, ids[perm], perm, words, mask=False)
+    assert max(max(row) for row in unmasked) < 1e-12
+
+
+# -----------------------------------------------------------------------------
+# ex10: the position probe
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_probe_targets_match_a_loop_at_random_windows(seed):
+    """Per token: its position in the window, and how far back the latest newline at or before it is (NaN when
+    none is in the window), as two (N, T) float64 tensors."""
+    rng = random.Random(seed)
+    n, T, newline = rng.randint(1, 5), rng.randint(1, 20), rng.randint(0, 3)
+    windows = torch.randint(0, 4, (n, T), generator=torch.Generator().manual_seed(seed))
+    position, distance = instruments.probe_targets(windows, newline)
+    assert position.shape == distance.shape == (n, T) and position.dtype == distance.dtype == torch.float64
+    for w in range(n):
+        latest = None
+        for t in range(T):
+            latest = t if windows[w, t] == newline else latest
+            assert position[w, t] == t
+            if latest is None:
+                assert distance[w, t].isnan(), (w, t)
+            else:
+                assert distance[w, t] == t - latest, (w, t)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fit_ridge_solves_the_centred_normal_equations(seed):
+    """Without a ridge an exact linear relation y = X w + b is recovered. With one, the weights solve
+    (Xc^T Xc + lambda I) w = Xc^T (y - mean y), lambda = ridge x the mean diagonal of Xc^T Xc (Xc: X centred),
+    and the intercept is not penalised: the residuals average to 0."""
+    rng = random.Random(seed)
+    N, C = rng.randint(20, 60), rng.randint(1, 6)
+    g = torch.Generator().manual_seed(seed)
+    X = 3 * torch.randn(N, C, dtype=torch.float64, generator=g) + 5
+    w_true, b_true = torch.randn(C, dtype=torch.float64, generator=g), rng.uniform(-10, 10)
+    w, b = instruments.fit_ridge(X, X @ w_true + b_true, 0.0)
+    torch.testing.assert_close(w, w_true, rtol=0, atol=1e-9)
+    assert abs(float(b) - b_true) < 1e-8
+    y = torch.randn(N, dtype=torch.float64, generator=g)
+    ridge = rng.choice([1e-3, 0.1, 2.0])
+    w, b = instruments.fit_ridge(X, y, ridge)
+    Xc = X - X.mean(dim=0)
+    penalty = ridge * (Xc.T @ Xc).diagonal().mean()
+    torch.testing.assert_close(Xc.T @ (Xc @ w - (y - y.mean())) + penalty * w, torch.zeros(C, dtype=torch.float64),
+                               rtol=0, atol=1e-9)
+    assert abs((y - X @ w - b).mean().item()) < 1e-12
+
+
+def test_r_squared_worked_by_hand():
+    """R^2 = 1 - sum (y - prediction)^2 / sum (y - mean y)^2, a float: 1 for a perfect fit, 0 for the mean,
+    0.8 for y = (1, 2, 3, 4) and prediction (1, 2, 3, 5) (1 - 1/5)."""
+    y = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    assert instruments.r_squared(y, y) == 1.0
+    assert instruments.r_squared(y, torch.full_like(y, 2.5)) == 0.0
+    value = instruments.r_squared(y, torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=torch.float64))
+    assert isinstance(value, float) and abs(value - 0.8) < 1e-12

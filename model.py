@@ -82,57 +82,65 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
     return pe.to(dtype)
 
 
+def rope_inv_freq(dim, base=10000.0):
+    """RoPE's inverse frequencies theta_i = base^(-2i/dim), i < dim/2 (Su et al. 2021, eq. 15), in float64: pair i
+    turns by m theta_i at position m, a wavelength of 2 pi / theta_i tokens. -> (dim/2,)"""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
+    """YaRN's ramp over the dim/2 pairs (Peng et al. 2023): 0 for the pairs that turn beta_fast times or more over
+    original_len = T (kept), 1 for those turning fewer than beta_slow times (interpolated), linear between. As the
+    released code computes it (transformers' _compute_yarn_parameters, truncate=True): linear in the pair INDEX,
+    where the paper (eq. 17-18) ramps the rotations T theta_i / 2 pi. -> (dim/2,) float64
+        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair that turns r times over T; low = max(floor(i(beta_fast)), 0),
+        high = min(ceil(i(beta_slow)), d - 1) (+0.001 if equal); ramp_i = clamp((i - low) / (high - low), 0, 1)
+    Worked: d = 8, T = 64, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
+    ramp = (0, 0.5, 1, 1) (the paper's ramp would move all 4: pair 0 turns 10.2 < 32 times)."""
+
+    def pair_index(rotations):  # i(r), transformers' find_correction_dim
+        return dim * math.log(original_len / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(beta_fast)), 0)
+    high = min(math.ceil(pair_index(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # as released: avoids dividing by zero
+    return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+
+
 def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None):
-    """RoPE's inverse frequencies theta_i = base^(-2i/d), i < d/2 (Su et al. 2021, eq. 15), optionally rescaled to
-    run a model trained on original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
+    """RoPE's inverse frequencies rope_inv_freq(d, base), d = head_dim, optionally rescaled to run a model trained on
+    original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
     "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
     s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
-    "yarn": YaRN (Peng et al. 2023): fast pairs keep theta_i, slow ones get theta_i / s, a ramp between; cos and sin
-    times 0.1 ln(s) + 1 (q.k times its square). The ramp as the released code computes it (transformers'
-    _compute_yarn_parameters): linear in the pair INDEX, where the paper (eq. 17-18) ramps rotations T theta_i / 2 pi.
-        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair that turns r times over T; low = max(floor(i(32)), 0),
-        high = min(ceil(i(1)), d - 1) (+0.001 if equal); ramp_i = clamp((i - low) / (high - low), 0, 1)
-    Worked: d = 8, T = 64, s = 4, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
-    ramp = (0, 0.5, 1, 1), theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386 (the paper's ramp would move all 4).
+    "yarn": YaRN (Peng et al. 2023): theta_i / s * ramp_i + theta_i (1 - ramp_i) (yarn_ramp: fast pairs keep theta_i,
+    slow ones get theta_i / s), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64, s = 4,
+    theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386.
     """
-
-    def plain(b):
-        return b ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-
     if scaling not in (None, *ROPE_SCALINGS):
         raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
     if factor < 1.0:
         raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
+    if scaling in ("dynamic", "yarn") and original_len is None:
+        needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
+        raise ValueError(f"{scaling} rope scaling needs {needs}")
     d, s = head_dim, factor
+    theta = rope_inv_freq(d, base)
     attention_scale = 1.0
-    if scaling is None:
-        inv_freq = plain(base)
-    elif scaling == "linear":
-        inv_freq = plain(base) / s
+    if scaling == "linear":
+        theta = theta / s
     elif scaling == "ntk":
-        inv_freq = plain(base * s ** (d / (d - 2)))
+        theta = rope_inv_freq(d, base * s ** (d / (d - 2)))
     elif scaling == "dynamic":
-        if original_len is None or seq_len is None:
+        if seq_len is None:
             raise ValueError("dynamic rope scaling needs original_len and seq_len")
         grown = max(1.0, s * seq_len / original_len - (s - 1))
-        inv_freq = plain(base * grown ** (d / (d - 2)))
-    else:  # yarn
-        if original_len is None:
-            raise ValueError("yarn rope scaling needs original_len")
-        beta_fast, beta_slow = 32, 1
-
-        def pair_index(rotations):  # i(r), transformers' find_correction_dim
-            return d * math.log(original_len / (2 * math.pi * rotations)) / (2 * math.log(base))
-
-        low = max(math.floor(pair_index(beta_fast)), 0)
-        high = min(math.ceil(pair_index(beta_slow)), d - 1)
-        if low == high:
-            high += 0.001  # as released: avoids dividing by zero
-        ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
-        theta = plain(base)
-        inv_freq = theta / s * ramp + theta * (1 - ramp)  # small i (fast pairs) keep theta_i
+        theta = rope_inv_freq(d, base * grown ** (d / (d - 2)))
+    elif scaling == "yarn":
+        ramp = yarn_ramp(d, base, original_len)
+        theta = theta / s * ramp + theta * (1 - ramp)  # small i (fast pairs) keep theta_i
         attention_scale = 0.1 * math.log(s) + 1.0
-    return inv_freq.float(), attention_scale
+    return theta.float(), attention_scale
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):

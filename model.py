@@ -6,6 +6,7 @@ generation.py). With pos="learned" this is exactly GPT-2."""
 import functools
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -18,7 +19,9 @@ except ImportError:
     create_block_mask = flex_attention = None
 
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
+ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0))
 # OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
@@ -37,6 +40,8 @@ class GPTConfig:
     rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
     rope_factor: float = 1.0  # the extension factor s: target context / the original length
     rope_original_len: int | None = None  # the length rope_scaling extends (None: block_size); set by fine-tuning
+    rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
+    rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta, those between are blended
 
     def __post_init__(self):
         if self.pos not in POS_SCHEMES:
@@ -62,6 +67,20 @@ class GPTConfig:
             raise ValueError(f"rope_factor must be >= 1, got {self.rope_factor}")
         if self.rope_original_len is not None and self.rope_original_len < 1:
             raise ValueError(f"rope_original_len must be a positive integer, got {self.rope_original_len}")
+        self._check_rope_variants()
+
+    def _check_rope_variants(self):
+        """Llama 3's frequency factors: RoPE's settings only."""
+        changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(self, name) != plain]
+        if changed and self.pos != "rope":
+            given = ", ".join(f"{name}={getattr(self, name)}" for name in changed)
+            raise ValueError(f"only RoPE takes {given}, and this model has pos={self.pos!r}: use pos=rope")
+        llama3 = [name for name in changed if name.endswith("_freq_factor")]
+        if llama3 and self.rope_scaling != "llama3":
+            given = ", ".join(f"{name}={getattr(self, name)}" for name in llama3)
+            raise ValueError(f"{given}: llama3's frequency factors, and this model has rope_scaling="
+                             f"{self.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4")
+        check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
 
     @property
     def head_dim(self):
@@ -108,20 +127,47 @@ def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
     return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
 
 
-def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None):
+def check_llama3_factors(low_freq_factor, high_freq_factor):
+    if not 0.0 < low_freq_factor < high_freq_factor:
+        raise ValueError(f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got low_freq_factor="
+                         f"{low_freq_factor} and high_freq_factor={high_freq_factor}")
+
+
+def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_len):
+    """Llama 3.1's rescaling of RoPE's theta_i (Meta's released code; transformers' _compute_llama3_parameters), by
+    the rotations r_i = T theta_i / 2 pi each pair makes over original_len = T: pairs with r_i > high_freq_factor
+    keep theta_i, those with r_i < low_freq_factor get theta_i / s, and between them theta_i / s is blended towards
+    theta_i by smooth_i = (r_i - low) / (high - low). A ramp in the rotations, as the YaRN paper's (eq. 17-18), not
+    in the pair index as the released YaRN's (yarn_ramp); no attention scale. -> like inv_freq (float64)
+    Worked: d = 32, T = 64, s = 4, low 1, high 4, base 10^4: the wavelengths 2 pi / theta_i = 2 pi 10^(i/4) are
+    6.28, 11.2, 19.9, 35.3, 62.8, 112, ...: r = 10.2, 5.73, 3.22, 1.81, 1.019, 0.573, ... So pairs 0 and 1 are kept
+    (r > 4), pairs 5 to 15 divided by 4 (r < 1), and pairs 2, 3, 4 blended, smooth = 0.740, 0.270, 0.006:
+    theta' / theta = 1/s + smooth (1 - 1/s) = 0.805, 0.453, 0.255 (pair 4 barely blended: r = 1.019, low = 1)."""
+    check_llama3_factors(low_freq_factor, high_freq_factor)
+    rotations = original_len * inv_freq / (2 * math.pi)  # r_i = T / wavelength_i
+    smooth = (rotations - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    # the same three cases as released, bounds included in the blend (where it equals its neighbours anyway)
+    divided = torch.where(rotations < low_freq_factor, inv_freq / factor, blended)
+    return torch.where(rotations > high_freq_factor, inv_freq, divided)
+
+
+def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
+                     low_freq_factor=1.0, high_freq_factor=4.0):
     """RoPE's inverse frequencies rope_inv_freq(d, base), d = head_dim, optionally rescaled to run a model trained on
     original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
     "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
     s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
     "yarn": YaRN (Peng et al. 2023): theta_i / s * ramp_i + theta_i (1 - ramp_i) (yarn_ramp: fast pairs keep theta_i,
     slow ones get theta_i / s), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64, s = 4,
-    theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386.
+    theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386. "llama3": Llama 3.1's llama3_inv_freq, low_freq_factor
+    and high_freq_factor bounding its blend (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1.
     """
     if scaling not in (None, *ROPE_SCALINGS):
         raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
     if factor < 1.0:
         raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
-    if scaling in ("dynamic", "yarn") and original_len is None:
+    if scaling in ("dynamic", "yarn", "llama3") and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
     d, s = head_dim, factor
@@ -140,6 +186,8 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
         ramp = yarn_ramp(d, base, original_len)
         theta = theta / s * ramp + theta * (1 - ramp)  # small i (fast pairs) keep theta_i
         attention_scale = 0.1 * math.log(s) + 1.0
+    elif scaling == "llama3":
+        theta = llama3_inv_freq(theta, s, low_freq_factor, high_freq_factor, original_len)
     return theta.float(), attention_scale
 
 
@@ -299,11 +347,12 @@ class RotaryPositions(NoPositions):
         self.head_dim, self.base = config.head_dim, config.rope_base
         self.scaling, self.factor = config.rope_scaling, config.rope_factor
         self.original_len = config.rope_original_len or config.block_size
+        self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
         self._tabulate(config.block_size)
 
     def _cos_sin(self, positions, seq_len):
         inv_freq, scale = rope_frequencies(
-            self.head_dim, self.base, self.scaling, self.factor, self.original_len, seq_len
+            self.head_dim, self.base, self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors
         )
         return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
 

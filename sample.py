@@ -5,6 +5,7 @@ each position scheme does there.
     python sample.py --out_dir=out/shakespeare_char_rope
     python sample.py --out_dir=out/shakespeare_char_learned --start="ROMEO:" --num_samples=2
     python sample.py --out_dir=out/shakespeare_char_rope --max_new_tokens=1024 --rope_scaling=yarn
+    python sample.py --out_dir=out/shakespeare_char_rope --rope_scaling=llama3 --rope_factor=8
     python sample.py --compare out/shakespeare_char_learned out/shakespeare_char_rope --seed=1
 
 The checkpoint carries the model config (with its position scheme and trained block_size) and the vocabulary,
@@ -29,7 +30,7 @@ from data.common import get_tokenizer
 from plumbing.evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 from generation import generate_cached, generation_bytes
-from model import GPT2_MODELS, ROPE_SCALINGS
+from model import GPT2_MODELS, ROPE_SCALINGS, ROPE_VARIANTS
 
 
 @dataclass
@@ -48,8 +49,10 @@ class SampleConfig:
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
-    rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn
+    rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3
     rope_factor: float | None = None  # its factor s; default: the generated length over the trained block_size
+    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times over T get theta/s; None: 1
+    rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
@@ -64,6 +67,8 @@ class SampleConfig:
             (self.max_context is None or self.max_context >= 1, f"max_context must be >= 1, got {self.max_context}"),
             (self.rope_factor is None or self.rope_factor >= 1, f"rope_factor must be >= 1, got {self.rope_factor}"),
             (self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling"),
+            (self.rope_scaling == "llama3" or self.rope_low_freq_factor is self.rope_high_freq_factor is None,
+             "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give --rope_scaling=llama3"),
             (self.kv_cache or not self.compile, "--compile compiles the KV-cached decode step: drop --kv_cache=off"),
         ]
         for ok, message in checks:
@@ -106,10 +111,15 @@ class Loaded:
     checkpoint: dict  # the checkpoint's configs, meta and progress; not its tensors, which the model holds
 
 
-def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None):
-    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension.
-    checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
+def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None)):
+    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension; llama3_factors:
+    (low, high) frequency factors for rope_scaling="llama3", None: the checkpoint's (Llama 3.1's 1 and 4 unless
+    fine-tuned with others). checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
     scaling = {} if rope_scaling is None else dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
+    names = ("rope_low_freq_factor", "rope_high_freq_factor")
+    if rope_scaling is not None and rope_scaling != "llama3":  # another method: llama3's factors mean nothing now
+        scaling |= {name: ROPE_VARIANTS[name] for name in names}
+    scaling |= {name: value for name, value in zip(names, llama3_factors) if value is not None}
     model, tokenizer, checkpoint = load_model(out_dir, device, checkpoint, **scaling)  # no --rope_scaling: its own
     # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
@@ -183,6 +193,8 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 def describe(model):
     c = model.config
     scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
+    if c.rope_scaling == "llama3":
+        scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
     return f"pos={c.pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
 
 
@@ -197,13 +209,14 @@ def open_model(out_dir, cfg, device, scale_rope_only=False):
         checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)  # load() moves the weights to device
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        cfg = replace(cfg, rope_scaling=None, rope_factor=None)
+        cfg = replace(cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None)
     prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = rope_factor_for(cfg, block_size, len(prompt_ids) + max_new_tokens)
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint)
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint,
+                  (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor))
     needed = generation_bytes(loaded.model.config, cfg.num_samples, len(prompt_ids), max_new_tokens, cfg.max_context,
                               cached=cfg.kv_cache)
     check_memory(needed, device, f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",

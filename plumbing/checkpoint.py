@@ -5,6 +5,7 @@ train.py writes {out_dir}/ckpt.pt (the latest state) at every evaluation and, wh
 best.pt (a hard link to the same file). Both hold the same plain dict:
     model          state_dict of the uncompiled GPT (no `_orig_mod.` prefix: nanoGPT issue #325)
     model_config   dataclasses.asdict(GPTConfig), so GPT(GPTConfig(**ckpt["model_config"])) rebuilds the model
+                   (a file older than the RoPE variants' fields gets them at plain RoPE's values: with_rope_variants)
     train_config   dataclasses.asdict(TrainConfig) as run (device, dtype, compile and out_dir resolved)
     iter_num       optimizer steps taken when it was saved
     best_val_loss  the best validation loss so far (in best.pt, the loss of its own step)
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from data.common import TOKENIZERS, get_tokenizer
-from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
+from model import GPT, ROPE_VARIANTS, GPTConfig, download_gpt2, gpt2_weights_from_hf
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
 # Resuming needs these beyond what sampling needs
@@ -164,7 +165,16 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
     if missing:
         raise CheckpointError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
+    if isinstance(ckpt["model_config"], dict):
+        ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
     return ckpt
+
+
+def with_rope_variants(model_config):
+    """A checkpoint's model_config with the RoPE variants' GPTConfig fields its file predates (model.ROPE_VARIANTS)
+    at plain RoPE's values, the model its code built: so that resuming or --init_from compares like with like
+    instead of refusing a missing field (None) against its default."""
+    return model_config | {name: plain for name, plain in ROPE_VARIANTS.items() if name not in model_config}
 
 
 def first_line(error):
@@ -481,7 +491,8 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", "dropout")
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", "rope_low_freq_factor",
+              "rope_high_freq_factor", "dropout")
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 

@@ -225,7 +225,7 @@ def test_rope_scaling_on_another_scheme_is_an_error():
         GPTConfig(pos="rope", rope_scaling="cubic")
 
 
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn", "llama3"])
 def test_scaled_rope_cache_matches_full_forward(scaling):
     """The KV cache stays exact under a static RoPE extension, at 4 x block_size."""
     model = tiny_model("rope", rope_scaling=scaling, rope_factor=4.0)

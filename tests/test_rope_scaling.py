@@ -74,3 +74,17 @@ def test_ntk_is_transformers_dynamic_ntk_at_its_fixed_point(head_dim, T, s):
     ours, scale = rope_frequencies(head_dim, BASE, "ntk", s, original_len=T)
     torch.testing.assert_close(ours.double(), hf, rtol=1e-6, atol=0)
     assert scale == 1.0
+
+
+@pytest.mark.parametrize("low,high", [(1.0, 4.0), (2.0, 8.0), (0.5, 32.0)])
+@pytest.mark.parametrize("head_dim,T,s", SHAPES + [(128, 8192, 8.0)])
+def test_llama3_matches_transformers(head_dim, T, s, low, high):
+    """Llama 3.1's frequencies (transformers' _compute_llama3_parameters): kept, divided by s or blended by the
+    rotations each pair makes over T, with Llama 3.1's own factors (1, 4; T = 8192, s = 8) and two others; no
+    attention scale. transformers reads T from original_max_position_embeddings."""
+    hf, hf_scale = hf_frequencies("llama3", head_dim, int(s * T), factor=s, low_freq_factor=low,
+                                  high_freq_factor=high, original_max_position_embeddings=T)
+    ours, scale = rope_frequencies(head_dim, BASE, "llama3", s, original_len=T, low_freq_factor=low,
+                                   high_freq_factor=high)
+    torch.testing.assert_close(ours.double(), hf, rtol=1e-6, atol=0)
+    assert scale == hf_scale == 1.0

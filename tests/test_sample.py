@@ -153,6 +153,7 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
         ("--device=tpu", "choose from auto, cpu, cuda, cuda:N, mps"),
         ("--kv_cache=maybe", "expected a boolean"),
         ("--rope_factor=2", "rope_factor needs --rope_scaling"),
+        ("--rope_high_freq_factor=8", "shape llama3's blend: give --rope_scaling=llama3"),
     ],
 )
 def test_bad_flags_are_one_line_errors(flag, message, capsys):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from course.exercises import EXERCISES, by_id
 from course.grade import graded_by, grade, report_lines
 from course.make import make_copy
+from course.source import SourceError
 from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags, parse_list
 
 COMMANDS = "make OUT_DIR [--only=IDS] or grade [DIR] [--only=IDS]"
@@ -55,7 +56,7 @@ def make(argv):
     with one_line_errors("course make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
-    with one_line_errors("course make", status=1, errors=(RunError, OSError)):
+    with one_line_errors("course make", status=1, errors=(RunError, SourceError, OSError)):
         with one_line_errors("course make"):
             notes = make_copy(cfg.out_dir, exercises)
     print(f"a student copy of {notes.files} files in {cfg.out_dir}: {len(exercises)} exercises, "
@@ -82,7 +83,8 @@ def grade_command(argv):
             exercises = [e for e in EXERCISES if default is None or e.id in default]
         unknown = [e for e in default or [] if e not in by_id()]
         if unknown:
-            raise UsageError(f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again")
+            raise UsageError(f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): "
+                             "make it again")
     verdicts, _ = grade(cfg.dir, exercises)
     print("\n".join(report_lines(verdicts)))
     return 0 if all(v.passed for v in verdicts) else 1

@@ -130,7 +130,7 @@ EXERCISES = (
                          "test_yarn_blends_theta_by_its_ramp_and_scales_attention",
                          "test_rope_frequencies_refuse_what_they_cannot_extend"),
         difficulty="medium", minutes=25,
-        hints=("Start from theta = rope_inv_freq(d, base); NTK and dynamic NTK change the base, not theta.",
+        hints=("Start from rope_inv_freq(d, base): NTK and dynamic NTK change the base they hand it.",
                "Raise ValueError for an unknown scaling, a factor below 1, dynamic without original_len and "
                "seq_len, yarn without original_len. Return float32 frequencies and the attention scale."),
     ),

@@ -48,7 +48,8 @@ def run_tests(directory, exercises, calls=False):
     selection = " or ".join(exercise.id for exercise in exercises)
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
-        command = [sys.executable, "-m", "pytest", *files, "-m", selection, "--strict-markers", "-q",
+        # --tb=line: the plugin keeps each failure's own line, and a fresh copy's hundred long tracebacks cost seconds
+        command = [sys.executable, "-m", "pytest", *files, "-m", selection, "--strict-markers", "-q", "--tb=line",
                    f"--rootdir={directory}", "-p", "no:cacheprovider", "-p", "course.plugin",
                    f"--course-report={report}", *(["--course-calls"] if calls else [])]
         try:
@@ -86,7 +87,7 @@ def report_lines(verdicts):
     lines = []
     for v in verdicts:
         head = f"{v.exercise.id:<5} {v.exercise.title:<{width}}"
-        lines.append(f"{head}  passed ({v.n_tests} tests)" if v.passed else f"{head}  FAILED  {v.detail}")
+        lines.append(f"{head}  passed ({v.n_tests} tests)" if v.passed else f"{head}  failed: {v.detail}")
     passed = sum(v.passed for v in verdicts)
     total = f"all {len(verdicts)} exercises pass" if passed == len(verdicts) else \
         f"{passed} of {len(verdicts)} exercises pass"

@@ -66,7 +66,7 @@ def body_span(text, qualname):
     first = node.body[0]
     indent = re.match(r"[ \t]*", lines[first.lineno - 1]).group()
     if first.lineno == node.lineno or first.col_offset != len(indent):
-        raise SourceError(f"{qualname}: its body shares a line with its def or its docstring; write one statement a line")
+        raise SourceError(f"{qualname}: its body shares a line with its def or its docstring; one statement a line")
     start = first.end_lineno if has_docstring(node) else header_end(text, node)
     end = node.body[-1].end_lineno if len(node.body) > 1 or not has_docstring(node) else start
     for j in range(end, len(lines)):  # comments at the body's depth after its last statement belong to it
@@ -101,7 +101,7 @@ def stub_line(indent, message):
     return f"{indent}raise NotImplementedError({json.dumps(message)})\n"
 
 
-def telling_lines(lines, shortest=16):
+def telling_lines(lines, shortest=24):
     """The body's lines of code (comments dropped, spaces collapsed) long enough that seeing one quoted gives the
     body away: `return x` and `else:` are everywhere, `x1 * cos - x2 * sin` is not."""
     code = []

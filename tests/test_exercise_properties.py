@@ -157,12 +157,12 @@ def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
     functions together as RotaryPositions uses them; and the rotation keeps every norm."""
     rng = random.Random(seed)
     d, base = 2 * rng.randint(1, 16), rng.choice([100.0, 10000.0, 1e6])
-    theta = rope_inv_freq(d, base)
+    inv_freq = rope_inv_freq(d, base)
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, 1, d, dtype=torch.float64, generator=g)
 
     def turned(x, m):
-        return apply_rope(x, *rope_cos_sin(torch.tensor([m]), theta))[0]
+        return apply_rope(x, *rope_cos_sin(torch.tensor([m]), inv_freq))[0]
 
     for _ in range(5):
         m, n, shift = rng.randint(0, 500), rng.randint(0, 500), rng.randint(1, 10_000)

@@ -133,9 +133,9 @@ class KVCache:
 
 def position_table_bytes(config, n_pos):
     """Bytes of the float32 table a model of config, fresh (its table covers block_size), grows to cover n_pos
-    positions (wpe.reserve): n_embd per position for sinusoidal, head_dim for RoPE (cos and sin, head_dim / 2 each),
+    positions (wpe.reserve): n_embd per position for sinusoidal, rotary_dim for RoPE (cos and sin, half of it each),
     at least twice the rows it had, as reserve grows it; 0 for the schemes without one and within block_size."""
-    per_position = {"sinusoidal": config.n_embd, "rope": config.head_dim}.get(config.pos, 0)
+    per_position = {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0)
     if n_pos <= config.block_size:
         return 0
     return max(n_pos, 2 * config.block_size) * per_position * torch.float32.itemsize

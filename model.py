@@ -21,7 +21,7 @@ except ImportError:
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0))
+ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0))
 # OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
@@ -42,6 +42,7 @@ class GPTConfig:
     rope_original_len: int | None = None  # the length rope_scaling extends (None: block_size); set by fine-tuning
     rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
     rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta, those between are blended
+    rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first ones (partial_rotary_factor)
 
     def __post_init__(self):
         if self.pos not in POS_SCHEMES:
@@ -51,8 +52,8 @@ class GPTConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"rope rotates pairs of dimensions: head size {self.n_embd // self.n_head} must be even")
+        if self.pos == "rope" and self.rope_fraction == 1.0 and self.head_dim % 2:
+            raise ValueError(f"rope rotates pairs of dimensions: head size {self.head_dim} must be even")
         if self.pos == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"sinusoidal pairs sin and cos: n_embd={self.n_embd} must be even")
         if not 0.0 <= self.dropout < 1.0:
@@ -70,7 +71,7 @@ class GPTConfig:
         self._check_rope_variants()
 
     def _check_rope_variants(self):
-        """Llama 3's frequency factors: RoPE's settings only."""
+        """Llama 3's frequency factors and partial rotation: RoPE's settings only."""
         changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(self, name) != plain]
         if changed and self.pos != "rope":
             given = ", ".join(f"{name}={getattr(self, name)}" for name in changed)
@@ -81,10 +82,26 @@ class GPTConfig:
             raise ValueError(f"{given}: llama3's frequency factors, and this model has rope_scaling="
                              f"{self.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4")
         check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
+        if not 0.0 < self.rope_fraction <= 1.0:
+            raise ValueError(f"rope_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
+                             f"got {self.rope_fraction}")
+        if self.pos == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            valid = ", ".join(f"{2 * k / self.head_dim:g}" for k in range(1, min(4, self.head_dim // 2) + 1))
+            raise ValueError(f"rope_fraction={self.rope_fraction} rotates int({self.head_dim} x {self.rope_fraction}) "
+                             f"= {self.rotary_dim} of the head's {self.head_dim} dimensions: RoPE turns pairs, so that "
+                             f"must be even and >= 2; give a multiple of 2/{self.head_dim} ({valid}, ... 1)")
+        if self.rope_scaling in ("ntk", "dynamic") and self.rotary_dim < 4:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
+                             f"least 4 rotated dimensions, this model rotates {self.rotary_dim}")
 
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+    @property
+    def rotary_dim(self):
+        """The dimensions of each head RoPE rotates, the first ones: int(head_dim * rope_fraction), as transformers."""
+        return int(self.head_dim * self.rope_fraction)
 
 
 # -----------------------------------------------------------------------------
@@ -154,7 +171,8 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
 
 def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
                      low_freq_factor=1.0, high_freq_factor=4.0):
-    """RoPE's inverse frequencies rope_inv_freq(d, base), d = head_dim, optionally rescaled to run a model trained on
+    """RoPE's inverse frequencies rope_inv_freq(d, base) over the d = head_dim dimensions it rotates (with partial
+    rotation, int(head_dim * rope_fraction), as transformers), optionally rescaled to run a model trained on
     original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
     "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
     s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
@@ -198,9 +216,14 @@ def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, head_dim/2). Pairs are halves
-    (i, i + head_dim/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to a fixed
-    permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back."""
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the rotated dimensions.
+    Pairs are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to
+    a fixed permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back.
+    Partial rotation (d < head_dim, GPT-NeoX's rotary_pct, transformers' partial_rotary_factor): the first d
+    dimensions turn, halves within them, and the rest pass unchanged, carrying no position."""
+    d = 2 * cos.size(-1)
+    if d < x.size(-1):
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return rotated.to(x.dtype)
@@ -340,11 +363,14 @@ class SinusoidalPositions(NoPositions):
 class RotaryPositions(NoPositions):
     """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin, tabulated for
     block_size positions, extended on demand. A context extension rescales against the length first trained on:
-    rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size."""
+    rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size. With
+    rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over those
+    alone (transformers' _compute_default_rope_parameters with partial_rotary_factor), so apply_rope leaves the
+    rest of each head as it is."""
 
     def __init__(self, config):
         super().__init__(config)
-        self.head_dim, self.base = config.head_dim, config.rope_base
+        self.dim, self.base = config.rotary_dim, config.rope_base
         self.scaling, self.factor = config.rope_scaling, config.rope_factor
         self.original_len = config.rope_original_len or config.block_size
         self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
@@ -352,7 +378,7 @@ class RotaryPositions(NoPositions):
 
     def _cos_sin(self, positions, seq_len):
         inv_freq, scale = rope_frequencies(
-            self.head_dim, self.base, self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors
+            self.dim, self.base, self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors
         )
         return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
 

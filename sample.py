@@ -195,7 +195,10 @@ def describe(model):
     scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
     if c.rope_scaling == "llama3":
         scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
-    return f"pos={c.pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
+    pos = c.pos
+    if c.rope_fraction < 1:
+        pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
+    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
 
 
 def open_model(out_dir, cfg, device, scale_rope_only=False):

@@ -1,6 +1,7 @@
 """The RoPE variants released models ship, each against Hugging Face transformers where it has one (the parity
 tests skip without it): Llama 3's frequency scaling (rope_scaling="llama3", its parity test in
-tests/test_rope_scaling.py). The rest run on the model's own functions, tiny shapes and fixed seeds.
+tests/test_rope_scaling.py) and partial rotation (rope_fraction, transformers' partial_rotary_factor). The rest run
+on the model's own functions, float64 where the point is exactness, tiny shapes and fixed seeds.
 """
 
 import math
@@ -11,8 +12,10 @@ import torch
 
 import sample
 import train
+from generation import KVCache, generate_cached
 from helpers import error_line
-from model import GPT, GPTConfig, llama3_inv_freq, rope_frequencies, rope_inv_freq
+from model import (GPT, ROPE_SCALINGS, GPTConfig, RotaryPositions, apply_rope, llama3_inv_freq, rope_cos_sin,
+                   rope_frequencies, rope_inv_freq)
 from plumbing.checkpoint import load_checkpoint
 
 BLOCK = 16
@@ -24,8 +27,22 @@ def tiny_model(seed=0, **overrides):
     return GPT(GPTConfig(**fields | overrides)).eval()
 
 
+def transformers_or_skip():
+    return pytest.importorskip("transformers", reason="the parity tests need Hugging Face transformers: "
+                                                      "pip install transformers")
+
+
 def uniform(low, high, generator):
     return float(torch.empty(()).uniform_(low, high, generator=generator))
+
+
+def decode_step_by_step(model, idx, n_prompt):
+    """Logits from prefilling n_prompt tokens, then feeding the rest one at a time through a KVCache."""
+    cache = KVCache(model.config.n_layer)
+    logits = [model(idx[:, :n_prompt], cache=cache)[0]]
+    for t in range(n_prompt, idx.size(1)):
+        logits.append(model(idx[:, t : t + 1], cache=cache)[0])
+    return torch.cat(logits, dim=1)
 
 
 # -----------------------------------------------------------------------------
@@ -73,6 +90,112 @@ def test_llama3_worked_case_d32_t64():
 
 
 # -----------------------------------------------------------------------------
+# Partial rotation: the first int(head_dim * rope_fraction) dimensions of each head turn, the rest carry no position
+
+
+def test_fraction_one_is_todays_rope_bit_for_bit(monkeypatch):
+    """rope_fraction=1 is RoPE exactly as before the option existed: the tables are those of the formula then
+    (theta over the whole head) and the logits equal, bit for bit, those of the model run through apply_rope as
+    it was, and the checkpoint's defaults are plain RoPE."""
+    def apply_rope_before(x, cos, sin):  # model.apply_rope before partial rotation
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+    model = tiny_model(rope_fraction=1.0)
+    theta = (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)).float()
+    cos, sin = rope_cos_sin(torch.arange(BLOCK), theta)
+    assert torch.equal(model.transformer.wpe.cos, cos) and torch.equal(model.transformer.wpe.sin, sin)
+    idx = torch.randint(0, 32, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
+    logits, _ = model(idx)
+    monkeypatch.setattr("model.apply_rope", apply_rope_before)
+    assert torch.equal(model(idx)[0], logits)
+
+
+@pytest.mark.parametrize("head_dim,fraction", [(16, 0.25), (32, 0.5), (64, 0.25), (24, 0.5), (20, 0.4), (16, 1.0)])
+def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
+    """GPT-NeoX's partial rotary embedding in transformers (rotary_pct, the config's partial_rotary_factor): its
+    inverse frequencies over int(head_dim * fraction) dimensions equal ours to float32 rounding (rtol 1e-6); its
+    apply_rotary_pos_emb given our cos and sin rotates q and k exactly as apply_rope does, bit for bit (rotate-half
+    within the slice, the rest passed through); and with its own cos and sin they differ only by float32's rounding of the
+    angles m theta_i (theta rounded on one side, not the other), at most ~1e-5 here at positions up to 255."""
+    transformers_or_skip()
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
+
+    n_head, T = 2, 256
+    hf_config = GPTNeoXConfig(hidden_size=head_dim * n_head, num_attention_heads=n_head, rotary_pct=fraction,
+                              rotary_emb_base=10000.0, max_position_embeddings=T)
+    hf_rotary = GPTNeoXRotaryEmbedding(hf_config)
+    ours = RotaryPositions(GPTConfig(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction))
+    rotary_dim = int(head_dim * fraction)
+    assert ours.cos.shape == (T, rotary_dim // 2) and hf_rotary.inv_freq.shape == (rotary_dim // 2,)
+    inv_freq, _ = rope_frequencies(rotary_dim)
+    torch.testing.assert_close(inv_freq.double(), hf_rotary.inv_freq.double(), rtol=1e-6, atol=0)
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, n_head, T, head_dim, generator=g), torch.randn(2, n_head, T, head_dim, generator=g)
+    positions = torch.arange(T)
+    cos, sin = ours.rotation(positions)
+    hf_q, hf_k = apply_rotary_pos_emb(q, k, torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None])
+    assert torch.equal(apply_rope(q, cos, sin), hf_q) and torch.equal(apply_rope(k, cos, sin), hf_k)
+    assert torch.equal(apply_rope(q, cos, sin)[..., rotary_dim:], q[..., rotary_dim:])
+
+    hf_cos, hf_sin = hf_rotary(q, positions[None])
+    hf_q, hf_k = apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
+    torch.testing.assert_close(apply_rope(q, cos, sin), hf_q, rtol=0, atol=2e-5)
+    torch.testing.assert_close(apply_rope(k, cos, sin), hf_k, rtol=0, atol=2e-5)
+
+
+def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offset():
+    """q_m . k_n = (rotated slice) + (the rest). With a quarter of each head rotating, the rest's share is the same
+    q_pass . k_pass whatever m and n: it carries no position. The rotated share depends on m - n only, and does
+    change with it."""
+    head_dim, rotary_dim = 16, 4
+    rope = RotaryPositions(GPTConfig(block_size=64, n_head=1, n_embd=head_dim, rope_fraction=0.25))
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)
+    assert rope.cos.shape == (64, rotary_dim // 2)
+    cos, sin = rope_cos_sin(torch.arange(64), rope_frequencies(rotary_dim)[0].double())  # float64 angles: exact
+    rq, rk = apply_rope(q.expand(64, -1), cos, sin), apply_rope(k.expand(64, -1), cos, sin)  # q, k at every position
+    assert torch.equal(rq[:, rotary_dim:], q[rotary_dim:].expand(64, -1))  # passed through, bit for bit
+    unrotated = (rq[:, None, rotary_dim:] * rk[None, :, rotary_dim:]).sum(-1)  # (m, n): the same everywhere
+    assert torch.equal(unrotated, unrotated[0, 0].expand(64, 64))
+    rotated = (rq[:, None, :rotary_dim] * rk[None, :, :rotary_dim]).sum(-1)  # (m, n)
+    for offset in (0, 5, 40):
+        torch.testing.assert_close(rotated.diagonal(-offset), rotated.diagonal(-offset)[:1].expand(64 - offset),
+                                   rtol=0, atol=1e-12)
+    assert rotated.diagonal(-1)[0] != rotated.diagonal(-5)[0]
+
+
+@pytest.mark.parametrize("scaling", [None, *ROPE_SCALINGS])
+def test_partial_rotation_cached_logits_equal_the_full_forward_with_every_scaling(scaling):
+    """The KV cache holds keys already rotated, partly here: prefill + one-token steps give the full forward's
+    logits at every position up to 4 x block_size, to 1e-5, with and without each context extension. Dynamic NTK
+    up to block_size only: past it a cached key keeps the frequencies of the length it entered at, by design
+    (tests/test_generation.py shows that per key), where the full forward turns every key for the whole length."""
+    extension = {} if scaling is None else dict(rope_scaling=scaling, rope_factor=4.0)
+    model = tiny_model(rope_fraction=0.25, **extension)
+    length = BLOCK if scaling == "dynamic" else 4 * BLOCK
+    idx = torch.randint(0, 32, (2, length), generator=torch.Generator().manual_seed(4))
+    full_logits, _ = model(idx)
+    torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [dict(rope_fraction=0.5, rope_scaling="llama3", rope_factor=4.0)],
+                         ids=["fraction-llama3"])
+def test_compiled_decoding_gives_the_cached_tokens(overrides):
+    """compile_decode_step (fullgraph, static shapes) traces partial rotation: the same greedy tokens as the eager
+    cache, with one graph for every step."""
+    torch.compiler.reset()
+    model = tiny_model(**overrides)
+    prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(5))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = generate_cached(model, prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
+    assert torch.equal(compiled, generate_cached(model, prompt, 4 * BLOCK, temperature=0))
+    assert torch.equal(compiled, model.generate(prompt, 4 * BLOCK, temperature=0))
+
+
+# -----------------------------------------------------------------------------
 # Flags, errors and checkpoints
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
@@ -80,9 +203,15 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--
 
 
 @pytest.mark.parametrize("argv, words", [
+    (["--rope_fraction=0"], ["rope_fraction must be in (0, 1]"]),
+    (["--rope_fraction=1.5"], ["rope_fraction must be in (0, 1]"]),
+    (["--rope_fraction=0.2"], ["int(16 x 0.2) = 3", "must be even and >= 2", "multiple of 2/16 (0.125, 0.25"]),
+    (["--rope_fraction=0.1"], ["int(16 x 0.1) = 1", "must be even and >= 2"]),
     (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
     (["--rope_scaling=llama3", "--rope_low_freq_factor=4"], ["need 0 < low < high"]),
+    (["--pos=alibi", "--rope_fraction=0.5"], ["only RoPE takes rope_fraction=0.5", "pos='alibi'"]),
     (["--pos=sinusoidal", "--rope_high_freq_factor=8"], ["only RoPE takes rope_high_freq_factor=8.0"]),
+    (["--rope_fraction=abc"], ["expected a number"]),
 ])
 def test_bad_rope_variant_flags_are_one_line_errors(capsys, argv, words):
     """train.py refuses each bad value before any work, in one line naming what is valid."""
@@ -100,13 +229,19 @@ def test_bad_sample_flags_are_one_line_errors(capsys, argv, words):
     assert all(w in err for w in words), err
 
 
+def test_a_fraction_rounding_to_an_even_number_of_dimensions_is_accepted():
+    """transformers' rotary dim is int(head_dim * fraction): 0.3 of 16 is 4 dimensions, even, so valid."""
+    _, model_config = train.parse_args([*TINY, "--rope_fraction=0.3"])
+    assert model_config.rotary_dim == 4
+
+
 def test_a_checkpoint_older_than_the_variants_loads_as_plain_rope():
     """A model_config without the new fields (tests/fixtures: written at 491106f) reads back with plain RoPE's
     values for them, so it builds the model it was and resuming compares like with like (tests/test_cli.py
     resumes it)."""
     fixture = Path(__file__).parent / "fixtures" / "ckpt_491106f_rope.pt"
     raw = torch.load(fixture, weights_only=True)["model_config"]
-    assert "rope_low_freq_factor" not in raw
+    assert "rope_fraction" not in raw
     config = load_checkpoint(fixture)["model_config"]
-    assert config == raw | dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0)
-    assert GPTConfig(**config).rope_scaling is None
+    assert config == raw | dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0)
+    assert GPTConfig(**config).rotary_dim == 8

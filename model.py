@@ -21,7 +21,8 @@ except ImportError:
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0))
+ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
+                                      nope_interval=0, nope_layers=None))
 # OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
@@ -43,6 +44,8 @@ class GPTConfig:
     rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
     rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta, those between are blended
     rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first ones (partial_rotary_factor)
+    nope_interval: int = 0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's no_rope_layer_interval; 0: none
+    nope_layers: str | None = None  # or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7
 
     def __post_init__(self):
         if self.pos not in POS_SCHEMES:
@@ -71,7 +74,7 @@ class GPTConfig:
         self._check_rope_variants()
 
     def _check_rope_variants(self):
-        """Llama 3's frequency factors and partial rotation: RoPE's settings only."""
+        """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
         changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(self, name) != plain]
         if changed and self.pos != "rope":
             given = ", ".join(f"{name}={getattr(self, name)}" for name in changed)
@@ -93,6 +96,7 @@ class GPTConfig:
         if self.rope_scaling in ("ntk", "dynamic") and self.rotary_dim < 4:
             raise ValueError(f"rope_scaling={self.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
                              f"least 4 rotated dimensions, this model rotates {self.rotary_dim}")
+        nope_layer_indices(self.n_layer, self.nope_interval, self.nope_layers)
 
     @property
     def head_dim(self):
@@ -102,6 +106,38 @@ class GPTConfig:
     def rotary_dim(self):
         """The dimensions of each head RoPE rotates, the first ones: int(head_dim * rope_fraction), as transformers."""
         return int(self.head_dim * self.rope_fraction)
+
+    @property
+    def rope_layers(self):
+        """(n_layer,) bools: whether each layer rotates q and k, False for the layers without RoPE."""
+        skipped = nope_layer_indices(self.n_layer, self.nope_interval, self.nope_layers)
+        return tuple(i not in skipped for i in range(self.n_layer))
+
+
+def nope_layer_indices(n_layer, interval=0, layers=None):
+    """The layers that skip RoPE (0-based): every interval-th, as Llama 4, or those listed in `layers` ("3,7").
+    transformers' Llama4TextConfig derives no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
+    where, despite the name, 1 marks a layer that USES RoPE (huggingface/transformers#43756: it was once inverted);
+    interval 4 of 8 layers skips 3 and 7. Never all of them: a model without RoPE anywhere is pos=none."""
+    if interval and layers is not None:
+        raise ValueError(f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
+                         "give one of them")
+    if layers is not None:
+        items = [item.strip() for item in layers.split(",")]
+        if not all(item.isdigit() and int(item) < n_layer for item in items) or len(set(items)) < len(items):
+            raise ValueError(f"nope_layers={layers!r}: give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}),"
+                             " comma-separated and each once")
+        skipped = [int(item) for item in items]
+    elif interval:
+        if not 2 <= interval <= n_layer:
+            raise ValueError(f"nope_interval={interval}: give 0 (every layer rotates) or 2 to n_layer={n_layer} "
+                             "(1 would skip RoPE in every layer: that is pos=none)")
+        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    else:
+        return []
+    if len(skipped) == n_layer:
+        raise ValueError(f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    return skipped
 
 
 # -----------------------------------------------------------------------------
@@ -526,6 +562,7 @@ class GPT(nn.Module):
         # a score_mod bias (ALiBi) through FlexAttention: None decides per call (flex_attention_applies),
         # True / False force FlexAttention / SDPA with the bias materialised (the reference)
         self.use_flex_attention = None
+        self.rope_layers = config.rope_layers  # whether each block rotates q and k: all but nope_layers / nope_interval
         self.init_weights()
 
     def init_weights(self):
@@ -585,8 +622,8 @@ class GPT(nn.Module):
         x = self.transformer.drop(pos.embed(self.transformer.wte(idx), query_pos))
         rope = pos.rotation(query_pos, seq_len)
         mask = self.attention_mask(query_pos, key_pos, cache, idx.device)
-        for block in self.transformer.h:
-            x = block(x, rope, mask, cache)
+        for block, rotates in zip(self.transformer.h, self.rope_layers):
+            x = block(x, rope if rotates else None, mask, cache)  # a layer without RoPE (nope_layers) gets none
         return self.lm_head(self.transformer.ln_f(x))
 
     def attention_mask(self, query_pos, key_pos, cache, device):

@@ -198,6 +198,8 @@ def describe(model):
     pos = c.pos
     if c.rope_fraction < 1:
         pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
+    if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
+        pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
     return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
 
 

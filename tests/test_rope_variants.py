@@ -1,7 +1,8 @@
 """The RoPE variants released models ship, each against Hugging Face transformers where it has one (the parity
 tests skip without it): Llama 3's frequency scaling (rope_scaling="llama3", its parity test in
-tests/test_rope_scaling.py) and partial rotation (rope_fraction, transformers' partial_rotary_factor). The rest run
-on the model's own functions, float64 where the point is exactness, tiny shapes and fixed seeds.
+tests/test_rope_scaling.py), partial rotation (rope_fraction, transformers' partial_rotary_factor) and layers
+without RoPE (nope_interval as Llama 4, or nope_layers). The rest run on the model's own functions, float64 where
+the point is exactness, tiny shapes and fixed seeds.
 """
 
 import math
@@ -14,8 +15,8 @@ import sample
 import train
 from generation import KVCache, generate_cached
 from helpers import error_line
-from model import (GPT, ROPE_SCALINGS, GPTConfig, RotaryPositions, apply_rope, llama3_inv_freq, rope_cos_sin,
-                   rope_frequencies, rope_inv_freq)
+from model import (GPT, ROPE_SCALINGS, GPTConfig, RotaryPositions, apply_rope, llama3_inv_freq, nope_layer_indices,
+                   rope_cos_sin, rope_frequencies, rope_inv_freq)
 from plumbing.checkpoint import load_checkpoint
 
 BLOCK = 16
@@ -30,6 +31,21 @@ def tiny_model(seed=0, **overrides):
 def transformers_or_skip():
     return pytest.importorskip("transformers", reason="the parity tests need Hugging Face transformers: "
                                                       "pip install transformers")
+
+
+@torch.no_grad()
+def attention_arguments(model, idx):
+    """What GPT.run hands each block's attention, running model(idx): per layer (x, rope, mask, cache), rope
+    being (cos, sin) or None."""
+    seen = {}
+    hooks = [block.attn.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args))
+             for i, block in enumerate(model.transformer.h)]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [seen[i] for i in range(len(model.transformer.h))]
 
 
 def uniform(low, high, generator):
@@ -181,11 +197,12 @@ def test_partial_rotation_cached_logits_equal_the_full_forward_with_every_scalin
     torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [dict(rope_fraction=0.5, rope_scaling="llama3", rope_factor=4.0)],
-                         ids=["fraction-llama3"])
+@pytest.mark.parametrize("overrides", [dict(rope_fraction=0.5, rope_scaling="llama3", rope_factor=4.0),
+                                       dict(nope_interval=2), dict(nope_layers="0")],
+                         ids=["fraction-llama3", "interval", "list"])
 def test_compiled_decoding_gives_the_cached_tokens(overrides):
-    """compile_decode_step (fullgraph, static shapes) traces partial rotation: the same greedy tokens as the eager
-    cache, with one graph for every step."""
+    """compile_decode_step (fullgraph, static shapes) traces partial rotation and the layers without RoPE:
+    the same greedy tokens as the eager cache, with one graph for every step."""
     torch.compiler.reset()
     model = tiny_model(**overrides)
     prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(5))
@@ -193,6 +210,54 @@ def test_compiled_decoding_gives_the_cached_tokens(overrides):
         compiled = generate_cached(model, prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
     assert torch.equal(compiled, generate_cached(model, prompt, 4 * BLOCK, temperature=0))
     assert torch.equal(compiled, model.generate(prompt, 4 * BLOCK, temperature=0))
+
+
+# -----------------------------------------------------------------------------
+# Layers without RoPE
+
+
+def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
+    """Llama 4's no_rope_layer_interval = 4 over 8 layers: layers 3 and 7 (0-based) have no RoPE. transformers'
+    Llama4TextConfig derives no_rope_layers = [int((i + 1) % 4 != 0)], 1 marking a layer that uses RoPE (the flag
+    shipped inverted once, huggingface/transformers#43756); the model hands those two layers no rotation."""
+    config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=8, n_head=2, n_embd=16, nope_interval=4)
+    assert nope_layer_indices(8, interval=4) == [3, 7]
+    assert config.rope_layers == (True, True, True, False, True, True, True, False)
+    assert GPTConfig(**{**vars(config), "nope_interval": 0, "nope_layers": "3,7"}).rope_layers == config.rope_layers
+    given = attention_arguments(GPT(config).eval(), torch.zeros(1, 4, dtype=torch.long))
+    assert [i for i, (x, rope, *_) in enumerate(given) if rope is None] == [3, 7]
+    try:
+        from transformers import Llama4TextConfig
+    except ImportError:
+        return  # transformers' derivation is reproduced above; compared when it is installed
+    hf = Llama4TextConfig(num_hidden_layers=8, no_rope_layer_interval=4)
+    assert hf.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0] == [int(rotates) for rotates in config.rope_layers]
+
+
+def test_a_nope_layers_scores_ignore_the_distance_while_a_rope_layers_do_not():
+    """The same token repeated: with pos=rope nothing else varies along the sequence, so every layer's input is
+    the same at every position (each attention averages equal values). A layer without RoPE then scores every key
+    alike, whatever its distance to the query; a layer with RoPE scores them by distance."""
+    model = tiny_model(n_layer=2, nope_layers="1")
+    for layer, (x, rope, *_) in enumerate(attention_arguments(model, torch.full((1, 12), 7))):
+        rotates, attn = model.rope_layers[layer], model.transformer.h[layer].attn
+        q, k, _ = attn.c_attn(x).view(1, 12, 3, 2, 16).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        scores = (q @ k.transpose(-2, -1))[0]  # (nh, T, T): query i, key j
+        last_row = scores[:, -1]  # the last query against keys at distances 11 .. 0
+        spread = (last_row.max(-1).values - last_row.min(-1).values).max().item()
+        assert (spread > 1e-3) if rotates else (spread < 1e-5), (layer, rotates, spread)
+    assert model.rope_layers == (True, False)
+
+
+@pytest.mark.parametrize("overrides", [dict(nope_interval=2, n_layer=4), dict(nope_layers="0,2", n_layer=3)])
+def test_nope_layers_cached_logits_equal_the_full_forward(overrides):
+    """The KV cache of a layer without RoPE holds its keys as computed: prefill + steps = the full forward."""
+    model = tiny_model(**overrides)
+    idx = torch.randint(0, 32, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(6))
+    full_logits, _ = model(idx)
+    torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=4), full_logits, rtol=0, atol=1e-5)
 
 
 # -----------------------------------------------------------------------------
@@ -207,9 +272,15 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--
     (["--rope_fraction=1.5"], ["rope_fraction must be in (0, 1]"]),
     (["--rope_fraction=0.2"], ["int(16 x 0.2) = 3", "must be even and >= 2", "multiple of 2/16 (0.125, 0.25"]),
     (["--rope_fraction=0.1"], ["int(16 x 0.1) = 1", "must be even and >= 2"]),
+    (["--nope_layers=0,2"], ["nope_layers='0,2': give layer indices from 0 to 1", "comma-separated and each once"]),
+    (["--nope_layers=1,1"], ["each once"]),
+    (["--nope_layers=0,1"], ["skips RoPE in every layer: that is pos=none"]),
+    (["--nope_interval=3"], ["give 0 (every layer rotates) or 2 to n_layer=2"]),
+    (["--nope_interval=2", "--nope_layers=1"], ["give one of them"]),
     (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
     (["--rope_scaling=llama3", "--rope_low_freq_factor=4"], ["need 0 < low < high"]),
     (["--pos=alibi", "--rope_fraction=0.5"], ["only RoPE takes rope_fraction=0.5", "pos='alibi'"]),
+    (["--pos=learned", "--nope_interval=2"], ["only RoPE takes nope_interval=2"]),
     (["--pos=sinusoidal", "--rope_high_freq_factor=8"], ["only RoPE takes rope_high_freq_factor=8.0"]),
     (["--rope_fraction=abc"], ["expected a number"]),
 ])
@@ -229,6 +300,51 @@ def test_bad_sample_flags_are_one_line_errors(capsys, argv, words):
     assert all(w in err for w in words), err
 
 
+@pytest.fixture(scope="module")
+def variant_run(tmp_path_factory):
+    """A two-step run with a quarter of each head rotating and layer 1 of 2 without RoPE."""
+    out_dir = tmp_path_factory.mktemp("variants") / "run"
+    train.main([*TINY, "--rope_fraction=0.25", "--nope_interval=2", f"--out_dir={out_dir}"])
+    return out_dir
+
+
+def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(variant_run, capsys):
+    """asdict(GPTConfig) puts every new field in model_config; sample.py rebuilds that model and runs Llama 3
+    scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the reference
+    sampler agreeing."""
+    config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]
+    assert {k: config[k] for k in ("rope_fraction", "nope_interval", "nope_layers", "rope_low_freq_factor",
+                                   "rope_high_freq_factor")} == dict(rope_fraction=0.25, nope_interval=2,
+                                                                     nope_layers=None, rope_low_freq_factor=1.0,
+                                                                     rope_high_freq_factor=4.0)
+    flags = [f"--out_dir={variant_run}", "--rope_scaling=llama3", "--rope_factor=4", "--rope_low_freq_factor=0.5",
+             "--rope_high_freq_factor=8", "--temperature=0", "--stream=off", f"--max_new_tokens={4 * BLOCK}"]
+    loaded, cached, _ = sample.main(flags)
+    out = capsys.readouterr().out
+    c = loaded.model.config
+    assert (c.rope_scaling, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor) == ("llama3", 4, 0.5, 8)
+    assert "pos=rope on 4 of each head's 16 dims (none in layer 1), trained length 16 tokens, rope scaling llama3 " \
+           "x4 (frequency factors 0.5 and 8)" in out
+    _, reference, _ = sample.main([*flags, "--kv_cache=off"])
+    assert cached == reference and len(cached[0]) == 1 + 4 * BLOCK
+
+
+def test_a_llama3_fine_tune_records_its_factors_and_scales_against_the_first_length(variant_run, tmp_path):
+    """train.py --init_from with --rope_scaling=llama3: the factors and rope_original_len = the source's T are
+    recorded, and the model rebuilt from the checkpoint has llama3's frequencies for them."""
+    out_dir = tmp_path / "llama3"
+    train.main(["--init_from", str(variant_run), f"--block_size={2 * BLOCK}", "--rope_scaling=llama3",
+                "--rope_factor=2", "--rope_high_freq_factor=8", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
+                "--batch_size=2", "--device=cpu", "--compile=false", f"--out_dir={out_dir}"])
+    config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]
+    assert (config["rope_scaling"], config["rope_original_len"], config["rope_high_freq_factor"]) == ("llama3", 16, 8.0)
+    assert (config["rope_fraction"], config["nope_interval"]) == (0.25, 2)  # the source's, kept
+    loaded = sample.load(out_dir, "cpu")
+    inv_freq, _ = rope_frequencies(4, scaling="llama3", factor=2.0, original_len=16, high_freq_factor=8.0)
+    cos, _ = rope_cos_sin(torch.arange(2 * BLOCK), inv_freq)
+    assert torch.equal(loaded.model.transformer.wpe.cos, cos)
+
+
 def test_a_fraction_rounding_to_an_even_number_of_dimensions_is_accepted():
     """transformers' rotary dim is int(head_dim * fraction): 0.3 of 16 is 4 dimensions, even, so valid."""
     _, model_config = train.parse_args([*TINY, "--rope_fraction=0.3"])
@@ -243,5 +359,6 @@ def test_a_checkpoint_older_than_the_variants_loads_as_plain_rope():
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw
     config = load_checkpoint(fixture)["model_config"]
-    assert config == raw | dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0)
-    assert GPTConfig(**config).rotary_dim == 8
+    assert config == raw | dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
+                                nope_interval=0, nope_layers=None)
+    assert GPTConfig(**config).rope_layers == (True,) and GPTConfig(**config).rotary_dim == 8

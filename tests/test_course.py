@@ -87,6 +87,8 @@ def test_the_table_is_in_teaching_order_and_names_what_exists():
         assert e.difficulty in DIFFICULTIES and 1 <= len(e.hints) <= 2 and e.minutes > 0 and e.tests, e.id
     assert "4-rope-rotate-queries-and-keys-scores-depend-on-the-offset" in lesson_anchors((ROOT / "docs/lesson.md")
                                                                                          .read_text())
+    students_page = (ROOT / "docs/exercises.md").read_text()
+    assert all(f"| {e.id} | {e.title} |" in students_page and f"**{e.id}, " in students_page for e in EXERCISES)
 
 
 SAMPLE = '''import torch

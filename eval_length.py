@@ -17,7 +17,7 @@ a count of tokens, the same for every checkpoint: 64, 256, 8t.
 Rows, one per checkpoint and method; the method is the CSV's scaling column:
   plain    the checkpoint as trained. One fine-tuned with a RoPE extension (its model_config records a
            rope_scaling) is evaluated as recorded, at its own factor, and its row is labelled with that scaling.
-  linear, ntk, dynamic, yarn
+  linear, ntk, dynamic, yarn, llama3
            RoPE checkpoints without a recorded extension: that extension at factor s = max(1, L / T), without
            retraining (as sample.py --rope_scaling sets it). At L <= T, s = 1 and each is plain (measured once).
   window   learned only. It has no positions past T, so its plain row is n/a there (never clamped or wrapped);
@@ -51,17 +51,28 @@ from data.common import dataset_dir, load_meta
 from plumbing.evaluation import validation_tokens, window_bytes, window_losses, window_starts
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
+from plumbing.retrieval import count_correct, passkey_batch, wilson_interval
+from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
 from model import ROPE_SCALINGS, GPTConfig
 
 CSV_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
+PASSKEY_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "depth", "trials", "correct", "accuracy",
+                   "ci_low", "ci_high")
+TASKS = ("loss", "passkey")
+DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T (0.5, 1, 2, 4, 8), above it tokens (64, 256)
 
 
 @dataclass
 class EvalConfig:
     checkpoints: list[str]  # out_dirs of train.py runs (best.pt, else ckpt.pt) or checkpoint files
-    lengths: str = "0.5,1,2,4,8"  # comma-separated; 2 or 2x: 2 x T; 256 or 256t: 256 tokens (bare > 16: tokens)
+    task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
+    lengths: str | None = None  # comma-separated; 2 or 2x: 2 x T; 256 or 256t: 256 tokens (bare > 16: tokens);
+    #                             None: 0.5,1,2,4,8 for loss, 1,2,4,8 for passkey
+    depths: str = "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler before it
+    trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
+    passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
     rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions run at s = L/T
     max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
     batch_size: int = 8  # windows per forward pass
@@ -74,8 +85,14 @@ class EvalConfig:
     progress: bool = True  # a progress bar on stderr
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
-        for name in ("max_windows", "batch_size", "bucket"):
+        parse_depths(self.depths)
+        if self.task == "passkey" and self.positions_csv:
+            raise ValueError("--positions_csv is the loss at every position: --task=loss only")
+        for name in ("max_windows", "batch_size", "bucket", "trials"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
@@ -92,7 +109,7 @@ class EvalConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> EvalConfig; a mistake exits with status 2 and one line."""
     values = parse_flags(argv, "eval_length.py", __doc__, [("evaluation", EvalConfig, None)],
-                         choices={"rope_scalings": ROPE_SCALINGS}, positional=("checkpoints",))
+                         choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS}, positional=("checkpoints",))
     with one_line_errors("eval_length.py"):
         return EvalConfig(**values)
 
@@ -134,6 +151,20 @@ def parse_lengths(text):
     return lengths
 
 
+def parse_depths(text):
+    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the question)."""
+    depths = []
+    for item in text.split(","):
+        try:
+            depth = float(item)
+        except ValueError:
+            depth = math.nan
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"--depths: {item.strip()!r} is not a depth; give fractions from 0 to 1 such as 0,0.5,1")
+        depths.append(depth)
+    return sorted(set(depths))
+
+
 # -----------------------------------------------------------------------------
 # Checkpoints, and what to measure on each
 
@@ -145,7 +176,7 @@ class Source:
     name: str  # as given on the command line
     path: Path
     ckpt: dict
-    tokens: object  # the val split (np.memmap)
+    tokens: object  # the val split (np.memmap); None for the passkey task
 
     @property
     def config(self):
@@ -165,14 +196,17 @@ class Source:
         return ["plain", *extra]
 
 
-def open_source(name, dataset=None):
-    """Load a checkpoint (folder or file) and its dataset's val split; a one-line CheckpointError or ValueError
-    for a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else."""
+def open_source(name, dataset=None, task="loss"):
+    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line CheckpointError or
+    ValueError for a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else.
+    The passkey task makes its own samples (plumbing/retrieval.py) and reads no split."""
     given = Path(name)
     if not given.exists():
         raise CheckpointError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
     ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
+    if task == "passkey":
+        return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
         raise CheckpointError(f"{path}: records no training dataset; say which with --dataset")
@@ -264,19 +298,32 @@ def same_as_plain(source, method, length):
     return applied_here and length <= source.block_size
 
 
-def evaluate(sources, lengths, cfg, device):
-    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]
-    A row that is the plain model at some length (same_as_plain) reuses plain's measure there."""
-    plan = []  # (source, method, L, window starts)
+def planned(sources, lengths, cfg, reference=True):
+    """(source, method, L) for every row at every length where it is available and not the plain model's
+    (same_as_plain), and with reference each checkpoint's own row at L = T, the loss ratios' reference."""
     for source in sources:
         asked = sorted(set(lengths_for(source, lengths).values()))
         for i, method in enumerate(source.methods(cfg.rope_scalings)):
-            for n in sorted({*asked, source.block_size}) if i == 0 else asked:
+            for n in sorted({*asked, source.block_size}) if i == 0 and reference else asked:
                 if available(source, method, n) and not same_as_plain(source, method, n):
-                    plan.append((source, method, n, window_starts(len(source.tokens), n, cfg.max_windows)))
+                    yield source, method, n
+
+
+def gather(results, source, method, n, missing):
+    """What results holds for a row at L: plain's measure where the row is the plain model (same_as_plain)."""
+    return results.get((source.name, "plain" if same_as_plain(source, method, n) else method, n), missing)
+
+
+def progress_bar(total, unit, cfg):
+    return tqdm(total=total, unit=unit, disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+
+
+def evaluate(sources, lengths, cfg, device):
+    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]"""
+    plan = [(source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
+            for source, method, n in planned(sources, lengths, cfg)]
     results = {}
-    with tqdm(total=sum(len(starts) for *_, starts in plan), unit="window", disable=not cfg.progress,
-              file=sys.stderr, dynamic_ncols=True) as bar:
+    with progress_bar(sum(len(starts) for *_, starts in plan), "window", cfg) as bar:
         for source, method, n, starts in plan:
             bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
             model = model_for(source, method, n, device)
@@ -287,12 +334,81 @@ def evaluate(sources, lengths, cfg, device):
         methods = source.methods(cfg.rope_scalings)
         reference = results[source.name, methods[0], source.block_size].loss
         for method in methods:
-            measures = {n: results.get((source.name, "plain" if same_as_plain(source, method, n) else method, n),
-                                       Measure(n, 0))
+            measures = {n: gather(results, source, method, n, Measure(n, 0))
                         for n in lengths_for(source, lengths).values()}
             rows.append(Row(source.name, source.config["pos"], method, source.block_size, label(source, method),
                             measures, reference))
     return rows
+
+
+# -----------------------------------------------------------------------------
+# Passkey retrieval (plumbing/retrieval.py, data/passkey/task.py)
+
+
+@dataclass
+class Retrieval:
+    length: int  # L, in tokens: the whole sample, the answer's five digits last
+    depth: float  # where the key was stated, as a fraction of the filler before it
+    trials: int  # 0: not available (learned past its table)
+    correct: int  # trials whose five digits were all the argmax
+
+    @property
+    def accuracy(self):
+        return self.correct / self.trials if self.trials else None
+
+
+def passkey_vocabulary(source):
+    """{char: id} of a checkpoint trained on the passkey vocabulary; ValueError (one line) for any other."""
+    chars = source.ckpt.get("meta", {}).get("chars") or []
+    missing = sorted(set(PASSKEY_CHARS).difference(chars))
+    if missing:
+        raise ValueError(f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
+                         f"(python train.py --config configs/passkey.toml); its vocabulary lacks {''.join(missing)!r}")
+    return {c: i for i, c in enumerate(chars)}
+
+
+def evaluate_passkey(sources, lengths, depths, cfg, device):
+    """cfg.trials samples at every (row, length, depth); a row that is the plain model at some length reuses
+    plain's there. -> [Row] whose measures are {L: [Retrieval per depth]}"""
+    plan = list(planned(sources, lengths, cfg, reference=False))
+    results = {}
+    with progress_bar(len(plan) * len(depths) * cfg.trials, "trial", cfg) as bar:
+        for source, method, n in plan:
+            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
+            model, stoi = model_for(source, method, n, device), passkey_vocabulary(source)
+            cells = []
+            for depth in depths:
+                tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
+                cells.append(Retrieval(n, depth, cfg.trials,
+                                       count_correct(model, tokens.to(device), answer_start, cfg.batch_size)))
+                bar.update(cfg.trials)
+            results[source.name, method, n] = cells
+    return [Row(source.name, source.config["pos"], method, source.block_size, label(source, method),
+                {n: gather(results, source, method, n, [Retrieval(n, d, 0, 0) for d in depths])
+                 for n in lengths_for(source, lengths).values()}, None)
+            for source in sources for method in source.methods(cfg.rope_scalings)]
+
+
+def pooled(cells):
+    """Retrieval cells pooled over depths: (correct, trials)."""
+    return sum(c.correct for c in cells), sum(c.trials for c in cells)
+
+
+def passkey_table(rows, lengths, depths, trials):
+    """One line per row, one column per length: the exact-match rate pooled over depths and its 95% interval."""
+    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
+    lines = []
+    for row in rows:
+        cells = []
+        for length in lengths:
+            correct, n = pooled(row.measures[length.tokens(row.block_size)])
+            low, high = wilson_interval(correct, n)
+            cells.append("n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]")
+        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
+    caption = (f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
+               f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
+               "n/a: no positions past T")
+    return "\n".join([caption, "", report.markdown_table(head, lines)])
 
 
 # -----------------------------------------------------------------------------
@@ -344,6 +460,50 @@ def write_positions_csv(path, rows):
                                                           for p, loss in enumerate(m.positions)])
 
 
+def write_passkey_csv(path, rows):
+    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where n/a."""
+    lines = []
+    for row in rows:
+        for n, cells in row.measures.items():
+            for c in cells:
+                low, high = wilson_interval(c.correct, c.trials) if c.trials else (None, None)
+                lines.append([row.checkpoint, row.pos, row.scaling, row.block_size, n, f"{c.depth:g}", c.trials,
+                              c.correct, fmt(c.accuracy, 4), fmt(low, 4), fmt(high, 4)])
+    write_table("csv", path, PASSKEY_COLUMNS, lines)
+
+
+def plot_needles(path, rows):
+    """The needle-in-a-haystack heatmap, one panel per row of the table: length across, depth down, the
+    exact-match rate as colour (red 0, green 1; grey: not available), each cell labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(4, len(rows))
+    lines = math.ceil(len(rows) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
+    for ax in axes.flat[len(rows):]:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, rows):
+        lengths = sorted(row.measures)
+        depths = [c.depth for c in row.measures[lengths[0]]]
+        grid = torch.tensor([[math.nan if c.accuracy is None else c.accuracy for c in row.measures[n]]
+                             for n in lengths]).T  # (depths, lengths)
+        cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
+        ax.imshow(grid.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for (i, j), value in zip(((i, j) for i in range(len(depths)) for j in range(len(lengths))), grid.flatten()):
+            ax.text(j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
+        ax.set_ylabel("depth of the key", fontsize=7)
+        ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
+    fig.tight_layout()
+    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
+    plt.close(fig)
+
+
 def bucketed(positions, bucket):
     """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be short."""
     points = torch.tensor(positions, dtype=torch.float64).split(bucket)
@@ -370,7 +530,7 @@ def plot(path, rows, bucket=1):
     import matplotlib.pyplot as plt
 
     styles = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "dynamic": (0, (3, 1, 1, 1, 1, 1)),
-              "yarn": (0, (6, 2))}
+              "yarn": (0, (6, 2)), "llama3": (0, (8, 2, 1, 2))}
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(dict.fromkeys(row.checkpoint for row in rows))}
     fig, (by_position, by_length) = plt.subplots(1, 2, figsize=(16, 6))
     for row in rows:
@@ -406,6 +566,21 @@ def check_windows(source, length, cfg, device):
                  "lower --lengths or --batch_size")
 
 
+def check_passkey(source, length, cfg, device):
+    """ValueError (one line) if a passkey sample of `length` tokens cannot be made (one key and its question need
+    13), or a batch of them would not fit in the memory available."""
+    passkey_vocabulary(source)
+    try:
+        filler_length(length, 1)
+    except ValueError:
+        raise ValueError(f"--lengths: {length} tokens of {source.name} cannot hold a key and its question (13 "
+                         "tokens): choose longer lengths") from None
+    batch = min(cfg.batch_size, cfg.trials)
+    check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
+                 f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
+                 "lower --lengths or --batch_size")
+
+
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     cfg = parse_args(argv)
@@ -413,11 +588,14 @@ def main(argv=None):
     with one_line_errors("eval_length.py", status=1, errors=(CheckpointError, RunError, UsageError, ValueError)):
         device = resolve_device(cfg.device)
         check_device(device)
-        sources = [open_source(name, cfg.dataset) for name in cfg.checkpoints]
+        sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
         check_outputs(cfg.outputs, inputs=[source.path for source in sources])  # before the work, not after it
+        check = check_passkey if cfg.task == "passkey" else check_windows
         for source in sources:  # every length is checked before any work
             for n in lengths_for(source, lengths).values():
-                check_windows(source, n, cfg, device)
+                check(source, n, cfg, device)
+        if cfg.task == "passkey":
+            return passkey_main(cfg, sources, lengths, device)
         rows = evaluate(sources, lengths, cfg, device)
         print(markdown_table(rows, lengths))
         if cfg.csv:
@@ -426,6 +604,17 @@ def main(argv=None):
             write_positions_csv(cfg.positions_csv, rows)
         if cfg.plot:
             plot(cfg.plot, rows, cfg.bucket)
+    return rows
+
+
+def passkey_main(cfg, sources, lengths, device):
+    depths = parse_depths(cfg.depths)
+    rows = evaluate_passkey(sources, lengths, depths, cfg, device)
+    print(passkey_table(rows, lengths, depths, cfg.trials))
+    if cfg.csv:
+        write_passkey_csv(cfg.csv, rows)
+    if cfg.plot:
+        plot_needles(cfg.plot, rows)
     return rows
 
 

@@ -32,9 +32,10 @@ DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
 FILES = ("train.bin", "val.bin", "meta.json")
 TOKENIZERS = ("char", "gpt2")
-# Datasets whose text ships with the repo, so ensure_prepared can build them on first use, offline
+# Datasets whose text ships with the repo (or, for passkey, is generated), so ensure_prepared can build them on
+# first use, offline
 # (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
-EMBEDDED = ("shakespeare_char", "shakespeare")
+EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
 REPLACE_HELP = "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
 
 
@@ -84,6 +85,14 @@ def _check_meta(meta, where) -> None:
         if (not isinstance(chars, list) or len(chars) != meta["vocab_size"]
                 or not all(isinstance(c, str) and len(c) == 1 for c in chars)):
             raise bad("a char dataset needs chars: a list of vocab_size single characters")
+    if "sample_length" in meta:
+        length = meta["sample_length"]
+        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+            raise bad(f"sample_length must be an int >= 2, got {length!r}")
+        for split in SPLITS:
+            if meta[f"{split}_tokens"] % length:
+                raise bad(f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
+                          f"sample_length {length}")
 
 
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
@@ -99,6 +108,8 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     }
     if "chars" in meta:
         full["chars"] = list(meta["chars"])
+    if "sample_length" in meta:
+        full["sample_length"] = meta["sample_length"]
     _check_meta(full, "meta")
     return full
 
@@ -533,6 +544,9 @@ class BatchSampler:
     - each split has its own stream: evaluating on val does not shift the training batches,
     - the state is the number of batches drawn per split, which every rank shares: a checkpoint saved by
       rank 0 resumes each rank's own stream exactly (a saved generator state would only resume rank 0's).
+
+    A dataset of fixed-length samples (meta.json's sample_length, e.g. data/passkey) is read in windows that
+    start where a sample starts: with block_size + 1 = sample_length each window is one whole sample.
     """
 
     def __init__(self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0):
@@ -546,6 +560,7 @@ class BatchSampler:
         self.seed, self.rank = seed, rank
         meta = load_meta(self.data_dir)
         self.dtype = np.dtype(meta["dtype"])
+        self.sample_length = meta.get("sample_length", 1)  # 1: a window may start at any token
         for split in SPLITS:
             check_split(self.data_dir, split, meta, block_size)
         self.batches = dict.fromkeys(SPLITS, 0)  # batches drawn so far, per split
@@ -564,7 +579,8 @@ class BatchSampler:
         self.batches[split] += 1
         data = np.memmap(self.data_dir / f"{split}.bin", dtype=self.dtype, mode="r")
         T = self.block_size
-        ix = torch.randint(len(data) - T, (self.batch_size,), generator=self.generator).numpy()
+        starts = (len(data) - T - 1) // self.sample_length + 1  # window starts that leave T + 1 tokens
+        ix = torch.randint(starts, (self.batch_size,), generator=self.generator).numpy() * self.sample_length
         windows = torch.from_numpy(data[ix[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1), one read
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each; y[:, t] follows x[:, t]
         if self.device.type == "cuda":

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
 ENTRY_POINTS = ("train", "sample", "eval_length", "bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
                 "course.__main__")
-SHARED_MODULES = ("model", "generation", "plumbing.*", "data.common", "course.*")
+SHARED_MODULES = ("model", "generation", "plumbing.*", "data.common", "data.passkey.task", "course.*")
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])

@@ -1,0 +1,74 @@
+"""
+The passkey retrieval dataset (data/passkey/task.py), in the repository's format with its own 63-character
+vocabulary: samples of exactly block_size + 1 characters, one after another, so that train.py's windows
+(meta.json's sample_length) each hold one whole sample.
+
+    python -m data.passkey.prepare                          # data/passkey: T = 64, for configs/passkey.toml
+    python -m data.passkey.prepare --block_size 256         # data/passkey_ctx256: for fine-tuning at 256
+    python train.py --config configs/passkey.toml --pos=alibi
+
+Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each from its own
+random stream, so nothing the evaluator asks for was ever trained on.
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from data.common import REPLACE_HELP, dataset_dir, exit_on_user_error, summarize, write_dataset
+from data.passkey.task import CHARS, training_sample
+
+TRAIN_SAMPLES, VAL_SAMPLES = 40_000, 1_000
+NEEDLES = 3  # keys per training sample: 1 to this many
+
+
+def default_name(block_size):
+    return "passkey" if block_size == 64 else f"passkey_ctx{block_size}"
+
+
+def encode(samples):
+    stoi = {c: i for i, c in enumerate(CHARS)}
+    return np.array([stoi[c] for sample in samples for c in sample.text], dtype=np.int64)
+
+
+def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES,
+            val_samples=VAL_SAMPLES, needles=NEEDLES):
+    """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written. train.py
+    calls prepare(data/passkey) itself on first use, as for the Shakespeare datasets (data.common.EMBEDDED)."""
+    length = block_size + 1  # a window of block_size inputs and their block_size next-token targets
+    splits = {}
+    for i, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+        rng = np.random.default_rng([seed, i])  # one stream per split
+        splits[split] = encode(training_sample(rng, length, needles, split) for _ in range(count))
+    meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "sample_length": length}
+    out_dir = out_dir or dataset_dir(default_name(block_size))
+    return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m data.passkey.prepare",
+                                     description="Make data/passkey (or data/passkey_ctxN) for retrieval training.")
+    parser.add_argument("--block_size", type=int, default=64, help="the context the samples fill (T)")
+    parser.add_argument("--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the keys, markers and filler")
+    parser.add_argument("--train_samples", type=int, default=TRAIN_SAMPLES)
+    parser.add_argument("--val_samples", type=int, default=VAL_SAMPLES)
+    parser.add_argument("--needles", type=int, default=NEEDLES, help="keys per training sample: 1 to this many")
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    args = parser.parse_args(argv)
+    for flag in ("block_size", "train_samples", "val_samples", "needles"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.name is not None and (Path(args.name).name != args.name or args.name in ("", ".", "..")):
+        parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
+    if args.block_size < 16:
+        parser.error(f"--block_size must be >= 16 (a statement and its question take 13 characters), "
+                     f"got {args.block_size}")
+    with exit_on_user_error():
+        meta = prepare(dataset_dir(args.name or default_name(args.block_size)), args.replace, args.block_size,
+                       args.seed, args.train_samples, args.val_samples, args.needles)
+    print(summarize(dataset_dir(args.name or default_name(args.block_size)), meta))
+
+
+if __name__ == "__main__":
+    main()

@@ -63,10 +63,12 @@ def make(argv):
           f"{len(notes.functions)} function bodies to write")
     for exercise in exercises:
         print(f"  {exercise.id:<5} {exercise.title}: {', '.join(exercise.functions)}")
-    print("instructor notes: " + ("no docs page quoted a stripped body" if not notes.pages_changed else
-                                  "docs passages replaced in the copy:"))
-    for change in notes.pages_changed:
-        print(f"  {change['page']}:{change['line']}: {change['why']}")
+    found = [(c, "replaced by a note in the copy") for c in notes.pages_changed]
+    found += [(c, "left out of the copy (a test no exercise grades)") for c in notes.left_out]
+    found += [(c, "copied as is: fix it at the source") for c in notes.leaks]
+    print("instructor notes: " + ("no file quotes a stripped body" if not found else "files quoting a stripped body:"))
+    for change, done in found:
+        print(f"  {change['page']}:{change['line']} {change['why']}: {done}")
     print(f"grade it: python -m course grade {cfg.out_dir}")
     return 0
 

@@ -78,6 +78,7 @@ EXERCISES = (
                *properties("test_rope_inv_freq_is_base_to_the_minus_2i_over_d",
                            "test_rope_cos_sin_turn_each_pair_by_position_times_theta",
                            "test_apply_rope_turns_each_half_pair_by_plus_the_angle",
+                           "test_apply_rope_turns_only_the_first_d_dimensions",
                            "test_apply_rope_worked_by_hand",
                            "test_rope_scores_depend_only_on_the_offset_at_random_sizes")),
         difficulty="medium", minutes=30,

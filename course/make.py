@@ -2,9 +2,12 @@
 python -m course make OUT_DIR: a student copy of this repository. The files git tracks are copied (never .git,
 __pycache__, runs or datasets git ignores), and in each chosen exercise's functions the body after the docstring
 becomes `raise NotImplementedError("exercise N: <title>; see docs/lesson.md#<section>")`, cut from the syntax tree
-(course/source.py): the solution's code carries no markers. A docs page quoting a stripped body would hand the
-answer out, so such passages are replaced in the copy and listed in the instructor notes. .course.json records
-what was stripped, which is how `python -m course grade` tells a copy.
+(course/source.py): the solution's code carries no markers.
+
+No file of the copy may quote a stripped body (course/source.py's telling lines). A docs page that does has the
+passage replaced by a note; a test file that does and grades no exercise is left out; any other file is copied
+and reported, for the instructor to fix at the source. The instructor notes (printed, and in .course.json) list
+each. .course.json records what was stripped, which is how `python -m course grade` tells a copy.
 """
 
 import json
@@ -16,8 +19,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course.exercises import LESSON
-from course.source import SourceError, body_lines, body_span, replace_bodies, split_lines, stub_line, telling_lines
+from course.exercises import EXERCISES, LESSON
+from course.source import (TELLING, SourceError, body_lines, body_span, replace_bodies, split_lines, stub_line,
+                           telling_lines)
 from plumbing.cli import RunError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +31,13 @@ OMITTED = "(Left out of the course copy: this passage quoted the solution of {wh
 
 @dataclass
 class Notes:
-    """What make did, for the instructor: the files copied, and each docs passage it replaced and why."""
+    """What make did, for the instructor: the files copied, and each quote of a solution it found and what it did."""
 
     files: int = 0
     functions: list = field(default_factory=list)  # "model:apply_rope" of every stripped body
-    pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per replaced passage
+    pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per docs passage replaced
+    left_out: list = field(default_factory=list)  # {"page", "line", "why"} per test file not copied
+    leaks: list = field(default_factory=list)  # {"page", "line", "why"}: copied as is, to be fixed at the source
 
 
 def module_path(module):
@@ -124,12 +130,48 @@ def scrub_page(text, telling):
 
 
 def telling_lines_of(exercises, bodies):
+    """{telling line: "exercise N (module:function)"} of the stripped bodies."""
     telling = {}
     for exercise in exercises:
         for spec in exercise.functions:
             for line in telling_lines(bodies[spec]):
                 telling.setdefault(line, f"exercise {exercise.number} ({spec})")
     return telling
+
+
+def quotes(text, telling):
+    """[(line number, what)] of the lines of a file that quote a telling line."""
+    found = []
+    for n, line in enumerate(split_lines(text), 1):
+        flat = " ".join(line.split())
+        what = None if len(flat) < TELLING else next((what for quoted, what in telling.items() if quoted in flat), None)
+        if what:
+            found.append((n, what))
+    return found
+
+
+def graded_test_files():
+    return {node.split("::")[0] for exercise in EXERCISES for node in exercise.tests}
+
+
+def handle_quotes(source, files, telling, texts, notes):
+    """Scrub the docs pages, leave out the ungraded test files, and report any other file that quotes a stripped
+    body. Fills texts (what to write instead) and notes. -> the files to copy"""
+    kept = []
+    for name in files:
+        text = texts.get(Path(name)) or ((source / name).read_text() if name.endswith((".md", ".py")) else "")
+        found = quotes(text, telling)
+        if found and name.endswith(".md"):
+            texts[Path(name)], changes = scrub_page(text, telling)
+            notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
+        elif found and name.startswith("tests/test_") and name not in graded_test_files():
+            notes.left_out.append({"page": name, "line": found[0][0], "why": f"quotes the solution of {found[0][1]}"})
+            continue
+        elif found:
+            notes.leaks += [{"page": name, "line": line, "why": f"quotes the solution of {what}"}
+                            for line, what in found]
+        kept.append(name)
+    return kept
 
 
 def check_out_dir(out_dir, source):
@@ -148,13 +190,9 @@ def make_copy(out_dir, exercises, source=ROOT):
     files = tracked_files(source)
     texts, bodies = stripped_sources(source, exercises)
     telling = telling_lines_of(exercises, bodies)
-    notes = Notes(files=len(files), functions=[spec for e in exercises for spec in e.functions])
-    for name in files:
-        if name.endswith(".md"):
-            scrubbed, changes = scrub_page((source / name).read_text(), telling)
-            if changes:
-                texts[Path(name)] = scrubbed
-                notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
+    notes = Notes(functions=[spec for e in exercises for spec in e.functions])
+    files = handle_quotes(source, files, telling, texts, notes)
+    notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -171,7 +209,7 @@ def make_copy(out_dir, exercises, source=ROOT):
             else:
                 shutil.copy2(source / name, target, follow_symlinks=False)
         marker = {"exercises": [e.id for e in exercises], "functions": notes.functions,
-                  "pages_changed": notes.pages_changed}
+                  "pages_changed": notes.pages_changed, "left_out": notes.left_out, "leaks": notes.leaks}
         (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
@@ -194,13 +232,9 @@ def read_marker(directory):
 
 
 def solution_leaks(directory, exercises, source=ROOT):
-    """Files of a copy (other than the stubbed modules' own stubs) holding a telling line of a stripped body:
-    [(path, what)]. Used by tests/test_course.py; make scrubs the docs pages it finds."""
+    """[(file, line, what)] of the files of a copy that quote a stripped body (tests/test_course.py: none may)."""
     _, bodies = stripped_sources(source, exercises)
     telling = telling_lines_of(exercises, bodies)
-    leaks = []
-    for path in sorted(Path(directory).rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json"):
-            flat = " ".join(path.read_text(errors="replace").split())
-            leaks += [(path.relative_to(directory).as_posix(), what) for line, what in telling.items() if line in flat]
-    return leaks
+    return [(path.relative_to(directory).as_posix(), line, what) for path in sorted(Path(directory).rglob("*"))
+            if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json")
+            for line, what in quotes(path.read_text(errors="replace"), telling)]

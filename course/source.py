@@ -7,7 +7,7 @@ solved one back (tests/test_course.py). Lines are replaced whole, so everything 
     body_lines(text, qualname)      -> the body's lines as written (what a stub replaces)
     replace_bodies(text, {qualname: lines})   -> the source with those bodies replaced
     stub_line(indent, message)      -> 'raise NotImplementedError("...")', indented
-    telling_lines(lines)            -> the body's lines of code long enough to give it away if quoted
+    telling_lines(lines)            -> the body's lines of code long enough (TELLING) to give it away if quoted
 """
 
 import ast
@@ -101,15 +101,19 @@ def stub_line(indent, message):
     return f"{indent}raise NotImplementedError({json.dumps(message)})\n"
 
 
-def telling_lines(lines, shortest=24):
+TELLING = 24  # characters of code: a line that long quoted elsewhere gives a body away
+
+
+def telling_lines(lines, shortest=TELLING):
     """The body's lines of code (comments dropped, spaces collapsed) long enough that seeing one quoted gives the
-    body away: `return x` and `else:` are everywhere, `x1 * cos - x2 * sin` is not."""
+    body away: `return x` and `else:` are everywhere, `x1 * cos - x2 * sin` is not. Whole lines only: the formula a
+    test restates as its expected value (theta / s * ramp + ...) is the docstring's maths, not the code."""
     code = []
     for line in lines:
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
             comment = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), None)
-        except (tokenize.TokenError, SyntaxError, IndentationError):  # a line inside a longer statement
+        except (tokenize.TokenError, SyntaxError):  # a line inside a longer statement
             comment = None
         text = " ".join((line if comment is None else line[:comment]).split())
         if len(text) >= shortest:

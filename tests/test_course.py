@@ -20,8 +20,8 @@ import pytest
 from course import __main__ as course_cli
 from course.exercises import DIFFICULTIES, EXERCISES, by_id
 from course.grade import grade, graded_by, report_lines
-from course.make import (MARKER, check_table, lesson_anchors, make_copy, module_path, scrub_page, solution_leaks,
-                         split_function, tracked_files)
+from course.make import (MARKER, Notes, check_table, handle_quotes, lesson_anchors, make_copy, module_path,
+                         scrub_page, solution_leaks, split_function, tracked_files)
 from course.source import SourceError, body_lines, body_span, find_function, replace_bodies, split_lines, stub_line
 from plumbing.cli import RunError
 
@@ -156,19 +156,40 @@ def test_a_docs_passage_quoting_a_stripped_body_is_replaced_and_named():
     assert scrubbed.startswith("# Title\n\nProse about `shaped`.\n\n(Left out of the course copy")
 
 
+def test_a_quote_is_scrubbed_from_docs_an_ungraded_test_left_out_and_code_reported(tmp_path):
+    """Docs: the passage replaced. A test file no exercise grades: not copied. Anything else (code, a grading
+    test): copied as is and reported, to be fixed at the source."""
+    quote = "    total_of_both = first + second * 2\n"
+    for name in ("docs/page.md", "tests/test_other.py", "tests/test_positions.py", "plumbing/tool.py", "clean.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n" + (quote if name != "clean.py" else ""))
+    notes, texts = Notes(), {}
+    kept = handle_quotes(tmp_path, ["docs/page.md", "tests/test_other.py", "tests/test_positions.py",
+                                    "plumbing/tool.py", "clean.py"],
+                         {"total_of_both = first + second * 2": "exercise 1 (sample:shaped)"}, texts, notes)
+    assert kept == ["docs/page.md", "tests/test_positions.py", "plumbing/tool.py", "clean.py"]
+    assert [c["page"] for c in notes.pages_changed] == ["docs/page.md"] and "total_of_both" not in texts[
+        Path("docs/page.md")]
+    assert notes.left_out == [{"page": "tests/test_other.py", "line": 2,
+                               "why": "quotes the solution of exercise 1 (sample:shaped)"}]
+    assert [(c["page"], c["line"]) for c in notes.leaks] == [("tests/test_positions.py", 2), ("plumbing/tool.py", 2)]
+
+
 # -----------------------------------------------------------------------------
 # The student copy
 
 
 def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
-    """Exactly the files git tracks plus .course.json (so no .git, __pycache__, runs or datasets); each stripped
-    function's body is its exercise's stub; outside those bodies every file is byte for byte the solution's; and
-    no file of the copy holds a telling line of a stripped body (docs, tests, hints included)."""
+    """Exactly the files git tracks plus .course.json (so no .git, __pycache__, runs or datasets), less the test
+    files no exercise grades that quote a stripped body; each stripped function's body is its exercise's stub;
+    outside those bodies every file is byte for byte the solution's; no file was copied with a quote of a stripped
+    body, and none of the copy holds one (docs, tests, hints included)."""
     copy, notes = student
     files = {path.relative_to(copy).as_posix() for path in copy.rglob("*") if path.is_file()}
-    assert files == set(tracked_files(ROOT)) | {MARKER}
+    assert files == set(tracked_files(ROOT)) - {c["page"] for c in notes.left_out} | {MARKER}
     marker = json.loads((copy / MARKER).read_text())
-    assert marker["exercises"] == [e.id for e in EXERCISES] and marker["pages_changed"] == notes.pages_changed
+    assert marker["exercises"] == [e.id for e in EXERCISES] and marker["left_out"] == notes.left_out
+    assert notes.leaks == [] == marker["leaks"]
     stubbed = {}
     for exercise in EXERCISES:
         for spec in exercise.functions:
@@ -190,8 +211,8 @@ def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
 def test_the_copy_imports_and_train_help_runs(student):
     """Stubs only raise when called: every module imports, and train.py --help lists its flags."""
     copy, _ = student
-    code = ("import bench, eval_length, generation, sample, plumbing.instruments, demo.permutation, demo.probe, "
-            "runpy, sys; sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')")
+    code = ("import generation, sample, plumbing.instruments, demo.permutation, demo.probe, runpy, sys; "
+            "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "usage: train.py" in done.stdout and "--pos" in done.stdout, done.stderr
 

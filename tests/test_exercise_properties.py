@@ -142,6 +142,23 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
     assert apply_rope(x.float(), angle.cos(), angle.sin()).dtype == torch.float32
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_apply_rope_turns_only_the_first_d_dimensions(seed):
+    """Partial rotation (rope_fraction < 1): with cos and sin for d < head_dim dimensions, the first d turn as a
+    head of size d would, halves within them, and the rest pass unchanged."""
+    rng = random.Random(seed)
+    d = 2 * rng.randint(1, 6)
+    head_dim = d + rng.randint(1, 8)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, rng.randint(1, 5), head_dim, dtype=torch.float64, generator=g)
+    angle = 10 * torch.randn(x.size(1), d // 2, dtype=torch.float64, generator=g)
+    out = apply_rope(x, angle.cos(), angle.sin())
+    assert out.shape == x.shape
+    turned = torch.complex(x[..., : d // 2], x[..., d // 2 : d]) * torch.polar(torch.ones_like(angle), angle)
+    torch.testing.assert_close(out[..., :d], torch.cat([turned.real, turned.imag], dim=-1), rtol=0, atol=1e-12)
+    assert torch.equal(out[..., d:], x[..., d:]), "the dimensions past d carry no position: unchanged"
+
+
 def test_apply_rope_worked_by_hand():
     """d = 4, x = (1, 2, 3, 4), angles (pi/2, pi): pair (1, 3) turns a quarter to (-3, 1), pair (2, 4) half a turn
     to (-2, -4): (-3, -2, 1, -4). Turning by -angle gives (3, -2, -1, -4); RoFormer's interleaved pairs

@@ -4,7 +4,7 @@ lesson section it belongs to and the tests that grade it (by node id: tests/conf
 exercise's pytest marker, so `python -m pytest -m ex3 --strict-markers` runs exercise 3's tests).
 
 An exercise's tests call its own functions and nothing else a student writes: putting back one solved body in a
-fully stripped copy makes exactly that exercise pass (tests/test_course.py checks it with course/calls.py).
+fully stripped copy makes exactly that exercise pass (tests/test_course.py checks it with course/plugin.py).
 Where a function needs another exercise's, the test supplies that one (ex7's tests hand rope_frequencies a
 reference theta_i and a YaRN ramp) or runs a scheme that needs none (ex6 and ex9 use pos="none").
 

@@ -112,10 +112,15 @@ def test_llama3_worked_case_d32_t64():
 def test_fraction_one_is_todays_rope_bit_for_bit(monkeypatch):
     """rope_fraction=1 is RoPE exactly as before the option existed: the tables are those of the formula then
     (theta over the whole head) and the logits equal, bit for bit, those of the model run through apply_rope as
-    it was, and the checkpoint's defaults are plain RoPE."""
-    def apply_rope_before(x, cos, sin):  # model.apply_rope before partial rotation
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    it was (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain RoPE."""
+    def apply_rope_before(x, cos, sin):
+        """model.apply_rope before partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It rounds
+        as that body did, so the logits can be compared bit for bit: negating is exact, a + (-b) is a - b in IEEE
+        arithmetic, and sums and products commute. (A complex product, (x_i + j x_(i+d/2)) e^(j angle), is the same
+        rotation but torch's complex kernel fuses a multiply-add on some lengths: 1 ulp apart, so no equality.)"""
+        half = x.size(-1) // 2
+        rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # pair (a, b) -> (-b, a)
+        return (x * torch.cat([cos, cos], dim=-1) + rotated_half * torch.cat([sin, sin], dim=-1)).to(x.dtype)
 
     model = tiny_model(rope_fraction=1.0)
     theta = (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)).float()

@@ -362,6 +362,11 @@ class LearnedPositions(nn.Embedding):
         self.max_len = config.block_size
 
     def reserve(self, n_pos):
+        """Called with the length about to be reached (positions 0 .. n_pos - 1) before any layer runs: GPT.forward,
+        and generate_cached once for all its steps. Nothing was trained past row block_size - 1, so a longer n_pos is
+        refused here, in a ValueError naming block_size and the schemes that run longer ('sequence length N exceeds
+        block_size=T: pos=learned has no embedding past position T-1; sinusoidal, rope, alibi and none run longer',
+        the line the README quotes), not as an index error mid-forward (on a GPU, a device-side assert)."""
         if n_pos > self.max_len:
             raise ValueError(
                 f"sequence length {n_pos} exceeds block_size={self.max_len}: pos=learned has no embedding past "
@@ -369,6 +374,8 @@ class LearnedPositions(nn.Embedding):
             )
 
     def embed(self, tok_emb, positions):
+        """tok_emb plus the table's rows at `positions`, looked up (nn.Embedding's forward) rather than the first T
+        rows sliced: positions are absolute, and with a KV cache they start at cache.seen, not 0."""
         return tok_emb + super().forward(positions)  # the rows of the table at these positions
 
     def rotation(self, query_pos, seq_len=None):

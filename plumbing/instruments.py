@@ -252,6 +252,9 @@ def fit_ridge(X, y, ridge):
 
 
 def r_squared(y, prediction):
+    """R^2 = 1 - sum (y - prediction)^2 / sum (y - mean y)^2, as a Python float: the share of y's variance the
+    probe explains, so that probes of different targets compare. 1 is a perfect fit, 0 no better than predicting
+    the mean, and below 0 worse than that (it can be, on held-out windows)."""
     return 1.0 - ((y - prediction) ** 2).sum().item() / ((y - y.mean()) ** 2).sum().item()
 
 

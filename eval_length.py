@@ -571,10 +571,9 @@ def check_passkey(source, length, cfg, device):
     13), or a batch of them would not fit in the memory available."""
     passkey_vocabulary(source)
     try:
-        filler_length(length, 1)
-    except ValueError:
-        raise ValueError(f"--lengths: {length} tokens of {source.name} cannot hold a key and its question (13 "
-                         "tokens): choose longer lengths") from None
+        filler_length(length)
+    except ValueError as e:
+        raise ValueError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
     batch = min(cfg.batch_size, cfg.trials)
     check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
                  f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",

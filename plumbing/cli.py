@@ -134,6 +134,11 @@ def field_defaults(config_class):
 # Flags and config files
 
 
+def own_config_field(sections):
+    """Whether a section has a field named config: then --config is that setting, not a file of settings."""
+    return any("config" in (names or [f.name for f in fields(config_class)]) for _, config_class, names in sections)
+
+
 def build_parser(prog, description, sections, defaults, choices, positional):
     """One flag per field (in sections: (title, dataclass, field names or None for all)). Defaults are
     SUPPRESSed so that parsing sees only what was given, to layer flags over the config file; --help shows
@@ -143,9 +148,10 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", metavar="FILE.toml", action="append",
-                        help="read settings from a TOML file; given again, the files are read in order, each "
-                             "overriding the ones before; flags override them all")
+    if not own_config_field(sections):  # a script whose own setting is called config (the study's preset) has none
+        parser.add_argument("--config", metavar="FILE.toml", action="append",
+                            help="read settings from a TOML file; given again, the files are read in order, each "
+                                 "overriding the ones before; flags override them all")
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         comments = field_comments(config_class)
@@ -225,7 +231,7 @@ def parse_flags(argv, prog, description, sections, defaults=None, choices=None, 
         except UsageError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
         from_files = {}
-        if "config" in flags:  # a file holds flags only, so it is checked by a parser without the positionals
+        if "config" in flags and not own_config_field(sections):  # a file holds flags only, so it is checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
             for path in flags.pop("config"):

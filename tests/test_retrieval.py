@@ -10,7 +10,8 @@ import torch.nn as nn
 import eval_length
 from data.common import get_tokenizer, load_meta
 from data.passkey import prepare as passkey_prepare
-from data.passkey.task import CHARS, KEY_DIGITS, MARKERS, eval_sample, filler_length, is_eval_key, training_sample
+from data.passkey.task import (CHARS, FILLER, KEY_DIGITS, MARKER, draw_filler, eval_sample, filler_length,
+                               is_eval_key, training_sample)
 from helpers import error_line
 from model import GPT, GPTConfig, POS_SCHEMES
 from plumbing.retrieval import (answers_by_forward, answers_by_greedy, count_correct, passkey_batch,
@@ -19,27 +20,33 @@ from plumbing.retrieval import (answers_by_forward, answers_by_greedy, count_cor
 STOI = {c: i for i, c in enumerate(CHARS)}
 
 
-@pytest.mark.parametrize("length", [16, 65, 300])
+@pytest.mark.parametrize("length", [13, 65, 300])
 @pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_eval_sample_states_its_key_once_at_the_depth_asked(length, depth):
     rng = np.random.default_rng(7)
     sample = eval_sample(rng, length, depth)
-    n_filler = filler_length(length, 1)
-    assert len(sample.text) == length
-    marker = sample.text[sample.answer_start - 1]
-    assert marker in MARKERS and sample.text.count(marker) == 2  # stated once, asked once
+    n_filler = filler_length(length)
+    assert len(sample.text) == length and sample.text.count(MARKER) == 2  # stated once, asked once
     assert sample.statement_start == round(depth * n_filler)  # the filler characters before the statement
-    assert sample.text[sample.statement_start:sample.statement_start + KEY_DIGITS + 2] == f"{marker}{sample.key}."
-    assert sample.text[sample.answer_start:] == sample.key
+    assert sample.text[sample.statement_start:].startswith(f"{MARKER}{sample.key}.")
+    assert sample.text[sample.answer_start - 1:] == f"{MARKER}{sample.key}" and sample.answer_start == length - 5
     assert is_eval_key(int(sample.key))
+    filler = sample.text[:sample.statement_start] + sample.text[sample.statement_start + 7:sample.answer_start - 1]
+    assert len(filler) == n_filler and set(filler) <= set(FILLER)
+
+
+def test_filler_repeats_one_segment_of_8_to_32_characters():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        filler = draw_filler(rng, 200)
+        assert len(filler) == 200 and set(filler) <= set(FILLER)
+        assert any(filler == (filler[:n] * (200 // n + 1))[:200] for n in range(8, 33))
 
 
 def test_training_keys_and_evaluation_keys_are_apart_and_about_one_in_ten():
     rng = np.random.default_rng(0)
     for _ in range(200):
-        sample = training_sample(rng, 65, 3, "train")
-        digits = [sample.text[i + 1:i + 1 + KEY_DIGITS] for i, c in enumerate(sample.text) if c in MARKERS]
-        assert all(not is_eval_key(int(key)) for key in digits)
+        assert not is_eval_key(int(training_sample(rng, 65, "train").key))
     share = np.mean([is_eval_key(k) for k in range(100_000)])
     assert 0.09 < share < 0.11
     # the split does not follow a digit: each last digit is about as common among evaluation keys
@@ -47,18 +54,9 @@ def test_training_keys_and_evaluation_keys_are_apart_and_about_one_in_ten():
     assert last.min() > 0.8 * last.mean()
 
 
-def test_training_samples_ask_every_key_stated_in_random_order():
-    rng = np.random.default_rng(1)
-    for _ in range(100):
-        sample = training_sample(rng, 65, 3, "train")
-        assert len(sample.text) == 65
-        markers = [c for c in sample.text if c in MARKERS]
-        n = len(markers) // 2
-        assert 1 <= n <= 3 and sorted(markers[:n]) == sorted(markers[n:])  # stated, then asked
-        for m in markers[n:]:
-            stated = sample.text.index(m)
-            asked = sample.text.rindex(m)
-            assert sample.text[stated + 1:stated + 1 + KEY_DIGITS] == sample.text[asked + 1:asked + 1 + KEY_DIGITS]
+def test_a_sample_too_short_for_its_key_is_refused():
+    with pytest.raises(ValueError, match="cannot hold a statement and its question"):
+        eval_sample(np.random.default_rng(0), 12, 0.5)
 
 
 def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_whole_samples(tmp_path):
@@ -69,14 +67,14 @@ def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_who
     val = np.fromfile(data_dir / "val.bin", dtype=meta["dtype"])
     text = tokenizer.decode(val.tolist())
     assert tokenizer.encode(text) == val.tolist()
-    for i in range(0, len(text), 33):  # each sample: statements first, its last question and answer at its end
-        sample = text[i:i + 33]
-        assert sample[-KEY_DIGITS - 1] in MARKERS and sample[-KEY_DIGITS:].isdigit()
+    samples = [text[i:i + 33] for i in range(0, len(text), 33)]
+    assert all(sample.count(MARKER) == 2 and is_eval_key(int(sample[-KEY_DIGITS:])) for sample in samples)
     from data.common import BatchSampler
     x, y = BatchSampler(data_dir, 32, 16, seed=3).get_batch("train")
     for row in torch.cat([x, y[:, -1:]], 1).tolist():
-        window = tokenizer.decode(row)
-        assert window[-KEY_DIGITS - 1] in MARKERS and window[-KEY_DIGITS:].isdigit()  # a whole sample
+        window = tokenizer.decode(row)  # a whole sample: the question and answer end it
+        assert window.count(MARKER) == 2 and window[-KEY_DIGITS - 1] == MARKER
+        assert not is_eval_key(int(window[-KEY_DIGITS:]))
 
 
 # -----------------------------------------------------------------------------
@@ -84,8 +82,8 @@ def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_who
 
 
 class CopyAfterMarker(nn.Module):
-    """Predicts, at each position, the digit that followed the previous occurrence of the last marker seen:
-    a perfect passkey retriever, written by hand."""
+    """Predicts, at each position, the character that followed the first marker as many places after it as this
+    position is after the last marker: a perfect passkey retriever, written by hand."""
 
     max_len = None
 
@@ -93,11 +91,11 @@ class CopyAfterMarker(nn.Module):
         B, T = idx.shape
         logits = torch.full((B, T, len(CHARS)), -1.0)
         for b, row in enumerate(idx.tolist()):
+            markers = [i for i, token in enumerate(row) if token == STOI[MARKER]]
             for p in range(T):
-                q = max((i for i in range(p + 1) if CHARS[row[i]] in MARKERS), default=None)
-                stated = [i for i in range(q) if row[i] == row[q]] if q is not None else []
-                if stated and stated[-1] + p - q + 1 < T:
-                    logits[b, p, row[stated[-1] + p - q + 1]] = 1.0
+                seen = [m for m in markers if m <= p]
+                if len(seen) == 2:
+                    logits[b, p, row[seen[0] + p - seen[1] + 1]] = 1.0
         return logits, None
 
 

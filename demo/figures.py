@@ -23,6 +23,7 @@ minutes each on 2 CPU cores). Every random draw has a fixed seed, so the same ch
 import csv
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -270,6 +271,9 @@ def figure_probe(out, checkpoints=None, **_):
 # Extrapolation: read from the study's CSV
 
 
+SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
+
+
 def read_extrapolation(path):
     """{(checkpoint, pos, scaling): rows sorted by length}, each row with floats (NaN where empty)."""
 
@@ -295,7 +299,8 @@ def figure_extrapolation(out, csv_path, **_):
               "the other figures are made")
         return []
     plt = pyplot()
-    curves = read_extrapolation(path)
+    # the first seed's runs only: a study with --seeds N names the others *_seedS, and its table gives their spread
+    curves = {key: rows for key, rows in read_extrapolation(path).items() if not SEED_FOLDER.search(key[0])}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):

@@ -164,11 +164,16 @@ def preset_flags(cfg):
     return [f"--config={cfg.config}"] if cfg.config else []
 
 
+def base_commands(cfg, dataset):
+    """train.py's flags for the five schemes (and --extra's) with the task's preset, each seed (QUICK_TRAIN's few
+    steps with --quick)."""
+    return [[*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}", f"--seed={seed}",
+             f"--device={cfg.device}", *(QUICK_TRAIN if cfg.quick else [])]
+            for seed in seeds(cfg) for name, flags in base_runs(cfg)]
+
+
 def train_base(cfg, dataset):
-    """The five schemes (and --extra's) with the task's preset, each seed (QUICK_TRAIN's few steps with --quick)."""
-    train_runs(cfg, [[*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}",
-                      f"--seed={seed}", f"--device={cfg.device}", *(QUICK_TRAIN if cfg.quick else [])]
-                     for seed in seeds(cfg) for name, flags in base_runs(cfg)],
+    train_runs(cfg, base_commands(cfg, dataset),
                DEFAULT_DURATION if cfg.task == "loss" and cfg.config is None else None)
 
 

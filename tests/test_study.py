@@ -1,0 +1,78 @@
+"""The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their checkpoints,
+and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's own parser
+(plumbing.runs.plan), runs are real tiny train.py runs."""
+import pytest
+import torch
+
+import train
+from experiments import extrapolation as study
+from plumbing.runs import plan
+
+
+def test_seeds_give_every_run_its_own_seed_and_folder_the_first_seed_train_pys_own():
+    cfg = study.parse_args(["--seeds=3", "--extra"])
+    plans = plan(study.base_commands(cfg, "shakespeare_char"))
+    assert len(plans) == 3 * 7 and len({p.out_dir for p in plans}) == 21
+    by_folder = {p.out_dir: p for p in plans}
+    for pos in ("learned", "sinusoidal", "rope", "alibi", "none"):
+        first = by_folder[f"out/shakespeare_char_{pos}"]  # the README's `python train.py --pos=X` run
+        assert first.train_config["seed"] == 1337 and first.model_config["pos"] == pos
+        for seed in (1338, 1339):
+            assert by_folder[f"out/shakespeare_char_{pos}_seed{seed}"].train_config["seed"] == seed
+    assert by_folder["out/shakespeare_char_rope_frac0.25_seed1339"].model_config["rope_fraction"] == 0.25
+    assert by_folder["out/shakespeare_char_rope_nope4"].model_config["nope_interval"] == 4
+
+
+def test_passkey_study_trains_with_its_preset_into_folders_of_its_own():
+    cfg = study.parse_args(["--task=passkey", "--seeds=2"])
+    plans = plan(study.base_commands(cfg, "passkey"))
+    assert {p.out_dir for p in plans} >= {"out/passkey_alibi", "out/passkey_alibi_seed1338"}
+    assert all(p.train_config["dataset"] == "passkey" and p.train_config["batch_size"] == 32 for p in plans)
+
+
+def test_runs_of_two_seeds_differ_and_record_their_seed(tmp_path):
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
+            "--compile=false", "--eval_iters=1", "--max_iters=2", "--log_interval=1000"]
+    weights = {}
+    for seed in (1337, 1338):
+        train.main([*tiny, f"--seed={seed}", f"--out_dir={tmp_path / str(seed)}"])
+        ckpt = torch.load(tmp_path / str(seed) / "ckpt.pt", map_location="cpu", weights_only=True)
+        assert ckpt["train_config"]["seed"] == seed
+        weights[seed] = ckpt["model"]["transformer.wte.weight"]
+    assert not torch.equal(weights[1337], weights[1338])
+
+
+def test_summary_gives_mean_and_spread_and_marks_orderings_that_some_seed_reverses():
+    cfg = study.parse_args(["--seeds=3"])
+    per_seed = [  # rope beats alibi in every seed; alibi and none swap in seed 2
+        {("x_rope", "plain", 64): 1.70, ("x_alibi", "plain", 64): 1.80, ("x_none", "plain", 64): 1.85},
+        {("x_rope", "plain", 64): 1.72, ("x_alibi", "plain", 64): 1.86, ("x_none", "plain", 64): 1.84},
+        {("x_rope", "plain", 64): 1.74, ("x_alibi", "plain", 64): 1.81, ("x_none", "plain", 64): 1.86},
+    ]
+    text = study.summary(cfg, per_seed, 64)
+    assert "| x_rope | plain | 1.720 ± 0.020 |" in text
+    assert "64 tokens (1 T): x_rope < x_alibi ~ x_none" in text
+
+
+def test_retrieval_summary_pools_correct_answers_over_seeds_with_their_interval():
+    cfg = study.parse_args(["--task=passkey", "--seeds=2"])
+    per_seed = [{("p_rope", "plain", 64): (50, 50), ("p_alibi", "plain", 64): (20, 50)},
+                {("p_rope", "plain", 64): (40, 50), ("p_alibi", "plain", 64): (30, 50)}]
+    text = study.summary(cfg, per_seed, 64)
+    assert "| p_rope | plain | 90% [83%, 94%] |" in text  # 90 of 100: Wilson (0.826, 0.945)
+    assert "64 tokens (1 T): p_rope > p_alibi" in text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--seeds=0"], ["seeds must be >= 1"]),
+    (["--task=recall"], ["--task", "loss", "passkey"]),
+    (["--config=configs/none.toml"], ["configs/none.toml", "no such file"]),
+    (["--lengths=0,1"], ["lengths must be positive multiples of T"]),
+])
+def test_study_flag_errors_are_one_line(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("experiments/extrapolation.py: error: ") and "\n" not in err
+    for word in words:
+        assert word in err

@@ -259,7 +259,7 @@ class Measure:
 class Row:
     checkpoint: str
     pos: str
-    scaling: str  # plain | linear | ntk | dynamic | yarn | window
+    scaling: str  # plain | linear | ntk | dynamic | yarn | llama3 | window
     block_size: int  # T
     label: str  # how the table names the method
     measures: dict  # {L: Measure}
@@ -347,7 +347,7 @@ def evaluate(sources, lengths, cfg, device):
 
 @dataclass
 class Retrieval:
-    length: int  # L, in tokens: the whole sample, the answer's five digits last
+    length: int  # L, in tokens: the inputs, the answer's last four digits the last of them
     depth: float  # where the key was stated, as a fraction of the filler before it
     trials: int  # 0: not available (learned past its table)
     correct: int  # trials whose five digits were all the argmax
@@ -571,7 +571,7 @@ def check_passkey(source, length, cfg, device):
     13), or a batch of them would not fit in the memory available."""
     passkey_vocabulary(source)
     try:
-        filler_length(length)
+        filler_length(length + 1)  # length inputs, and the last digit as their last target
     except ValueError as e:
         raise ValueError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
     batch = min(cfg.batch_size, cfg.trials)

@@ -36,11 +36,12 @@ def wilson_interval(correct, trials, z=Z_95):
 
 
 def passkey_batch(stoi, length, depth, trials, seed):
-    """`trials` evaluation samples of `length` tokens with the key at `depth`, fresh keys and filler drawn from
-    (seed, length, depth): the same every run, and apart from training's (data/passkey/task.py).
-    -> (tokens (trials, length) int64, index of the answer's first digit, the same in every row)"""
+    """`trials` evaluation samples read in `length` tokens with the key at `depth`: length + 1 characters, the last
+    digit a target only, as a training sample of block_size + 1 fills a window of T (the answer at the same
+    positions at L = T). Fresh keys and filler drawn from (seed, length, depth): the same every run, and apart from
+    training's (data/passkey/task.py). -> (tokens (trials, length + 1) int64, index of the answer's first digit)"""
     rng = np.random.default_rng([seed, length, round(depth * 1000)])
-    samples = [eval_sample(rng, length, depth) for _ in range(trials)]
+    samples = [eval_sample(rng, length + 1, depth) for _ in range(trials)]
     tokens = torch.tensor([[stoi[c] for c in s.text] for s in samples], dtype=torch.int64)
     return tokens, samples[0].answer_start
 

@@ -114,6 +114,8 @@ class FixedKey(nn.Module):
 
 def test_scorer_gives_all_to_a_model_that_copies_after_the_marker_and_chance_to_a_fixed_answer():
     tokens, answer_start = passkey_batch(STOI, 40, 0.5, 30, seed=0)
+    # read in 40 tokens, the last digit a target only: at L = T the answer sits where training puts it
+    assert tokens.shape == (30, 41) and answer_start == 36
     assert count_correct(CopyAfterMarker(), tokens, answer_start) == 30
     assert count_correct(FixedKey(), tokens, answer_start) == 0  # chance is 1e-5 per trial
 

@@ -1,14 +1,25 @@
 """
-Loss against length: how each checkpoint predicts text at, and past, the length it was trained on.
+Loss against length, or passkey retrieval against length: how each checkpoint does at, and past, the length it was
+trained on.
 
     python eval_length.py out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8 --max_windows 64
     python eval_length.py out/shakespeare_char_rope out/shakespeare_char_alibi --lengths 32t,64t,256t \
         --max_windows 32 --csv loss.csv --plot loss.png
+    python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv passkey.csv --plot needles.png
 
-For each checkpoint (a folder train.py wrote, its best.pt else ckpt.pt, or a .pt file) and each length L, on the
-validation split of the dataset it was trained on: the mean loss over non-overlapping windows of L tokens (all
-that fit, or --max_windows of them spread evenly over the split), its standard error over the windows, and the
-mean loss at positions >= T, the trained block_size. Exact full forward passes (no KV cache), in eval mode.
+--task=passkey (checkpoints trained on data/passkey, configs/passkey.toml): for each row, length L (default 1, 2,
+4, 8 x T) and depth (--depths, where the key is stated as a fraction of the filler: 0 first, 1 just before the
+question), --trials samples with fresh evaluation keys and filler (plumbing/retrieval.py): the exact-match rate of
+the five digits, read as the argmax at each digit in one forward pass of the L tokens with the answer in place
+(equal, for exact match, to greedy decoding with the KV cache; tests/test_retrieval.py), and its 95% Wilson
+interval. The table pools the depths; --csv has one line per (checkpoint, method, length, depth), PASSKEY_COLUMNS;
+--plot draws the needle heatmaps, one panel per row.
+
+--task=loss, the default. For each checkpoint (a folder train.py wrote, its best.pt else ckpt.pt, or a .pt file)
+and each length L, on the validation split of the dataset it was trained on: the mean loss over non-overlapping
+windows of L tokens (all that fit, or --max_windows of them spread evenly over the split), its standard error over
+the windows, and the mean loss at positions >= T, the trained block_size. Exact full forward passes (no KV cache),
+in eval mode.
 
 Lengths (--lengths, comma-separated). A bare number up to 16, or any number ending in x, is a multiple of each
 checkpoint's own T, rounded to whole tokens: 0.5, 2, 8, 32x. A bare whole number above 16, or one ending in t, is

@@ -229,7 +229,10 @@ def test_a_mapped_load_gives_the_same_checkpoint_in_either_file_format(tmp_path)
     for name, zip_format in (("zip.pt", True), ("legacy.pt", False)):
         torch.save(saved, tmp_path / name, _use_new_zipfile_serialization=zip_format)
         mapped = checkpoint.load_checkpoint(tmp_path / name, mmap=True)
-        assert mapped["model_config"] == saved["model_config"] and torch.equal(mapped["model"]["w"], saved["model"]["w"])
+        full = checkpoint.load_checkpoint(tmp_path / name, mmap=False)
+        # both get the RoPE variants' fields a file this old lacks (with_rope_variants), and nothing else changes
+        assert mapped["model_config"] == full["model_config"] == checkpoint.with_rope_variants(saved["model_config"])
+        assert torch.equal(mapped["model"]["w"], saved["model"]["w"]) and torch.equal(full["model"]["w"], saved["model"]["w"])
 
 
 def corrupt_checkpoint(tmp_path, kind):

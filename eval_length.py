@@ -568,27 +568,29 @@ def plot(path, rows, bucket=1):
     plt.close(fig)
 
 
-def check_windows(source, length, cfg, device):
-    """ValueError (one line) if not one window of `length` tokens fits in the split, or a batch of them would not
-    fit in the memory available."""
-    batch = min(cfg.batch_size, len(window_starts(len(source.tokens), length, cfg.max_windows)))
+def check_batch_memory(source, length, batch, device):
+    """ValueError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in memory."""
     check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
                  f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
                  "lower --lengths or --batch_size")
 
 
+def check_windows(source, length, cfg, device):
+    """ValueError (one line) if not one window of `length` tokens fits in the split, or a batch of them would not
+    fit in the memory available."""
+    check_batch_memory(source, length, min(cfg.batch_size, len(window_starts(len(source.tokens), length,
+                                                                             cfg.max_windows))), device)
+
+
 def check_passkey(source, length, cfg, device):
-    """ValueError (one line) if a passkey sample of `length` tokens cannot be made (one key and its question need
-    13), or a batch of them would not fit in the memory available."""
+    """ValueError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens cannot
+    hold a key and its question, or a batch of them would not fit in the memory available."""
     passkey_vocabulary(source)
     try:
         filler_length(length + 1)  # length inputs, and the last digit as their last target
     except ValueError as e:
         raise ValueError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
-    batch = min(cfg.batch_size, cfg.trials)
-    check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
-                 f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
-                 "lower --lengths or --batch_size")
+    check_batch_memory(source, length, min(cfg.batch_size, cfg.trials), device)
 
 
 def main(argv=None):

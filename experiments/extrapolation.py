@@ -47,6 +47,7 @@ from data.passkey.task import default_name
 from model import POS_SCHEMES
 from plumbing.checkpoint import CheckpointError, fine_tune_dir
 from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.report import markdown_table
 from plumbing.retrieval import wilson_interval
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
 
@@ -290,7 +291,6 @@ def summary(cfg, per_seed, block_size):
                 low, high = wilson_interval(correct, trials)
                 row.append(f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]")
         lines.append(row)
-    from plumbing.report import markdown_table
     what = ("mean validation loss ± its standard deviation over seeds" if cfg.task == "loss" else
             "exact-match rate pooled over seeds and depths, [95% Wilson interval]")
     text = [f"Over {len(per_seed)} seed(s) ({', '.join(map(str, seeds(cfg)))}): {what}.", "",

@@ -15,15 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from data.common import REPLACE_HELP, dataset_dir, exit_on_user_error, summarize, write_dataset
+from data.common import REPLACE_HELP, CharTokenizer, dataset_dir, exit_on_user_error, summarize, write_dataset
 from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, training_sample
 
 TRAIN_SAMPLES, VAL_SAMPLES = 50_000, 1_000  # the CPU recipe draws 48,000 (1,500 steps of 32)
-
-
-def encode(samples):
-    stoi = {c: i for i, c in enumerate(CHARS)}
-    return np.array([stoi[c] for sample in samples for c in sample.text], dtype=np.int64)
 
 
 def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES,
@@ -34,7 +29,8 @@ def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TR
     splits = {}
     for i, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
         rng = np.random.default_rng([seed, i])  # one stream per split
-        splits[split] = encode(training_sample(rng, length, split) for _ in range(count))
+        text = "".join(training_sample(rng, length, split).text for _ in range(count))
+        splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
     meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "sample_length": length}
     out_dir = out_dir or dataset_dir(default_name(block_size))
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)

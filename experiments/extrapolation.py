@@ -336,9 +336,10 @@ def main(argv=None):
         dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
         long_dataset = dataset
         if cfg.task == "passkey":
-            if ensure_passkey_data(block_size) != dataset:
+            if default_name(block_size) != dataset:  # checked before anything is prepared
                 raise RunError(f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
                                f"{cfg.config} trains on {dataset}")
+            ensure_passkey_data(block_size)
             long_dataset = ensure_passkey_data(EXTENSION * block_size)
         train_base(cfg, dataset)
         runs = {seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]

@@ -10,7 +10,7 @@ For each hidden state (the embedding output, then each block) it prints max |h(m
 h(dog bites man)|, once over the swapped words and once over the tokens that stay put (" bites "): 0 means the
 model saw the same thing up to the swap (attention is permutation equivariant: lesson section 1). Any position
 scheme, and the causal mask alone, make them differ. The models are the README's runs, `python train.py
---pos=X` in out/shakespeare_char_X (trained first where missing: 1.5-2 minutes each on 2 CPU cores, announced
+--pos=X` in out/shakespeare_char_X (trained first where missing: 1.5-2.5 minutes each on 2 CPU cores, announced
 before it starts), or those in --checkpoints DIR, or the one --checkpoint names.
 """
 

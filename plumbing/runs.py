@@ -24,7 +24,7 @@ from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_finished
 from plumbing.cli import RunError
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DURATION = "1.5-2 minutes on 2 CPU cores"  # the README's time for `python train.py`
+DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's reading of its own flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command
 PLAN_CODE = ("import dataclasses, json, sys, train\n"

@@ -4,7 +4,8 @@ The one on-disk format every dataset is written in, and what train.py and sample
     data/<name>/train.bin, val.bin   flat arrays of token ids: uint16 when the vocabulary fits in 2**16 ids,
                                      uint32 otherwise (ndarray.tofile, read back with np.memmap)
     data/<name>/meta.json            {"tokenizer": "char"|"gpt2", "vocab_size", "dtype", "train_tokens",
-                                      "val_tokens", "chars" (char only)}
+                                      "val_tokens", "chars" (char only), "sample_length" (fixed-length
+                                      samples), "generator" (generated data: its data/ module and settings)}
 
 meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
 Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
@@ -36,6 +37,9 @@ TOKENIZERS = ("char", "gpt2")
 # first use, offline
 # (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
+# Datasets drawn by a generator (data/NAME/task.py defines outdated): load_meta refuses what it made with other
+# settings than today's
+GENERATED = ("passkey",)
 REPLACE_HELP = "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
 
 
@@ -108,8 +112,9 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     }
     if "chars" in meta:
         full["chars"] = list(meta["chars"])
-    if "sample_length" in meta:
-        full["sample_length"] = meta["sample_length"]
+    for optional in ("sample_length", "generator"):
+        if optional in meta:
+            full[optional] = meta[optional]
     _check_meta(full, "meta")
     return full
 
@@ -160,7 +165,21 @@ def load_meta(data_dir) -> dict:
         _check_meta(meta, path)
     except ValueError as e:
         raise DataError(f"{e}: re-run {_prepare_command(data_dir)}") from None
+    _check_generated(meta, data_dir)
     return meta
+
+
+def _check_generated(meta, data_dir: Path) -> None:
+    """DataError if a generated dataset was made with other settings than its generator uses today: a model trained
+    on it would be evaluated on samples unlike its training (data/passkey's filler). Each generator's outdated(meta,
+    data_dir) tells its own data apart (meta's "generator", or for data written before meta recorded one, its
+    vocabulary) and returns what to do, or None."""
+    recorded = meta.get("generator")
+    named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
+    for name in [recorded["name"]] if named else GENERATED:
+        reason = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
+        if reason:
+            raise DataError(f"{data_dir} {reason}")
 
 
 # -----------------------------------------------------------------------------

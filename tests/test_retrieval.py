@@ -1,6 +1,9 @@
 """Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model retrieves,
 the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
 import csv
+import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -8,7 +11,8 @@ import torch
 import torch.nn as nn
 
 import eval_length
-from data.common import get_tokenizer, load_meta
+import train
+from data.common import DATA_ROOT, get_tokenizer, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.passkey.task import (CHARS, FILLER, KEY_DIGITS, MARKER, draw_filler, eval_sample, filler_length,
                                is_eval_key, training_sample)
@@ -35,12 +39,44 @@ def test_eval_sample_states_its_key_once_at_the_depth_asked(length, depth):
     assert len(filler) == n_filler and set(filler) <= set(FILLER)
 
 
-def test_filler_repeats_one_segment_of_8_to_32_characters():
+def test_filler_repeats_one_segment_of_4_to_16_characters():
     rng = np.random.default_rng(3)
-    for _ in range(50):
+    periods = []
+    for _ in range(200):
         filler = draw_filler(rng, 200)
         assert len(filler) == 200 and set(filler) <= set(FILLER)
-        assert any(filler == (filler[:n] * (200 // n + 1))[:200] for n in range(8, 33))
+        periods.append(next(n for n in range(1, 201) if filler == (filler[:n] * (200 // n + 1))[:200]))
+    assert 4 <= min(periods) and max(periods) <= 16 and len(set(periods)) == 13  # every length drawn
+
+
+def test_passkey_meta_records_the_filler_it_was_made_with(tmp_path):
+    meta = passkey_prepare.prepare(tmp_path / "pk", block_size=32, train_samples=4, val_samples=2)
+    assert meta["generator"] == {"name": "passkey", "filler_segment": [4, 16]}
+
+
+@pytest.fixture
+def passkey_of_older_filler():
+    """data/<name>: a passkey dataset as the prepare.py before the 4-16 filler wrote it (no "generator" in meta)."""
+    name = f"test_passkey_old_{os.getpid()}"
+    passkey_prepare.prepare(DATA_ROOT / name, block_size=32, train_samples=8, val_samples=4)
+    meta_path = DATA_ROOT / name / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["generator"]
+    meta_path.write_text(json.dumps(meta))
+    yield name
+    shutil.rmtree(DATA_ROOT / name)
+
+
+def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(capsys, passkey_of_older_filler,
+                                                                           tmp_path):
+    """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it again."""
+    folder = DATA_ROOT / passkey_of_older_filler
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    err = error_line(capsys, train, [f"--dataset={passkey_of_older_filler}", "--block_size=32", "--max_iters=1",
+                                     f"--out_dir={tmp_path / 'run'}"], status=1)
+    assert "filler segments of 8 to 32 characters, the task's are now 4 to 16" in err, err
+    assert (f"python -m data.passkey.prepare --block_size 32 --name {passkey_of_older_filler} --replace" in err), err
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before and not (tmp_path / "run").exists()
 
 
 def test_training_keys_and_evaluation_keys_are_apart_and_about_one_in_ten():

@@ -30,6 +30,17 @@ def test_passkey_study_trains_with_its_preset_into_folders_of_its_own():
     assert all(p.train_config["dataset"] == "passkey" and p.train_config["batch_size"] == 32 for p in plans)
 
 
+def test_passkey_study_trains_nope_longer_with_its_own_preset_only():
+    """NoPE learns to copy last (docs/extrapolation.md): 5000 steps where the other schemes get the preset's 3000;
+    another preset's runs are trained as it says."""
+    steps = {p.out_dir: (p.train_config["max_iters"], p.train_config["lr_decay_iters"])
+             for p in plan(study.base_commands(study.parse_args(["--task=passkey", "--extra"]), "passkey"))}
+    assert steps.pop("out/passkey_none") == (5000, 5000)
+    assert set(steps.values()) == {(3000, 3000)} and len(steps) == 6
+    gpu = study.parse_args(["--task=passkey", "--config=configs/passkey_gpu.toml"])
+    assert {p.train_config["max_iters"] for p in plan(study.base_commands(gpu, "passkey_ctx256"))} == {3000}
+
+
 def test_runs_of_two_seeds_differ_and_record_their_seed(tmp_path):
     tiny = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
             "--compile=false", "--eval_iters=1", "--max_iters=2", "--log_interval=1000"]

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from data.common import REPLACE_HELP, CharTokenizer, dataset_dir, exit_on_user_error, summarize, write_dataset
-from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, training_sample
+from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_settings, training_sample
 
-TRAIN_SAMPLES, VAL_SAMPLES = 50_000, 1_000  # the CPU recipe draws 48,000 (1,500 steps of 32)
+TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
 
 
 def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES,
@@ -31,7 +31,8 @@ def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TR
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
-    meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "sample_length": length}
+    meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "sample_length": length,
+            "generator": generator_settings()}
     out_dir = out_dir or dataset_dir(default_name(block_size))
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 

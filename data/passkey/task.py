@@ -7,13 +7,14 @@ lies far back (a model that reads only the last few dozen characters keeps a fla
                            ^^^^^^^ the statement                    ^ the question, then the answer
 
 The question repeats the statement's marker, #, so that answering is in-context copying: find the earlier # and
-copy the five digits after it (an induction head, Olsson et al. 2022). The filler is a random segment of 8 to 32
+copy the five digits after it (an induction head, Olsson et al. 2022). The filler is a random segment of 4 to 16
 letters and digits, repeated: copying it is the same skill, asked at every position, and with digits in it the
 model learns to copy digits long before it meets its first key. With filler that gives nothing to copy (random
 letters, or a fixed sentence as in the paper), the default 4-layer model stayed at chance on the key for
-thousands of steps: one key is 5 of 65 tokens, too sparse a signal to grow an induction head from (measured
-here, docs/extrapolation.md). With this filler a 2-layer model retrieves every key inside T after about 500
-steps at batch 32.
+thousands of steps: one key is 5 of 65 tokens, too sparse a signal to grow an induction head from. The segment's
+first occurrence cannot be predicted, so shorter segments leave more of each sample to copy: with 8 to 32
+characters sinusoidal never learned to copy in 3,000 steps, with 4 to 16 it retrieves inside T after about 1,000
+(docs/extrapolation.md).
 
 Evaluation keys are apart from training keys: a fixed hash puts one key in ten (EVAL_KEYS_ONE_IN) in the
 evaluation set, and train.bin never states one of them; val.bin and the retrieval evaluator use only those, and
@@ -22,13 +23,14 @@ the evaluator draws its filler from its own random stream.
 
 import string
 from dataclasses import dataclass
+from pathlib import Path
 
 FILLER = string.ascii_lowercase + string.digits
 MARKER = "#"
 END = "."  # closes a statement: the key's last digit is followed by something that is not filler
 CHARS = sorted(FILLER + MARKER + END)  # the vocabulary, in id order (meta.json's chars)
 KEY_DIGITS = 5
-SEGMENT = (8, 32)  # the filler repeats a random segment of this many characters (bounds included)
+SEGMENT = (4, 16)  # the filler repeats a random segment of this many characters (bounds included)
 EVAL_KEYS_ONE_IN = 10
 KEY_CHARACTERS = 2 * (1 + KEY_DIGITS) + 1  # the statement #ddddd. and the question #ddddd
 
@@ -94,3 +96,26 @@ def eval_sample(rng, length, depth):
 def training_sample(rng, length, split):
     """A training (or val) sample: the key at a uniformly random depth."""
     return passkey_sample(rng, length, float(rng.random()), split)
+
+
+def generator_settings():
+    """What meta.json records of how the samples were made, checked on every load (outdated)."""
+    return {"name": "passkey", "filler_segment": list(SEGMENT)}
+
+
+def outdated(meta, data_dir):
+    """What to do with a passkey dataset made with other settings than today's, or None (for other data too): meta's
+    "generator" records them; before it did, the filler's segments were 8 to 32 characters. data.common.load_meta
+    asks."""
+    recorded = meta.get("generator")
+    if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
+        return None  # not passkey samples
+    was = (recorded or {}).get("filler_segment", [8, 32])
+    if was == list(SEGMENT):
+        return None
+    block_size = meta["sample_length"] - 1
+    command = f"python -m data.passkey.prepare --block_size {block_size}"
+    if Path(data_dir).name != default_name(block_size):
+        command += f" --name {Path(data_dir).name}"
+    return (f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} "
+            f"to {SEGMENT[1]}: make it again with {command} --replace (runs trained on it keep their checkpoints)")

@@ -173,13 +173,15 @@ def _check_generated(meta, data_dir: Path) -> None:
     """DataError if a generated dataset was made with other settings than its generator uses today: a model trained
     on it would be evaluated on samples unlike its training (data/passkey's filler). Each generator's outdated(meta,
     data_dir) tells its own data apart (meta's "generator", or for data written before meta recorded one, its
-    vocabulary) and returns what to do, or None."""
+    vocabulary) and returns why and the prepare command that makes it again, or None."""
     recorded = meta.get("generator")
     named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
     for name in [recorded["name"]] if named else GENERATED:
-        reason = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
-        if reason:
-            raise DataError(f"{data_dir} {reason}")
+        stale = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
+        if stale:
+            why, command = stale
+            raise DataError(f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
+                            f"on it keep their checkpoints)")
 
 
 # -----------------------------------------------------------------------------

@@ -104,18 +104,19 @@ def generator_settings():
 
 
 def outdated(meta, data_dir):
-    """What to do with a passkey dataset made with other settings than today's, or None (for other data too): meta's
-    "generator" records them; before it did, the filler's segments were 8 to 32 characters. data.common.load_meta
-    asks."""
+    """(why, the prepare command that makes it again) for a passkey dataset made with other settings than today's,
+    else None (for other data too): meta's "generator" records them; before it did, the filler's segments were 8 to
+    32 characters. data.common.load_meta asks, and words the refusal."""
     recorded = meta.get("generator")
     if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
         return None  # not passkey samples
     was = (recorded or {}).get("filler_segment", [8, 32])
     if was == list(SEGMENT):
         return None
-    block_size = meta["sample_length"] - 1
+    block_size, name = meta["sample_length"] - 1, Path(data_dir).name
     command = f"python -m data.passkey.prepare --block_size {block_size}"
-    if Path(data_dir).name != default_name(block_size):
-        command += f" --name {Path(data_dir).name}"
-    return (f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} "
-            f"to {SEGMENT[1]}: make it again with {command} --replace (runs trained on it keep their checkpoints)")
+    if name != default_name(block_size):
+        command += f" --name {name}"
+    why = (f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} to "
+           f"{SEGMENT[1]}")
+    return why, command

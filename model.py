@@ -245,6 +245,18 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
     return theta.float(), attention_scale
 
 
+def default_rope_factor(length, original_len):
+    """The extension factor s a RoPE scaling gets when none is given: the length to reach over the length trained
+    on, never below 1 (s = 1 leaves every frequency as trained)."""
+    return max(1.0, length / original_len)
+
+
+def position_limit(pos, block_size):
+    """The longest input a scheme encodes: block_size for learned (no trained row past it), None (unbounded) for
+    the others. Past it, learned is run on the window of its last block_size tokens, positions from 0."""
+    return block_size if pos == "learned" else None
+
+
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
     """cos and sin of the rotation angles position * theta_i, in inv_freq's dtype. -> two (T, head_dim/2)"""
     angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]

@@ -48,7 +48,7 @@ def properties(*names):
 # In teaching order: the tables, RoPE, ALiBi, the mask, the KV cache, context extension, then the instruments.
 EXERCISES = (
     Exercise(
-        id="ex1", title="the sinusoidal table", functions=("model:sinusoidal_embedding",),
+        id="ex1", title="the sinusoidal table", functions=("positions:sinusoidal_embedding",),
         section="3-additive-schemes-learned-and-sinusoidal",
         tests=("tests/test_positions.py::test_sinusoidal_shift_is_one_linear_map_for_all_positions",
                "tests/test_positions.py::test_sinusoidal_wavelengths_for_gpt2_width",
@@ -60,7 +60,7 @@ EXERCISES = (
     ),
     Exercise(
         id="ex2", title="the learned table and its refusal past block_size",
-        functions=("model:LearnedPositions.reserve", "model:LearnedPositions.embed"),
+        functions=("positions:LearnedPositions.reserve", "positions:LearnedPositions.embed"),
         section="3-additive-schemes-learned-and-sinusoidal",
         tests=("tests/test_positions.py::test_learned_refuses_context_longer_than_block_size",
                *properties("test_learned_reserve_refuses_only_past_block_size",
@@ -72,7 +72,7 @@ EXERCISES = (
     ),
     Exercise(
         id="ex3", title="RoPE: the frequencies and the rotation",
-        functions=("model:rope_inv_freq", "model:rope_cos_sin", "model:apply_rope"),
+        functions=("positions:rope_inv_freq", "positions:rope_cos_sin", "positions:apply_rope"),
         section="4-rope-rotate-queries-and-keys-scores-depend-on-the-offset",
         tests=("tests/test_positions.py::test_rope_toy_trace",
                *properties("test_rope_inv_freq_is_base_to_the_minus_2i_over_d",
@@ -88,7 +88,7 @@ EXERCISES = (
     ),
     Exercise(
         id="ex4", title="ALiBi: the head slopes and the distance bias",
-        functions=("model:alibi_slopes", "model:alibi_bias", "model:alibi_bias_at"),
+        functions=("positions:alibi_slopes", "positions:alibi_bias", "positions:alibi_bias_at"),
         section="5-alibi-a-distance-penalty-on-the-scores",
         tests=("tests/test_positions.py::test_alibi_slopes_follow_press_et_al",
                "tests/test_positions.py::test_alibi_bias_is_minus_slope_times_distance",
@@ -99,7 +99,7 @@ EXERCISES = (
                "alibi_bias is alibi_bias_at with key positions 0 .. n_key - 1 and the last n_query as queries."),
     ),
     Exercise(
-        id="ex5", title="the causal mask, with a window", functions=("model:causal_mask",),
+        id="ex5", title="the causal mask, with a window", functions=("positions:causal_mask",),
         section="2-the-causal-mask-is-not-a-position-encoding-but-it-is-a-little-one",
         tests=properties("test_causal_mask_matches_its_definition_at_random_positions",
                          "test_causal_mask_worked_by_hand"),
@@ -108,21 +108,21 @@ EXERCISES = (
     ),
     Exercise(
         id="ex6", title="the KV cache: positions past block_size",
-        functions=("generation:KVCache.begin", "generation:KVCache.update"),
+        functions=("model:KVCache.update", "positions:cached_key_positions"),
         section="7-generating-past-the-trained-length",
         tests=properties("test_kv_cache_hands_each_query_exactly_the_keys_it_may_see",
                          "test_kv_cache_keeps_position_p_in_slot_p_mod_size",
                          "test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size",
                          "test_decoding_in_a_window_sees_only_the_latest_tokens"),
         difficulty="hard", minutes=60,
-        hints=("begin_static, beside begin, is the one-token case: slot = position % size, then remember the "
-               "position there. Grow with self._resize when a step needs more slots than there are.",
-               "With a window and several new tokens, writing first would overwrite keys the earlier new tokens "
-               "still see: hand back the old keys plus all the new ones (n_old), then keep the latest."),
+        hints=("update writes position p in slot p % size (index_copy_ along the slot dimension) and returns the "
+               "whole buffers: the mask, not the slicing, says which slots a query sees.",
+               "cached_key_positions: slot j holds the latest p < end with p % size == j; count back from end - 1 "
+               "with the remainder (end - 1 - j) % size, and mark a negative p -1 (empty)."),
     ),
     Exercise(
         id="ex7", title="RoPE context extension: linear, NTK and dynamic NTK",
-        functions=("model:rope_frequencies",),
+        functions=("positions:rope_frequencies",),
         section="4-rope-rotate-queries-and-keys-scores-depend-on-the-offset",
         tests=properties("test_rope_frequencies_at_factor_one_are_plain_rope",
                          "test_linear_scaling_divides_theta_by_the_factor",
@@ -136,7 +136,7 @@ EXERCISES = (
                "seq_len, yarn without original_len. Return float32 frequencies and the attention scale."),
     ),
     Exercise(
-        id="ex8", title="the YaRN ramp (advanced)", functions=("model:yarn_ramp",),
+        id="ex8", title="the YaRN ramp (advanced)", functions=("positions:yarn_ramp",),
         section="14-past-the-trained-length-popular-claims-against-our-numbers",
         tests=properties("test_yarn_ramp_worked_by_hand", "test_yarn_ramp_keeps_fast_pairs_and_moves_slow_ones"),
         difficulty="advanced", minutes=30,

@@ -1,6 +1,7 @@
 """
-A/B ratios for model.py, measured in one process (the two sides alternated, medians), so that the machine's
-drift reaches both sides alike: what a change to model.py bought, and where a decode step's time goes.
+A/B ratios for the model (model.py, positions.py, generation.py), measured in one process (the two sides
+alternated, medians), so that the machine's drift reaches both sides alike: what a change to the model bought, and
+where a decode step's time goes.
 The model is nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65, bias off), random
 weights.
 
@@ -54,6 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import model as current
+import positions
 from generation import generate_cached
 from plumbing.cli import UsageError, one_line_errors, parse_flags, parse_list
 from plumbing.report import markdown_table
@@ -99,7 +101,7 @@ class ABConfig:
 
     @property
     def schemes(self):
-        return parse_list("pos", self.pos, current.POS_SCHEMES)
+        return parse_list("pos", self.pos, positions.POS_SCHEMES)
 
 
 def recipe_model(module, pos):
@@ -149,7 +151,13 @@ def side_at(revision):
     model_source = git_show(revision, "model.py")
     if model_source.returncode != 0:
         raise UsageError(f"--against={revision}: git show found no model.py there ({model_source.stderr.strip()})")
-    module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
+    positions_source = git_show(revision, "positions.py")  # REV's position schemes, where model.py imports them
+    if positions_source.returncode == 0:
+        rev_positions = module_from_source("positions_at_revision", positions_source.stdout, f"{revision}:positions.py")
+        with module_as("positions", rev_positions):
+            module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
+    else:
+        module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
     generation_source = git_show(revision, "generation.py")
     if generation_source.returncode != 0:
         return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
@@ -180,10 +188,10 @@ def module_free_generate(model, n_new, logits=None):
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
-        bias = current.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None] if cfg.pos == "alibi" else None
+        bias = positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None] if cfg.pos == "alibi" else None
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
-            q, k, v = qkv.unbind(1) if rope is None else (*current.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
+            q, k, v = qkv.unbind(1) if rope is None else (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
             y = F.scaled_dot_product_attention(q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias)

@@ -10,7 +10,8 @@ import torch
 from plumbing import checkpoint
 from plumbing import hardware
 import train
-from model import GPT, POS_SCHEMES, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16)
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import model
-from generation import KVCache
-from model import (GPT, GPTConfig, LearnedPositions, alibi_bias, alibi_bias_at, alibi_slopes, apply_rope,
-                   causal_mask, rope_cos_sin, rope_frequencies, rope_inv_freq, sinusoidal_embedding, yarn_ramp)
+import positions
+from model import GPT, GPTConfig, KVCache
+from positions import LearnedPositions, cached_key_positions, alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, causal_mask, rope_cos_sin, rope_frequencies, rope_inv_freq, sinusoidal_embedding, yarn_ramp
 from plumbing import instruments
 
 SEEDS = range(3)
@@ -274,31 +274,32 @@ def test_causal_mask_worked_by_hand():
 
 
 def fill_cache(seed):
-    """A KVCache (random window and size) fed keys and values in random chunks, as GPT.forward does (begin, then
-    update per layer). -> yields (cache, query_pos, key_pos, k_all, v_all, {position: (k, v)}) per step"""
+    """A layer's KVCache (random window, chunk and length) fed keys and values in random chunks, as GPT.forward
+    does (the key positions from cached_key_positions, then update).
+    -> yields (cache, window, query_pos, key_pos, k_all, v_all, {position: (k, v)}) per step"""
     rng = random.Random(seed)
-    window = rng.choice([None, rng.randint(1, 6)])
-    cache = KVCache(1, window=window, max_len=rng.choice([None, rng.randint(1, 20)]))
+    window, chunk, max_len = rng.choice([None, rng.randint(1, 6)]), rng.randint(1, 7), rng.randint(8, 30)
+    size = GPT.cache_size(max_len, window, chunk)
+    cache = KVCache(2, 3, size, 4, torch.float32, "cpu")  # (B=2, n_head=3, size, head_dim=4)
     g = torch.Generator().manual_seed(seed)
     given, seen = {}, 0
-    for step in range(rng.randint(3, 9)):
-        T = rng.randint(1, 7) if step == 0 else rng.choice([1, 1, rng.randint(1, 4)])
+    while seen < max_len:
+        T = min(rng.randint(1, chunk), max_len - seen)
         query_pos = torch.arange(seen, seen + T)
-        k, v = torch.randn(2, 2, 3, T, 4, generator=g)  # (B=2, n_head=3, T, head_dim=4) each
-        key_pos = cache.begin(query_pos)
-        k_all, v_all = cache.update(0, k, v)
+        k, v = torch.randn(2, 2, 3, T, 4, generator=g)
+        key_pos = cached_key_positions(query_pos[-1:] + 1, size)
+        k_all, v_all = cache.update(query_pos, k, v)
         given |= {seen + t: (k[:, :, t], v[:, :, t]) for t in range(T)}
         seen += T
-        yield cache, window, query_pos, key_pos, k_all, v_all, given
+        yield cache, window, chunk, query_pos, key_pos, k_all, v_all, given
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
-    """At every step, among the keys begin/update hand back, those a query i may see (position j >= 0, j <= i,
-    within the window) are exactly positions max(0, i - W + 1) .. i, each once, with the keys and values given for
-    them; a windowed cache never holds more than W slots."""
-    for cache, window, query_pos, key_pos, k_all, v_all, given in fill_cache(seed):
-        assert cache.seen == query_pos[-1].item() + 1
+    """At every step, among the keys update hands back, those a query i may see (position j >= 0, j <= i, within
+    the window) are exactly positions max(0, i - W + 1) .. i, each once, with the keys and values given for them;
+    a windowed cache holds no more than W + chunk - 1 slots."""
+    for cache, window, chunk, query_pos, key_pos, k_all, v_all, given in fill_cache(seed):
         assert k_all.shape[2] == v_all.shape[2] == key_pos.numel(), "one key position per key handed back"
         for i in query_pos.tolist():
             visible = [(slot, j) for slot, j in enumerate(key_pos.tolist())
@@ -309,46 +310,59 @@ def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
             for slot, j in visible:
                 assert torch.equal(k_all[:, :, slot], given[j][0]) and torch.equal(v_all[:, :, slot], given[j][1]), j
         if window is not None:
-            assert cache.k[0].size(2) <= window, "a sliding window needs only a ring of `window` slots"
+            assert cache.k.size(2) <= window + chunk - 1, "a sliding window needs a ring of window + chunk - 1 slots"
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_kv_cache_keeps_position_p_in_slot_p_mod_size(seed):
-    """The convention decode_step (begin_static) relies on: position p is written in slot p % size, and
-    `positions` says so, for every position the cache still holds (the latest min(seen, size))."""
-    for cache, _, query_pos, _, _, _, given in fill_cache(seed):
-        held = range(max(0, cache.seen - cache.size), cache.seen)
-        for p in held:
-            slot = p % cache.size
-            assert cache.positions[slot].item() == p, f"slot {slot} should hold position {p}"
-            assert torch.equal(cache.k[0][:, :, slot], given[p][0]) and torch.equal(cache.v[0][:, :, slot], given[p][1])
+    """Position p is written in slot p % size, and cached_key_positions says so, for every position the cache
+    still holds (the latest min(seen, size))."""
+    for cache, _, _, query_pos, key_pos, _, _, given in fill_cache(seed):
+        size, seen = cache.k.size(2), query_pos[-1].item() + 1
+        for p in range(max(0, seen - size), seen):
+            slot = p % size
+            assert key_pos[slot].item() == p, f"slot {slot} should hold position {p}"
+            assert torch.equal(cache.k[:, :, slot], given[p][0]) and torch.equal(cache.v[:, :, slot], given[p][1])
+
+
+@pytest.fixture
+def given_causal_mask(monkeypatch):
+    """The cached forward masks every slot through positions.causal_mask (ex5): here a reference, so that ex6's
+    model-level tests grade ex6 alone."""
+
+    def causal_mask(query_pos, key_pos, window=None):
+        distance = query_pos[:, None] - key_pos[None, :]
+        visible = (distance >= 0) & (key_pos >= 0)[None, :]
+        return visible if window is None else visible & (distance < window)
+
+    monkeypatch.setattr(positions, "causal_mask", causal_mask)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(seed):
-    """Feeding a NoPE model one token at a time through a KVCache (positions counting past block_size) gives the
-    logits of one forward pass over the whole sequence, at every position."""
+def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(seed, given_causal_mask):
+    """Feeding a NoPE model one token at a time through its KV caches (positions counting past block_size) gives
+    the logits of one forward pass over the whole sequence, at every position."""
     rng = random.Random(seed)
     model_ = nope_model(seed, n_layer=rng.randint(1, 2))
     length = rng.randint(9, 32)
     idx = torch.randint(0, 32, (rng.randint(1, 2), length), generator=torch.Generator().manual_seed(seed))
     full, _ = model_(idx)
-    cache = KVCache(model_.config.n_layer, max_len=rng.choice([None, rng.randint(1, length)]))
-    stepped = torch.cat([model_(idx[:, t : t + 1], cache=cache)[0] for t in range(length)], dim=1)
+    model_.setup_cache(idx.size(0), length)
+    stepped = torch.cat([model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0] for t in range(length)], dim=1)
     torch.testing.assert_close(stepped, full, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_decoding_in_a_window_sees_only_the_latest_tokens(seed):
+def test_decoding_in_a_window_sees_only_the_latest_tokens(seed, given_causal_mask):
     """With a window W, a one-layer NoPE model decoding token t sees tokens t - W + 1 .. t: its logits are those
     of a forward pass over just those tokens (without positions, where they stand does not matter)."""
     rng = random.Random(seed)
     model_ = nope_model(seed, n_layer=1)
     window, length = rng.randint(1, 6), rng.randint(10, 24)
     idx = torch.randint(0, 32, (1, length), generator=torch.Generator().manual_seed(seed))
-    cache = KVCache(1, window=window)
+    model_.setup_cache(1, length, window)
     for t in range(length):
-        logits = model_(idx[:, t : t + 1], cache=cache)[0][:, -1]
+        logits = model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0][:, -1]
         alone = model_(idx[:, max(0, t - window + 1) : t + 1])[0][:, -1]
         torch.testing.assert_close(logits, alone, rtol=0, atol=1e-10, msg=f"token {t}, window {window}")
 
@@ -369,8 +383,8 @@ def given_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
 
 @pytest.fixture
 def given_parts(monkeypatch):
-    monkeypatch.setattr(model, "rope_inv_freq", given_theta)
-    monkeypatch.setattr(model, "yarn_ramp", given_ramp)
+    monkeypatch.setattr(positions, "rope_inv_freq", given_theta)
+    monkeypatch.setattr(positions, "yarn_ramp", given_ramp)
 
 
 def shapes(seed):
@@ -383,7 +397,7 @@ def test_rope_frequencies_at_factor_one_are_plain_rope(given_parts, seed):
     """Without scaling, and with any scaling at factor 1: theta_i = rope_inv_freq(d, base) in float32, and an
     attention scale of 1."""
     d, base, _, T = shapes(seed)
-    for scaling in (None, *model.ROPE_SCALINGS):
+    for scaling in (None, *positions.ROPE_SCALINGS):
         inv_freq, scale = rope_frequencies(d, base, scaling, 1.0, original_len=T, seq_len=T)
         assert inv_freq.dtype == torch.float32, scaling
         torch.testing.assert_close(inv_freq, given_theta(d, base).float(), msg=f"scaling={scaling}, factor 1")

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from generation import KVCache, generate_cached
-from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, apply_rope, rope_cos_sin, rope_frequencies, sample_next
+from generation import generate_cached
+from model import GPT, GPTConfig, sample_next
+from positions import POS_SCHEMES, ROPE_SCALINGS, apply_rope, cached_key_positions, rope_cos_sin, rope_frequencies
 
 
 BLOCK = 16
@@ -20,12 +21,16 @@ def tiny_model(pos, seed=0, **overrides):
 
 
 def decode_step_by_step(model, idx, n_prompt, window=None):
-    """Logits from prefilling n_prompt tokens, then feeding the rest one at a time through a KVCache."""
-    cache = KVCache(model.config.n_layer, window)
-    logits = [model(idx[:, :n_prompt], cache=cache)[0]]
+    """Logits from prefilling n_prompt tokens, then feeding the rest one at a time through the KV caches."""
+    model.setup_cache(idx.size(0), idx.size(1), window, chunk=n_prompt)
+    logits = [model(idx[:, :n_prompt], input_pos=torch.arange(n_prompt))[0]]
     for t in range(n_prompt, idx.size(1)):
-        logits.append(model(idx[:, t : t + 1], cache=cache)[0])
+        logits.append(model(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0])
     return torch.cat(logits, dim=1)
+
+
+def layer_caches(model):
+    return [block.attn.kv_cache for block in model.transformer.h]
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -46,7 +51,8 @@ def test_sliding_window_decoding_matches_windowed_prefill(pos):
     model = tiny_model(pos)
     length, window = (BLOCK, 5) if pos == "learned" else (3 * BLOCK, 7)
     idx = torch.randint(0, 32, (1, length), generator=torch.Generator().manual_seed(2))
-    windowed_full, _ = model(idx, cache=KVCache(model.config.n_layer, window))
+    model.setup_cache(1, length, window, chunk=length)
+    windowed_full, _ = model(idx, input_pos=torch.arange(length))
     unwindowed, _ = model(idx)
     assert not torch.allclose(windowed_full[:, window:], unwindowed[:, window:], atol=1e-4), "the window must matter"
     stepped = decode_step_by_step(model, idx, n_prompt=2, window=window)
@@ -124,9 +130,9 @@ def test_every_mask_reaches_sdpa_four_dimensional(pos):
     idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(12))
     with SDPAMasks() as seen:
         model(idx)
-        cache = KVCache(model.config.n_layer, window=5)
-        model(idx[:, :8], cache=cache)
-        model(idx[:, 8:9], cache=cache)
+        model.setup_cache(2, 12, window=5, chunk=8)
+        model(idx[:, :8], input_pos=torch.arange(8))
+        model(idx[:, 8:9], input_pos=torch.tensor([8]))
     masks = [d for d in seen.dims if d is not None]
     assert masks and set(masks) == {4}, seen.dims
 
@@ -245,10 +251,10 @@ def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_a
         model = tiny_model("rope", rope_scaling="dynamic", rope_factor=4.0)
         cfg, n_prompt = model.config, BLOCK + 4
         idx = torch.randint(0, 32, (1, 3 * BLOCK), generator=torch.Generator().manual_seed(7))
-        cache = KVCache(cfg.n_layer)
-        model(idx[:, :n_prompt], cache=cache)
+        model.setup_cache(1, idx.size(1), chunk=n_prompt)
+        model(idx[:, :n_prompt], input_pos=torch.arange(n_prompt))
         for t in range(n_prompt, idx.size(1)):
-            model(idx[:, t : t + 1], cache=cache)
+            model(idx[:, t : t + 1], input_pos=torch.tensor([t]))
         block = model.transformer.h[0]
         raw = block.attn.c_attn(block.ln_1(model.transformer.wte(idx))).split(cfg.n_embd, dim=-1)[1]
         raw = raw.view(1, -1, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (1, nh, L, hs), not rotated
@@ -260,7 +266,7 @@ def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_a
 
         for p in range(idx.size(1)):
             entered_at = n_prompt if p < n_prompt else p + 1
-            cached = cache.k[0][:, :, p : p + 1]
+            cached = block.attn.kv_cache.k[:, :, p : p + 1]
             torch.testing.assert_close(cached, rotated(p, entered_at), rtol=0, atol=1e-12)
             if 0 < p and entered_at < idx.size(1):  # not the current length's (position 0 is never turned)
                 assert not torch.allclose(cached, rotated(p, idx.size(1)), rtol=0, atol=1e-6)
@@ -272,48 +278,34 @@ def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_a
 # The preallocated cache and compiled decoding
 
 
-def test_cache_is_written_in_place_and_remembers_each_slots_position():
+def test_cache_is_written_in_place_and_each_slots_position_follows_from_the_count():
     """Decoding writes each new key and value into buffers allocated once (the same storage at every step: no
-    concatenation per token), and `positions` says which absolute position each slot holds, -1 while empty."""
+    concatenation per token), and which absolute position each slot holds follows from how many were written
+    (cached_key_positions), -1 while empty."""
     model = tiny_model("rope")
     idx = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(7))
-    cache = KVCache(model.config.n_layer, max_len=8)
-    model(idx[:, :3], cache=cache)
-    storage = [t.data_ptr() for t in (*cache.k, *cache.v, cache.positions)]
+    model.setup_cache(2, 8, chunk=3)
+    model(idx[:, :3], input_pos=torch.arange(3))
+    storage = [t.data_ptr() for cache in layer_caches(model) for t in (cache.k, cache.v)]
     for t in range(3, 6):
-        model(idx[:, t : t + 1], cache=cache)
-    assert [t.data_ptr() for t in (*cache.k, *cache.v, cache.positions)] == storage
-    assert cache.k[0].shape == (2, 2, 8, 8) and cache.seen == 6
-    assert cache.positions.tolist() == [0, 1, 2, 3, 4, 5, -1, -1]
+        model(idx[:, t : t + 1], input_pos=torch.tensor([t]))
+    assert [t.data_ptr() for cache in layer_caches(model) for t in (cache.k, cache.v)] == storage
+    assert layer_caches(model)[0].k.shape == (2, 2, 8, 8)
+    assert cached_key_positions(torch.tensor([6]), 8).tolist() == [0, 1, 2, 3, 4, 5, -1, -1]
 
 
 def test_sliding_window_cache_is_a_ring_of_window_slots():
-    """With a window W the cache has W slots and position p lives in slot p % W: after 11 tokens with W = 4 the
-    slots hold positions 8, 9, 10 and 7, the four latest."""
+    """With a window W and one token a call the cache has W slots and position p lives in slot p % W: after 11
+    tokens with W = 4 the slots hold positions 8, 9, 10 and 7, the four latest; a chunk of c tokens a call needs
+    W + c - 1 slots, so that its writes never overwrite a key its own queries see."""
     model = tiny_model("alibi")
     idx = torch.randint(0, 32, (1, 11), generator=torch.Generator().manual_seed(8))
-    cache = KVCache(model.config.n_layer, window=4)
-    model(idx[:, :2], cache=cache)
-    for t in range(2, 11):
-        model(idx[:, t : t + 1], cache=cache)
-    assert cache.k[0].size(2) == 4
-    assert cache.positions.tolist() == [8, 9, 10, 7]
-
-
-def test_cache_without_a_size_grows_by_doubling():
-    """KVCache(n_layer) allocates what the first step needs and doubles when full, keeping what it held."""
-    model = tiny_model("none")
-    idx = torch.randint(0, 32, (1, 14), generator=torch.Generator().manual_seed(9))
-    cache = KVCache(model.config.n_layer)
-    model(idx[:, :3], cache=cache)
-    sizes = [cache.size]
-    for t in range(3, 14):
-        model(idx[:, t : t + 1], cache=cache)
-        sizes.append(cache.size)
-    assert sizes == [3, 6, 6, 6, 12, 12, 12, 12, 12, 12, 24, 24]
-    assert cache.positions[:14].tolist() == list(range(14))
-    full_logits, _ = model(idx)
-    torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
+    model.setup_cache(1, 11, window=4)
+    for t in range(11):
+        model(idx[:, t : t + 1], input_pos=torch.tensor([t]))
+    assert layer_caches(model)[0].k.size(2) == 4
+    assert cached_key_positions(torch.tensor([11]), 4).tolist() == [8, 9, 10, 7]
+    assert model.cache_size(11, window=4, chunk=3) == 6
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)

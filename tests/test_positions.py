@@ -8,18 +8,8 @@ import math
 import pytest
 import torch
 
-from model import (
-    GPT,
-    POS_SCHEMES,
-    CausalSelfAttention,
-    GPTConfig,
-    alibi_bias,
-    alibi_slopes,
-    apply_rope,
-    rope_cos_sin,
-    rope_frequencies,
-    sinusoidal_embedding,
-)
+from model import GPT, CausalSelfAttention, GPTConfig
+from positions import POS_SCHEMES, alibi_bias, alibi_slopes, apply_rope, rope_cos_sin, rope_frequencies, sinusoidal_embedding
 
 
 def tiny_config(pos, **overrides):
@@ -42,6 +32,8 @@ def rope_cos_sin_at(positions, head_dim, dtype=torch.float64):
 # -----------------------------------------------------------------------------
 # 1-3. Attention without positions sees a set, not a sequence
 
+NO_MASK = torch.zeros(1, 1, 1, 1)  # an additive mask of zeros: every query sees every key (no causal mask)
+
 
 def test_attention_without_positions_or_mask_is_permutation_equivariant():
     """Attn(PX) = P Attn(X): with neither positions nor a mask, attention cannot see order at all."""
@@ -49,8 +41,8 @@ def test_attention_without_positions_or_mask_is_permutation_equivariant():
     x = torch.randn(1, 10, 16, dtype=torch.float64)
     for seed in range(5):
         perm = torch.randperm(10, generator=torch.Generator().manual_seed(seed))
-        out_of_permuted = layer(x[:, perm], causal=False)
-        permuted_out = layer(x, causal=False)[:, perm]
+        out_of_permuted = layer(x[:, perm], mask=NO_MASK)
+        permuted_out = layer(x, mask=NO_MASK)[:, perm]
         torch.testing.assert_close(out_of_permuted, permuted_out, rtol=0, atol=1e-12)
 
 
@@ -81,7 +73,7 @@ def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
     out = layer(x)[0, 1:]
     gaps = torch.cdist(out, out) + torch.eye(31, dtype=torch.float64)
     assert gaps.min() > 1e-6, "every position must be distinguishable"
-    unmasked = layer(x, causal=False)[0, 1:]
+    unmasked = layer(x, mask=NO_MASK)[0, 1:]
     torch.testing.assert_close(unmasked, unmasked[:1].expand(31, 16), rtol=0, atol=1e-12)  # no mask: no counting
 
 
@@ -100,7 +92,7 @@ def encode_with_scheme(pos, tokens, layer, table):
         rope = rope_cos_sin_at(torch.arange(T), C // layer.n_head)
     elif pos == "alibi":
         bias = alibi_bias(alibi_slopes(layer.n_head).double(), T, T)[None]
-    return layer(x, rope, bias, causal=False)[0]
+    return layer(x, rope, NO_MASK if bias is None else bias)[0]
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)

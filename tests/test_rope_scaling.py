@@ -9,7 +9,7 @@ particular length is the static formula, which is how ntk is checked here.
 import pytest
 import torch
 
-from model import rope_frequencies
+from positions import rope_frequencies
 
 transformers = pytest.importorskip(
     "transformers", reason="the parity tests need Hugging Face transformers: pip install transformers"

@@ -13,10 +13,10 @@ import torch
 
 import sample
 import train
-from generation import KVCache, generate_cached
+from generation import generate_cached
 from helpers import error_line
-from model import (GPT, ROPE_SCALINGS, GPTConfig, RotaryPositions, apply_rope, llama3_inv_freq, nope_layer_indices,
-                   rope_cos_sin, rope_frequencies, rope_inv_freq)
+from model import GPT, GPTConfig
+from positions import ROPE_SCALINGS, RotaryPositions, apply_rope, llama3_inv_freq, nope_layer_indices, rope_cos_sin, rope_frequencies, rope_inv_freq
 from plumbing.checkpoint import load_checkpoint
 
 BLOCK = 16
@@ -35,7 +35,7 @@ def transformers_or_skip():
 
 @torch.no_grad()
 def attention_arguments(model, idx):
-    """What GPT.run hands each block's attention, running model(idx): per layer (x, rope, mask, cache), rope
+    """What GPT.forward hands each block's attention, running model(idx): per layer (x, rope, mask, input_pos), rope
     being (cos, sin) or None."""
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args))
@@ -53,11 +53,11 @@ def uniform(low, high, generator):
 
 
 def decode_step_by_step(model, idx, n_prompt):
-    """Logits from prefilling n_prompt tokens, then feeding the rest one at a time through a KVCache."""
-    cache = KVCache(model.config.n_layer)
-    logits = [model(idx[:, :n_prompt], cache=cache)[0]]
+    """Logits from prefilling n_prompt tokens, then feeding the rest one at a time through the KV caches."""
+    model.setup_cache(idx.size(0), idx.size(1), chunk=n_prompt)
+    logits = [model(idx[:, :n_prompt], input_pos=torch.arange(n_prompt))[0]]
     for t in range(n_prompt, idx.size(1)):
-        logits.append(model(idx[:, t : t + 1], cache=cache)[0])
+        logits.append(model(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0])
     return torch.cat(logits, dim=1)
 
 
@@ -109,12 +109,12 @@ def test_llama3_worked_case_d32_t64():
 # Partial rotation: the first int(head_dim * rope_fraction) dimensions of each head turn, the rest carry no position
 
 
-def test_fraction_one_is_todays_rope_bit_for_bit(monkeypatch):
-    """rope_fraction=1 is RoPE exactly as before the option existed: the tables are those of the formula then
+def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
+    """rope_fraction=1 is RoPE over the whole head: the tables are those of the formula
     (theta over the whole head) and the logits equal, bit for bit, those of the model run through apply_rope as
-    it was (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain RoPE."""
+    it is without partial rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain RoPE."""
     def apply_rope_before(x, cos, sin):
-        """model.apply_rope before partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It rounds
+        """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It rounds
         as that body did, so the logits can be compared bit for bit: negating is exact, a + (-b) is a - b in IEEE
         arithmetic, and sums and products commute. (A complex product, (x_i + j x_(i+d/2)) e^(j angle), is the same
         rotation but torch's complex kernel fuses a multiply-add on some lengths: 1 ulp apart, so no equality.)"""

@@ -1,0 +1,445 @@
+"""
+Position encodings: how a GPT learns where each token is. Every scheme and every RoPE context extension lives
+here, and model.py calls them through one interface. Read top to bottom: the schemes' names and the validation of
+a config's position fields; the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the
+masks); the modules that apply them, each in one place:
+
+    learned, sinusoidal   add a vector to the token embedding      (embed)
+    rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
+    alibi                 adds a bias to the attention scores      (score_bias, in GPT.attention_mask)
+    none                  nothing: only the causal mask reveals order
+
+This file imports nothing from the repository: the exercises (course/exercises.py) point here.
+"""
+
+import math
+from types import MappingProxyType
+
+import torch
+import torch.nn as nn
+
+POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
+ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
+                                      nope_interval=0, nope_layers=None))
+
+
+def check_position_config(config):
+    """The position fields of a GPTConfig (read by name), each a one-line ValueError naming what is valid."""
+    if config.pos not in POS_SCHEMES:
+        raise ValueError(f"pos={config.pos!r} is not a position scheme; choose one of {', '.join(POS_SCHEMES)}")
+    head_dim = config.n_embd // config.n_head
+    if config.pos == "rope" and config.rope_fraction == 1.0 and head_dim % 2:
+        raise ValueError(f"rope rotates pairs of dimensions: head size {head_dim} must be even")
+    if config.pos == "sinusoidal" and config.n_embd % 2:
+        raise ValueError(f"sinusoidal pairs sin and cos: n_embd={config.n_embd} must be even")
+    if config.rope_base <= 1.0:
+        raise ValueError(f"rope_base must be > 1, got {config.rope_base}")
+    if config.rope_scaling is not None and config.pos != "rope":
+        raise ValueError(f"rope_scaling={config.rope_scaling!r} extends RoPE only; this model has pos={config.pos!r}")
+    if config.rope_scaling not in (None, *ROPE_SCALINGS):
+        raise ValueError(f"rope_scaling={config.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+    if config.rope_factor < 1.0:
+        raise ValueError(f"rope_factor must be >= 1, got {config.rope_factor}")
+    if config.rope_original_len is not None and config.rope_original_len < 1:
+        raise ValueError(f"rope_original_len must be a positive integer, got {config.rope_original_len}")
+    check_rope_variants(config, head_dim)
+
+
+def check_rope_variants(config, head_dim):
+    """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
+    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(config, name) != plain]
+    if changed and config.pos != "rope":
+        given = ", ".join(f"{name}={getattr(config, name)}" for name in changed)
+        raise ValueError(f"only RoPE takes {given}, and this model has pos={config.pos!r}: use pos=rope")
+    llama3 = [name for name in changed if name.endswith("_freq_factor")]
+    if llama3 and config.rope_scaling != "llama3":
+        given = ", ".join(f"{name}={getattr(config, name)}" for name in llama3)
+        raise ValueError(f"{given}: llama3's frequency factors, and this model has rope_scaling="
+                         f"{config.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4")
+    check_llama3_factors(config.rope_low_freq_factor, config.rope_high_freq_factor)
+    if not 0.0 < config.rope_fraction <= 1.0:
+        raise ValueError(f"rope_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
+                         f"got {config.rope_fraction}")
+    rotary = rotary_dim(head_dim, config.rope_fraction)
+    if config.pos == "rope" and (rotary < 2 or rotary % 2):
+        valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
+        raise ValueError(f"rope_fraction={config.rope_fraction} rotates int({head_dim} x {config.rope_fraction}) "
+                         f"= {rotary} of the head's {head_dim} dimensions: RoPE turns pairs, so that "
+                         f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")
+    if config.rope_scaling in ("ntk", "dynamic") and rotary < 4:
+        raise ValueError(f"rope_scaling={config.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
+                         f"least 4 rotated dimensions, this model rotates {rotary}")
+    nope_layer_indices(config.n_layer, config.nope_interval, config.nope_layers)
+
+
+def rotary_dim(head_dim, fraction=1.0):
+    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
+    return int(head_dim * fraction)
+
+
+def nope_layer_indices(n_layer, interval=0, layers=None):
+    """The layers that skip RoPE (0-based): every interval-th, as Llama 4, or those listed in `layers` ("3,7").
+    transformers' Llama4TextConfig derives no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
+    where, despite the name, 1 marks a layer that USES RoPE (huggingface/transformers#43756);
+    interval 4 of 8 layers skips 3 and 7. Never all of them: a model without RoPE anywhere is pos=none."""
+    if interval and layers is not None:
+        raise ValueError(f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
+                         "give one of them")
+    if layers is not None:
+        items = [item.strip() for item in layers.split(",")]
+        if not all(item.isdigit() and int(item) < n_layer for item in items) or len(set(items)) < len(items):
+            raise ValueError(f"nope_layers={layers!r}: give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}),"
+                             " comma-separated and each once")
+        skipped = [int(item) for item in items]
+    elif interval:
+        if not 2 <= interval <= n_layer:
+            raise ValueError(f"nope_interval={interval}: give 0 (every layer rotates) or 2 to n_layer={n_layer} "
+                             "(1 would skip RoPE in every layer: that is pos=none)")
+        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    else:
+        return []
+    if len(skipped) == n_layer:
+        raise ValueError(f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    return skipped
+
+
+# -----------------------------------------------------------------------------
+# Position encodings: the pure functions (the course and the tests call these)
+
+
+def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
+    """Vaswani et al. 2017, 3.5: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim): wavelengths
+    2 pi to ~2 pi base. sin/cos of p + k rotate those of p, so PE(p + k) = M_k PE(p) for all p. -> (n_pos, dim)"""
+    position = torch.arange(n_pos, dtype=torch.float64)
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    angle = position[:, None] * inv_freq[None, :]  # (n_pos, dim/2)
+    pe = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # interleave: sin, cos, sin, cos...
+    return pe.to(dtype)
+
+
+def rope_inv_freq(dim, base=10000.0):
+    """RoPE's inverse frequencies theta_i = base^(-2i/dim), i < dim/2 (Su et al. 2021, eq. 15), in float64: pair i
+    turns by m theta_i at position m, a wavelength of 2 pi / theta_i tokens. -> (dim/2,)"""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
+    """YaRN's ramp over the dim/2 pairs (Peng et al. 2023): 0 for the pairs that turn beta_fast times or more over
+    original_len = T (kept), 1 for those turning fewer than beta_slow times (interpolated), linear between. As the
+    released code computes it (transformers' _compute_yarn_parameters, truncate=True): linear in the pair INDEX,
+    where the paper (eq. 17-18) ramps the rotations T theta_i / 2 pi. -> (dim/2,) float64
+        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair that turns r times over T; low = max(floor(i(beta_fast)), 0),
+        high = min(ceil(i(beta_slow)), d - 1) (+0.001 if equal); ramp_i = clamp((i - low) / (high - low), 0, 1)
+    Worked: d = 8, T = 64, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
+    ramp = (0, 0.5, 1, 1) (the paper's ramp would move all 4: pair 0 turns 10.2 < 32 times)."""
+
+    def pair_index(rotations):  # i(r), transformers' find_correction_dim
+        return dim * math.log(original_len / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(beta_fast)), 0)
+    high = min(math.ceil(pair_index(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # as released: avoids dividing by zero
+    return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def check_llama3_factors(low_freq_factor, high_freq_factor):
+    if not 0.0 < low_freq_factor < high_freq_factor:
+        raise ValueError(f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got low_freq_factor="
+                         f"{low_freq_factor} and high_freq_factor={high_freq_factor}")
+
+
+def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_len):
+    """Llama 3.1's rescaling of RoPE's theta_i (Meta's released code; transformers' _compute_llama3_parameters), by
+    the rotations r_i = T theta_i / 2 pi each pair makes over original_len = T: pairs with r_i > high_freq_factor
+    keep theta_i, those with r_i < low_freq_factor get theta_i / s, and between them theta_i / s is blended towards
+    theta_i by smooth_i = (r_i - low) / (high - low). A ramp in the rotations, as the YaRN paper's (eq. 17-18), not
+    in the pair index as the released YaRN's (yarn_ramp); no attention scale. -> like inv_freq (float64)
+    Worked: d = 32, T = 64, s = 4, low 1, high 4, base 10^4: the wavelengths 2 pi / theta_i = 2 pi 10^(i/4) are
+    6.28, 11.2, 19.9, 35.3, 62.8, 112, ...: r = 10.2, 5.73, 3.22, 1.81, 1.019, 0.573, ... So pairs 0 and 1 are kept
+    (r > 4), pairs 5 to 15 divided by 4 (r < 1), and pairs 2, 3, 4 blended, smooth = 0.740, 0.270, 0.006:
+    theta' / theta = 1/s + smooth (1 - 1/s) = 0.805, 0.453, 0.255 (pair 4 barely blended: r = 1.019, low = 1)."""
+    check_llama3_factors(low_freq_factor, high_freq_factor)
+    rotations = original_len * inv_freq / (2 * math.pi)  # r_i = T / wavelength_i
+    smooth = (rotations - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    # the same three cases as released, bounds included in the blend (where it equals its neighbours anyway)
+    divided = torch.where(rotations < low_freq_factor, inv_freq / factor, blended)
+    return torch.where(rotations > high_freq_factor, inv_freq, divided)
+
+
+def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
+                     low_freq_factor=1.0, high_freq_factor=4.0):
+    """RoPE's inverse frequencies rope_inv_freq(d, base) over the d = head_dim dimensions it rotates (with partial
+    rotation, int(head_dim * rope_fraction), as transformers), optionally rescaled to run a model trained on
+    original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
+    "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
+    s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
+    "yarn": YaRN (Peng et al. 2023): theta_i / s * ramp_i + theta_i (1 - ramp_i) (yarn_ramp: fast pairs keep theta_i,
+    slow ones get theta_i / s), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64, s = 4,
+    theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386. "llama3": Llama 3.1's llama3_inv_freq, low_freq_factor
+    and high_freq_factor bounding its blend (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1.
+    """
+    if scaling not in (None, *ROPE_SCALINGS):
+        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+    if factor < 1.0:
+        raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
+    if scaling in ("dynamic", "yarn", "llama3") and original_len is None:
+        needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
+        raise ValueError(f"{scaling} rope scaling needs {needs}")
+    d, s = head_dim, factor
+    theta = rope_inv_freq(d, base)
+    attention_scale = 1.0
+    if scaling == "linear":
+        theta = theta / s
+    elif scaling == "ntk":
+        theta = rope_inv_freq(d, base * s ** (d / (d - 2)))
+    elif scaling == "dynamic":
+        if seq_len is None:
+            raise ValueError("dynamic rope scaling needs original_len and seq_len")
+        grown = max(1.0, s * seq_len / original_len - (s - 1))
+        theta = rope_inv_freq(d, base * grown ** (d / (d - 2)))
+    elif scaling == "yarn":
+        ramp = yarn_ramp(d, base, original_len)
+        theta = theta / s * ramp + theta * (1 - ramp)  # small i (fast pairs) keep theta_i
+        attention_scale = 0.1 * math.log(s) + 1.0
+    elif scaling == "llama3":
+        theta = llama3_inv_freq(theta, s, low_freq_factor, high_freq_factor, original_len)
+    return theta.float(), attention_scale
+
+
+def default_rope_factor(length, original_len):
+    """The extension factor s a RoPE scaling gets when none is given: the length to reach over the length trained
+    on, never below 1 (s = 1 leaves every frequency as trained)."""
+    return max(1.0, length / original_len)
+
+
+def position_limit(pos, block_size):
+    """The longest input a scheme encodes: block_size for learned (no trained row past it), None (unbounded) for
+    the others. Past it, learned is run on the window of its last block_size tokens, positions from 0."""
+    return block_size if pos == "learned" else None
+
+
+def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
+    """cos and sin of the rotation angles position * theta_i, in inv_freq's dtype. -> two (T, head_dim/2)"""
+    angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
+    return angle.cos() * attention_scale, angle.sin() * attention_scale
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the rotated dimensions.
+    Pairs are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to
+    a fixed permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back.
+    Partial rotation (d < head_dim, GPT-NeoX's rotary_pct, transformers' partial_rotary_factor): the first d
+    dimensions turn, halves within them, and the rest pass unchanged, carrying no position."""
+    d = 2 * cos.size(-1)
+    if d < x.size(-1):
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return rotated.to(x.dtype)
+
+
+def alibi_slopes(n_head):
+    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence from
+    2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code does, the slopes of the
+    power of two below n, then every other slope of twice that power for the rest."""
+
+    def power_of_two_slopes(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    if math.log2(n_head).is_integer():
+        return torch.tensor(power_of_two_slopes(n_head))
+    closest = 2 ** math.floor(math.log2(n_head))
+    extra = power_of_two_slopes(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(power_of_two_slopes(closest) + extra)
+
+
+def alibi_bias(slopes, n_query, n_key):
+    """-m_h (i - j) for query i and key j, the queries being the last n_query of n_key positions; the causal mask
+    is added separately. -> (n_head, n_query, n_key)"""
+    query_pos = torch.arange(n_key - n_query, n_key, device=slopes.device)
+    return alibi_bias_at(slopes, query_pos, torch.arange(n_key, device=slopes.device))
+
+
+def alibi_bias_at(slopes, query_pos, key_pos):
+    """alibi_bias between any absolute positions, query_pos (T,) and key_pos (n_key,), as a KV cache holds them."""
+    distance = (query_pos[:, None] - key_pos[None, :]).to(slopes.dtype)  # i - j
+    return -slopes[:, None, None] * distance[None]
+
+
+def causal_mask(query_pos, key_pos, window=None):
+    """Query i sees key j if j <= i and, with a window, i - j < window (itself and the window - 1 before it).
+    A key position of -1 is an empty KV-cache slot, never seen. -> (n_query, n_key) bool"""
+    distance = query_pos[:, None] - key_pos[None, :]  # i - j
+    visible = (distance >= 0) & (key_pos >= 0)[None, :]
+    if window is not None:
+        visible = visible & (distance < window)
+    return visible
+
+
+def cached_key_positions(end, size):
+    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, position p in
+    slot p % size (a ring, when size is a sliding window): the latest p < end with p = j (mod size), -1 while slot j
+    is empty. end: a (1,) long tensor, so that a compiled decode step computes it as well. -> (size,)
+    Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
+    slot = torch.arange(size, device=end.device)
+    latest = end - 1 - (end - 1 - slot) % size
+    return latest.where(latest >= 0, -1)
+
+
+def attention_mask(query_pos, key_pos, bias=None, window=None):
+    """The additive mask attention gets wherever SDPA's is_causal cannot serve (a score bias, a KV cache): 0 where
+    causal_mask lets query i see key j, -inf elsewhere, plus the scheme's bias (ALiBi's -m_h (i - j)).
+    -> (1, n_head or 1, n_query, n_key), float32"""
+    visible = causal_mask(query_pos, key_pos, window)[None, None]
+    return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
+
+
+# -----------------------------------------------------------------------------
+# Position encodings: the modules. Each acts in one of three places, through the same hooks, called once per
+# forward with absolute positions as (T,) tensors (0 .. T-1, or where a KV cache left off; keys: what it holds):
+#   max_len                          the longest sequence it can encode (None: unbounded)
+#   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses past its own)
+#   embed(tok_emb, positions)        -> what enters the first block (learned, sinusoidal add here)
+#   rotation(positions)              -> RoPE's (cos, sin) for q and k, or None
+#   score_bias(query_pos, key_pos)   -> an additive (1, n_head, T, n_key) score bias (ALiBi), or None
+
+
+class NoPositions(nn.Module):
+    """NoPE: no position signal. Attention is then permutation equivariant; only the causal mask
+    reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+
+    max_len = None
+
+    def __init__(self, config):
+        super().__init__()
+
+    def reserve(self, n_pos):
+        pass
+
+    def embed(self, tok_emb, positions):
+        return tok_emb
+
+    def rotation(self, positions):
+        return None
+
+    def score_bias(self, query_pos, key_pos):
+        return None
+
+
+class LearnedPositions(nn.Embedding):
+    """GPT-2: a trained vector per position 0..block_size-1, added to the token embedding.
+    Nothing was trained past block_size, so longer inputs are refused."""
+
+    def __init__(self, config):
+        super().__init__(config.block_size, config.n_embd)
+        self.max_len = config.block_size
+
+    def reserve(self, n_pos):
+        """Called with the length about to be reached (positions 0 .. n_pos - 1) before any layer runs: GPT.forward,
+        and GPT.setup_cache once for all of generation's steps. Nothing was trained past row block_size - 1, so a longer n_pos is
+        refused here, in a ValueError naming block_size and the schemes that run longer ('sequence length N exceeds
+        block_size=T: pos=learned has no embedding past position T-1; sinusoidal, rope, alibi and none run longer',
+        the line the README quotes), not as an index error mid-forward (on a GPU, a device-side assert)."""
+        if n_pos > self.max_len:
+            raise ValueError(
+                f"sequence length {n_pos} exceeds block_size={self.max_len}: pos=learned has no embedding past "
+                f"position {self.max_len - 1}; sinusoidal, rope, alibi and none run longer"
+            )
+
+    def embed(self, tok_emb, positions):
+        """tok_emb plus the table's rows at `positions`, looked up (nn.Embedding's forward) rather than the first T
+        rows sliced: positions are absolute, and with a KV cache they go on where the cache left off."""
+        return tok_emb + super().forward(positions)  # the rows of the table at these positions
+
+    def rotation(self, positions):
+        return None
+
+    def score_bias(self, query_pos, key_pos):
+        return None
+
+
+class SinusoidalPositions(NoPositions):
+    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit amplitude,
+    GPT-2's token embeddings std 0.02: as in Vaswani et al. (3.4) the tokens are scaled by sqrt(n_embd) first."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.token_scale = math.sqrt(config.n_embd)
+        self.register_buffer("table", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False)
+
+    def reserve(self, n_pos):
+        if n_pos > self.table.size(0):  # past the cached length: only when generating beyond block_size
+            n_rows = max(n_pos, 2 * self.table.size(0))
+            self.table = sinusoidal_embedding(n_rows, self.table.size(1)).to(self.table.device)
+
+    def embed(self, tok_emb, positions):
+        return tok_emb * self.token_scale + self.table[positions].to(tok_emb.dtype)
+
+
+class RotaryPositions(NoPositions):
+    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin, tabulated for
+    block_size positions, extended on demand. A context extension rescales against the length first trained on:
+    rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size. With
+    rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over those
+    alone (transformers' _compute_default_rope_parameters with partial_rotary_factor), so apply_rope leaves the
+    rest of each head as it is."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.dim, self.base = config.rotary_dim, config.rope_base
+        self.scaling, self.factor = config.rope_scaling, config.rope_factor
+        self.original_len = config.rope_original_len or config.block_size
+        self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
+        self._tabulate(config.block_size)
+
+    def _cos_sin(self, positions, seq_len):
+        inv_freq, scale = rope_frequencies(
+            self.dim, self.base, self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors
+        )
+        return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
+
+    def _tabulate(self, n_pos, device=None):
+        cos, sin = self._cos_sin(torch.arange(n_pos, device=device), seq_len=self.original_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def reserve(self, n_pos):
+        if n_pos > self.cos.size(0):  # past the cached length: only when generating beyond block_size
+            self._tabulate(max(n_pos, 2 * self.cos.size(0)), device=self.cos.device)
+
+    def rotation(self, positions):
+        if self.scaling == "dynamic":
+            # dynamic NTK: the frequencies follow the length reached, the last position + 1, recomputed as it grows
+            seq_len = int(positions[-1]) + 1
+            if seq_len > self.original_len:
+                return self._cos_sin(positions, seq_len)
+        return self.cos[positions], self.sin[positions]
+
+
+class ALiBiPositions(NoPositions):
+    """ALiBi: no embedding; each head h adds -m_h * (i - j) to the score of query i on key j,
+    a recency bias that needs no table and so extends to any length."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
+
+    def score_bias(self, query_pos, key_pos):
+        # 4-D (1, n_head, n_query, n_key): SDPA's fused CPU kernel takes no 3-D mask (docs/perf.md)
+        return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
+
+
+# The one place where a scheme is chosen.
+POSITION_MODULES = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rope": RotaryPositions,
+    "alibi": ALiBiPositions,
+    "none": NoPositions,
+}
+

@@ -9,7 +9,7 @@ trained on.
 
 --task=passkey (checkpoints trained on data/passkey, configs/passkey.toml): for each row, length L (default 1, 2,
 4, 8 x T) and depth (--depths, where the key is stated as a fraction of the filler: 0 first, 1 just before the
-question), --trials samples with fresh evaluation keys and filler (plumbing/retrieval.py): the exact-match rate of
+question), --trials samples with fresh evaluation keys and filler (measure/retrieval.py): the exact-match rate of
 the five digits, read as the argmax at each digit in one forward pass of the L tokens with the answer in place
 (equal, for exact match, to greedy decoding with the KV cache; tests/test_retrieval.py), and its 95% Wilson
 interval. The table pools the depths; --csv has one line per (checkpoint, method, length, depth), PASSKEY_COLUMNS;
@@ -59,10 +59,10 @@ from plumbing import report
 from plumbing.checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
 from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags
 from data.common import dataset_dir, load_meta
-from plumbing.evaluation import validation_tokens, window_bytes, window_losses, window_starts
+from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
-from plumbing.retrieval import count_correct, passkey_batch, wilson_interval
+from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
 from model import ROPE_SCALINGS, GPTConfig
 
@@ -210,7 +210,7 @@ class Source:
 def open_source(name, dataset=None, task="loss"):
     """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line CheckpointError or
     ValueError for a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else.
-    The passkey task makes its own samples (plumbing/retrieval.py) and reads no split."""
+    The passkey task makes its own samples (measure/retrieval.py) and reads no split."""
     given = Path(name)
     if not given.exists():
         raise CheckpointError(f"{name}: no such folder or checkpoint file")
@@ -353,7 +353,7 @@ def evaluate(sources, lengths, cfg, device):
 
 
 # -----------------------------------------------------------------------------
-# Passkey retrieval (plumbing/retrieval.py, data/passkey/task.py)
+# Passkey retrieval (measure/retrieval.py, data/passkey/task.py)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch
 from plumbing.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
 from plumbing.cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
-from plumbing.evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
+from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 from generation import generate_cached, generation_bytes
 from model import GPT2_MODELS, ROPE_SCALINGS, ROPE_VARIANTS
@@ -254,7 +254,7 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 
 
 # -----------------------------------------------------------------------------
-# Comparing checkpoints (the losses come from evaluation.py, shared with eval_length.py)
+# Comparing checkpoints (the losses come from measure/losses.py, shared with eval_length.py)
 
 
 def compare(cfg, device):

@@ -33,7 +33,7 @@ import torch
 
 from model import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
+from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
 from plumbing.runs import model_dirs, run_python
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")

@@ -21,7 +21,7 @@ import torch
 
 from model import POS_SCHEMES
 from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
+from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
 from plumbing.runs import model_dirs
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}

@@ -49,7 +49,7 @@ from model import POS_SCHEMES
 from plumbing.checkpoint import CheckpointError, fine_tune_dir
 from plumbing.cli import RunError, one_line_errors, parse_flags
 from plumbing.report import markdown_table
-from plumbing.retrieval import wilson_interval
+from measure.retrieval import wilson_interval
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
 
 EXTENSION = 4  # the fine-tunes' context: 4 x T

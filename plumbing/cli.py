@@ -86,7 +86,7 @@ def parse_float(text):
 
 
 def parse_list(name, text, choices, everything=None):
-    """A comma-separated value naming some of `choices`, each once, in the order given (bench.py's and perf.ab's
+    """A comma-separated value naming some of `choices`, each once, in the order given (perf.bench's and perf.ab's
     --pos) -> tuple. `everything`: a word that stands for all of them, in their own order ("all")."""
     if everything is not None and text == everything:
         return tuple(choices)
@@ -215,7 +215,7 @@ def explain(message, valid):
 def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False):
     """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
     each --config FILE.toml in the order given, then by the flags in argv (sys.argv[1:] when None). Fields named in
-    `positional` are positional arguments. foreign_keys: the --config file is another script's (bench.py reads
+    `positional` are positional arguments. foreign_keys: the --config file is another script's (perf.bench reads
     training presets), so its keys that are no flag here are ignored instead of refused. A mistake exits with
     status 2 and one line naming the valid choices."""
     values = {}

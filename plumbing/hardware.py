@@ -2,7 +2,7 @@
 What a script runs on: the device, the precision, how fast that hardware can go (for MFU), and how much memory
 it has left.
 
-Every entry point (train.py, sample.py, eval_length.py, bench.py) resolves `--device` and `--dtype` here,
+Every entry point (train.py, sample.py, eval_length.py, perf.bench) resolves `--device` and `--dtype` here,
 so `auto` means the same thing everywhere: cuda, then mps, then cpu; bfloat16 on CUDA, float32 elsewhere.
 """
 

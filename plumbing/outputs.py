@@ -1,5 +1,5 @@
 """
-Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, bench.py's --json):
+Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's --json):
 checked before the work, written all at once after it.
 
     check_outputs({"csv": cfg.csv, "plot": cfg.plot}, inputs=[checkpoint])   # before hours of evaluation

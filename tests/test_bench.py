@@ -1,5 +1,5 @@
-"""bench.py runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
-one line. Speed itself is measured by bench.py, never asserted here."""
+"""perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
+one line. Speed itself is measured by perf.bench, never asserted here."""
 import json
 import math
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
+from perf import bench
 from helpers import error_line
 from model import GPT, POS_SCHEMES, GPTConfig
 from perf import ab
@@ -60,7 +60,7 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
     assert {"command", "date", "machine", "source", "config", "peak_flops", "peak_source", "memory", "training",
             "generation", "compiled_decoding"} <= set(written)
     assert {"platform", "cpu_count", "gpu", "torch", "torch_threads"} <= set(written["machine"])
-    assert written["command"].startswith("python bench.py --n_layer=1")
+    assert written["command"].startswith("python -m perf.bench --n_layer=1")
     assert written["config"]["device"] == "cpu" and written["config"]["dtype"] == "float32"
     assert {"ms_per_step", "tokens_per_sec", "compile_s", "flops_per_token", "tflops", "mfu",
             "peak_memory_mb"} <= set(written["training"]["rope"])

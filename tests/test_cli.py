@@ -21,9 +21,9 @@ from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
-ENTRY_POINTS = ("train", "sample", "eval_length", "bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
+ENTRY_POINTS = ("train", "sample", "eval_length", "perf.bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
                 "course.__main__")
-SHARED_MODULES = ("model", "generation", "plumbing.*", "data.common", "data.passkey.task", "course.*")
+SHARED_MODULES = ("model", "generation", "positions", "plumbing.*", "measure.*", "data.common", "data.passkey.task", "course.*")
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
@@ -114,19 +114,20 @@ def project_modules():
 
 
 def test_no_script_imports_another_script():
-    """Entry points (train.py, sample.py, eval_length.py, bench.py, and what runs as python -m: perf.ab, demo.*,
+    """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab, demo.*,
     experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py), never each other;
     no shared module imports one either, or the entry points would import each other through it."""
     modules = project_modules()
     entry_points = {name for name in modules if any(fnmatch(name, pattern) for pattern in ENTRY_POINTS)}
-    assert {"train", "sample", "eval_length", "bench", "perf.ab"} <= entry_points
+    assert {"train", "sample", "eval_length", "perf.bench", "perf.ab"} <= entry_points
     offenders = {path: sorted(imported_names(path) & entry_points - {name}) for name, path in modules.items()}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
 def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
-    generation.py; shared code goes in plumbing/ (or data/common.py for the data format)."""
+    generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py holds
+    the data format)."""
     unsorted = [path for name, path in project_modules().items() if not path.endswith("__init__.py")
                 and not any(fnmatch(name, pattern) for pattern in ENTRY_POINTS + SHARED_MODULES)]
     assert unsorted == []
@@ -224,7 +225,7 @@ def test_python_version_check_is_one_line():
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
-    """cli.parse_list, behind bench.py's and perf.ab's --pos: the names in the order given, `everything` for all
+    """cli.parse_list, behind perf.bench's and perf.ab's --pos: the names in the order given, `everything` for all
     of them in their own order, and one line naming the choices for an unknown or repeated name."""
     choices = ("learned", "rope", "alibi")
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")

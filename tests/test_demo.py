@@ -1,5 +1,5 @@
 """The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
-figures (plumbing/instruments.py): each instrument reads the model's own modules, so each is checked against the
+figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against the
 model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
@@ -14,7 +14,7 @@ import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
 from model import GPT, POS_SCHEMES, GPTConfig
-from plumbing import instruments, runs
+from measure import instruments, runs
 from plumbing.cli import RunError
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"

@@ -12,7 +12,7 @@ import eval_length
 import train
 from helpers import error_line
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
-from plumbing.evaluation import validation_tokens, window_losses, window_starts
+from measure.losses import validation_tokens, window_losses, window_starts
 from model import POS_SCHEMES, ROPE_SCALINGS
 
 BLOCK = 16

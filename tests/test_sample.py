@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from plumbing import evaluation
+from measure import losses
 import sample
 import train
 from data.common import CharTokenizer, get_tokenizer
@@ -208,8 +208,8 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
-    assert evaluation.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None
-    assert evaluation.inside_vs_beyond_loss(loaded, "cpu", 2 * BLOCK) is not None
+    assert losses.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None
+    assert losses.inside_vs_beyond_loss(loaded, "cpu", 2 * BLOCK) is not None
 
 
 def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpoints):

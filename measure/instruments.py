@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from model import CausalSelfAttention, apply_rope, causal_mask
 from plumbing.checkpoint import load_model
-from plumbing.evaluation import validation_tokens
+from measure.losses import validation_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 

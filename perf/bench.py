@@ -2,10 +2,10 @@
 How fast each position scheme trains and generates, on this machine: one table per run, every figure measured
 in the same process so that the ratios between schemes are fair.
 
-    python bench.py                                        # nanoGPT's CPU recipe model, all five schemes
-    python bench.py --pos=rope --gen_multiples 1 4 --json=bench.json
-    python bench.py --pos=learned,rope,alibi --gen_multiples                 # training only, three schemes
-    python bench.py --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
+    python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
+    python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
+    python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
+    python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
 Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
 batch_size x block_size x grad_accum tokens, in the config's dtype under autocast, compiled when --compile says
@@ -200,7 +200,7 @@ def peak_memory_mb(device):
 def source():
     """Which code was measured: the git commit, whether the working tree differs from it (model.py's owner may be
     mid-change), and model.py's own hash."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above perf/
     git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
     try:
         commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "--untracked-files=no")
@@ -418,7 +418,7 @@ def device_peak(cfg):
 
 def new_report(cfg, argv, peak, peak_source):
     on_cuda = cfg.device.startswith("cuda")
-    return {"command": shlex.join(["python", "bench.py", *argv]), "date": datetime.now(UTC).isoformat(),
+    return {"command": shlex.join(["python", "-m", "perf.bench", *argv]), "date": datetime.now(UTC).isoformat(),
             "machine": machine(cfg.device), "source": source(), "config": asdict(cfg),
             "peak_flops": peak, "peak_source": peak_source,
             "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else

@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass
 
 from model import POS_SCHEMES
-from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.cli import parse_flags
+from plumbing.errors import one_line_errors
 from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
 from plumbing.runs import model_dirs
 
@@ -43,8 +44,7 @@ class ProbeConfig:
 
 def parse_args(argv=None):
     values = parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)])
-    with one_line_errors("demo/probe.py"):
-        return ProbeConfig(**values)
+    return ProbeConfig(**values)
 
 
 def run_probes(cfg, log=print):
@@ -103,9 +103,9 @@ def draw(results, path):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
-    use_one_thread()
-    with one_line_errors("demo/probe.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
+    with one_line_errors("demo/probe.py"):
+        cfg = parse_args(argv)
+        use_one_thread()
         results = run_probes(cfg)
     for target in TARGETS:
         print()

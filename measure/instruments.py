@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from model import CausalSelfAttention, apply_rope, causal_mask
-from plumbing.checkpoint import load_model
+from plumbing.checkpoint import open_model
 from measure.losses import validation_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def describe(out_dir, ckpt):
 
 def load(out_dir, dtype=torch.float32):
     """(model on the CPU in eval mode and dtype, tokenizer, checkpoint dict)."""
-    model, tokenizer, ckpt = load_model(out_dir, "cpu")
+    model, tokenizer, ckpt = open_model(out_dir)
     return model.to(dtype), tokenizer, ckpt
 
 

@@ -45,14 +45,15 @@ from datetime import UTC, datetime
 
 import torch
 
-from plumbing.cli import RunError, one_line_errors, parse_flags, parse_list
+from plumbing.cli import parse_flags, parse_list
+from plumbing.errors import UserError, one_line_errors
 from data.common import available_datasets, dataset_dir, load_meta
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from generation import generate_cached
 from model import GPT, POS_SCHEMES, GPTConfig
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import markdown_table
+from plumbing.report import fmt, markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
@@ -136,18 +137,17 @@ def vocab_size_of(dataset):
         raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}")
     try:
         return load_meta(dataset_dir(dataset))["vocab_size"]
-    except (OSError, ValueError):
+    except (OSError, UserError):
         return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a mistake exits with
-    status 2 and one line."""
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits with
+    status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
     values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
                          choices={"dtype": DTYPES}, foreign_keys=True)
-    with one_line_errors("bench.py"):
-        cfg = BenchConfig(**values)
-        check_device(resolve_device(cfg.device))
+    cfg = BenchConfig(**values)
+    check_device(resolve_device(cfg.device))
     return cfg
 
 
@@ -366,10 +366,6 @@ def bench_generation(cfg, pos, log):
 # Report
 
 
-def fmt(value, spec, missing="-"):
-    return missing if value is None else format(value, spec)
-
-
 def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
     columns = ["pos", "params", "ms/step", "x learned", "tokens/s", "compile s", "FLOPs/token", "TFLOP/s", "% of peak",
@@ -378,9 +374,9 @@ def training_table(train):
     for pos, t in train.items():
         ratio = t["ms_per_step"] / learned if learned else None
         share = t.get("mfu")
-        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f"),
-                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f"), f"{t['flops_per_token']:,}",
-                     f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f"), f"{t['peak_memory_mb']:,.0f}"])
+        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-"),
+                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}",
+                     f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
     return markdown_table(columns, rows)
 
 
@@ -392,7 +388,7 @@ def generation_table(generation, compiled_note):
         for row in g["rows"]:
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
-            speedup = fmt(row["speedup"], ".1f") + ("x" if row["speedup"] else "")
+            speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
             rows.append([pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}",
                          fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup,
                          fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"])
@@ -434,7 +430,7 @@ def print_report(report, cfg):
     print(f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
           f"{f' ({gpu})' if gpu else ''}, "
           f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
-          f"peak {fmt(report['peak_flops'], '.3g')} FLOP/s ({report['peak_source']}); memory: {report['memory']}; "
+          f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); memory: {report['memory']}; "
           f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n")
     if report["training"]:
         print(training_table(report["training"]) + "\n")
@@ -465,9 +461,8 @@ def run(cfg, argv):
 def main(argv=None):
     """Run the benchmark; -> the report dict (also written to --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = resolve(parse_args(argv))
-    with one_line_errors("bench.py", status=1, errors=(RunError,)):
-        return run(cfg, argv)
+    with one_line_errors("bench.py"):
+        return run(resolve(parse_args(argv)), argv)
 
 
 if __name__ == "__main__":

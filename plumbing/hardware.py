@@ -12,6 +12,8 @@ from contextlib import nullcontext
 
 import torch
 
+from plumbing.errors import UserError
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N, mps"
@@ -42,11 +44,11 @@ def check_device_name(device):
 
 
 def check_device(device):
-    """ValueError if this machine lacks the device asked for."""
+    """A usage UserError (status 2) if this machine lacks the device asked for."""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu")
+        raise UserError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu", 2)
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu")
+        raise UserError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu", 2)
 
 
 def resolve_device(device):
@@ -106,7 +108,7 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """ValueError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
+    """A UserError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
     available now: refused before the allocation, where the kernel would kill the process without a word. The
     message names the parts of at least 1% of the total. Nothing is refused where the available memory is unknown."""
     needed, available = sum(parts.values()), available_memory(device)
@@ -114,7 +116,7 @@ def check_memory(parts, device, what, advice):
         return
     largest = sorted(parts.items(), key=lambda part: -part[1])
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
-    raise ValueError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
+    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
                      f"{format_bytes(available)} available; {advice}")
 
 

@@ -15,7 +15,7 @@ from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
 from model import GPT, POS_SCHEMES, GPTConfig
 from measure import instruments, runs
-from plumbing.cli import RunError
+from plumbing.errors import UserError
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
@@ -212,7 +212,7 @@ def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refuse
     assert runs.decide(resume) == ("resume", 1)
     assert runs.decide(empty) == ("train", None)
     for plan, words in ((other_pos, "(pos rope, not alibi)"), (other_shape, "(n_embd 16, not 32)")):
-        with pytest.raises(RunError) as error:
+        with pytest.raises(UserError) as error:
             runs.decide(plan, elsewhere="move it away")
         message = str(error.value)
         assert message.startswith(f"{finished} holds another run") and words in message, message

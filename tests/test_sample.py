@@ -208,8 +208,9 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
-    assert losses.inside_vs_beyond_loss(pretrained, "cpu", 2 * BLOCK) is None
-    assert losses.inside_vs_beyond_loss(loaded, "cpu", 2 * BLOCK) is not None
+    dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get("dataset")  # as sample.compare reads it
+    assert losses.inside_vs_beyond_loss(pretrained.model, dataset(pretrained), "cpu", 2 * BLOCK) is None
+    assert losses.inside_vs_beyond_loss(loaded.model, dataset(loaded), "cpu", 2 * BLOCK) is not None
 
 
 def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpoints):

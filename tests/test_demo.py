@@ -14,7 +14,8 @@ import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
 from model import GPT, POS_SCHEMES, GPTConfig
-from measure import instruments, runs
+from measure import instruments
+from plumbing import runs
 from plumbing.errors import UserError
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"

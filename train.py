@@ -13,11 +13,12 @@ Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CP
 then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
-Read top to bottom: the config, the model and optimizer, one step, evaluation, the loop, main(). The machinery is
-beside it, in plumbing/: checkpoint.py (what a checkpoint holds, writing a run's, safe loads, resume checks),
-run_folder.py (one run per out_dir, never a finished run replaced unasked), cli.py (flags), distributed.py (torchrun:
-each process runs its share of grad_accum micro-batches, one each by default), hardware.py (device, precision,
-FLOPs), report.py (log lines); and data/common.py (batches).
+Read top to bottom: the config, the model and optimizer, one step, evaluation, then train(), the loop itself, and
+main(), which calls it. The machinery is beside it, in plumbing/: resume.py (a run's state, its checkpoints,
+resuming, --init_from), checkpoint.py (the file: atomic writes, safe loads), run_folder.py (one run per out_dir,
+never a finished run replaced unasked), cli.py (flags), errors.py (one-line errors, Ctrl-C and SIGTERM),
+distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each by default),
+hardware.py (device, precision, FLOPs), report.py (log lines); and data/common.py (batches).
 """
 
 import importlib.util

@@ -55,7 +55,7 @@ from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_pyth
 
 EXTENSION = 4  # the fine-tunes' context: 4 x T
 FIRST_SEED = 1337  # train.py's default seed: its runs are the first seed's
-# --extra: RoPE as released models ship it (issue 21), at the same preset: (folder name, train.py flags)
+# --extra: RoPE as released models ship it, at the same preset: (folder name, train.py flags)
 EXTRA_RUNS = (("rope_frac0.25", ("--pos=rope", "--rope_fraction=0.25")),  # GPT-NeoX rotates 25% of each head
               ("rope_nope4", ("--pos=rope", "--nope_interval=4")))  # Llama 4: every 4th layer without RoPE
 # The fine-tunes: (source scheme, rope_scaling or None). train.py names their folders as here.

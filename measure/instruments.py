@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def use_one_thread():
     """One intra-op thread unless OMP_NUM_THREADS says otherwise. These models are tiny (128 dims): extra threads
-    only add synchronisation, and on a shared machine their spin-waits made a forward pass 10-15 x slower
-    (measured: 0.3-0.4 s with 2 threads under load vs 0.03 s with one). tests/conftest.py makes the same choice."""
+    only add synchronisation, and on a shared machine their spin-waits make a forward pass many times slower.
+    tests/conftest.py makes the same choice."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 

@@ -171,8 +171,8 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
     assert side.module is not ab.current and sys.modules["model"] is ab.current
 
 
-def test_ab_measures_a_revision_from_before_generation_py():
-    """Before generation.py, generate_cached was a method of GPT: perf.ab calls that one for such a revision."""
+def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
+    """A revision without generation.py has generate_cached as a method of GPT: perf.ab calls that one there."""
     skip_without_git_history(BEFORE_GENERATION_PY)
     decoding = ab.main([f"--against={BEFORE_GENERATION_PY}", "--pos=rope", "--new_tokens=6", "--rounds=1"])
     assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])

@@ -100,10 +100,6 @@ def read_prompt(start):
         raise UserError(f"prompt file {path} is not UTF-8 text") from None
 
 
-# -----------------------------------------------------------------------------
-# Loading
-
-
 @dataclass
 class Loaded:
     model: object  # the GPT, in eval mode
@@ -195,10 +191,9 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens). The
     checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2 XL's 6 GB
     not kept twice). A generation that would not fit in the memory left is refused here, before it allocates."""
-    if out_dir in GPT2_MODELS:
-        checkpoint = pretrained_checkpoint(out_dir)
-    else:
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)  # load() moves the weights to device
+    # the weights only, mapped: load() moves them to device
+    checkpoint = pretrained_checkpoint(out_dir) if out_dir in GPT2_MODELS else \
+        load_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None)
@@ -214,12 +209,6 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     check_memory(needed, device, f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
                  "lower --max_new_tokens or --num_samples, or bound the context with --max_context")
     return loaded, cfg, prompt_ids, max_new_tokens
-
-
-def run_one(out_dir, cfg, device, stream):
-    """Load one checkpoint (or a GPT2_MODELS name) and print its samples. -> (Loaded, samples, tokens/s)"""
-    loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
-    return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
 
 
 def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
@@ -278,7 +267,8 @@ def main(argv=None):
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
             return compare(cfg, device)
-        return run_one(cfg.init_from or cfg.out_dir, cfg, device, cfg.stream)
+        loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(cfg.init_from or cfg.out_dir, cfg, device)
+        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream)
 
 
 if __name__ == "__main__":

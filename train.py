@@ -37,8 +37,7 @@ from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
 from plumbing import resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags
-from plumbing.distributed import (Processes, check_torchrun_device, end_processes, micro_steps_per_rank,
-                                  start_processes, wrap_ddp)
+from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                                resolve_device, resolve_dtype, speed)
@@ -94,30 +93,26 @@ class TrainConfig:
     def __post_init__(self):
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
-        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        check_device_name(self.device)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-        if not self.wandb_project.strip():
-            raise ValueError("wandb_project must not be empty")
+        value = lambda name: getattr(self, name)  # noqa: E731
+        checks = [(value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
+                  for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")]
+        checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}")
+                   for n in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr", "seed")]
+        checks += [(0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}") for n in ("beta1", "beta2")]
         # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
-        for name in ("out_dir", "init_from"):
-            if getattr(self, name) is not None and not getattr(self, name).strip():
-                raise ValueError(f"--{name} is empty (an unset shell variable?): give a folder, e.g. --{name}=out/NAME")
-        if self.resume and self.overwrite:
-            raise ValueError("--resume continues the run in out_dir and --overwrite replaces it: give one of them")
+        checks += [(value(n) is None or value(n).strip(), f"--{n} is empty (an unset shell variable?): give a folder, "
+                    f"e.g. --{n}=out/NAME") for n in ("out_dir", "init_from")]
+        checks += [
+            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
+            (self.min_lr <= self.learning_rate, f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"),
+            (self.dtype in DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}"),
+            (self.wandb_project.strip(), "wandb_project must not be empty"),
+            (not (self.resume and self.overwrite),
+             "--resume continues the run in out_dir and --overwrite replaces it: give one of them"),
+        ]
+        if failed := next((message for ok, message in checks if not ok), None):
+            raise ValueError(failed)
+        check_device_name(self.device)
 
 
 def parse_args(argv=None):
@@ -386,17 +381,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     with one_line_errors("train.py", stopped=INTERRUPTED):
         cfg, model_config = parse_args(argv)
-        procs = start_processes(cfg)
-        clean = False  # after an unexpected error another rank may be stuck in a collective: torchrun stops it
-        try:
-            summary = train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
-            clean = True
-            return summary
-        except UserError:
-            clean = True  # every rank meets it at the same point: they can still end together
-            raise
-        finally:
-            end_processes(procs, clean)
+        with processes(cfg) as procs:
+            return train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import gc
 import inspect
 import os
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -103,6 +104,22 @@ def start_processes(cfg):
     else:  # cpu: check_torchrun_device refused the rest
         dist.init_process_group("gloo", timeout=timeout)
     return Processes(rank, local_rank, world_size, device, launched=True)
+
+
+@contextmanager
+def processes(cfg):
+    """The Processes of this run (start_processes) while the block runs, ended together after it (end_processes):
+    cleanly after a return or a UserError, which every rank meets at the same point; after anything else another
+    rank may be stuck in a collective, and torchrun stops it."""
+    procs, clean = start_processes(cfg), False
+    try:
+        yield procs
+        clean = True
+    except UserError:
+        clean = True
+        raise
+    finally:
+        end_processes(procs, clean)
 
 
 def end_processes(procs, clean):

@@ -119,8 +119,8 @@ class EvalConfig:
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> EvalConfig; a bad flag exits with status 2 and one line, a bad value is a ValueError
-    (status 2 in main's handler)."""
+    """Flags (and --config) -> EvalConfig; a bad flag exits with status 2 and one line, a bad value is a
+    ValueError (status 2 in main's handler)."""
     values = parse_flags(argv, "eval_length.py", __doc__, [("evaluation", EvalConfig, None)],
                          choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS}, positional=("checkpoints",))
     return EvalConfig(**values)
@@ -143,7 +143,8 @@ class Length:
 
 
 def parse_lengths(text):
-    """--lengths -> [Length]; ValueError (one line) for anything that is not a length of at least one token."""
+    """--lengths -> [Length]; ValueError (one line) for anything that is not a length of at least one
+    token."""
     lengths = []
     for item in text.split(","):
         spec = item.strip().lower()
@@ -164,7 +165,8 @@ def parse_lengths(text):
 
 
 def parse_depths(text):
-    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the question)."""
+    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the
+    question)."""
     depths = []
     for item in text.split(","):
         try:
@@ -204,7 +206,8 @@ class Source:
         return position_limit(self.config["pos"], self.block_size)
 
     def methods(self, rope_scalings):
-        """The CSV scaling names of this checkpoint's rows, its own (plain, or its recorded RoPE extension) first."""
+        """The CSV scaling names of this checkpoint's rows, its own (plain, or its recorded RoPE extension)
+        first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
         extra = ["window"] if self.limit is not None else []
@@ -214,9 +217,9 @@ class Source:
 
 
 def open_source(name, dataset=None, task="loss"):
-    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for a
-    missing path, a file that is no checkpoint, or a dataset whose token ids mean something else.
-    The passkey task makes its own samples (measure/retrieval.py) and reads no split."""
+    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for
+    a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else. The
+    passkey task makes its own samples (measure/retrieval.py) and reads no split."""
     given = Path(name)
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
@@ -245,8 +248,8 @@ def lengths_for(source, lengths):
 
 
 def model_for(source, method, length, device):
-    """The model a row is measured with at `length` tokens: the checkpoint as recorded (plain, window, or its own
-    extension), or a RoPE extension at its default factor s = max(1, L / T)."""
+    """The model a row is measured with at `length` tokens: the checkpoint as recorded (plain, window, or its
+    own extension), or a RoPE extension at its default factor s = max(1, L / T)."""
     if method in ROPE_SCALINGS and not source.config.get("rope_scaling"):
         factor = default_rope_factor(length, source.block_size)
         return open_model(source.path, device, source.ckpt, rope_scaling=method, rope_factor=factor)[0]
@@ -291,8 +294,8 @@ def summarize(losses, length, block_size):
 
 
 def available(source, method, length):
-    """A scheme with a table (learned) has no positions past it: its plain loss is not available there (see the
-    window row)."""
+    """A scheme with a table (learned) has no positions past it: its plain loss is not available there (see
+    the window row)."""
     return not (method == "plain" and source.limit is not None and length > source.limit)
 
 
@@ -332,7 +335,8 @@ def progress_bar(total, unit, cfg):
 
 
 def evaluate(sources, lengths, cfg, device):
-    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]"""
+    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). ->
+    [Row]"""
     plan = [(source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
             for source, method, n in planned(sources, lengths, cfg)]
     results = {}
@@ -408,7 +412,8 @@ def pooled(cells):
 
 
 def passkey_table(rows, lengths, depths, trials):
-    """One line per row, one column per length: the exact-match rate pooled over depths and its 95% interval."""
+    """One line per row, one column per length: the exact-match rate pooled over depths and its 95%
+    interval."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
     lines = []
     for row in rows:
@@ -429,7 +434,8 @@ def passkey_table(rows, lengths, depths, trials):
 
 
 def loss_table(rows, lengths):
-    """One line per row, one column per length: 'loss (ratio to the plain loss at L = T)', n/a where not available."""
+    """One line per row, one column per length: 'loss (ratio to the plain loss at L = T)', n/a where not
+    available."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
     lines = []
     for row in rows:
@@ -444,7 +450,8 @@ def loss_table(rows, lengths):
 
 
 def write_table(flag, path, columns, lines):
-    """A CSV file at path (its folder made): the header row, then lines; written atomically (outputs.write_output)."""
+    """A CSV file at path (its folder made): the header row, then lines; written atomically
+    (outputs.write_output)."""
 
     def write(tmp):
         with open(tmp, "x", newline="", encoding="utf-8") as f:
@@ -457,20 +464,22 @@ def write_table(flag, path, columns, lines):
 
 def write_csv(path, rows):
     """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n, fmt(m.loss, ".6f"),
-                                            fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"), m.windows]
-                                           for row in rows for n, m in row.measures.items()])
+    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n,
+                                            fmt(m.loss, ".6f"), fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"),
+                                            m.windows] for row in rows for n, m in row.measures.items()])
 
 
 def write_positions_csv(path, rows):
     """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
+    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p,
+                                                           fmt(loss, ".6f")]
                                                           for row in rows for n, m in row.measures.items()
                                                           for p, loss in enumerate(m.positions)])
 
 
 def write_passkey_csv(path, rows):
-    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where n/a."""
+    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where
+    n/a."""
     lines = []
     for row in rows:
         for n, cells in row.measures.items():
@@ -514,13 +523,15 @@ def plot_needles(path, rows):
 
 
 def bucketed(positions, bucket):
-    """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be short."""
+    """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be
+    short."""
     points = torch.tensor(positions, dtype=torch.float64).split(bucket)
     return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
 
 
 def plot_format(path):
-    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't write."""
+    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't
+    write."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
@@ -567,22 +578,23 @@ def plot(path, rows, bucket=1):
 
 
 def check_batch_memory(source, length, batch, device):
-    """A UserError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in memory."""
+    """A UserError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in
+    memory."""
     check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
                  f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
                  "lower --lengths or --batch_size")
 
 
 def check_windows(source, length, cfg, device):
-    """A UserError (one line) if not one window of `length` tokens fits in the split, or a batch of them would not
-    fit in the memory available."""
+    """A UserError (one line) if not one window of `length` tokens fits in the split, or a batch of them would
+    not fit in the memory available."""
     check_batch_memory(source, length, min(cfg.batch_size, len(window_starts(len(source.tokens), length,
                                                                              cfg.max_windows))), device)
 
 
 def check_passkey(source, length, cfg, device):
-    """A UserError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens cannot
-    hold a key and its question, or a batch of them would not fit in the memory available."""
+    """A UserError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens
+    cannot hold a key and its question, or a batch of them would not fit in the memory available."""
     passkey_vocabulary(source)
     try:
         filler_length(length + 1)  # length inputs, and the last digit as their last target

@@ -25,7 +25,7 @@ import torch
 
 from data.common import get_tokenizer
 from generation import generate_cached, generation_bytes
-from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
+from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS, ROPE_SCALINGS, default_rope_factor
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
@@ -108,9 +108,10 @@ class Loaded:
 
 
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None)):
-    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension (the opener's
-    arguments: plumbing.checkpoint.open_model). checkpoint: out_dir's checkpoint dict, if the caller loaded it."""
-    model, tokenizer, checkpoint = open_model(out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors)
+    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension: the
+    opener's arguments (plumbing.checkpoint.open_model); checkpoint: out_dir's, if the caller loaded it."""
+    model, tokenizer, checkpoint = open_model(out_dir, device, checkpoint, rope_scaling, rope_factor,
+                                              llama3_factors)
     # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
     return Loaded(model, tokenizer, info)
@@ -132,9 +133,10 @@ def crossing_marker(block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's text.
-    Each call decodes only the tokens not printed yet (decoding the whole text again for every token made streaming
-    O(n^2)); a BPE token that ends inside a multi-byte character is held back until the character is complete."""
+    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's
+    text. Each call decodes only the tokens not printed yet (decoding the whole text again for every token
+    made streaming O(n^2)); a BPE token that ends inside a multi-byte character is held back until the
+    character is complete."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size
@@ -187,10 +189,10 @@ def describe(model):
 
 
 def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
-    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from it,
-    cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens). The
-    checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2 XL's 6 GB
-    not kept twice). A generation that would not fit in the memory left is refused here, before it allocates."""
+    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from
+    it, cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens).
+    The checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2
+    XL's 6 GB not kept twice). A generation that would not fit in the memory left is refused here, first."""
     # the weights only, mapped: load() moves them to device
     checkpoint = pretrained_checkpoint(out_dir) if out_dir in GPT2_MODELS else \
         load_checkpoint(checkpoint_path(out_dir), mmap=True)
@@ -234,12 +236,12 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 
 
 def compare(cfg, device):
-    """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the RoPE
-    ones only), then a summary table."""
+    """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
+    RoPE ones only), then a summary table."""
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
-        loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, scale_rope_only=True)
+        loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, True)
         length = len(prompt_ids) + max_new_tokens
         # measured before generating: windows that would not fit in memory stop it before the work, not after
         dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
@@ -267,7 +269,8 @@ def main(argv=None):
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
             return compare(cfg, device)
-        loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(cfg.init_from or cfg.out_dir, cfg, device)
+        out_dir = cfg.init_from or cfg.out_dir
+        loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
         return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream)
 
 

@@ -13,12 +13,12 @@ Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CP
 then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
-Read top to bottom: the config, the model and optimizer, one step, evaluation, then train(), the loop itself, and
-main(), which calls it. The machinery is beside it, in plumbing/: resume.py (a run's state, its checkpoints,
-resuming, --init_from), checkpoint.py (the file: atomic writes, safe loads), run_folder.py (one run per out_dir,
-never a finished run replaced unasked), cli.py (flags), errors.py (one-line errors, Ctrl-C and SIGTERM),
-distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each by default),
-hardware.py (device, precision, FLOPs), report.py (log lines); and data/common.py (batches).
+Read top to bottom: the config, the model and optimizer, one step, evaluation, then train(), the loop
+itself, and main(), which calls it. The machinery is beside it, in plumbing/: resume.py (a run's state, its
+checkpoints, resuming, --init_from), checkpoint.py (the file: atomic writes, safe loads), run_folder.py (one
+run per out_dir, never a finished run replaced unasked), cli.py (flags), errors.py (one-line errors, Ctrl-C
+and SIGTERM), distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each
+by default), hardware.py (device, precision, FLOPs), report.py (log lines); and data/common.py (batches).
 """
 
 import importlib.util
@@ -94,17 +94,21 @@ class TrainConfig:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
         value = lambda name: getattr(self, name)  # noqa: E731
+        positive = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")
         checks = [(value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
-                  for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")]
-        checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}")
-                   for n in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr", "seed")]
-        checks += [(0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}") for n in ("beta1", "beta2")]
+                  for n in positive]
+        at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr",
+                      "seed")
+        checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}") for n in at_least_0]
+        checks += [(0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}")
+                   for n in ("beta1", "beta2")]
         # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
-        checks += [(value(n) is None or value(n).strip(), f"--{n} is empty (an unset shell variable?): give a folder, "
-                    f"e.g. --{n}=out/NAME") for n in ("out_dir", "init_from")]
+        checks += [(value(n) is None or value(n).strip(), f"--{n} is empty (an unset shell variable?): "
+                    f"give a folder, e.g. --{n}=out/NAME") for n in ("out_dir", "init_from")]
         checks += [
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (self.min_lr <= self.learning_rate, f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"),
+            (self.min_lr <= self.learning_rate,
+             f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"),
             (self.dtype in DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}"),
             (self.wandb_project.strip(), "wandb_project must not be empty"),
             (not (self.resume and self.overwrite),
@@ -129,7 +133,8 @@ def parse_args(argv=None):
             saved = resume.saved_model_config(values["init_from"], model_flags)
         except UserError as e:  # --init_from names no checkpoint it can read: a bad flag
             raise UserError(str(e), status=2) from None
-        values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS | saved | {"out_dir": None}, choices)
+        defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
+        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
@@ -148,7 +153,7 @@ def format_out_dir(template, dataset, pos):
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
     """Replace every `auto` and None in cfg by what this run uses, so the checkpoint records it. device, when
-    given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None becomes one micro-batch per process."""
+    given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None: one micro-batch per process."""
     device = device or resolve_device(cfg.device)
     device_type = device.split(":")[0]
     return replace(
@@ -162,9 +167,9 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
 
 
 def get_lr(it, cfg):
-    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps up to learning_rate, then a
-    half cosine down to min_lr at lr_decay_iters, then min_lr. It does not depend on max_iters. A run shorter
-    than warmup_iters (a smoke test) just stays in the warmup."""
+    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps up to learning_rate, then
+    a half cosine down to min_lr at lr_decay_iters, then min_lr. It does not depend on max_iters. A run
+    shorter than warmup_iters (a smoke test) just stays in the warmup."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)  # +1: the first step is not lr 0
     if it >= cfg.lr_decay_iters:
@@ -178,9 +183,9 @@ def get_lr(it, cfg):
 
 
 def prepare_data(dataset, procs):
-    """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others wait).
-    Every rank then looks for the dataset itself, so that all of them meet the same error, if any, together: a
-    dataset to download or prepare by hand, or a damaged one, is a UserError that says how to make it."""
+    """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others
+    wait). Every rank then looks for the dataset itself, so that all meet the same error, if any, together: a
+    dataset to download or prepare by hand, or a damaged one, is a UserError saying how to make it."""
     if procs.master:
         with suppress(UserError):
             ensure_prepared(dataset)
@@ -190,8 +195,8 @@ def prepare_data(dataset, procs):
 
 
 def build_run(cfg, model_config, meta, data_dir, procs):
-    """The Run, built fresh: the model, its compiled / DDP wrappers, the optimizer and this rank's batch streams
-    (a dataset whose files disagree with its meta.json is a UserError every rank meets at the same point)."""
+    """The Run, built fresh: the model, its compiled / DDP wrappers, the optimizer and this rank's batch
+    streams (a dataset at odds with its meta.json: a UserError every rank meets at the same point)."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     device_type = cfg.device.split(":")[0]
     autocast, scaler = precision(cfg)
@@ -201,8 +206,8 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     compiled = torch.compile(model) if cfg.compile else model
     train_model = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
-    *samplers, eval_sampler = [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed,
-                                            rank=stream) for stream in [*slots, EVAL_STREAM]]
+    *samplers, eval_sampler = [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device,
+                                            cfg.seed, rank=stream) for stream in [*slots, EVAL_STREAM]]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
     return Run(cfg, model_config, meta, procs, model, train_model, compiled, optimizer, scaler, autocast,
@@ -210,13 +215,14 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 
 def start_run(cfg, model_config, procs):
-    """The Run, built fresh, continued from out_dir/ckpt.pt (--resume) or from another run's weights (--init_from)."""
+    """The Run: built fresh, continued from out_dir/ckpt.pt (--resume) or from another's (--init_from)."""
     data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
-        path, ckpt, changes = resume.open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size)
-        procs.log(f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at step "
-                  f"{ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}")
+        path, ckpt, changes = resume.open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta,
+                                                     procs.world_size)
+        procs.log(f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at "
+                  f"step {ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}")
         resume.restore_training(run, path, ckpt)
     elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
         note = resume.init_model_from(cfg.init_from, run.model, run.meta, cfg.dataset)
@@ -256,7 +262,7 @@ def train_step(run, lr):
 
 @torch.no_grad()
 def estimate_loss(model, sampler, eval_iters, autocast):
-    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train": .., "val": ..}"""
+    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train", "val"}"""
     model.eval()
     try:
         losses = {}
@@ -274,7 +280,7 @@ def estimate_loss(model, sampler, eval_iters, autocast):
 
 
 def evaluate(run, wandb_run):
-    """Estimate the losses (rank 0; the others get them), stop if they are not finite, else write checkpoints."""
+    """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints."""
     p, cfg = run.progress, run.cfg
     run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
     losses = [math.nan, math.nan]
@@ -300,13 +306,14 @@ def evaluate(run, wandb_run):
 
 
 def check_finite(run, loss, step, last):
-    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken weights.
-    last: the step before's loss (finite), if this process ran it."""
+    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken
+    weights. last: the step before's loss (finite), if this process ran it."""
     if math.isfinite(loss):
         return
     last_good = f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
-    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {resume.kept_checkpoint(run)}; "
-                    "a lower --learning_rate may help, with --resume to continue from it")
+    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); "
+                    f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to "
+                    "continue from it")
 
 
 # -----------------------------------------------------------------------------
@@ -315,8 +322,8 @@ def check_finite(run, loss, step, last):
 
 def train(cfg, model_config, procs=Processes(), resume_command="the same command with --resume"):
     """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout:
-    evaluate (and checkpoint) every eval_interval steps and at the end, step, log, until max_iters or a stop by
-    signal (the step ends, a checkpoint is written). Returns {"best_val_loss", "best_iter", "iter_num",
+    evaluate (and checkpoint) every eval_interval steps and at the end, step, log, until max_iters or a stop
+    by signal (the step ends, a checkpoint is written). Returns {"best_val_loss", "best_iter", "iter_num",
     "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped" (the
     signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
     start = time.perf_counter()
@@ -335,7 +342,7 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
             while True:
                 it = p.iter_num  # steps done
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
-                if due and not (cfg.resume and it == start_iter):  # a resumed run's step was evaluated before saving
+                if due and not (cfg.resume and it == start_iter):  # evaluated before it was saved
                     with clock.evaluation():
                         evals.append(evaluate(run, wandb_run))
                 if it >= cfg.max_iters:
@@ -344,8 +351,8 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                     if p.saved_iter != it:
                         resume.write_checkpoints(run, improved=False)
                     stopped = signals.received or "a signal to another rank"
-                    procs.log(f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, run "
-                              f"{resume_command}")
+                    procs.log(f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, "
+                              f"run {resume_command}")
                     break
                 lr = get_lr(it, cfg)
                 loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
@@ -353,7 +360,7 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                 check_finite(run, loss, it + 1, losses.get(it))
                 losses[it + 1] = loss
                 clock.step()
-                if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device, so the clock reads real time
+                if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
                     step_seconds, seconds_left = clock.lap(it + 1)
                     metrics = speed(step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
@@ -370,13 +377,14 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
             "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
 
 
-INTERRUPTED = "train.py: interrupted: stopped at once, without a final checkpoint (the last one written is whole)"
+INTERRUPTED = ("train.py: interrupted: stopped at once, without a final checkpoint (the last one written is "
+               "whole)")
 
 
 def main(argv=None):
-    """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
-    train()'s summary, also when a signal stopped the run (its exit status then says so: exit_status). A
-    UserError is one line on stderr and its exit status; a second Ctrl-C stops at once, with status 130 (the
+    """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train,
+    return train()'s summary, also when a signal stopped the run (its exit status then says so: exit_status).
+    A UserError is one line on stderr and its exit status; a second Ctrl-C stops at once, with status 130 (the
     checkpoints are written atomically, so the last one stays whole)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with one_line_errors("train.py", stopped=INTERRUPTED):
@@ -388,5 +396,5 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         sys.exit(exit_status(main()["stopped"]))
-    finally:  # the run is over: a Ctrl-C from here on (the interpreter shutting down) would only add a traceback
+    finally:  # the run is over: a Ctrl-C now (the interpreter shutting down) would only print a traceback
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -288,8 +288,8 @@ def summarize(out_dir, meta: dict) -> str:
 
 @contextmanager
 def exit_on_user_error():
-    """For a prepare script's main(): an error the user can fix is one line, `error: ...`, and exit status 2 as
-    argparse's; Ctrl-C and SIGTERM end it with one line too, after the block's cleanups ran (staged_dataset
+    """For a prepare script's main(): an error the user can fix is one line, `error: ...`, and exit status 2
+    as argparse's; Ctrl-C and SIGTERM end it with one line too, after the block's cleanups ran (staged_dataset
     deletes its temporary folder), with 130 and 143 (128 + the signal's number) as shells expect."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
     with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):

@@ -142,8 +142,8 @@ def vocab_size_of(dataset):
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits with
-    status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits
+    with status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
     values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
                          choices={"dtype": DTYPES}, foreign_keys=True)
     cfg = BenchConfig(**values)
@@ -375,8 +375,9 @@ def training_table(train):
         ratio = t["ms_per_step"] / learned if learned else None
         share = t.get("mfu")
         rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-"),
-                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}",
-                     f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
+                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"),
+                     f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"),
+                     f"{t['peak_memory_mb']:,.0f}"])
     return markdown_table(columns, rows)
 
 
@@ -414,7 +415,8 @@ def device_peak(cfg):
 
 def new_report(cfg, argv, peak, peak_source):
     on_cuda = cfg.device.startswith("cuda")
-    return {"command": shlex.join(["python", "-m", "perf.bench", *argv]), "date": datetime.now(UTC).isoformat(),
+    return {"command": shlex.join(["python", "-m", "perf.bench", *argv]),
+            "date": datetime.now(UTC).isoformat(),
             "machine": machine(cfg.device), "source": source(), "config": asdict(cfg),
             "peak_flops": peak, "peak_source": peak_source,
             "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
@@ -430,7 +432,8 @@ def print_report(report, cfg):
     print(f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
           f"{f' ({gpu})' if gpu else ''}, "
           f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
-          f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); memory: {report['memory']}; "
+          f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+          f"memory: {report['memory']}; "
           f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n")
     if report["training"]:
         print(training_table(report["training"]) + "\n")

@@ -1,5 +1,5 @@
 """
-Checkpoints: written atomically, read safely, and opened as a model (open_model). Resuming: plumbing/resume.py.
+Checkpoints: written atomically, read safely, opened as a model (open_model). Resuming: plumbing/resume.py.
 
 train.py writes {out_dir}/ckpt.pt (the latest state) at every evaluation and, when the validation loss improved,
 best.pt (a hard link to the same file). Both hold the same plain dict:
@@ -58,7 +58,8 @@ def temporary_path(path):
 
 
 def sync_directory(folder):
-    """fsync a folder, so that a rename in it survives a power cut (POSIX; elsewhere os.replace is all we have)."""
+    """fsync a folder, so that a rename in it survives a power cut (POSIX; elsewhere os.replace is all we
+    have)."""
     if os.name == "posix":
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -98,8 +99,8 @@ def save_checkpoint(obj, path):
 
 def link_checkpoint(source, path):
     """Make path a second name of the checkpoint at source, atomically: a hard link (no second copy of a
-    GPT-2-sized file) under a temporary name, then the rename. The next save_checkpoint(source) writes a new file
-    and leaves this one alone. Copies where the filesystem has no hard links."""
+    GPT-2-sized file) under a temporary name, then the rename. The next save_checkpoint(source) writes a new
+    file and leaves this one alone. Copies where the filesystem has no hard links."""
 
     def write(tmp):
         try:
@@ -113,7 +114,8 @@ def link_checkpoint(source, path):
 
 
 def remove_unfinished_writes(out_dir):
-    """Delete the temporary files of checkpoint writes that a crash or kill -9 interrupted; returns how many."""
+    """Delete the temporary files of checkpoint writes that a crash or kill -9 interrupted; returns how
+    many."""
     leftovers = [p for name in ("ckpt.pt", "best.pt") for p in Path(out_dir).glob(f".{name}.*.tmp")]
     for path in leftovers:
         path.unlink(missing_ok=True)
@@ -125,10 +127,11 @@ def remove_unfinished_writes(out_dir):
 
 
 def load_checkpoint(path, map_location="cpu", mmap=False):
-    """The checkpoint dict at path, read with weights_only=True: unpickling arbitrary objects can run arbitrary
-    code, so a file that needs it is refused. Every failure is a UserError naming the path and the cause.
-    mmap=True maps the file instead of reading it, so a tensor is read from disk only when used: what reads a
-    config, or the weights without the optimizer state (2/3 of a training checkpoint), should pass it."""
+    """The checkpoint dict at path, read with weights_only=True: unpickling arbitrary objects can run
+    arbitrary code, so a file that needs it is refused. Every failure is a UserError naming the path and the
+    cause. mmap=True maps the file instead of reading it, so a tensor is read from disk only when used: what
+    reads a config, or the weights without the optimizer state (2/3 of a training checkpoint), should pass
+    it."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
@@ -159,9 +162,9 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
 
 
 def with_rope_variants(model_config):
-    """A checkpoint's model_config with the RoPE variants' GPTConfig fields its file predates (model.ROPE_VARIANTS)
-    at plain RoPE's values, the model its code built: so that resuming or --init_from compares like with like
-    instead of refusing a missing field (None) against its default."""
+    """A checkpoint's model_config with the RoPE variants' GPTConfig fields its file predates
+    (model.ROPE_VARIANTS) at plain RoPE's values, the model its code built: so that resuming or --init_from
+    compares like with like instead of refusing a missing field (None) against its default."""
     return model_config | {name: plain for name, plain in ROPE_VARIANTS.items() if name not in model_config}
 
 
@@ -172,8 +175,8 @@ def first_line(error):
 
 def refused_globals(path, error):
     """The classes and functions a file pickles that weights_only refused, as 'module.name' ('' if none): from
-    torch's message ("GLOBAL posix.system"), else (torch stopped earlier, at an opcode it does not know) from the
-    pickle's own opcodes, read with pickletools, which decodes them without running anything."""
+    torch's message ("GLOBAL posix.system"), else (torch stopped earlier, at an opcode it does not know) from
+    the pickle's own opcodes, read with pickletools, which decodes them without running anything."""
     named = re.findall(r"GLOBAL ([\w.]+)", str(error))
     if not named:
         named = [name.replace(" ", ".") for name in pickled_globals(path) if not SAFE_GLOBAL.fullmatch(name)]
@@ -181,8 +184,8 @@ def refused_globals(path, error):
 
 
 def pickled_globals(path):
-    """Every 'module name' a pickle file references (torch's zip format: its data.pkl; an older one: the pickles
-    one after another). A STACK_GLOBAL's names are the two strings pushed just before it."""
+    """Every 'module name' a pickle file references (torch's zip format: its data.pkl; an older one: the
+    pickles one after another). A STACK_GLOBAL's names are the two strings pushed just before it."""
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
             data = b"".join(z.read(name) for name in z.namelist() if name.endswith("data.pkl"))
@@ -202,8 +205,8 @@ def pickled_globals(path):
 
 
 def checkpoint_path(out_dir):
-    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt); a checkpoint file given
-    instead of its folder is that file."""
+    """The best checkpoint train.py kept in out_dir (best.pt), else its latest (ckpt.pt); a checkpoint file
+    given instead of its folder is that file."""
     if Path(out_dir).is_file():
         return Path(out_dir)
     best = Path(out_dir) / "best.pt"
@@ -278,8 +281,9 @@ def build_model(path, ckpt, **overrides):
 
 
 def pretrained_checkpoint(name):
-    """OpenAI's GPT-2 weights (through the optional transformers package) as the part of a checkpoint dict that
-    sampling reads: model, model_config and meta (GPT-2's BPE). No GPT is built here: open_model builds the one."""
+    """OpenAI's GPT-2 weights (through the optional transformers package) as the part of a checkpoint dict
+    that sampling reads: model, model_config and meta (GPT-2's BPE). No GPT is built here: open_model builds
+    the one."""
     try:
         config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
@@ -288,12 +292,14 @@ def pretrained_checkpoint(name):
             "meta": {"tokenizer": "gpt2", "vocab_size": config.vocab_size}}
 
 
-def open_model(source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None, llama3_factors=(None, None)):
-    """(model in eval mode on device, tokenizer or None without a meta, checkpoint dict) of the checkpoint train.py
-    kept in `source` (a run's folder: best.pt, else ckpt.pt; or a checkpoint file), or of `ckpt`, that checkpoint
-    already loaded (or pretrained_checkpoint's). With rope_scaling, that RoPE extension at rope_factor; llama3_factors:
-    llama3's (low, high) frequency factors, None keeping the checkpoint's (another method resets them to plain
-    RoPE's). Without, the model as trained. How sample.py, eval_length.py and the demos open a checkpoint."""
+def open_model(source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None,
+               llama3_factors=(None, None)):
+    """(model in eval mode on device, tokenizer or None without a meta, checkpoint dict) of the checkpoint
+    train.py kept in `source` (a run's folder: best.pt, else ckpt.pt; or a checkpoint file), or of `ckpt`,
+    that checkpoint already loaded (or pretrained_checkpoint's). With rope_scaling, that RoPE extension at
+    rope_factor; llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's
+    (another method resets them to plain RoPE's). Without, the model as trained. How sample.py, eval_length.py
+    and the demos open a checkpoint."""
     path = checkpoint_path(source)
     ckpt = ckpt or load_checkpoint(path, mmap=True)  # the weights only: moved to device with the model
     if "meta" in ckpt:
@@ -329,8 +335,8 @@ def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
 
 
 def run_finished(ckpt):
-    """Whether a checkpoint's run completed its max_iters: False for one a signal, a crash or a NaN stopped, which
-    --resume continues. Files written before the `finished` key are judged by their step."""
+    """Whether a checkpoint's run completed its max_iters: False for one a signal, a crash or a NaN stopped,
+    which --resume continues. Files written before the `finished` key are judged by their step."""
     if "finished" in ckpt:
         return bool(ckpt["finished"])
     max_iters = (ckpt.get("train_config") or {}).get("max_iters")

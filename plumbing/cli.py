@@ -11,7 +11,7 @@ line that names what is valid: argparse's multi-line usage block is never printe
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
     with one_line_errors("sample.py"):        # each entry point's main, once
-        cfg = SampleConfig(**values)          # the dataclass's own checks (ValueError): one line, status 2 too
+        cfg = SampleConfig(**values)          # its own checks (ValueError): one line, status 2 too
 """
 
 import sys
@@ -28,7 +28,7 @@ import tomllib
 import typing
 from dataclasses import MISSING, fields
 
-from plumbing.errors import UserError, one_line_errors  # noqa: F401 (one_line_errors: what scripts wrap flags in)
+from plumbing.errors import UserError, one_line_errors  # noqa: F401 (one_line_errors: the handler)
 
 RunError = UserError  # the name perf/ab.py and course/ catch and raise it by
 

@@ -25,7 +25,8 @@ from plumbing.hardware import resolve_device
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's place among those torchrun started; the defaults describe `python train.py`, one process."""
+    """This process's place among those torchrun started; the defaults describe `python train.py`, one
+    process."""
 
     rank: int = 0  # 0 .. world_size - 1; rank 0 logs, evaluates and writes checkpoints
     local_rank: int = 0  # rank on this machine: the GPU this process uses
@@ -46,8 +47,8 @@ class Processes:
             dist.barrier()
 
     def agree(self, loss, stop, device):
-        """(mean loss over all processes, whether any process was asked to stop): one all-reduce and one host sync
-        per step, so that every rank stops at the same step and sees the same loss."""
+        """(mean loss over all processes, whether any process was asked to stop): one all-reduce and one host
+        sync per step, so that every rank stops at the same step and sees the same loss."""
         if not self.launched:
             return loss.item(), stop
         summed = torch.stack([loss.float(), torch.tensor(float(stop), device=device)])
@@ -108,9 +109,9 @@ def start_processes(cfg):
 
 @contextmanager
 def processes(cfg):
-    """The Processes of this run (start_processes) while the block runs, ended together after it (end_processes):
-    cleanly after a return or a UserError, which every rank meets at the same point; after anything else another
-    rank may be stuck in a collective, and torchrun stops it."""
+    """The Processes of this run (start_processes) while the block runs, ended together after it
+    (end_processes): cleanly after a return or a UserError, which every rank meets at the same point; after
+    anything else another rank may be stuck in a collective, and torchrun stops it."""
     procs, clean = start_processes(cfg), False
     try:
         yield procs
@@ -123,10 +124,10 @@ def processes(cfg):
 
 
 def end_processes(procs, clean):
-    """End every rank together: wait for all (clean end only: after an unexpected error the others may be stuck
-    in a collective, and torchrun stops them), free what still refers to the process group, then destroy it.
-    Without this a gloo worker can abort at exit, when a gloo thread frees finished work that holds Python tensors
-    during interpreter finalization."""
+    """End every rank together: wait for all (clean end only: after an unexpected error the others may be
+    stuck in a collective, and torchrun stops them), free what still refers to the process group, then destroy
+    it. Without this a gloo worker can abort at exit, when a gloo thread frees finished work that holds Python
+    tensors during interpreter finalization."""
     if not procs.launched:
         return
     if clean:
@@ -148,9 +149,9 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DistributedDataParallel under torchrun, as it is otherwise. DDP need not broadcast buffers before
-    every forward: ours (RoPE's cos/sin, ALiBi's slopes) are computed from the config, the same on every rank.
-    The flag is forward_sync_buffers in newer torch, broadcast_buffers in older."""
+    """module in DistributedDataParallel under torchrun, as it is otherwise. DDP need not broadcast buffers
+    before every forward: ours (RoPE's cos/sin, ALiBi's slopes) are computed from the config, the same on
+    every rank. The flag is forward_sync_buffers in newer torch, broadcast_buffers in older."""
     if not procs.launched:
         return module
     device_ids = [procs.local_rank] if device_type == "cuda" else None

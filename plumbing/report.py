@@ -55,7 +55,8 @@ def format_seconds(seconds):
 
 
 def fmt(value, spec, missing=""):
-    """value formatted by spec (format's mini-language: ".4f", ",.0f"), `missing` for None: a table's or CSV's cell."""
+    """value formatted by spec (format's mini-language: ".4f", ",.0f"), `missing` for None: a table's or CSV's
+    cell."""
     return missing if value is None else format(value, spec)
 
 
@@ -88,8 +89,8 @@ def header_line(run, one_per_process):
 
 @contextmanager
 def wandb_logging(run):
-    """A Weights & Biases run on rank 0 while the block runs (None elsewhere or without --wandb), finished with
-    exit code 0, or 1 if the block raised; a resumed run (plumbing.resume.Run) continues its id."""
+    """A Weights & Biases run on rank 0 while the block runs (None elsewhere or without --wandb), finished
+    with exit code 0, or 1 if the block raised; a resumed run (plumbing.resume.Run) continues its id."""
     cfg, p = run.cfg, run.progress
     if not (cfg.wandb and run.procs.master):
         yield None

@@ -39,13 +39,14 @@ class Progress:
 
 @dataclass
 class Run:
-    """Everything one training run builds (train.py's build_run), taken whole rather than as a dozen arguments."""
+    """Everything one training run builds (train.py's build_run), taken whole rather than as a dozen
+    arguments."""
 
-    cfg: typing.Any  # train.py's TrainConfig, resolved: device, dtype, compile, grad_accum and out_dir filled in
+    cfg: typing.Any  # train.py's TrainConfig, resolved: device, dtype, compile, grad_accum, out_dir filled in
     model_config: typing.Any  # GPTConfig
     meta: dict
     procs: typing.Any  # plumbing.distributed.Processes
-    model: torch.nn.Module  # the plain GPT: checkpoints save its state_dict (no `_orig_mod.` or `module.` prefix)
+    model: torch.nn.Module  # the plain GPT: checkpoints save its state_dict (no `_orig_mod.`, `module.`)
     train_model: torch.nn.Module  # what a step calls: compiled and/or wrapped in DDP
     eval_model: torch.nn.Module  # compiled, never DDP: rank 0 evaluates alone
     optimizer: torch.optim.Optimizer
@@ -109,8 +110,9 @@ def set_rng_state(state, device):
 
 
 def model_differences(saved, wanted, may_change):
-    """The model settings (GPTConfig fields) of `wanted` that differ from the checkpoint's `saved` ones, those in
-    may_change aside, as "--name=new but the checkpoint has old" for a one-line refusal; "" when none do."""
+    """The model settings (GPTConfig fields) of `wanted` that differ from the checkpoint's `saved` ones, those
+    in may_change aside, as "--name=new but the checkpoint has old" for a one-line refusal; "" when none
+    do."""
     differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
@@ -155,7 +157,8 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
 
 
 def training_state(run, rng):
-    """The checkpoint dict described at the top of this file, of a training run; rng: every rank's rng_state."""
+    """The checkpoint dict described at the top of this file, of a training run; rng: every rank's
+    rng_state."""
     p = run.progress
     return {
         "model": run.model.state_dict(),
@@ -175,8 +178,8 @@ def training_state(run, rng):
 
 
 def write_checkpoints(run, improved):
-    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are gathered);
-    rank 0 writes."""
+    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are
+    gathered); rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
     run.progress.saved_iter = run.progress.iter_num
     if not run.procs.master:
@@ -194,8 +197,9 @@ def kept_checkpoint(run):
 
 
 def restore_training(run, path, ckpt):
-    """Put a freshly built run where the checkpoint left it: weights, optimizer moments, loss scale, data streams,
-    step, best loss, and (last, as building the model drew from them) the random generators of this rank."""
+    """Put a freshly built run where the checkpoint left it: weights, optimizer moments, loss scale, data
+    streams, step, best loss, and (last, as building the model drew from them) the random generators of this
+    rank."""
     load_weights(path, run.model, ckpt["model"])
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
@@ -226,10 +230,10 @@ POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) tabl
 
 def resize_position_table(table, n_pos):
     """A learned (T, C) position table resized to n_pos rows by linear interpolation, as vision transformers
-    resize theirs for a new resolution (Dosovitskiy et al. 2021, section 3.2) and as position interpolation does
-    for RoPE (Chen et al. 2023): new row p is the old table read at fractional position p * T / n_pos, linear
-    between its two neighbouring rows (the last row past the end). Old row i lands exactly on new row
-    i * n_pos / T when that is a whole number: every trained row is kept, spread out by the factor n_pos / T."""
+    resize theirs for a new resolution (Dosovitskiy et al. 2021, section 3.2) and as position interpolation
+    does for RoPE (Chen et al. 2023): new row p is the old table read at fractional position p * T / n_pos,
+    linear between its two neighbouring rows (the last row past the end). Old row i lands exactly on new row i
+    * n_pos / T when that is a whole number: every trained row is kept, spread out by the factor n_pos / T."""
     T = table.size(0)
     where = torch.arange(n_pos, dtype=torch.float64) * T / n_pos
     below = where.floor().long().clamp(max=T - 1)
@@ -239,14 +243,15 @@ def resize_position_table(table, n_pos):
 
 
 def saved_model_config(out_dir, names):
-    """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults to."""
+    """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults
+    to."""
     saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
 def fine_tune_dir(source, block_size, rope_scaling):
-    """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after the
-    new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
+    """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after
+    the new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
     source = run_folder(source)
     return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
 

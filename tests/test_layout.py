@@ -1,9 +1,9 @@
 """Each package holds what its name says, and each rule the entry points share is written once.
 
 plumbing/ and measure/ import no entry point and take none of their types (train.py's Run and configs,
-sample.py's Loaded); the rules "learned has no positions past its table" (model.position_limit, model.max_len)
-and "open a checkpoint, with a RoPE extension or without" (plumbing.checkpoint.open_model) give the same answer
-through every entry point that uses them."""
+sample.py's Loaded); the rules "learned has no positions past its table" (model.position_limit,
+model.max_len) and "open a checkpoint, with a RoPE extension or without" (plumbing.checkpoint.open_model)
+give the same answer through every entry point that uses them."""
 
 import ast
 import re
@@ -29,7 +29,8 @@ FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"  # a RoPE checkpo
 def imported(path):
     tree = ast.parse(path.read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    return names | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return names | {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
 
 
 @pytest.mark.parametrize("path", SHARED, ids=lambda path: f"{path.parent.name}/{path.name}")
@@ -43,7 +44,8 @@ def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
 def compares_pos_to_learned(path):
     """Comparisons with the string "learned" in a module: where it would test for the table's limit itself."""
     return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Compare)
-            and any(isinstance(c, ast.Constant) and c.value == "learned" for c in [node.left, *node.comparators])]
+            and any(isinstance(c, ast.Constant) and c.value == "learned"
+                    for c in [node.left, *node.comparators])]
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -63,9 +65,9 @@ def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
 
 
 def test_no_entry_point_or_measure_writes_the_table_rule_again():
-    """sample.py, eval_length.py and measure/ ask position_limit or model.max_len, never pos == "learned", whether
-    a model has positions past its table (the four-term split of qk_terms is about learned's embedding, not its
-    length)."""
+    """sample.py, eval_length.py and measure/ ask position_limit or model.max_len, never pos == "learned",
+    whether a model has positions past its table (the four-term split of qk_terms is about learned's
+    embedding, not its length)."""
     paths = [ROOT / "sample.py", ROOT / "eval_length.py", ROOT / "measure" / "losses.py",
              ROOT / "measure" / "retrieval.py"]
     assert {path.name: compares_pos_to_learned(path) for path in paths} == {path.name: [] for path in paths}

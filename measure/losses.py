@@ -68,7 +68,7 @@ def validation_tokens(dataset, prepare=True):
     missing or disagrees with its meta.json."""
     data_dir = ensure_prepared(dataset) if prepare else dataset_dir(dataset)
     meta = load_meta(data_dir)
-    check_split(data_dir, "val", meta)  # its size and ids against meta.json: a one-line DataError
+    check_split(data_dir, "val", meta)  # its size and ids against meta.json: a one-line UserError
     return np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
 
 

@@ -421,7 +421,7 @@ def new_report(cfg, argv, peak, peak_source):
             "peak_flops": peak, "peak_source": peak_source,
             "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
                       "process max RSS so far (a high-water mark, not per scheme)",
-            # what bench.py calls for compiled decoding (timed only with --compile_decode)
+            # what perf.bench calls for compiled decoding (timed only with --compile_decode)
             "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
             "training": {}, "generation": {}}
 

@@ -411,42 +411,41 @@ def pooled(cells):
     return sum(c.correct for c in cells), sum(c.trials for c in cells)
 
 
+def passkey_cell(row, cells):
+    """The exact-match rate of a row's Retrieval cells at one length, pooled over depths, with its 95% interval."""
+    correct, n = pooled(cells)
+    low, high = wilson_interval(correct, n)
+    return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
+
+
 def passkey_table(rows, lengths, depths, trials):
-    """One line per row, one column per length: the exact-match rate pooled over depths and its 95%
-    interval."""
-    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = []
-    for row in rows:
-        cells = []
-        for length in lengths:
-            correct, n = pooled(row.measures[length.tokens(row.block_size)])
-            low, high = wilson_interval(correct, n)
-            cells.append("n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]")
-        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
     caption = (f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
                f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
                "n/a: no positions past T")
-    return "\n".join([caption, "", markdown_table(head, lines)])
+    return table(caption, rows, lengths, passkey_cell)
 
 
 # -----------------------------------------------------------------------------
 # Reporting
 
 
-def loss_table(rows, lengths):
-    """One line per row, one column per length: 'loss (ratio to the plain loss at L = T)', n/a where not
-    available."""
+def table(caption, rows, lengths, cell):
+    """The caption, then a markdown table: one line per row, one column per length, cell(row, its measure)."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = []
-    for row in rows:
-        cells = []
-        for length in lengths:
-            m = row.measures[length.tokens(row.block_size)]
-            cells.append("n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})")
-        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
+    lines = [[row.checkpoint, row.pos, str(row.block_size), row.label,
+              *(cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths)] for row in rows]
+    return "\n".join([caption, "", markdown_table(head, lines)])
+
+
+def loss_cell(row, m):
+    """'loss (ratio to the row's plain loss at L = T)', n/a where not available."""
+    return "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+
+
+def loss_table(rows, lengths):
     caption = ("validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
                "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T")
-    return "\n".join([caption, "", markdown_table(head, lines)])
+    return table(caption, rows, lengths, loss_cell)
 
 
 def write_table(flag, path, columns, lines):

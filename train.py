@@ -13,12 +13,10 @@ Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CP
 then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
-Read top to bottom: the config, the model and optimizer, one step, evaluation, then train(), the loop
-itself, and main(), which calls it. The machinery is beside it, in plumbing/: resume.py (a run's state, its
-checkpoints, resuming, --init_from), checkpoint.py (the file: atomic writes, safe loads), run_folder.py (one
-run per out_dir, never a finished run replaced unasked), cli.py (flags), errors.py (one-line errors, Ctrl-C
-and SIGTERM), distributed.py (torchrun: each process runs its share of grad_accum micro-batches, one each
-by default), hardware.py (device, precision, FLOPs), report.py (log lines); and data/common.py (batches).
+Read top to bottom: the config, the model and optimizer, one step, evaluation, train() (the loop itself),
+main(). The machinery is beside it, in plumbing/: resume.py (a run's state and checkpoints, --init_from),
+run_folder.py (one run per out_dir), cli.py (flags), errors.py (one-line errors, Ctrl-C and SIGTERM),
+distributed.py (torchrun), hardware.py (device, precision, FLOPs), report.py (log lines); data/common.py.
 """
 
 import importlib.util
@@ -264,19 +262,16 @@ def train_step(run, lr):
 def estimate_loss(model, sampler, eval_iters, autocast):
     """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train", "val"}"""
     model.eval()
-    try:
-        losses = {}
-        for split in ("train", "val"):
-            total = 0.0
-            for _ in range(eval_iters):
-                x, y = sampler.get_batch(split)
-                with autocast:
-                    _, loss = model(x, y)
-                total += loss.item()
-            losses[split] = total / eval_iters
-        return losses
-    finally:
-        model.train()
+    losses = {}
+    for split in ("train", "val"):
+        total = 0.0
+        for _ in range(eval_iters):
+            x, y = sampler.get_batch(split)
+            with autocast:
+                total += model(x, y)[1].item()
+        losses[split] = total / eval_iters
+    model.train()
+    return losses
 
 
 def evaluate(run, wandb_run):
@@ -377,17 +372,14 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
             "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
 
 
-INTERRUPTED = ("train.py: interrupted: stopped at once, without a final checkpoint (the last one written is "
-               "whole)")
-
-
 def main(argv=None):
     """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train,
     return train()'s summary, also when a signal stopped the run (its exit status then says so: exit_status).
     A UserError is one line on stderr and its exit status; a second Ctrl-C stops at once, with status 130 (the
     checkpoints are written atomically, so the last one stays whole)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with one_line_errors("train.py", stopped=INTERRUPTED):
+    interrupted = "train.py: interrupted: stopped at once, without a final checkpoint (the last one is whole)"
+    with one_line_errors("train.py", stopped=interrupted):
         cfg, model_config = parse_args(argv)
         with processes(cfg) as procs:
             return train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))

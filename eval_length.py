@@ -9,7 +9,7 @@ trained on.
 
 --task=passkey (checkpoints trained on data/passkey, configs/passkey.toml): for each row, length L (default 1, 2,
 4, 8 x T) and depth (--depths, where the key is stated as a fraction of the filler: 0 first, 1 just before the
-question), --trials samples with fresh evaluation keys and filler (plumbing/retrieval.py): the exact-match rate of
+question), --trials samples with fresh evaluation keys and filler (measure/retrieval.py): the exact-match rate of
 the five digits, read as the argmax at each digit in one forward pass of the L tokens with the answer in place
 (equal, for exact match, to greedy decoding with the KV cache; tests/test_retrieval.py), and its 95% Wilson
 interval. The table pools the depths; --csv has one line per (checkpoint, method, length, depth), PASSKEY_COLUMNS;
@@ -55,16 +55,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from plumbing import report
-from plumbing.checkpoint import CheckpointError, build_model, check_same_vocabulary, checkpoint_path, load_checkpoint
-from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags
 from data.common import dataset_dir, load_meta
-from plumbing.evaluation import validation_tokens, window_bytes, window_losses, window_starts
+from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
+from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
+from measure.retrieval import count_correct, passkey_batch, wilson_interval
+from model import ROPE_SCALINGS, GPTConfig, default_rope_factor, position_limit
+from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
+from plumbing.cli import parse_flags
+from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
-from plumbing.retrieval import count_correct, passkey_batch, wilson_interval
-from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
-from model import ROPE_SCALINGS, GPTConfig
+from plumbing.report import fmt, markdown_table
 
 CSV_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
@@ -118,11 +119,11 @@ class EvalConfig:
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> EvalConfig; a mistake exits with status 2 and one line."""
+    """Flags (and --config) -> EvalConfig; a bad flag exits with status 2 and one line, a bad value is a
+    ValueError (status 2 in main's handler)."""
     values = parse_flags(argv, "eval_length.py", __doc__, [("evaluation", EvalConfig, None)],
                          choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS}, positional=("checkpoints",))
-    with one_line_errors("eval_length.py"):
-        return EvalConfig(**values)
+    return EvalConfig(**values)
 
 
 # -----------------------------------------------------------------------------
@@ -142,7 +143,8 @@ class Length:
 
 
 def parse_lengths(text):
-    """--lengths -> [Length]; ValueError (one line) for anything that is not a length of at least one token."""
+    """--lengths -> [Length]; ValueError (one line) for anything that is not a length of at least one
+    token."""
     lengths = []
     for item in text.split(","):
         spec = item.strip().lower()
@@ -163,7 +165,8 @@ def parse_lengths(text):
 
 
 def parse_depths(text):
-    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the question)."""
+    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the
+    question)."""
     depths = []
     for item in text.split(","):
         try:
@@ -197,59 +200,60 @@ class Source:
     def block_size(self):
         return self.config["block_size"]
 
+    @property
+    def limit(self):
+        """The longest input its positions encode (learned's table), None if unbounded."""
+        return position_limit(self.config["pos"], self.block_size)
+
     def methods(self, rope_scalings):
-        """The CSV scaling names of this checkpoint's rows, its own (plain, or its recorded RoPE extension) first."""
+        """The CSV scaling names of this checkpoint's rows, its own (plain, or its recorded RoPE extension)
+        first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
-        extra = ["window"] if self.config["pos"] == "learned" else []
+        extra = ["window"] if self.limit is not None else []
         if self.config["pos"] == "rope":
             extra = list(rope_scalings)
         return ["plain", *extra]
 
 
 def open_source(name, dataset=None, task="loss"):
-    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line CheckpointError or
-    ValueError for a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else.
-    The passkey task makes its own samples (plumbing/retrieval.py) and reads no split."""
+    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for
+    a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else. The
+    passkey task makes its own samples (measure/retrieval.py) and reads no split."""
     given = Path(name)
     if not given.exists():
-        raise CheckpointError(f"{name}: no such folder or checkpoint file")
+        raise UserError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
     ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
     if task == "passkey":
         return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
-        raise CheckpointError(f"{path}: records no training dataset; say which with --dataset")
-    try:
-        tokens = validation_tokens(dataset)
-    except FileNotFoundError as e:
-        raise ValueError(str(e)) from None
+        raise UserError(f"{path}: records no training dataset; say which with --dataset")
+    tokens = validation_tokens(dataset)
     if "meta" in ckpt:
         check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
     return Source(name, path, ckpt, tokens)
 
 
 def lengths_for(source, lengths):
-    """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line ValueError."""
+    """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line UserError."""
     resolved = {}
     for length in lengths:
         n = length.tokens(source.block_size)
         if n < 1:
-            raise ValueError(f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1")
+            raise UserError(f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1")
         resolved[length] = n
     return resolved
 
 
 def model_for(source, method, length, device):
-    """The model a row is measured with at `length` tokens: the checkpoint as recorded (plain, window, or its own
-    extension), or a RoPE extension at factor s = max(1, L / T)."""
+    """The model a row is measured with at `length` tokens: the checkpoint as recorded (plain, window, or its
+    own extension), or a RoPE extension at its default factor s = max(1, L / T)."""
     if method in ROPE_SCALINGS and not source.config.get("rope_scaling"):
-        factor = max(1.0, length / source.block_size)
-        model = build_model(source.path, source.ckpt, rope_scaling=method, rope_factor=factor)
-    else:
-        model = build_model(source.path, source.ckpt)
-    return model.to(device).eval()
+        factor = default_rope_factor(length, source.block_size)
+        return open_model(source.path, device, source.ckpt, rope_scaling=method, rope_factor=factor)[0]
+    return open_model(source.path, device, source.ckpt)[0]
 
 
 # -----------------------------------------------------------------------------
@@ -290,8 +294,9 @@ def summarize(losses, length, block_size):
 
 
 def available(source, method, length):
-    """learned has no positions past its table: its plain loss is not available there (see the window row)."""
-    return not (method == "plain" and source.config["pos"] == "learned" and length > source.block_size)
+    """A scheme with a table (learned) has no positions past it: its plain loss is not available there (see
+    the window row)."""
+    return not (method == "plain" and source.limit is not None and length > source.limit)
 
 
 def label(source, method):
@@ -330,7 +335,8 @@ def progress_bar(total, unit, cfg):
 
 
 def evaluate(sources, lengths, cfg, device):
-    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). -> [Row]"""
+    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). ->
+    [Row]"""
     plan = [(source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
             for source, method, n in planned(sources, lengths, cfg)]
     results = {}
@@ -353,7 +359,7 @@ def evaluate(sources, lengths, cfg, device):
 
 
 # -----------------------------------------------------------------------------
-# Passkey retrieval (plumbing/retrieval.py, data/passkey/task.py)
+# Passkey retrieval (measure/retrieval.py, data/passkey/task.py)
 
 
 @dataclass
@@ -369,11 +375,11 @@ class Retrieval:
 
 
 def passkey_vocabulary(source):
-    """{char: id} of a checkpoint trained on the passkey vocabulary; ValueError (one line) for any other."""
+    """{char: id} of a checkpoint trained on the passkey vocabulary; a UserError (one line) for any other."""
     chars = source.ckpt.get("meta", {}).get("chars") or []
     missing = sorted(set(PASSKEY_CHARS).difference(chars))
     if missing:
-        raise ValueError(f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
+        raise UserError(f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
                          f"(python train.py --config configs/passkey.toml); its vocabulary lacks {''.join(missing)!r}")
     return {c: i for i, c in enumerate(chars)}
 
@@ -405,48 +411,46 @@ def pooled(cells):
     return sum(c.correct for c in cells), sum(c.trials for c in cells)
 
 
+def passkey_cell(row, cells):
+    """The exact-match rate of a row's Retrieval cells at one length, pooled over depths, with its 95% interval."""
+    correct, n = pooled(cells)
+    low, high = wilson_interval(correct, n)
+    return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
+
+
 def passkey_table(rows, lengths, depths, trials):
-    """One line per row, one column per length: the exact-match rate pooled over depths and its 95% interval."""
-    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = []
-    for row in rows:
-        cells = []
-        for length in lengths:
-            correct, n = pooled(row.measures[length.tokens(row.block_size)])
-            low, high = wilson_interval(correct, n)
-            cells.append("n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]")
-        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
     caption = (f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
                f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
                "n/a: no positions past T")
-    return "\n".join([caption, "", report.markdown_table(head, lines)])
+    return table(caption, rows, lengths, passkey_cell)
 
 
 # -----------------------------------------------------------------------------
 # Reporting
 
 
-def fmt(value, digits=6):
-    return "" if value is None else f"{value:.{digits}f}"
-
-
-def markdown_table(rows, lengths):
-    """One line per row, one column per length: 'loss (ratio to the plain loss at L = T)', n/a where not available."""
+def table(caption, rows, lengths, cell):
+    """The caption, then a markdown table: one line per row, one column per length, cell(row, its measure)."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = []
-    for row in rows:
-        cells = []
-        for length in lengths:
-            m = row.measures[length.tokens(row.block_size)]
-            cells.append("n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})")
-        lines.append([row.checkpoint, row.pos, str(row.block_size), row.label, *cells])
+    lines = [[row.checkpoint, row.pos, str(row.block_size), row.label,
+              *(cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths)] for row in rows]
+    return "\n".join([caption, "", markdown_table(head, lines)])
+
+
+def loss_cell(row, m):
+    """'loss (ratio to the row's plain loss at L = T)', n/a where not available."""
+    return "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+
+
+def loss_table(rows, lengths):
     caption = ("validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
                "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T")
-    return "\n".join([caption, "", report.markdown_table(head, lines)])
+    return table(caption, rows, lengths, loss_cell)
 
 
 def write_table(flag, path, columns, lines):
-    """A CSV file at path (its folder made): the header row, then lines; written atomically (outputs.write_output)."""
+    """A CSV file at path (its folder made): the header row, then lines; written atomically
+    (outputs.write_output)."""
 
     def write(tmp):
         with open(tmp, "x", newline="", encoding="utf-8") as f:
@@ -459,27 +463,29 @@ def write_table(flag, path, columns, lines):
 
 def write_csv(path, rows):
     """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n, fmt(m.loss),
-                                            fmt(m.loss_beyond), fmt(m.stderr), m.windows]
-                                           for row in rows for n, m in row.measures.items()])
+    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n,
+                                            fmt(m.loss, ".6f"), fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"),
+                                            m.windows] for row in rows for n, m in row.measures.items()])
 
 
 def write_positions_csv(path, rows):
     """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p, fmt(loss)]
+    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p,
+                                                           fmt(loss, ".6f")]
                                                           for row in rows for n, m in row.measures.items()
                                                           for p, loss in enumerate(m.positions)])
 
 
 def write_passkey_csv(path, rows):
-    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where n/a."""
+    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where
+    n/a."""
     lines = []
     for row in rows:
         for n, cells in row.measures.items():
             for c in cells:
                 low, high = wilson_interval(c.correct, c.trials) if c.trials else (None, None)
                 lines.append([row.checkpoint, row.pos, row.scaling, row.block_size, n, f"{c.depth:g}", c.trials,
-                              c.correct, fmt(c.accuracy, 4), fmt(low, 4), fmt(high, 4)])
+                              c.correct, fmt(c.accuracy, ".4f"), fmt(low, ".4f"), fmt(high, ".4f")])
     write_table("csv", path, PASSKEY_COLUMNS, lines)
 
 
@@ -516,13 +522,15 @@ def plot_needles(path, rows):
 
 
 def bucketed(positions, bucket):
-    """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be short."""
+    """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be
+    short."""
     points = torch.tensor(positions, dtype=torch.float64).split(bucket)
     return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
 
 
 def plot_format(path):
-    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't write."""
+    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't
+    write."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
@@ -569,35 +577,36 @@ def plot(path, rows, bucket=1):
 
 
 def check_batch_memory(source, length, batch, device):
-    """ValueError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in memory."""
+    """A UserError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in
+    memory."""
     check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
                  f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
                  "lower --lengths or --batch_size")
 
 
 def check_windows(source, length, cfg, device):
-    """ValueError (one line) if not one window of `length` tokens fits in the split, or a batch of them would not
-    fit in the memory available."""
+    """A UserError (one line) if not one window of `length` tokens fits in the split, or a batch of them would
+    not fit in the memory available."""
     check_batch_memory(source, length, min(cfg.batch_size, len(window_starts(len(source.tokens), length,
                                                                              cfg.max_windows))), device)
 
 
 def check_passkey(source, length, cfg, device):
-    """ValueError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens cannot
-    hold a key and its question, or a batch of them would not fit in the memory available."""
+    """A UserError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens
+    cannot hold a key and its question, or a batch of them would not fit in the memory available."""
     passkey_vocabulary(source)
     try:
         filler_length(length + 1)  # length inputs, and the last digit as their last target
     except ValueError as e:
-        raise ValueError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
+        raise UserError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
     check_batch_memory(source, length, min(cfg.batch_size, cfg.trials), device)
 
 
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
-    cfg = parse_args(argv)
-    lengths = parse_lengths(cfg.lengths)
-    with one_line_errors("eval_length.py", status=1, errors=(CheckpointError, RunError, UsageError, ValueError)):
+    with one_line_errors("eval_length.py"):
+        cfg = parse_args(argv)
+        lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
@@ -609,7 +618,7 @@ def main(argv=None):
         if cfg.task == "passkey":
             return passkey_main(cfg, sources, lengths, device)
         rows = evaluate(sources, lengths, cfg, device)
-        print(markdown_table(rows, lengths))
+        print(loss_table(rows, lengths))
         if cfg.csv:
             write_csv(cfg.csv, rows)
         if cfg.positions_csv:

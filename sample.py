@@ -17,20 +17,20 @@ A generation (or --compare's evaluation windows) that would not fit in the memor
 before it allocates, with the size it needs, estimated from the shapes. Ctrl-C stops quietly, exit status 130.
 """
 
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from plumbing.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, load_model, pretrained_checkpoint
-from plumbing.cli import one_line_errors, parse_flags
 from data.common import get_tokenizer
-from plumbing.evaluation import inside_vs_beyond_loss, position_losses  # noqa: F401 (sample.position_losses: public)
-from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 from generation import generate_cached, generation_bytes
-from model import GPT2_MODELS, ROPE_SCALINGS, ROPE_VARIANTS
+from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
+from model import GPT2_MODELS, ROPE_SCALINGS, default_rope_factor
+from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
+from plumbing.cli import parse_flags
+from plumbing.errors import UserError, one_line_errors
+from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 
 
 @dataclass
@@ -78,11 +78,11 @@ class SampleConfig:
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> SampleConfig; a mistake exits with status 2 and one line, as train.py's do."""
+    """Flags (and --config) -> SampleConfig; a bad flag exits with status 2 and one line, a bad value is a
+    ValueError that main's handler says in one line with status 2, as train.py's."""
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)],
                          choices={"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS})
-    with one_line_errors("sample.py"):
-        return SampleConfig(**values)
+    return SampleConfig(**values)
 
 
 def read_prompt(start):
@@ -93,15 +93,11 @@ def read_prompt(start):
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"prompt file {path} does not exist") from None
+        raise UserError(f"prompt file {path} does not exist") from None
     except OSError as e:  # a folder, a file we may not read
-        raise ValueError(f"prompt file {path}: {e.strerror}") from None
+        raise UserError(f"prompt file {path}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise ValueError(f"prompt file {path} is not UTF-8 text") from None
-
-
-# -----------------------------------------------------------------------------
-# Loading
+        raise UserError(f"prompt file {path} is not UTF-8 text") from None
 
 
 @dataclass
@@ -112,25 +108,13 @@ class Loaded:
 
 
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None)):
-    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension; llama3_factors:
-    (low, high) frequency factors for rope_scaling="llama3", None: the checkpoint's (Llama 3.1's 1 and 4 unless
-    fine-tuned with others). checkpoint: the already loaded checkpoint dict of out_dir, if the caller has it."""
-    scaling = {} if rope_scaling is None else dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
-    names = ("rope_low_freq_factor", "rope_high_freq_factor")
-    if rope_scaling is not None and rope_scaling != "llama3":  # another method: llama3's factors mean nothing now
-        scaling |= {name: ROPE_VARIANTS[name] for name in names}
-    scaling |= {name: value for name, value in zip(names, llama3_factors) if value is not None}
-    model, tokenizer, checkpoint = load_model(out_dir, device, checkpoint, **scaling)  # no --rope_scaling: its own
+    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension: the
+    opener's arguments (plumbing.checkpoint.open_model); checkpoint: out_dir's, if the caller loaded it."""
+    model, tokenizer, checkpoint = open_model(out_dir, device, checkpoint, rope_scaling, rope_factor,
+                                              llama3_factors)
     # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
     return Loaded(model, tokenizer, info)
-
-
-def rope_factor_for(cfg, block_size, total_len):
-    """--rope_factor, or by default the length we will reach over the trained length (never below 1)."""
-    if cfg.rope_scaling is None:
-        return 1.0
-    return cfg.rope_factor or max(1.0, total_len / block_size)
 
 
 # -----------------------------------------------------------------------------
@@ -149,9 +133,10 @@ def crossing_marker(block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's text.
-    Each call decodes only the tokens not printed yet (decoding the whole text again for every token made streaming
-    O(n^2)); a BPE token that ends inside a multi-byte character is held back until the character is complete."""
+    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's
+    text. Each call decodes only the tokens not printed yet (decoding the whole text again for every token
+    made streaming O(n^2)); a BPE token that ends inside a multi-byte character is held back until the
+    character is complete."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size
@@ -203,23 +188,22 @@ def describe(model):
     return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
 
 
-def open_model(out_dir, cfg, device, scale_rope_only=False):
-    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from it,
-    cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens). The
-    checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2 XL's 6 GB
-    not kept twice). A generation that would not fit in the memory left is refused here, before it allocates."""
-    if out_dir in GPT2_MODELS:
-        checkpoint = pretrained_checkpoint(out_dir)
-    else:
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)  # load() moves the weights to device
+def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
+    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from
+    it, cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens).
+    The checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2
+    XL's 6 GB not kept twice). A generation that would not fit in the memory left is refused here, first."""
+    # the weights only, mapped: load() moves them to device
+    checkpoint = pretrained_checkpoint(out_dir) if out_dir in GPT2_MODELS else \
+        load_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         cfg = replace(cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None)
     prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     if not prompt_ids:
-        raise ValueError("the prompt is empty: give --start some text")
+        raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
-    rope_factor = rope_factor_for(cfg, block_size, len(prompt_ids) + max_new_tokens)
+    rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint,
                   (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor))
     needed = generation_bytes(loaded.model.config, cfg.num_samples, len(prompt_ids), max_new_tokens, cfg.max_context,
@@ -227,12 +211,6 @@ def open_model(out_dir, cfg, device, scale_rope_only=False):
     check_memory(needed, device, f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
                  "lower --max_new_tokens or --num_samples, or bound the context with --max_context")
     return loaded, cfg, prompt_ids, max_new_tokens
-
-
-def run_one(out_dir, cfg, device, stream):
-    """Load one checkpoint (or a GPT2_MODELS name) and print its samples. -> (Loaded, samples, tokens/s)"""
-    loaded, cfg, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device)
-    return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
 
 
 def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
@@ -254,19 +232,20 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 
 
 # -----------------------------------------------------------------------------
-# Comparing checkpoints (the losses come from evaluation.py, shared with eval_length.py)
+# Comparing checkpoints (the losses come from measure/losses.py, shared with eval_length.py)
 
 
 def compare(cfg, device):
-    """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the RoPE
-    ones only), then a summary table."""
+    """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
+    RoPE ones only), then a summary table."""
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
-        loaded, cfg_here, prompt_ids, max_new_tokens = open_model(out_dir, cfg, device, scale_rope_only=True)
+        loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, True)
         length = len(prompt_ids) + max_new_tokens
         # measured before generating: windows that would not fit in memory stop it before the work, not after
-        losses = inside_vs_beyond_loss(loaded, device, length)
+        dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
+        losses = inside_vs_beyond_loss(loaded.model, dataset, device, length)
         _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False)
         rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model held at a time
     print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
@@ -283,18 +262,16 @@ def compare(cfg, device):
 def main(argv=None):
     """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, its GPTConfig, tokens/s,
     (loss < T, loss >= T) or None, the length those losses were measured over)."""
-    cfg = parse_args(argv)
-    try:
+    with one_line_errors("sample.py"):  # Ctrl-C too: quietly, with the status a shell gives it (130)
+        cfg = parse_args(argv)
         device = resolve_device(cfg.device)
         check_device(device)
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
             return compare(cfg, device)
-        return run_one(cfg.init_from or cfg.out_dir, cfg, device, cfg.stream)
-    except (CheckpointError, ValueError) as e:
-        sys.exit(f"sample.py: error: {e}")
-    except KeyboardInterrupt:  # Ctrl-C: stop quietly, with the status a shell gives an interrupted command
-        raise SystemExit(130) from None
+        out_dir = cfg.init_from or cfg.out_dir
+        loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
+        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream)
 
 
 if __name__ == "__main__":

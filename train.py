@@ -13,35 +13,34 @@ Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CP
 then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
 `--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
 
-Read top to bottom: the config, the model and optimizer, one step, evaluation, the loop, main(). The machinery is
-beside it, in plumbing/: checkpoint.py (what a checkpoint holds, writing a run's, safe loads, resume checks),
-run_folder.py (one run per out_dir, never a finished run replaced unasked), cli.py (flags), distributed.py (torchrun:
-each process runs its share of grad_accum micro-batches, one each by default), hardware.py (device, precision,
-FLOPs), report.py (log lines); and data/common.py (batches).
+Read top to bottom: the config, the model and optimizer, one step, evaluation, train() (the loop itself),
+main(). The machinery is beside it, in plumbing/: resume.py (a run's state and checkpoints, --init_from),
+run_folder.py (one run per out_dir), cli.py (flags), errors.py (one-line errors, Ctrl-C and SIGTERM),
+distributed.py (torchrun), hardware.py (device, precision, FLOPs), report.py (log lines); data/common.py.
 """
 
 import importlib.util
 import math
+import signal
 import sys
 import time
-import typing
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 import torch
 
-from data.common import BatchSampler, DataError, EncodingUnavailable, ensure_prepared, load_meta
+from data.common import BatchSampler, ensure_prepared, load_meta
 from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
-from plumbing import checkpoint as ckpt_io
-from plumbing.checkpoint import CheckpointError
-from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.distributed import (Processes, StopSignals, check_torchrun_device, end_processes, micro_steps_per_rank,
-                                  run_script, start_processes, wrap_ddp)
+from plumbing import resume
+from plumbing.checkpoint import remove_unfinished_writes
+from plumbing.cli import parse_flags
+from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
+from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                                resolve_device, resolve_dtype, speed)
-from plumbing.report import StepClock, format_seconds, header_line, start_wandb, step_line
+from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
+from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
 
 # The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
@@ -92,51 +91,54 @@ class TrainConfig:
     def __post_init__(self):
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
-        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        check_device_name(self.device)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-        if not self.wandb_project.strip():
-            raise ValueError("wandb_project must not be empty")
+        value = lambda name: getattr(self, name)  # noqa: E731
+        positive = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")
+        checks = [(value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
+                  for n in positive]
+        at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr",
+                      "seed")
+        checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}") for n in at_least_0]
+        checks += [(0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}")
+                   for n in ("beta1", "beta2")]
         # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
-        for name in ("out_dir", "init_from"):
-            if getattr(self, name) is not None and not getattr(self, name).strip():
-                raise ValueError(f"--{name} is empty (an unset shell variable?): give a folder, e.g. --{name}=out/NAME")
-        if self.resume and self.overwrite:
-            raise ValueError("--resume continues the run in out_dir and --overwrite replaces it: give one of them")
+        checks += [(value(n) is None or value(n).strip(), f"--{n} is empty (an unset shell variable?): "
+                    f"give a folder, e.g. --{n}=out/NAME") for n in ("out_dir", "init_from")]
+        checks += [
+            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
+            (self.min_lr <= self.learning_rate,
+             f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"),
+            (self.dtype in DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}"),
+            (self.wandb_project.strip(), "wandb_project must not be empty"),
+            (not (self.resume and self.overwrite),
+             "--resume continues the run in out_dir and --overwrite replaces it: give one of them"),
+        ]
+        if failed := next((message for ok, message in checks if not ok), None):
+            raise ValueError(failed)
+        check_device_name(self.device)
 
 
 def parse_args(argv=None):
     """Flags (and --config) -> (TrainConfig, GPTConfig). vocab_size is GPTConfig's default until train() reads
     the dataset. With --init_from the model settings not given default to that checkpoint's, and out_dir to a
-    folder beside it. Any mistake exits with status 2 and one line naming the valid choices."""
+    folder beside it. A bad flag exits with status 2 and one line naming the valid choices; a bad value is a
+    ValueError or a usage UserError, which main's handler says in one line with status 2 too."""
     model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     choices = {"pos": POS_SCHEMES, "dtype": DTYPES, "rope_scaling": ROPE_SCALINGS}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
-    with one_line_errors("train.py"):
-        if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
-            saved = ckpt_io.saved_model_config(values["init_from"], model_flags)
-            values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS | saved | {"out_dir": None},
-                                 choices)
-            values |= ckpt_io.init_from_settings(values, saved)
-        cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
-        model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
-        check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
-        check_device(cfg.device)
-        check_torchrun_device(cfg.device)
+    if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
+        try:
+            saved = resume.saved_model_config(values["init_from"], model_flags)
+        except UserError as e:  # --init_from names no checkpoint it can read: a bad flag
+            raise UserError(str(e), status=2) from None
+        defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
+        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+        values |= resume.init_from_settings(values, saved)
+    cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
+    model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
+    check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
+    check_device(cfg.device)
+    check_torchrun_device(cfg.device)
     return cfg, model_config
 
 
@@ -149,7 +151,7 @@ def format_out_dir(template, dataset, pos):
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
     """Replace every `auto` and None in cfg by what this run uses, so the checkpoint records it. device, when
-    given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None becomes one micro-batch per process."""
+    given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None: one micro-batch per process."""
     device = device or resolve_device(cfg.device)
     device_type = device.split(":")[0]
     return replace(
@@ -163,9 +165,9 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
 
 
 def get_lr(it, cfg):
-    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps up to learning_rate, then a
-    half cosine down to min_lr at lr_decay_iters, then min_lr. It does not depend on max_iters. A run shorter
-    than warmup_iters (a smoke test) just stays in the warmup."""
+    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps up to learning_rate, then
+    a half cosine down to min_lr at lr_decay_iters, then min_lr. It does not depend on max_iters. A run
+    shorter than warmup_iters (a smoke test) just stays in the warmup."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)  # +1: the first step is not lr 0
     if it >= cfg.lr_decay_iters:
@@ -175,78 +177,24 @@ def get_lr(it, cfg):
 
 
 # -----------------------------------------------------------------------------
-# The run: model, optimizer, batch streams
-
-
-@dataclass
-class Progress:
-    """What the loop keeps across steps and across a resume."""
-
-    iter_num: int = 0  # optimizer steps taken
-    best_val_loss: float = math.inf
-    best_iter: int | None = None
-    wandb_run_id: str | None = None
-    saved_iter: int | None = None  # the step of the checkpoint on disk (ckpt.pt)
-
-
-@dataclass
-class Run:
-    """Everything one training run builds; its functions take it whole rather than a dozen arguments."""
-
-    cfg: TrainConfig
-    model_config: GPTConfig
-    meta: dict
-    procs: Processes
-    model: GPT  # the plain module: checkpoints save its state_dict (no `_orig_mod.` or `module.` prefix)
-    train_model: torch.nn.Module  # what a step calls: compiled and/or wrapped in DDP
-    eval_model: torch.nn.Module  # compiled, never DDP: rank 0 evaluates alone
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    autocast: typing.Any
-    samplers: list  # this rank's micro-batch streams
-    eval_sampler: BatchSampler
-    progress: Progress = field(default_factory=Progress)
-
-    @property
-    def ckpt_path(self):
-        return Path(self.cfg.out_dir) / "ckpt.pt"
-
-    @property
-    def best_path(self):
-        return Path(self.cfg.out_dir) / "best.pt"
-
-    @property
-    def tokens_per_step(self):
-        return self.cfg.batch_size * self.model_config.block_size * self.cfg.grad_accum
+# The run: data, model, optimizer, batch streams
 
 
 def prepare_data(dataset, procs):
-    """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others wait).
-    Every rank then looks for the dataset itself, so that all of them meet the same error, if any, together."""
+    """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others
+    wait). Every rank then looks for the dataset itself, so that all meet the same error, if any, together: a
+    dataset to download or prepare by hand, or a damaged one, is a UserError saying how to make it."""
     if procs.master:
-        with suppress(FileNotFoundError, EncodingUnavailable, ValueError):
+        with suppress(UserError):
             ensure_prepared(dataset)
     procs.barrier()
-    try:
-        data_dir = ensure_prepared(dataset)
-        return data_dir, load_meta(data_dir)
-    # a dataset to download or prepare by hand, or a damaged one (DataError, a ValueError): the message says how
-    except (FileNotFoundError, EncodingUnavailable, ValueError) as e:
-        raise RunError(str(e)) from None
-
-
-def batch_streams(data_dir, model_config, cfg, streams):
-    """A BatchSampler per stream; a dataset whose files disagree with its meta.json, or whose splits are shorter
-    than block_size, is a RunError (every rank meets it at the same point)."""
-    try:
-        return [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=stream)
-                for stream in streams]
-    except (FileNotFoundError, ValueError) as e:
-        raise RunError(str(e)) from None
+    data_dir = ensure_prepared(dataset)
+    return data_dir, load_meta(data_dir)
 
 
 def build_run(cfg, model_config, meta, data_dir, procs):
-    """The model, its compiled / DDP wrappers, the optimizer and the batch streams of this rank, freshly initialised."""
+    """The Run, built fresh: the model, its compiled / DDP wrappers, the optimizer and this rank's batch
+    streams (a dataset at odds with its meta.json: a UserError every rank meets at the same point)."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     device_type = cfg.device.split(":")[0]
     autocast, scaler = precision(cfg)
@@ -256,11 +204,30 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     compiled = torch.compile(model) if cfg.compile else model
     train_model = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
-    *samplers, eval_sampler = batch_streams(data_dir, model_config, cfg, [*slots, EVAL_STREAM])
+    *samplers, eval_sampler = [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device,
+                                            cfg.seed, rank=stream) for stream in [*slots, EVAL_STREAM]]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
     return Run(cfg, model_config, meta, procs, model, train_model, compiled, optimizer, scaler, autocast,
                samplers, eval_sampler)
+
+
+def start_run(cfg, model_config, procs):
+    """The Run: built fresh, continued from out_dir/ckpt.pt (--resume) or from another's (--init_from)."""
+    data_dir, meta = prepare_data(cfg.dataset, procs)
+    run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
+    if cfg.resume:  # checked against the settings before the weights are read into the run
+        path, ckpt, changes = resume.open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta,
+                                                     procs.world_size)
+        procs.log(f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at "
+                  f"step {ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}")
+        resume.restore_training(run, path, ckpt)
+    elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
+        note = resume.init_model_from(cfg.init_from, run.model, run.meta, cfg.dataset)
+        procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
+    if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
+        procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
+    return run
 
 
 # -----------------------------------------------------------------------------
@@ -293,25 +260,22 @@ def train_step(run, lr):
 
 @torch.no_grad()
 def estimate_loss(model, sampler, eval_iters, autocast):
-    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train": .., "val": ..}"""
+    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train", "val"}"""
     model.eval()
-    try:
-        losses = {}
-        for split in ("train", "val"):
-            total = 0.0
-            for _ in range(eval_iters):
-                x, y = sampler.get_batch(split)
-                with autocast:
-                    _, loss = model(x, y)
-                total += loss.item()
-            losses[split] = total / eval_iters
-        return losses
-    finally:
-        model.train()
+    losses = {}
+    for split in ("train", "val"):
+        total = 0.0
+        for _ in range(eval_iters):
+            x, y = sampler.get_batch(split)
+            with autocast:
+                total += model(x, y)[1].item()
+        losses[split] = total / eval_iters
+    model.train()
+    return losses
 
 
 def evaluate(run, wandb_run):
-    """Estimate the losses (rank 0; the others get them), stop if they are not finite, else write checkpoints."""
+    """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints."""
     p, cfg = run.progress, run.cfg
     run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
     losses = [math.nan, math.nan]
@@ -320,12 +284,12 @@ def evaluate(run, wandb_run):
         losses = [estimate["train"], estimate["val"]]
     train_loss, val_loss = run.procs.share(losses, run.cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
-        raise RunError(f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss}): "
-                       f"training stopped; {ckpt_io.kept_checkpoint(run)}")
+        raise UserError(f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val "
+                        f"{val_loss}): training stopped; {resume.kept_checkpoint(run)}")
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
-    ckpt_io.write_checkpoints(run, improved)
+    resume.write_checkpoints(run, improved)
     saved = f"saved {run.ckpt_path}" + (f" and {run.best_path.name} (best)" if improved else
                                         f" (best {p.best_val_loss:.4f} at step {p.best_iter})")
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
@@ -337,136 +301,92 @@ def evaluate(run, wandb_run):
 
 
 def check_finite(run, loss, step, last):
-    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken weights.
-    last: the step before's loss (finite), if this process ran it."""
+    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken
+    weights. last: the step before's loss (finite), if this process ran it."""
     if math.isfinite(loss):
         return
     last_good = f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
-    raise RunError(f"loss is {loss} at step {step}: training stopped ({last_good}); {ckpt_io.kept_checkpoint(run)}; "
-                   "a lower --learning_rate may help, with --resume to continue from it")
+    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); "
+                    f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to "
+                    "continue from it")
 
 
 # -----------------------------------------------------------------------------
 # The loop
 
 
-def train_loop(run, signals, wandb_run, resume_command):
-    """Evaluate (and checkpoint) every eval_interval steps and at the end, step, log. -> (evals, losses, stopped)"""
-    cfg, p, procs = run.cfg, run.progress, run.procs
-    flops_per_step, peak = flops_per_token(run.model) * run.tokens_per_step, peak_flops(cfg.device)
-    start_iter = p.iter_num
-    clock = StepClock(cfg, start_iter)
-    evals, losses, stop = [], {}, False
-    while True:
-        it = p.iter_num  # steps done
-        due = it % cfg.eval_interval == 0 or it == cfg.max_iters
-        if due and not (cfg.resume and it == start_iter):  # a resumed run's first step was evaluated before saving
-            with clock.evaluation():
-                evals.append(evaluate(run, wandb_run))
-        if it >= cfg.max_iters:
-            return evals, losses, None
-        if stop:
-            if p.saved_iter != it:
-                ckpt_io.write_checkpoints(run, improved=False)
-            why = signals.received or "a signal to another rank"
-            procs.log(f"stopped by {why} after step {it}: saved {run.ckpt_path}; to continue, run {resume_command}")
-            return evals, losses, why
-        lr = get_lr(it, cfg)
-        loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
-        p.iter_num = it + 1
-        check_finite(run, loss, it + 1, losses.get(it))
-        losses[it + 1] = loss
-        clock.step()
-        if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device, so the clock reads real time
-            step_seconds, seconds_left = clock.lap(it + 1)
-            metrics = speed(step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size)
-            procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
-            if wandb_run:
-                wandb_run.log({"train/loss": loss, "train/lr": lr} | {f"train/{k}": v for k, v in metrics.items()},
-                              step=it + 1)
-
-
 def train(cfg, model_config, procs=Processes(), resume_command="the same command with --resume"):
-    """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout.
-    Returns {"best_val_loss", "best_iter", "iter_num", "checkpoint", "best_checkpoint", "evals", "losses" ({step:
-    loss} of the steps run here), "stopped" (the signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
+    """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout:
+    evaluate (and checkpoint) every eval_interval steps and at the end, step, log, until max_iters or a stop
+    by signal (the step ends, a checkpoint is written). Returns {"best_val_loss", "best_iter", "iter_num",
+    "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped" (the
+    signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
     start = time.perf_counter()
     if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: preparing data can take hours
-        raise RunError("--wandb needs the wandb package: pip install wandb")
+        raise UserError("--wandb needs the wandb package: pip install wandb")
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         run = start_run(cfg, model_config, procs)
+        p = run.progress
         procs.log(header_line(run, one_per_process))
-        return run_to_the_end(run, resume_command, start)
-
-
-def start_run(cfg, model_config, procs):
-    """The Run, built fresh, continued from out_dir/ckpt.pt (--resume) or from another run's weights (--init_from)."""
-    data_dir, meta = prepare_data(cfg.dataset, procs)
-    model_config = replace(model_config, vocab_size=meta["vocab_size"])
-    resumed = None
-    if cfg.resume:
-        path, ckpt, changes = ckpt_io.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)
-        procs.log(f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at step "
-                  f"{ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}")
-        resumed = path, ckpt
-    run = build_run(cfg, model_config, meta, data_dir, procs)
-    if resumed:
-        ckpt_io.restore_training(run, *resumed)
-        del resumed  # the checkpoint's tensors: as much memory as the model and optimizer
-    elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
-        note = ckpt_io.init_model_from(cfg.init_from, run.model, meta, cfg.dataset)
-        procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
-    if procs.master and (removed := ckpt_io.remove_unfinished_writes(cfg.out_dir)):
-        procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
-    return run
-
-
-def run_to_the_end(run, resume_command, start):
-    """The loop, until max_iters or a stop by signal, then the summary train() returns."""
-    wandb_run = start_wandb(run)
-    finished = False
-    try:
-        with StopSignals() as signals:
-            evals, losses, stopped = train_loop(run, signals, wandb_run, resume_command)
-        finished = True
-    finally:
-        if wandb_run:
-            wandb_run.finish(exit_code=0 if finished else 1)
-    p, seconds = run.progress, time.perf_counter() - start
+        flops_per_step, peak = flops_per_token(run.model) * run.tokens_per_step, peak_flops(cfg.device)
+        start_iter, clock = p.iter_num, StepClock(cfg, p.iter_num)
+        evals, losses, stop, stopped = [], {}, False, None
+        with wandb_logging(run) as wandb_run, StopSignals() as signals:
+            while True:
+                it = p.iter_num  # steps done
+                due = it % cfg.eval_interval == 0 or it == cfg.max_iters
+                if due and not (cfg.resume and it == start_iter):  # evaluated before it was saved
+                    with clock.evaluation():
+                        evals.append(evaluate(run, wandb_run))
+                if it >= cfg.max_iters:
+                    break
+                if stop:
+                    if p.saved_iter != it:
+                        resume.write_checkpoints(run, improved=False)
+                    stopped = signals.received or "a signal to another rank"
+                    procs.log(f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, "
+                              f"run {resume_command}")
+                    break
+                lr = get_lr(it, cfg)
+                loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
+                p.iter_num = it + 1
+                check_finite(run, loss, it + 1, losses.get(it))
+                losses[it + 1] = loss
+                clock.step()
+                if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
+                    step_seconds, seconds_left = clock.lap(it + 1)
+                    metrics = speed(step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size)
+                    procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
+                    if wandb_run:
+                        wandb_run.log({"train/loss": loss, "train/lr": lr} |
+                                      {f"train/{k}": v for k, v in metrics.items()}, step=it + 1)
+    seconds = time.perf_counter() - start
     if not stopped:
         best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}" \
             if p.best_iter is not None else "no evaluation"
-        run.procs.log(f"done in {format_seconds(seconds)}: {best}")
+        procs.log(f"done in {format_seconds(seconds)}: {best}")
     return {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num,
             "checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals,
             "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
 
 
 def main(argv=None):
-    """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train, return
-    train()'s summary, also when a signal stopped the run (run_script turns that into its exit status). A RunError,
-    CheckpointError or DataError is one line on stderr and exit status 1."""
+    """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train,
+    return train()'s summary, also when a signal stopped the run (its exit status then says so: exit_status).
+    A UserError is one line on stderr and its exit status; a second Ctrl-C stops at once, with status 130 (the
+    checkpoints are written atomically, so the last one stays whole)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg, model_config = parse_args(argv)
-    procs = start_processes(cfg)
-    clean = False
-    try:
-        summary = train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
-        clean = True
-        return summary
-    except (RunError, CheckpointError) as e:
-        clean = True  # every rank meets these at the same point: they can still end together
-        if procs.master:
-            print(f"train.py: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    except DataError as e:  # met in a batch by whichever rank drew it: that rank says it, torchrun stops the others
-        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    finally:
-        end_processes(procs, clean)
+    interrupted = "train.py: interrupted: stopped at once, without a final checkpoint (the last one is whole)"
+    with one_line_errors("train.py", stopped=interrupted):
+        cfg, model_config = parse_args(argv)
+        with processes(cfg) as procs:
+            return train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "train.py"))
+    try:
+        sys.exit(exit_status(main()["stopped"]))
+    finally:  # the run is over: a Ctrl-C now (the interpreter shutting down) would only print a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -11,7 +11,7 @@ meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never run
 Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
 big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare). A dataset is written
 into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there unless
-asked to (--replace). Readers check what they read (load_meta, check_split) and raise DataError, one line that
+asked to (--replace). Readers check what they read (load_meta, check_split) and raise UserError, one line that
 names the file and what to do.
 """
 import importlib
@@ -19,8 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 import torch
+
+from plumbing.errors import StopSignals, UserError, one_line_errors
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
@@ -41,19 +41,6 @@ EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
 # settings than today's
 GENERATED = ("passkey",)
 REPLACE_HELP = "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
-
-
-class DataError(ValueError):
-    """A problem with the input data that the user can fix; the scripts print it as one line."""
-
-
-class DatasetNotFound(DataError, FileNotFoundError):
-    """A dataset, or one of its files, is not there. A FileNotFoundError too, as callers caught before DataError
-    covered missing datasets (train.py's prepare_data, eval_length.py) still do."""
-
-
-class EncodingUnavailable(RuntimeError):
-    """tiktoken could not load the GPT-2 BPE (it downloads it on first use, so offline it needs a cache)."""
 
 
 def dataset_dir(name: str) -> Path:
@@ -146,31 +133,31 @@ def _prepare_command(data_dir: Path) -> str:
 
 
 def load_meta(data_dir) -> dict:
-    """data_dir/meta.json, checked; DataError (DatasetNotFound when missing) saying how to make the dataset."""
+    """data_dir/meta.json, checked; a UserError, when missing or damaged, saying how to make the dataset."""
     data_dir = Path(data_dir)
     path = data_dir / "meta.json"
     if not data_dir.is_dir():
-        raise DatasetNotFound(f"no dataset at {data_dir} (no such folder): "
+        raise UserError(f"no dataset at {data_dir} (no such folder): "
                               f"prepare it with {_prepare_command(data_dir)}")
     if not path.exists():
-        raise DatasetNotFound(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+        raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:  # no read permission, a folder named meta.json, an I/O error
-        raise DataError(f"{path} cannot be read ({e.strerror}): check it, "
+        raise UserError(f"{path} cannot be read ({e.strerror}): check it, "
                         f"or re-run {_prepare_command(data_dir)}") from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        raise DataError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
+        raise UserError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
     try:
         _check_meta(meta, path)
     except ValueError as e:
-        raise DataError(f"{e}: re-run {_prepare_command(data_dir)}") from None
+        raise UserError(f"{e}: re-run {_prepare_command(data_dir)}") from None
     _check_generated(meta, data_dir)
     return meta
 
 
 def _check_generated(meta, data_dir: Path) -> None:
-    """DataError if a generated dataset was made with other settings than its generator uses today: a model trained
+    """UserError if a generated dataset was made with other settings than its generator uses today: a model trained
     on it would be evaluated on samples unlike its training (data/passkey's filler). Each generator's outdated(meta,
     data_dir) tells its own data apart (meta's "generator", or for data written before meta recorded one, its
     vocabulary) and returns why and the prepare command that makes it again, or None."""
@@ -180,7 +167,7 @@ def _check_generated(meta, data_dir: Path) -> None:
         stale = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
         if stale:
             why, command = stale
-            raise DataError(f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
+            raise UserError(f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
                             f"on it keep their checkpoints)")
 
 
@@ -188,15 +175,15 @@ def _check_generated(meta, data_dir: Path) -> None:
 # writing a dataset
 
 def refuse_existing(out_dir, replace: bool = False) -> None:
-    """DataError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
+    """UserError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
     accident, neither the user's own nor an embedded one, which train.py would never rebuild."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
+        raise UserError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
     found = dataset_files(out_dir)
     if found and not replace:
         other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"  # data.text's flag
-        raise DataError(f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it"
+        raise UserError(f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it"
                         f"{other_name}")
 
 
@@ -245,7 +232,7 @@ def staged_dataset(out_dir, replace: bool = False):
     the caller to write; when the block ends without error, move them into out_dir; on any error, and on
     Ctrl-C or SIGTERM (see exit_on_user_error), delete them.
 
-    out_dir holding a dataset already is a DataError unless replace (refuse_existing). The temporary folder,
+    out_dir holding a dataset already is a UserError unless replace (refuse_existing). The temporary folder,
     data/.<name>.tmp-<pid>, sits beside out_dir so renaming stays on one filesystem; its pid lets a later run
     remove what a killed one left (remove_leftovers) and keeps two processes preparing the same dataset at once
     out of each other's files. git ignores its files as the dataset's (.gitignore: data/**/*.bin, data/**/meta.json).
@@ -275,7 +262,7 @@ def _as_id_array(ids, split: str) -> np.ndarray:
 
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
     """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset); a dataset already
-    there is a DataError unless replace.
+    there is a UserError unless replace.
 
     meta needs "tokenizer" and "vocab_size" (and "chars" for char); the dtype, chosen from vocab_size,
     and the token counts are filled in here. Returns the meta as written.
@@ -299,34 +286,14 @@ def summarize(out_dir, meta: dict) -> str:
             f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})")
 
 
-class Stopped(BaseException):
-    """SIGTERM, raised as Python raises KeyboardInterrupt for SIGINT, so that with-blocks clean up on the way
-    out (a BaseException, as KeyboardInterrupt: no `except Exception` swallows it)."""
-
-
-def _stop(signum, frame):
-    raise Stopped(signum)
-
-
 @contextmanager
 def exit_on_user_error():
-    """For a script's main(): print an error the user can fix as one line, `error: ...`, and exit with
-    status 2 as argparse does, instead of a traceback. Ctrl-C and SIGTERM end it with one line too, after the
-    block's cleanups ran (staged_dataset deletes its temporary folder), with 130 and 143 (128 + the signal's
-    number) as shells expect, so that a caller can tell stopped from finished."""
-    previous = signal.signal(signal.SIGTERM, _stop)  # the default would end the process with no cleanup
-    try:
+    """For a prepare script's main(): an error the user can fix is one line, `error: ...`, and exit status 2
+    as argparse's; Ctrl-C and SIGTERM end it with one line too, after the block's cleanups ran (staged_dataset
+    deletes its temporary folder), with 130 and 143 (128 + the signal's number) as shells expect."""
+    stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
+    with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
-    except (DataError, FileNotFoundError, EncodingUnavailable, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (KeyboardInterrupt, Stopped) as e:
-        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
-        print(f"stopped by {signal.Signals(signum).name}: temporary files removed, no dataset half-written",
-              file=sys.stderr)
-        raise SystemExit(128 + signum) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # -----------------------------------------------------------------------------
@@ -345,7 +312,7 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     user's to replace, never silently."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
-        raise DatasetNotFound(
+        raise UserError(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
             f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}")
     found = dataset_files(data_dir)
@@ -353,10 +320,10 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
         return data_dir
     if found:
         missing = ", ".join(f for f in FILES if f not in found)
-        raise DatasetNotFound(f"dataset {name!r} in {data_dir} is incomplete (no {missing}): "
+        raise UserError(f"dataset {name!r} in {data_dir} is incomplete (no {missing}): "
                               f"run {_prepare_command(data_dir)}")
     if name not in EMBEDDED:
-        raise DatasetNotFound(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
+        raise UserError(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
     print(f"dataset {name!r} is not prepared yet: preparing it in {data_dir} (once)")
     importlib.import_module(f"{__package__}.{name}.prepare").prepare(data_dir)
     return data_dir
@@ -371,7 +338,7 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
-        raise EncodingUnavailable(
+        raise UserError(
             f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
             f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
         ) from e
@@ -411,7 +378,7 @@ class CharTokenizer(Tokenizer):
         unknown = set(text).difference(self.stoi)
         if unknown:
             shown = ", ".join(repr(c) for c in sorted(unknown, key=text.index))  # in order of appearance
-            raise DataError(f"characters not in the vocabulary: {shown} "
+            raise UserError(f"characters not in the vocabulary: {shown} "
                             f"(this dataset's {self.vocab_size} characters are in its meta.json)")
         return [self.stoi[c] for c in text]
 
@@ -458,15 +425,15 @@ def read_text(path) -> str:
     """The text of a UTF-8 file, or an error that says what to do about it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; pass --input the path of a UTF-8 text file")
+        raise UserError(f"{path}: no such file; pass --input the path of a UTF-8 text file")
     data = path.read_bytes()
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
+        raise UserError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
                         f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt") from None
     if not text:
-        raise DataError(f"{path} is empty: pass a file with some text in it")
+        raise UserError(f"{path} is empty: pass a file with some text in it")
     return text
 
 
@@ -475,21 +442,21 @@ def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: floa
     """Split, encode and write `text` as a dataset in out_dir; return its meta.
 
     Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window. A dataset
-    already in out_dir is a DataError unless replace.
+    already in out_dir is a UserError unless replace.
     """
     if not 0 < val_fraction < 1:
-        raise DataError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
-        raise DataError(f"--block_size must be at least 1, got {block_size}")
+        raise UserError(f"--block_size must be at least 1, got {block_size}")
     if tokenizer not in TOKENIZERS:
-        raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
+        raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
     tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else GPT2Tokenizer()
     n = int(len(text) * (1 - val_fraction))
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
     for split, ids in splits.items():
         if len(ids) < block_size + 1:
             fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
-            raise DataError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
+            raise UserError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
                             f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}")
     return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
 
@@ -527,7 +494,7 @@ def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> 
 
 
 def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
-    """DataError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
+    """UserError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
     vocab_size, and (given block_size) at least block_size + 1 tokens, one (x, y) window.
 
     The ids are checked by one pass over the file (a memmap's max, once per process; chunks of a file over 1 GiB),
@@ -537,19 +504,19 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
     path = data_dir / f"{split}.bin"
     if not path.is_file():
-        raise DatasetNotFound(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+        raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     stat = path.stat()
     if stat.st_size != tokens * dtype.itemsize:
-        raise DataError(f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
+        raise UserError(f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
                         f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}")
     if meta["vocab_size"] <= np.iinfo(dtype).max:
         largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if largest >= meta["vocab_size"]:
             vocab_size = meta["vocab_size"]
-            raise DataError(f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
+            raise UserError(f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
                             f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}")
     if block_size is not None and tokens < block_size + 1:
-        raise DataError(f"the {split} split of {data_dir} has {tokens} tokens, fewer than block_size + 1 = "
+        raise UserError(f"the {split} split of {data_dir} has {tokens} tokens, fewer than block_size + 1 = "
                         f"{block_size + 1}: use a smaller block_size, or prepare a longer text")
 
 

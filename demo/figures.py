@@ -24,7 +24,6 @@ import csv
 import math
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,9 @@ from pathlib import Path
 import torch
 
 from model import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
-from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
+from plumbing.cli import parse_flags
+from plumbing.errors import UserError, one_line_errors
+from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
 from plumbing.runs import model_dirs, run_python
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
@@ -61,8 +61,7 @@ class FiguresConfig:
 
 def parse_args(argv=None):
     values = parse_flags(argv, "demo/figures.py", __doc__, [("figures", FiguresConfig, None)])
-    with one_line_errors("demo/figures.py"):
-        return FiguresConfig(**values)
+    return FiguresConfig(**values)
 
 
 def pyplot():
@@ -353,14 +352,13 @@ def make(cfg, log=print):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
-    use_one_thread()
-    try:
-        pyplot()
-    except ImportError:
-        print("demo/figures.py: error: matplotlib is not installed: pip install matplotlib", file=sys.stderr)
-        raise SystemExit(1) from None
-    with one_line_errors("demo/figures.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
+    with one_line_errors("demo/figures.py"):
+        cfg = parse_args(argv)
+        use_one_thread()
+        try:
+            pyplot()
+        except ImportError:
+            raise UserError("matplotlib is not installed: pip install matplotlib") from None
         return make(cfg)
 
 

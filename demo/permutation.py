@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from model import POS_SCHEMES
-from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
+from plumbing.cli import parse_flags
+from plumbing.errors import one_line_errors
+from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
 from plumbing.runs import model_dirs
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -47,8 +48,7 @@ class PermutationConfig:
 def parse_args(argv=None):
     values = parse_flags(argv, "demo/permutation.py", __doc__, [("demo", PermutationConfig, None)],
                          choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)})
-    with one_line_errors("demo/permutation.py"):
-        return PermutationConfig(**values)
+    return PermutationConfig(**values)
 
 
 def pieces(tokenizer, sentence):
@@ -105,10 +105,10 @@ def report(results, cfg, dtype):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
-    use_one_thread()
-    dtype = DTYPES[cfg.dtype]
-    with one_line_errors("demo/permutation.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
+    with one_line_errors("demo/permutation.py"):
+        cfg = parse_args(argv)
+        use_one_thread()
+        dtype = DTYPES[cfg.dtype]
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
         else:

@@ -8,7 +8,7 @@ of each scheme, layer by layer.
 
 Two targets per token: its absolute position in the window (0 .. T-1), and its distance back to the latest
 newline (tokens whose window shows no newline before them are left out: the model cannot know it). The probe
-(plumbing.instruments.probe_positions) is least squares with a small ridge, fit on the first half of the
+(measure.instruments.probe_positions) is least squares with a small ridge, fit on the first half of the
 validation windows and scored (R^2) on the second half, on the embedding output and after every block. Beside
 each R^2 stands the same probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or
 below). The NoPE model is probed twice, the second time with its causal mask removed: then attention sees a set,
@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 
 from model import POS_SCHEMES
-from plumbing.cli import RunError, one_line_errors, parse_flags
-from plumbing.instruments import describe, load, probe_positions, use_one_thread, validation_windows
+from plumbing.cli import parse_flags
+from plumbing.errors import one_line_errors
+from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
 from plumbing.runs import model_dirs
 
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
@@ -43,8 +44,7 @@ class ProbeConfig:
 
 def parse_args(argv=None):
     values = parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)])
-    with one_line_errors("demo/probe.py"):
-        return ProbeConfig(**values)
+    return ProbeConfig(**values)
 
 
 def run_probes(cfg, log=print):
@@ -103,9 +103,9 @@ def draw(results, path):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
-    use_one_thread()
-    with one_line_errors("demo/probe.py", status=1, errors=(ValueError, FileNotFoundError, RunError)):
+    with one_line_errors("demo/probe.py"):
+        cfg = parse_args(argv)
+        use_one_thread()
         results = run_probes(cfg)
     for target in TARGETS:
         print()

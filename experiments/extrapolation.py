@@ -43,18 +43,19 @@ from pathlib import Path
 
 import torch
 
-from data.common import DataError, load_meta
+from data.common import load_meta
 from data.passkey.task import default_name
 from model import POS_SCHEMES
-from plumbing.checkpoint import CheckpointError, fine_tune_dir
-from plumbing.cli import RunError, one_line_errors, parse_flags
+from plumbing.resume import fine_tune_dir
+from plumbing.cli import parse_flags
+from plumbing.errors import UserError, one_line_errors
 from plumbing.report import markdown_table
-from plumbing.retrieval import wilson_interval
+from measure.retrieval import wilson_interval
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
 
 EXTENSION = 4  # the fine-tunes' context: 4 x T
 FIRST_SEED = 1337  # train.py's default seed: its runs are the first seed's
-# --extra: RoPE as released models ship it (issue 21), at the same preset: (folder name, train.py flags)
+# --extra: RoPE as released models ship it, at the same preset: (folder name, train.py flags)
 EXTRA_RUNS = (("rope_frac0.25", ("--pos=rope", "--rope_fraction=0.25")),  # GPT-NeoX rotates 25% of each head
               ("rope_nope4", ("--pos=rope", "--nope_interval=4")))  # Llama 4: every 4th layer without RoPE
 # The fine-tunes: (source scheme, rope_scaling or None). train.py names their folders as here.
@@ -137,8 +138,7 @@ def multiples_of(lengths):
 def parse_args(argv=None):
     values = parse_flags(argv, "experiments/extrapolation.py", __doc__, [("study", StudyConfig, None)],
                          choices={"task": tuple(TASKS)})
-    with one_line_errors("experiments/extrapolation.py"):
-        return StudyConfig(**values)
+    return StudyConfig(**values)
 
 
 # -----------------------------------------------------------------------------
@@ -211,10 +211,7 @@ def ensure_passkey_data(block_size):
     folder = ROOT / "data" / name
     if not (folder / "meta.json").is_file():
         run_python(["-m", "data.passkey.prepare", f"--block_size={block_size}"])
-    try:
-        load_meta(folder)  # refuses samples an older prepare.py drew, before any run starts
-    except DataError as e:
-        raise RunError(str(e)) from None
+    load_meta(folder)  # refuses samples an older prepare.py drew, before any run starts
     return name
 
 
@@ -341,32 +338,36 @@ def merge_csv(paths, out_path):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
+    with one_line_errors("experiments/extrapolation.py"):
+        return run_study(parse_args(argv), argv)
+
+
+def run_study(cfg, argv):
+    """Train, fine-tune and evaluate every run of the study, write its tables. -> wall time in seconds"""
     task = TASKS[cfg.task]
     start = time.perf_counter()
     results = ROOT / cfg.results
-    with one_line_errors("experiments/extrapolation.py", status=1, errors=(RunError, CheckpointError)):
-        preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN if cfg.quick else [])]])[0]
-        dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
-        long_dataset = dataset
-        if cfg.task == "passkey":
-            if default_name(block_size) != dataset:  # checked before anything is prepared
-                raise RunError(f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
-                               f"{cfg.config} trains on {dataset}")
-            ensure_passkey_data(block_size)
-            long_dataset = ensure_passkey_data(EXTENSION * block_size)
-        train_base(cfg, dataset)
-        runs = {seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]
-                + fine_tune(cfg, dataset, long_dataset, block_size, seed) for seed in seeds(cfg)}
-        tables, per_seed, csvs = [], [], []
-        for i, seed in enumerate(seeds(cfg)):
-            csv_path = ROOT / cfg.out_root / f"{task.name}_seed{seed}.csv"
-            figure = results / f"{task.name}.png" if i == 0 else None
-            tables.append(f"Seed {seed}:\n\n{evaluate(cfg, block_size, runs[seed], seed, csv_path, figure).rstrip()}")
-            records = read_csv(csv_path)
-            per_seed.append(loss_cells(records, seed) if cfg.task == "loss" else retrieval_cells(records, seed))
-            csvs.append(csv_path)
-        merge_csv(csvs, results / f"{task.name}.csv")
+    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN if cfg.quick else [])]])[0]
+    dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
+    long_dataset = dataset
+    if cfg.task == "passkey":
+        if default_name(block_size) != dataset:  # checked before anything is prepared
+            raise UserError(f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
+                        f"{cfg.config} trains on {dataset}")
+        ensure_passkey_data(block_size)
+        long_dataset = ensure_passkey_data(EXTENSION * block_size)
+    train_base(cfg, dataset)
+    runs = {seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]
+            + fine_tune(cfg, dataset, long_dataset, block_size, seed) for seed in seeds(cfg)}
+    tables, per_seed, csvs = [], [], []
+    for i, seed in enumerate(seeds(cfg)):
+        csv_path = ROOT / cfg.out_root / f"{task.name}_seed{seed}.csv"
+        figure = results / f"{task.name}.png" if i == 0 else None
+        tables.append(f"Seed {seed}:\n\n{evaluate(cfg, block_size, runs[seed], seed, csv_path, figure).rstrip()}")
+        records = read_csv(csv_path)
+        per_seed.append(loss_cells(records, seed) if cfg.task == "loss" else retrieval_cells(records, seed))
+        csvs.append(csv_path)
+    merge_csv(csvs, results / f"{task.name}.csv")
     seconds = time.perf_counter() - start
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     footer = (f"Measured {when} by `python {' '.join(['-m experiments.extrapolation', *(argv or sys.argv[1:])])}`: "

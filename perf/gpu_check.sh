@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks in one call of at most ~8 minutes (the timeouts below add up to 470 s):
-#   1. bench.py training on GPT-2 124M (configs/gpt2_124m.toml) on one GPU, bf16 autocast, torch.compile:
+#   1. perf.bench training on GPT-2 124M (configs/gpt2_124m.toml) on one GPU, bf16 autocast, torch.compile:
 #      ms/step, tokens/s, MFU against the card's bf16 peak, compile time and peak memory, the schemes the targets
 #      name first (learned, rope, alibi), so that a timeout costs the others. grad_accum 2 (32,768 tokens a step)
 #      keeps a step short.
-#   2. bench.py generation, cached vs uncached at 1 x block_size (1024 new tokens), every scheme, in a run of its
+#   2. perf.bench generation, cached vs uncached at 1 x block_size (1024 new tokens), every scheme, in a run of its
 #      own: a slow compile in 1 cannot take its time.
 #   3. compiled decoding (where generation.py offers it) on rope, in a run of its own (the reference is skipped: 2
 #      measured it).
@@ -46,16 +46,16 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its exit status in the 
 }
 : > "$OUT/summary.txt"
 
-BENCH=(python3 bench.py --config configs/gpt2_124m.toml --device=cuda --dtype=bfloat16 --compile=true
+BENCH=(python3 -m perf.bench --config configs/gpt2_124m.toml --device=cuda --dtype=bfloat16 --compile=true
        --grad_accum=2 --train_steps=10 --warmup_steps=2 --repeats=1)
 SCHEMES=--pos=learned,rope,alibi,sinusoidal,none   # the targets' schemes first
-TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M training, all schemes" 270 \
+TORCH_LOGS="recompiles,graph_breaks" step "perf.bench 124M training, all schemes" 270 \
     "${BENCH[@]}" $SCHEMES --gen_multiples --json="$OUT/bench_124m.json" \
     > "$OUT/bench_124m.log" 2> "$OUT/torch_logs.txt"
-step "bench.py 124M generation, all schemes" 90 \
+step "perf.bench 124M generation, all schemes" 90 \
     "${BENCH[@]}" $SCHEMES --train_steps=0 --gen_multiples 1 --compile_decode=false \
     --json="$OUT/generate_124m.json" > "$OUT/generate_124m.log" 2>&1
-TORCH_LOGS="recompiles,graph_breaks" step "bench.py 124M, compiled decoding, rope" 70 \
+TORCH_LOGS="recompiles,graph_breaks" step "perf.bench 124M, compiled decoding, rope" 70 \
     "${BENCH[@]}" --pos=rope --train_steps=0 --gen_multiples 1 --compile_decode=true --reference_max_tokens=1 \
     --json="$OUT/decode_124m.json" > "$OUT/decode_124m.log" 2> "$OUT/torch_logs_decode.txt"
 step "pytest -m 'not slow' -k cuda" 40 python3 -m pytest -q -m "not slow" -k cuda tests > "$OUT/pytest_cuda.log" 2>&1

@@ -10,8 +10,8 @@ line that names what is valid: argparse's multi-line usage block is never printe
 (`--temperatur` is a typo, not `--temperature`).
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
-    with one_line_errors("sample.py"):
-        cfg = SampleConfig(**values)          # the dataclass's own checks, as one-line errors too
+    with one_line_errors("sample.py"):        # each entry point's main, once
+        cfg = SampleConfig(**values)          # its own checks (ValueError): one line, status 2 too
 """
 
 import sys
@@ -26,32 +26,22 @@ import math
 import re
 import tomllib
 import typing
-from contextlib import contextmanager
 from dataclasses import MISSING, fields
 
+from plumbing.errors import UserError, one_line_errors  # noqa: F401 (one_line_errors: the handler)
 
-class UsageError(Exception):
-    """A bad flag, value or config file: one line and exit status 2."""
+RunError = UserError  # the name perf/ab.py and course/ catch and raise it by
 
 
-class RunError(Exception):
-    """A run that cannot start or go on (a missing dataset, a diverged loss): one line and exit status 1."""
+def UsageError(message):  # noqa: N802 (raised as the exception it makes, by perf/ab.py and course/)
+    """A bad flag, value or config file: a UserError with exit status 2."""
+    return UserError(message, status=2)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         # argparse would print the whole usage block, dozens of lines here; raise so the caller prints one line
         raise UsageError(message)
-
-
-@contextmanager
-def one_line_errors(prog, status=2, errors=(UsageError, ValueError)):
-    """Turn the errors a user can cause into `prog: error: message` on stderr and SystemExit(status)."""
-    try:
-        yield
-    except errors as e:
-        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(status) from None
 
 
 # -----------------------------------------------------------------------------
@@ -86,7 +76,7 @@ def parse_float(text):
 
 
 def parse_list(name, text, choices, everything=None):
-    """A comma-separated value naming some of `choices`, each once, in the order given (bench.py's and perf.ab's
+    """A comma-separated value naming some of `choices`, each once, in the order given (perf.bench's and perf.ab's
     --pos) -> tuple. `everything`: a word that stands for all of them, in their own order ("all")."""
     if everything is not None and text == everything:
         return tuple(choices)
@@ -198,7 +188,7 @@ def read_config_file(parser, path, valid, foreign_keys=False):
             raise UsageError(f"{path}: {key} must be a string, number or boolean, got {value!r}")
     try:  # through the flags' own converters and choices, so a file can't hold what a flag couldn't
         return vars(parser.parse_args([f"--{key}={value}" for key, value in table.items()]))
-    except UsageError as e:
+    except UserError as e:
         raise UsageError(f"{path}: {e}") from None
 
 
@@ -215,7 +205,7 @@ def explain(message, valid):
 def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False):
     """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
     each --config FILE.toml in the order given, then by the flags in argv (sys.argv[1:] when None). Fields named in
-    `positional` are positional arguments. foreign_keys: the --config file is another script's (bench.py reads
+    `positional` are positional arguments. foreign_keys: the --config file is another script's (perf.bench reads
     training presets), so its keys that are no flag here are ignored instead of refused. A mistake exits with
     status 2 and one line naming the valid choices."""
     values = {}
@@ -228,7 +218,7 @@ def parse_flags(argv, prog, description, sections, defaults=None, choices=None, 
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
-        except UsageError as e:
+        except UserError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
         from_files = {}
         if "config" in flags and not own_config_field(sections):  # a file holds flags only, so it is checked by a parser without the positionals

@@ -1,6 +1,6 @@
 """
 Processes: one, or one per GPU under torchrun. Joining torchrun's group, the few collectives the training loop
-needs, signals that ask a run to stop, and ending every rank cleanly.
+needs, and ending every rank cleanly.
 
 Launched by torchrun, every process trains a replica (DistributedDataParallel, nccl on CUDA, gloo on CPU); rank 0
 alone logs, evaluates and writes checkpoints. Without torchrun, Processes() describes the single process and every
@@ -11,9 +11,7 @@ import gc
 import inspect
 import os
 import shlex
-import signal
-import sys
-import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,13 +19,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from plumbing.cli import RunError
+from plumbing.errors import UserError
 from plumbing.hardware import resolve_device
 
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's place among those torchrun started; the defaults describe `python train.py`, one process."""
+    """This process's place among those torchrun started; the defaults describe `python train.py`, one
+    process."""
 
     rank: int = 0  # 0 .. world_size - 1; rank 0 logs, evaluates and writes checkpoints
     local_rank: int = 0  # rank on this machine: the GPU this process uses
@@ -48,8 +47,8 @@ class Processes:
             dist.barrier()
 
     def agree(self, loss, stop, device):
-        """(mean loss over all processes, whether any process was asked to stop): one all-reduce and one host sync
-        per step, so that every rank stops at the same step and sees the same loss."""
+        """(mean loss over all processes, whether any process was asked to stop): one all-reduce and one host
+        sync per step, so that every rank stops at the same step and sees the same loss."""
         if not self.launched:
             return loss.item(), stop
         summed = torch.stack([loss.float(), torch.tensor(float(stop), device=device)])
@@ -108,11 +107,27 @@ def start_processes(cfg):
     return Processes(rank, local_rank, world_size, device, launched=True)
 
 
+@contextmanager
+def processes(cfg):
+    """The Processes of this run (start_processes) while the block runs, ended together after it
+    (end_processes): cleanly after a return or a UserError, which every rank meets at the same point; after
+    anything else another rank may be stuck in a collective, and torchrun stops it."""
+    procs, clean = start_processes(cfg), False
+    try:
+        yield procs
+        clean = True
+    except UserError:
+        clean = True
+        raise
+    finally:
+        end_processes(procs, clean)
+
+
 def end_processes(procs, clean):
-    """End every rank together: wait for all (clean end only: after an unexpected error the others may be stuck
-    in a collective, and torchrun stops them), free what still refers to the process group, then destroy it.
-    Without this a gloo worker can abort at exit, when a gloo thread frees finished work that holds Python tensors
-    during interpreter finalization (seen 1 run in 10-40 under load with torch 2.13)."""
+    """End every rank together: wait for all (clean end only: after an unexpected error the others may be
+    stuck in a collective, and torchrun stops them), free what still refers to the process group, then destroy
+    it. Without this a gloo worker can abort at exit, when a gloo thread frees finished work that holds Python
+    tensors during interpreter finalization."""
     if not procs.launched:
         return
     if clean:
@@ -125,7 +140,7 @@ def micro_steps_per_rank(grad_accum, procs):
     """How many of a step's grad_accum micro-batches this rank runs: grad_accum is a total over all processes,
     so it must divide among them."""
     if grad_accum % procs.world_size:
-        raise RunError(
+        raise UserError(
             f"grad_accum={grad_accum} is not divisible by the {procs.world_size} processes torchrun started; "
             f"each runs grad_accum / world_size micro-batches: use a multiple of {procs.world_size}, or leave "
             "--grad_accum out for one micro-batch per process"
@@ -134,63 +149,12 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DistributedDataParallel under torchrun, as it is otherwise. DDP need not broadcast buffers before
-    every forward: ours (RoPE's cos/sin, ALiBi's slopes) are computed from the config, the same on every rank.
-    torch 2.13 renamed that flag from broadcast_buffers to forward_sync_buffers."""
+    """module in DistributedDataParallel under torchrun, as it is otherwise. DDP need not broadcast buffers
+    before every forward: ours (RoPE's cos/sin, ALiBi's slopes) are computed from the config, the same on
+    every rank. The flag is forward_sync_buffers in newer torch, broadcast_buffers in older."""
     if not procs.launched:
         return module
     device_ids = [procs.local_rank] if device_type == "cuda" else None
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
         else "broadcast_buffers"
     return DDP(module, device_ids=device_ids, **{no_sync: False})
-
-
-class StopSignals:
-    """While active, the first Ctrl-C (SIGINT) or SIGTERM asks the loop to finish its step, write a checkpoint
-    and exit; a second Ctrl-C quits at once (KeyboardInterrupt). Handlers are restored on exit. Signal handlers
-    can only be set in the main thread: elsewhere the signals keep their usual meaning."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.received = None  # the name of the first signal received
-        self.previous = {}
-
-    def _handle(self, signum, frame):
-        if self.received and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = self.received or signal.Signals(signum).name  # just a flag: printing here could re-enter print
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-def exit_status(summary):
-    """0 for a run that reached its max_iters; for one a signal stopped (after saving), 128 + the signal's number,
-    as a shell reports a process the signal ended (130 for Ctrl-C, 143 for SIGTERM): so that no caller mistakes
-    a stopped run for a finished one."""
-    stopped = summary["stopped"]
-    if stopped is None:
-        return 0
-    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": SIGTERM's, as torchrun's
-
-
-def run_script(main, prog):
-    """`python train.py`: main() and its exit status (exit_status of the summary it returns). A second Ctrl-C
-    (while the first one's checkpoint is being written, say) stops at once, without a traceback: checkpoints are
-    written atomically, so the last one stays."""
-    try:
-        return exit_status(main())
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print(f"{prog}: interrupted: stopped at once, without a final checkpoint (the last one written is whole)",
-              file=sys.stderr, flush=True)
-        return 128 + signal.SIGINT
-    finally:  # the run is over: a Ctrl-C from here on (the interpreter shutting down) would only add a traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)

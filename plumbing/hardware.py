@@ -2,7 +2,7 @@
 What a script runs on: the device, the precision, how fast that hardware can go (for MFU), and how much memory
 it has left.
 
-Every entry point (train.py, sample.py, eval_length.py, bench.py) resolves `--device` and `--dtype` here,
+Every entry point (train.py, sample.py, eval_length.py, perf.bench) resolves `--device` and `--dtype` here,
 so `auto` means the same thing everywhere: cuda, then mps, then cpu; bfloat16 on CUDA, float32 elsewhere.
 """
 
@@ -11,6 +11,8 @@ import re
 from contextlib import nullcontext
 
 import torch
+
+from plumbing.errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -42,11 +44,13 @@ def check_device_name(device):
 
 
 def check_device(device):
-    """ValueError if this machine lacks the device asked for."""
+    """A usage UserError (status 2) if this machine lacks the device asked for."""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu")
+        raise UserError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu",
+                        status=2)
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu")
+        raise UserError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu",
+                        status=2)
 
 
 def resolve_device(device):
@@ -106,15 +110,16 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """ValueError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
+    """A UserError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
     available now: refused before the allocation, where the kernel would kill the process without a word. The
-    message names the parts of at least 1% of the total. Nothing is refused where the available memory is unknown."""
+    message names the parts of at least 1% of the total. Nothing is refused where the available memory is
+    unknown."""
     needed, available = sum(parts.values()), available_memory(device)
     if available is None or needed <= available:
         return
     largest = sorted(parts.items(), key=lambda part: -part[1])
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
-    raise ValueError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
+    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
                      f"{format_bytes(available)} available; {advice}")
 
 
@@ -127,29 +132,31 @@ def synchronize(device):
 
 
 def flops_per_token(model):
-    """Training FLOPs per token, as nanoGPT's estimate_mfu after PaLM (Chowdhery et al. 2022), appendix B:
-    6N for the matmuls with the N weights (2 FLOPs per weight forward, 4 backward), plus 12 * L * H * Q * T for
+    """Training FLOPs per token, as nanoGPT's estimate_mfu after PaLM (Chowdhery et al. 2022), appendix B: 6N
+    for the matmuls with the N weights (2 FLOPs per weight forward, 4 backward), plus 12 * L * H * Q * T for
     attention's two matmuls, q k^T and p v, over T keys in each of L layers and H heads of size Q (the causal
-    mask's skipped half is not discounted, as in PaLM). N leaves out the learned position table, a lookup and no
-    matmul, but keeps the token embedding, which is also the output head."""
+    mask's skipped half is not discounted, as in PaLM). N leaves out the learned position table, a lookup and
+    no matmul, but keeps the token embedding, which is also the output head."""
     n = model.num_params() - sum(p.numel() for p in model.transformer.wpe.parameters())
     c = model.config
     return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
 
 
 def peak_flops_of(gpu_name):
-    """The dense bf16 peak FLOP/s of the GPU called gpu_name (torch.cuda.get_device_name), None if not in PEAK_FLOPS."""
+    """The dense bf16 peak FLOP/s of the GPU called gpu_name (torch.cuda.get_device_name), None if not in
+    PEAK_FLOPS."""
     return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, gpu_name)), None)
 
 
 def peak_flops(device):
-    """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then the log shows no MFU."""
+    """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then the log shows no
+    MFU."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
 
 
 def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
-    """A step's speed as logged and benchmarked: ms per step, tokens/s, model TFLOP/s, and MFU where the peak is
-    known (the model FLOPs achieved over the peak of all devices together)."""
+    """A step's speed as logged and benchmarked: ms per step, tokens/s, model TFLOP/s, and MFU where the peak
+    is known (the model FLOPs achieved over the peak of all devices together)."""
     metrics = {"ms_per_iter": step_seconds * 1e3, "tokens_per_sec": tokens_per_step / step_seconds,
                "tflops": flops_per_step / step_seconds / 1e12}
     if peak:

@@ -54,6 +54,12 @@ def format_seconds(seconds):
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
+def fmt(value, spec, missing=""):
+    """value formatted by spec (format's mini-language: ".4f", ",.0f"), `missing` for None: a table's or CSV's
+    cell."""
+    return missing if value is None else format(value, spec)
+
+
 def markdown_table(columns, rows):
     """A markdown table: the header row of `columns`, its rule, then one line per row of cell strings."""
     lines = ["| " + " | ".join(cells) + " |" for cells in [columns, *rows]]
@@ -69,7 +75,7 @@ def step_line(step, cfg, loss, lr, speed, seconds_left):
 
 
 def header_line(run, one_per_process):
-    """What is trained, on what, how: the first line of every run's log."""
+    """What is trained, on what, how (run: plumbing.resume.Run): the first line of every run's log."""
     cfg, procs = run.cfg, run.procs
     split = f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
     if procs.launched:
@@ -81,11 +87,14 @@ def header_line(run, one_per_process):
             f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps")
 
 
-def start_wandb(run):
-    """A Weights & Biases run on rank 0 (None elsewhere or without --wandb); a resumed run continues its id."""
+@contextmanager
+def wandb_logging(run):
+    """A Weights & Biases run on rank 0 while the block runs (None elsewhere or without --wandb), finished
+    with exit code 0, or 1 if the block raised; a resumed run (plumbing.resume.Run) continues its id."""
     cfg, p = run.cfg, run.progress
     if not (cfg.wandb and run.procs.master):
-        return None
+        yield None
+        return
     import wandb  # only when asked for: optional, and slow to import
 
     config = asdict(cfg) | asdict(run.model_config) | {"world_size": run.procs.world_size,
@@ -93,4 +102,9 @@ def start_wandb(run):
     wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
                            id=p.wandb_run_id, resume="allow" if p.wandb_run_id else None, config=config)
     p.wandb_run_id = wandb_run.id
-    return wandb_run
+    finished = False
+    try:
+        yield wandb_run
+        finished = True
+    finally:
+        wandb_run.finish(exit_code=0 if finished else 1)

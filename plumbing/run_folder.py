@@ -4,7 +4,7 @@ A run's folder: one run at a time, and never a finished run replaced without ask
     own_folder(out_dir, resume, overwrite, procs, device)   the context a run trains in: out_dir locked by rank 0,
                                                             checked that the run may start there
     lock_folder(out_dir)        out_dir/train.lock, created atomically; a stale one (its process gone) taken over
-    check_may_start(out_dir, resume, overwrite)   a RunError for a folder holding a run, unless asked
+    check_may_start(out_dir, resume, overwrite)   a UserError for a folder holding a run, unless asked
 """
 
 import json
@@ -17,8 +17,8 @@ import uuid
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from plumbing.checkpoint import CheckpointError, load_checkpoint, run_finished
-from plumbing.cli import RunError
+from plumbing.checkpoint import load_checkpoint, run_finished
+from plumbing.errors import UserError
 
 
 LOCK_NAME = "train.lock"
@@ -95,7 +95,7 @@ def remove_stale_lock(path, text):
 
 def take_lock(path):
     """Create the lock (O_CREAT | O_EXCL: exactly one process can) -> (its text, a note if a stale one was
-    taken over). A live holder is a one-line RunError naming it."""
+    taken over). A live holder is a one-line UserError naming it."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record())
@@ -108,7 +108,7 @@ def take_lock(path):
             held = parse_lock(held_text)
             if holder_alive(held, path):
                 holder = describe_holder(held) if held else "a process that has just started"
-                raise RunError(f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
+                raise UserError(f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
                                f"another --out_dir (if it is no longer running, delete {path})") from None
             remove_stale_lock(path, held_text)
             note = (f"note: took over {path}, left by a run that no longer runs "
@@ -117,7 +117,7 @@ def take_lock(path):
         with os.fdopen(fd, "w") as f:
             f.write(text)
         return text, note
-    raise RunError(f"could not take {path}: other runs keep taking it")
+    raise UserError(f"could not take {path}: other runs keep taking it")
 
 
 @contextmanager
@@ -155,7 +155,7 @@ def describe_run(out_dir):
     path = Path(out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
-    except CheckpointError:
+    except UserError:
         return "a run (its checkpoint cannot be read)", "continues it"
     step = f"step {ckpt.get('iter_num')} of {(ckpt.get('train_config') or {}).get('max_iters')}"
     if run_finished(ckpt):
@@ -171,7 +171,7 @@ def check_may_start(out_dir, resume, overwrite):
     run, resuming = describe_run(out_dir)
     if overwrite:
         return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
-    raise RunError(f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
+    raise UserError(f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
                    "give another --out_dir)")
 
 
@@ -193,12 +193,12 @@ def own_folder(out_dir, resume, overwrite, procs, device):
             try:
                 held.enter_context(lock_folder(out_dir, procs.log))
                 note = check_may_start(out_dir, resume, overwrite)
-            except RunError as e:
+            except UserError as e:
                 refusal = e
             except OSError as e:  # a read-only folder, a file on the path
-                refusal = RunError(f"--out_dir={out_dir}: cannot write there ({e.strerror or e})")
+                refusal = UserError(f"--out_dir={out_dir}: cannot write there ({e.strerror or e})")
         if procs.share([float(refusal is not None)], device)[0]:
-            raise refusal or RunError("rank 0 could not take out_dir")  # only rank 0 prints it
+            raise refusal or UserError("rank 0 could not take out_dir")  # only rank 0 prints it
         if note:
             procs.log(note)
         yield

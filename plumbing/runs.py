@@ -21,15 +21,17 @@ import time
 from pathlib import Path
 
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_finished
-from plumbing.cli import RunError
+from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's reading of its own flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command
 PLAN_CODE = ("import dataclasses, json, sys, train\n"
+             "from plumbing.errors import one_line_errors\n"
              "for args in json.loads(sys.argv[1]):\n"
-             "    cfg, model = train.parse_args(args)\n"
+             "    with one_line_errors('train.py'):\n"
+             "        cfg, model = train.parse_args(args)\n"
              "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n")
 # Settings that say where and how a run ran rather than what it trained, or that train.py fills in as it starts
 # (auto devices and dtypes, vocab_size from the dataset)
@@ -64,11 +66,11 @@ class Plan:
 
 def run_python(args, **kwargs):
     """`python args...` from the repository root, as a user types it, its output shown (unless kwargs capture
-    it). A failure is a RunError."""
+    it). A failure is a UserError."""
     sys.stdout.flush()  # what we printed comes before the command's output
     done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
     if done.returncode:
-        raise RunError(f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
+        raise UserError(f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
                        "see its output above")
     return done
 
@@ -78,7 +80,7 @@ def plan(commands):
     done = subprocess.run([sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True,
                           text=True)
     if done.returncode:  # a bad flag: train.py's own one-line error
-        raise RunError(done.stderr.strip() or f"train.py could not read {commands}")
+        raise UserError(done.stderr.strip() or f"train.py could not read {commands}")
     return [Plan(args, *json.loads(line)) for args, line in zip(commands, done.stdout.splitlines())]
 
 
@@ -92,7 +94,7 @@ def differences(saved, wanted):
 def decide(plan, elsewhere="move it away"):
     """What a command's out_dir calls for: ("train", None) when it holds no run, ("reuse", step) for the
     command's finished run, ("resume", step) for the same run stopped before its max_iters. A run of other
-    settings is a RunError naming the folder (and `elsewhere`, where else the caller can look)."""
+    settings is a UserError naming the folder (and `elsewhere`, where else the caller can look)."""
     path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
     if not path.is_file():
         return "train", None
@@ -100,7 +102,7 @@ def decide(plan, elsewhere="move it away"):
     changed = "; ".join(filter(None, (differences(ckpt.get("model_config", {}), plan.model_config),
                                       differences(ckpt.get("train_config", {}), plan.train_config))))
     if changed:
-        raise RunError(f"{plan.out_dir} holds another run than `{plan.command}` ({changed}): {elsewhere}")
+        raise UserError(f"{plan.out_dir} holds another run than `{plan.command}` ({changed}): {elsewhere}")
     return ("reuse" if run_finished(ckpt) else "resume"), ckpt["iter_num"]
 
 
@@ -137,7 +139,7 @@ def find_checkpoint(pos, checkpoints):
         folder = Path(checkpoints) / name
         if checkpoint_path(folder).is_file():
             return folder
-    raise FileNotFoundError(f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
+    raise UserError(f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
                             f"{checkpoints}/shakespeare_char_{pos}/ holding best.pt or ckpt.pt")
 
 

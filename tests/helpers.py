@@ -5,7 +5,8 @@ from functools import cache
 import pytest
 
 import train
-from data.common import EncodingUnavailable, get_tokenizer
+from data.common import get_tokenizer
+from plumbing.errors import UserError
 
 
 def error_line(capsys, script, argv, status):
@@ -29,7 +30,7 @@ def gpt2_unavailable_reason():
     """Why tiktoken's GPT-2 BPE can't be loaded here (tried once), or None when it can."""
     try:
         get_tokenizer({"tokenizer": "gpt2"})
-    except EncodingUnavailable as e:
+    except UserError as e:
         return f"GPT-2 BPE unavailable: {e}"
     return None
 

@@ -1,5 +1,5 @@
-"""bench.py runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
-one line. Speed itself is measured by bench.py, never asserted here."""
+"""perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
+one line. Speed itself is measured by perf.bench, never asserted here."""
 import json
 import math
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
+from perf import bench
 from helpers import error_line
 from model import GPT, POS_SCHEMES, GPTConfig
 from perf import ab
@@ -60,7 +60,7 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
     assert {"command", "date", "machine", "source", "config", "peak_flops", "peak_source", "memory", "training",
             "generation", "compiled_decoding"} <= set(written)
     assert {"platform", "cpu_count", "gpu", "torch", "torch_threads"} <= set(written["machine"])
-    assert written["command"].startswith("python bench.py --n_layer=1")
+    assert written["command"].startswith("python -m perf.bench --n_layer=1")
     assert written["config"]["device"] == "cpu" and written["config"]["dtype"] == "float32"
     assert {"ms_per_step", "tokens_per_sec", "compile_s", "flops_per_token", "tflops", "mfu",
             "peak_memory_mb"} <= set(written["training"]["rope"])
@@ -171,8 +171,8 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
     assert side.module is not ab.current and sys.modules["model"] is ab.current
 
 
-def test_ab_measures_a_revision_from_before_generation_py():
-    """Before generation.py, generate_cached was a method of GPT: perf.ab calls that one for such a revision."""
+def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
+    """A revision without generation.py has generate_cached as a method of GPT: perf.ab calls that one there."""
     skip_without_git_history(BEFORE_GENERATION_PY)
     decoding = ab.main([f"--against={BEFORE_GENERATION_PY}", "--pos=rope", "--new_tokens=6", "--rounds=1"])
     assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])

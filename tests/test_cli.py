@@ -21,9 +21,9 @@ from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
-ENTRY_POINTS = ("train", "sample", "eval_length", "bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
+ENTRY_POINTS = ("train", "sample", "eval_length", "perf.bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
                 "course.__main__")
-SHARED_MODULES = ("model", "generation", "plumbing.*", "data.common", "data.passkey.task", "course.*")
+SHARED_MODULES = ("model", "generation", "positions", "plumbing.*", "measure.*", "data.common", "data.passkey.task", "course.*")
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
@@ -114,19 +114,20 @@ def project_modules():
 
 
 def test_no_script_imports_another_script():
-    """Entry points (train.py, sample.py, eval_length.py, bench.py, and what runs as python -m: perf.ab, demo.*,
+    """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab, demo.*,
     experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py), never each other;
     no shared module imports one either, or the entry points would import each other through it."""
     modules = project_modules()
     entry_points = {name for name in modules if any(fnmatch(name, pattern) for pattern in ENTRY_POINTS)}
-    assert {"train", "sample", "eval_length", "bench", "perf.ab"} <= entry_points
+    assert {"train", "sample", "eval_length", "perf.bench", "perf.ab"} <= entry_points
     offenders = {path: sorted(imported_names(path) & entry_points - {name}) for name, path in modules.items()}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
 def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
-    generation.py; shared code goes in plumbing/ (or data/common.py for the data format)."""
+    generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py holds
+    the data format)."""
     unsorted = [path for name, path in project_modules().items() if not path.endswith("__init__.py")
                 and not any(fnmatch(name, pattern) for pattern in ENTRY_POINTS + SHARED_MODULES)]
     assert unsorted == []
@@ -171,9 +172,9 @@ OLD_KEYS = {"model", "model_config", "train_config", "iter_num", "best_val_loss"
             "scaler", "sampler", "rng", "wandb_run_id"}
 
 
-def test_a_checkpoint_written_before_the_layout_change_still_samples_and_resumes(tmp_path, capsys):
-    """A checkpoint dict with exactly the keys and train_config fields train.py saved before this layout (no
-    init_from, grad_accum an int) loads in sample.py and resumes in train.py."""
+def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, capsys):
+    """A checkpoint dict with exactly OLD_KEYS and OLD_TRAIN_CONFIG's fields (no init_from, no finished, grad_accum
+    an int) loads in sample.py and resumes in train.py."""
     flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
              "--eval_interval=2", "--log_interval=1", "--lr_decay_iters=2", "--device=cpu", "--compile=false",
              f"--out_dir={tmp_path}"]
@@ -191,20 +192,19 @@ def test_a_checkpoint_written_before_the_layout_change_still_samples_and_resumes
     assert re.search(r"resuming \S+ at step 2", capsys.readouterr().out)
 
 
-# What train.py and sample.py wrote at 491106f, the last commit before model.py's generation code moved into
-# generation.py and the shared modules into plumbing/: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
-CHECKPOINT_BEFORE_THE_MOVE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
+# A checkpoint file as train.py wrote it at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
+ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
 
 
-def test_a_checkpoint_written_before_the_move_to_plumbing_still_samples_and_resumes_to_the_same_loss(tmp_path):
-    """The checkpoint file as the code before the move wrote it samples past its block_size, and resumes to the very
-    loss that an uninterrupted run of today's code reaches at the same step (the move changed no arithmetic)."""
+def test_the_fixture_checkpoint_samples_and_resumes_to_the_loss_of_an_uninterrupted_run(tmp_path):
+    """The fixture file samples past its block_size, and resumes to the very loss that an uninterrupted run of this
+    code reaches at the same step: the file format and the training arithmetic are the fixture's."""
     flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
              "--eval_interval=2", "--log_interval=1", "--lr_decay_iters=4", "--device=cpu", "--compile=false",
              "--pos=rope", "--max_iters=3"]
     old_dir, fresh_dir = tmp_path / "old", tmp_path / "fresh"
     old_dir.mkdir()
-    (old_dir / "ckpt.pt").write_bytes(CHECKPOINT_BEFORE_THE_MOVE.read_bytes())
+    (old_dir / "ckpt.pt").write_bytes(ROPE_FIXTURE.read_bytes())
     _, samples, _ = sample.main([f"--out_dir={old_dir}", "--max_new_tokens=40", "--stream=off"])
     assert len(samples[0]) == 1 + 40  # 2.5 x its block_size
     resumed = train.main([*flags, f"--out_dir={old_dir}", "--resume"])
@@ -224,7 +224,7 @@ def test_python_version_check_is_one_line():
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
-    """cli.parse_list, behind bench.py's and perf.ab's --pos: the names in the order given, `everything` for all
+    """cli.parse_list, behind perf.bench's and perf.ab's --pos: the names in the order given, `everything` for all
     of them in their own order, and one line naming the choices for an unknown or repeated name."""
     choices = ("learned", "rope", "alibi")
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from data.common import (DATA_ROOT, FILES, BatchSampler, DataError, DatasetNotFound, available_datasets,
-                         ensure_prepared, get_tokenizer, load_meta, prepare_file, staged_dataset, write_dataset)
+from data.common import (DATA_ROOT, FILES, BatchSampler, available_datasets, ensure_prepared, get_tokenizer,
+                         load_meta, prepare_file, staged_dataset, write_dataset)
 from data import common
+from plumbing.errors import UserError
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
@@ -133,10 +134,10 @@ def test_text_prepare_makes_a_dataset_from_your_own_file(tmp_path):
 
 
 BAD_INPUTS = {
-    "missing": (None, FileNotFoundError, "no such file"),
-    "empty": (b"", DataError, "is empty"),
-    "non-UTF-8": ("café au lait, encore du café\n".encode("latin-1") * 50, DataError, "not UTF-8"),
-    "too short": (b"To be, or not to be.\n", DataError, "too short"),
+    "missing": (None, UserError, "no such file"),
+    "empty": (b"", UserError, "is empty"),
+    "non-UTF-8": ("café au lait, encore du café\n".encode("latin-1") * 50, UserError, "not UTF-8"),
+    "too short": (b"To be, or not to be.\n", UserError, "too short"),
 }
 
 
@@ -163,7 +164,7 @@ def test_text_prepare_rejects_bad_val_fraction(tmp_path, val_fraction):
     """val_fraction outside (0, 1) is an error that names the flag, and nothing is written."""
     path = tmp_path / "in.txt"
     path.write_text(TEXT[:10_000], encoding="utf-8")
-    with pytest.raises(DataError, match="--val_fraction"):
+    with pytest.raises(UserError, match="--val_fraction"):
         prepare_file(path, tmp_path / "out", val_fraction=val_fraction)
     assert not (tmp_path / "out").exists()
 
@@ -217,7 +218,7 @@ def test_a_failed_replacement_leaves_the_old_dataset(tmp_path):
         with staged_dataset(data_dir, replace=True) as tmp:
             tmp["train.bin"].write_bytes(b"partial")
             raise RuntimeError("disk full")
-    with pytest.raises(DataError, match="already holds a dataset"):
+    with pytest.raises(UserError, match="already holds a dataset"):
         write_counting(data_dir, n_train=200, n_val=50, vocab_size=100)
     assert snapshot(data_dir) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
@@ -304,7 +305,7 @@ def test_web_writer_leaves_nothing_when_the_stream_fails(tmp_path):
 
 def test_ensure_prepared_lists_datasets_for_an_unknown_name():
     """An unknown dataset name is an error listing the available ones and how to make one."""
-    with pytest.raises(FileNotFoundError) as info:
+    with pytest.raises(UserError) as info:
         ensure_prepared("no_such_dataset")
     message = str(info.value)
     for name in ("shakespeare_char", "shakespeare", "fineweb_edu", "python -m data.text.prepare --input FILE"):
@@ -326,7 +327,7 @@ def test_ensure_prepared_never_rebuilds_part_of_a_dataset(tmp_path):
     not prepared over them: the error names what is missing and the command, with --replace."""
     (tmp_path / "shakespeare_char").mkdir()
     (tmp_path / "shakespeare_char" / "train.bin").write_bytes(b"mine")
-    with pytest.raises(DatasetNotFound, match=r"'shakespeare_char' in \S+ is incomplete \(no val.bin, meta.json\): "
+    with pytest.raises(UserError, match=r"'shakespeare_char' in \S+ is incomplete \(no val.bin, meta.json\): "
                                               r"run .*--replace$"):
         ensure_prepared("shakespeare_char", data_root=tmp_path)
     assert snapshot(tmp_path / "shakespeare_char") == {"train.bin": b"mine"}
@@ -337,7 +338,7 @@ def test_ensure_prepared_names_the_prepare_command(tmp_path):
     (tmp_path / "webdata").mkdir()
     (tmp_path / "webdata" / "prepare.py").write_text("")
     command = r"(cd \S+ && )?python -m data\.webdata\.prepare"  # the cd when pytest runs elsewhere than the root
-    with pytest.raises(FileNotFoundError, match=rf"dataset 'webdata' is not prepared: run {command}$"):
+    with pytest.raises(UserError, match=rf"dataset 'webdata' is not prepared: run {command}$"):
         ensure_prepared("webdata", data_root=tmp_path)
 
 
@@ -354,7 +355,7 @@ def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
     """-m finds the data package in the current folder only: away from the root, the suggestion starts with a cd
     there, and the command runs as given."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError) as info:
+    with pytest.raises(UserError) as info:
         ensure_prepared("no_such_dataset")
     command = str(info.value).split("from your own text with ")[1]
     assert command.startswith("cd ")
@@ -364,14 +365,14 @@ def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
 
 
 def test_load_meta_errors(tmp_path):
-    """A missing meta.json names the prepare command; a malformed one is a DataError (so a ValueError)."""
-    with pytest.raises(FileNotFoundError, match="prepare"):
+    """A missing meta.json names the prepare command; a malformed one too."""
+    with pytest.raises(UserError, match="prepare"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text('{"tokenizer": "char", "vocab_size": 3}')
-    with pytest.raises(DataError, match="train_tokens"):
+    with pytest.raises(UserError, match="train_tokens"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text("not json")
-    with pytest.raises(DataError, match="not valid JSON"):
+    with pytest.raises(UserError, match="not valid JSON"):
         load_meta(tmp_path)
 
 
@@ -447,7 +448,7 @@ def test_state_dict_resumes_the_exact_stream(tmp_path):
 def test_sampler_rejects_bad_split_and_short_data(tmp_path):
     """An unknown split name, and a split shorter than block_size + 1 tokens, are clear errors."""
     data_dir, _ = write_counting(tmp_path, n_val=10)
-    with pytest.raises(DataError, match="block_size"):
+    with pytest.raises(UserError, match="block_size"):
         BatchSampler(data_dir, block_size=10, batch_size=2)
     sampler = BatchSampler(data_dir, block_size=9, batch_size=2)
     x, y = sampler.get_batch("val")  # exactly block_size + 1 tokens: the one window there is
@@ -500,12 +501,12 @@ BROKEN_DATASETS = {
 
 @pytest.mark.parametrize("how", BROKEN_DATASETS)
 def test_a_broken_dataset_is_one_data_error_that_says_what_to_do(tmp_path, how):
-    """Every way a dataset can disagree with itself is a one-line DataError from the sampler (as train.py opens
+    """Every way a dataset can disagree with itself is a one-line UserError from the sampler (as train.py opens
     it), naming the file and the fix; never a traceback from deep inside a batch."""
     data_dir, _ = write_counting(tmp_path / "d", n_train=100, n_val=50, vocab_size=100)
     break_dataset(data_dir, how)
     named, message = BROKEN_DATASETS[how]
-    with pytest.raises(DataError) as info:
+    with pytest.raises(UserError) as info:
         BatchSampler(data_dir, block_size=60 if how == "too short for block_size" else 8, batch_size=2)
     text = str(info.value)
     assert "\n" not in text and f"{tmp_path}/d" in text and named in text, text

@@ -1,5 +1,5 @@
 """The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
-figures (plumbing/instruments.py): each instrument reads the model's own modules, so each is checked against the
+figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against the
 model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
@@ -14,8 +14,9 @@ import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
 from model import GPT, POS_SCHEMES, GPTConfig
-from plumbing import instruments, runs
-from plumbing.cli import RunError
+from measure import instruments
+from plumbing import runs
+from plumbing.errors import UserError
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
@@ -212,7 +213,7 @@ def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refuse
     assert runs.decide(resume) == ("resume", 1)
     assert runs.decide(empty) == ("train", None)
     for plan, words in ((other_pos, "(pos rope, not alibi)"), (other_shape, "(n_embd 16, not 32)")):
-        with pytest.raises(RunError) as error:
+        with pytest.raises(UserError) as error:
             runs.decide(plan, elsewhere="move it away")
         message = str(error.value)
         assert message.startswith(f"{finished} holds another run") and words in message, message

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from plumbing import checkpoint
-from plumbing import cli
+from plumbing.errors import UserError
 from plumbing import distributed
 import train
 
@@ -124,7 +124,7 @@ def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
 
 def test_grad_accum_must_divide_among_the_processes():
     """grad_accum micro-batches are shared out evenly: 3 among 2 processes is a one-line error naming a fix."""
-    with pytest.raises(cli.RunError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
+    with pytest.raises(UserError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
         distributed.micro_steps_per_rank(3, distributed.Processes(world_size=2))
     assert distributed.micro_steps_per_rank(8, distributed.Processes(world_size=2)) == 4
 

@@ -12,7 +12,7 @@ import eval_length
 import train
 from helpers import error_line
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
-from plumbing.evaluation import validation_tokens, window_losses, window_starts
+from measure.losses import validation_tokens, window_losses, window_starts
 from model import POS_SCHEMES, ROPE_SCALINGS
 
 BLOCK = 16
@@ -183,7 +183,7 @@ def test_plot_is_written(measured):
 def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measured):
     """The markdown table: the lengths as given, loss (ratio to L = T) in each cell, n/a for learned past T."""
     rows, _ = measured
-    lines = eval_length.markdown_table(rows, eval_length.parse_lengths(LENGTHS)).splitlines()
+    lines = eval_length.loss_table(rows, eval_length.parse_lengths(LENGTHS)).splitlines()
     table = [line for line in lines if line.startswith("|")]
     assert table[0] == "| checkpoint | pos | T | method | 0.5x | 1x | 2x | 4x |"
     assert len(table) == 2 + len(rows)

@@ -95,7 +95,7 @@ def test_unknown_figure_name_is_one_line_naming_the_figures(capsys):
 
 
 def tiny_checkpoints(folder):
-    """One random tiny model per scheme, saved as train.py saves them (the fields load_model reads), on the
+    """One random tiny model per scheme, saved as train.py saves them (the fields open_model reads), on the
     shakespeare_char vocabulary: enough to draw the figures of trained models without training."""
     meta = load_meta(ensure_prepared("shakespeare_char"))
     for i, pos in enumerate(POS_SCHEMES):

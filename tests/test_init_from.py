@@ -3,7 +3,7 @@ weights, for context-extension fine-tuning. Tiny models on CPU through train.mai
 import pytest
 import torch
 
-from plumbing import checkpoint
+from plumbing import checkpoint, resume
 import train
 from model import rope_frequencies
 from helpers import train_error_line
@@ -53,7 +53,7 @@ def test_init_from_keeps_every_loaded_weight_and_spreads_learned_rows_by_interpo
                 "--max_iters=0", "--eval_interval=1", f"--out_dir={out_dir}"])
     assert "position table was resized from 16 to 64 rows by linear interpolation" in capsys.readouterr().out
     new, old = weights(out_dir)["model"], weights(trained["learned"])["model"]
-    table, trained_table = new.pop(checkpoint.POSITION_TABLE), old.pop(checkpoint.POSITION_TABLE)
+    table, trained_table = new.pop(resume.POSITION_TABLE), old.pop(resume.POSITION_TABLE)
     assert all(torch.equal(new[k], old[k]) for k in old)
     assert table.shape == (64, 16)
     torch.testing.assert_close(table[0::4], trained_table, rtol=0, atol=0)
@@ -81,7 +81,7 @@ def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trai
     out_dir = tmp_path / "yarn"
     train.main(["--init_from", str(trained["rope"]), "--block_size=32", "--rope_scaling=yarn", "--rope_factor=2",
                 "--max_iters=0", "--device=cpu", f"--out_dir={out_dir}"])
-    model, _, ckpt = checkpoint.load_model(out_dir)
+    model, _, ckpt = checkpoint.open_model(out_dir)
     assert ckpt["model_config"]["rope_original_len"] == 16 and model.config.rope_scaling == "yarn"
     inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=2.0, original_len=16)
     assert model.transformer.wpe.original_len == 16

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from plumbing import checkpoint as ckpt_io
+from plumbing import distributed, resume
 from plumbing.run_folder import LOCK_NAME
-from plumbing import distributed
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
 from helpers import train_error_line
@@ -99,9 +99,9 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     """python, numpy and torch generators, saved with the checkpoint and restored, draw the same numbers again."""
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # numpy keeps a cached gaussian: part of the state
-    path = ckpt_io.save_checkpoint({"model": {}, "model_config": {}, "rng": ckpt_io.rng_state("cpu")}, tmp_path / "c.pt")
+    path = ckpt_io.save_checkpoint({"model": {}, "model_config": {}, "rng": resume.rng_state("cpu")}, tmp_path / "c.pt")
     draws = [random.random(), np.random.standard_normal(), torch.rand(3)]
-    ckpt_io.set_rng_state(ckpt_io.load_checkpoint(path)["rng"], "cpu")
+    resume.set_rng_state(ckpt_io.load_checkpoint(path)["rng"], "cpu")
     assert same([random.random(), np.random.standard_normal(), torch.rand(3)], draws)
 
 

@@ -18,7 +18,7 @@ from data.passkey.task import (CHARS, FILLER, KEY_DIGITS, MARKER, draw_filler, e
                                is_eval_key, training_sample)
 from helpers import error_line
 from model import GPT, GPTConfig, POS_SCHEMES
-from plumbing.retrieval import (answers_by_forward, answers_by_greedy, count_correct, passkey_batch,
+from measure.retrieval import (answers_by_forward, answers_by_greedy, count_correct, passkey_batch,
                                 wilson_interval)
 
 STOI = {c: i for i, c in enumerate(CHARS)}

@@ -17,6 +17,7 @@ import torch
 
 from plumbing import checkpoint
 from plumbing import hardware
+from plumbing.errors import UserError
 import train
 from helpers import train_error_line
 from model import GPT, POS_SCHEMES, GPTConfig
@@ -274,7 +275,7 @@ def test_bad_checkpoint_is_a_clear_checkpoint_error(tmp_path, kind, words, mmap)
     (for a code-carrying one, the global it refused, never a hint to load it with weights_only=False), whether it
     reads the file (resuming) or maps it (sampling, evaluating, --init_from); nothing in the file runs."""
     path = corrupt_checkpoint(tmp_path, kind)
-    with pytest.raises(checkpoint.CheckpointError) as error:
+    with pytest.raises(UserError) as error:
         checkpoint.load_checkpoint(path, mmap=mmap)
     message = str(error.value)
     assert isinstance(error.value, ValueError) and "\n" not in message

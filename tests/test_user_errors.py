@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
+from perf import bench
 import eval_length
 import generation
 import sample

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from data.common import (REPLACE_HELP, GPT2Tokenizer, complete_meta, dataset_dir, dtype_for_vocab,
                          exit_on_user_error, gpt2_encoding, refuse_existing, save_meta, staged_dataset, summarize)
+from plumbing.errors import UserError
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens; sets the progress bar's ETA
@@ -77,7 +78,7 @@ def write_token_dataset(out_dir, docs, val_tokens: int, max_tokens=None, num_pro
 
     Whole documents go to val.bin until it holds at least val_tokens tokens, then to train.bin until it holds
     at least max_tokens (None: until docs run out). Files appear only when all is written (staged_dataset).
-    total_tokens, if known, gives the progress bar an ETA. A dataset already in out_dir is a DataError unless
+    total_tokens, if known, gives the progress bar an ETA. A dataset already in out_dir is a UserError unless
     replace.
     """
     tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
@@ -104,7 +105,7 @@ def stream_documents():
     try:
         from datasets import load_dataset  # not a requirement of the repo: only this script needs it
     except ImportError:
-        raise ImportError("streaming FineWeb-Edu needs Hugging Face datasets: pip install datasets") from None
+        raise UserError("streaming FineWeb-Edu needs Hugging Face datasets: pip install datasets") from None
     rows = load_dataset(HF_DATASET, name=HF_CONFIG, split="train", streaming=True)
     return (row["text"] for row in rows)
 

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from model import CausalSelfAttention, apply_rope, causal_mask
-from plumbing.checkpoint import load_model
-from plumbing.evaluation import validation_tokens
+from plumbing.checkpoint import open_model
+from measure.losses import validation_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def use_one_thread():
     """One intra-op thread unless OMP_NUM_THREADS says otherwise. These models are tiny (128 dims): extra threads
-    only add synchronisation, and on a shared machine their spin-waits made a forward pass 10-15 x slower
-    (measured: 0.3-0.4 s with 2 threads under load vs 0.03 s with one). tests/conftest.py makes the same choice."""
+    only add synchronisation, and on a shared machine their spin-waits make a forward pass many times slower.
+    tests/conftest.py makes the same choice."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
@@ -54,7 +54,7 @@ def describe(out_dir, ckpt):
 
 def load(out_dir, dtype=torch.float32):
     """(model on the CPU in eval mode and dtype, tokenizer, checkpoint dict)."""
-    model, tokenizer, ckpt = load_model(out_dir, "cpu")
+    model, tokenizer, ckpt = open_model(out_dir)
     return model.to(dtype), tokenizer, ckpt
 
 

@@ -2,10 +2,10 @@
 How fast each position scheme trains and generates, on this machine: one table per run, every figure measured
 in the same process so that the ratios between schemes are fair.
 
-    python bench.py                                        # nanoGPT's CPU recipe model, all five schemes
-    python bench.py --pos=rope --gen_multiples 1 4 --json=bench.json
-    python bench.py --pos=learned,rope,alibi --gen_multiples                 # training only, three schemes
-    python bench.py --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
+    python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
+    python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
+    python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
+    python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
 Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
 batch_size x block_size x grad_accum tokens, in the config's dtype under autocast, compiled when --compile says
@@ -45,14 +45,15 @@ from datetime import UTC, datetime
 
 import torch
 
-from plumbing.cli import RunError, one_line_errors, parse_flags, parse_list
+from plumbing.cli import parse_flags, parse_list
+from plumbing.errors import UserError, one_line_errors
 from data.common import available_datasets, dataset_dir, load_meta
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from generation import generate_cached
 from model import GPT, POS_SCHEMES, GPTConfig
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import markdown_table
+from plumbing.report import fmt, markdown_table
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
@@ -136,18 +137,17 @@ def vocab_size_of(dataset):
         raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}")
     try:
         return load_meta(dataset_dir(dataset))["vocab_size"]
-    except (OSError, ValueError):
+    except (OSError, UserError):
         return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a mistake exits with
-    status 2 and one line."""
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits
+    with status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
     values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
                          choices={"dtype": DTYPES}, foreign_keys=True)
-    with one_line_errors("bench.py"):
-        cfg = BenchConfig(**values)
-        check_device(resolve_device(cfg.device))
+    cfg = BenchConfig(**values)
+    check_device(resolve_device(cfg.device))
     return cfg
 
 
@@ -200,7 +200,7 @@ def peak_memory_mb(device):
 def source():
     """Which code was measured: the git commit, whether the working tree differs from it (model.py's owner may be
     mid-change), and model.py's own hash."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above perf/
     git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
     try:
         commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "--untracked-files=no")
@@ -366,10 +366,6 @@ def bench_generation(cfg, pos, log):
 # Report
 
 
-def fmt(value, spec, missing="-"):
-    return missing if value is None else format(value, spec)
-
-
 def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
     columns = ["pos", "params", "ms/step", "x learned", "tokens/s", "compile s", "FLOPs/token", "TFLOP/s", "% of peak",
@@ -378,9 +374,10 @@ def training_table(train):
     for pos, t in train.items():
         ratio = t["ms_per_step"] / learned if learned else None
         share = t.get("mfu")
-        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f"),
-                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f"), f"{t['flops_per_token']:,}",
-                     f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f"), f"{t['peak_memory_mb']:,.0f}"])
+        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-"),
+                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"),
+                     f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"),
+                     f"{t['peak_memory_mb']:,.0f}"])
     return markdown_table(columns, rows)
 
 
@@ -392,7 +389,7 @@ def generation_table(generation, compiled_note):
         for row in g["rows"]:
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
-            speedup = fmt(row["speedup"], ".1f") + ("x" if row["speedup"] else "")
+            speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
             rows.append([pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}",
                          fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup,
                          fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"])
@@ -418,12 +415,13 @@ def device_peak(cfg):
 
 def new_report(cfg, argv, peak, peak_source):
     on_cuda = cfg.device.startswith("cuda")
-    return {"command": shlex.join(["python", "bench.py", *argv]), "date": datetime.now(UTC).isoformat(),
+    return {"command": shlex.join(["python", "-m", "perf.bench", *argv]),
+            "date": datetime.now(UTC).isoformat(),
             "machine": machine(cfg.device), "source": source(), "config": asdict(cfg),
             "peak_flops": peak, "peak_source": peak_source,
             "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
                       "process max RSS so far (a high-water mark, not per scheme)",
-            # what bench.py calls for compiled decoding (timed only with --compile_decode)
+            # what perf.bench calls for compiled decoding (timed only with --compile_decode)
             "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
             "training": {}, "generation": {}}
 
@@ -434,7 +432,8 @@ def print_report(report, cfg):
     print(f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
           f"{f' ({gpu})' if gpu else ''}, "
           f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
-          f"peak {fmt(report['peak_flops'], '.3g')} FLOP/s ({report['peak_source']}); memory: {report['memory']}; "
+          f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+          f"memory: {report['memory']}; "
           f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n")
     if report["training"]:
         print(training_table(report["training"]) + "\n")
@@ -465,9 +464,8 @@ def run(cfg, argv):
 def main(argv=None):
     """Run the benchmark; -> the report dict (also written to --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = resolve(parse_args(argv))
-    with one_line_errors("bench.py", status=1, errors=(RunError,)):
-        return run(cfg, argv)
+    with one_line_errors("bench.py"):
+        return run(resolve(parse_args(argv)), argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from generation import forward_bytes, position_table_bytes
+from model import position_limit
+from plumbing.errors import UserError
 from plumbing.hardware import check_memory
 
 
@@ -24,7 +26,8 @@ from plumbing.hardware import check_memory
 def token_losses(model, x, y, chunk=64):
     """Cross-entropy of every token of x (B, L) predicting y, as generation sees it: the whole context, or for
     a scheme with a position table (learned) past its length, the window of its last max_len tokens, each
-    position scored by a forward pass of the max_len tokens that end at it (chunk windows per pass). -> (B, L)"""
+    position scored by a forward pass of the max_len tokens that end at it (chunk windows per pass). -> (B,
+    L)"""
     L, limit = x.size(1), model.max_len
     if limit is None or L <= limit:
         logits = model(x)[0]
@@ -43,13 +46,15 @@ def position_losses(model, x, y, chunk=64):
 
 def window_bytes(config, batch, length):
     """{what: bytes} that token_losses allocates for `batch` windows of `length` tokens of a model of config,
-    estimated from the shapes before anything is allocated: a forward pass (generation.forward_bytes; the logits
-    batch x length x vocab_size are usually the largest), the log-softmax the cross-entropy takes of them, the
-    position table grown to `length`, and for a scheme with a table (learned) past it, its sliding windows' tokens."""
+    estimated from the shapes before anything is allocated: a forward pass (generation.forward_bytes; the
+    logits batch x length x vocab_size are usually the largest), the log-softmax the cross-entropy takes of
+    them, the position table grown to `length`, and for a scheme with a table (learned) past it, its sliding
+    windows' tokens."""
     parts = forward_bytes(config, batch, length) | {"position table": position_table_bytes(config, length)}
     parts["log-softmax"] = parts["logits"]
-    if config.pos == "learned" and length > config.block_size:
-        parts["sliding windows"] = batch * (length - config.block_size) * config.block_size * 8
+    limit = position_limit(config.pos, config.block_size)
+    if limit is not None and length > limit:
+        parts["sliding windows"] = batch * (length - limit) * limit * 8
     return parts
 
 
@@ -59,21 +64,21 @@ def window_bytes(config, batch, length):
 
 def validation_tokens(dataset, prepare=True):
     """The val split of a dataset (data/<dataset>/val.bin) as a read-only np.memmap; an embedded dataset is
-    prepared on first use unless prepare=False. A DataError (with the command that prepares it) when it is missing
-    or disagrees with its meta.json."""
+    prepared on first use unless prepare=False. A UserError (with the command that prepares it) when it is
+    missing or disagrees with its meta.json."""
     data_dir = ensure_prepared(dataset) if prepare else dataset_dir(dataset)
     meta = load_meta(data_dir)
-    check_split(data_dir, "val", meta)  # its size and ids against meta.json: a one-line DataError
+    check_split(data_dir, "val", meta)  # its size and ids against meta.json: a one-line UserError
     return np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
 
 
 def window_starts(n_tokens, length, max_windows=None):
-    """Starts of non-overlapping windows of `length` tokens (each with its next-token target, so length + 1 tokens
-    read) in a split of n_tokens: all that fit, or max_windows of them spread evenly over the split (the same text
-    every run: no sampling). ValueError when not even one fits."""
+    """Starts of non-overlapping windows of `length` tokens (each with its next-token target, so length + 1
+    tokens read) in a split of n_tokens: all that fit, or max_windows of them spread evenly over the split
+    (the same text every run: no sampling). A UserError when not even one fits."""
     fit = (n_tokens - 1) // length
     if fit < 1:
-        raise ValueError(f"a window of {length} tokens does not fit in the {n_tokens}-token validation split")
+        raise UserError(f"a window of {length} tokens does not fit in the {n_tokens}-token validation split")
     n = fit if max_windows is None else min(fit, max_windows)
     slots = np.unique(np.linspace(0, fit - 1, n).round().astype(np.int64))  # n distinct slots as n <= fit
     return slots * length
@@ -81,7 +86,8 @@ def window_starts(n_tokens, length, max_windows=None):
 
 def window_losses(model, tokens, length, starts, batch_size, device, on_batch=None):
     """token_losses of every window tokens[s : s + length] (targets shifted by one), batch_size windows per
-    forward pass; on_batch(n) is called after each batch of n windows (a progress bar). -> (len(starts), length)"""
+    forward pass; on_batch(n) is called after each batch of n windows (a progress bar). -> (len(starts),
+    length)"""
     out = []
     for i in range(0, len(starts), batch_size):
         batch = np.stack([tokens[s : s + length + 1] for s in starts[i : i + batch_size]]).astype(np.int64)
@@ -93,22 +99,21 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
 
 
 @torch.no_grad()
-def inside_vs_beyond_loss(loaded, device, length, n_windows=8):
+def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     """Mean validation loss at positions < block_size and >= block_size over n_windows windows of `length`
-    tokens of the checkpoint's own dataset (loaded: .model and .checkpoint, as sample.load returns).
-    -> (inside, beyond), or None if the dataset is not prepared here or the checkpoint names none (GPT-2's).
-    ValueError (one line) if those windows would not fit in the memory available."""
-    dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
+    tokens of `dataset` (the one the model was trained on). -> (inside, beyond), or None if there is none
+    (GPT-2's checkpoints name none) or it is not prepared here. A UserError (one line) if those windows would
+    not fit in the memory available."""
     if dataset is None:
         return None
     try:
         val = validation_tokens(dataset, prepare=False)
-    except (FileNotFoundError, ValueError):
+    except UserError:
         return None
     length = min(length, len(val) - 1)
     what = f"measuring the validation loss over {n_windows} windows of {length:,} tokens"
-    check_memory(window_bytes(loaded.model.config, n_windows, length), device, what, "lower --max_new_tokens")
+    check_memory(window_bytes(model.config, n_windows, length), device, what, "lower --max_new_tokens")
     starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
-    losses = window_losses(loaded.model, val, length, starts, n_windows, device).mean(0)
-    block_size = loaded.model.config.block_size
+    losses = window_losses(model, val, length, starts, n_windows, device).mean(0)
+    block_size = model.config.block_size
     return losses[:block_size].mean().item(), losses[block_size:].mean().item()

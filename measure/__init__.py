@@ -1,0 +1,1 @@
+"""Measuring trained models: loss at every position, passkey retrieval, and the demos' instruments."""

@@ -1,0 +1,103 @@
+"""
+How a script stops: one exception type, one handler per entry point, one signal mechanism.
+
+    raise UserError(f"{path}: no such checkpoint file")           # one line, exit status 1
+    raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
+    with one_line_errors("train.py"):                             # around each entry point's main, once
+        ...
+    with StopSignals() as signals:                                # Ctrl-C / SIGTERM ask a loop to stop
+        ... signals.received ...
+
+A UserError is what the user can fix: a bad flag, a missing dataset, a checkpoint that cannot be read or
+continued. Anything else is a bug and keeps its traceback. A signal is either a request (StopSignals(): the
+training loop finishes its step and saves) or, as Python's own Ctrl-C, an exception (Stopped, a
+KeyboardInterrupt) that unwinds the with-blocks, so temporary files and locks are removed on the way out;
+the handler then exits with 128 + the signal's number, as a shell reports a process a signal ended (130, 143).
+"""
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+
+
+class UserError(ValueError):
+    """A mistake the user can fix, said in one line. status: the exit status, 2 for a usage mistake (a bad
+    flag or value, as argparse exits), 1 for anything else (a missing dataset, an unreadable checkpoint, a
+    diverged run). A ValueError, as what the user gives is a value: a flag, a path, a file's contents."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.status = status
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal raised as Python raises KeyboardInterrupt for SIGINT: with-blocks clean up on the way out."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def say(line):
+    """A line on stderr; under torchrun only rank 0's, as every rank meets a UserError at the same point."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
+    """The handler of an entry point. A UserError becomes `prog: error: message` on stderr (`error:
+    message` without a prog) and SystemExit(its status); one of `errors` (a config dataclass's ValueError)
+    the same with status 2; `status`, when given, overrides both. Ctrl-C or a Stopped signal becomes
+    SystemExit(128 + the signal's number), after the line `stopped` ({signal}: its name) if given."""
+    try:
+        yield
+    except UserError as e:
+        say(f"{prog}: error: {e}" if prog else f"error: {e}")
+        raise SystemExit(status or e.status) from None
+    except errors as e:
+        say(f"{prog}: error: {e}" if prog else f"error: {e}")
+        raise SystemExit(status or 2) from None
+    except KeyboardInterrupt as e:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we say it: a traceback
+        signum = getattr(e, "signum", signal.SIGINT)
+        if stopped:
+            say(stopped.format(signal=signal.Signals(signum).name))
+        raise SystemExit(128 + signum) from None
+
+
+class StopSignals:
+    """While active, SIGINT (Ctrl-C) and SIGTERM ask to stop, or stop at once. request=True: the first of
+    either only sets `received` (its name), for a loop to finish its step, save and return; a second Ctrl-C
+    raises Stopped. request=False: each raises Stopped, SIGTERM as Ctrl-C (its default would end the process
+    with no cleanup). Handlers are restored on exit; outside the main thread the signals keep their own."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, request=True):
+        self.request, self.received, self.previous = request, None, {}
+
+    def _handle(self, signum, frame):
+        if not self.request or (self.received and signum == signal.SIGINT):
+            raise Stopped(signum)
+        self.received = self.received or signal.Signals(signum).name  # a flag: printing here could re-enter
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_status(stopped):
+    """0 for a run that finished; for one a signal stopped (after saving), 128 + the signal's number, so that
+    no caller mistakes it for a finished one. stopped: the signal's name, or None."""
+    if stopped is None:
+        return 0
+    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": torchrun's SIGTERM

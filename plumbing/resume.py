@@ -1,0 +1,292 @@
+"""
+A training run's state, and its checkpoints: what train.py builds (Run), what resuming needs of a checkpoint
+(checked before anything is built), writing a run's checkpoints, putting a run back where one left it, and
+starting a new run from another's weights (--init_from). The file format is plumbing/checkpoint.py's.
+"""
+
+import math
+import random
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from plumbing.checkpoint import (check_meta, check_same_vocabulary, checkpoint_path, link_checkpoint, load_checkpoint,
+                                 load_weights, run_folder, save_checkpoint)
+from plumbing.errors import UserError
+
+# Resuming needs these beyond what sampling needs
+RESUME_KEYS = ("train_config", "iter_num", "best_val_loss", "best_iter", "optimizer", "scaler", "sampler", "rng",
+               "wandb_run_id")
+# GPTConfig fields a resumed run may change: they shape no weight
+MODEL_KNOBS = ("dropout",)
+# TrainConfig fields that say nothing about the run being continued
+NOT_COMPARED = ("resume", "init_from", "overwrite")
+
+
+@dataclass
+class Progress:
+    """What the loop keeps across steps and across a resume."""
+
+    iter_num: int = 0  # optimizer steps taken
+    best_val_loss: float = math.inf
+    best_iter: int | None = None
+    wandb_run_id: str | None = None
+    saved_iter: int | None = None  # the step of the checkpoint on disk (ckpt.pt)
+
+
+@dataclass
+class Run:
+    """Everything one training run builds (train.py's build_run), taken whole rather than as a dozen
+    arguments."""
+
+    cfg: typing.Any  # train.py's TrainConfig, resolved: device, dtype, compile, grad_accum, out_dir filled in
+    model_config: typing.Any  # GPTConfig
+    meta: dict
+    procs: typing.Any  # plumbing.distributed.Processes
+    model: torch.nn.Module  # the plain GPT: checkpoints save its state_dict (no `_orig_mod.`, `module.`)
+    train_model: torch.nn.Module  # what a step calls: compiled and/or wrapped in DDP
+    eval_model: torch.nn.Module  # compiled, never DDP: rank 0 evaluates alone
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast: typing.Any
+    samplers: list  # this rank's micro-batch streams (data.common.BatchSampler)
+    eval_sampler: typing.Any
+    progress: Progress = field(default_factory=Progress)
+
+    @property
+    def ckpt_path(self):
+        return Path(self.cfg.out_dir) / "ckpt.pt"
+
+    @property
+    def best_path(self):
+        return Path(self.cfg.out_dir) / "best.pt"
+
+    @property
+    def tokens_per_step(self):
+        return self.cfg.batch_size * self.model_config.block_size * self.cfg.grad_accum
+
+
+# -----------------------------------------------------------------------------
+# Resuming: the random generators, and whether a checkpoint can be continued
+
+
+def rng_state(device):
+    """The state of every random generator training may draw from, as plain data and tensors (weights_only):
+    Python's random.getstate() is (version, tuple of 625 ints, gauss) and numpy's holds an ndarray."""
+    version, mt_state, gauss = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
+    return {
+        "python": [version, list(mt_state), gauss],
+        "numpy": {
+            "bit_generator": numpy_state["bit_generator"],
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if str(device).startswith("cuda") else None,
+    }
+
+
+def set_rng_state(state, device):
+    """Undo rng_state: every generator continues exactly where it was saved. The CUDA state is restored only
+    on CUDA (a run saved on one device type and resumed on another restarts that generator's stream)."""
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state({
+        "bit_generator": numpy_state["bit_generator"],
+        "state": {"key": numpy_state["key"].cpu().numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+        "has_gauss": numpy_state["has_gauss"],
+        "gauss": numpy_state["gauss"],
+    })
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] is not None and str(device).startswith("cuda"):
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def model_differences(saved, wanted, may_change):
+    """The model settings (GPTConfig fields) of `wanted` that differ from the checkpoint's `saved` ones, those
+    in may_change aside, as "--name=new but the checkpoint has old" for a one-line refusal; "" when none
+    do."""
+    differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
+    return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
+
+
+def check_resumable(path, ckpt, train_config, model_config, meta):
+    """Refuse (UserError, one line) to continue a checkpoint with another vocabulary, position scheme or
+    model shape: its weights would not fit, or would mean something else. Returns the training knobs and model
+    knobs that changed, as "name old -> new" strings, for the log."""
+    missing = [key for key in RESUME_KEYS if key not in ckpt]
+    if missing:
+        raise UserError(f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
+                              "(written by an older train.py?); start a new run with another --out_dir")
+    check_meta(path, ckpt)
+    check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
+    saved, wanted = ckpt["model_config"], asdict(model_config)
+    if changes := model_differences(saved, wanted, MODEL_KNOBS):
+        raise UserError(f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
+                              "(only training settings such as max_iters or learning_rate may change), or start a "
+                              "new run with another --out_dir")
+    knobs = [(name, saved.get(name), wanted[name]) for name in MODEL_KNOBS]
+    knobs += [(name, value, getattr(train_config, name)) for name, value in ckpt["train_config"].items()
+              if name not in NOT_COMPARED and hasattr(train_config, name)]
+    ignored = {"seed": " (ignored: the saved random and data streams continue)"}
+    return [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]
+
+
+def open_for_resume(out_dir, train_config, model_config, meta, world_size):
+    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device and checked by
+    check_resumable; changes also names a change in the number of processes."""
+    path = Path(out_dir) / "ckpt.pt"
+    if not path.is_file():
+        raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
+    ckpt = load_checkpoint(path, map_location=train_config.device)
+    changes = check_resumable(path, ckpt, train_config, model_config, meta)
+    if len(ckpt["rng"]) != world_size:
+        changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")
+    return path, ckpt, changes
+
+
+# -----------------------------------------------------------------------------
+# A training run to and from its checkpoint
+
+
+def training_state(run, rng):
+    """The checkpoint dict described at the top of this file, of a training run; rng: every rank's
+    rng_state."""
+    p = run.progress
+    return {
+        "model": run.model.state_dict(),
+        "model_config": asdict(run.model_config),
+        "train_config": asdict(run.cfg),
+        "iter_num": p.iter_num,
+        "best_val_loss": p.best_val_loss,
+        "best_iter": p.best_iter,
+        "meta": run.meta,
+        "optimizer": run.optimizer.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
+        "rng": rng,
+        "wandb_run_id": p.wandb_run_id,
+        "finished": p.iter_num >= run.cfg.max_iters,
+    }
+
+
+def write_checkpoints(run, improved):
+    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are
+    gathered); rank 0 writes."""
+    rng = run.procs.gather(rng_state(run.cfg.device))
+    run.progress.saved_iter = run.progress.iter_num
+    if not run.procs.master:
+        return
+    save_checkpoint(training_state(run, rng), run.ckpt_path)
+    if improved:
+        link_checkpoint(run.ckpt_path, run.best_path)
+
+
+def kept_checkpoint(run):
+    """What an error that stops training says of the checkpoint on disk."""
+    if run.progress.saved_iter is None:
+        return "no checkpoint was written"
+    return f"{run.ckpt_path} (step {run.progress.saved_iter}) was kept"
+
+
+def restore_training(run, path, ckpt):
+    """Put a freshly built run where the checkpoint left it: weights, optimizer moments, loss scale, data
+    streams, step, best loss, and (last, as building the model drew from them) the random generators of this
+    rank."""
+    load_weights(path, run.model, ckpt["model"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
+    load_weights(path, run.optimizer, ckpt["optimizer"])
+    for group, fresh in zip(run.optimizer.param_groups, settings):
+        group.update(fresh)  # keep the moments, take this run's betas and weight decay (and fused on this device)
+    if ckpt["scaler"] and run.scaler.is_enabled():
+        run.scaler.load_state_dict(ckpt["scaler"])
+    for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
+        sampler.load_state_dict(ckpt["sampler"]["train"])
+    run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
+    p = run.progress
+    p.iter_num, p.best_val_loss, p.best_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_iter"]
+    p.saved_iter, p.wandb_run_id = ckpt["iter_num"], ckpt["wandb_run_id"]
+    if run.procs.rank < len(ckpt["rng"]):
+        set_rng_state(ckpt["rng"][run.procs.rank], run.cfg.device)
+    else:  # a rank the saved run did not have: a fresh stream of its own
+        torch.manual_seed(run.cfg.seed + run.procs.rank + p.iter_num)
+
+
+# -----------------------------------------------------------------------------
+# Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
+
+# GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", "rope_low_freq_factor",
+              "rope_high_freq_factor", "dropout")
+POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
+
+
+def resize_position_table(table, n_pos):
+    """A learned (T, C) position table resized to n_pos rows by linear interpolation, as vision transformers
+    resize theirs for a new resolution (Dosovitskiy et al. 2021, section 3.2) and as position interpolation
+    does for RoPE (Chen et al. 2023): new row p is the old table read at fractional position p * T / n_pos,
+    linear between its two neighbouring rows (the last row past the end). Old row i lands exactly on new row i
+    * n_pos / T when that is a whole number: every trained row is kept, spread out by the factor n_pos / T."""
+    T = table.size(0)
+    where = torch.arange(n_pos, dtype=torch.float64) * T / n_pos
+    below = where.floor().long().clamp(max=T - 1)
+    above = (below + 1).clamp(max=T - 1)
+    weight = (where - below)[:, None]
+    return ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
+
+
+def saved_model_config(out_dir, names):
+    """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults
+    to."""
+    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
+    return {name: value for name, value in saved.items() if name in names}
+
+
+def fine_tune_dir(source, block_size, rope_scaling):
+    """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after
+    the new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
+    source = run_folder(source)
+    return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
+
+
+def init_from_settings(values, saved):
+    """What a run started from a checkpoint (values["init_from"], whose model settings are saved) needs beyond
+    its flags: rope_original_len, so that a new RoPE extension scales against the length the checkpoint was
+    trained on, and an out_dir of its own beside the source when none was given. Never the source's folder."""
+    source, settings = Path(values["init_from"]), {}
+    if values["rope_scaling"] and not saved.get("rope_scaling") and values["rope_original_len"] is None:
+        settings["rope_original_len"] = saved["block_size"]
+    out_dir = values["out_dir"]
+    if out_dir is None:
+        out_dir = settings["out_dir"] = fine_tune_dir(source, values["block_size"], values["rope_scaling"])
+    if Path(out_dir).resolve() == run_folder(source).resolve():
+        raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
+                         "checkpoint writes its own; give another --out_dir")
+    return settings
+
+
+def init_model_from(out_dir, model, meta, dataset):
+    """Load the weights of the checkpoint in out_dir into model, whose config may differ from the checkpoint's
+    only in INIT_KNOBS (else a one-line UserError). -> a note for the log when a learned table was resized."""
+    path = checkpoint_path(out_dir)
+    ckpt = load_checkpoint(path, mmap=True)
+    check_meta(path, ckpt)
+    check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
+    if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
+        raise UserError(f"refusing to initialise from {path}: {changes}; --init_from may change only "
+                              f"{', '.join(INIT_KNOBS)} (the weights must fit)")
+    state, note = ckpt["model"], None
+    if POSITION_TABLE in state and state[POSITION_TABLE].size(0) != model.config.block_size:
+        old = state[POSITION_TABLE].size(0)
+        state = state | {POSITION_TABLE: resize_position_table(state[POSITION_TABLE], model.config.block_size)}
+        note = (f"the learned position table was resized from {old} to {model.config.block_size} rows by linear "
+                "interpolation of the trained rows")
+    load_weights(path, model, state)
+    return note

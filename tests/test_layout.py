@@ -1,0 +1,94 @@
+"""Each package holds what its name says, and each rule the entry points share is written once.
+
+plumbing/ and measure/ import no entry point and take none of their types (train.py's Run and configs,
+sample.py's Loaded); the rules "learned has no positions past its table" (model.position_limit,
+model.max_len) and "open a checkpoint, with a RoPE extension or without" (plumbing.checkpoint.open_model)
+give the same answer through every entry point that uses them."""
+
+import ast
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import eval_length
+import sample
+from measure import instruments
+from measure.losses import window_bytes
+from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, default_rope_factor, position_limit
+from plumbing.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
+SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("measure/*.py")])
+FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"  # a RoPE checkpoint an older train.py wrote
+
+
+def imported(path):
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return names | {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
+
+
+@pytest.mark.parametrize("path", SHARED, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
+    """An entry point's types (train.Run, train.TrainConfig, sample.Loaded) named in a shared module would be
+    an import in disguise: the dependency pointing from the shared code up to a script."""
+    assert imported(path) & ENTRY_POINTS == set()
+    assert re.findall(r"\b(?:train|sample|eval_length)\.[A-Z]\w*", path.read_text()) == []
+
+
+def compares_pos_to_learned(path):
+    """Comparisons with the string "learned" in a module: where it would test for the table's limit itself."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Compare)
+            and any(isinstance(c, ast.Constant) and c.value == "learned"
+                    for c in [node.left, *node.comparators])]
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
+    """model.position_limit says where a scheme's positions end; the model (and so generation and
+    measure.losses, which read model.max_len), eval_length's rows and the memory estimate all follow it."""
+    config = GPTConfig(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+    limit = position_limit(pos, config.block_size)
+    assert (limit is not None) == (pos == "learned")
+    assert GPT(config).max_len == limit
+    source = eval_length.Source("x", Path("x.pt"), {"model_config": asdict(config)}, None)
+    assert source.limit == limit
+    assert eval_length.available(source, "plain", 2 * config.block_size) == (limit is None)
+    assert eval_length.available(source, "plain", config.block_size)
+    assert ("window" in source.methods(ROPE_SCALINGS)) == (limit is not None)
+    assert ("sliding windows" in window_bytes(config, 2, 2 * config.block_size)) == (limit is not None)
+
+
+def test_no_entry_point_or_measure_writes_the_table_rule_again():
+    """sample.py, eval_length.py and measure/ ask position_limit or model.max_len, never pos == "learned",
+    whether a model has positions past its table (the four-term split of qk_terms is about learned's
+    embedding, not its length)."""
+    paths = [ROOT / "sample.py", ROOT / "eval_length.py", ROOT / "measure" / "losses.py",
+             ROOT / "measure" / "retrieval.py"]
+    assert {path.name: compares_pos_to_learned(path) for path in paths} == {path.name: [] for path in paths}
+
+
+@pytest.mark.parametrize("scaling", [None, *ROPE_SCALINGS])
+def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
+    """plumbing.checkpoint.open_model is the one opener: sample.py (load), eval_length.py (model_for) and the
+    demos (instruments.load) build the same model from the same file, with the same RoPE extension at the same
+    default factor (model.default_rope_factor), and it gives the same logits."""
+    ckpt = load_checkpoint(FIXTURE, mmap=True)
+    T = ckpt["model_config"]["block_size"]
+    length = 4 * T
+    source = eval_length.open_source(str(FIXTURE), task="passkey")  # the checkpoint alone, no dataset read
+    by_eval_length = eval_length.model_for(source, scaling or "plain", length, "cpu")
+    by_sample = sample.load(FIXTURE, "cpu", scaling, default_rope_factor(length, T)).model
+    assert by_eval_length.config == by_sample.config
+    if scaling is not None:
+        assert (by_sample.config.rope_scaling, by_sample.config.rope_factor) == (scaling, 4.0)
+    else:
+        assert by_sample.config == instruments.load(FIXTURE)[0].config
+    x = torch.randint(0, by_sample.config.vocab_size, (1, length))
+    with torch.no_grad():
+        torch.testing.assert_close(by_eval_length(x)[0], by_sample(x)[0], rtol=0, atol=0)

@@ -82,16 +82,35 @@ def verdict(exercise, results):
     return Verdict(exercise, True, len(tests), "")
 
 
+def counted(n, noun, plural=None):
+    """"1 exercise", "3 exercises"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def total_line(passed, total):
+    """"all 3 exercises pass", "1 exercise passes", "1 of 3 exercises passes", "0 of 3 exercises pass"."""
+    if passed == total:
+        return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
+    return f"{passed} of {counted(total, 'exercise')} {'passes' if passed == 1 else 'pass'}"
+
+
+def not_started(verdict):
+    """Failed on its own stub: nothing of it written yet."""
+    return verdict.detail == f"NotImplementedError: {verdict.exercise.stub_message}"
+
+
 def report_lines(verdicts):
+    """One line per exercise, then a total. Under an exercise begun and failing: its hints, for what the
+    test's message (got, expected, tolerance, dtype) leaves unsaid."""
     width = max(len(v.exercise.title) for v in verdicts)
     lines = []
     for v in verdicts:
         head = f"{v.exercise.id:<5} {v.exercise.title:<{width}}"
-        lines.append(f"{head}  passed ({v.n_tests} tests)" if v.passed else f"{head}  failed: {v.detail}")
-    passed = sum(v.passed for v in verdicts)
-    total = f"all {len(verdicts)} exercises pass" if passed == len(verdicts) else \
-        f"{passed} of {len(verdicts)} exercises pass"
-    return lines + [total]
+        passed = f"passed ({counted(v.n_tests, 'test')})"
+        lines.append(f"{head}  {passed}" if v.passed else f"{head}  failed: {v.detail}")
+        if not v.passed and not not_started(v):
+            lines += [f"      hint: {hint}" for hint in v.exercise.hints]
+    return lines + [total_line(sum(v.passed for v in verdicts), len(verdicts))]
 
 
 def grade(directory, exercises, calls=False):

@@ -12,7 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.make import MARKER, ROOT, read_marker
+from course.exercises import by_id
+from course.make import MARKER, ROOT, counted, read_marker, solution_leaks, strip_sections
 from plumbing.cli import UsageError
 
 TIME_LIMIT = 900  # seconds for the whole run: a student's endless loop should not hang the grader
@@ -82,11 +83,6 @@ def verdict(exercise, results):
     return Verdict(exercise, True, len(tests), "")
 
 
-def counted(n, noun, plural=None):
-    """"1 exercise", "3 exercises"."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
 def total_line(passed, total):
     """"all 3 exercises pass", "1 exercise passes", "1 of 3 exercises passes", "0 of 3 exercises pass"."""
     if passed == total:
@@ -119,3 +115,21 @@ def grade(directory, exercises, calls=False):
     if status not in (0, 1, None) and not results["errors"] and not results["tests"]:
         results["errors"].append({"node": "", "message": f"pytest stopped (exit {status}): {last}"})
     return [verdict(exercise, results) for exercise in exercises], results
+
+
+def check_copy(directory):
+    """What an instructor checks before handing a copy out: each exercise fails with its own stub (not started),
+    no file quotes a stripped body, no page keeps an instructors' section. -> (verdicts, [problems])"""
+    marker = read_marker(directory)
+    if marker is None:
+        raise UsageError(f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make")
+    exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
+    problems = [f"{page}:{line} quotes the solution of {what}" for page, line, what in
+                solution_leaks(directory, exercises)]
+    for page in sorted(Path(directory).rglob("*.md")):
+        problems += [f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
+                     for heading in strip_sections(page.read_text())[1]]
+    verdicts, _ = grade(directory, exercises)
+    problems += [f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"
+                 for v in verdicts if v.passed or not not_started(v)]
+    return verdicts, problems

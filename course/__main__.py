@@ -5,7 +5,7 @@ Course mode: exercises cut from this repository's own code, graded by the lesson
     python -m course make OUT_DIR --only=ex1,ex3    # only these exercises
     python -m course grade                          # here, in the solution: every exercise passes
     python -m course grade OUT_DIR --only=ex3       # one line per exercise and a total; exit 0 when all pass
-    python -m course make OUT_DIR --classroom       # with .github/classroom/autograding.json, one test an exercise
+    python -m course make OUT_DIR --classroom       # and .github/classroom/autograding.json, a test each
     python -m course check OUT_DIR                  # before handing it out: every exercise not started, no
                                                     # solution quoted, no instructors' section; exit 0 when so
 

@@ -119,11 +119,13 @@ def grade(directory, exercises, calls=False):
 
 
 def check_copy(directory):
-    """What an instructor checks before handing a copy out: each exercise fails with its own stub (not started),
-    no file quotes a stripped body, no page keeps an instructors' section. -> (verdicts, [problems])"""
+    """What an instructor checks before handing a copy out: each exercise fails with its own stub (not
+    started), no file quotes a stripped body, no page keeps an instructors' section.
+    -> (verdicts, [problems])"""
     marker = read_marker(directory)
     if marker is None:
-        raise UsageError(f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make")
+        raise UsageError(f"{directory} is no student copy (it has no {MARKER}): "
+                         "make one with python -m course make")
     exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
     problems = [f"{page}:{line} quotes the solution of {what}" for page, line, what in
                 solution_leaks(directory, exercises)]
@@ -131,6 +133,6 @@ def check_copy(directory):
         problems += [f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
                      for heading in strip_sections(page.read_text())[1]]
     verdicts, _ = grade(directory, exercises)
-    problems += [f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"
-                 for v in verdicts if v.passed or not not_started(v)]
+    problems += [f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: "
+                 "not a fresh copy" for v in verdicts if v.passed or not not_started(v)]
     return verdicts, problems

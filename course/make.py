@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".course.json"  # in a copy's root: the exercises stripped there
 OMITTED = "(Left out of the course copy: this passage quoted the solution of {what}. docs/exercises.md says why.)"
 STUDENT_README = Path(__file__).with_name("student_README.md")
-INSTRUCTORS = ("For instructors", "Course mode")  # headings of sections a copy leaves out, subsections and all
+INSTRUCTORS = ("For instructors", "Course mode")  # headings of sections a copy leaves out, with subsections
 CLASSROOM = ".github/classroom/autograding.json"
 POINTS = {"easy": 10, "medium": 20, "hard": 30, "advanced": 30}  # per exercise, by difficulty
 SETUP = ("python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && "
@@ -170,7 +170,8 @@ def strip_sections(text, headings=INSTRUCTORS):
 def student_readme(exercises, readme):
     """course/student_README.md with the exercises' table, then the repository's README (its course section
     left out)."""
-    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |", "|---|---|---|---|---|---|"]
+    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |",
+            "|---|---|---|---|---|---|"]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
         rows.append(f"| {e.id} | {e.title} | {functions} | [{e.section.split('-')[0]}]({LESSON}#{e.section}) "

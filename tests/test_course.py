@@ -5,13 +5,15 @@ What must hold: the copy is the tracked files with stubs and nothing else (no so
 __pycache__), it imports and `python train.py --help` runs; every exercise fails there with its own
 NotImplementedError; bodies put back pass exactly their exercises, and wrong ones (RoPE turning by -theta, ALiBi's
 slopes reversed) fail readably; the solution passes everything, each test calling its own exercise's functions
-and no other's (so any one exercise can be done alone); mistakes are one line. One copy per module (make is cheap:
+and no other's (so any one exercise can be done alone); mistakes are one line. The copy is for students:
+its README says how to set up, grade and what runs before which exercise, no page keeps an instructors'
+section, --classroom adds a valid GitHub Classroom configuration, and `course check` passes it. A failing
+exercise's line gives the numbers (got, expected, tolerance, dtype) and its hints follow. One copy per module (make is cheap:
 a file listing and a syntax tree); each grade is one pytest process over the exercises' tests.
 """
 
 import ast
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -40,7 +42,8 @@ def no_bytecode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-    """A fresh copy with every exercise stripped and GitHub Classroom's configuration, made once for the module."""
+    """A fresh copy with every exercise stripped and GitHub Classroom's configuration, made once for the
+    module."""
     try:
         tracked_files(ROOT)
     except RunError as e:
@@ -184,11 +187,11 @@ def test_a_quote_is_scrubbed_from_docs_an_ungraded_test_left_out_and_code_report
 
 
 def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
-    """Exactly the files git tracks plus .course.json and the Classroom configuration (so no .git, __pycache__,
-    runs or datasets), less the test files no exercise grades that quote a stripped body; each stripped
-    function's body is its exercise's stub; outside those bodies and the pages rewritten for students every file
-    is byte for byte the solution's; no file was copied with a quote of a stripped body, and none of the copy holds
-    one (docs, tests, hints included)."""
+    """Exactly the files git tracks plus .course.json and the Classroom configuration (so no .git,
+    __pycache__, runs or datasets), less the test files no exercise grades that quote a stripped body; each
+    stripped function's body is its exercise's stub; outside those bodies and the pages rewritten for students
+    every file is byte for byte the solution's; no file was copied with a quote of a stripped body, and none
+    of the copy holds one (docs, tests, hints included)."""
     copy, notes = student
     files = {path.relative_to(copy).as_posix() for path in copy.rglob("*") if path.is_file()}
     assert files == set(tracked_files(ROOT)) - {c["page"] for c in notes.left_out} | {MARKER, CLASSROOM}
@@ -231,8 +234,9 @@ def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
     done = subprocess.run([sys.executable, "-m", "course", "check", str(copy)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     lines = done.stdout.splitlines()
-    assert done.returncode == 0 and lines[-1] == (f"ready to hand out: {len(EXERCISES)} exercises not started, "
-                                                  "no solution quoted, no instructors' section"), done.stdout
+    ready = (f"ready to hand out: {len(EXERCISES)} exercises not started, no solution quoted, "
+             "no instructors' section")
+    assert done.returncode == 0 and lines[-1] == ready, done.stdout
     assert lines[-2] == f"0 of {len(EXERCISES)} exercises pass" and len(lines) == len(EXERCISES) + 2
     for exercise, line in zip(EXERCISES, lines):
         assert line.startswith(f"{exercise.id} ") and line.endswith(
@@ -322,7 +326,8 @@ def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path,
     copy = tmp_path / "alibi"
     assert course_cli.main(["make", str(copy), "--only=ex4"]) == 0
     out = capsys.readouterr().out
-    assert f"grade it: python -m course grade {copy}" in out and ": 1 exercise, 3 function bodies to write" in out
+    assert f"grade it: python -m course grade {copy}" in out
+    assert ": 1 exercise, 3 function bodies to write" in out
     assert graded_by(copy) == ["ex4"]
     text = (copy / "model.py").read_text()
     assert body_lines(text, "alibi_slopes") == [stub_line("    ", by_id()["ex4"].stub_message)]
@@ -359,7 +364,8 @@ def test_the_copy_is_written_for_students(student):
     template = STUDENT_README.read_text()
     assert readme.startswith(template.split("{{")[0]) and "{{" not in readme
     for words in ("python3 -m venv .venv && . .venv/bin/activate",
-                  "pip install torch --index-url https://download.pytorch.org/whl/cpu", "pip install -r requirements.txt",
+                  "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+                  "pip install -r requirements.txt",
                   "python -m course grade --only=ex1", "`python train.py --pos=none` | nothing",
                   "`python train.py` (pos=rope, the default) | ex7 (its plain case, no scaling), then ex3"):
         assert words in readme, words
@@ -374,8 +380,8 @@ def test_the_copy_is_written_for_students(student):
 
 
 def test_instructors_sections_are_left_out_with_their_subsections_only():
-    page = ("# Page\n\n## For students\n\ntext\n\n```sh\n# For instructors: a shell comment, not a heading\n```\n\n"
-            "## For instructors\n\n### Keeping solutions private\n\nsecret\n\n## Afterwards\n\nkept\n")
+    page = ("# Page\n\n## For students\n\ntext\n\n```sh\n# For instructors: a shell comment, not a heading\n"
+            "```\n\n## For instructors\n\n### Keeping solutions private\n\nsecret\n\n## Afterwards\n\nkept\n")
     text, removed = strip_sections(page)
     assert removed == ["For instructors"] and INSTRUCTORS[0] == "For instructors"
     assert text == page.replace("## For instructors\n\n### Keeping solutions private\n\nsecret\n\n", "")
@@ -398,7 +404,7 @@ def schema_errors(value, schema, where="$"):
     kinds = {"object": dict, "array": list, "string": str, "integer": int}
     if "type" in schema and (not isinstance(value, kinds[schema["type"]]) or isinstance(value, bool)):
         return [f"{where}: not {schema['type']}"]
-    errors = [f"{where}: not one of {schema['enum']}"] if "enum" in schema and value not in schema["enum"] else []
+    errors = [f"{where}: not one of {schema['enum']}"] if value not in schema.get("enum", [value]) else []
     if isinstance(value, (str, list)) and len(value) < schema.get("minLength", schema.get("minItems", 0)):
         errors.append(f"{where}: too short")
     if isinstance(value, int) and not schema.get("minimum", value) <= value <= schema.get("maximum", value):
@@ -412,13 +418,14 @@ def schema_errors(value, schema, where="$"):
             elif schema.get("additionalProperties") is False:
                 errors.append(f"{where}: unknown {key}")
     if isinstance(value, list):
-        errors += [e for i, item in enumerate(value) for e in schema_errors(item, schema["items"], f"{where}[{i}]")]
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{where}[{i}]")
     return errors
 
 
 def test_classroom_configuration_names_every_exercise_and_its_tests(student):
-    """--classroom: one test per exercise, in order, passing the schema; each runs that exercise's tests by node
-    id under its marker. Run here, ex5's command passes in the solution and fails in the fresh copy."""
+    """--classroom: one test per exercise, in order, passing the schema; each runs that exercise's tests by
+    node id under its marker. Run here, ex5's command passes in the solution and fails in the fresh copy."""
     copy, _ = student
     config = json.loads((copy / CLASSROOM).read_text())
     assert schema_errors(config, AUTOGRADING_SCHEMA) == []
@@ -441,8 +448,9 @@ FLOAT32_TABLE = '''    p = torch.arange(n_pos).float()[:, None]
 
 
 def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_path):
-    """ex1 asks for float64 (its hint says so, and why): a table computed in float32 fails, and python -m course
-    grade prints the entry, got, expected, the gap, the tolerance and the dtype asked for, then ex1's hints."""
+    """ex1 asks for float64 (its hint says so, and why): a table computed in float32 fails, and python -m
+    course grade prints the entry, got, expected, the gap, the tolerance and the dtype asked for, then ex1's
+    hints."""
     copy = tmp_path / "student"
     make_copy(copy, [by_id()["ex1"]])
     spec = by_id()["ex1"].functions[0]
@@ -453,7 +461,8 @@ def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_p
     lines = done.stdout.splitlines()
     assert done.returncode == 1 and lines[-1] == "0 of 1 exercise passes", done.stdout + done.stderr
     assert lines[0].startswith("ex1 ") and "failed: test_sinusoidal_table_matches_its_formula" in lines[0]
-    for words in ("AssertionError: PE[", "got ", "expected ", "off by ", "tolerance 1e-12", "dtype torch.float64"):
+    for words in ("AssertionError: PE[", "got ", "expected ", "off by ", "tolerance 1e-12",
+                  "dtype torch.float64"):
         assert words in lines[0], (words, lines[0])
     assert lines[1:-1] == [f"      hint: {hint}" for hint in by_id()["ex1"].hints]
     assert "float64 is required" in by_id()["ex1"].hints[1]
@@ -472,8 +481,8 @@ def test_the_float32_check_names_the_dtype_too():
     gap = (pe.double() - reference).abs()
     p, c = divmod(gap.argmax().item(), 64)
     assert gap.max() > 1e-6
-    with pytest.raises(AssertionError, match=rf"PE\[{p}, {c}\]: got .*, expected .*, off by .*, tolerance 1e-06, "
-                                             r"dtype torch.float32"):
+    message = rf"PE\[{p}, {c}\]: got .*, expected .*, off by .*, tolerance 1e-06, dtype torch.float32"
+    with pytest.raises(AssertionError, match=message):
         properties.near(pe[p, c].item(), reference[p, c].item(), 1e-6, f"PE[{p}, {c}]", torch.float32)
 
 

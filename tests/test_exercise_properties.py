@@ -6,6 +6,8 @@ shapes of the lesson's snapshot tests, fails.
 Each test calls the functions of one exercise and no other a student writes (tests/test_course.py checks it):
 ex6 and ex9 run pos="none" models one token at a time, which need no other exercise, and ex7's tests hand
 rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the point.
+A failing comparison's message (near, close) gives got, expected, the tolerance and the dtype: python -m course
+grade shows it, with the exercise's hints.
 """
 
 import math

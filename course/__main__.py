@@ -78,10 +78,9 @@ def make(argv):
     print("instructor notes: " + ("no file quotes a stripped body" if not found else "files quoting a stripped body:"))
     for change, done in found:
         print(f"  {change['page']}:{change['line']} {change['why']}: {done}")
-    for change in notes.rewritten:
-        print(f"  for students: {change['page']}: {change['why']}")
+    print("for students: " + "; ".join(f"{change['page']} ({change['why']})" for change in notes.rewritten))
     if cfg.classroom:
-        print(f"  GitHub Classroom: {CLASSROOM}, one test per exercise")
+        print(f"GitHub Classroom: {CLASSROOM}, one test per exercise")
     print(f"check it: python -m course check {cfg.out_dir}")
     print(f"grade it: python -m course grade {cfg.out_dir}")
     return 0

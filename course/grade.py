@@ -129,7 +129,9 @@ def check_copy(directory):
     exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
     problems = [f"{page}:{line} quotes the solution of {what}" for page, line, what in
                 solution_leaks(directory, exercises)]
-    for page in sorted(Path(directory).rglob("*.md")):
+    pages = [page for page in sorted(Path(directory).rglob("*.md"))
+             if not any(part.startswith(".") for part in page.relative_to(directory).parts)]  # not a .venv
+    for page in pages:
         problems += [f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
                      for heading in strip_sections(page.read_text())[1]]
     verdicts, _ = grade(directory, exercises)

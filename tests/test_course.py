@@ -295,6 +295,8 @@ def error_line(capsys, argv, prog):
     (["grade", str(ROOT), "--only", "ex3,ex3"], "course grade", "each once"),
     (["grade", "--onlyy=ex1"], "course grade", "unrecognized arguments: --onlyy=ex1"),
     (["make"], "course make", "the following arguments are required: out_dir"),
+    (["check"], "course check", "the following arguments are required: dir"),
+    (["check", str(ROOT)], "course check", "is no student copy (it has no .course.json)"),
     (["make", "elsewhere", "--only=ex0"], "course make", "--only='ex0': give all, or one or more of ex1"),
     (["frobnicate"], "course", "give a command: make OUT_DIR [--only=IDS] [--classroom], grade [DIR] "
                                "[--only=IDS] or check DIR; got"),
@@ -327,7 +329,8 @@ def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path,
     assert course_cli.main(["make", str(copy), "--only=ex4"]) == 0
     out = capsys.readouterr().out
     assert f"grade it: python -m course grade {copy}" in out
-    assert ": 1 exercise, 3 function bodies to write" in out
+    assert f"check it: python -m course check {copy}" in out
+    assert ": 1 exercise, 3 function bodies to write" in out and "for students: README.md (the student" in out
     assert graded_by(copy) == ["ex4"]
     text = (copy / "model.py").read_text()
     assert body_lines(text, "alibi_slopes") == [stub_line("    ", by_id()["ex4"].stub_message)]
@@ -346,9 +349,10 @@ def test_check_names_what_keeps_a_copy_from_being_handed_out(tmp_path):
     assert [v.passed for v in verdicts] == [True]
     assert problems[-2:] == ["docs/notes.md: an instructors' section, 'For instructors'",
                              "ex4 passes: not a fresh copy"]
-    assert problems[:-2] and all(p.startswith("model.py:") and p.endswith("quotes the solution of exercise 4 "
-                                                                          "(model:alibi_slopes)") or
-                                 "(model:alibi_bias" in p for p in problems[:-2]), problems
+    files = {module_path(split_function(spec)[0]).as_posix() for spec in by_id()["ex4"].functions}
+    quoted = {f"quotes the solution of exercise 4 ({spec})" for spec in by_id()["ex4"].functions}
+    leaks = problems[:-2]
+    assert leaks and all(p.split(":")[0] in files and p.split(" ", 1)[1] in quoted for p in leaks), leaks
 
 
 # -----------------------------------------------------------------------------

@@ -40,7 +40,8 @@ def close(got, expected, what="", rtol=None, atol=None):
 
     def message(default):
         worst = ""
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.numel():
+        tensors = isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
+        if tensors and got.shape == expected.shape and got.numel():
             gap = (got.double() - expected.double()).abs().nan_to_num(float("inf"))
             at = tuple(torch.nonzero(gap == gap.max())[0].tolist())
             worst = f"at {list(at)} got {got[at].item()!r}, expected {expected[at].item()!r}, "

@@ -353,7 +353,8 @@ def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
             assert sorted(j for _, j in visible) == list(range(first, i + 1)), \
                 f"query {i} (window {window}) should see keys {first}..{i}, it gets {sorted(j for _, j in visible)}"
             for slot, j in visible:
-                same = torch.equal(k_all[:, :, slot], given[j][0]) and torch.equal(v_all[:, :, slot], given[j][1])
+                k_j, v_j = given[j]
+                same = torch.equal(k_all[:, :, slot], k_j) and torch.equal(v_all[:, :, slot], v_j)
                 assert same, f"the key or value handed back for position {j} (slot {slot}) is not the one given"
         if window is not None:
             assert cache.k[0].size(2) <= window, "a sliding window needs only a ring of `window` slots"
@@ -368,7 +369,8 @@ def test_kv_cache_keeps_position_p_in_slot_p_mod_size(seed):
         for p in held:
             slot = p % cache.size
             assert cache.positions[slot].item() == p, f"slot {slot} should hold position {p}"
-            same = torch.equal(cache.k[0][:, :, slot], given[p][0]) and torch.equal(cache.v[0][:, :, slot], given[p][1])
+            k_p, v_p = given[p]
+            same = torch.equal(cache.k[0][:, :, slot], k_p) and torch.equal(cache.v[0][:, :, slot], v_p)
             assert same, f"slot {slot} should hold the key and value given for position {p}"
 
 

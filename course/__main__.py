@@ -5,6 +5,9 @@ Course mode: exercises cut from this repository's own code, graded by the lesson
     python -m course make OUT_DIR --only=ex1,ex3    # only these exercises
     python -m course grade                          # here, in the solution: every exercise passes
     python -m course grade OUT_DIR --only=ex3       # one line per exercise and a total; exit 0 when all pass
+    python -m course make OUT_DIR --classroom       # and .github/classroom/autograding.json, a test each
+    python -m course check OUT_DIR                  # before handing it out: every exercise not started, no
+                                                    # solution quoted, no instructors' section; exit 0 when so
 
 The exercises are course/exercises.py's table; docs/exercises.md describes them, for students and instructors.
 """
@@ -13,18 +16,24 @@ import sys
 from dataclasses import dataclass
 
 from course.exercises import EXERCISES, by_id
-from course.grade import graded_by, grade, report_lines
-from course.make import make_copy
+from course.grade import check_copy, graded_by, grade, report_lines
+from course.make import CLASSROOM, counted, make_copy
 from course.source import SourceError
 from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags, parse_list
 
-COMMANDS = "make OUT_DIR [--only=IDS] or grade [DIR] [--only=IDS]"
+COMMANDS = "make OUT_DIR [--only=IDS] [--classroom], grade [DIR] [--only=IDS] or check DIR"
 
 
 @dataclass
 class MakeConfig:
     out_dir: str  # the folder the student copy goes into: new, or empty
     only: str = "all"  # the exercises to cut, comma-separated ids (ex1,ex3), or all
+    classroom: bool = False  # also write GitHub Classroom's autograding configuration, one test per exercise
+
+
+@dataclass
+class CheckConfig:
+    dir: str  # a student copy python -m course make wrote
 
 
 @dataclass
@@ -58,9 +67,9 @@ def make(argv):
         cfg = MakeConfig(**values)
     with one_line_errors("course make", status=1, errors=(RunError, SourceError, OSError)):
         with one_line_errors("course make"):
-            notes = make_copy(cfg.out_dir, exercises)
-    print(f"a student copy of {notes.files} files in {cfg.out_dir}: {len(exercises)} exercises, "
-          f"{len(notes.functions)} function bodies to write")
+            notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
+    print(f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
+          f"{counted(len(notes.functions), 'function body', 'function bodies')} to write")
     for exercise in exercises:
         print(f"  {exercise.id:<5} {exercise.title}: {', '.join(exercise.functions)}")
     found = [(c, "replaced by a note in the copy") for c in notes.pages_changed]
@@ -69,7 +78,26 @@ def make(argv):
     print("instructor notes: " + ("no file quotes a stripped body" if not found else "files quoting a stripped body:"))
     for change, done in found:
         print(f"  {change['page']}:{change['line']} {change['why']}: {done}")
+    print("for students: " + "; ".join(f"{change['page']} ({change['why']})" for change in notes.rewritten))
+    if cfg.classroom:
+        print(f"GitHub Classroom: {CLASSROOM}, one test per exercise")
+    print(f"check it: python -m course check {cfg.out_dir}")
     print(f"grade it: python -m course grade {cfg.out_dir}")
+    return 0
+
+
+def check(argv):
+    values = parse_flags(argv, "course check", __doc__, [("check", CheckConfig, None)], positional=("dir",))
+    with one_line_errors("course check"):
+        cfg = CheckConfig(**values)
+        graded_by(cfg.dir)  # a folder, and a copy or this repository
+        verdicts, problems = check_copy(cfg.dir)
+    print("\n".join(report_lines(verdicts)))
+    if problems:
+        print("not ready to hand out:\n" + "\n".join(f"  {problem}" for problem in problems))
+        return 1
+    print(f"ready to hand out: {counted(len(verdicts), 'exercise')} not started, no solution quoted, "
+          "no instructors' section")
     return 0
 
 
@@ -98,9 +126,9 @@ def main(argv=None):
         print(__doc__.strip())
         return 0
     with one_line_errors("course"):
-        if not argv or argv[0] not in ("make", "grade"):
+        if not argv or argv[0] not in ("make", "grade", "check"):
             raise UsageError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""))
-    return make(argv[1:]) if argv[0] == "make" else grade_command(argv[1:])
+    return {"make": make, "grade": grade_command, "check": check}[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.make import MARKER, ROOT, read_marker
+from course.exercises import by_id
+from course.make import MARKER, ROOT, counted, read_marker, solution_leaks, strip_sections
 from plumbing.cli import UsageError
 
 TIME_LIMIT = 900  # seconds for the whole run: a student's endless loop should not hang the grader
@@ -82,16 +83,31 @@ def verdict(exercise, results):
     return Verdict(exercise, True, len(tests), "")
 
 
+def total_line(passed, total):
+    """"all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes",
+    "0 of 3 exercises pass"."""
+    if passed == total:
+        return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
+    return f"{passed} of {counted(total, 'exercise')} {'passes' if 1 in (passed, total) else 'pass'}"
+
+
+def not_started(verdict):
+    """Failed on its own stub: nothing of it written yet."""
+    return verdict.detail == f"NotImplementedError: {verdict.exercise.stub_message}"
+
+
 def report_lines(verdicts):
+    """One line per exercise, then a total. Under an exercise begun and failing: its hints, for what the
+    test's message (got, expected, tolerance, dtype) leaves unsaid."""
     width = max(len(v.exercise.title) for v in verdicts)
     lines = []
     for v in verdicts:
         head = f"{v.exercise.id:<5} {v.exercise.title:<{width}}"
-        lines.append(f"{head}  passed ({v.n_tests} tests)" if v.passed else f"{head}  failed: {v.detail}")
-    passed = sum(v.passed for v in verdicts)
-    total = f"all {len(verdicts)} exercises pass" if passed == len(verdicts) else \
-        f"{passed} of {len(verdicts)} exercises pass"
-    return lines + [total]
+        passed = f"passed ({counted(v.n_tests, 'test')})"
+        lines.append(f"{head}  {passed}" if v.passed else f"{head}  failed: {v.detail}")
+        if not v.passed and not not_started(v):
+            lines += [f"      hint: {hint}" for hint in v.exercise.hints]
+    return lines + [total_line(sum(v.passed for v in verdicts), len(verdicts))]
 
 
 def grade(directory, exercises, calls=False):
@@ -100,3 +116,25 @@ def grade(directory, exercises, calls=False):
     if status not in (0, 1, None) and not results["errors"] and not results["tests"]:
         results["errors"].append({"node": "", "message": f"pytest stopped (exit {status}): {last}"})
     return [verdict(exercise, results) for exercise in exercises], results
+
+
+def check_copy(directory):
+    """What an instructor checks before handing a copy out: each exercise fails with its own stub (not
+    started), no file quotes a stripped body, no page keeps an instructors' section.
+    -> (verdicts, [problems])"""
+    marker = read_marker(directory)
+    if marker is None:
+        raise UsageError(f"{directory} is no student copy (it has no {MARKER}): "
+                         "make one with python -m course make")
+    exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
+    problems = [f"{page}:{line} quotes the solution of {what}" for page, line, what in
+                solution_leaks(directory, exercises)]
+    pages = [page for page in sorted(Path(directory).rglob("*.md"))
+             if not any(part.startswith(".") for part in page.relative_to(directory).parts)]  # not a .venv
+    for page in pages:
+        problems += [f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
+                     for heading in strip_sections(page.read_text())[1]]
+    verdicts, _ = grade(directory, exercises)
+    problems += [f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: "
+                 "not a fresh copy" for v in verdicts if v.passed or not not_started(v)]
+    return verdicts, problems

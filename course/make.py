@@ -8,11 +8,16 @@ No file of the copy may quote a stripped body (course/source.py's telling lines)
 passage replaced by a note; a test file that does and grades no exercise is left out; any other file is copied
 and reported, for the instructor to fix at the source. The instructor notes (printed, and in .course.json) list
 each. .course.json records what was stripped, which is how `python -m course grade` tells a copy.
+
+The copy is for students: its README.md is course/student_README.md (set-up, grading, what runs before which
+exercise) followed by the repository's README, and every page leaves out the sections meant for instructors
+(INSTRUCTORS). --classroom adds GitHub Classroom's autograding configuration, one test per exercise.
 """
 
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +32,12 @@ from plumbing.cli import RunError, UsageError
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".course.json"  # in a copy's root: the exercises stripped there
 OMITTED = "(Left out of the course copy: this passage quoted the solution of {what}. docs/exercises.md says why.)"
+STUDENT_README = Path(__file__).with_name("student_README.md")
+INSTRUCTORS = ("For instructors", "Course mode")  # headings of sections a copy leaves out, with subsections
+CLASSROOM = ".github/classroom/autograding.json"
+POINTS = {"easy": 10, "medium": 20, "hard": 30, "advanced": 30}  # per exercise, by difficulty
+SETUP = ("python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && "
+         "python -m pip install -q -r requirements.txt")
 
 
 @dataclass
@@ -38,6 +49,12 @@ class Notes:
     pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per docs passage replaced
     left_out: list = field(default_factory=list)  # {"page", "line", "why"} per test file not copied
     leaks: list = field(default_factory=list)  # {"page", "line", "why"}: copied as is, to be fixed at the source
+    rewritten: list = field(default_factory=list)  # {"page", "why"} per page rewritten for students
+
+
+def counted(n, noun, plural=None):
+    """"1 exercise", "3 exercises"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def module_path(module):
@@ -129,6 +146,65 @@ def scrub_page(text, telling):
     return "".join(out), changes
 
 
+def strip_sections(text, headings=INSTRUCTORS):
+    """A markdown page without the sections whose heading starts with one of `headings`, each up to the next
+    heading of its level or above (its subsections go with it); a "#" line in fenced code is no heading.
+    -> (text, [the headings left out])"""
+    out, removed, level, fence = [], [], None, None
+    for line in split_lines(text):
+        heading = None if fence else re.match(r"(#+)\s+(.*?)\s*$", line)
+        marker = re.match(r"\s*(```|~~~)", line)
+        if marker:
+            fence = None if fence == marker.group(1) else fence or marker.group(1)
+        if heading:
+            if level is not None and len(heading.group(1)) <= level:
+                level = None
+            if level is None and heading.group(2).startswith(headings):
+                level = len(heading.group(1))
+                removed.append(heading.group(2))
+        if level is None:
+            out.append(line)
+    return "".join(out), removed
+
+
+def student_readme(exercises, readme):
+    """course/student_README.md with the exercises' table, then the repository's README (its course section
+    left out)."""
+    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |",
+            "|---|---|---|---|---|---|"]
+    for e in exercises:
+        functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
+        rows.append(f"| {e.id} | {e.title} | {functions} | [{e.section.split('-')[0]}]({LESSON}#{e.section}) "
+                    f"| {e.difficulty} | {e.minutes} min |")
+    n_functions = sum(len(e.functions) for e in exercises)
+    text = (STUDENT_README.read_text().replace("{{functions}}", counted(n_functions, "function"))
+            .replace("{{exercises}}", "\n".join(rows)))
+    return text + strip_sections(readme)[0]
+
+
+def classroom_config(exercises):
+    """GitHub Classroom's autograding.json: one test per exercise, its tests by node id under its marker."""
+    return {"tests": [{"name": f"{e.id}: {e.title}", "setup": SETUP,
+                       "run": f"python -m pytest -q -p no:cacheprovider --strict-markers -m {e.id} "
+                              + " ".join(shlex.quote(node) for node in e.tests),
+                       "input": "", "output": "", "comparison": "included", "timeout": 10,
+                       "points": POINTS[e.difficulty]} for e in exercises]}
+
+
+def for_students(source, files, exercises, texts, notes):
+    """The README made the student one, and the instructors' sections left out of every page (into texts)."""
+    for name in files:
+        if not name.endswith(".md"):
+            continue
+        text, removed = strip_sections((source / name).read_text())
+        if name == "README.md":
+            texts[Path(name)] = student_readme(exercises, (source / name).read_text())
+            notes.rewritten.append({"page": name, "why": "the student README, then the repository's"})
+        elif removed:
+            texts[Path(name)] = text
+            notes.rewritten.append({"page": name, "why": "left out: " + ", ".join(removed)})
+
+
 def telling_lines_of(exercises, bodies):
     """{telling line: "exercise N (module:function)"} of the stripped bodies."""
     telling = {}
@@ -182,8 +258,9 @@ def check_out_dir(out_dir, source):
                          "give a folder outside it")
 
 
-def make_copy(out_dir, exercises, source=ROOT):
-    """Write the student copy into out_dir (new, or empty). -> Notes"""
+def make_copy(out_dir, exercises, source=ROOT, classroom=False):
+    """Write the student copy into out_dir (new, or empty); with classroom, GitHub Classroom's autograding
+    configuration too. -> Notes"""
     out_dir, source = Path(out_dir), Path(source)
     check_out_dir(out_dir, source)
     check_table(source, exercises)
@@ -191,6 +268,7 @@ def make_copy(out_dir, exercises, source=ROOT):
     texts, bodies = stripped_sources(source, exercises)
     telling = telling_lines_of(exercises, bodies)
     notes = Notes(functions=[spec for e in exercises for spec in e.functions])
+    for_students(source, files, exercises, texts, notes)
     files = handle_quotes(source, files, telling, texts, notes)
     notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -209,8 +287,12 @@ def make_copy(out_dir, exercises, source=ROOT):
             else:
                 shutil.copy2(source / name, target, follow_symlinks=False)
         marker = {"exercises": [e.id for e in exercises], "functions": notes.functions,
-                  "pages_changed": notes.pages_changed, "left_out": notes.left_out, "leaks": notes.leaks}
+                  "pages_changed": notes.pages_changed, "left_out": notes.left_out, "leaks": notes.leaks,
+                  "rewritten": notes.rewritten}
         (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        if classroom:
+            (building / CLASSROOM).parent.mkdir(parents=True, exist_ok=True)
+            (building / CLASSROOM).write_text(json.dumps(classroom_config(exercises), indent=1) + "\n")
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.replace(building, out_dir)

@@ -31,8 +31,12 @@ def pytest_configure(config):
         config.pluginmanager.register(Recorder(Path(path), config.getoption("course_calls")), "course-recorder")
 
 
+CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
+
+
 def first_line(report):
-    """The exception's own line ('NotImplementedError: exercise 3: ...', 'AssertionError: ...'), or the reason."""
+    """The exception's own line ('NotImplementedError: exercise 3: ...', 'AssertionError: ...'), or the
+    reason. assert_close's numbers follow its first line: the greatest differences, with their tolerances."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         text = crash.message
@@ -40,7 +44,11 @@ def first_line(report):
         text = report.longrepr[2]
     else:
         text = str(report.longrepr)
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0].endswith(CLOSE):
+        numbers = [line for line in lines[1:] if line.startswith(("Greatest", "Mismatched"))]
+        return "; ".join([lines[0], *numbers])
+    return lines[0] if lines else ""
 
 
 def exercise_functions():

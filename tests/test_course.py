@@ -5,23 +5,29 @@ What must hold: the copy is the tracked files with stubs and nothing else (no so
 __pycache__), it imports and `python train.py --help` runs; every exercise fails there with its own
 NotImplementedError; bodies put back pass exactly their exercises, and wrong ones (RoPE turning by -theta, ALiBi's
 slopes reversed) fail readably; the solution passes everything, each test calling its own exercise's functions
-and no other's (so any one exercise can be done alone); mistakes are one line. One copy per module (make is cheap:
+and no other's (so any one exercise can be done alone); mistakes are one line. The copy is for students:
+its README says how to set up, grade and what runs before which exercise, no page keeps an instructors'
+section, --classroom adds a valid GitHub Classroom configuration, and `course check` passes it. A failing
+exercise's line gives the numbers (got, expected, tolerance, dtype) and its hints follow. One copy per module (make is cheap:
 a file listing and a syntax tree); each grade is one pytest process over the exercises' tests.
 """
 
 import ast
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from course import __main__ as course_cli
 from course.exercises import DIFFICULTIES, EXERCISES, by_id
-from course.grade import grade, graded_by, report_lines
-from course.make import (MARKER, Notes, check_table, handle_quotes, lesson_anchors, make_copy, module_path,
-                         scrub_page, solution_leaks, split_function, tracked_files)
+from course.grade import Verdict, check_copy, grade, graded_by, report_lines
+from course.make import (CLASSROOM, INSTRUCTORS, MARKER, STUDENT_README, Notes, check_table, handle_quotes,
+                         lesson_anchors, make_copy, module_path, scrub_page, solution_leaks, split_function,
+                         strip_sections, tracked_files)
 from course.source import SourceError, body_lines, body_span, find_function, replace_bodies, split_lines, stub_line
 from plumbing.cli import RunError
 
@@ -36,13 +42,14 @@ def no_bytecode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-    """A fresh copy with every exercise stripped, made once for the module."""
+    """A fresh copy with every exercise stripped and GitHub Classroom's configuration, made once for the
+    module."""
     try:
         tracked_files(ROOT)
     except RunError as e:
         pytest.skip(f"a copy is made of the files git tracks: {e}")
     copy = tmp_path_factory.mktemp("course") / "student"
-    return copy, make_copy(copy, EXERCISES)
+    return copy, make_copy(copy, EXERCISES, classroom=True)
 
 
 def solution_text(spec):
@@ -180,13 +187,14 @@ def test_a_quote_is_scrubbed_from_docs_an_ungraded_test_left_out_and_code_report
 
 
 def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
-    """Exactly the files git tracks plus .course.json (so no .git, __pycache__, runs or datasets), less the test
-    files no exercise grades that quote a stripped body; each stripped function's body is its exercise's stub;
-    outside those bodies every file is byte for byte the solution's; no file was copied with a quote of a stripped
-    body, and none of the copy holds one (docs, tests, hints included)."""
+    """Exactly the files git tracks plus .course.json and the Classroom configuration (so no .git,
+    __pycache__, runs or datasets), less the test files no exercise grades that quote a stripped body; each
+    stripped function's body is its exercise's stub; outside those bodies and the pages rewritten for students
+    every file is byte for byte the solution's; no file was copied with a quote of a stripped body, and none
+    of the copy holds one (docs, tests, hints included)."""
     copy, notes = student
     files = {path.relative_to(copy).as_posix() for path in copy.rglob("*") if path.is_file()}
-    assert files == set(tracked_files(ROOT)) - {c["page"] for c in notes.left_out} | {MARKER}
+    assert files == set(tracked_files(ROOT)) - {c["page"] for c in notes.left_out} | {MARKER, CLASSROOM}
     marker = json.loads((copy / MARKER).read_text())
     assert marker["exercises"] == [e.id for e in EXERCISES] and marker["left_out"] == notes.left_out
     assert notes.leaks == [] == marker["leaks"]
@@ -197,8 +205,9 @@ def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
             text = (copy / module_path(module)).read_text()
             assert body_lines(text, qualname) == [stub_line(body_span(text, qualname)[2], exercise.stub_message)]
             stubbed.setdefault(module_path(module).as_posix(), []).append(qualname)
-    changed_pages = {change["page"] for change in notes.pages_changed}
-    for name in files - {MARKER} - changed_pages:
+    changed_pages = {change["page"] for change in notes.pages_changed + notes.rewritten}
+    assert marker["rewritten"] == notes.rewritten and "README.md" in changed_pages
+    for name in files - {MARKER, CLASSROOM} - changed_pages:
         if name in stubbed:
             outside = {q: [] for q in stubbed[name]}
             assert replace_bodies((copy / name).read_text(), outside) == \
@@ -218,14 +227,17 @@ def test_the_copy_imports_and_train_help_runs(student):
 
 
 def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
-    """python -m course grade COPY: one line per exercise, each failing with its own NotImplementedError (so no
-    exercise's tests reach another's stub first), a total, exit 1."""
+    """python -m course check COPY, the instructor's one command: grade's report, one line per exercise, each
+    failing with its own NotImplementedError (so no exercise's tests reach another's stub first) and no hints
+    (nothing begun), its total, then that the copy is ready to hand out; exit 0."""
     copy, _ = student
-    done = subprocess.run([sys.executable, "-m", "course", "grade", str(copy)], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "course", "check", str(copy)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     lines = done.stdout.splitlines()
-    assert done.returncode == 1 and lines[-1] == f"0 of {len(EXERCISES)} exercises pass", done.stdout + done.stderr
-    assert len(lines) == len(EXERCISES) + 1
+    ready = (f"ready to hand out: {len(EXERCISES)} exercises not started, no solution quoted, "
+             "no instructors' section")
+    assert done.returncode == 0 and lines[-1] == ready, done.stdout
+    assert lines[-2] == f"0 of {len(EXERCISES)} exercises pass" and len(lines) == len(EXERCISES) + 2
     for exercise, line in zip(EXERCISES, lines):
         assert line.startswith(f"{exercise.id} ") and line.endswith(
             f"failed: NotImplementedError: {exercise.stub_message}"), line
@@ -283,8 +295,11 @@ def error_line(capsys, argv, prog):
     (["grade", str(ROOT), "--only", "ex3,ex3"], "course grade", "each once"),
     (["grade", "--onlyy=ex1"], "course grade", "unrecognized arguments: --onlyy=ex1"),
     (["make"], "course make", "the following arguments are required: out_dir"),
+    (["check"], "course check", "the following arguments are required: dir"),
+    (["check", str(ROOT)], "course check", "is no student copy (it has no .course.json)"),
     (["make", "elsewhere", "--only=ex0"], "course make", "--only='ex0': give all, or one or more of ex1"),
-    (["frobnicate"], "course", "give a command: make OUT_DIR [--only=IDS] or grade [DIR] [--only=IDS]; got"),
+    (["frobnicate"], "course", "give a command: make OUT_DIR [--only=IDS] [--classroom], grade [DIR] "
+                               "[--only=IDS] or check DIR; got"),
     ([], "course", "give a command"),
 ])
 def test_command_mistakes_are_one_line_errors(capsys, argv, prog, words):
@@ -312,9 +327,180 @@ def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path,
     on ex4 by default."""
     copy = tmp_path / "alibi"
     assert course_cli.main(["make", str(copy), "--only=ex4"]) == 0
-    assert f"grade it: python -m course grade {copy}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"grade it: python -m course grade {copy}" in out
+    assert f"check it: python -m course check {copy}" in out
+    assert ": 1 exercise, 3 function bodies to write" in out and "for students: README.md (the student" in out
     assert graded_by(copy) == ["ex4"]
     text = (copy / "model.py").read_text()
     assert body_lines(text, "alibi_slopes") == [stub_line("    ", by_id()["ex4"].stub_message)]
     solved = (ROOT / "model.py").read_text()
     assert body_lines(text, "sinusoidal_embedding") == body_lines(solved, "sinusoidal_embedding")
+
+
+def test_check_names_what_keeps_a_copy_from_being_handed_out(tmp_path):
+    """An exercise that passes (its bodies put back, which quote the solution) or a page with an instructors'
+    section: not ready, and each named."""
+    copy = tmp_path / "alibi"
+    make_copy(copy, [by_id()["ex4"]])
+    put_back(copy, by_id()["ex4"].functions)
+    (copy / "docs" / "notes.md").write_text("# Notes\n\n## For instructors\n\nThe answers.\n")
+    verdicts, problems = check_copy(copy)
+    assert [v.passed for v in verdicts] == [True]
+    assert problems[-2:] == ["docs/notes.md: an instructors' section, 'For instructors'",
+                             "ex4 passes: not a fresh copy"]
+    files = {module_path(split_function(spec)[0]).as_posix() for spec in by_id()["ex4"].functions}
+    quoted = {f"quotes the solution of exercise 4 ({spec})" for spec in by_id()["ex4"].functions}
+    leaks = problems[:-2]
+    assert leaks and all(p.split(":")[0] in files and p.split(" ", 1)[1] in quoted for p in leaks), leaks
+
+
+# -----------------------------------------------------------------------------
+# What a student reads, and what a failing exercise says
+
+
+def test_the_copy_is_written_for_students(student):
+    """README.md is the student README (set-up, grading, what runs before which exercise, a row per exercise)
+    followed by the repository's README without its course section; no page keeps an instructors' section,
+    and docs/exercises.md keeps its students' part."""
+    copy, _ = student
+    readme = (copy / "README.md").read_text()
+    template = STUDENT_README.read_text()
+    assert readme.startswith(template.split("{{")[0]) and "{{" not in readme
+    for words in ("python3 -m venv .venv && . .venv/bin/activate",
+                  "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+                  "pip install -r requirements.txt",
+                  "python -m course grade --only=ex1", "`python train.py --pos=none` | nothing",
+                  "`python train.py` (pos=rope, the default) | ex7 (its plain case, no scaling), then ex3"):
+        assert words in readme, words
+    assert all(f"| {e.id} | {e.title} | `{e.functions[0].replace(':', '.')}`" in readme for e in EXERCISES)
+    solution_readme = (ROOT / "README.md").read_text()
+    assert readme.endswith(strip_sections(solution_readme)[0]) and "## The five schemes" in readme
+    assert "here, in the solution" in solution_readme and "here, in the solution" not in readme
+    for page in copy.rglob("*.md"):
+        text = page.read_text()
+        assert strip_sections(text)[1] == [] and "Keeping solutions private" not in text, page
+    assert "## For students" in (copy / "docs/exercises.md").read_text()
+
+
+def test_instructors_sections_are_left_out_with_their_subsections_only():
+    page = ("# Page\n\n## For students\n\ntext\n\n```sh\n# For instructors: a shell comment, not a heading\n"
+            "```\n\n## For instructors\n\n### Keeping solutions private\n\nsecret\n\n## Afterwards\n\nkept\n")
+    text, removed = strip_sections(page)
+    assert removed == ["For instructors"] and INSTRUCTORS[0] == "For instructors"
+    assert text == page.replace("## For instructors\n\n### Keeping solutions private\n\nsecret\n\n", "")
+
+
+AUTOGRADING_SCHEMA = {  # GitHub Classroom's .github/classroom/autograding.json, as its editor writes it
+    "type": "object", "required": ["tests"], "additionalProperties": False,
+    "properties": {"tests": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "additionalProperties": False,
+        "required": ["name", "setup", "run", "input", "output", "comparison", "timeout", "points"],
+        "properties": {"name": {"type": "string", "minLength": 1}, "setup": {"type": "string"},
+                       "run": {"type": "string", "minLength": 1}, "input": {"type": "string"},
+                       "output": {"type": "string"}, "comparison": {"enum": ["included", "exact", "regex"]},
+                       "timeout": {"type": "integer", "minimum": 1, "maximum": 60},
+                       "points": {"type": "integer", "minimum": 1}}}}}}
+
+
+def schema_errors(value, schema, where="$"):
+    """The handful of JSON Schema keywords AUTOGRADING_SCHEMA uses. -> [error]"""
+    kinds = {"object": dict, "array": list, "string": str, "integer": int}
+    if "type" in schema and (not isinstance(value, kinds[schema["type"]]) or isinstance(value, bool)):
+        return [f"{where}: not {schema['type']}"]
+    errors = [f"{where}: not one of {schema['enum']}"] if value not in schema.get("enum", [value]) else []
+    if isinstance(value, (str, list)) and len(value) < schema.get("minLength", schema.get("minItems", 0)):
+        errors.append(f"{where}: too short")
+    if isinstance(value, int) and not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+        errors.append(f"{where}: out of range")
+    if isinstance(value, dict):
+        errors += [f"{where}: no {key}" for key in schema.get("required", []) if key not in value]
+        properties = schema.get("properties", {})
+        for key, item in value.items():
+            if key in properties:
+                errors += schema_errors(item, properties[key], f"{where}.{key}")
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{where}: unknown {key}")
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{where}[{i}]")
+    return errors
+
+
+def test_classroom_configuration_names_every_exercise_and_its_tests(student):
+    """--classroom: one test per exercise, in order, passing the schema; each runs that exercise's tests by
+    node id under its marker. Run here, ex5's command passes in the solution and fails in the fresh copy."""
+    copy, _ = student
+    config = json.loads((copy / CLASSROOM).read_text())
+    assert schema_errors(config, AUTOGRADING_SCHEMA) == []
+    assert schema_errors({"tests": [{"name": ""}]}, AUTOGRADING_SCHEMA)  # the validator does refuse
+    assert [t["name"] for t in config["tests"]] == [f"{e.id}: {e.title}" for e in EXERCISES]
+    for exercise, test in zip(EXERCISES, config["tests"]):
+        words = shlex.split(test["run"])
+        assert words[:3] == ["python", "-m", "pytest"] and f"-m {exercise.id}" in test["run"], test["run"]
+        assert set(exercise.tests) <= set(words) and "--strict-markers" in words
+    run = shlex.split(config["tests"][4]["run"].replace("python", sys.executable, 1))
+    assert subprocess.run(run, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    assert subprocess.run(run, cwd=copy, capture_output=True, timeout=300).returncode == 1
+
+
+# computes the angles in float32: the table a student writes who takes torch's default dtype
+FLOAT32_TABLE = '''    p = torch.arange(n_pos).float()[:, None]
+    w = torch.pow(torch.tensor(float(base)), torch.arange(0, dim, 2).float() / -dim)
+    return torch.stack([(p * w).sin(), (p * w).cos()], -1).reshape(n_pos, dim).to(dtype)
+'''
+
+
+def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_path):
+    """ex1 asks for float64 (its hint says so, and why): a table computed in float32 fails, and python -m
+    course grade prints the entry, got, expected, the gap, the tolerance and the dtype asked for, then ex1's
+    hints."""
+    copy = tmp_path / "student"
+    make_copy(copy, [by_id()["ex1"]])
+    spec = by_id()["ex1"].functions[0]
+    path = copy / module_path(split_function(spec)[0])
+    path.write_text(replace_bodies(path.read_text(), {split_function(spec)[1]: split_lines(FLOAT32_TABLE)}))
+    done = subprocess.run([sys.executable, "-m", "course", "grade", str(copy)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and lines[-1] == "0 of 1 exercise passes", done.stdout + done.stderr
+    assert lines[0].startswith("ex1 ") and "failed: test_sinusoidal_table_matches_its_formula" in lines[0]
+    for words in ("AssertionError: PE[", "got ", "expected ", "off by ", "tolerance 1e-12",
+                  "dtype torch.float64"):
+        assert words in lines[0], (words, lines[0])
+    assert lines[1:-1] == [f"      hint: {hint}" for hint in by_id()["ex1"].hints]
+    assert "float64 is required" in by_id()["ex1"].hints[1]
+
+
+def test_the_float32_check_names_the_dtype_too():
+    """Asked for float32, the float32-computed table is off by about 1e-5 by p = 300, past the 1e-6 a float32
+    table is held to: the property test's message names float32."""
+    import tests.test_exercise_properties as properties
+
+    namespace = {"torch": torch}
+    exec("def table(n_pos, dim, base, dtype):\n" + FLOAT32_TABLE, namespace)
+    pe = namespace["table"](301, 64, 10000.0, torch.float32)
+    angle = torch.arange(301, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 64, 2) / 64)
+    reference = torch.stack([angle.sin(), angle.cos()], -1).reshape(301, 64)
+    gap = (pe.double() - reference).abs()
+    p, c = divmod(gap.argmax().item(), 64)
+    assert gap.max() > 1e-6
+    message = rf"PE\[{p}, {c}\]: got .*, expected .*, off by .*, tolerance 1e-06, dtype torch.float32"
+    with pytest.raises(AssertionError, match=message):
+        properties.near(pe[p, c].item(), reference[p, c].item(), 1e-6, f"PE[{p}, {c}]", torch.float32)
+
+
+def test_totals_and_counts_are_in_the_singular_for_one():
+    exercises = by_id()
+
+    def verdicts(*passed):
+        return [Verdict(exercises[f"ex{n + 1}"], ok, 1, "" if ok else "AssertionError: x")
+                for n, ok in enumerate(passed)]
+
+    assert report_lines(verdicts(True))[-1] == "1 exercise passes"
+    assert report_lines(verdicts(True))[0].endswith("passed (1 test)")
+    assert report_lines(verdicts(False))[-1] == "0 of 1 exercise passes"
+    assert report_lines(verdicts(True, True, True))[-1] == "all 3 exercises pass"
+    assert report_lines(verdicts(True, False, False))[-1] == "1 of 3 exercises passes"
+    assert report_lines(verdicts(False, False, True))[-1] == "1 of 3 exercises passes"
+    assert report_lines(verdicts(False, True, True))[-1] == "2 of 3 exercises pass"

@@ -6,6 +6,8 @@ shapes of the lesson's snapshot tests, fails.
 Each test calls the functions of one exercise and no other a student writes (tests/test_course.py checks it):
 ex6 and ex9 run pos="none" models one token at a time, which need no other exercise, and ex7's tests hand
 rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the point.
+A failing comparison's message (near, close) gives got, expected, the tolerance and the dtype: python -m course
+grade shows it, with the exercise's hints.
 """
 
 import math
@@ -21,6 +23,34 @@ from positions import LearnedPositions, cached_key_positions, alibi_bias, alibi_
 from plumbing import instruments
 
 SEEDS = range(3)
+
+
+def near(got, expected, tol, what, dtype=None):
+    """|got - expected| < tol for two numbers. The message, which python -m course grade shows, gives the
+    numbers: got, expected, the gap, the tolerance and the dtype, so that a float32 answer to a float64
+    question reads as one, not as a wrong formula."""
+    gap = abs(got - expected)
+    assert gap < tol, (f"{what}: got {got!r}, expected {expected!r}, off by {gap:.2g}, tolerance {tol:g}"
+                       + (f", dtype {dtype}" if dtype is not None else ""))
+
+
+def close(got, expected, what="", rtol=None, atol=None):
+    """torch.testing.assert_close, its message one line: what, the worst entry (got and expected there), the
+    dtype, then assert_close's own numbers (greatest differences, each with the tolerance allowed)."""
+
+    def message(default):
+        worst = ""
+        tensors = isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
+        if tensors and got.shape == expected.shape and got.numel():
+            gap = (got.double() - expected.double()).abs().nan_to_num(float("inf"))
+            at = tuple(torch.nonzero(gap == gap.max())[0].tolist())
+            worst = f"at {list(at)} got {got[at].item()!r}, expected {expected[at].item()!r}, "
+            worst += f"dtype {got.dtype}; "
+        lines = [line for line in default.splitlines() if line.strip()]
+        numbers = [line for line in lines if line.startswith("Greatest") and "(up to 0 allowed)" not in line]
+        return (f"{what}: " if what else "") + worst + "; ".join(numbers or lines)
+
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=message)
 
 
 def nope_model(seed, **overrides):
@@ -47,8 +77,9 @@ def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
         for p in {0, n_pos - 1, *rng.sample(range(n_pos), min(n_pos, 20))}:
             for i in range(dim // 2):
                 angle = p * base ** (-2 * i / dim)
-                assert abs(pe[p, 2 * i].item() - math.sin(angle)) < tol, f"PE[{p}, {2 * i}] should be sin({angle})"
-                assert abs(pe[p, 2 * i + 1].item() - math.cos(angle)) < tol, f"PE[{p}, {2 * i + 1}] should be cos"
+                got = pe[p, 2 * i].item(), pe[p, 2 * i + 1].item()
+                near(got[0], math.sin(angle), tol, f"PE[{p}, {2 * i}] = sin({angle:.17g})", dtype)
+                near(got[1], math.cos(angle), tol, f"PE[{p}, {2 * i + 1}] = cos({angle:.17g})", dtype)
 
 
 def test_sinusoidal_first_rows_worked_by_hand():
@@ -56,7 +87,8 @@ def test_sinusoidal_first_rows_worked_by_hand():
     pe = sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)
     expected = torch.tensor([[0, 1, 0, 1], [math.sin(1), math.cos(1), math.sin(0.1), math.cos(0.1)],
                              [math.sin(2), math.cos(2), math.sin(0.2), math.cos(0.2)]], dtype=torch.float64)
-    torch.testing.assert_close(pe, expected, rtol=0, atol=1e-15)
+    close(pe, expected, "rows 0 to 2 of sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)", rtol=0,
+          atol=1e-15)
 
 
 # -----------------------------------------------------------------------------
@@ -104,8 +136,11 @@ def test_rope_inv_freq_is_base_to_the_minus_2i_over_d(seed):
     theta = rope_inv_freq(dim, base)
     assert theta.shape == (dim // 2,) and theta.dtype == torch.float64
     for i in range(dim // 2):
-        assert abs(theta[i].item() - base ** (-2 * i / dim)) <= 1e-12 * base ** (-2 * i / dim), i
-    torch.testing.assert_close(rope_inv_freq(4, 100.0), torch.tensor([1.0, 0.1], dtype=torch.float64))
+        expected = base ** (-2 * i / dim)
+        assert abs(theta[i].item() - expected) <= 1e-12 * expected, (
+            f"theta_{i} of rope_inv_freq({dim}, {base}): got {theta[i].item()!r}, expected {expected!r}, "
+            "relative tolerance 1e-12")
+    close(rope_inv_freq(4, 100.0), torch.tensor([1.0, 0.1], dtype=torch.float64), "rope_inv_freq(4, 100.0)")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -120,8 +155,9 @@ def test_rope_cos_sin_turn_each_pair_by_position_times_theta(seed):
     assert cos.shape == sin.shape == (len(positions), len(theta)) and cos.dtype == sin.dtype == torch.float64
     for row, m in enumerate(positions.tolist()):
         for i, t in enumerate(theta.tolist()):
-            assert abs(cos[row, i].item() - scale * math.cos(m * t)) < 1e-9, (m, i)
-            assert abs(sin[row, i].item() - scale * math.sin(m * t)) < 1e-9, (m, i)
+            where = f"[{row}, {i}] at position {m}"
+            near(cos[row, i].item(), scale * math.cos(m * t), 1e-9, f"cos{where}", cos.dtype)
+            near(sin[row, i].item(), scale * math.sin(m * t), 1e-9, f"sin{where}", sin.dtype)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -137,8 +173,9 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
     assert out.shape == x.shape and out.dtype == x.dtype
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
     expected = torch.cat([turned.real, turned.imag], dim=-1)
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12, msg=lambda m: (
-        "apply_rope must turn each pair (x_i, x_(i+d/2)) by +angle: (x cos - y sin, x sin + y cos)\n" + m))
+    close(out, expected,
+          "apply_rope must turn each pair (x_i, x_(i+d/2)) by +angle: (x cos - y sin, x sin + y cos)",
+          rtol=0, atol=1e-12)
     assert apply_rope(x.float(), angle.cos(), angle.sin()).dtype == torch.float32
 
 
@@ -155,7 +192,8 @@ def test_apply_rope_turns_only_the_first_d_dimensions(seed):
     out = apply_rope(x, angle.cos(), angle.sin())
     assert out.shape == x.shape
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 : d]) * torch.polar(torch.ones_like(angle), angle)
-    torch.testing.assert_close(out[..., :d], torch.cat([turned.real, turned.imag], dim=-1), rtol=0, atol=1e-12)
+    close(out[..., :d], torch.cat([turned.real, turned.imag], dim=-1), f"the first {d} dimensions, turned",
+          rtol=0, atol=1e-12)
     assert torch.equal(out[..., d:], x[..., d:]), "the dimensions past d carry no position: unchanged"
 
 
@@ -165,7 +203,8 @@ def test_apply_rope_worked_by_hand():
     (-2, 1, -3, -4)."""
     angle = torch.tensor([[math.pi / 2, math.pi]], dtype=torch.float64)
     out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), angle.cos(), angle.sin())
-    torch.testing.assert_close(out, torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64), rtol=0, atol=1e-15)
+    close(out, torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64),
+          "x = (1, 2, 3, 4) turned by (pi/2, pi)", rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -184,8 +223,10 @@ def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
     for _ in range(5):
         m, n, shift = rng.randint(0, 500), rng.randint(0, 500), rng.randint(1, 10_000)
         score = turned(q, m) @ turned(k, n)
-        assert abs(turned(q, m + shift) @ turned(k, n + shift) - score) < 1e-9, (m, n, shift)
-        assert abs(turned(q, m).norm() - q.norm()) < 1e-12
+        near((turned(q, m + shift) @ turned(k, n + shift)).item(), score.item(), 1e-9,
+             f"the score at positions ({m + shift}, {n + shift}), against ({m}, {n})", q.dtype)
+        near(turned(q, m).norm().item(), q.norm().item(), 1e-12, f"the norm of q turned to position {m}",
+             q.dtype)
     assert not torch.allclose(turned(q, 1), q[0]), "position 1 must turn q"
 
 
@@ -203,10 +244,11 @@ def test_alibi_slopes_at_random_head_counts(seed):
         P = 2 ** math.floor(math.log2(n))
         assert slopes.shape == (n,), slopes.shape
         assert abs(slopes[0].item() - 2 ** (-8 / P)) < 1e-7, \
-            f"alibi_slopes({n})[0] must be the steepest slope 2^(-8/{P}) = {2 ** (-8 / P):.4g}, got {slopes.tolist()}"
+            f"alibi_slopes({n})[0] must be the steepest slope 2^(-8/{P}) = {2 ** (-8 / P):.4g}, got " \
+            f"{slopes[0].item():.4g} (the first slopes: {[round(m, 4) for m in slopes[:4].tolist()]})"
         for h in range(n):
             expected = 2 ** (-8 / P * (h + 1)) if h < P else 2 ** (-8 / (2 * P) * (2 * (h - P) + 1))
-            assert abs(slopes[h].item() - expected) < 1e-7, f"alibi_slopes({n})[{h}] should be {expected:.4g}"
+            near(slopes[h].item(), expected, 1e-7, f"alibi_slopes({n})[{h}]", slopes.dtype)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -222,7 +264,8 @@ def test_alibi_bias_between_any_positions(seed):
     for h, m in enumerate(slopes.tolist()):
         for a, i in enumerate(query_pos.tolist()):
             for b, j in enumerate(key_pos.tolist()):
-                assert abs(bias[h, a, b].item() + m * (i - j)) < 1e-12, (h, i, j)
+                near(bias[h, a, b].item(), -m * (i - j), 1e-12, f"bias[{h}, {a}, {b}] (query {i}, key {j})",
+                     bias.dtype)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -237,7 +280,8 @@ def test_alibi_bias_puts_the_queries_last(seed):
     for h, m in enumerate(slopes.tolist()):
         for a in range(n_query):
             for j in range(n_key):
-                assert abs(bias[h, a, j].item() + m * (n_key - n_query + a - j)) < 1e-12, (h, a, j)
+                near(bias[h, a, j].item(), -m * (n_key - n_query + a - j), 1e-12, f"bias[{h}, {a}, {j}]",
+                     bias.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -263,10 +307,11 @@ def test_causal_mask_matches_its_definition_at_random_positions(seed):
 def test_causal_mask_worked_by_hand():
     """Queries 2 and 3 over keys 0, 1, 2, 3 and an empty slot: causal, then with a window of 2."""
     query_pos, key_pos = torch.tensor([2, 3]), torch.tensor([0, 1, 2, 3, -1])
-    assert causal_mask(query_pos, key_pos).tolist() == [[True, True, True, False, False],
-                                                         [True, True, True, True, False]]
-    assert causal_mask(query_pos, key_pos, 2).tolist() == [[False, True, True, False, False],
-                                                            [False, False, True, True, False]]
+    for window, expected in ((None, [[True, True, True, False, False], [True, True, True, True, False]]),
+                             (2, [[False, True, True, False, False], [False, False, True, True, False]])):
+        got = causal_mask(query_pos, key_pos, window).tolist()
+        assert got == expected, f"causal_mask([2, 3], [0, 1, 2, 3, -1], {window}): got {got}, " \
+            f"expected {expected}"
 
 
 # -----------------------------------------------------------------------------
@@ -308,7 +353,9 @@ def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
             assert sorted(j for _, j in visible) == list(range(first, i + 1)), \
                 f"query {i} (window {window}) should see keys {first}..{i}, it gets {sorted(j for _, j in visible)}"
             for slot, j in visible:
-                assert torch.equal(k_all[:, :, slot], given[j][0]) and torch.equal(v_all[:, :, slot], given[j][1]), j
+                k_j, v_j = given[j]
+                same = torch.equal(k_all[:, :, slot], k_j) and torch.equal(v_all[:, :, slot], v_j)
+                assert same, f"the key or value handed back for position {j} (slot {slot}) is not the one given"
         if window is not None:
             assert cache.k.size(2) <= window + chunk - 1, "a sliding window needs a ring of window + chunk - 1 slots"
 
@@ -322,7 +369,9 @@ def test_kv_cache_keeps_position_p_in_slot_p_mod_size(seed):
         for p in range(max(0, seen - size), seen):
             slot = p % size
             assert key_pos[slot].item() == p, f"slot {slot} should hold position {p}"
-            assert torch.equal(cache.k[:, :, slot], given[p][0]) and torch.equal(cache.v[:, :, slot], given[p][1])
+            k_p, v_p = given[p]
+            same = torch.equal(cache.k[:, :, slot], k_p) and torch.equal(cache.v[:, :, slot], v_p)
+            assert same, f"slot {slot} should hold the key and value given for position {p}"
 
 
 @pytest.fixture
@@ -349,7 +398,8 @@ def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(s
     full, _ = model_(idx)
     model_.setup_cache(idx.size(0), length)
     stepped = torch.cat([model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0] for t in range(length)], dim=1)
-    torch.testing.assert_close(stepped, full, rtol=0, atol=1e-10)
+    close(stepped, full, "the logits decoded one token at a time, against one forward pass",
+          rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -364,7 +414,7 @@ def test_decoding_in_a_window_sees_only_the_latest_tokens(seed, given_causal_mas
     for t in range(length):
         logits = model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0][:, -1]
         alone = model_(idx[:, max(0, t - window + 1) : t + 1])[0][:, -1]
-        torch.testing.assert_close(logits, alone, rtol=0, atol=1e-10, msg=f"token {t}, window {window}")
+        close(logits, alone, f"token {t}, window {window}", rtol=0, atol=1e-10)
 
 
 # -----------------------------------------------------------------------------
@@ -400,7 +450,7 @@ def test_rope_frequencies_at_factor_one_are_plain_rope(given_parts, seed):
     for scaling in (None, *positions.ROPE_SCALINGS):
         inv_freq, scale = rope_frequencies(d, base, scaling, 1.0, original_len=T, seq_len=T)
         assert inv_freq.dtype == torch.float32, scaling
-        torch.testing.assert_close(inv_freq, given_theta(d, base).float(), msg=f"scaling={scaling}, factor 1")
+        close(inv_freq, given_theta(d, base).float(), f"scaling={scaling}, factor 1")
         assert scale == 1.0, scaling
 
 
@@ -409,7 +459,7 @@ def test_linear_scaling_divides_theta_by_the_factor(given_parts, seed):
     """Position interpolation: theta_i / s, attention scale 1."""
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "linear", s, original_len=T)
-    torch.testing.assert_close(inv_freq.double(), given_theta(d, base) / s, rtol=1e-6, atol=0)
+    close(inv_freq.double(), given_theta(d, base) / s, f"linear, factor {s:.4g}", rtol=1e-6, atol=0)
     assert scale == 1.0
 
 
@@ -418,7 +468,8 @@ def test_ntk_scaling_raises_the_base(given_parts, seed):
     """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1, the slowest is divided by s."""
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "ntk", s, original_len=T)
-    torch.testing.assert_close(inv_freq.double(), given_theta(d, base * s ** (d / (d - 2))), rtol=1e-6, atol=0)
+    close(inv_freq.double(), given_theta(d, base * s ** (d / (d - 2))), f"ntk, factor {s:.4g}",
+          rtol=1e-6, atol=0)
     assert inv_freq[0] == 1.0 and scale == 1.0
     assert abs(inv_freq[-1].item() * s / given_theta(d, base)[-1].item() - 1) < 1e-5
 
@@ -429,11 +480,11 @@ def test_dynamic_ntk_follows_the_current_length(given_parts, seed):
     d, base, s, T = shapes(seed)
     for L in (1, T // 2 + 1, T):
         inv_freq, _ = rope_frequencies(d, base, "dynamic", s, original_len=T, seq_len=L)
-        torch.testing.assert_close(inv_freq, given_theta(d, base).float(), msg=f"L = {L} <= T = {T}")
+        close(inv_freq, given_theta(d, base).float(), f"L = {L} <= T = {T}")
     for L in (T + 1, 3 * T, int(s * T) + 5):
         inv_freq, scale = rope_frequencies(d, base, "dynamic", s, original_len=T, seq_len=L)
         grown = base * (s * L / T - (s - 1)) ** (d / (d - 2))
-        torch.testing.assert_close(inv_freq.double(), given_theta(d, grown), rtol=1e-6, atol=0, msg=f"L = {L}")
+        close(inv_freq.double(), given_theta(d, grown), f"L = {L} > T = {T}", rtol=1e-6, atol=0)
         assert scale == 1.0
 
 
@@ -444,8 +495,9 @@ def test_yarn_blends_theta_by_its_ramp_and_scales_attention(given_parts, seed):
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "yarn", s, original_len=T)
     ramp, theta = given_ramp(d, base, T), given_theta(d, base)
-    torch.testing.assert_close(inv_freq.double(), theta / s * ramp + theta * (1 - ramp), rtol=1e-6, atol=0)
-    assert abs(scale - (0.1 * math.log(s) + 1)) < 1e-12
+    close(inv_freq.double(), theta / s * ramp + theta * (1 - ramp), f"yarn, factor {s:.4g}",
+          rtol=1e-6, atol=0)
+    near(scale, 0.1 * math.log(s) + 1, 1e-12, f"yarn's attention scale at factor {s:.4g}")
 
 
 def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
@@ -463,10 +515,12 @@ def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
 def test_yarn_ramp_worked_by_hand():
     """d = 8, T = 64: i(32) = -0.497, i(1) = 1.008, so low 0, high 2: (0, 0.5, 1, 1). d = 16: low 0, high 3:
     (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released: (0, 1, 1, 1)."""
-    torch.testing.assert_close(yarn_ramp(8, 10000.0, 64), torch.tensor([0, 0.5, 1, 1], dtype=torch.float64))
-    torch.testing.assert_close(yarn_ramp(16, 10000.0, 64),
-                               torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64))
-    torch.testing.assert_close(yarn_ramp(8, 10000.0, 4), torch.tensor([0, 1, 1, 1], dtype=torch.float64))
+    close(yarn_ramp(8, 10000.0, 64), torch.tensor([0, 0.5, 1, 1], dtype=torch.float64),
+          "yarn_ramp(8, 10000.0, 64)")
+    close(yarn_ramp(16, 10000.0, 64), torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64),
+          "yarn_ramp(16, 10000.0, 64)")
+    close(yarn_ramp(8, 10000.0, 4), torch.tensor([0, 1, 1, 1], dtype=torch.float64),
+          "yarn_ramp(8, 10000.0, 4)")
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -487,7 +541,8 @@ def test_yarn_ramp_keeps_fast_pairs_and_moves_slow_ones(seed):
     assert (ramp.diff() >= 0).all() and ramp.min() >= 0 and ramp.max() <= 1, ramp
     between = ramp[(ramp > 0) & (ramp < 1)]
     if len(between) > 1:
-        torch.testing.assert_close(between.diff(), torch.full_like(between.diff(), between.diff()[0].item()))
+        close(between.diff(), torch.full_like(between.diff(), between.diff()[0].item()),
+              "the steps of the ramp between 0 and 1")
 
 
 # -----------------------------------------------------------------------------
@@ -564,16 +619,16 @@ def test_fit_ridge_solves_the_centred_normal_equations(seed):
     X = 3 * torch.randn(N, C, dtype=torch.float64, generator=g) + 5
     w_true, b_true = torch.randn(C, dtype=torch.float64, generator=g), rng.uniform(-10, 10)
     w, b = instruments.fit_ridge(X, X @ w_true + b_true, 0.0)
-    torch.testing.assert_close(w, w_true, rtol=0, atol=1e-9)
-    assert abs(float(b) - b_true) < 1e-8
+    close(w, w_true, "the weights of an exact linear relation, without a ridge", rtol=0, atol=1e-9)
+    near(float(b), b_true, 1e-8, "its intercept")
     y = torch.randn(N, dtype=torch.float64, generator=g)
     ridge = rng.choice([1e-3, 0.1, 2.0])
     w, b = instruments.fit_ridge(X, y, ridge)
     Xc = X - X.mean(dim=0)
     penalty = ridge * (Xc.T @ Xc).diagonal().mean()
-    torch.testing.assert_close(Xc.T @ (Xc @ w - (y - y.mean())) + penalty * w, torch.zeros(C, dtype=torch.float64),
-                               rtol=0, atol=1e-9)
-    assert abs((y - X @ w - b).mean().item()) < 1e-12
+    close(Xc.T @ (Xc @ w - (y - y.mean())) + penalty * w, torch.zeros(C, dtype=torch.float64),
+          f"the normal equations' residual at ridge {ridge}", rtol=0, atol=1e-9)
+    near((y - X @ w - b).mean().item(), 0.0, 1e-12, "the mean residual (an unpenalised intercept makes it 0)")
 
 
 def test_r_squared_worked_by_hand():
@@ -583,4 +638,5 @@ def test_r_squared_worked_by_hand():
     assert instruments.r_squared(y, y) == 1.0
     assert instruments.r_squared(y, torch.full_like(y, 2.5)) == 0.0
     value = instruments.r_squared(y, torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=torch.float64))
-    assert isinstance(value, float) and abs(value - 0.8) < 1e-12
+    assert isinstance(value, float), f"r_squared returns a Python float, got {type(value).__name__}"
+    near(value, 0.8, 1e-12, "r_squared((1, 2, 3, 4), (1, 2, 3, 5))")

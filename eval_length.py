@@ -59,7 +59,8 @@ from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
-from model import ROPE_SCALINGS, GPTConfig, default_rope_factor, position_limit
+from model import GPTConfig
+from positions import ROPE_SCALINGS, default_rope_factor, position_limit
 from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors

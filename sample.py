@@ -26,7 +26,8 @@ import torch
 from data.common import get_tokenizer
 from generation import generate_cached, generation_bytes
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
-from model import GPT2_MODELS, ROPE_SCALINGS, default_rope_factor
+from model import GPT2_MODELS
+from positions import ROPE_SCALINGS, default_rope_factor
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors

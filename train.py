@@ -31,7 +31,8 @@ from types import MappingProxyType
 import torch
 
 from data.common import BatchSampler, ensure_prepared, load_meta
-from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES, ROPE_SCALINGS
 from plumbing import resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags

@@ -118,8 +118,8 @@ EXERCISES = (
                          "test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size",
                          "test_decoding_in_a_window_sees_only_the_latest_tokens"),
         difficulty="hard", minutes=60,
-        hints=("update writes position p in slot p % size (index_copy_ along the slot dimension) and returns the "
-               "whole buffers: the mask, not the slicing, says which slots a query sees.",
+        hints=("update writes position p in slot p % size (slot p itself when the cache is no ring), with index_copy_ "
+               "along the slot dimension, and returns the first n_keys slots: the mask says which a query sees.",
                "cached_key_positions: slot j holds the latest p < end with p % size == j; count back from end - 1 "
                "with the remainder (end - 1 - j) % size, and mark a negative p -1 (empty)."),
     ),
@@ -148,7 +148,7 @@ EXERCISES = (
     ),
     Exercise(
         id="ex9", title="the permutation-equivariance measure",
-        functions=("plumbing.instruments:swap_permutation", "plumbing.instruments:swap_differences"),
+        functions=("measure.instruments:swap_permutation", "measure.instruments:swap_differences"),
         section="12-who-bit-whom-a-live-demonstration",
         tests=("tests/test_demo.py::"
                "test_without_positions_or_mask_the_swapped_sentence_gives_the_same_states_up_to_the_swap",
@@ -161,8 +161,8 @@ EXERCISES = (
     ),
     Exercise(
         id="ex10", title="the position probe",
-        functions=("plumbing.instruments:probe_targets", "plumbing.instruments:fit_ridge",
-                   "plumbing.instruments:r_squared"),
+        functions=("measure.instruments:probe_targets", "measure.instruments:fit_ridge",
+                   "measure.instruments:r_squared"),
         section="13-where-does-position-live-a-probe",
         tests=("tests/test_demo.py::test_probe_targets_count_back_to_the_latest_newline",
                "tests/test_demo.py::test_without_the_mask_nope_hidden_states_hold_no_position",

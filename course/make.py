@@ -58,7 +58,7 @@ def counted(n, noun, plural=None):
 
 
 def module_path(module):
-    """"plumbing.instruments" -> plumbing/instruments.py"""
+    """"measure.instruments" -> measure/instruments.py"""
     return Path(*module.split(".")).with_suffix(".py")
 
 

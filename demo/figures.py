@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from model import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
+from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows

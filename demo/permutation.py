@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model import POS_SCHEMES
+from positions import POS_SCHEMES
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
@@ -31,7 +31,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 @dataclass
 class PermutationConfig:
     pos: str = "all"  # one scheme, or all five side by side
-    no_mask: bool = False  # attention without the causal mask (CausalSelfAttention's causal=False)
+    no_mask: bool = False  # attention without the causal mask (every query sees every key)
     checkpoint: str | None = None  # a trained out_dir to use instead (its scheme is the checkpoint's)
     checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/ checkpoints
     sentence: str = "dog bites man"  # three words; the first and the last are swapped

@@ -18,7 +18,7 @@ and position has no way in (lesson section 1). Missing models are trained first,
 import sys
 from dataclasses import dataclass
 
-from model import POS_SCHEMES
+from positions import POS_SCHEMES
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows

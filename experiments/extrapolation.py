@@ -45,7 +45,7 @@ import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name
-from model import POS_SCHEMES
+from positions import POS_SCHEMES
 from plumbing.resume import fine_tune_dir
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors

@@ -4,7 +4,8 @@ Instruments for the live demonstrations (python -m demo.permutation, python -m d
 
 Everything here runs the model's own modules. Hidden states and attention inputs are read with forward hooks
 on GPT's blocks, attention probabilities are recomputed from the layer's own c_attn weights and the rotation or
-mask its position module hands it, and "no mask" is CausalSelfAttention's own causal=False. A test checks each
+mask its position module hands it, and "no mask" is an additive mask of zeros handed to CausalSelfAttention in
+place of the causal one. A test checks each
 instrument against the model's output (tests/test_demo.py), so none of them is a second model.
 
     hidden_states(model, idx, mask)      -> [embedding output, after block 1, ..., after block L]
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import CausalSelfAttention, apply_rope, causal_mask
+from model import CausalSelfAttention
+from positions import apply_rope, causal_mask
 from plumbing.checkpoint import open_model
 from measure.losses import validation_tokens
 
@@ -78,23 +80,24 @@ def attention_arguments(args, kwargs):
 
 
 def unmasked_bias(model, T, device):
-    """The scheme's own score bias (its score_bias hook) at every (query, key) pair of T tokens, future ones too,
-    or None: ALiBi's -m_h (i - j), which the model's mask holds beside the causal -inf; no other scheme biases
-    the scores."""
+    """The additive mask of attention without the causal mask: the scheme's own score bias (its score_bias hook)
+    at every (query, key) pair of T tokens, future ones too (ALiBi's -m_h (i - j), which the model's mask holds
+    beside the causal -inf), or zeros for the schemes that bias no score. -> (1, n_head or 1, T, T)"""
     positions = torch.arange(T, device=device)
-    return model.transformer.wpe.score_bias(positions, positions)
+    bias = model.transformer.wpe.score_bias(positions, positions)
+    return torch.zeros(1, 1, T, T, device=device) if bias is None else bias
 
 
 @contextmanager
 def unmasked(model):
-    """Every attention layer without the causal mask: CausalSelfAttention's causal=False (offered for the
-    lessons), and for ALiBi its bias over all pairs instead of the bias plus the mask's -inf."""
+    """Every attention layer without the causal mask: each gets unmasked_bias's mask instead of the model's, so
+    every query sees every key (for ALiBi, its bias over all pairs instead of the bias plus the mask's -inf)."""
 
     def drop_mask(module, args, kwargs):
         arguments = attention_arguments(args, kwargs)
         arguments.pop("self")
         x = arguments["x"]
-        arguments.update(causal=False, mask=unmasked_bias(model, x.size(1), x.device))
+        arguments.update(mask=unmasked_bias(model, x.size(1), x.device))
         return (), arguments
 
     handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h]
@@ -127,7 +130,7 @@ def hidden_states(model, idx, mask=True):
 
 @torch.no_grad()
 def attention_inputs(model, idx, layer):
-    """What the attention of `layer` receives when the model runs on idx: x (after ln_1), rope, mask, causal,
+    """What the attention of `layer` receives when the model runs on idx: x (after ln_1), rope, mask, input_pos,
     and the module itself as "self"."""
     seen = {}
 
@@ -159,9 +162,9 @@ def attention_probabilities(model, idx, layer):
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:  # a bias holding the causal -inf (in eval mode a FlexMask only if use_flex_attention)
+    if mask is not None:  # the additive mask the layer got: a bias holding the causal -inf, or unmasked_bias's
         scores = scores + mask
-    elif inputs["causal"]:  # plain causal attention: query i sees keys j <= i
+    else:  # plain causal attention: query i sees keys j <= i
         positions = torch.arange(T, device=x.device)
         scores = scores.masked_fill(~causal_mask(positions, positions), float("-inf"))
     return F.softmax(scores, dim=-1)

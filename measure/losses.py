@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from generation import forward_bytes, position_table_bytes
-from model import position_limit
+from positions import position_limit
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
 

@@ -51,7 +51,8 @@ from data.common import available_datasets, dataset_dir, load_meta
 from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
                       resolve_device, resolve_dtype, speed, synchronize)
 from generation import generate_cached
-from model import GPT, POS_SCHEMES, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 

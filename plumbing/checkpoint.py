@@ -40,7 +40,8 @@ import torch
 
 from data.common import TOKENIZERS, get_tokenizer
 from plumbing.errors import UserError
-from model import GPT, ROPE_VARIANTS, GPTConfig, download_gpt2, gpt2_weights_from_hf
+from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
+from positions import ROPE_VARIANTS
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
@@ -163,7 +164,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
 
 def with_rope_variants(model_config):
     """A checkpoint's model_config with the RoPE variants' GPTConfig fields its file predates
-    (model.ROPE_VARIANTS) at plain RoPE's values, the model its code built: so that resuming or --init_from
+    (positions.ROPE_VARIANTS) at plain RoPE's values, the model its code built: so that resuming or --init_from
     compares like with like instead of refusing a missing field (None) against its default."""
     return model_config | {name: plain for name, plain in ROPE_VARIANTS.items() if name not in model_config}
 

@@ -11,7 +11,8 @@ import torch
 
 from perf import bench
 from helpers import error_line
-from model import GPT, POS_SCHEMES, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 from perf import ab
 
 ROOT = Path(__file__).resolve().parent.parent

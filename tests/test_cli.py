@@ -153,13 +153,23 @@ def test_no_module_but_the_tests_edits_sys_path():
     assert [path for path in project_modules().values() if touches_sys_path(path)] == []
 
 
-def test_model_imports_only_torch_and_the_standard_library():
-    """`import model` needs torch alone; only GPT.from_pretrained imports the optional transformers, when called."""
-    tree = ast.parse((ROOT / "model.py").read_text())
-    top_level = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
-    top_level |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top_level - set(sys.stdlib_module_names) == {"torch"}
-    assert imported_modules("model.py") - set(sys.stdlib_module_names) <= {"torch", "transformers"}
+def top_level_imports(path):
+    tree = ast.parse((ROOT / path).read_text())
+    found = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    return found | {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
+
+
+def test_positions_imports_nothing_from_the_repository():
+    """positions.py, the file a student studies, needs torch and the standard library alone."""
+    assert top_level_imports("positions.py") - set(sys.stdlib_module_names) == {"torch"}
+    assert imported_modules("positions.py") - set(sys.stdlib_module_names) <= {"torch"}
+
+
+def test_model_imports_only_torch_and_positions():
+    """`import model` needs torch and positions.py alone; only GPT.from_pretrained imports the optional
+    transformers, when called."""
+    assert top_level_imports("model.py") - set(sys.stdlib_module_names) == {"torch", "positions"}
+    assert imported_modules("model.py") - set(sys.stdlib_module_names) <= {"torch", "positions", "transformers"}
 
 
 # What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.

@@ -220,7 +220,7 @@ def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
 def test_the_copy_imports_and_train_help_runs(student):
     """Stubs only raise when called: every module imports, and train.py --help lists its flags."""
     copy, _ = student
-    code = ("import generation, sample, plumbing.instruments, demo.permutation, demo.probe, runpy, sys; "
+    code = ("import generation, sample, measure.instruments, demo.permutation, demo.probe, runpy, sys; "
             "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "usage: train.py" in done.stdout and "--pos" in done.stdout, done.stderr
@@ -250,10 +250,10 @@ def test_bodies_put_back_pass_exactly_their_exercises_and_wrong_ones_fail_readab
     copy = tmp_path / "student"
     make_copy(copy, EXERCISES)
     exercises = by_id()
-    put_back(copy, [*exercises["ex1"].functions, *exercises["ex6"].functions, "model:rope_inv_freq",
-                    "model:rope_cos_sin", "model:alibi_bias", "model:alibi_bias_at"])
-    put_wrong(copy, "model:apply_rope", "return _solved_apply_rope(x, cos, -sin)  # turned by -angle")
-    put_wrong(copy, "model:alibi_slopes", "return _solved_alibi_slopes(n_head).flip(0)  # the gentlest slope first")
+    put_back(copy, [*exercises["ex1"].functions, *exercises["ex6"].functions, "positions:rope_inv_freq",
+                    "positions:rope_cos_sin", "positions:alibi_bias", "positions:alibi_bias_at"])
+    put_wrong(copy, "positions:apply_rope", "return _solved_apply_rope(x, cos, -sin)  # turned by -angle")
+    put_wrong(copy, "positions:alibi_slopes", "return _solved_alibi_slopes(n_head).flip(0)  # the gentlest slope first")
     verdicts, _ = grade(copy, EXERCISES)
     detail = {v.exercise.id: v.detail for v in verdicts}
     assert {v.exercise.id for v in verdicts if v.passed} == {"ex1", "ex6"}, report_lines(verdicts)
@@ -332,9 +332,9 @@ def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path,
     assert f"check it: python -m course check {copy}" in out
     assert ": 1 exercise, 3 function bodies to write" in out and "for students: README.md (the student" in out
     assert graded_by(copy) == ["ex4"]
-    text = (copy / "model.py").read_text()
+    text = (copy / "positions.py").read_text()
     assert body_lines(text, "alibi_slopes") == [stub_line("    ", by_id()["ex4"].stub_message)]
-    solved = (ROOT / "model.py").read_text()
+    solved = (ROOT / "positions.py").read_text()
     assert body_lines(text, "sinusoidal_embedding") == body_lines(solved, "sinusoidal_embedding")
 
 

@@ -13,7 +13,8 @@ import torch
 import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
-from model import GPT, POS_SCHEMES, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 from measure import instruments
 from plumbing import runs
 from plumbing.errors import UserError

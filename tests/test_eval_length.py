@@ -13,7 +13,7 @@ import train
 from helpers import error_line
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from measure.losses import validation_tokens, window_losses, window_starts
-from model import POS_SCHEMES, ROPE_SCALINGS
+from positions import POS_SCHEMES, ROPE_SCALINGS
 
 BLOCK = 16
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",

@@ -10,14 +10,8 @@ import torch
 
 from data.common import ensure_prepared, load_meta
 from demo import figures
-from model import (
-    GPT,
-    POS_SCHEMES,
-    GPTConfig,
-    apply_rope,
-    rope_cos_sin,
-    rope_frequencies,
-)
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES, apply_rope, rope_cos_sin, rope_frequencies
 
 pytest.importorskip("matplotlib")
 

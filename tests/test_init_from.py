@@ -5,7 +5,7 @@ import torch
 
 from plumbing import checkpoint, resume
 import train
-from model import rope_frequencies
+from positions import rope_frequencies
 from helpers import train_error_line
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=1",

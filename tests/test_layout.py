@@ -1,7 +1,7 @@
 """Each package holds what its name says, and each rule the entry points share is written once.
 
 plumbing/ and measure/ import no entry point and take none of their types (train.py's Run and configs,
-sample.py's Loaded); the rules "learned has no positions past its table" (model.position_limit,
+sample.py's Loaded); the rules "learned has no positions past its table" (positions.position_limit,
 model.max_len) and "open a checkpoint, with a RoPE extension or without" (plumbing.checkpoint.open_model)
 give the same answer through every entry point that uses them."""
 
@@ -17,7 +17,8 @@ import eval_length
 import sample
 from measure import instruments
 from measure.losses import window_bytes
-from model import GPT, POS_SCHEMES, ROPE_SCALINGS, GPTConfig, default_rope_factor, position_limit
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_limit
 from plumbing.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def compares_pos_to_learned(path):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
-    """model.position_limit says where a scheme's positions end; the model (and so generation and
+    """positions.position_limit says where a scheme's positions end; the model (and so generation and
     measure.losses, which read model.max_len), eval_length's rows and the memory estimate all follow it."""
     config = GPTConfig(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     limit = position_limit(pos, config.block_size)
@@ -77,7 +78,7 @@ def test_no_entry_point_or_measure_writes_the_table_rule_again():
 def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
     """plumbing.checkpoint.open_model is the one opener: sample.py (load), eval_length.py (model_for) and the
     demos (instruments.load) build the same model from the same file, with the same RoPE extension at the same
-    default factor (model.default_rope_factor), and it gives the same logits."""
+    default factor (positions.default_rope_factor), and it gives the same logits."""
     ckpt = load_checkpoint(FIXTURE, mmap=True)
     T = ckpt["model_config"]["block_size"]
     length = 4 * T

@@ -12,7 +12,8 @@ import torch
 
 import train
 from plumbing.distributed import Processes
-from model import GPT, GPTConfig, sinusoidal_embedding
+from model import GPT, GPTConfig
+from positions import sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):

@@ -17,7 +17,8 @@ from data.passkey import prepare as passkey_prepare
 from data.passkey.task import (CHARS, FILLER, KEY_DIGITS, MARKER, draw_filler, eval_sample, filler_length,
                                is_eval_key, training_sample)
 from helpers import error_line
-from model import GPT, GPTConfig, POS_SCHEMES
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 from measure.retrieval import (answers_by_forward, answers_by_greedy, count_correct, passkey_batch,
                                 wilson_interval)
 

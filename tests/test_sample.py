@@ -11,7 +11,7 @@ import sample
 import train
 from data.common import CharTokenizer, get_tokenizer
 from helpers import error_line, skip_without_gpt2
-from model import POS_SCHEMES
+from positions import POS_SCHEMES
 
 BLOCK = 16
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",

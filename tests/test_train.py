@@ -20,7 +20,8 @@ from plumbing import hardware
 from plumbing.errors import UserError
 import train
 from helpers import train_error_line
-from model import GPT, POS_SCHEMES, GPTConfig
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

@@ -22,8 +22,9 @@ import sample
 import train
 from demo import probe
 from experiments import extrapolation
-from generation import KVCache, generate_cached, generation_bytes, position_table_bytes
-from model import GPT, POS_SCHEMES, GPTConfig
+from generation import generate_cached, generation_bytes, kv_cache_bytes, position_table_bytes
+from model import GPT, GPTConfig
+from positions import POS_SCHEMES
 from plumbing import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,27 +212,19 @@ def table_bytes(model):
 
 @pytest.mark.parametrize("max_context", [None, 5])
 @pytest.mark.parametrize("pos", POS_SCHEMES)
-def test_the_generation_estimate_is_what_generate_cached_allocates(monkeypatch, pos, max_context):
+def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_context):
     """generation_bytes' KV cache, grown position table and token buffer are, to the byte, the tensors
-    generate_cached allocates: the cache it makes (caught as it is built), the table the model holds after it
+    generate_cached allocates: the caches it gives the layers, the table the model holds after it
     (0 where none grew) and the tokens it returns; learned cropped to its table, max_context a ring of slots."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     model = GPT(config).eval()
-    caches = []
-
-    class RecordedCache(KVCache):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            caches.append(self)
-
-    monkeypatch.setattr(generation, "KVCache", RecordedCache)
     batch, n_prompt, new = 3, 4, 20
     table_before = table_bytes(model)
     out = generate_cached(model, torch.zeros(batch, n_prompt, dtype=torch.long), new, max_context=max_context)
-    (cache,) = caches
+    caches = [block.attn.kv_cache for block in model.transformer.h]  # the caches it made, one per layer
     estimate = generation_bytes(config, batch, n_prompt, new, max_context)
-    assert estimate["KV cache"] == sum(t.nbytes for t in (*cache.k, *cache.v, cache.positions))
-    assert estimate["KV cache"] == KVCache.bytes_needed(config, batch, cache.size)
+    assert estimate["KV cache"] == sum(t.nbytes for cache in caches for t in (cache.k, cache.v))
+    assert estimate["KV cache"] == kv_cache_bytes(config, batch, caches[0].k.size(2))
     grown = table_bytes(model)
     assert estimate["position table"] == (grown if grown != table_before else 0)
     assert estimate["tokens"] == out.nbytes

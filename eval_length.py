@@ -56,37 +56,67 @@ import torch
 from tqdm import tqdm
 
 from data.common import dataset_dir, load_meta
-from data.passkey.task import CHARS as PASSKEY_CHARS, filler_length
+from data.passkey.task import CHARS as PASSKEY_CHARS
+from data.passkey.task import filler_length
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
-from positions import ROPE_SCALINGS, default_rope_factor, position_limit
 from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
+from positions import ROPE_SCALINGS, default_rope_factor, position_limit
 
-CSV_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr", "windows")
+CSV_COLUMNS = (
+    "checkpoint",
+    "pos",
+    "scaling",
+    "block_size",
+    "length",
+    "loss",
+    "loss_beyond",
+    "stderr",
+    "windows",
+)
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
-PASSKEY_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length", "depth", "trials", "correct", "accuracy",
-                   "ci_low", "ci_high")
+PASSKEY_COLUMNS = (
+    "checkpoint",
+    "pos",
+    "scaling",
+    "block_size",
+    "length",
+    "depth",
+    "trials",
+    "correct",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+)
 TASKS = ("loss", "passkey")
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
-MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T (0.5, 1, 2, 4, 8), above it tokens (64, 256)
+MAX_BARE_MULTIPLE = (
+    16  # a bare number up to this is a multiple of T (0.5, 1, 2, 4, 8), above it tokens (64, 256)
+)
 
 
 @dataclass
 class EvalConfig:
     checkpoints: list[str]  # out_dirs of train.py runs (best.pt, else ckpt.pt) or checkpoint files
     task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
-    lengths: str | None = None  # comma-separated; 2 or 2x: 2 x T; 256 or 256t: 256 tokens (bare > 16: tokens);
+    lengths: str | None = (
+        None  # comma-separated; 2 or 2x: 2 x T; 256 or 256t: 256 tokens (bare > 16: tokens);
+    )
     #                             None: 0.5,1,2,4,8 for loss, 1,2,4,8 for passkey
-    depths: str = "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler before it
+    depths: str = (
+        "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler before it
+    )
     trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
     passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
-    rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions run at s = L/T
+    rope_scalings: list[str] = field(
+        default_factory=lambda: [*ROPE_SCALINGS]
+    )  # RoPE extensions run at s = L/T
     max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
@@ -122,8 +152,14 @@ class EvalConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> EvalConfig; a bad flag exits with status 2 and one line, a bad value is a
     ValueError (status 2 in main's handler)."""
-    values = parse_flags(argv, "eval_length.py", __doc__, [("evaluation", EvalConfig, None)],
-                         choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS}, positional=("checkpoints",))
+    values = parse_flags(
+        argv,
+        "eval_length.py",
+        __doc__,
+        [("evaluation", EvalConfig, None)],
+        choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS},
+        positional=("checkpoints",),
+    )
     return EvalConfig(**values)
 
 
@@ -153,8 +189,10 @@ def parse_lengths(text):
         try:
             value = float(number)
         except ValueError:
-            raise ValueError(f"--lengths: {item.strip()!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t "
-                             "(256 tokens)") from None
+            raise ValueError(
+                f"--lengths: {item.strip()!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t "
+                "(256 tokens)"
+            ) from None
         # a bare number up to MAX_BARE_MULTIPLE is a multiple of T, a larger one a count of tokens
         multiple = spec.endswith("x") or (not spec.endswith("t") and value <= MAX_BARE_MULTIPLE)
         if not math.isfinite(value) or value <= 0 or (not multiple and value < 1):
@@ -175,7 +213,9 @@ def parse_depths(text):
         except ValueError:
             depth = math.nan
         if not 0.0 <= depth <= 1.0:
-            raise ValueError(f"--depths: {item.strip()!r} is not a depth; give fractions from 0 to 1 such as 0,0.5,1")
+            raise ValueError(
+                f"--depths: {item.strip()!r} is not a depth; give fractions from 0 to 1 such as 0,0.5,1"
+            )
         depths.append(depth)
     return sorted(set(depths))
 
@@ -243,7 +283,9 @@ def lengths_for(source, lengths):
     for length in lengths:
         n = length.tokens(source.block_size)
         if n < 1:
-            raise UserError(f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1")
+            raise UserError(
+                f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1"
+            )
         resolved[length] = n
     return resolved
 
@@ -267,7 +309,9 @@ class Measure:
     windows: int  # windows of L tokens averaged (0: not available)
     loss: float | None = None  # mean loss over every position of every window; None: not available
     loss_beyond: float | None = None  # mean loss at positions >= T; None when L <= T
-    stderr: float | None = None  # standard error of the per-window mean loss; None with fewer than two windows
+    stderr: float | None = (
+        None  # standard error of the per-window mean loss; None with fewer than two windows
+    )
     positions: list = field(default_factory=list)  # mean loss at each position 0 .. L-1 over the windows
 
 
@@ -287,7 +331,9 @@ def summarize(losses, length, block_size):
     per_window = losses.double().mean(1)
     n = len(per_window)
     return Measure(
-        length=length, windows=n, loss=per_window.mean().item(),
+        length=length,
+        windows=n,
+        loss=per_window.mean().item(),
         loss_beyond=losses[:, block_size:].double().mean().item() if length > block_size else None,
         stderr=(per_window.std() / math.sqrt(n)).item() if n > 1 else None,
         positions=losses.double().mean(0).tolist(),
@@ -338,8 +384,10 @@ def progress_bar(total, unit, cfg):
 def evaluate(sources, lengths, cfg, device):
     """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). ->
     [Row]"""
-    plan = [(source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
-            for source, method, n in planned(sources, lengths, cfg)]
+    plan = [
+        (source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
+        for source, method, n in planned(sources, lengths, cfg)
+    ]
     results = {}
     with progress_bar(sum(len(starts) for *_, starts in plan), "window", cfg) as bar:
         for source, method, n, starts in plan:
@@ -352,10 +400,21 @@ def evaluate(sources, lengths, cfg, device):
         methods = source.methods(cfg.rope_scalings)
         reference = results[source.name, methods[0], source.block_size].loss
         for method in methods:
-            measures = {n: gather(results, source, method, n, Measure(n, 0))
-                        for n in lengths_for(source, lengths).values()}
-            rows.append(Row(source.name, source.config["pos"], method, source.block_size, label(source, method),
-                            measures, reference))
+            measures = {
+                n: gather(results, source, method, n, Measure(n, 0))
+                for n in lengths_for(source, lengths).values()
+            }
+            rows.append(
+                Row(
+                    source.name,
+                    source.config["pos"],
+                    method,
+                    source.block_size,
+                    label(source, method),
+                    measures,
+                    reference,
+                )
+            )
     return rows
 
 
@@ -380,8 +439,10 @@ def passkey_vocabulary(source):
     chars = source.ckpt.get("meta", {}).get("chars") or []
     missing = sorted(set(PASSKEY_CHARS).difference(chars))
     if missing:
-        raise UserError(f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
-                         f"(python train.py --config configs/passkey.toml); its vocabulary lacks {''.join(missing)!r}")
+        raise UserError(
+            f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
+            f"(python train.py --config configs/passkey.toml); its vocabulary lacks {''.join(missing)!r}"
+        )
     return {c: i for i, c in enumerate(chars)}
 
 
@@ -397,14 +458,32 @@ def evaluate_passkey(sources, lengths, depths, cfg, device):
             cells = []
             for depth in depths:
                 tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
-                cells.append(Retrieval(n, depth, cfg.trials,
-                                       count_correct(model, tokens.to(device), answer_start, cfg.batch_size)))
+                cells.append(
+                    Retrieval(
+                        n,
+                        depth,
+                        cfg.trials,
+                        count_correct(model, tokens.to(device), answer_start, cfg.batch_size),
+                    )
+                )
                 bar.update(cfg.trials)
             results[source.name, method, n] = cells
-    return [Row(source.name, source.config["pos"], method, source.block_size, label(source, method),
-                {n: gather(results, source, method, n, [Retrieval(n, d, 0, 0) for d in depths])
-                 for n in lengths_for(source, lengths).values()}, None)
-            for source in sources for method in source.methods(cfg.rope_scalings)]
+    return [
+        Row(
+            source.name,
+            source.config["pos"],
+            method,
+            source.block_size,
+            label(source, method),
+            {
+                n: gather(results, source, method, n, [Retrieval(n, d, 0, 0) for d in depths])
+                for n in lengths_for(source, lengths).values()
+            },
+            None,
+        )
+        for source in sources
+        for method in source.methods(cfg.rope_scalings)
+    ]
 
 
 def pooled(cells):
@@ -420,9 +499,11 @@ def passkey_cell(row, cells):
 
 
 def passkey_table(rows, lengths, depths, trials):
-    caption = (f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
-               f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
-               "n/a: no positions past T")
+    caption = (
+        f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
+        f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
+        "n/a: no positions past T"
+    )
     return table(caption, rows, lengths, passkey_cell)
 
 
@@ -433,8 +514,16 @@ def passkey_table(rows, lengths, depths, trials):
 def table(caption, rows, lengths, cell):
     """The caption, then a markdown table: one line per row, one column per length, cell(row, its measure)."""
     head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = [[row.checkpoint, row.pos, str(row.block_size), row.label,
-              *(cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths)] for row in rows]
+    lines = [
+        [
+            row.checkpoint,
+            row.pos,
+            str(row.block_size),
+            row.label,
+            *(cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths),
+        ]
+        for row in rows
+    ]
     return "\n".join([caption, "", markdown_table(head, lines)])
 
 
@@ -444,8 +533,10 @@ def loss_cell(row, m):
 
 
 def loss_table(rows, lengths):
-    caption = ("validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
-               "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T")
+    caption = (
+        "validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
+        "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T"
+    )
     return table(caption, rows, lengths, loss_cell)
 
 
@@ -464,17 +555,41 @@ def write_table(flag, path, columns, lines):
 
 def write_csv(path, rows):
     """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    write_table("csv", path, CSV_COLUMNS, [[row.checkpoint, row.pos, row.scaling, row.block_size, n,
-                                            fmt(m.loss, ".6f"), fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"),
-                                            m.windows] for row in rows for n, m in row.measures.items()])
+    write_table(
+        "csv",
+        path,
+        CSV_COLUMNS,
+        [
+            [
+                row.checkpoint,
+                row.pos,
+                row.scaling,
+                row.block_size,
+                n,
+                fmt(m.loss, ".6f"),
+                fmt(m.loss_beyond, ".6f"),
+                fmt(m.stderr, ".6f"),
+                m.windows,
+            ]
+            for row in rows
+            for n, m in row.measures.items()
+        ],
+    )
 
 
 def write_positions_csv(path, rows):
     """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    write_table("positions_csv", path, POSITION_COLUMNS, [[row.checkpoint, row.scaling, n, p,
-                                                           fmt(loss, ".6f")]
-                                                          for row in rows for n, m in row.measures.items()
-                                                          for p, loss in enumerate(m.positions)])
+    write_table(
+        "positions_csv",
+        path,
+        POSITION_COLUMNS,
+        [
+            [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
+            for row in rows
+            for n, m in row.measures.items()
+            for p, loss in enumerate(m.positions)
+        ],
+    )
 
 
 def write_passkey_csv(path, rows):
@@ -485,8 +600,21 @@ def write_passkey_csv(path, rows):
         for n, cells in row.measures.items():
             for c in cells:
                 low, high = wilson_interval(c.correct, c.trials) if c.trials else (None, None)
-                lines.append([row.checkpoint, row.pos, row.scaling, row.block_size, n, f"{c.depth:g}", c.trials,
-                              c.correct, fmt(c.accuracy, ".4f"), fmt(low, ".4f"), fmt(high, ".4f")])
+                lines.append(
+                    [
+                        row.checkpoint,
+                        row.pos,
+                        row.scaling,
+                        row.block_size,
+                        n,
+                        f"{c.depth:g}",
+                        c.trials,
+                        c.correct,
+                        fmt(c.accuracy, ".4f"),
+                        fmt(low, ".4f"),
+                        fmt(high, ".4f"),
+                    ]
+                )
     write_table("csv", path, PASSKEY_COLUMNS, lines)
 
 
@@ -501,17 +629,22 @@ def plot_needles(path, rows):
     columns = min(4, len(rows))
     lines = math.ceil(len(rows) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
-    for ax in axes.flat[len(rows):]:
+    for ax in axes.flat[len(rows) :]:
         ax.axis("off")
     for ax, row in zip(axes.flat, rows):
         lengths = sorted(row.measures)
         depths = [c.depth for c in row.measures[lengths[0]]]
-        grid = torch.tensor([[math.nan if c.accuracy is None else c.accuracy for c in row.measures[n]]
-                             for n in lengths]).T  # (depths, lengths)
+        grid = torch.tensor(
+            [[math.nan if c.accuracy is None else c.accuracy for c in row.measures[n]] for n in lengths]
+        ).T  # (depths, lengths)
         cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
         ax.imshow(grid.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-        for (i, j), value in zip(((i, j) for i in range(len(depths)) for j in range(len(lengths))), grid.flatten()):
-            ax.text(j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7)
+        for (i, j), value in zip(
+            ((i, j) for i in range(len(depths)) for j in range(len(lengths))), grid.flatten()
+        ):
+            ax.text(
+                j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7
+            )
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
@@ -536,8 +669,10 @@ def plot_format(path):
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in formats:
-        raise ValueError(f"--plot={path}: matplotlib writes no .{suffix} file; give one of "
-                         f"{', '.join('.' + name for name in sorted(formats))}")
+        raise ValueError(
+            f"--plot={path}: matplotlib writes no .{suffix} file; give one of "
+            f"{', '.join('.' + name for name in sorted(formats))}"
+        )
     return suffix or "png"
 
 
@@ -549,27 +684,46 @@ def plot(path, rows, bucket=1):
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    styles = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "dynamic": (0, (3, 1, 1, 1, 1, 1)),
-              "yarn": (0, (6, 2)), "llama3": (0, (8, 2, 1, 2))}
-    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(dict.fromkeys(row.checkpoint for row in rows))}
+    styles = {
+        "plain": "-",
+        "window": ":",
+        "linear": "--",
+        "ntk": "-.",
+        "dynamic": (0, (3, 1, 1, 1, 1, 1)),
+        "yarn": (0, (6, 2)),
+        "llama3": (0, (8, 2, 1, 2)),
+    }
+    colors = {
+        name: plt.cm.tab10(i % 10) for i, name in enumerate(dict.fromkeys(row.checkpoint for row in rows))
+    }
     fig, (by_position, by_length) = plt.subplots(1, 2, figsize=(16, 6))
     for row in rows:
-        style = {"color": colors[row.checkpoint], "linestyle": styles[row.scaling],
-                 "label": f"{Path(row.checkpoint).name}: {row.label}"}
+        style = {
+            "color": colors[row.checkpoint],
+            "linestyle": styles[row.scaling],
+            "label": f"{Path(row.checkpoint).name}: {row.label}",
+        }
         measured = [m for m in row.measures.values() if m.loss is not None]
         if not measured:
             continue
         longest = max(measured, key=lambda m: m.length)
         by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
-        by_length.plot([m.length for m in measured], [m.loss for m in measured], marker="o", markersize=3, **style)
+        by_length.plot(
+            [m.length for m in measured], [m.loss for m in measured], marker="o", markersize=3, **style
+        )
     for T in sorted({row.block_size for row in rows}):
         by_position.axvline(T, color="grey", linewidth=0.8)
         by_position.annotate(f" T = {T}", (T, 0.01), xycoords=("data", "axes fraction"), fontsize=8)
     per = "position" if bucket == 1 else f"bucket of {bucket} positions"
-    by_position.set(xlabel=f"position (one point per {per})", ylabel="validation loss",
-                    title="loss by position, at each row's longest length")
+    by_position.set(
+        xlabel=f"position (one point per {per})",
+        ylabel="validation loss",
+        title="loss by position, at each row's longest length",
+    )
     by_length.set_xscale("log", base=2)
-    by_length.set(xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens", title="loss against length")
+    by_length.set(
+        xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens", title="loss against length"
+    )
     handles, labels = by_length.get_legend_handles_labels()
     fig.tight_layout(rect=(0, 0, 0.74, 1))
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7, frameon=False)
@@ -580,16 +734,23 @@ def plot(path, rows, bucket=1):
 def check_batch_memory(source, length, batch, device):
     """A UserError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in
     memory."""
-    check_memory(window_bytes(GPTConfig(**source.config), batch, length), device,
-                 f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
-                 "lower --lengths or --batch_size")
+    check_memory(
+        window_bytes(GPTConfig(**source.config), batch, length),
+        device,
+        f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
+        "lower --lengths or --batch_size",
+    )
 
 
 def check_windows(source, length, cfg, device):
     """A UserError (one line) if not one window of `length` tokens fits in the split, or a batch of them would
     not fit in the memory available."""
-    check_batch_memory(source, length, min(cfg.batch_size, len(window_starts(len(source.tokens), length,
-                                                                             cfg.max_windows))), device)
+    check_batch_memory(
+        source,
+        length,
+        min(cfg.batch_size, len(window_starts(len(source.tokens), length, cfg.max_windows))),
+        device,
+    )
 
 
 def check_passkey(source, length, cfg, device):
@@ -611,7 +772,9 @@ def main(argv=None):
         device = resolve_device(cfg.device)
         check_device(device)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
-        check_outputs(cfg.outputs, inputs=[source.path for source in sources])  # before the work, not after it
+        check_outputs(
+            cfg.outputs, inputs=[source.path for source in sources]
+        )  # before the work, not after it
         check = check_passkey if cfg.task == "passkey" else check_windows
         for source in sources:  # every length is checked before any work
             for n in lengths_for(source, lengths).values():

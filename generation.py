@@ -44,8 +44,10 @@ def forward_bytes(config, batch, length, cached=False):
     keys) makes: the logits, batch x length x vocab_size; the MLP's hidden layer before and after GELU, 2 x batch x
     length x 4 n_embd; and the mask GPT.attention_mask builds where it builds one (ALiBi, or several tokens into a
     KV cache): length x length int64 distances, a bool mask and float32 scores biases, n_head of them for ALiBi."""
-    parts = {"logits": batch * length * config.vocab_size * 4,
-             "activations": 2 * batch * length * 4 * config.n_embd * 4}
+    parts = {
+        "logits": batch * length * config.vocab_size * 4,
+        "activations": 2 * batch * length * 4 * config.n_embd * 4,
+    }
     if config.pos == "alibi" or (cached and length > 1):
         heads = config.n_head if config.pos == "alibi" else 1
         parts["attention mask"] = length * length * (8 + 1 + 2 * heads * 4)
@@ -62,21 +64,37 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
         crop = min([n for n in (learned, max_context) if n is not None], default=None)
         longest = total - 1 if crop is None else min(crop, total - 1)
-        return {"tokens": 2 * batch * total * 8, "position table": position_table_bytes(config, longest),
-                **forward_bytes(config, batch, longest)}
+        return {
+            "tokens": 2 * batch * total * 8,
+            "position table": position_table_bytes(config, longest),
+            **forward_bytes(config, batch, longest),
+        }
     crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
     n_pos = min(n_prompt, crop or n_prompt) + max_new_tokens - 1
     n_pos = n_pos if crop is None else min(n_pos, crop)
     window = max_context if crop is None else None
     longest = n_prompt if crop is None else min(crop, total - 1)  # the prefill, or learned's sliding window
-    return {"KV cache": kv_cache_bytes(config, batch, GPT.cache_size(n_pos, window, window)),
-            "position table": position_table_bytes(config, n_pos), "tokens": batch * total * 8,
-            **forward_bytes(config, batch, longest, cached=True)}
+    return {
+        "KV cache": kv_cache_bytes(config, batch, GPT.cache_size(n_pos, window, window)),
+        "position table": position_table_bytes(config, n_pos),
+        "tokens": batch * total * 8,
+        **forward_bytes(config, batch, longest, cached=True),
+    }
 
 
 @torch.no_grad()
-def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
-                    on_token=None, compile=False, backend=None):
+def generate_cached(
+    model,
+    idx,
+    max_new_tokens,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    max_context=None,
+    on_token=None,
+    compile=False,
+    backend=None,
+):
     """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks of
     max_context tokens with a window), then each new token attends to the cached keys and values (decode).
     on_token(next_ids (B, 1)) is called per token.
@@ -137,8 +155,10 @@ def compile_decode_step(model, backend=None):
     (empty and out-of-window ones masked) and the position is a tensor, so one graph serves every step; on CUDA
     a CUDA graph (mode="reduce-overhead": one launch per token, not one per kernel)."""
     if model.config.rope_scaling == "dynamic":
-        raise ValueError("rope_scaling='dynamic' recomputes the frequencies from the length at every step, "
-                         "which a static decode step cannot do: generate with compile=False")
+        raise ValueError(
+            "rope_scaling='dynamic' recomputes the frequencies from the length at every step, "
+            "which a static decode step cannot do: generate with compile=False"
+        )
     if backend is not None:
         return torch.compile(decode_step, backend=backend, fullgraph=True, dynamic=False)
     mode = "reduce-overhead" if model.lm_head.weight.is_cuda else None

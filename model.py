@@ -13,8 +13,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from positions import (POSITION_MODULES, apply_rope, attention_mask, cached_key_positions, check_position_config,
-                       nope_layer_indices, rotary_dim)
+from positions import (
+    POSITION_MODULES,
+    apply_rope,
+    attention_mask,
+    cached_key_positions,
+    check_position_config,
+    nope_layer_indices,
+    rotary_dim,
+)
 
 # OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -33,11 +40,19 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
     rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
     rope_factor: float = 1.0  # the extension factor s: target context / the original length
-    rope_original_len: int | None = None  # the length rope_scaling extends (None: block_size); set by fine-tuning
+    rope_original_len: int | None = (
+        None  # the length rope_scaling extends (None: block_size); set by fine-tuning
+    )
     rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
-    rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta, those between are blended
-    rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first ones (partial_rotary_factor)
-    nope_interval: int = 0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's no_rope_layer_interval; 0: none
+    rope_high_freq_factor: float = (
+        4.0  # llama3: pairs turning more times keep theta, those between are blended
+    )
+    rope_fraction: float = (
+        1.0  # share of each head's dims RoPE rotates, the first ones (partial_rotary_factor)
+    )
+    nope_interval: int = (
+        0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's no_rope_layer_interval; 0: none
+    )
     nope_layers: str | None = None  # or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7
 
     def __post_init__(self):
@@ -72,8 +87,12 @@ class KVCache(nn.Module):
 
     def __init__(self, batch, n_head, size, head_dim, dtype, device, ring=False):
         super().__init__()
-        self.register_buffer("k", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False)
-        self.register_buffer("v", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False)
+        self.register_buffer(
+            "k", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False
+        )
+        self.register_buffer(
+            "v", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False
+        )
         self.ring = ring  # False: a slot for every position, so position p is slot p
 
     def update(self, input_pos, k, v, n_keys):
@@ -99,7 +118,9 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
         GPT.attention_mask built; input_pos: the positions of x when decoding against self.kv_cache."""
         B, T, C = x.size()
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        qkv = (
+            self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        )  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
             q, k = apply_rope(qkv[:2], *rope).unbind(0)
             v = qkv[2]
@@ -113,7 +134,9 @@ class CausalSelfAttention(nn.Module):
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
         y = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # re-assemble the heads side by side
-        return self.resid_dropout(y) if self.training else y  # eval: no call to the identity (decoding is per op)
+        return (
+            self.resid_dropout(y) if self.training else y
+        )  # eval: no call to the identity (decoding is per op)
 
 
 class MLP(nn.Module):
@@ -161,7 +184,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying (Press & Wolf 2017), as GPT-2: the output head reuses the token embedding
         self.transformer.wte.weight = self.lm_head.weight
-        self.rope_layers = config.rope_layers  # whether each block rotates q and k: all but nope_layers / nope_interval
+        self.rope_layers = (
+            config.rope_layers
+        )  # whether each block rotates q and k: all but nope_layers / nope_interval
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.init_weights()
 
@@ -197,15 +222,21 @@ class GPT(nn.Module):
         if input_pos is None:
             pos.reserve(T)  # tables grow here, outside any step; learned refuses past its table
         positions = torch.arange(T, device=idx.device) if input_pos is None else input_pos
-        x = self.transformer.drop(pos.embed(self.transformer.wte(idx), positions))  # position enters: embedding
+        x = self.transformer.drop(
+            pos.embed(self.transformer.wte(idx), positions)
+        )  # position enters: embedding
         rope = pos.rotation(positions)  # position enters: RoPE's (cos, sin) for q and k, or None
         mask = self.attention_mask(positions, cached=input_pos is not None)  # position enters: the scores
         for block, rotates in zip(self.transformer.h, self.rope_layers):
-            x = block(x, rope if rotates else None, mask, input_pos)  # a layer without RoPE (nope_layers) gets none
+            x = block(
+                x, rope if rotates else None, mask, input_pos
+            )  # a layer without RoPE (nope_layers) gets none
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
         return logits, loss
 
     def attention_mask(self, query_pos, cached=False):
@@ -240,7 +271,9 @@ class GPT(nn.Module):
         dtype = dtype or self.lm_head.weight.dtype
         c, device = self.config, self.lm_head.weight.device
         for block in self.transformer.h:
-            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, ring=size < max_len)
+            block.attn.kv_cache = KVCache(
+                batch, c.n_head, size, c.head_dim, dtype, device, ring=size < max_len
+            )
         self.cache_window = window
 
     @staticmethod
@@ -300,7 +333,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = F.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))  # the top token always stays
+        sorted_logits = sorted_logits.masked_fill(
+            before >= top_p, float("-inf")
+        )  # the top token always stays
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
@@ -316,8 +351,10 @@ def download_gpt2(name):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError("OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through "
-                          "Hugging Face transformers: pip install transformers") from None
+        raise ImportError(
+            "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through "
+            "Hugging Face transformers: pip install transformers"
+        ) from None
     try:
         return GPT2LMHeadModel.from_pretrained(name)
     except OSError as error:
@@ -331,13 +368,25 @@ def gpt2_weights_from_hf(hf_model):
     """(GPTConfig, state dict) of a transformers GPT2LMHeadModel, without building a GPT. The names are GPT-2's on
     both sides; HF's Conv1D stores (in, out) where nn.Linear has (out, in), so those four are transposed (views)."""
     c = hf_model.config
-    if c.activation_function != "gelu_new" or c.layer_norm_epsilon != 1e-5 or c.n_inner not in (None, 4 * c.n_embd):
+    if (
+        c.activation_function != "gelu_new"
+        or c.layer_norm_epsilon != 1e-5
+        or c.n_inner not in (None, 4 * c.n_embd)
+    ):
         raise ValueError(
             "only GPT-2's own architecture converts: activation_function='gelu_new' (tanh GELU), layer_norm_epsilon"
             f"=1e-5, n_inner=None; got {c.activation_function!r}, {c.layer_norm_epsilon}, {c.n_inner}"
         )
-    config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                       n_embd=c.n_embd, dropout=0.0, bias=True, pos="learned")
+    config = GPTConfig(
+        block_size=c.n_positions,
+        vocab_size=c.vocab_size,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_embd=c.n_embd,
+        dropout=0.0,
+        bias=True,
+        pos="learned",
+    )
     with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
         expected = GPT(config).state_dict()
     hf_state = hf_model.state_dict()
@@ -349,4 +398,3 @@ def gpt2_weights_from_hf(hf_model):
             raise ValueError(f"{name}: {tuple(source.shape)} in transformers, {tuple(tensor.shape)} here")
         state_dict[name] = source
     return config, state_dict
-

@@ -21,14 +21,23 @@ import torch.nn as nn
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
-                                      nope_interval=0, nope_layers=None))
+ROPE_VARIANTS = MappingProxyType(
+    dict(
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_fraction=1.0,
+        nope_interval=0,
+        nope_layers=None,
+    )
+)
 
 
 def check_position_config(config):
     """The position fields of a GPTConfig (read by name), each a one-line ValueError naming what is valid."""
     if config.pos not in POS_SCHEMES:
-        raise ValueError(f"pos={config.pos!r} is not a position scheme; choose one of {', '.join(POS_SCHEMES)}")
+        raise ValueError(
+            f"pos={config.pos!r} is not a position scheme; choose one of {', '.join(POS_SCHEMES)}"
+        )
     head_dim = config.n_embd // config.n_head
     if config.pos == "rope" and config.rope_fraction == 1.0 and head_dim % 2:
         raise ValueError(f"rope rotates pairs of dimensions: head size {head_dim} must be even")
@@ -37,7 +46,9 @@ def check_position_config(config):
     if config.rope_base <= 1.0:
         raise ValueError(f"rope_base must be > 1, got {config.rope_base}")
     if config.rope_scaling is not None and config.pos != "rope":
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} extends RoPE only; this model has pos={config.pos!r}")
+        raise ValueError(
+            f"rope_scaling={config.rope_scaling!r} extends RoPE only; this model has pos={config.pos!r}"
+        )
     if config.rope_scaling not in (None, *ROPE_SCALINGS):
         raise ValueError(f"rope_scaling={config.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
     if config.rope_factor < 1.0:
@@ -56,21 +67,29 @@ def check_rope_variants(config, head_dim):
     llama3 = [name for name in changed if name.endswith("_freq_factor")]
     if llama3 and config.rope_scaling != "llama3":
         given = ", ".join(f"{name}={getattr(config, name)}" for name in llama3)
-        raise ValueError(f"{given}: llama3's frequency factors, and this model has rope_scaling="
-                         f"{config.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4")
+        raise ValueError(
+            f"{given}: llama3's frequency factors, and this model has rope_scaling="
+            f"{config.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4"
+        )
     check_llama3_factors(config.rope_low_freq_factor, config.rope_high_freq_factor)
     if not 0.0 < config.rope_fraction <= 1.0:
-        raise ValueError(f"rope_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
-                         f"got {config.rope_fraction}")
+        raise ValueError(
+            f"rope_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
+            f"got {config.rope_fraction}"
+        )
     rotary = rotary_dim(head_dim, config.rope_fraction)
     if config.pos == "rope" and (rotary < 2 or rotary % 2):
         valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-        raise ValueError(f"rope_fraction={config.rope_fraction} rotates int({head_dim} x {config.rope_fraction}) "
-                         f"= {rotary} of the head's {head_dim} dimensions: RoPE turns pairs, so that "
-                         f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")
+        raise ValueError(
+            f"rope_fraction={config.rope_fraction} rotates int({head_dim} x {config.rope_fraction}) "
+            f"= {rotary} of the head's {head_dim} dimensions: RoPE turns pairs, so that "
+            f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)"
+        )
     if config.rope_scaling in ("ntk", "dynamic") and rotary < 4:
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
-                         f"least 4 rotated dimensions, this model rotates {rotary}")
+        raise ValueError(
+            f"rope_scaling={config.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
+            f"least 4 rotated dimensions, this model rotates {rotary}"
+        )
     nope_layer_indices(config.n_layer, config.nope_interval, config.nope_layers)
 
 
@@ -85,18 +104,24 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     where, despite the name, 1 marks a layer that USES RoPE (huggingface/transformers#43756);
     interval 4 of 8 layers skips 3 and 7. Never all of them: a model without RoPE anywhere is pos=none."""
     if interval and layers is not None:
-        raise ValueError(f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
-                         "give one of them")
+        raise ValueError(
+            f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
+            "give one of them"
+        )
     if layers is not None:
         items = [item.strip() for item in layers.split(",")]
         if not all(item.isdigit() and int(item) < n_layer for item in items) or len(set(items)) < len(items):
-            raise ValueError(f"nope_layers={layers!r}: give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}),"
-                             " comma-separated and each once")
+            raise ValueError(
+                f"nope_layers={layers!r}: give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}),"
+                " comma-separated and each once"
+            )
         skipped = [int(item) for item in items]
     elif interval:
         if not 2 <= interval <= n_layer:
-            raise ValueError(f"nope_interval={interval}: give 0 (every layer rotates) or 2 to n_layer={n_layer} "
-                             "(1 would skip RoPE in every layer: that is pos=none)")
+            raise ValueError(
+                f"nope_interval={interval}: give 0 (every layer rotates) or 2 to n_layer={n_layer} "
+                "(1 would skip RoPE in every layer: that is pos=none)"
+            )
         skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
     else:
         return []
@@ -147,8 +172,10 @@ def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
 
 def check_llama3_factors(low_freq_factor, high_freq_factor):
     if not 0.0 < low_freq_factor < high_freq_factor:
-        raise ValueError(f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got low_freq_factor="
-                         f"{low_freq_factor} and high_freq_factor={high_freq_factor}")
+        raise ValueError(
+            f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got low_freq_factor="
+            f"{low_freq_factor} and high_freq_factor={high_freq_factor}"
+        )
 
 
 def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_len):
@@ -170,8 +197,16 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
     return torch.where(rotations > high_freq_factor, inv_freq, divided)
 
 
-def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
-                     low_freq_factor=1.0, high_freq_factor=4.0):
+def rope_frequencies(
+    head_dim,
+    base=10000.0,
+    scaling=None,
+    factor=1.0,
+    original_len=None,
+    seq_len=None,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+):
     """RoPE's inverse frequencies rope_inv_freq(d, base) over the d = head_dim dimensions it rotates (with partial
     rotation, int(head_dim * rope_fraction), as transformers), optionally rescaled to run a model trained on
     original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
@@ -370,7 +405,9 @@ class SinusoidalPositions(NoPositions):
     def __init__(self, config):
         super().__init__(config)
         self.token_scale = math.sqrt(config.n_embd)
-        self.register_buffer("table", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False)
+        self.register_buffer(
+            "table", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False
+        )
 
     def reserve(self, n_pos):
         if n_pos > self.table.size(0):  # past the cached length: only when generating beyond block_size
@@ -442,4 +479,3 @@ POSITION_MODULES = {
     "alibi": ALiBiPositions,
     "none": NoPositions,
 }
-

@@ -27,18 +27,22 @@ from data.common import get_tokenizer
 from generation import generate_cached, generation_bytes
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
-from positions import ROPE_SCALINGS, default_rope_factor
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
+from positions import ROPE_SCALINGS, default_rope_factor
 
 
 @dataclass
 class SampleConfig:
     out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
-    init_from: str | None = None  # instead of out_dir: OpenAI's weights, gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-    compare: list[str] = field(default_factory=list)  # several out_dirs to run side by side (overrides out_dir)
+    init_from: str | None = (
+        None  # instead of out_dir: OpenAI's weights, gpt2 | gpt2-medium | gpt2-large | gpt2-xl
+    )
+    compare: list[str] = field(
+        default_factory=list
+    )  # several out_dirs to run side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 1  # independent samples, generated as one batch
     max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
@@ -51,8 +55,12 @@ class SampleConfig:
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
     rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3
-    rope_factor: float | None = None  # its factor s; default: the generated length over the trained block_size
-    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times over T get theta/s; None: 1
+    rope_factor: float | None = (
+        None  # its factor s; default: the generated length over the trained block_size
+    )
+    rope_low_freq_factor: float | None = (
+        None  # llama3's: pairs turning fewer times over T get theta/s; None: 1
+    )
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
@@ -61,16 +69,31 @@ class SampleConfig:
             self.top_k = None
         checks = [
             (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
-            (self.max_new_tokens is None or self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (
+                self.max_new_tokens is None or self.max_new_tokens >= 1,
+                f"max_new_tokens must be >= 1, got {self.max_new_tokens}",
+            ),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
             (self.top_k is None or self.top_k >= 1, f"top_k must be >= 0, got {self.top_k}"),
             (self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_context is None or self.max_context >= 1, f"max_context must be >= 1, got {self.max_context}"),
-            (self.rope_factor is None or self.rope_factor >= 1, f"rope_factor must be >= 1, got {self.rope_factor}"),
+            (
+                self.max_context is None or self.max_context >= 1,
+                f"max_context must be >= 1, got {self.max_context}",
+            ),
+            (
+                self.rope_factor is None or self.rope_factor >= 1,
+                f"rope_factor must be >= 1, got {self.rope_factor}",
+            ),
             (self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling"),
-            (self.rope_scaling == "llama3" or self.rope_low_freq_factor is self.rope_high_freq_factor is None,
-             "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give --rope_scaling=llama3"),
-            (self.kv_cache or not self.compile, "--compile compiles the KV-cached decode step: drop --kv_cache=off"),
+            (
+                self.rope_scaling == "llama3"
+                or self.rope_low_freq_factor is self.rope_high_freq_factor is None,
+                "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give --rope_scaling=llama3",
+            ),
+            (
+                self.kv_cache or not self.compile,
+                "--compile compiles the KV-cached decode step: drop --kv_cache=off",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -81,8 +104,13 @@ class SampleConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a bad flag exits with status 2 and one line, a bad value is a
     ValueError that main's handler says in one line with status 2, as train.py's."""
-    values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)],
-                         choices={"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS})
+    values = parse_flags(
+        argv,
+        "sample.py",
+        __doc__,
+        [("sampling", SampleConfig, None)],
+        choices={"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS},
+    )
     return SampleConfig(**values)
 
 
@@ -111,8 +139,9 @@ class Loaded:
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None)):
     """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension: the
     opener's arguments (plumbing.checkpoint.open_model); checkpoint: out_dir's, if the caller loaded it."""
-    model, tokenizer, checkpoint = open_model(out_dir, device, checkpoint, rope_scaling, rope_factor,
-                                              llama3_factors)
+    model, tokenizer, checkpoint = open_model(
+        out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors
+    )
     # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
     return Loaded(model, tokenizer, info)
@@ -126,7 +155,9 @@ def mark_trained_length(tokenizer, ids, block_size):
     """The decoded text with a marker at the token where the trained length ends."""
     if len(ids) <= block_size:
         return tokenizer.decode(ids)
-    return tokenizer.decode(ids[:block_size]) + crossing_marker(block_size) + tokenizer.decode(ids[block_size:])
+    return (
+        tokenizer.decode(ids[:block_size]) + crossing_marker(block_size) + tokenizer.decode(ids[block_size:])
+    )
 
 
 def crossing_marker(block_size):
@@ -164,7 +195,9 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     model = loaded.model
     torch.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
-    sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, max_context=cfg.max_context)
+    sampling = dict(
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, max_context=cfg.max_context
+    )
     start = time.perf_counter()
     if cfg.kv_cache:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
@@ -195,22 +228,43 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     The checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2
     XL's 6 GB not kept twice). A generation that would not fit in the memory left is refused here, first."""
     # the weights only, mapped: load() moves them to device
-    checkpoint = pretrained_checkpoint(out_dir) if out_dir in GPT2_MODELS else \
-        load_checkpoint(checkpoint_path(out_dir), mmap=True)
+    checkpoint = (
+        pretrained_checkpoint(out_dir)
+        if out_dir in GPT2_MODELS
+        else load_checkpoint(checkpoint_path(out_dir), mmap=True)
+    )
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        cfg = replace(cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None)
+        cfg = replace(
+            cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None
+        )
     prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint,
-                  (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor))
-    needed = generation_bytes(loaded.model.config, cfg.num_samples, len(prompt_ids), max_new_tokens, cfg.max_context,
-                              cached=cfg.kv_cache)
-    check_memory(needed, device, f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
-                 "lower --max_new_tokens or --num_samples, or bound the context with --max_context")
+    loaded = load(
+        out_dir,
+        device,
+        cfg.rope_scaling,
+        rope_factor,
+        checkpoint,
+        (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor),
+    )
+    needed = generation_bytes(
+        loaded.model.config,
+        cfg.num_samples,
+        len(prompt_ids),
+        max_new_tokens,
+        cfg.max_context,
+        cached=cfg.kv_cache,
+    )
+    check_memory(
+        needed,
+        device,
+        f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
+        "lower --max_new_tokens or --num_samples, or bound the context with --max_context",
+    )
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
@@ -219,15 +273,23 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
     print(describe(loaded.model))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
-        print(f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "
-              f"model sees only the last {loaded.model.max_len} tokens (the context is cropped)")
+        print(
+            f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "
+            f"model sees only the last {loaded.model.max_len} tokens (the context is cropped)"
+        )
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
     for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, block_size), end="")
         print("\n" + "-" * 60)
-    how = "compiled KV cache, compile time included" if cfg.compile else "KV cache" if cfg.kv_cache else "no cache"
+    how = (
+        "compiled KV cache, compile time included"
+        if cfg.compile
+        else "KV cache"
+        if cfg.kv_cache
+        else "no cache"
+    )
     print(f"{tokens_per_second:.1f} tokens/s ({how})")
     return samples, tokens_per_second
 
@@ -247,16 +309,26 @@ def compare(cfg, device):
         # measured before generating: windows that would not fit in memory stop it before the work, not after
         dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
         losses = inside_vs_beyond_loss(loaded.model, dataset, device, length)
-        _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False)
-        rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model held at a time
-    print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
-          "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates")
-    print(f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}")
+        _, tokens_per_second = print_samples(
+            loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False
+        )
+        rows.append(
+            (out_dir, loaded.model.config, tokens_per_second, losses, length)
+        )  # one model held at a time
+    print(
+        "\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
+        "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates"
+    )
+    print(
+        f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
+    )
     for out_dir, c, tokens_per_second, losses, length in rows:
         inside, beyond = losses if losses else (float("nan"), float("nan"))
         scaling = c.rope_scaling or "-"
-        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling:<10} {tokens_per_second:>9.1f} "
-              f"{inside:>9.4f} {beyond:>9.4f}")
+        print(
+            f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling:<10} {tokens_per_second:>9.1f} "
+            f"{inside:>9.4f} {beyond:>9.4f}"
+        )
     return rows
 
 

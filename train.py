@@ -32,22 +32,33 @@ import torch
 
 from data.common import BatchSampler, ensure_prepared, load_meta
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES, ROPE_SCALINGS
 from plumbing import resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
-from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
-                               resolve_device, resolve_dtype, speed)
+from plumbing.hardware import (
+    DTYPES,
+    check_device,
+    check_device_name,
+    flops_per_token,
+    peak_flops,
+    precision,
+    resolve_device,
+    resolve_dtype,
+    speed,
+)
 from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
+from positions import POS_SCHEMES, ROPE_SCALINGS
 
 # The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
 # "I only have a macbook"), small enough to learn something in minutes on a laptop. model.py's GPTConfig
 # defaults are GPT-2 small instead. bias=False is nanoGPT train.py's default: a little faster, no worse.
-MODEL_DEFAULTS = MappingProxyType(dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False))
+MODEL_DEFAULTS = MappingProxyType(
+    dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False)
+)
 
 # Micro-batch j of every step (j < grad_accum) is drawn from the sampler's stream j, by whichever rank runs it, so
 # a step trains on the same tokens whatever the number of processes. Evaluation draws from a stream of its own,
@@ -60,7 +71,9 @@ class TrainConfig:
     # data
     dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
     batch_size: int = 12  # sequences per micro-batch, each block_size tokens long
-    grad_accum: int | None = None  # micro-batches per optimizer step, over all processes; None: one per process
+    grad_accum: int | None = (
+        None  # micro-batches per optimizer step, over all processes; None: one per process
+    )
     # AdamW; model.configure_optimizers decays 2-D weights only
     learning_rate: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.1  # decoupled weight decay (Loshchilov & Hutter 2019) on 2-D weights
@@ -68,13 +81,17 @@ class TrainConfig:
     beta2: float = 0.99  # AdamW beta2; 0.99 > GPT-2's 0.95 as few tokens per step are noisy
     grad_clip: float = 1.0  # rescale the gradient when its global norm exceeds this; 0 disables
     # learning rate schedule: linear warmup, cosine decay to min_lr at lr_decay_iters, then flat (see get_lr)
-    max_iters: int = 2000  # optimizer steps in the run; the defaults make nanoGPT's CPU recipe, ~2 min on 2 cores
+    max_iters: int = (
+        2000  # optimizer steps in the run; the defaults make nanoGPT's CPU recipe, ~2 min on 2 cores
+    )
     warmup_iters: int = 100  # steps of linear warmup from ~0 to learning_rate
     lr_decay_iters: int | None = None  # step where the cosine reaches min_lr; None: max_iters
     min_lr: float = 1e-4  # floor of the schedule, ~learning_rate / 10 (Chinchilla)
     # evaluation and logging
     eval_interval: int = 250  # steps between train/val loss estimates, each followed by a checkpoint
-    eval_iters: int = 50  # batches per split averaged in each estimate (configs/cpu_recipe.toml: 200, steadier)
+    eval_iters: int = (
+        50  # batches per split averaged in each estimate (configs/cpu_recipe.toml: 200, steadier)
+    )
     log_interval: int = 50  # steps between log lines
     wandb: bool = False  # log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)
     wandb_project: str = "posgpt"  # the W&B project the run goes to
@@ -83,10 +100,16 @@ class TrainConfig:
     out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
     resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
     overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
-    init_from: str | None = None  # a new run from this out_dir's (or checkpoint file's) weights; model flags: its own
+    init_from: str | None = (
+        None  # a new run from this out_dir's (or checkpoint file's) weights; model flags: its own
+    )
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
-    dtype: str = "auto"  # autocast dtype; auto: bfloat16 on CUDA (float16 + loss scaling if unsupported), else float32
-    compile: bool | None = None  # torch.compile; None: on CUDA only (on CPU compiling costs more than it saves)
+    dtype: str = (
+        "auto"  # autocast dtype; auto: bfloat16 on CUDA (float16 + loss scaling if unsupported), else float32
+    )
+    compile: bool | None = (
+        None  # torch.compile; None: on CUDA only (on CPU compiling costs more than it saves)
+    )
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
 
     def __post_init__(self):
@@ -94,24 +117,43 @@ class TrainConfig:
             self.lr_decay_iters = self.max_iters
         value = lambda name: getattr(self, name)  # noqa: E731
         positive = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")
-        checks = [(value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
-                  for n in positive]
-        at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr",
-                      "seed")
+        checks = [
+            (value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
+            for n in positive
+        ]
+        at_least_0 = (
+            "max_iters",
+            "warmup_iters",
+            "lr_decay_iters",
+            "weight_decay",
+            "grad_clip",
+            "min_lr",
+            "seed",
+        )
         checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}") for n in at_least_0]
-        checks += [(0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}")
-                   for n in ("beta1", "beta2")]
+        checks += [
+            (0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}") for n in ("beta1", "beta2")
+        ]
         # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
-        checks += [(value(n) is None or value(n).strip(), f"--{n} is empty (an unset shell variable?): "
-                    f"give a folder, e.g. --{n}=out/NAME") for n in ("out_dir", "init_from")]
+        checks += [
+            (
+                value(n) is None or value(n).strip(),
+                f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME",
+            )
+            for n in ("out_dir", "init_from")
+        ]
         checks += [
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (self.min_lr <= self.learning_rate,
-             f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"),
+            (
+                self.min_lr <= self.learning_rate,
+                f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}",
+            ),
             (self.dtype in DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}"),
             (self.wandb_project.strip(), "wandb_project must not be empty"),
-            (not (self.resume and self.overwrite),
-             "--resume continues the run in out_dir and --overwrite replaces it: give one of them"),
+            (
+                not (self.resume and self.overwrite),
+                "--resume continues the run in out_dir and --overwrite replaces it: give one of them",
+            ),
         ]
         if failed := next((message for ok, message in checks if not ok), None):
             raise ValueError(failed)
@@ -147,7 +189,9 @@ def format_out_dir(template, dataset, pos):
     try:
         return template.format(dataset=dataset, pos=pos)
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})") from None
+        raise ValueError(
+            f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})"
+        ) from None
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
@@ -201,16 +245,32 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     autocast, scaler = precision(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = GPT(model_config).to(cfg.device)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    optimizer = model.configure_optimizers(
+        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
+    )
     compiled = torch.compile(model) if cfg.compile else model
     train_model = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
-    *samplers, eval_sampler = [BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device,
-                                            cfg.seed, rank=stream) for stream in [*slots, EVAL_STREAM]]
+    *samplers, eval_sampler = [
+        BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=stream)
+        for stream in [*slots, EVAL_STREAM]
+    ]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
-    return Run(cfg, model_config, meta, procs, model, train_model, compiled, optimizer, scaler, autocast,
-               samplers, eval_sampler)
+    return Run(
+        cfg,
+        model_config,
+        meta,
+        procs,
+        model,
+        train_model,
+        compiled,
+        optimizer,
+        scaler,
+        autocast,
+        samplers,
+        eval_sampler,
+    )
 
 
 def start_run(cfg, model_config, procs):
@@ -218,10 +278,13 @@ def start_run(cfg, model_config, procs):
     data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
-        path, ckpt, changes = resume.open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta,
-                                                     procs.world_size)
-        procs.log(f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at "
-                  f"step {ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}")
+        path, ckpt, changes = resume.open_for_resume(
+            cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size
+        )
+        procs.log(
+            f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at "
+            f"step {ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}"
+        )
         resume.restore_training(run, path, ckpt)
     elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
         note = resume.init_model_from(cfg.init_from, run.model, run.meta, cfg.dataset)
@@ -285,19 +348,29 @@ def evaluate(run, wandb_run):
         losses = [estimate["train"], estimate["val"]]
     train_loss, val_loss = run.procs.share(losses, run.cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
-        raise UserError(f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val "
-                        f"{val_loss}): training stopped; {resume.kept_checkpoint(run)}")
+        raise UserError(
+            f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val "
+            f"{val_loss}): training stopped; {resume.kept_checkpoint(run)}"
+        )
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     resume.write_checkpoints(run, improved)
-    saved = f"saved {run.ckpt_path}" + (f" and {run.best_path.name} (best)" if improved else
-                                        f" (best {p.best_val_loss:.4f} at step {p.best_iter})")
+    saved = f"saved {run.ckpt_path}" + (
+        f" and {run.best_path.name} (best)"
+        if improved
+        else f" (best {p.best_val_loss:.4f} at step {p.best_iter})"
+    )
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
     if wandb_run:
         wandb_run.log({"eval/train_loss": train_loss, "eval/val_loss": val_loss}, step=p.iter_num)
-        wandb_run.summary.update({"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path),
-                                  "best_val_loss": p.best_val_loss})
+        wandb_run.summary.update(
+            {
+                "checkpoint": str(run.ckpt_path),
+                "best_checkpoint": str(run.best_path),
+                "best_val_loss": p.best_val_loss,
+            }
+        )
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
@@ -306,10 +379,14 @@ def check_finite(run, loss, step, last):
     weights. last: the step before's loss (finite), if this process ran it."""
     if math.isfinite(loss):
         return
-    last_good = f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
-    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); "
-                    f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to "
-                    "continue from it")
+    last_good = (
+        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
+    )
+    raise UserError(
+        f"loss is {loss} at step {step}: training stopped ({last_good}); "
+        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to "
+        "continue from it"
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -323,7 +400,9 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
     "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped" (the
     signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
     start = time.perf_counter()
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: preparing data can take hours
+    if (
+        cfg.wandb and importlib.util.find_spec("wandb") is None
+    ):  # before any work: preparing data can take hours
         raise UserError("--wandb needs the wandb package: pip install wandb")
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
@@ -347,8 +426,10 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                     if p.saved_iter != it:
                         resume.write_checkpoints(run, improved=False)
                     stopped = signals.received or "a signal to another rank"
-                    procs.log(f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, "
-                              f"run {resume_command}")
+                    procs.log(
+                        f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, "
+                        f"run {resume_command}"
+                    )
                     break
                 lr = get_lr(it, cfg)
                 loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
@@ -361,16 +442,31 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                     metrics = speed(step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
                     if wandb_run:
-                        wandb_run.log({"train/loss": loss, "train/lr": lr} |
-                                      {f"train/{k}": v for k, v in metrics.items()}, step=it + 1)
+                        wandb_run.log(
+                            {"train/loss": loss, "train/lr": lr}
+                            | {f"train/{k}": v for k, v in metrics.items()},
+                            step=it + 1,
+                        )
     seconds = time.perf_counter() - start
     if not stopped:
-        best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}" \
-            if p.best_iter is not None else "no evaluation"
+        best = (
+            f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
+            if p.best_iter is not None
+            else "no evaluation"
+        )
         procs.log(f"done in {format_seconds(seconds)}: {best}")
-    return {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num,
-            "checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals,
-            "losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
+    return {
+        "best_val_loss": p.best_val_loss,
+        "best_iter": p.best_iter,
+        "iter_num": p.iter_num,
+        "checkpoint": str(run.ckpt_path),
+        "best_checkpoint": str(run.best_path),
+        "evals": evals,
+        "losses": losses,
+        "stopped": stopped,
+        "wandb_run_id": p.wandb_run_id,
+        "seconds": seconds,
+    }
 
 
 def main(argv=None):

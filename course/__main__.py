@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from course.exercises import EXERCISES, by_id
-from course.grade import check_copy, graded_by, grade, report_lines
+from course.grade import check_copy, grade, graded_by, report_lines
 from course.make import CLASSROOM, counted, make_copy
 from course.source import SourceError
 from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags, parse_list
@@ -68,14 +68,19 @@ def make(argv):
     with one_line_errors("course make", status=1, errors=(RunError, SourceError, OSError)):
         with one_line_errors("course make"):
             notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
-    print(f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
-          f"{counted(len(notes.functions), 'function body', 'function bodies')} to write")
+    print(
+        f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
+        f"{counted(len(notes.functions), 'function body', 'function bodies')} to write"
+    )
     for exercise in exercises:
         print(f"  {exercise.id:<5} {exercise.title}: {', '.join(exercise.functions)}")
     found = [(c, "replaced by a note in the copy") for c in notes.pages_changed]
     found += [(c, "left out of the copy (a test no exercise grades)") for c in notes.left_out]
     found += [(c, "copied as is: fix it at the source") for c in notes.leaks]
-    print("instructor notes: " + ("no file quotes a stripped body" if not found else "files quoting a stripped body:"))
+    print(
+        "instructor notes: "
+        + ("no file quotes a stripped body" if not found else "files quoting a stripped body:")
+    )
     for change, done in found:
         print(f"  {change['page']}:{change['line']} {change['why']}: {done}")
     print("for students: " + "; ".join(f"{change['page']} ({change['why']})" for change in notes.rewritten))
@@ -96,8 +101,10 @@ def check(argv):
     if problems:
         print("not ready to hand out:\n" + "\n".join(f"  {problem}" for problem in problems))
         return 1
-    print(f"ready to hand out: {counted(len(verdicts), 'exercise')} not started, no solution quoted, "
-          "no instructors' section")
+    print(
+        f"ready to hand out: {counted(len(verdicts), 'exercise')} not started, no solution quoted, "
+        "no instructors' section"
+    )
     return 0
 
 
@@ -113,8 +120,9 @@ def grade_command(argv):
             exercises = [e for e in EXERCISES if default is None or e.id in default]
         unknown = [e for e in default or [] if e not in by_id()]
         if unknown:
-            raise UsageError(f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): "
-                             "make it again")
+            raise UsageError(
+                f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again"
+            )
     verdicts, _ = grade(cfg.dir, exercises)
     print("\n".join(report_lines(verdicts)))
     return 0 if all(v.passed for v in verdicts) else 1

@@ -38,8 +38,10 @@ def graded_by(directory):
         return marker.get("exercises", [])
     if directory.resolve() == ROOT:
         return None  # all
-    raise UsageError(f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
-                     "with python -m course make OUT_DIR")
+    raise UsageError(
+        f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
+        "with python -m course make OUT_DIR"
+    )
 
 
 def run_tests(directory, exercises, calls=False):
@@ -50,13 +52,32 @@ def run_tests(directory, exercises, calls=False):
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         # --tb=line: the plugin keeps each failure's own line, and a fresh copy's hundred long tracebacks cost seconds
-        command = [sys.executable, "-m", "pytest", *files, "-m", selection, "--strict-markers", "-q", "--tb=line",
-                   f"--rootdir={directory}", "-p", "no:cacheprovider", "-p", "course.plugin",
-                   f"--course-report={report}", *(["--course-calls"] if calls else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *files,
+            "-m",
+            selection,
+            "--strict-markers",
+            "-q",
+            "--tb=line",
+            f"--rootdir={directory}",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "course.plugin",
+            f"--course-report={report}",
+            *(["--course-calls"] if calls else []),
+        ]
         try:
             done = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=TIME_LIMIT)
         except subprocess.TimeoutExpired:
-            return {"tests": {}, "errors": [{"node": "", "message": f"the tests ran past {TIME_LIMIT} s"}]}, None, ""
+            return (
+                {"tests": {}, "errors": [{"node": "", "message": f"the tests ran past {TIME_LIMIT} s"}]},
+                None,
+                "",
+            )
         printed = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         results = json.loads(report.read_text()) if report.is_file() else {"tests": {}, "errors": []}
     return results, done.returncode, printed[-1] if printed else ""
@@ -68,8 +89,12 @@ def verdict(exercise, results):
     files = {node.split("::")[0] for node in exercise.tests}
     broken = [e for e in results["errors"] if e["node"].split("::")[0] in files or not e["node"]]
     if broken:
-        return Verdict(exercise, False, 0, f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}")
-    missing = [node for node in exercise.tests if not any(t == node or t.startswith(f"{node}[") for t in tests)]
+        return Verdict(
+            exercise, False, 0, f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}"
+        )
+    missing = [
+        node for node in exercise.tests if not any(t == node or t.startswith(f"{node}[") for t in tests)
+    ]
     if missing:
         return Verdict(exercise, False, len(tests), f"no test {missing[0]} (course/exercises.py names it)")
     failing = [(node, t) for node, t in tests.items() if t["outcome"] in ("failed", "error")]
@@ -84,7 +109,7 @@ def verdict(exercise, results):
 
 
 def total_line(passed, total):
-    """"all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes",
+    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes",
     "0 of 3 exercises pass"."""
     if passed == total:
         return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
@@ -124,17 +149,28 @@ def check_copy(directory):
     -> (verdicts, [problems])"""
     marker = read_marker(directory)
     if marker is None:
-        raise UsageError(f"{directory} is no student copy (it has no {MARKER}): "
-                         "make one with python -m course make")
+        raise UsageError(
+            f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make"
+        )
     exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
-    problems = [f"{page}:{line} quotes the solution of {what}" for page, line, what in
-                solution_leaks(directory, exercises)]
-    pages = [page for page in sorted(Path(directory).rglob("*.md"))
-             if not any(part.startswith(".") for part in page.relative_to(directory).parts)]  # not a .venv
+    problems = [
+        f"{page}:{line} quotes the solution of {what}"
+        for page, line, what in solution_leaks(directory, exercises)
+    ]
+    pages = [
+        page
+        for page in sorted(Path(directory).rglob("*.md"))
+        if not any(part.startswith(".") for part in page.relative_to(directory).parts)
+    ]  # not a .venv
     for page in pages:
-        problems += [f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
-                     for heading in strip_sections(page.read_text())[1]]
+        problems += [
+            f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
+            for heading in strip_sections(page.read_text())[1]
+        ]
     verdicts, _ = grade(directory, exercises)
-    problems += [f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: "
-                 "not a fresh copy" for v in verdicts if v.passed or not not_started(v)]
+    problems += [
+        f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"
+        for v in verdicts
+        if v.passed or not not_started(v)
+    ]
     return verdicts, problems

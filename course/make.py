@@ -25,19 +25,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course.exercises import EXERCISES, LESSON
-from course.source import (TELLING, SourceError, body_lines, body_span, replace_bodies, split_lines, stub_line,
-                           telling_lines)
+from course.source import (
+    TELLING,
+    SourceError,
+    body_lines,
+    body_span,
+    replace_bodies,
+    split_lines,
+    stub_line,
+    telling_lines,
+)
 from plumbing.cli import RunError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".course.json"  # in a copy's root: the exercises stripped there
-OMITTED = "(Left out of the course copy: this passage quoted the solution of {what}. docs/exercises.md says why.)"
+OMITTED = (
+    "(Left out of the course copy: this passage quoted the solution of {what}. docs/exercises.md says why.)"
+)
 STUDENT_README = Path(__file__).with_name("student_README.md")
 INSTRUCTORS = ("For instructors", "Course mode")  # headings of sections a copy leaves out, with subsections
 CLASSROOM = ".github/classroom/autograding.json"
 POINTS = {"easy": 10, "medium": 20, "hard": 30, "advanced": 30}  # per exercise, by difficulty
-SETUP = ("python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && "
-         "python -m pip install -q -r requirements.txt")
+SETUP = (
+    "python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && "
+    "python -m pip install -q -r requirements.txt"
+)
 
 
 @dataclass
@@ -48,17 +60,19 @@ class Notes:
     functions: list = field(default_factory=list)  # "model:apply_rope" of every stripped body
     pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per docs passage replaced
     left_out: list = field(default_factory=list)  # {"page", "line", "why"} per test file not copied
-    leaks: list = field(default_factory=list)  # {"page", "line", "why"}: copied as is, to be fixed at the source
+    leaks: list = field(
+        default_factory=list
+    )  # {"page", "line", "why"}: copied as is, to be fixed at the source
     rewritten: list = field(default_factory=list)  # {"page", "why"} per page rewritten for students
 
 
 def counted(n, noun, plural=None):
-    """"1 exercise", "3 exercises"."""
+    """ "1 exercise", "3 exercises"."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def module_path(module):
-    """"measure.instruments" -> measure/instruments.py"""
+    """ "measure.instruments" -> measure/instruments.py"""
     return Path(*module.split(".")).with_suffix(".py")
 
 
@@ -170,25 +184,43 @@ def strip_sections(text, headings=INSTRUCTORS):
 def student_readme(exercises, readme):
     """course/student_README.md with the exercises' table, then the repository's README (its course section
     left out)."""
-    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| id | exercise | functions to write | lesson section | difficulty | about |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
-        rows.append(f"| {e.id} | {e.title} | {functions} | [{e.section.split('-')[0]}]({LESSON}#{e.section}) "
-                    f"| {e.difficulty} | {e.minutes} min |")
+        rows.append(
+            f"| {e.id} | {e.title} | {functions} | [{e.section.split('-')[0]}]({LESSON}#{e.section}) "
+            f"| {e.difficulty} | {e.minutes} min |"
+        )
     n_functions = sum(len(e.functions) for e in exercises)
-    text = (STUDENT_README.read_text().replace("{{functions}}", counted(n_functions, "function"))
-            .replace("{{exercises}}", "\n".join(rows)))
+    text = (
+        STUDENT_README.read_text()
+        .replace("{{functions}}", counted(n_functions, "function"))
+        .replace("{{exercises}}", "\n".join(rows))
+    )
     return text + strip_sections(readme)[0]
 
 
 def classroom_config(exercises):
     """GitHub Classroom's autograding.json: one test per exercise, its tests by node id under its marker."""
-    return {"tests": [{"name": f"{e.id}: {e.title}", "setup": SETUP,
-                       "run": f"python -m pytest -q -p no:cacheprovider --strict-markers -m {e.id} "
-                              + " ".join(shlex.quote(node) for node in e.tests),
-                       "input": "", "output": "", "comparison": "included", "timeout": 10,
-                       "points": POINTS[e.difficulty]} for e in exercises]}
+    return {
+        "tests": [
+            {
+                "name": f"{e.id}: {e.title}",
+                "setup": SETUP,
+                "run": f"python -m pytest -q -p no:cacheprovider --strict-markers -m {e.id} "
+                + " ".join(shlex.quote(node) for node in e.tests),
+                "input": "",
+                "output": "",
+                "comparison": "included",
+                "timeout": 10,
+                "points": POINTS[e.difficulty],
+            }
+            for e in exercises
+        ]
+    }
 
 
 def for_students(source, files, exercises, texts, notes):
@@ -220,7 +252,11 @@ def quotes(text, telling):
     found = []
     for n, line in enumerate(split_lines(text), 1):
         flat = " ".join(line.split())
-        what = None if len(flat) < TELLING else next((what for quoted, what in telling.items() if quoted in flat), None)
+        what = (
+            None
+            if len(flat) < TELLING
+            else next((what for quoted, what in telling.items() if quoted in flat), None)
+        )
         if what:
             found.append((n, what))
     return found
@@ -241,11 +277,14 @@ def handle_quotes(source, files, telling, texts, notes):
             texts[Path(name)], changes = scrub_page(text, telling)
             notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
         elif found and name.startswith("tests/test_") and name not in graded_test_files():
-            notes.left_out.append({"page": name, "line": found[0][0], "why": f"quotes the solution of {found[0][1]}"})
+            notes.left_out.append(
+                {"page": name, "line": found[0][0], "why": f"quotes the solution of {found[0][1]}"}
+            )
             continue
         elif found:
-            notes.leaks += [{"page": name, "line": line, "why": f"quotes the solution of {what}"}
-                            for line, what in found]
+            notes.leaks += [
+                {"page": name, "line": line, "why": f"quotes the solution of {what}"} for line, what in found
+            ]
         kept.append(name)
     return kept
 
@@ -254,8 +293,10 @@ def check_out_dir(out_dir, source):
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UsageError(f"{out_dir} exists and is not an empty folder: give a new or empty one")
     if out_dir.resolve().is_relative_to(source.resolve()):
-        raise UsageError(f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
-                         "give a folder outside it")
+        raise UsageError(
+            f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
+            "give a folder outside it"
+        )
 
 
 def make_copy(out_dir, exercises, source=ROOT, classroom=False):
@@ -286,9 +327,14 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
                 shutil.copymode(source / name, target)
             else:
                 shutil.copy2(source / name, target, follow_symlinks=False)
-        marker = {"exercises": [e.id for e in exercises], "functions": notes.functions,
-                  "pages_changed": notes.pages_changed, "left_out": notes.left_out, "leaks": notes.leaks,
-                  "rewritten": notes.rewritten}
+        marker = {
+            "exercises": [e.id for e in exercises],
+            "functions": notes.functions,
+            "pages_changed": notes.pages_changed,
+            "left_out": notes.left_out,
+            "leaks": notes.leaks,
+            "rewritten": notes.rewritten,
+        }
         (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         if classroom:
             (building / CLASSROOM).parent.mkdir(parents=True, exist_ok=True)
@@ -317,6 +363,9 @@ def solution_leaks(directory, exercises, source=ROOT):
     """[(file, line, what)] of the files of a copy that quote a stripped body (tests/test_course.py: none may)."""
     _, bodies = stripped_sources(source, exercises)
     telling = telling_lines_of(exercises, bodies)
-    return [(path.relative_to(directory).as_posix(), line, what) for path in sorted(Path(directory).rglob("*"))
-            if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json")
-            for line, what in quotes(path.read_text(errors="replace"), telling)]
+    return [
+        (path.relative_to(directory).as_posix(), line, what)
+        for path in sorted(Path(directory).rglob("*"))
+        if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json")
+        for line, what in quotes(path.read_text(errors="replace"), telling)
+    ]

@@ -21,14 +21,20 @@ from course.exercises import EXERCISES
 
 def pytest_addoption(parser):
     group = parser.getgroup("course")
-    group.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE (JSON)")
-    group.addoption("--course-calls", action="store_true", help="also record the exercise functions each test calls")
+    group.addoption(
+        "--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE (JSON)"
+    )
+    group.addoption(
+        "--course-calls", action="store_true", help="also record the exercise functions each test calls"
+    )
 
 
 def pytest_configure(config):
     path = config.getoption("course_report")
     if path:
-        config.pluginmanager.register(Recorder(Path(path), config.getoption("course_calls")), "course-recorder")
+        config.pluginmanager.register(
+            Recorder(Path(path), config.getoption("course_calls")), "course-recorder"
+        )
 
 
 CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
@@ -75,8 +81,12 @@ class Recorder:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         ids = {exercise.id for exercise in EXERCISES}
-        self.tests[item.nodeid] = {"exercises": [m.name for m in item.iter_markers() if m.name in ids],
-                                   "outcome": "passed", "message": "", "calls": []}
+        self.tests[item.nodeid] = {
+            "exercises": [m.name for m in item.iter_markers() if m.name in ids],
+            "outcome": "passed",
+            "message": "",
+            "calls": [],
+        }
         if not self.calls:
             return (yield)
         self.codes = self.codes if self.codes is not None else exercise_functions()

@@ -42,7 +42,7 @@ def find_function(tree, qualname):
 def header_end(text, node):
     """The 1-based line of the colon that ends a def's header (its signature may span several lines)."""
     depth = 0
-    lines = iter(split_lines(text)[node.lineno - 1:])
+    lines = iter(split_lines(text)[node.lineno - 1 :])
     for token in tokenize.generate_tokens(lambda: next(lines, "")):
         if token.type == tokenize.OP and token.string in "([{":
             depth += 1
@@ -55,7 +55,11 @@ def header_end(text, node):
 
 def has_docstring(node):
     first = node.body[0]
-    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    )
 
 
 def body_span(text, qualname):
@@ -66,7 +70,9 @@ def body_span(text, qualname):
     first = node.body[0]
     indent = re.match(r"[ \t]*", lines[first.lineno - 1]).group()
     if first.lineno == node.lineno or first.col_offset != len(indent):
-        raise SourceError(f"{qualname}: its body shares a line with its def or its docstring; one statement a line")
+        raise SourceError(
+            f"{qualname}: its body shares a line with its def or its docstring; one statement a line"
+        )
     start = first.end_lineno if has_docstring(node) else header_end(text, node)
     end = node.body[-1].end_lineno if len(node.body) > 1 or not has_docstring(node) else start
     for j in range(end, len(lines)):  # comments at the body's depth after its last statement belong to it

@@ -14,13 +14,14 @@ into data/.<name>.tmp-<pid>/ and moved into place when complete, and never repla
 asked to (--replace). Readers check what they read (load_meta, check_split) and raise UserError, one line that
 names the file and what to do.
 """
+
 import importlib
 import json
 import os
 import re
 import shutil
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,9 @@ EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
 # Datasets drawn by a generator (data/NAME/task.py defines outdated): load_meta refuses what it made with other
 # settings than today's
 GENERATED = ("passkey",)
-REPLACE_HELP = "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
+REPLACE_HELP = (
+    "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
+)
 
 
 def dataset_dir(name: str) -> Path:
@@ -55,10 +58,13 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 # -----------------------------------------------------------------------------
 # meta.json
 
+
 def _check_meta(meta, where) -> None:
     """Raise ValueError unless meta has the fields of the format described at the top of this file."""
+
     def bad(why):
         return ValueError(f"{where}: {why}")
+
     if not isinstance(meta, dict):
         raise bad("meta must be a JSON object")
     if meta.get("tokenizer") not in TOKENIZERS:
@@ -73,8 +79,11 @@ def _check_meta(meta, where) -> None:
         raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
     if meta["tokenizer"] == "char":
         chars = meta.get("chars")
-        if (not isinstance(chars, list) or len(chars) != meta["vocab_size"]
-                or not all(isinstance(c, str) and len(c) == 1 for c in chars)):
+        if (
+            not isinstance(chars, list)
+            or len(chars) != meta["vocab_size"]
+            or not all(isinstance(c, str) and len(c) == 1 for c in chars)
+        ):
             raise bad("a char dataset needs chars: a list of vocab_size single characters")
     if "sample_length" in meta:
         length = meta["sample_length"]
@@ -82,8 +91,10 @@ def _check_meta(meta, where) -> None:
             raise bad(f"sample_length must be an int >= 2, got {length!r}")
         for split in SPLITS:
             if meta[f"{split}_tokens"] % length:
-                raise bad(f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
-                          f"sample_length {length}")
+                raise bad(
+                    f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
+                    f"sample_length {length}"
+                )
 
 
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
@@ -137,15 +148,17 @@ def load_meta(data_dir) -> dict:
     data_dir = Path(data_dir)
     path = data_dir / "meta.json"
     if not data_dir.is_dir():
-        raise UserError(f"no dataset at {data_dir} (no such folder): "
-                              f"prepare it with {_prepare_command(data_dir)}")
+        raise UserError(
+            f"no dataset at {data_dir} (no such folder): prepare it with {_prepare_command(data_dir)}"
+        )
     if not path.exists():
         raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:  # no read permission, a folder named meta.json, an I/O error
-        raise UserError(f"{path} cannot be read ({e.strerror}): check it, "
-                        f"or re-run {_prepare_command(data_dir)}") from None
+        raise UserError(
+            f"{path} cannot be read ({e.strerror}): check it, or re-run {_prepare_command(data_dir)}"
+        ) from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise UserError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
     try:
@@ -167,12 +180,15 @@ def _check_generated(meta, data_dir: Path) -> None:
         stale = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
         if stale:
             why, command = stale
-            raise UserError(f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
-                            f"on it keep their checkpoints)")
+            raise UserError(
+                f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
+                f"on it keep their checkpoints)"
+            )
 
 
 # -----------------------------------------------------------------------------
 # writing a dataset
+
 
 def refuse_existing(out_dir, replace: bool = False) -> None:
     """UserError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
@@ -182,9 +198,12 @@ def refuse_existing(out_dir, replace: bool = False) -> None:
         raise UserError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
     found = dataset_files(out_dir)
     if found and not replace:
-        other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"  # data.text's flag
-        raise UserError(f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it"
-                        f"{other_name}")
+        other_name = (
+            "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
+        )  # data.text's flag
+        raise UserError(
+            f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it{other_name}"
+        )
 
 
 # data/.<name>.tmp-<pid>: a preparation's temporary folder, named with its process id to tell leftovers apart
@@ -256,7 +275,9 @@ def _as_id_array(ids, split: str) -> np.ndarray:
     if ids.size == 0:
         ids = ids.astype(np.int64)  # np.asarray([]) is float64
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}")
+        raise ValueError(
+            f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
+        )
     return ids
 
 
@@ -271,8 +292,9 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
     meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
     for split, ids in splits.items():
         if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
-            raise ValueError(f"{split} ids must lie in [0, {meta['vocab_size']}), "
-                             f"found {ids.min()}..{ids.max()}")
+            raise ValueError(
+                f"{split} ids must lie in [0, {meta['vocab_size']}), found {ids.min()}..{ids.max()}"
+            )
     with staged_dataset(out_dir, replace) as tmp:
         for split, ids in splits.items():
             ids.astype(meta["dtype"]).tofile(tmp[f"{split}.bin"])
@@ -282,8 +304,10 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
 
 def summarize(out_dir, meta: dict) -> str:
     """One line for the prepare scripts to print."""
-    return (f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, vocab_size {meta['vocab_size']:,}, "
-            f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})")
+    return (
+        f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, vocab_size {meta['vocab_size']:,}, "
+        f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})"
+    )
 
 
 @contextmanager
@@ -299,11 +323,17 @@ def exit_on_user_error():
 # -----------------------------------------------------------------------------
 # finding datasets
 
+
 def available_datasets(data_root=DATA_ROOT) -> list:
     """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one); not
     hidden ones (a preparation's temporary folder, .<name>.tmp-<pid>, holds a meta.json too)."""
-    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and not p.name.startswith(".") and (
-        (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")))
+    return sorted(
+        p.name
+        for p in Path(data_root).iterdir()
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and ((p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text"))
+    )
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
@@ -314,14 +344,16 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise UserError(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
-            f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}")
+            f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}"
+        )
     found = dataset_files(data_dir)
     if len(found) == len(FILES):
         return data_dir
     if found:
         missing = ", ".join(f for f in FILES if f not in found)
-        raise UserError(f"dataset {name!r} in {data_dir} is incomplete (no {missing}): "
-                              f"run {_prepare_command(data_dir)}")
+        raise UserError(
+            f"dataset {name!r} in {data_dir} is incomplete (no {missing}): run {_prepare_command(data_dir)}"
+        )
     if name not in EMBEDDED:
         raise UserError(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
     print(f"dataset {name!r} is not prepared yet: preparing it in {data_dir} (once)")
@@ -332,12 +364,15 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
 # -----------------------------------------------------------------------------
 # tokenizers
 
-@lru_cache(maxsize=None)
+
+@cache
 def gpt2_encoding():
     """tiktoken's GPT-2 BPE, loaded once per process."""
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
+    except (
+        Exception
+    ) as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
         raise UserError(
             f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
             f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
@@ -350,6 +385,7 @@ def _as_list(ids) -> list:
 
 class Tokenizer:
     """Text <-> token ids, as a dataset was prepared; get_tokenizer(meta) builds the right one."""
+
     name: str
     vocab_size: int
     eot_id = None  # the id that ends a document, for tokenizers that have one
@@ -367,6 +403,7 @@ class Tokenizer:
 
 class CharTokenizer(Tokenizer):
     """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
+
     name = "char"
 
     def __init__(self, chars):
@@ -378,13 +415,17 @@ class CharTokenizer(Tokenizer):
         unknown = set(text).difference(self.stoi)
         if unknown:
             shown = ", ".join(repr(c) for c in sorted(unknown, key=text.index))  # in order of appearance
-            raise UserError(f"characters not in the vocabulary: {shown} "
-                            f"(this dataset's {self.vocab_size} characters are in its meta.json)")
+            raise UserError(
+                f"characters not in the vocabulary: {shown} "
+                f"(this dataset's {self.vocab_size} characters are in its meta.json)"
+            )
         return [self.stoi[c] for c in text]
 
     def decode(self, ids) -> str:
         ids = _as_list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]  # a negative id would silently index from the end
+        bad = [
+            i for i in ids if not 0 <= i < self.vocab_size
+        ]  # a negative id would silently index from the end
         if bad:
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
@@ -395,6 +436,7 @@ class CharTokenizer(Tokenizer):
 
 class GPT2Tokenizer(Tokenizer):
     """GPT-2 BPE through tiktoken: 50257 ids, the last of which, 50256, is <|endoftext|>."""
+
     name = "gpt2"
 
     def __init__(self):
@@ -421,6 +463,7 @@ def get_tokenizer(meta: dict) -> Tokenizer:
 # -----------------------------------------------------------------------------
 # a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input)
 
+
 def read_text(path) -> str:
     """The text of a UTF-8 file, or an error that says what to do about it."""
     path = Path(path)
@@ -430,15 +473,24 @@ def read_text(path) -> str:
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
-                        f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt") from None
+        raise UserError(
+            f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
+            f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt"
+        ) from None
     if not text:
         raise UserError(f"{path} is empty: pass a file with some text in it")
     return text
 
 
-def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: float = 0.1, block_size: int = 64,
-                 source: str = "the text", replace: bool = False) -> dict:
+def prepare_text(
+    text: str,
+    out_dir,
+    tokenizer: str = "char",
+    val_fraction: float = 0.1,
+    block_size: int = 64,
+    source: str = "the text",
+    replace: bool = False,
+) -> dict:
     """Split, encode and write `text` as a dataset in out_dir; return its meta.
 
     Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window. A dataset
@@ -456,13 +508,21 @@ def prepare_text(text: str, out_dir, tokenizer: str = "char", val_fraction: floa
     for split, ids in splits.items():
         if len(ids) < block_size + 1:
             fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
-            raise UserError(f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
-                            f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}")
+            raise UserError(
+                f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
+                f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}"
+            )
     return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
 
 
-def prepare_file(input_path, out_dir=None, tokenizer: str = "char", val_fraction: float = 0.1,
-                 block_size: int = 64, replace: bool = False) -> dict:
+def prepare_file(
+    input_path,
+    out_dir=None,
+    tokenizer: str = "char",
+    val_fraction: float = 0.1,
+    block_size: int = 64,
+    replace: bool = False,
+) -> dict:
     """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
     out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
     refuse_existing(out_dir, replace)  # before reading and encoding, not after (write_dataset checks again)
@@ -507,21 +567,28 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
         raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     stat = path.stat()
     if stat.st_size != tokens * dtype.itemsize:
-        raise UserError(f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
-                        f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}")
+        raise UserError(
+            f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
+            f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}"
+        )
     if meta["vocab_size"] <= np.iinfo(dtype).max:
         largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if largest >= meta["vocab_size"]:
             vocab_size = meta["vocab_size"]
-            raise UserError(f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
-                            f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}")
+            raise UserError(
+                f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
+                f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}"
+            )
     if block_size is not None and tokens < block_size + 1:
-        raise UserError(f"the {split} split of {data_dir} has {tokens} tokens, fewer than block_size + 1 = "
-                        f"{block_size + 1}: use a smaller block_size, or prepare a longer text")
+        raise UserError(
+            f"the {split} split of {data_dir} has {tokens} tokens, fewer than block_size + 1 = "
+            f"{block_size + 1}: use a smaller block_size, or prepare a longer text"
+        )
 
 
 # -----------------------------------------------------------------------------
 # batches
+
 
 class BatchSampler:
     """Random (x, y) windows of a split, as nanoGPT's get_batch, reading through an np.memmap re-opened for
@@ -537,9 +604,13 @@ class BatchSampler:
     start where a sample starts: with block_size + 1 = sample_length each window is one whole sample.
     """
 
-    def __init__(self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0):
+    def __init__(
+        self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0
+    ):
         if block_size < 1 or batch_size < 1:
-            raise ValueError(f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}")
+            raise ValueError(
+                f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}"
+            )
         if seed < 0 or rank < 0:
             raise ValueError(f"seed and rank must be non-negative, got {seed} and {rank}")
         self.data_dir = Path(data_dir)
@@ -569,11 +640,18 @@ class BatchSampler:
         T = self.block_size
         starts = (len(data) - T - 1) // self.sample_length + 1  # window starts that leave T + 1 tokens
         ix = torch.randint(starts, (self.batch_size,), generator=self.generator).numpy() * self.sample_length
-        windows = torch.from_numpy(data[ix[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1), one read
-        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each; y[:, t] follows x[:, t]
+        windows = torch.from_numpy(
+            data[ix[:, None] + np.arange(T + 1)].astype(np.int64)
+        )  # (B, T+1), one read
+        x, y = (
+            windows[:, :-1].contiguous(),
+            windows[:, 1:].contiguous(),
+        )  # (B, T) each; y[:, t] follows x[:, t]
         if self.device.type == "cuda":
             # pinned host memory lets the copy to the GPU run asynchronously (non_blocking)
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(
+                self.device, non_blocking=True
+            )
         return x.to(self.device), y.to(self.device)
 
     def state_dict(self) -> dict:

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
+from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
 from plumbing.runs import model_dirs, run_python
+from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
@@ -45,15 +45,19 @@ DPI = 110
 class FiguresConfig:
     only: str | None = None  # a comma-separated subset of the figures (default: all)
     out: str = "docs/figures"  # where the PNGs go
-    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
+    checkpoints: str | None = (
+        None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
+    )
     csv: str = "docs/extrapolation.csv"  # the extrapolation study's results, read (never recomputed) here
 
     def __post_init__(self):
         names = self.names()
         unknown = [name for name in names if name not in FIGURES]
         if unknown or not names:
-            raise ValueError(f"--only={self.only!r}: unknown figure {', '.join(map(repr, unknown))}; "
-                             f"choose from {', '.join(FIGURES)}")
+            raise ValueError(
+                f"--only={self.only!r}: unknown figure {', '.join(map(repr, unknown))}; "
+                f"choose from {', '.join(FIGURES)}"
+            )
 
     def names(self):
         return list(FIGURES) if self.only is None else [n.strip() for n in self.only.split(",") if n.strip()]
@@ -94,7 +98,9 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     plt = pyplot()
     fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
     table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64)
-    image = ax_table.imshow(table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    image = ax_table.imshow(
+        table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest"
+    )
     ax_table.set_xlabel("channel (2i: sin, 2i + 1: cos)")
     ax_table.set_ylabel("position p")
     ax_table.set_title(f"PE[p, channel], d = {dim}: fast pairs on the left, slow on the right")
@@ -106,8 +112,13 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
         ax_wave.axhline(length, color="grey", linestyle="--", linewidth=0.8)
         ax_wave.text(dim // 2 - 1, length * 1.15, label, ha="right", fontsize=8, color="grey")
     for i in (0, dim // 2 - 1):
-        ax_wave.annotate(f"{wavelength[i]:,.1f}", (i, wavelength[i]), textcoords="offset points",
-                         xytext=(8 if i == 0 else -8, 6 if i == 0 else -14), ha="left" if i == 0 else "right")
+        ax_wave.annotate(
+            f"{wavelength[i]:,.1f}",
+            (i, wavelength[i]),
+            textcoords="offset points",
+            xytext=(8 if i == 0 else -8, 6 if i == 0 else -14),
+            ha="left" if i == 0 else "right",
+        )
     ax_wave.set_xlabel("pair i")
     ax_wave.set_ylabel("wavelength 2 pi 10000^(2i/d) (tokens)")
     ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
@@ -201,10 +212,12 @@ def figure_qk_terms(out, folders, head=0, **_):
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
     axes[0].set_ylabel("query position i")
     text = tokenizer.decode(idx[0].tolist()).replace("\n", "\\n")
-    fig.suptitle(f"Learned positions, layer 1, head {head}: q k^T = (q_tok + q_pos)(k_tok + k_pos)^T "
-                 f"on \"{text[:48]}...\"\n"
-                 "ln_1 split by the statistics of the sum x = tok + pos: LN(x) = g (tok - mean tok)/sigma_x + "
-                 "g (pos - mean pos)/sigma_x (exact, bias=False); W_q, W_k of the head applied to each part")
+    fig.suptitle(
+        f"Learned positions, layer 1, head {head}: q k^T = (q_tok + q_pos)(k_tok + k_pos)^T "
+        f'on "{text[:48]}..."\n'
+        "ln_1 split by the statistics of the sum x = tok + pos: LN(x) = g (tok - mean tok)/sigma_x + "
+        "g (pos - mean pos)/sigma_x (exact, bias=False); W_q, W_k of the head applied to each part"
+    )
     return [save(fig, out / "qk_terms.png")]
 
 
@@ -235,7 +248,9 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
             ax.set_title(f"{pos}: layer {layer + 1}, head {head}", fontsize=10)
             ax.set_xlabel("key position j")
         windows = validation_windows(ckpt, n_windows)
-        profiles[pos] = [attention_by_distance(attention_probabilities(model, windows, layer)) for layer in (0, last)]
+        profiles[pos] = [
+            attention_by_distance(attention_probabilities(model, windows, layer)) for layer in (0, last)
+        ]
     for row in axes:
         row[0].set_ylabel("query position i")
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
@@ -244,12 +259,16 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
 
     T = next(iter(profiles.values()))[0].numel()
     positions = torch.arange(T)
-    uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # evenly over j <= i: 1/(i + 1)
+    uniform = (
+        causal_mask(positions, positions).float() / (positions + 1)[:, None]
+    )  # evenly over j <= i: 1/(i + 1)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
         for pos, profile in profiles.items():
             ax.semilogy(profile[layer].numpy(), label=pos)
-        ax.semilogy(attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i")
+        ax.semilogy(
+            attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i"
+        )
         ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
         ax.set_xlabel("distance i - j (tokens)")
         ax.grid(alpha=0.3, which="both")
@@ -261,8 +280,14 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
 
 def figure_probe(out, checkpoints=None, **_):
     """The probe lives in its own entry point: run it as a user would (a subprocess), which draws the figure."""
-    run_python(["-m", "demo.probe", f"--figure={out.resolve() / 'probe.png'}",
-                *([f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else [])])
+    run_python(
+        [
+            "-m",
+            "demo.probe",
+            f"--figure={out.resolve() / 'probe.png'}",
+            *([f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else []),
+        ]
+    )
     return [out / "probe.png"]
 
 
@@ -286,16 +311,22 @@ def read_extrapolation(path):
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
-            curves.setdefault(key, []).append({name: number(row.get(name)) for name in
-                                               ("block_size", "length", "loss", "loss_beyond", "stderr")})
+            curves.setdefault(key, []).append(
+                {
+                    name: number(row.get(name))
+                    for name in ("block_size", "length", "loss", "loss_beyond", "stderr")
+                }
+            )
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in curves.items()}
 
 
 def figure_extrapolation(out, csv_path, **_):
     path = Path(csv_path)
     if not path.is_file():
-        print(f"skipping extrapolation: {path} does not exist yet (the extrapolation study writes it); "
-              "the other figures are made")
+        print(
+            f"skipping extrapolation: {path} does not exist yet (the extrapolation study writes it); "
+            "the other figures are made"
+        )
         return []
     plt = pyplot()
     # the first seed's runs only: a study with --seeds N names the others *_seedS, and its table gives their spread
@@ -305,12 +336,23 @@ def figure_extrapolation(out, csv_path, **_):
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
         lengths = [r["length"] for r in rows]
         label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
-        style = {"color": colors[i % len(colors)], "marker": "o", "markersize": 3, "capsize": 2,
-                 "label": f"{label} ({Path(checkpoint).name})"}
+        style = {
+            "color": colors[i % len(colors)],
+            "marker": "o",
+            "markersize": 3,
+            "capsize": 2,
+            "label": f"{label} ({Path(checkpoint).name})",
+        }
         axes[0].errorbar(lengths, [r["loss"] for r in rows], yerr=[r["stderr"] for r in rows], **style)
-        axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **{k: v for k, v in style.items() if k != "capsize"})
-    block_sizes = sorted({r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])})
-    for ax, title in zip(axes, ("validation loss over the whole window", "loss at positions past the trained length")):
+        axes[1].plot(
+            lengths, [r["loss_beyond"] for r in rows], **{k: v for k, v in style.items() if k != "capsize"}
+        )
+    block_sizes = sorted(
+        {r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])}
+    )
+    for ax, title in zip(
+        axes, ("validation loss over the whole window", "loss at positions past the trained length")
+    ):
         for block_size in block_sizes:
             ax.axvline(block_size, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log", base=2)
@@ -338,8 +380,14 @@ def make(cfg, log=print):
         folders = model_dirs(POS_SCHEMES, cfg.checkpoints, log)
         shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
         log(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
-    makers = {"sinusoidal": figure_sinusoidal, "rope_decay": figure_rope_decay, "qk_terms": figure_qk_terms,
-              "attention": figure_attention, "extrapolation": figure_extrapolation, "probe": figure_probe}
+    makers = {
+        "sinusoidal": figure_sinusoidal,
+        "rope_decay": figure_rope_decay,
+        "qk_terms": figure_qk_terms,
+        "attention": figure_attention,
+        "extrapolation": figure_extrapolation,
+        "probe": figure_probe,
+    }
     written = []
     for name in names:
         started = time.perf_counter()

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from positions import POS_SCHEMES
+from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
 from plumbing.runs import model_dirs
+from positions import POS_SCHEMES
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -40,14 +40,21 @@ class PermutationConfig:
     def __post_init__(self):
         words = self.sentence.split(" ")
         if len(words) != 3 or not all(words):
-            raise ValueError(f"sentence must be three words separated by single spaces, got {self.sentence!r}")
+            raise ValueError(
+                f"sentence must be three words separated by single spaces, got {self.sentence!r}"
+            )
         if self.checkpoint and (self.pos != "all" or self.checkpoints):
             raise ValueError("--checkpoint names one model: leave out --pos and --checkpoints")
 
 
 def parse_args(argv=None):
-    values = parse_flags(argv, "demo/permutation.py", __doc__, [("demo", PermutationConfig, None)],
-                         choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)})
+    values = parse_flags(
+        argv,
+        "demo/permutation.py",
+        __doc__,
+        [("demo", PermutationConfig, None)],
+        choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)},
+    )
     return PermutationConfig(**values)
 
 
@@ -56,7 +63,9 @@ def pieces(tokenizer, sentence):
     the space (" dog"), so there every word gets a leading space; then both words are pieces of the same form,
     and the swapped sentence is the same tokens with the first and last piece exchanged."""
     first, middle, last = sentence.split(" ")
-    texts = [first, f" {middle} ", last] if tokenizer.name == "char" else [f" {first}", f" {middle}", f" {last}"]
+    texts = (
+        [first, f" {middle} ", last] if tokenizer.name == "char" else [f" {first}", f" {middle}", f" {last}"]
+    )
     return [tokenizer.encode(t) for t in texts]
 
 
@@ -89,8 +98,11 @@ def report(results, cfg, dtype):
     labels = list(results)
     _, text, swapped = results[labels[0]]
     mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
-    lines = [f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
-             "each cell: over the swapped words / over the tokens between them, which stay put", ""]
+    lines = [
+        f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
+        "each cell: over the swapped words / over the tokens between them, which stay put",
+        "",
+    ]
     width = 22
     lines.append(f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels))
     n_states = max(len(rows) for rows, _, _ in results.values())

@@ -18,11 +18,11 @@ and position has no way in (lesson section 1). Missing models are trained first,
 import sys
 from dataclasses import dataclass
 
-from positions import POS_SCHEMES
+from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
 from plumbing.runs import model_dirs
+from positions import POS_SCHEMES
 
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
 NOPE_UNMASKED = "none, no mask"
@@ -30,7 +30,9 @@ NOPE_UNMASKED = "none, no mask"
 
 @dataclass
 class ProbeConfig:
-    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
+    checkpoints: str | None = (
+        None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
+    )
     windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
     ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
     figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
@@ -65,11 +67,15 @@ def table(results, target):
     labels = list(results)
     n_states = max(len(r[target]) for r in results.values())
     width = 17
-    lines = [f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()",
-             f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels)]
+    lines = [
+        f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()",
+        f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels),
+    ]
     for i in range(n_states):
         name = "embedding" if i == 0 else f"block {i}"
-        cells = [f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[label][target][i] for label in labels)]
+        cells = [
+            f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[label][target][i] for label in labels)
+        ]
         lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
     return "\n".join(lines)
 
@@ -115,8 +121,10 @@ def main(argv=None):
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")
         except ImportError:
-            print("demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn",
-                  file=sys.stderr)
+            print(
+                "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn",
+                file=sys.stderr,
+            )
     return results
 
 

@@ -38,33 +38,48 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name
-from positions import POS_SCHEMES
-from plumbing.resume import fine_tune_dir
+from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.report import markdown_table
-from measure.retrieval import wilson_interval
+from plumbing.resume import fine_tune_dir
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
+from positions import POS_SCHEMES
 
 EXTENSION = 4  # the fine-tunes' context: 4 x T
 FIRST_SEED = 1337  # train.py's default seed: its runs are the first seed's
 # --extra: RoPE as released models ship it, at the same preset: (folder name, train.py flags)
-EXTRA_RUNS = (("rope_frac0.25", ("--pos=rope", "--rope_fraction=0.25")),  # GPT-NeoX rotates 25% of each head
-              ("rope_nope4", ("--pos=rope", "--nope_interval=4")))  # Llama 4: every 4th layer without RoPE
+EXTRA_RUNS = (
+    ("rope_frac0.25", ("--pos=rope", "--rope_fraction=0.25")),  # GPT-NeoX rotates 25% of each head
+    ("rope_nope4", ("--pos=rope", "--nope_interval=4")),
+)  # Llama 4: every 4th layer without RoPE
 # The fine-tunes: (source scheme, rope_scaling or None). train.py names their folders as here.
 FINE_TUNES = (("rope", "linear"), ("rope", "yarn"), ("learned", None), ("rope", None))
 # --quick: a few steps of everything, to check the pipeline end to end (the numbers mean nothing)
-QUICK_TRAIN = ["--n_layer=4", "--n_head=2", "--n_embd=32", "--max_iters=20", "--eval_interval=20", "--eval_iters=2",
-               "--log_interval=10"]
-QUICK_FINE_TUNE = ["--max_iters=4", "--warmup_iters=1", "--eval_interval=4", "--eval_iters=1", "--log_interval=2",
-                   "--batch_size=4"]
+QUICK_TRAIN = [
+    "--n_layer=4",
+    "--n_head=2",
+    "--n_embd=32",
+    "--max_iters=20",
+    "--eval_interval=20",
+    "--eval_iters=2",
+    "--log_interval=10",
+]
+QUICK_FINE_TUNE = [
+    "--max_iters=4",
+    "--warmup_iters=1",
+    "--eval_interval=4",
+    "--eval_iters=1",
+    "--log_interval=2",
+    "--batch_size=4",
+]
 QUICK_WINDOWS, QUICK_TRIALS = 2, 4
 
 
@@ -80,26 +95,41 @@ class Task:
 TASKS = {
     "loss": Task("extrapolation", None, "0.5,1,2,4,8", ("--task=loss", "--batch_size=8")),
     # NoPE learns to copy last: 11% of keys at T after the preset's 3000 steps (docs/extrapolation.md)
-    "passkey": Task("retrieval", "configs/passkey.toml", "1,2,4,8", ("--task=passkey", "--batch_size=50"),
-                    longer=(("none", ("--max_iters=5000", "--lr_decay_iters=5000")),)),
+    "passkey": Task(
+        "retrieval",
+        "configs/passkey.toml",
+        "1,2,4,8",
+        ("--task=passkey", "--batch_size=50"),
+        longer=(("none", ("--max_iters=5000", "--lr_decay_iters=5000")),),
+    ),
 }
 
 
 @dataclass
 class StudyConfig:
     task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
-    config: str | None = None  # the base runs' train.py preset; None: the task's (train.py's defaults for loss)
+    config: str | None = (
+        None  # the base runs' train.py preset; None: the task's (train.py's defaults for loss)
+    )
     seeds: int = 1  # training seeds per run: 1337, 1338, ...; tables give their mean and spread
-    out_root: str | None = None  # checkpoint folder; None: out (out/study_quick with --quick, out/<preset> with
+    out_root: str | None = (
+        None  # checkpoint folder; None: out (out/study_quick with --quick, out/<preset> with
+    )
     #                              a --config other than the task's)
-    results: str | None = None  # folder for the CSV, figure and table; None: docs (docs/<preset> with a --config
+    results: str | None = (
+        None  # folder for the CSV, figure and table; None: docs (docs/<preset> with a --config
+    )
     #                             other than the task's; out_root with --quick)
     retrain: bool = False  # train and fine-tune again even where a checkpoint exists
     max_iters: int = 200  # fine-tuning steps at 4 x T (Peng et al. 2023 fine-tune YaRN for 400 steps)
-    learning_rate: float = 3e-4  # fine-tuning peak learning rate, under pretraining's 1e-3 as in Chen et al. 2023
+    learning_rate: float = (
+        3e-4  # fine-tuning peak learning rate, under pretraining's 1e-3 as in Chen et al. 2023
+    )
     batch_size: int = 8  # fine-tuning sequences per step, each 4 x T tokens long
     lengths: str | None = None  # evaluation lengths, multiples of the base T; None: the task's
-    max_windows: int = 64  # loss: evaluation windows per length and row, spread evenly over the validation split
+    max_windows: int = (
+        64  # loss: evaluation windows per length and row, spread evenly over the validation split
+    )
     trials: int = 50  # passkey: samples per length and depth
     device: str = "auto"  # passed to train.py and eval_length.py
     extra: bool = False  # also train and evaluate EXTRA_RUNS: rope rotating a quarter of each head, and rope
@@ -122,7 +152,9 @@ class StudyConfig:
         except ValueError:
             multiples = []
         if not multiples or min(multiples) <= 0:
-            raise ValueError(f"lengths must be positive multiples of T such as 0.5,1,2x, got {self.lengths!r}")
+            raise ValueError(
+                f"lengths must be positive multiples of T such as 0.5,1,2x, got {self.lengths!r}"
+            )
         own = self.config in (None, TASKS[self.task].preset)
         subfolder = "" if own else Path(self.config).stem
         self.config = self.config or TASKS[self.task].preset
@@ -136,8 +168,13 @@ def multiples_of(lengths):
 
 
 def parse_args(argv=None):
-    values = parse_flags(argv, "experiments/extrapolation.py", __doc__, [("study", StudyConfig, None)],
-                         choices={"task": tuple(TASKS)})
+    values = parse_flags(
+        argv,
+        "experiments/extrapolation.py",
+        __doc__,
+        [("study", StudyConfig, None)],
+        choices={"task": tuple(TASKS)},
+    )
     return StudyConfig(**values)
 
 
@@ -154,8 +191,9 @@ def base_runs(cfg):
     longer with their flags), and EXTRA_RUNS with --extra."""
     task = TASKS[cfg.task]
     longer = dict(task.longer) if cfg.config == task.preset else {}
-    return ([(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES]
-            + (list(EXTRA_RUNS) if cfg.extra else []))
+    return [(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES] + (
+        list(EXTRA_RUNS) if cfg.extra else []
+    )
 
 
 def base_dir(cfg, dataset, name, seed):
@@ -165,8 +203,12 @@ def base_dir(cfg, dataset, name, seed):
 
 def train_runs(cfg, commands, duration=None):
     """The runs of these train.py commands: reused, continued or trained (plumbing/runs.py)."""
-    ensure_trained(commands, None if cfg.quick else duration, cfg.retrain,
-                   elsewhere="move it away, or pass another --out_root (--retrain trains it again, replacing it)")
+    ensure_trained(
+        commands,
+        None if cfg.quick else duration,
+        cfg.retrain,
+        elsewhere="move it away, or pass another --out_root (--retrain trains it again, replacing it)",
+    )
 
 
 def preset_flags(cfg):
@@ -176,31 +218,65 @@ def preset_flags(cfg):
 def base_commands(cfg, dataset):
     """train.py's flags for the five schemes (and --extra's) with the task's preset, each seed (QUICK_TRAIN's few
     steps with --quick)."""
-    return [[*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}", f"--seed={seed}",
-             f"--device={cfg.device}", *(QUICK_TRAIN if cfg.quick else [])]
-            for seed in seeds(cfg) for name, flags in base_runs(cfg)]
+    return [
+        [
+            *preset_flags(cfg),
+            *flags,
+            f"--out_dir={base_dir(cfg, dataset, name, seed)}",
+            f"--seed={seed}",
+            f"--device={cfg.device}",
+            *(QUICK_TRAIN if cfg.quick else []),
+        ]
+        for seed in seeds(cfg)
+        for name, flags in base_runs(cfg)
+    ]
 
 
 def train_base(cfg, dataset):
-    train_runs(cfg, base_commands(cfg, dataset),
-               DEFAULT_DURATION if cfg.task == "loss" and cfg.config is None else None)
+    train_runs(
+        cfg,
+        base_commands(cfg, dataset),
+        DEFAULT_DURATION if cfg.task == "loss" and cfg.config is None else None,
+    )
 
 
 def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     """The four context extensions to EXTENSION x block_size, each from its base run's weights. -> their folders"""
     long = EXTENSION * block_size
     steps = cfg.max_iters
-    schedule = QUICK_FINE_TUNE if cfg.quick else [
-        f"--max_iters={steps}", f"--warmup_iters={max(1, steps // 10)}", f"--eval_interval={max(1, steps // 2)}",
-        "--eval_iters=20", f"--log_interval={max(1, steps // 10)}", f"--batch_size={cfg.batch_size}"]
+    schedule = (
+        QUICK_FINE_TUNE
+        if cfg.quick
+        else [
+            f"--max_iters={steps}",
+            f"--warmup_iters={max(1, steps // 10)}",
+            f"--eval_interval={max(1, steps // 2)}",
+            "--eval_iters=20",
+            f"--log_interval={max(1, steps // 10)}",
+            f"--batch_size={cfg.batch_size}",
+        ]
+    )
     sources = [base_dir(cfg, dataset, pos, seed) for pos, _ in FINE_TUNES]
     out_dirs = [fine_tune_dir(source, long, scaling) for source, (_, scaling) in zip(sources, FINE_TUNES)]
     data = [] if long_dataset == dataset else [f"--dataset={long_dataset}"]
-    train_runs(cfg, [[f"--init_from={source}", f"--block_size={long}", *data,
-                      *([f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []), *schedule,
-                      f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}",
-                      f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={out_dir}"]
-                     for source, (_, scaling), out_dir in zip(sources, FINE_TUNES, out_dirs)])
+    train_runs(
+        cfg,
+        [
+            [
+                f"--init_from={source}",
+                f"--block_size={long}",
+                *data,
+                *([f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []),
+                *schedule,
+                f"--learning_rate={cfg.learning_rate}",
+                f"--min_lr={cfg.learning_rate / 10:g}",
+                f"--seed={seed}",
+                f"--device={cfg.device}",
+                f"--out_dir={out_dir}",
+            ]
+            for source, (_, scaling), out_dir in zip(sources, FINE_TUNES, out_dirs)
+        ],
+    )
     return out_dirs
 
 
@@ -228,10 +304,23 @@ def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure):
         print("note: matplotlib is not installed: no figure (pip install matplotlib)")
     elif figure:
         plot = ["--plot", figure, *(["--bucket=8"] if cfg.task == "loss" else [])]
-    amount = (f"--trials={QUICK_TRIALS if cfg.quick else cfg.trials}" if cfg.task == "passkey" else
-              f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}")
-    command = ["eval_length.py", *out_dirs, *task.eval_flags, "--lengths", lengths, amount,
-               f"--device={cfg.device}", "--csv", csv_path, *plot]
+    amount = (
+        f"--trials={QUICK_TRIALS if cfg.quick else cfg.trials}"
+        if cfg.task == "passkey"
+        else f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}"
+    )
+    command = [
+        "eval_length.py",
+        *out_dirs,
+        *task.eval_flags,
+        "--lengths",
+        lengths,
+        amount,
+        f"--device={cfg.device}",
+        "--csv",
+        csv_path,
+        *plot,
+    ]
     print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
     return run_python(command, stdout=subprocess.PIPE, text=True).stdout
 
@@ -253,8 +342,11 @@ def run_name(checkpoint, seed):
 
 def loss_cells(records, seed):
     """{(run, method, length): loss} of one seed's eval_length CSV, available cells only."""
-    return {(run_name(r["checkpoint"], seed), r["scaling"], int(r["length"])): float(r["loss"])
-            for r in records if r["loss"]}
+    return {
+        (run_name(r["checkpoint"], seed), r["scaling"], int(r["length"])): float(r["loss"])
+        for r in records
+        if r["loss"]
+    }
 
 
 def retrieval_cells(records, seed):
@@ -302,14 +394,23 @@ def summary(cfg, per_seed, block_size):
                 low, high = wilson_interval(correct, trials)
                 row.append(f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]")
         lines.append(row)
-    what = ("mean validation loss ± its standard deviation over seeds" if cfg.task == "loss" else
-            "exact-match rate pooled over seeds and depths, [95% Wilson interval]")
-    text = [f"Over {len(per_seed)} seed(s) ({', '.join(map(str, seeds(cfg)))}): {what}.", "",
-            markdown_table(head, lines), ""]
+    what = (
+        "mean validation loss ± its standard deviation over seeds"
+        if cfg.task == "loss"
+        else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
+    )
+    text = [
+        f"Over {len(per_seed)} seed(s) ({', '.join(map(str, seeds(cfg)))}): {what}.",
+        "",
+        markdown_table(head, lines),
+        "",
+    ]
     if len(per_seed) > 1:
-        text.append("The base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every "
-                    "seed puts them in that order, '~' where some seed reverses it (a difference within the seed "
-                    "spread).")
+        text.append(
+            "The base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every "
+            "seed puts them in that order, '~' where some seed reverses it (a difference within the seed "
+            "spread)."
+        )
         text.append("")
         for n in lengths:
             runs = [key[0] for key in keys if key[1] == "plain" and "_ctx" not in key[0]]
@@ -319,8 +420,10 @@ def summary(cfg, per_seed, block_size):
                 if all(v is not None for v in found):
                     values[run] = found if cfg.task == "loss" else [c / t for c, t in found]
             if len(values) > 1:
-                text.append(f"- {n} tokens ({n / block_size:g} T): "
-                            f"{ordering(values, 'lower' if cfg.task == 'loss' else 'higher')}")
+                text.append(
+                    f"- {n} tokens ({n / block_size:g} T): "
+                    f"{ordering(values, 'lower' if cfg.task == 'loss' else 'higher')}"
+                )
     return "\n".join(text)
 
 
@@ -352,33 +455,45 @@ def run_study(cfg, argv):
     long_dataset = dataset
     if cfg.task == "passkey":
         if default_name(block_size) != dataset:  # checked before anything is prepared
-            raise UserError(f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
-                        f"{cfg.config} trains on {dataset}")
+            raise UserError(
+                f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
+                f"{cfg.config} trains on {dataset}"
+            )
         ensure_passkey_data(block_size)
         long_dataset = ensure_passkey_data(EXTENSION * block_size)
     train_base(cfg, dataset)
-    runs = {seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]
-            + fine_tune(cfg, dataset, long_dataset, block_size, seed) for seed in seeds(cfg)}
+    runs = {
+        seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]
+        + fine_tune(cfg, dataset, long_dataset, block_size, seed)
+        for seed in seeds(cfg)
+    }
     tables, per_seed, csvs = [], [], []
     for i, seed in enumerate(seeds(cfg)):
         csv_path = ROOT / cfg.out_root / f"{task.name}_seed{seed}.csv"
         figure = results / f"{task.name}.png" if i == 0 else None
-        tables.append(f"Seed {seed}:\n\n{evaluate(cfg, block_size, runs[seed], seed, csv_path, figure).rstrip()}")
+        tables.append(
+            f"Seed {seed}:\n\n{evaluate(cfg, block_size, runs[seed], seed, csv_path, figure).rstrip()}"
+        )
         records = read_csv(csv_path)
         per_seed.append(loss_cells(records, seed) if cfg.task == "loss" else retrieval_cells(records, seed))
         csvs.append(csv_path)
     merge_csv(csvs, results / f"{task.name}.csv")
     seconds = time.perf_counter() - start
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    footer = (f"Measured {when} by `python {' '.join(['-m experiments.extrapolation', *(argv or sys.argv[1:])])}`: "
-              f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()} with "
-              f"{torch.get_num_threads()} threads; wall time {seconds / 60:.1f} min"
-              + (" (--quick: the numbers mean nothing)" if cfg.quick else "") + ".")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    footer = (
+        f"Measured {when} by `python {' '.join(['-m experiments.extrapolation', *(argv or sys.argv[1:])])}`: "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()} with "
+        f"{torch.get_num_threads()} threads; wall time {seconds / 60:.1f} min"
+        + (" (--quick: the numbers mean nothing)" if cfg.quick else "")
+        + "."
+    )
     text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
     table_path = results / f"{task.name}_table.md"
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_text(text + "\n", encoding="utf-8")
-    print(f"\n{text}\nwrote {cfg.results}/{task.name}.csv, {task.name}.png (if matplotlib) and {task.name}_table.md")
+    print(
+        f"\n{text}\nwrote {cfg.results}/{task.name}.csv, {task.name}.png (if matplotlib) and {task.name}_table.md"
+    )
     return seconds
 
 

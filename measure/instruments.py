@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import CausalSelfAttention
-from positions import apply_rope, causal_mask
-from plumbing.checkpoint import open_model
 from measure.losses import validation_tokens
+from model import CausalSelfAttention
+from plumbing.checkpoint import open_model
+from positions import apply_rope, causal_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,9 @@ def unmasked(model):
         arguments.update(mask=unmasked_bias(model, x.size(1), x.device))
         return (), arguments
 
-    handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h]
+    handles = [
+        block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h
+    ]
     try:
         yield model
     finally:
@@ -162,7 +164,9 @@ def attention_probabilities(model, idx, layer):
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:  # the additive mask the layer got: a bias holding the causal -inf, or unmasked_bias's
+    if (
+        mask is not None
+    ):  # the additive mask the layer got: a bias holding the causal -inf, or unmasked_bias's
         scores = scores + mask
     else:  # plain causal attention: query i sees keys j <= i
         positions = torch.arange(T, device=x.device)
@@ -223,7 +227,9 @@ def swap_differences(model, ids, swapped_ids, perm, words, mask=True):
     rest = torch.ones(len(ids), dtype=torch.bool)
     rest[words] = False
     out = []
-    for h, h_swapped in zip(hidden_states(model, ids[None], mask), hidden_states(model, swapped_ids[None], mask)):
+    for h, h_swapped in zip(
+        hidden_states(model, ids[None], mask), hidden_states(model, swapped_ids[None], mask)
+    ):
         gap = (h_swapped[0, inverse] - h[0]).abs().amax(dim=-1)  # (T,): row i is token i of the original
         out.append((gap[words].max().item(), gap[rest].max().item() if rest.any() else 0.0))
     return out
@@ -282,5 +288,7 @@ def probe_positions(model, windows, newline_id, mask=True, ridge=1e-3):
     states = [h.double() for h in hidden_states(model, windows, mask)]
     position, distance = probe_targets(windows, newline_id)
     fit_rows = torch.arange(len(windows)) < len(windows) // 2
-    return {name: [probe_score(h, target, fit_rows, ridge) for h in states]
-            for name, target in (("position", position), ("newline", distance))}
+    return {
+        name: [probe_score(h, target, fit_rows, ridge) for h in states]
+        for name, target in (("position", position), ("newline", distance))
+    }

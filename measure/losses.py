@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from generation import forward_bytes, position_table_bytes
-from positions import position_limit
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
+from positions import position_limit
 
 
 @torch.no_grad()

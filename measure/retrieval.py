@@ -52,14 +52,18 @@ def answers_by_forward(model, tokens, answer_start, batch_size=50):
     A scheme with a position table (learned) past its length sees, for each digit, the max_len tokens ending
     before it (its sliding window, as it generates). -> (rows, KEY_DIGITS)"""
     inputs = tokens[:, :-1]  # the last digit is only a target
-    where = torch.arange(answer_start - 1, answer_start - 1 + KEY_DIGITS)  # the inputs that predict the digits
+    where = torch.arange(
+        answer_start - 1, answer_start - 1 + KEY_DIGITS
+    )  # the inputs that predict the digits
     limit = model.max_len
     out = []
     for rows in inputs.split(batch_size):
         if limit is None or rows.size(1) <= limit:
             out.append(model(rows)[0][:, where].argmax(-1))
         else:
-            out.append(torch.stack([model(rows[:, p + 1 - limit : p + 1])[0][:, -1].argmax(-1) for p in where], 1))
+            out.append(
+                torch.stack([model(rows[:, p + 1 - limit : p + 1])[0][:, -1].argmax(-1) for p in where], 1)
+            )
     return torch.cat(out)
 
 
@@ -72,4 +76,4 @@ def answers_by_greedy(model, tokens, answer_start):
 def count_correct(model, tokens, answer_start, batch_size=50):
     """How many rows get all KEY_DIGITS digits right (exact match)."""
     guesses = answers_by_forward(model, tokens, answer_start, batch_size)
-    return int((guesses == tokens[:, answer_start:answer_start + KEY_DIGITS]).all(1).sum())
+    return int((guesses == tokens[:, answer_start : answer_start + KEY_DIGITS]).all(1).sum())

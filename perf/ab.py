@@ -66,12 +66,17 @@ PROG = "python -m perf.ab"
 MEASURES = ("decode", "train")
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
 NANOGPT = "nanogpt"  # --against's reserved word: the reference with nanoGPT's structure, not a git revision
-NANOGPT_GELUS = ("exact", "tanh")  # the reference's GELU: nanoGPT's erf GELU, or GPT-2's (and this tree's) tanh one
+NANOGPT_GELUS = (
+    "exact",
+    "tanh",
+)  # the reference's GELU: nanoGPT's erf GELU, or GPT-2's (and this tree's) tanh one
 
 
 @dataclass
 class ABConfig:
-    against: str | None = None  # a git revision, or nanogpt (a reserved word): nanoGPT's structure, training only
+    against: str | None = (
+        None  # a git revision, or nanogpt (a reserved word): nanoGPT's structure, training only
+    )
     module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module
     measure: str = "decode"  # what --against compares: decode (tokens/s) or train (ms per optimizer step)
     pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated
@@ -88,14 +93,19 @@ class ABConfig:
             raise UsageError("--module_free measures decoding only (--measure=decode)")
         # self.schemes checks the names: a one-line error now, not after a revision is loaded
         if "learned" in self.schemes and self.module_free:
-            raise UsageError("--module_free decodes past no position table: give --pos among sinusoidal, rope, "
-                             "alibi, none")
+            raise UsageError(
+                "--module_free decodes past no position table: give --pos among sinusoidal, rope, alibi, none"
+            )
         if self.against == NANOGPT and self.measure != "train":
-            raise UsageError("--against=nanogpt times training only (--measure=train): nanoGPT has no KV cache")
+            raise UsageError(
+                "--against=nanogpt times training only (--measure=train): nanoGPT has no KV cache"
+            )
         if self.against == NANOGPT and self.schemes != ("learned",):
             raise UsageError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned")
         if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
-            raise UsageError("--nanogpt_gelu is the GELU of --against=nanogpt's reference; give --against=nanogpt")
+            raise UsageError(
+                "--nanogpt_gelu is the GELU of --against=nanogpt's reference; give --against=nanogpt"
+            )
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
 
@@ -106,13 +116,15 @@ class ABConfig:
 
 def recipe_model(module, pos):
     torch.manual_seed(0)
-    config = module.GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False,
-                              dropout=0.0, pos=pos)
+    config = module.GPTConfig(
+        block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0, pos=pos
+    )
     return module.GPT(config)
 
 
 class Side(NamedTuple):
     """One side of a comparison: a model module and the generate_cached(model, idx, max_new_tokens, ...) for it."""
+
     module: types.ModuleType
     generate: Callable
 
@@ -121,7 +133,9 @@ THIS_TREE = Side(current, generate_cached)
 
 
 def git_show(revision, path):
-    return subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True)
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True
+    )
 
 
 def module_from_source(name, source, origin):
@@ -150,10 +164,16 @@ def side_at(revision):
     generation.py where it has one, else the method GPT.generate_cached that came before it."""
     model_source = git_show(revision, "model.py")
     if model_source.returncode != 0:
-        raise UsageError(f"--against={revision}: git show found no model.py there ({model_source.stderr.strip()})")
-    positions_source = git_show(revision, "positions.py")  # REV's position schemes, where model.py imports them
+        raise UsageError(
+            f"--against={revision}: git show found no model.py there ({model_source.stderr.strip()})"
+        )
+    positions_source = git_show(
+        revision, "positions.py"
+    )  # REV's position schemes, where model.py imports them
     if positions_source.returncode == 0:
-        rev_positions = module_from_source("positions_at_revision", positions_source.stdout, f"{revision}:positions.py")
+        rev_positions = module_from_source(
+            "positions_at_revision", positions_source.stdout, f"{revision}:positions.py"
+        )
         with module_as("positions", rev_positions):
             module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
     else:
@@ -163,8 +183,9 @@ def side_at(revision):
         return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
     # its `from model import ...` runs now, at the top of the source, and must get REV's model.py, not this tree's
     with module_as("model", module):
-        generation = module_from_source("generation_at_revision", generation_source.stdout,
-                                        f"{revision}:generation.py")
+        generation = module_from_source(
+            "generation_at_revision", generation_source.stdout, f"{revision}:generation.py"
+        )
     return Side(module, generation.generate_cached)
 
 
@@ -177,8 +198,17 @@ def module_free_generate(model, n_new, logits=None):
     cfg, pos = model.config, model.transformer.wpe
     B, C, n_head = 1, cfg.n_embd, cfg.n_head
     pos.reserve(n_new)
-    layers = [(b.ln_1.weight, b.attn.c_attn.weight, b.attn.c_proj.weight, b.ln_2.weight, b.mlp.c_fc.weight,
-               b.mlp.c_proj.weight) for b in model.transformer.h]
+    layers = [
+        (
+            b.ln_1.weight,
+            b.attn.c_attn.weight,
+            b.attn.c_proj.weight,
+            b.ln_2.weight,
+            b.mlp.c_fc.weight,
+            b.mlp.c_proj.weight,
+        )
+        for b in model.transformer.h
+    ]
     wte, ln_f = model.transformer.wte.weight, model.transformer.ln_f.weight
     keys = [torch.zeros(B, n_head, n_new, C // n_head) for _ in layers]
     values = [torch.zeros_like(k) for k in keys]
@@ -188,13 +218,23 @@ def module_free_generate(model, n_new, logits=None):
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
-        bias = positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None] if cfg.pos == "alibi" else None
+        bias = (
+            positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
+            if cfg.pos == "alibi"
+            else None
+        )
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
-            q, k, v = qkv.unbind(1) if rope is None else (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
+            q, k, v = (
+                qkv.unbind(1)
+                if rope is None
+                else (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
+            )
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
-            y = F.scaled_dot_product_attention(q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias)
+            y = F.scaled_dot_product_attention(
+                q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias
+            )
             x = x + F.linear(y.view(B, 1, C), proj)
             x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln_2), fc), approximate="tanh"), fc_proj)
         step_logits = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1]
@@ -252,7 +292,9 @@ class SplitAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+        q, k, v = (
+            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
@@ -293,13 +335,15 @@ class NanoGPTStructured(nn.Module):
 
     def __init__(self, config, gelu="exact"):
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
-            ln_f=BiasFreeLayerNorm(config.n_embd),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
+                ln_f=BiasFreeLayerNorm(config.n_embd),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
@@ -310,8 +354,11 @@ class NanoGPTStructured(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                                              ignore_index=-1)
+        loss = (
+            None
+            if targets is None
+            else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        )
         return logits, loss
 
 
@@ -329,19 +376,25 @@ def nanogpt_matches_or_exit(model, x, y):
     change|) that the exact GELU makes, for the record."""
     logits, loss = model.train()(x, y)
     outputs = {gelu: nanogpt_structured(model, gelu).train()(x, y) for gelu in NANOGPT_GELUS}
-    change = {gelu: ((out[0] - logits).abs().max().item(), (out[1] - loss).abs().item())
-              for gelu, out in outputs.items()}
+    change = {
+        gelu: ((out[0] - logits).abs().max().item(), (out[1] - loss).abs().item())
+        for gelu, out in outputs.items()
+    }
     if not all(c <= 1e-5 for c in change["tanh"]):  # NaN fails too
-        raise SystemExit(f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
-                         f"and loss (off by {change['tanh'][0]:.2e} and {change['tanh'][1]:.2e}); nothing timed")
+        raise SystemExit(
+            f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
+            f"and loss (off by {change['tanh'][0]:.2e} and {change['tanh'][1]:.2e}); nothing timed"
+        )
     return change["exact"]
 
 
 def checked_nanogpt_structured(model, gelu):
     """The reference with `gelu` and the weights of `model`, once nanogpt_matches_or_exit has passed (said in a line)"""
     logit_change, loss_change = nanogpt_matches_or_exit(model, *training_batch())
-    print(f"checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; the "
-          f"exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}")
+    print(
+        f"checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; the "
+        f"exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}"
+    )
     return nanogpt_structured(model, gelu)
 
 
@@ -353,7 +406,9 @@ def cached_sampler(side, model, n_new):
 
 def training_batch():
     """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
-    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0))
+    batch = torch.randint(
+        0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0)
+    )
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
 
 
@@ -434,9 +489,13 @@ def main(argv=None):
         side_a = f"nanoGPT-structured model ({cfg.nanogpt_gelu} GELU)"
     else:
         side_a = f"model.py at {cfg.against}"
-    work = f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
-          f"median of {cfg.rounds} alternated runs")
+    work = (
+        f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
+    )
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
+        f"median of {cfg.rounds} alternated runs"
+    )
     if cfg.measure == "decode":
         rows = compare_decoding(cfg, old_side)
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
@@ -447,11 +506,20 @@ def main(argv=None):
         else:
             side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
         rows = compare_training(cfg, side_a_model)
-        learned = {side: row[side] for row in rows if row[0] == "learned" and len(rows) > 1 for side in (1, 2)}
+        learned = {
+            side: row[side] for row in rows if row[0] == "learned" and len(rows) > 1 for side in (1, 2)
+        }
         vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]
-        cells = [[row[0], f"{row[1]:.1f}{vs_learned(row, 1)}", f"{row[2]:.1f}{vs_learned(row, 2)}",
-                  f"{row[1] / row[2]:.2f}x"] for row in rows]
+        cells = [
+            [
+                row[0],
+                f"{row[1]:.1f}{vs_learned(row, 1)}",
+                f"{row[2]:.1f}{vs_learned(row, 2)}",
+                f"{row[1] / row[2]:.2f}x",
+            ]
+            for row in rows
+        ]
     print("\n" + markdown_table(columns, cells))
     return rows
 

@@ -45,29 +45,47 @@ from datetime import UTC, datetime
 
 import torch
 
-from plumbing.cli import parse_flags, parse_list
-from plumbing.errors import UserError, one_line_errors
 from data.common import available_datasets, dataset_dir, load_meta
-from plumbing.hardware import (DTYPES, check_device, check_device_name, flops_per_token, peak_flops, precision,
-                      resolve_device, resolve_dtype, speed, synchronize)
 from generation import generate_cached
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES
+from plumbing.cli import parse_flags, parse_list
+from plumbing.errors import UserError, one_line_errors
+from plumbing.hardware import (
+    DTYPES,
+    check_device,
+    check_device_name,
+    flops_per_token,
+    peak_flops,
+    precision,
+    resolve_device,
+    resolve_dtype,
+    speed,
+    synchronize,
+)
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
+from positions import POS_SCHEMES
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
-REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long: one run is steady enough
+REPEAT_BUDGET_S = (
+    10.0  # a generation figure stops repeating once its runs took this long: one run is steady enough
+)
 
 
 @dataclass
 class BenchConfig:
-    pos: str = "all"  # schemes to measure: one (rope), several in the order to run them (learned,rope,alibi), or all
+    pos: str = (
+        "all"  # schemes to measure: one (rope), several in the order to run them (learned,rope,alibi), or all
+    )
     # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), with random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
-    vocab_size: int | None = None  # None: --dataset's vocabulary, or shakespeare_char's 65 characters without one
-    dataset: str | None = None  # whose vocabulary to use (a --config preset's): its meta.json, else GPT-2's 50257
+    vocab_size: int | None = (
+        None  # None: --dataset's vocabulary, or shakespeare_char's 65 characters without one
+    )
+    dataset: str | None = (
+        None  # whose vocabulary to use (a --config preset's): its meta.json, else GPT-2's 50257
+    )
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # model width
@@ -77,26 +95,40 @@ class BenchConfig:
     batch_size: int = 12  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
-    warmup_steps: int = 3  # untimed steps first (the first compiles), their time reported as compile time; 0: none
+    warmup_steps: int = (
+        3  # untimed steps first (the first compiles), their time reported as compile time; 0: none
+    )
     # Rounds: a change in the machine's load then reaches every scheme alike. On CUDA one round keeps one model
     # resident at a time, so each scheme's peak memory is its own.
-    rounds: int | None = None  # timed steps alternate between the schemes in this many rounds; None: 3 on CPU, else 1
+    rounds: int | None = (
+        None  # timed steps alternate between the schemes in this many rounds; None: 3 on CPU, else 1
+    )
     # generation
-    gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size; none: no generation
+    gen_multiples: list[int] = field(
+        default_factory=lambda: [1, 4, 16]
+    )  # new tokens / block_size; none: no generation
     repeats: int = 3  # timed runs per generation figure, the median reported (fewer once the runs took 10 s)
     reference_max_tokens: int = 1024  # skip the O(n^2) uncached reference past this many new tokens; 0: never
-    compile_decode: bool | None = None  # also time compiled decoding where model.py offers it; None: as --compile
+    compile_decode: bool | None = (
+        None  # also time compiled decoding where model.py offers it; None: as --compile
+    )
     # system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
-    compile: bool | None = None  # torch.compile the training step; None: on CUDA only (on CPU: costs more than it gains)
+    compile: bool | None = (
+        None  # torch.compile the training step; None: on CUDA only (on CPU: costs more than it gains)
+    )
     threads: int | None = None  # torch.set_num_threads; None: torch's default (one per core)
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
-    json: str | None = None  # write every figure, the machine and the command line to this file (checked first)
+    json: str | None = (
+        None  # write every figure, the machine and the command line to this file (checked first)
+    )
 
     def __post_init__(self):
-        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")  # a bad name is refused even if unused
+        dataset_vocab = vocab_size_of(
+            self.dataset or "shakespeare_char"
+        )  # a bad name is refused even if unused
         if self.vocab_size is None:
             self.vocab_size = dataset_vocab
         for name in ("batch_size", "grad_accum", "repeats", "matmul_size"):
@@ -106,7 +138,9 @@ class BenchConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
-            raise ValueError(f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}")
+            raise ValueError(
+                f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
+            )
         if any(m < 1 for m in self.gen_multiples):
             raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
         if self.threads is not None and self.threads < 1:
@@ -135,7 +169,9 @@ def vocab_size_of(dataset):
     """The vocabulary train.py would use for a dataset: its meta.json if prepared, else GPT-2's BPE (every dataset
     here but shakespeare_char, whose 65 characters are the default). An unknown name is a ValueError."""
     if dataset not in available_datasets():
-        raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}")
+        raise ValueError(
+            f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}"
+        )
     try:
         return load_meta(dataset_dir(dataset))["vocab_size"]
     except (OSError, UserError):
@@ -145,8 +181,14 @@ def vocab_size_of(dataset):
 def parse_args(argv=None):
     """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits
     with status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
-    values = parse_flags(argv, "bench.py", __doc__, [("benchmark", BenchConfig, None)],
-                         choices={"dtype": DTYPES}, foreign_keys=True)
+    values = parse_flags(
+        argv,
+        "bench.py",
+        __doc__,
+        [("benchmark", BenchConfig, None)],
+        choices={"dtype": DTYPES},
+        foreign_keys=True,
+    )
     cfg = BenchConfig(**values)
     check_device(resolve_device(cfg.device))
     return cfg
@@ -157,9 +199,14 @@ def resolve(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     compile_ = (device_type == "cuda") if cfg.compile is None else cfg.compile
-    return replace(cfg, device=device, dtype=resolve_dtype(cfg.dtype, device_type), compile=compile_,
-                   compile_decode=compile_ if cfg.compile_decode is None else cfg.compile_decode,
-                   rounds=cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1))
+    return replace(
+        cfg,
+        device=device,
+        dtype=resolve_dtype(cfg.dtype, device_type),
+        compile=compile_,
+        compile_decode=compile_ if cfg.compile_decode is None else cfg.compile_decode,
+        rounds=cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1),
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -202,22 +249,37 @@ def source():
     """Which code was measured: the git commit, whether the working tree differs from it (model.py's owner may be
     mid-change), and model.py's own hash."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above perf/
-    git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
+    git = lambda *args: (
+        subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
+    )
     try:
-        commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "--untracked-files=no")
+        commit, changed = (
+            git("rev-parse", "HEAD").strip() or None,
+            git("status", "--porcelain", "--untracked-files=no"),
+        )
     except OSError:  # no git
         commit, changed = None, ""
     with open(os.path.join(root, "model.py"), "rb") as f:
         model_sha1 = hashlib.sha1(f.read()).hexdigest()
-    return {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed.splitlines()],
-            "model_py_sha1": model_sha1}
+    return {
+        "git_commit": commit,
+        "uncommitted_changes": [line[3:] for line in changed.splitlines()],
+        "model_py_sha1": model_sha1,
+    }
 
 
 def machine(device):
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
 
 
 # -----------------------------------------------------------------------------
@@ -235,8 +297,13 @@ class Trainer:
         self.run = torch.compile(self.model) if cfg.compile else self.model
         self.autocast, self.scaler = precision(cfg)
         shape = (cfg.batch_size, cfg.block_size)
-        self.batches = [(torch.randint(cfg.vocab_size, shape, device=cfg.device),
-                         torch.randint(cfg.vocab_size, shape, device=cfg.device)) for _ in range(cfg.grad_accum)]
+        self.batches = [
+            (
+                torch.randint(cfg.vocab_size, shape, device=cfg.device),
+                torch.randint(cfg.vocab_size, shape, device=cfg.device),
+            )
+            for _ in range(cfg.grad_accum)
+        ]
         self.step_seconds, self.warmup_seconds = [], []
 
     def step(self):
@@ -264,12 +331,19 @@ class Trainer:
         tokens = self.cfg.batch_size * self.cfg.block_size * self.cfg.grad_accum
         per_token = flops_per_token(self.model)
         first = self.warmup_seconds[0] if self.warmup_seconds else None
-        return {"ms_per_step": median * 1e3, "step_ms_min": min(self.step_seconds) * 1e3,
-                "step_ms_max": max(self.step_seconds) * 1e3, "timed_steps": len(self.step_seconds),
-                "tokens_per_step": tokens, "first_step_s": first,
-                "compile_s": max(0.0, first - median) if self.cfg.compile and first is not None else None,
-                "flops_per_token": per_token, "params": self.model.num_params(), "peak_memory_mb": memory_mb,
-                **speed(median, tokens, per_token * tokens, peak)}
+        return {
+            "ms_per_step": median * 1e3,
+            "step_ms_min": min(self.step_seconds) * 1e3,
+            "step_ms_max": max(self.step_seconds) * 1e3,
+            "timed_steps": len(self.step_seconds),
+            "tokens_per_step": tokens,
+            "first_step_s": first,
+            "compile_s": max(0.0, first - median) if self.cfg.compile and first is not None else None,
+            "flops_per_token": per_token,
+            "params": self.model.num_params(),
+            "peak_memory_mb": memory_mb,
+            **speed(median, tokens, per_token * tokens, peak),
+        }
 
 
 def bench_training(cfg, peak, results, log, save):
@@ -277,9 +351,11 @@ def bench_training(cfg, peak, results, log, save):
     rounds, each over every scheme in turn (a new order each round), so a change in machine load during the run
     reaches every scheme alike."""
     trainers = {}
-    per_round = [cfg.train_steps // cfg.rounds + (r < cfg.train_steps % cfg.rounds) for r in range(cfg.rounds)]
+    per_round = [
+        cfg.train_steps // cfg.rounds + (r < cfg.train_steps % cfg.rounds) for r in range(cfg.rounds)
+    ]
     for r, n in enumerate(per_round):
-        order = cfg.schemes[r % len(cfg.schemes):] + cfg.schemes[: r % len(cfg.schemes)]
+        order = cfg.schemes[r % len(cfg.schemes) :] + cfg.schemes[: r % len(cfg.schemes)]
         for pos in order:
             if pos not in trainers:
                 if cfg.compile and not trainers:
@@ -352,7 +428,9 @@ def bench_generation(cfg, pos, log):
             # every length is a new cache size and so a new graph: start from an empty compile cache, or the
             # schemes and lengths of one run reach torch.compile's limit of recompiles per function
             torch.compiler.reset()
-            first, _ = timed(lambda n=n: compiled(prompt, n), cfg.device)  # compiles for this length: not timed
+            first, _ = timed(
+                lambda n=n: compiled(prompt, n), cfg.device
+            )  # compiles for this length: not timed
             row["compiled_tok_s"], compiled_out = time_sampler(compiled, prompt, n, cfg)
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
             row["compiled_matches"] = same_prefix(compiled_out, cached_out)
@@ -369,31 +447,68 @@ def bench_generation(cfg, pos, log):
 
 def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
-    columns = ["pos", "params", "ms/step", "x learned", "tokens/s", "compile s", "FLOPs/token", "TFLOP/s", "% of peak",
-               "peak MB"]
+    columns = [
+        "pos",
+        "params",
+        "ms/step",
+        "x learned",
+        "tokens/s",
+        "compile s",
+        "FLOPs/token",
+        "TFLOP/s",
+        "% of peak",
+        "peak MB",
+    ]
     rows = []
     for pos, t in train.items():
         ratio = t["ms_per_step"] / learned if learned else None
         share = t.get("mfu")
-        rows.append([pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-"),
-                     f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"),
-                     f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"),
-                     f"{t['peak_memory_mb']:,.0f}"])
+        rows.append(
+            [
+                pos,
+                f"{t['params']:,}",
+                f"{t['ms_per_step']:.1f}",
+                fmt(ratio, ".2f", "-"),
+                f"{t['tokens_per_sec']:,.0f}",
+                fmt(t["compile_s"], ".1f", "-"),
+                f"{t['flops_per_token']:,}",
+                f"{t['tflops']:.3g}",
+                fmt(share and 100 * share, ".1f", "-"),
+                f"{t['peak_memory_mb']:,.0f}",
+            ]
+        )
     return markdown_table(columns, rows)
 
 
 def generation_table(generation, compiled_note):
-    columns = ["pos", "new tokens", "cached tok/s", "reference tok/s", "speed-up", "compiled tok/s", "same tokens",
-               "peak MB"]
+    columns = [
+        "pos",
+        "new tokens",
+        "cached tok/s",
+        "reference tok/s",
+        "speed-up",
+        "compiled tok/s",
+        "same tokens",
+        "peak MB",
+    ]
     rows = []
     for pos, g in generation.items():
         for row in g["rows"]:
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
-            rows.append([pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}",
-                         fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup,
-                         fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"])
+            rows.append(
+                [
+                    pos,
+                    str(row["new_tokens"]),
+                    f"{row['cached_tok_s']:,.0f}",
+                    fmt(row["reference_tok_s"], ",.0f", "skipped"),
+                    speedup,
+                    fmt(row["compiled_tok_s"], ",.0f", compiled_note),
+                    same,
+                    f"{g['peak_memory_mb']:,.0f}",
+                ]
+            )
     return markdown_table(columns, rows)
 
 
@@ -408,7 +523,9 @@ def write_json(path, report):
 def device_peak(cfg):
     """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
     if cfg.device == "cpu":
-        return cpu_matmul_flops(cfg.matmul_size), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
+        return cpu_matmul_flops(
+            cfg.matmul_size
+        ), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
     if cfg.device.startswith("cuda"):
         return peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     return None, "unknown on this device"
@@ -416,26 +533,35 @@ def device_peak(cfg):
 
 def new_report(cfg, argv, peak, peak_source):
     on_cuda = cfg.device.startswith("cuda")
-    return {"command": shlex.join(["python", "-m", "perf.bench", *argv]),
-            "date": datetime.now(UTC).isoformat(),
-            "machine": machine(cfg.device), "source": source(), "config": asdict(cfg),
-            "peak_flops": peak, "peak_source": peak_source,
-            "memory": "CUDA max_memory_allocated per scheme and phase" if on_cuda else
-                      "process max RSS so far (a high-water mark, not per scheme)",
-            # what perf.bench calls for compiled decoding (timed only with --compile_decode)
-            "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
-            "training": {}, "generation": {}}
+    return {
+        "command": shlex.join(["python", "-m", "perf.bench", *argv]),
+        "date": datetime.now(UTC).isoformat(),
+        "machine": machine(cfg.device),
+        "source": source(),
+        "config": asdict(cfg),
+        "peak_flops": peak,
+        "peak_source": peak_source,
+        "memory": "CUDA max_memory_allocated per scheme and phase"
+        if on_cuda
+        else "process max RSS so far (a high-water mark, not per scheme)",
+        # what perf.bench calls for compiled decoding (timed only with --compile_decode)
+        "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
+        "training": {},
+        "generation": {},
+    }
 
 
 def print_report(report, cfg):
     gpu = report["machine"]["gpu"]
     compiled = report["compiled_decoding"]
-    print(f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
-          f"{f' ({gpu})' if gpu else ''}, "
-          f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
-          f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
-          f"memory: {report['memory']}; "
-          f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n")
+    print(
+        f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
+        f"{f' ({gpu})' if gpu else ''}, "
+        f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
+        f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+        f"memory: {report['memory']}; "
+        f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n"
+    )
     if report["training"]:
         print(training_table(report["training"]) + "\n")
     if report["generation"]:

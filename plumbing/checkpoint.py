@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 from data.common import TOKENIZERS, get_tokenizer
-from plumbing.errors import UserError
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
+from plumbing.errors import UserError
 from positions import ROPE_VARIANTS
 
 SAMPLING_KEYS = ("model", "model_config", "meta")
@@ -139,7 +139,9 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     try:
         # torch maps only its zip format: another file (an older format) is read whole, as before
         mmap = mmap and zipfile.is_zipfile(path)
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error, if any, says it in one line
+        with (
+            warnings.catch_warnings()
+        ):  # e.g. "Detected pickle protocol 4": the error, if any, says it in one line
             warnings.simplefilter("ignore")
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -153,7 +155,9 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
         cause = detail.group(1) if detail else first_line(e)
         raise UserError(f"{path}: truncated or corrupt checkpoint ({cause})") from None
     except Exception as e:  # torch.load raises RuntimeError, EOFError, KeyError ... for a damaged file
-        raise UserError(f"{path}: truncated or corrupt checkpoint ({type(e).__name__}: {first_line(e)})") from None
+        raise UserError(
+            f"{path}: truncated or corrupt checkpoint ({type(e).__name__}: {first_line(e)})"
+        ) from None
     missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
     if missing:
         raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
@@ -224,16 +228,25 @@ def check_meta(path, ckpt):
     decoded, nor a dataset's vocabulary compared with it."""
     meta = ckpt.get("meta")
     if not isinstance(meta, dict):
-        raise UserError(f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it "
-                              "can be neither sampled from nor trained on; train.py writes one into every checkpoint")
+        raise UserError(
+            f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it "
+            "can be neither sampled from nor trained on; train.py writes one into every checkpoint"
+        )
     tokenizer, vocab_size, chars = vocabulary(meta)
     if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise UserError(f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size "
-                              f"{vocab_size!r}; expected one of {', '.join(TOKENIZERS)} and a positive size)")
-    if tokenizer == "char" and not (isinstance(chars, (list, str)) and len(chars) == vocab_size
-                                    and all(isinstance(c, str) and len(c) == 1 for c in chars)):
-        raise UserError(f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the "
-                              f"{vocab_size} characters its token ids stand for")
+        raise UserError(
+            f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size "
+            f"{vocab_size!r}; expected one of {', '.join(TOKENIZERS)} and a positive size)"
+        )
+    if tokenizer == "char" and not (
+        isinstance(chars, (list, str))
+        and len(chars) == vocab_size
+        and all(isinstance(c, str) and len(c) == 1 for c in chars)
+    ):
+        raise UserError(
+            f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the "
+            f"{vocab_size} characters its token ids stand for"
+        )
     model_vocab = ckpt["model_config"].get("vocab_size") if isinstance(ckpt["model_config"], dict) else None
     if model_vocab is not None and model_vocab != vocab_size:
         raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
@@ -251,11 +264,16 @@ def mismatched_tensors(module, state_dict, shown=3):
 
     missing = [name for name in expected if name not in state_dict]
     unexpected = [name for name in state_dict if name not in expected]
-    shapes = [f"{name} {tuple(getattr(value, 'shape', ()))} where the model has {tuple(expected[name].shape)}"
-              for name, value in state_dict.items()
-              if name in expected and getattr(value, "shape", None) != expected[name].shape]
-    parts = [f"{what} {some(names)}" for what, names in
-             (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)) if names]
+    shapes = [
+        f"{name} {tuple(getattr(value, 'shape', ()))} where the model has {tuple(expected[name].shape)}"
+        for name, value in state_dict.items()
+        if name in expected and getattr(value, "shape", None) != expected[name].shape
+    ]
+    parts = [
+        f"{what} {some(names)}"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
+        if names
+    ]
     return "; ".join(parts)
 
 
@@ -266,8 +284,9 @@ def load_weights(path, module, state_dict):
         module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         detail = mismatched_tensors(module, state_dict) if isinstance(module, torch.nn.Module) else ""
-        raise UserError(f"{path}: its {type(module).__name__} state does not fit "
-                              f"({detail or first_line(e)})") from None
+        raise UserError(
+            f"{path}: its {type(module).__name__} state does not fit ({detail or first_line(e)})"
+        ) from None
 
 
 def build_model(path, ckpt, **overrides):
@@ -289,12 +308,16 @@ def pretrained_checkpoint(name):
         config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
         raise UserError(f"--init_from={name}: {first_line(e)}") from None
-    return {"model": state_dict, "model_config": asdict(config),
-            "meta": {"tokenizer": "gpt2", "vocab_size": config.vocab_size}}
+    return {
+        "model": state_dict,
+        "model_config": asdict(config),
+        "meta": {"tokenizer": "gpt2", "vocab_size": config.vocab_size},
+    }
 
 
-def open_model(source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None,
-               llama3_factors=(None, None)):
+def open_model(
+    source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None, llama3_factors=(None, None)
+):
     """(model in eval mode on device, tokenizer or None without a meta, checkpoint dict) of the checkpoint
     train.py kept in `source` (a run's folder: best.pt, else ckpt.pt; or a checkpoint file), or of `ckpt`,
     that checkpoint already loaded (or pretrained_checkpoint's). With rope_scaling, that RoPE extension at
@@ -330,9 +353,11 @@ def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
     ids mean something else."""
     if vocabulary(ckpt_meta) != vocabulary(meta):
         chars = " (same size, other characters)" if vocabulary(ckpt_meta)[:2] == vocabulary(meta)[:2] else ""
-        raise UserError(f"refusing to {action} {path}: it was trained on {describe_vocabulary(ckpt_meta)} and "
-                              f"--dataset={dataset} has {describe_vocabulary(meta)}{chars}; use a dataset with the "
-                              "checkpoint's vocabulary, or start a new run with another --out_dir")
+        raise UserError(
+            f"refusing to {action} {path}: it was trained on {describe_vocabulary(ckpt_meta)} and "
+            f"--dataset={dataset} has {describe_vocabulary(meta)}{chars}; use a dataset with the "
+            "checkpoint's vocabulary, or start a new run with another --out_dir"
+        )
 
 
 def run_finished(ckpt):

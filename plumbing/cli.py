@@ -50,9 +50,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def parse_bool(text):
     """true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it)."""
-    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    value = {
+        "true": True,
+        "1": True,
+        "yes": True,
+        "on": True,
+        "false": False,
+        "0": False,
+        "no": False,
+        "off": False,
+    }
     if text.lower() not in value:
-        raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}"
+        )
     return value[text.lower()]
 
 
@@ -83,8 +94,10 @@ def parse_list(name, text, choices, everything=None):
     items = tuple(text.split(","))
     if any(item not in choices for item in items) or len(set(items)) < len(items):
         either = f"{everything}, or " if everything is not None else ""
-        raise ValueError(f"{name}={text!r}: give {either}one or more of {', '.join(choices)}, comma-separated and "
-                         "each once")
+        raise ValueError(
+            f"{name}={text!r}: give {either}one or more of {', '.join(choices)}, comma-separated and "
+            "each once"
+        )
     return items
 
 
@@ -126,7 +139,9 @@ def field_defaults(config_class):
 
 def own_config_field(sections):
     """Whether a section has a field named config: then --config is that setting, not a file of settings."""
-    return any("config" in (names or [f.name for f in fields(config_class)]) for _, config_class, names in sections)
+    return any(
+        "config" in (names or [f.name for f in fields(config_class)]) for _, config_class, names in sections
+    )
 
 
 def build_parser(prog, description, sections, defaults, choices, positional):
@@ -134,14 +149,22 @@ def build_parser(prog, description, sections, defaults, choices, positional):
     SUPPRESSed so that parsing sees only what was given, to layer flags over the config file; --help shows
     the effective default."""
     parser = ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    if not own_config_field(sections):  # a script whose own setting is called config (the study's preset) has none
-        parser.add_argument("--config", metavar="FILE.toml", action="append",
-                            help="read settings from a TOML file; given again, the files are read in order, each "
-                                 "overriding the ones before; flags override them all")
+    if not own_config_field(
+        sections
+    ):  # a script whose own setting is called config (the study's preset) has none
+        parser.add_argument(
+            "--config",
+            metavar="FILE.toml",
+            action="append",
+            help="read settings from a TOML file; given again, the files are read in order, each "
+            "overriding the ones before; flags override them all",
+        )
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         comments = field_comments(config_class)
@@ -152,7 +175,9 @@ def build_parser(prog, description, sections, defaults, choices, positional):
             valid = choices.get(name)
             if valid is not None and type(None) in typing.get_args(annotation):
                 valid = (*valid, None)
-            kwargs = dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}  # `--compile` alone: true
+            kwargs = (
+                dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}
+            )  # `--compile` alone: true
             if is_list:
                 kwargs = dict(nargs="+" if name in positional else "*", metavar=name.upper())
             help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
@@ -182,7 +207,9 @@ def read_config_file(parser, path, valid, foreign_keys=False):
     if foreign_keys:
         table = {key: value for key, value in table.items() if key in valid}
     elif unknown:
-        raise UsageError(f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")
+        raise UsageError(
+            f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}"
+        )
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
             raise UsageError(f"{path}: {key} must be a string, number or boolean, got {value!r}")
@@ -202,7 +229,9 @@ def explain(message, valid):
     return f"{message}{hint}; valid flags: {' '.join(valid)}"
 
 
-def parse_flags(argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False):
+def parse_flags(
+    argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
+):
     """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
     each --config FILE.toml in the order given, then by the flags in argv (sys.argv[1:] when None). Fields named in
     `positional` are positional arguments. foreign_keys: the --config file is another script's (perf.bench reads
@@ -213,15 +242,21 @@ def parse_flags(argv, prog, description, sections, defaults=None, choices=None, 
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
     values |= dict(defaults or {})
     parser = build_parser(prog, description, sections, values, choices or {}, positional)
-    valid = [name for _, config_class, names in sections for name in (names or [f.name for f in fields(config_class)])
-             if name not in positional]
+    valid = [
+        name
+        for _, config_class, names in sections
+        for name in (names or [f.name for f in fields(config_class)])
+        if name not in positional
+    ]
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
         from_files = {}
-        if "config" in flags and not own_config_field(sections):  # a file holds flags only, so it is checked by a parser without the positionals
+        if "config" in flags and not own_config_field(
+            sections
+        ):  # a file holds flags only, so it is checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
             for path in flags.pop("config"):

@@ -74,8 +74,11 @@ class Processes:
 
     def resume_command(self, argv, resuming):
         """The command that continues this run: the same launcher and flags (argv), plus --resume."""
-        launcher = f"torchrun --standalone --nproc_per_node={self.world_size} train.py" if self.launched \
+        launcher = (
+            f"torchrun --standalone --nproc_per_node={self.world_size} train.py"
+            if self.launched
             else "python train.py"
+        )
         return " ".join([launcher, shlex.join([*argv, *([] if resuming else ["--resume"])])])
 
 
@@ -155,6 +158,9 @@ def wrap_ddp(module, procs, device_type):
     if not procs.launched:
         return module
     device_ids = [procs.local_rank] if device_type == "cuda" else None
-    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+    no_sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
         else "broadcast_buffers"
+    )
     return DDP(module, device_ids=device_ids, **{no_sync: False})

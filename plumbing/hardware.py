@@ -46,11 +46,13 @@ def check_device_name(device):
 def check_device(device):
     """A usage UserError (status 2) if this machine lacks the device asked for."""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu",
-                        status=2)
+        raise UserError(
+            f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu", status=2
+        )
     if device == "mps" and not torch.backends.mps.is_available():
-        raise UserError("device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu",
-                        status=2)
+        raise UserError(
+            "device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu", status=2
+        )
 
 
 def resolve_device(device):
@@ -119,8 +121,10 @@ def check_memory(parts, device, what, advice):
         return
     largest = sorted(parts.items(), key=lambda part: -part[1])
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
-    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
-                     f"{format_bytes(available)} available; {advice}")
+    raise UserError(
+        f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
+        f"{format_bytes(available)} available; {advice}"
+    )
 
 
 def synchronize(device):
@@ -157,8 +161,11 @@ def peak_flops(device):
 def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
     """A step's speed as logged and benchmarked: ms per step, tokens/s, model TFLOP/s, and MFU where the peak
     is known (the model FLOPs achieved over the peak of all devices together)."""
-    metrics = {"ms_per_iter": step_seconds * 1e3, "tokens_per_sec": tokens_per_step / step_seconds,
-               "tflops": flops_per_step / step_seconds / 1e12}
+    metrics = {
+        "ms_per_iter": step_seconds * 1e3,
+        "tokens_per_sec": tokens_per_step / step_seconds,
+        "tflops": flops_per_step / step_seconds / 1e12,
+    }
     if peak:
         metrics["mfu"] = flops_per_step / step_seconds / (peak * n_devices)
     return metrics

@@ -26,10 +26,14 @@ def check_outputs(outputs, inputs=()):
     given = [(flag, Path(path)) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(given):
         if any(same_file(source, path) for source in inputs):
-            raise UserError(f"--{flag}={path}: that file is an input of this run; write the output to another one")
+            raise UserError(
+                f"--{flag}={path}: that file is an input of this run; write the output to another one"
+            )
         for other, earlier in given[:i]:
             if same_file(earlier, path):
-                raise UserError(f"--{flag}={path}: --{other} writes that file too; give each output a file of its own")
+                raise UserError(
+                    f"--{flag}={path}: --{other} writes that file too; give each output a file of its own"
+                )
         check_writable(flag, path)
 
 

@@ -35,7 +35,9 @@ class StepClock:
         self.train_seconds += now - self.window_start
         self.window_start, self.window_steps = now, 0
         per_step = self.train_seconds / (steps_done - self.start_iter)
-        left = (self.cfg.max_iters - steps_done) * per_step + evals_left(steps_done, self.cfg) * self.eval_seconds
+        left = (self.cfg.max_iters - steps_done) * per_step + evals_left(
+            steps_done, self.cfg
+        ) * self.eval_seconds
         return step_seconds, left
 
 
@@ -70,8 +72,10 @@ def markdown_table(columns, rows):
 def step_line(step, cfg, loss, lr, speed, seconds_left):
     """`step 50/2000 | loss 2.1 | lr 5.0e-04 | 35.6 ms/iter | 21,500 tok/s | mfu 40.0% | 1m30s left`"""
     mfu = f" | mfu {speed['mfu']:.1%}" if "mfu" in speed else ""
-    return (f"step {step}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {speed['ms_per_iter']:.1f} ms/iter | "
-            f"{speed['tokens_per_sec']:,.0f} tok/s{mfu} | {format_seconds(seconds_left)} left")
+    return (
+        f"step {step}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {speed['ms_per_iter']:.1f} ms/iter | "
+        f"{speed['tokens_per_sec']:,.0f} tok/s{mfu} | {format_seconds(seconds_left)} left"
+    )
 
 
 def header_line(run, one_per_process):
@@ -79,12 +83,15 @@ def header_line(run, one_per_process):
     cfg, procs = run.cfg, run.procs
     split = f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
     if procs.launched:
-        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches" + \
-            (" (one per process: --grad_accum not given)" if one_per_process else "")
+        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches" + (
+            " (one per process: --grad_accum not given)" if one_per_process else ""
+        )
     compiled = " compiled" if cfg.compile else ""
-    return (f"{cfg.dataset} ({run.meta['vocab_size']} tokens) | pos={run.model_config.pos} | "
-            f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
-            f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps")
+    return (
+        f"{cfg.dataset} ({run.meta['vocab_size']} tokens) | pos={run.model_config.pos} | "
+        f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
+        f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps"
+    )
 
 
 @contextmanager
@@ -97,10 +104,18 @@ def wandb_logging(run):
         return
     import wandb  # only when asked for: optional, and slow to import
 
-    config = asdict(cfg) | asdict(run.model_config) | {"world_size": run.procs.world_size,
-                                                       "parameters": run.model.num_params()}
-    wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
-                           id=p.wandb_run_id, resume="allow" if p.wandb_run_id else None, config=config)
+    config = (
+        asdict(cfg)
+        | asdict(run.model_config)
+        | {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
+    )
+    wandb_run = wandb.init(
+        project=cfg.wandb_project,
+        name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+        id=p.wandb_run_id,
+        resume="allow" if p.wandb_run_id else None,
+        config=config,
+    )
     p.wandb_run_id = wandb_run.id
     finished = False
     try:

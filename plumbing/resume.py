@@ -13,13 +13,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plumbing.checkpoint import (check_meta, check_same_vocabulary, checkpoint_path, link_checkpoint, load_checkpoint,
-                                 load_weights, run_folder, save_checkpoint)
+from plumbing.checkpoint import (
+    check_meta,
+    check_same_vocabulary,
+    checkpoint_path,
+    link_checkpoint,
+    load_checkpoint,
+    load_weights,
+    run_folder,
+    save_checkpoint,
+)
 from plumbing.errors import UserError
 
 # Resuming needs these beyond what sampling needs
-RESUME_KEYS = ("train_config", "iter_num", "best_val_loss", "best_iter", "optimizer", "scaler", "sampler", "rng",
-               "wandb_run_id")
+RESUME_KEYS = (
+    "train_config",
+    "iter_num",
+    "best_val_loss",
+    "best_iter",
+    "optimizer",
+    "scaler",
+    "sampler",
+    "rng",
+    "wandb_run_id",
+)
 # GPTConfig fields a resumed run may change: they shape no weight
 MODEL_KNOBS = ("dropout",)
 # TrainConfig fields that say nothing about the run being continued
@@ -77,7 +94,9 @@ def rng_state(device):
     """The state of every random generator training may draw from, as plain data and tensors (weights_only):
     Python's random.getstate() is (version, tuple of 625 ints, gauss) and numpy's holds an ndarray."""
     version, mt_state, gauss = random.getstate()
-    numpy_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
+    numpy_state = np.random.get_state(
+        legacy=False
+    )  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
     return {
         "python": [version, list(mt_state), gauss],
         "numpy": {
@@ -98,12 +117,14 @@ def set_rng_state(state, device):
     version, mt_state, gauss = state["python"]
     random.setstate((version, tuple(mt_state), gauss))
     numpy_state = state["numpy"]
-    np.random.set_state({
-        "bit_generator": numpy_state["bit_generator"],
-        "state": {"key": numpy_state["key"].cpu().numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-        "has_gauss": numpy_state["has_gauss"],
-        "gauss": numpy_state["gauss"],
-    })
+    np.random.set_state(
+        {
+            "bit_generator": numpy_state["bit_generator"],
+            "state": {"key": numpy_state["key"].cpu().numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] is not None and str(device).startswith("cuda"):
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
@@ -123,18 +144,25 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
     knobs that changed, as "name old -> new" strings, for the log."""
     missing = [key for key in RESUME_KEYS if key not in ckpt]
     if missing:
-        raise UserError(f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
-                              "(written by an older train.py?); start a new run with another --out_dir")
+        raise UserError(
+            f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
+            "(written by an older train.py?); start a new run with another --out_dir"
+        )
     check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
     if changes := model_differences(saved, wanted, MODEL_KNOBS):
-        raise UserError(f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
-                              "(only training settings such as max_iters or learning_rate may change), or start a "
-                              "new run with another --out_dir")
+        raise UserError(
+            f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
+            "(only training settings such as max_iters or learning_rate may change), or start a "
+            "new run with another --out_dir"
+        )
     knobs = [(name, saved.get(name), wanted[name]) for name in MODEL_KNOBS]
-    knobs += [(name, value, getattr(train_config, name)) for name, value in ckpt["train_config"].items()
-              if name not in NOT_COMPARED and hasattr(train_config, name)]
+    knobs += [
+        (name, value, getattr(train_config, name))
+        for name, value in ckpt["train_config"].items()
+        if name not in NOT_COMPARED and hasattr(train_config, name)
+    ]
     ignored = {"seed": " (ignored: the saved random and data streams continue)"}
     return [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]
 
@@ -204,7 +232,9 @@ def restore_training(run, path, ckpt):
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
     for group, fresh in zip(run.optimizer.param_groups, settings):
-        group.update(fresh)  # keep the moments, take this run's betas and weight decay (and fused on this device)
+        group.update(
+            fresh
+        )  # keep the moments, take this run's betas and weight decay (and fused on this device)
     if ckpt["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(ckpt["scaler"])
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
@@ -223,8 +253,15 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", "rope_low_freq_factor",
-              "rope_high_freq_factor", "dropout")
+INIT_KNOBS = (
+    "block_size",
+    "rope_scaling",
+    "rope_factor",
+    "rope_original_len",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "dropout",
+)
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 
@@ -267,8 +304,10 @@ def init_from_settings(values, saved):
     if out_dir is None:
         out_dir = settings["out_dir"] = fine_tune_dir(source, values["block_size"], values["rope_scaling"])
     if Path(out_dir).resolve() == run_folder(source).resolve():
-        raise ValueError(f"--init_from={source} and --out_dir are the same folder: a run started from a "
-                         "checkpoint writes its own; give another --out_dir")
+        raise ValueError(
+            f"--init_from={source} and --out_dir are the same folder: a run started from a "
+            "checkpoint writes its own; give another --out_dir"
+        )
     return settings
 
 
@@ -280,13 +319,19 @@ def init_model_from(out_dir, model, meta, dataset):
     check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
-        raise UserError(f"refusing to initialise from {path}: {changes}; --init_from may change only "
-                              f"{', '.join(INIT_KNOBS)} (the weights must fit)")
+        raise UserError(
+            f"refusing to initialise from {path}: {changes}; --init_from may change only "
+            f"{', '.join(INIT_KNOBS)} (the weights must fit)"
+        )
     state, note = ckpt["model"], None
     if POSITION_TABLE in state and state[POSITION_TABLE].size(0) != model.config.block_size:
         old = state[POSITION_TABLE].size(0)
-        state = state | {POSITION_TABLE: resize_position_table(state[POSITION_TABLE], model.config.block_size)}
-        note = (f"the learned position table was resized from {old} to {model.config.block_size} rows by linear "
-                "interpolation of the trained rows")
+        state = state | {
+            POSITION_TABLE: resize_position_table(state[POSITION_TABLE], model.config.block_size)
+        }
+        note = (
+            f"the learned position table was resized from {old} to {model.config.block_size} rows by linear "
+            "interpolation of the trained rows"
+        )
     load_weights(path, model, state)
     return note

@@ -20,7 +20,6 @@ from pathlib import Path
 from plumbing.checkpoint import load_checkpoint, run_finished
 from plumbing.errors import UserError
 
-
 LOCK_NAME = "train.lock"
 LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being written, not a crashed run's
 
@@ -35,8 +34,13 @@ def process_start(pid):
 
 def lock_record():
     """What the lock says of this process: enough for the refusal to name it, and to tell a stale lock."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": shlex.join(["python", *sys.argv]), "process_start": process_start(os.getpid())}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": shlex.join(["python", *sys.argv]),
+        "process_start": process_start(os.getpid()),
+    }
 
 
 def read_lock(path):
@@ -56,8 +60,10 @@ def parse_lock(text):
 
 
 def describe_holder(held):
-    return (f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: "
-            f"{held.get('command', 'an unknown command')}")
+    return (
+        f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: "
+        f"{held.get('command', 'an unknown command')}"
+    )
 
 
 def holder_alive(held, path):
@@ -108,11 +114,15 @@ def take_lock(path):
             held = parse_lock(held_text)
             if holder_alive(held, path):
                 holder = describe_holder(held) if held else "a process that has just started"
-                raise UserError(f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
-                               f"another --out_dir (if it is no longer running, delete {path})") from None
+                raise UserError(
+                    f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
+                    f"another --out_dir (if it is no longer running, delete {path})"
+                ) from None
             remove_stale_lock(path, held_text)
-            note = (f"note: took over {path}, left by a run that no longer runs "
-                    f"({describe_holder(held) if held else 'unreadable'})")
+            note = (
+                f"note: took over {path}, left by a run that no longer runs "
+                f"({describe_holder(held) if held else 'unreadable'})"
+            )
             continue
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -171,16 +181,20 @@ def check_may_start(out_dir, resume, overwrite):
     run, resuming = describe_run(out_dir)
     if overwrite:
         return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
-    raise UserError(f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
-                   "give another --out_dir)")
+    raise UserError(
+        f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
+        "give another --out_dir)"
+    )
 
 
 def check_out_dir(out_dir):
     """A file where the run's folder belongs (a checkpoint given for its folder) is a one-line error naming the
     folder to give instead."""
     if Path(out_dir).is_file():
-        raise ValueError(f"--out_dir={out_dir} is a file: give the folder that holds the run, "
-                         f"--out_dir={Path(out_dir).parent}")
+        raise ValueError(
+            f"--out_dir={out_dir} is a file: give the folder that holds the run, "
+            f"--out_dir={Path(out_dir).parent}"
+        )
 
 
 @contextmanager

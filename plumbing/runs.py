@@ -27,16 +27,30 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's reading of its own flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command
-PLAN_CODE = ("import dataclasses, json, sys, train\n"
-             "from plumbing.errors import one_line_errors\n"
-             "for args in json.loads(sys.argv[1]):\n"
-             "    with one_line_errors('train.py'):\n"
-             "        cfg, model = train.parse_args(args)\n"
-             "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n")
+PLAN_CODE = (
+    "import dataclasses, json, sys, train\n"
+    "from plumbing.errors import one_line_errors\n"
+    "for args in json.loads(sys.argv[1]):\n"
+    "    with one_line_errors('train.py'):\n"
+    "        cfg, model = train.parse_args(args)\n"
+    "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n"
+)
 # Settings that say where and how a run ran rather than what it trained, or that train.py fills in as it starts
 # (auto devices and dtypes, vocab_size from the dataset)
-NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval",
-                "wandb", "wandb_project", "wandb_run_name", "vocab_size")
+NOT_COMPARED = (
+    "out_dir",
+    "resume",
+    "overwrite",
+    "device",
+    "dtype",
+    "compile",
+    "grad_accum",
+    "log_interval",
+    "wandb",
+    "wandb_project",
+    "wandb_run_name",
+    "vocab_size",
+)
 EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
 
 
@@ -50,7 +64,9 @@ class Plan:
 
     @property
     def out_dir(self):  # train.py fills in the default folder's {dataset} and {pos}
-        return self.train_config["out_dir"].format(dataset=self.train_config["dataset"], pos=self.model_config["pos"])
+        return self.train_config["out_dir"].format(
+            dataset=self.train_config["dataset"], pos=self.model_config["pos"]
+        )
 
     @property
     def command(self):
@@ -70,15 +86,18 @@ def run_python(args, **kwargs):
     sys.stdout.flush()  # what we printed comes before the command's output
     done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
     if done.returncode:
-        raise UserError(f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
-                       "see its output above")
+        raise UserError(
+            f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
+            "see its output above"
+        )
     return done
 
 
 def plan(commands):
     """The Plan of each train.py command (a list of flags), as train.py reads it: one subprocess for all."""
-    done = subprocess.run([sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True, text=True
+    )
     if done.returncode:  # a bad flag: train.py's own one-line error
         raise UserError(done.stderr.strip() or f"train.py could not read {commands}")
     return [Plan(args, *json.loads(line)) for args, line in zip(commands, done.stdout.splitlines())]
@@ -87,8 +106,11 @@ def plan(commands):
 def differences(saved, wanted):
     """The settings in which a checkpoint's config (saved) differs from the planned one, as 'name saved, not
     wanted'; '' when it is the same run. A setting the checkpoint lacks is newer than the train.py that wrote it."""
-    return "; ".join(f"{name} {saved[name]}, not {value}" for name, value in wanted.items()
-                     if name not in NOT_COMPARED and name in saved and saved[name] != value)
+    return "; ".join(
+        f"{name} {saved[name]}, not {value}"
+        for name, value in wanted.items()
+        if name not in NOT_COMPARED and name in saved and saved[name] != value
+    )
 
 
 def decide(plan, elsewhere="move it away"):
@@ -99,8 +121,15 @@ def decide(plan, elsewhere="move it away"):
     if not path.is_file():
         return "train", None
     ckpt = load_checkpoint(path, mmap=True)
-    changed = "; ".join(filter(None, (differences(ckpt.get("model_config", {}), plan.model_config),
-                                      differences(ckpt.get("train_config", {}), plan.train_config))))
+    changed = "; ".join(
+        filter(
+            None,
+            (
+                differences(ckpt.get("model_config", {}), plan.model_config),
+                differences(ckpt.get("train_config", {}), plan.train_config),
+            ),
+        )
+    )
     if changed:
         raise UserError(f"{plan.out_dir} holds another run than `{plan.command}` ({changed}): {elsewhere}")
     return ("reuse" if run_finished(ckpt) else "resume"), ckpt["iter_num"]
@@ -128,7 +157,9 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
     for i, (p, action, step) in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {announcement(p, action, step, duration)}")
         started = time.perf_counter()
-        run_python(["train.py", *p.args, *EXTRA_FLAGS[action]])  # a run stopped early exits with 1, 130 or 143
+        run_python(
+            ["train.py", *p.args, *EXTRA_FLAGS[action]]
+        )  # a run stopped early exits with 1, 130 or 143
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
     return [ROOT / p.out_dir for p in plans]
 
@@ -139,8 +170,10 @@ def find_checkpoint(pos, checkpoints):
         folder = Path(checkpoints) / name
         if checkpoint_path(folder).is_file():
             return folder
-    raise UserError(f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
-                            f"{checkpoints}/shakespeare_char_{pos}/ holding best.pt or ckpt.pt")
+    raise UserError(
+        f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
+        f"{checkpoints}/shakespeare_char_{pos}/ holding best.pt or ckpt.pt"
+    )
 
 
 def model_dirs(schemes, checkpoints=None, log=print):
@@ -148,6 +181,10 @@ def model_dirs(schemes, checkpoints=None, log=print):
     runs (`python train.py --pos=X`, in out/shakespeare_char_X), trained first where missing or unfinished."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
-    folders = ensure_trained([[f"--pos={pos}"] for pos in schemes], DEFAULT_DURATION,
-                             elsewhere="move it away, or give a folder of trained runs with --checkpoints", log=log)
+    folders = ensure_trained(
+        [[f"--pos={pos}"] for pos in schemes],
+        DEFAULT_DURATION,
+        elsewhere="move it away, or give a folder of trained runs with --checkpoints",
+        log=log,
+    )
     return dict(zip(schemes, folders))

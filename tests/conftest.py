@@ -1,5 +1,6 @@
 """Make the repository root importable (model.py, train.py, sample.py, data/) from the tests, and give the tests
 that grade each course exercise its marker (course/exercises.py: `python -m pytest -m ex3 --strict-markers`)."""
+
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ torch.set_num_threads(1)
 def pytest_configure(config):
     # registered, so that --strict-markers (python -m course grade) refuses a marker no exercise has
     for exercise in EXERCISES:
-        config.addinivalue_line("markers", f"{exercise.id}: grades course exercise {exercise.number}, {exercise.title}")
+        config.addinivalue_line(
+            "markers", f"{exercise.id}: grades course exercise {exercise.number}, {exercise.title}"
+        )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

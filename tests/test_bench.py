@@ -1,5 +1,6 @@
 """perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
 one line. Speed itself is measured by perf.bench, never asserted here."""
+
 import json
 import math
 import subprocess
@@ -8,17 +9,29 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from perf import bench
 from helpers import error_line
+
 from model import GPT, GPTConfig
+from perf import ab, bench
 from positions import POS_SCHEMES
-from perf import ab
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--train_steps=2",
-        "--warmup_steps=1", "--gen_multiples", "1", "2", "--repeats=1", "--matmul_size=128", "--device=cpu"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=8",
+    "--batch_size=2",
+    "--train_steps=2",
+    "--warmup_steps=1",
+    "--gen_multiples",
+    "1",
+    "2",
+    "--repeats=1",
+    "--matmul_size=128",
+    "--device=cpu",
+]
 
 
 def numbers(tree):
@@ -58,15 +71,39 @@ def test_cached_sampler_gives_the_reference_tokens_at_every_length(tiny_report):
 def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
     report, written = tiny_report
     assert written == json.loads(json.dumps(report))
-    assert {"command", "date", "machine", "source", "config", "peak_flops", "peak_source", "memory", "training",
-            "generation", "compiled_decoding"} <= set(written)
+    assert {
+        "command",
+        "date",
+        "machine",
+        "source",
+        "config",
+        "peak_flops",
+        "peak_source",
+        "memory",
+        "training",
+        "generation",
+        "compiled_decoding",
+    } <= set(written)
     assert {"platform", "cpu_count", "gpu", "torch", "torch_threads"} <= set(written["machine"])
     assert written["command"].startswith("python -m perf.bench --n_layer=1")
     assert written["config"]["device"] == "cpu" and written["config"]["dtype"] == "float32"
-    assert {"ms_per_step", "tokens_per_sec", "compile_s", "flops_per_token", "tflops", "mfu",
-            "peak_memory_mb"} <= set(written["training"]["rope"])
+    assert {
+        "ms_per_step",
+        "tokens_per_sec",
+        "compile_s",
+        "flops_per_token",
+        "tflops",
+        "mfu",
+        "peak_memory_mb",
+    } <= set(written["training"]["rope"])
     row = written["generation"]["rope"]["rows"][0]
-    assert {"cached_tok_s", "reference_tok_s", "speedup", "compiled_tok_s", "cached_matches_reference"} <= set(row)
+    assert {
+        "cached_tok_s",
+        "reference_tok_s",
+        "speedup",
+        "compiled_tok_s",
+        "cached_matches_reference",
+    } <= set(row)
 
 
 def test_several_schemes_are_measured_in_the_order_given():
@@ -96,23 +133,33 @@ def test_a_preset_gives_its_model_and_batch_and_flags_override_it():
     """--config takes the model keys and batch settings of a training preset, ignores its training-only keys
     (learning_rate, max_iters, ...), and takes the vocabulary from its dataset."""
     cfg = bench.parse_args(["--config", "configs/cpu_recipe.toml", "--n_layer=2"])
-    assert (cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.batch_size, cfg.bias) == (64, 2, 4, 128, 12, False)
+    assert (cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.batch_size, cfg.bias) == (
+        64,
+        2,
+        4,
+        128,
+        12,
+        False,
+    )
     assert (cfg.device, cfg.compile, cfg.vocab_size) == ("cpu", False, 65)
     big = bench.parse_args(["--config=configs/gpt2_124m.toml", "--grad_accum=2", "--device=cpu"])
     assert (big.n_layer, big.n_embd, big.block_size, big.batch_size, big.grad_accum) == (12, 768, 1024, 16, 2)
     assert big.vocab_size == 50257
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--pos=rotary"], ["pos='rotary'", "give all, or one or more of learned, sinusoidal, rope"]),
-    (["--pos=rope,rope"], ["each once"]),
-    (["--train_step=3"], ["did you mean --train_steps?"]),
-    (["--gen_multiples", "0"], ["gen_multiples must be >= 1"]),
-    (["--n_head=3"], ["must be divisible by n_head=3"]),
-    (["--config=configs/missing.toml"], ["--config configs/missing.toml"]),
-    (["--config"], ["--config: expected one argument"]),
-    (["--device=tpu"], ["choose from auto, cpu, cuda, cuda:N, mps"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--pos=rotary"], ["pos='rotary'", "give all, or one or more of learned, sinusoidal, rope"]),
+        (["--pos=rope,rope"], ["each once"]),
+        (["--train_step=3"], ["did you mean --train_steps?"]),
+        (["--gen_multiples", "0"], ["gen_multiples must be >= 1"]),
+        (["--n_head=3"], ["must be divisible by n_head=3"]),
+        (["--config=configs/missing.toml"], ["--config configs/missing.toml"]),
+        (["--config"], ["--config: expected one argument"]),
+        (["--device=tpu"], ["choose from auto, cpu, cuda, cuda:N, mps"]),
+    ],
+)
 def test_bad_flags_are_one_line_errors(capsys, argv, words):
     err = error_line(capsys, bench, argv, 2)
     assert all(w in err for w in words), err
@@ -138,12 +185,18 @@ BEFORE_GENERATION_PY = "491106f"
 def skip_without_git_history(revision="HEAD"):
     """perf.ab --against reads model.py from git history: a tarball or a shallow clone may not hold it."""
     try:
-        found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{revision}:model.py"],
-                               capture_output=True).returncode == 0
+        found = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "cat-file", "-e", f"{revision}:model.py"], capture_output=True
+            ).returncode
+            == 0
+        )
     except FileNotFoundError:  # no git at all
         found = False
     if not found:
-        pytest.skip(f"perf.ab --against needs {revision}:model.py from git history, which this checkout lacks")
+        pytest.skip(
+            f"perf.ab --against needs {revision}:model.py from git history, which this checkout lacks"
+        )
 
 
 def test_ab_checks_the_module_free_loop_and_model_versions_before_timing_them():
@@ -185,7 +238,9 @@ def test_ab_nanogpt_reference_is_this_trees_network_but_for_the_gelu():
     to 1e-5, with nanoGPT's exact GELU a loss further off than that. On a copy with 10x larger matrices: at GPT-2's
     initialisation the MLP's inputs are so small that the two GELUs give the same loss to ~1e-6."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False, pos="learned"))
+    model = GPT(
+        GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False, pos="learned")
+    )
     with torch.no_grad():
         for weight in model.parameters():
             if weight.dim() == 2:
@@ -193,30 +248,49 @@ def test_ab_nanogpt_reference_is_this_trees_network_but_for_the_gelu():
     tokens = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:].contiguous()  # the reference views its targets, as nanoGPT
     logits, loss = model(x, y)
-    (tanh_logits, tanh_loss), (exact_logits, exact_loss) = (ab.nanogpt_structured(model, gelu)(x, y)
-                                                            for gelu in ("tanh", "exact"))
+    (tanh_logits, tanh_loss), (exact_logits, exact_loss) = (
+        ab.nanogpt_structured(model, gelu)(x, y) for gelu in ("tanh", "exact")
+    )
     assert (tanh_logits - logits).abs().max() <= 1e-5 and abs(tanh_loss - loss) <= 1e-5
-    assert abs(exact_loss - loss) > 2e-5 and (exact_logits - logits).abs().max() > 1e-4  # 3.2e-5 and 4.1e-4 here
+    assert (
+        abs(exact_loss - loss) > 2e-5 and (exact_logits - logits).abs().max() > 1e-4
+    )  # 3.2e-5 and 4.1e-4 here
     reference = ab.nanogpt_structured(model, "exact")
     assert reference.lm_head.weight is reference.transformer.wte.weight
     assert reference.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()
-    logit_change, loss_change = ab.nanogpt_matches_or_exit(model, x, y)  # passes, and says what the exact GELU moves
+    logit_change, loss_change = ab.nanogpt_matches_or_exit(
+        model, x, y
+    )  # passes, and says what the exact GELU moves
     assert logit_change > 1e-4 and loss_change > 2e-5
 
 
 def test_ab_times_training_against_the_nanogpt_structured_model_without_git():
     """--against=nanogpt is a reserved word, not a revision: nothing is read from git; one finite row, learned."""
-    rows = ab.main(["--against=nanogpt", "--measure=train", "--pos=learned", "--nanogpt_gelu=tanh", "--steps=1",
-                    "--rounds=1"])
+    rows = ab.main(
+        [
+            "--against=nanogpt",
+            "--measure=train",
+            "--pos=learned",
+            "--nanogpt_gelu=tanh",
+            "--steps=1",
+            "--rounds=1",
+        ]
+    )
     assert [row[0] for row in rows] == ["learned"] and all(math.isfinite(x) and x > 0 for x in rows[0][1:])
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--against=nanogpt", "--measure=decode"], ["--measure=train", "no KV cache"]),
-    (["--against=nanogpt", "--measure=train", "--pos=learned,rope"], ["--pos=learned"]),
-    (["--against=HEAD", "--nanogpt_gelu=tanh"], ["--against=nanogpt"]),
-    (["--against=nanogpt", "--measure=train", "--pos=learned", "--nanogpt_gelu=erf"], ["'exact', 'tanh'"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--against=nanogpt", "--measure=decode"], ["--measure=train", "no KV cache"]),
+        (["--against=nanogpt", "--measure=train", "--pos=learned,rope"], ["--pos=learned"]),
+        (["--against=HEAD", "--nanogpt_gelu=tanh"], ["--against=nanogpt"]),
+        (
+            ["--against=nanogpt", "--measure=train", "--pos=learned", "--nanogpt_gelu=erf"],
+            ["'exact', 'tanh'"],
+        ),
+    ],
+)
 def test_ab_refuses_what_the_nanogpt_reference_cannot_do_in_one_line(capsys, argv, words):
     with pytest.raises(SystemExit) as exit_info:
         ab.main(argv)

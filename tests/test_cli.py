@@ -4,6 +4,7 @@ rules, read from the files git tracks.
 train.py and sample.py are run through main() as a user would; a mistake must stop them before any work with
 exit status 2 and one line (never argparse's usage block), abbreviations are refused, and typos get a guess.
 """
+
 import ast
 import re
 import subprocess
@@ -13,17 +14,35 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
+from helpers import error_line
 
 import sample
 import train
 from plumbing.cli import parse_list
-from helpers import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
-ENTRY_POINTS = ("train", "sample", "eval_length", "perf.bench", "perf.ab", "demo.*", "experiments.*", "data.*.prepare",
-                "course.__main__")
-SHARED_MODULES = ("model", "generation", "positions", "plumbing.*", "measure.*", "data.common", "data.passkey.task", "course.*")
+ENTRY_POINTS = (
+    "train",
+    "sample",
+    "eval_length",
+    "perf.bench",
+    "perf.ab",
+    "demo.*",
+    "experiments.*",
+    "data.*.prepare",
+    "course.__main__",
+)
+SHARED_MODULES = (
+    "model",
+    "generation",
+    "positions",
+    "plumbing.*",
+    "measure.*",
+    "data.common",
+    "data.passkey.task",
+    "course.*",
+)
 
 
 @pytest.mark.parametrize("script", [train, sample], ids=["train", "sample"])
@@ -59,7 +78,7 @@ def test_sample_flag_mistakes_are_one_line_errors(capsys, argv, words):
 def test_sample_reads_a_config_file_like_train(tmp_path, capsys):
     """--config works for sample.py as for train.py, and an unknown key names the valid ones."""
     preset = tmp_path / "sample.toml"
-    preset.write_text('temperature = 0.5\ntop_k = 0\nmax_context = 32\n')
+    preset.write_text("temperature = 0.5\ntop_k = 0\nmax_context = 32\n")
     cfg = sample.parse_args([f"--config={preset}", "--max_context=16"])
     assert (cfg.temperature, cfg.top_k, cfg.max_context) == (0.5, None, 16)
     preset.write_text("temprature = 0.5\n")
@@ -71,7 +90,9 @@ def project_files(suffix=""):
     """The project's own files (paths from the root, present in the working tree), as git tracks them: a virtual
     environment, datasets or runs inside the checkout are not the project. Skips outside a git checkout."""
     try:
-        top = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        top = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True
+        )
         listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True)
     except FileNotFoundError:  # no git at all
         top = None
@@ -128,8 +149,12 @@ def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
     generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py holds
     the data format)."""
-    unsorted = [path for name, path in project_modules().items() if not path.endswith("__init__.py")
-                and not any(fnmatch(name, pattern) for pattern in ENTRY_POINTS + SHARED_MODULES)]
+    unsorted = [
+        path
+        for name, path in project_modules().items()
+        if not path.endswith("__init__.py")
+        and not any(fnmatch(name, pattern) for pattern in ENTRY_POINTS + SHARED_MODULES)
+    ]
     assert unsorted == []
 
 
@@ -137,7 +162,12 @@ def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
     """bench.py beside a folder bench/ is the trap: with a bench/__init__.py, `import bench` gets the folder."""
     files = project_files()
     assert len([path for path in files if "/" not in path and path.endswith(".py")]) <= 6
-    folders = {(folder.parent, folder.name) for path in files for folder in PurePosixPath(path).parents if folder.name}
+    folders = {
+        (folder.parent, folder.name)
+        for path in files
+        for folder in PurePosixPath(path).parents
+        if folder.name
+    }
     stems = {(PurePosixPath(path).parent, PurePosixPath(path).stem) for path in files}
     assert sorted(str(parent / name) for parent, name in folders & stems) == []
 
@@ -146,16 +176,24 @@ def test_no_module_but_the_tests_edits_sys_path():
     """Everything runs from the root (python train.py, python -m perf.ab, ...), where the modules import each other
     as they are; a sys.path edit would make a script work only from where it was tried, or import a module twice
     under two names."""
+
     def touches_sys_path(path):
-        return any(isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
-                   and node.value.id == "sys" for node in ast.walk(ast.parse((ROOT / path).read_text())))
+        return any(
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+            for node in ast.walk(ast.parse((ROOT / path).read_text()))
+        )
 
     assert [path for path in project_modules().values() if touches_sys_path(path)] == []
 
 
 def top_level_imports(path):
     tree = ast.parse((ROOT / path).read_text())
-    found = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    found = {
+        alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+    }
     return found | {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
 
 
@@ -169,28 +207,78 @@ def test_model_imports_only_torch_and_positions():
     """`import model` needs torch and positions.py alone; only GPT.from_pretrained imports the optional
     transformers, when called."""
     assert top_level_imports("model.py") - set(sys.stdlib_module_names) == {"torch", "positions"}
-    assert imported_modules("model.py") - set(sys.stdlib_module_names) <= {"torch", "positions", "transformers"}
+    assert imported_modules("model.py") - set(sys.stdlib_module_names) <= {
+        "torch",
+        "positions",
+        "transformers",
+    }
 
 
 # What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.
 OLD_TRAIN_CONFIG = dict(
-    dataset="shakespeare_char", batch_size=4, grad_accum=1, learning_rate=1e-3, weight_decay=0.1, beta1=0.9,
-    beta2=0.99, grad_clip=1.0, max_iters=2, warmup_iters=100, lr_decay_iters=2, min_lr=1e-4, eval_interval=2,
-    eval_iters=2, log_interval=1, wandb=False, wandb_project="posgpt", wandb_run_name=None, out_dir="OUT",
-    resume=False, device="cpu", dtype="float32", compile=False, seed=1337)
-OLD_KEYS = {"model", "model_config", "train_config", "iter_num", "best_val_loss", "best_iter", "meta", "optimizer",
-            "scaler", "sampler", "rng", "wandb_run_id"}
+    dataset="shakespeare_char",
+    batch_size=4,
+    grad_accum=1,
+    learning_rate=1e-3,
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.99,
+    grad_clip=1.0,
+    max_iters=2,
+    warmup_iters=100,
+    lr_decay_iters=2,
+    min_lr=1e-4,
+    eval_interval=2,
+    eval_iters=2,
+    log_interval=1,
+    wandb=False,
+    wandb_project="posgpt",
+    wandb_run_name=None,
+    out_dir="OUT",
+    resume=False,
+    device="cpu",
+    dtype="float32",
+    compile=False,
+    seed=1337,
+)
+OLD_KEYS = {
+    "model",
+    "model_config",
+    "train_config",
+    "iter_num",
+    "best_val_loss",
+    "best_iter",
+    "meta",
+    "optimizer",
+    "scaler",
+    "sampler",
+    "rng",
+    "wandb_run_id",
+}
 
 
 def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, capsys):
     """A checkpoint dict with exactly OLD_KEYS and OLD_TRAIN_CONFIG's fields (no init_from, no finished, grad_accum
     an int) loads in sample.py and resumes in train.py."""
-    flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-             "--eval_interval=2", "--log_interval=1", "--lr_decay_iters=2", "--device=cpu", "--compile=false",
-             f"--out_dir={tmp_path}"]
+    flags = [
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=16",
+        "--block_size=16",
+        "--batch_size=4",
+        "--eval_iters=2",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--lr_decay_iters=2",
+        "--device=cpu",
+        "--compile=false",
+        f"--out_dir={tmp_path}",
+    ]
     train.main([*flags, "--max_iters=2"])
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    old = {key: ckpt[key] for key in OLD_KEYS} | {"train_config": OLD_TRAIN_CONFIG | {"out_dir": str(tmp_path)}}
+    old = {key: ckpt[key] for key in OLD_KEYS} | {
+        "train_config": OLD_TRAIN_CONFIG | {"out_dir": str(tmp_path)}
+    }
     assert set(old) == OLD_KEYS
     torch.save(old, tmp_path / "ckpt.pt")
     (tmp_path / "best.pt").unlink()
@@ -209,9 +297,21 @@ ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
 def test_the_fixture_checkpoint_samples_and_resumes_to_the_loss_of_an_uninterrupted_run(tmp_path):
     """The fixture file samples past its block_size, and resumes to the very loss that an uninterrupted run of this
     code reaches at the same step: the file format and the training arithmetic are the fixture's."""
-    flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-             "--eval_interval=2", "--log_interval=1", "--lr_decay_iters=4", "--device=cpu", "--compile=false",
-             "--pos=rope", "--max_iters=3"]
+    flags = [
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=16",
+        "--block_size=16",
+        "--batch_size=4",
+        "--eval_iters=2",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--lr_decay_iters=4",
+        "--device=cpu",
+        "--compile=false",
+        "--pos=rope",
+        "--max_iters=3",
+    ]
     old_dir, fresh_dir = tmp_path / "old", tmp_path / "fresh"
     old_dir.mkdir()
     (old_dir / "ckpt.pt").write_bytes(ROPE_FIXTURE.read_bytes())
@@ -229,8 +329,10 @@ def test_python_version_check_is_one_line():
     assert source.index("sys.version_info < (3, 11)") < source.index("import tomllib")
     code = "import sys; sys.version_info = (3, 10, 12); sys.version = '3.10.12 (fake)'; import plumbing.cli"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and done.stderr.strip() == \
-        "posgpt needs Python 3.11 or newer (for tomllib); this is Python 3.10.12", done.stderr
+    assert (
+        done.returncode == 1
+        and done.stderr.strip() == "posgpt needs Python 3.11 or newer (for tomllib); this is Python 3.10.12"
+    ), done.stderr
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
@@ -240,5 +342,7 @@ def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")
     assert parse_list("pos", "all", choices, everything="all") == choices
     for bad in ("rotary", "rope,rope", "all", "rope,"):
-        with pytest.raises(ValueError, match=r"give one or more of learned, rope, alibi, comma-separated and each once"):
+        with pytest.raises(
+            ValueError, match=r"give one or more of learned, rope, alibi, comma-separated and each once"
+        ):
             parse_list("pos", bad, choices)

@@ -4,13 +4,13 @@ A graph break splits the compiled model into pieces run by Python in between: sl
 data-dependent control flow. fullgraph=True turns any break into an error. The "eager" backend traces with
 TorchDynamo exactly as inductor does but skips code generation, so the check costs ~1 s per scheme on a CPU.
 """
+
 import pytest
 import torch
 
-from plumbing import checkpoint
-from plumbing import hardware
 import train
 from model import GPT, GPTConfig
+from plumbing import checkpoint, hardware
 from positions import POS_SCHEMES
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16)
@@ -37,7 +37,9 @@ def test_compiled_model_has_no_graph_breaks(pos):
     torch.compiler.reset()
     model, x, y = model_and_batch(pos)
     eager_loss, eager_grads = loss_and_grads(model, x, y)
-    compiled_loss, compiled_grads = loss_and_grads(model, x, y, torch.compile(model, backend="eager", fullgraph=True))
+    compiled_loss, compiled_grads = loss_and_grads(
+        model, x, y, torch.compile(model, backend="eager", fullgraph=True)
+    )
     torch.testing.assert_close(compiled_loss, eager_loss)
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, msg=name)
@@ -79,9 +81,20 @@ def test_cpu_trains_in_float32_unless_dtype_says_otherwise():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_run_trains_and_resumes_its_loss_scale(tmp_path, dtype):
     """A short CPU run under bf16 or fp16 autocast stays finite; fp16 saves its GradScaler state for a resume."""
-    flags = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
-             "--compile=false", "--eval_iters=1", "--log_interval=1", "--eval_interval=2", f"--dtype={dtype}",
-             f"--out_dir={tmp_path}"]
+    flags = [
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=16",
+        "--block_size=16",
+        "--batch_size=4",
+        "--device=cpu",
+        "--compile=false",
+        "--eval_iters=1",
+        "--log_interval=1",
+        "--eval_interval=2",
+        f"--dtype={dtype}",
+        f"--out_dir={tmp_path}",
+    ]
     result = train.main([*flags, "--max_iters=2"])
     assert all(torch.isfinite(torch.tensor(loss)) for loss in result["losses"].values())
     ckpt = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")

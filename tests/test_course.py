@@ -25,10 +25,32 @@ import torch
 from course import __main__ as course_cli
 from course.exercises import DIFFICULTIES, EXERCISES, by_id
 from course.grade import Verdict, check_copy, grade, graded_by, report_lines
-from course.make import (CLASSROOM, INSTRUCTORS, MARKER, STUDENT_README, Notes, check_table, handle_quotes,
-                         lesson_anchors, make_copy, module_path, scrub_page, solution_leaks, split_function,
-                         strip_sections, tracked_files)
-from course.source import SourceError, body_lines, body_span, find_function, replace_bodies, split_lines, stub_line
+from course.make import (
+    CLASSROOM,
+    INSTRUCTORS,
+    MARKER,
+    STUDENT_README,
+    Notes,
+    check_table,
+    handle_quotes,
+    lesson_anchors,
+    make_copy,
+    module_path,
+    scrub_page,
+    solution_leaks,
+    split_function,
+    strip_sections,
+    tracked_files,
+)
+from course.source import (
+    SourceError,
+    body_lines,
+    body_span,
+    find_function,
+    replace_bodies,
+    split_lines,
+    stub_line,
+)
 from plumbing.cli import RunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +83,9 @@ def put_back(copy, specs):
     for spec in specs:
         module, qualname = split_function(spec)
         path = copy / module_path(module)
-        path.write_text(replace_bodies(path.read_text(), {qualname: body_lines(solution_text(spec), qualname)}))
+        path.write_text(
+            replace_bodies(path.read_text(), {qualname: body_lines(solution_text(spec), qualname)})
+        )
 
 
 def put_wrong(copy, spec, line):
@@ -74,8 +98,11 @@ def put_wrong(copy, spec, line):
     solved = "".join(split_lines(solution)[node.lineno - 1 : node.end_lineno])
     text = path.read_text()
     indent = body_span(text, qualname)[2]
-    path.write_text(replace_bodies(text, {qualname: [f"{indent}{line}\n"]}) + "\n\n"
-                    + solved.replace(f"def {qualname}(", f"def _solved_{qualname}(", 1))
+    path.write_text(
+        replace_bodies(text, {qualname: [f"{indent}{line}\n"]})
+        + "\n\n"
+        + solved.replace(f"def {qualname}(", f"def _solved_{qualname}(", 1)
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -85,17 +112,22 @@ def put_wrong(copy, spec, line):
 def test_the_table_is_in_teaching_order_and_names_what_exists():
     """ex1, ex2, ... in order, at least eight; every function exists and can be cut, every section is a heading of
     docs/lesson.md; each function and each test belongs to one exercise; a known difficulty, one or two hints."""
-    assert [e.id for e in EXERCISES] == [f"ex{n}" for n in range(1, len(EXERCISES) + 1)] and len(EXERCISES) >= 8
+    assert [e.id for e in EXERCISES] == [f"ex{n}" for n in range(1, len(EXERCISES) + 1)] and len(
+        EXERCISES
+    ) >= 8
     check_table(ROOT, EXERCISES)
     for field in ("functions", "tests"):
         names = [name for e in EXERCISES for name in getattr(e, field)]
         assert len(names) == len(set(names)), field
     for e in EXERCISES:
         assert e.difficulty in DIFFICULTIES and 1 <= len(e.hints) <= 2 and e.minutes > 0 and e.tests, e.id
-    assert "4-rope-rotate-queries-and-keys-scores-depend-on-the-offset" in lesson_anchors((ROOT / "docs/lesson.md")
-                                                                                         .read_text())
+    assert "4-rope-rotate-queries-and-keys-scores-depend-on-the-offset" in lesson_anchors(
+        (ROOT / "docs/lesson.md").read_text()
+    )
     students_page = (ROOT / "docs/exercises.md").read_text()
-    assert all(f"| {e.id} | {e.title} |" in students_page and f"**{e.id}, " in students_page for e in EXERCISES)
+    assert all(
+        f"| {e.id} | {e.title} |" in students_page and f"**{e.id}, " in students_page for e in EXERCISES
+    )
 
 
 SAMPLE = '''import torch
@@ -127,20 +159,35 @@ class Table:
 def test_a_body_is_cut_after_its_docstring_and_everything_else_stays_byte_for_byte():
     """Decorators, a signature over several lines, the docstring and the other functions are kept as written; the
     body, with the comments closing it, becomes the stub; putting the bodies back gives the file again."""
-    stubs = {"shaped": [stub_line("    ", "exercise 1: a")], "Table.method": [stub_line("        ", "exercise 2: b")],
-             "Table.documented": [stub_line("        ", "exercise 3: c")]}
+    stubs = {
+        "shaped": [stub_line("    ", "exercise 1: a")],
+        "Table.method": [stub_line("        ", "exercise 2: b")],
+        "Table.documented": [stub_line("        ", "exercise 3: c")],
+    }
     stubbed = replace_bodies(SAMPLE, stubs)
-    expected = (SAMPLE.replace("    total_of_both = first + second * 2  # the body\n    return total_of_both\n"
-                               "    # a comment closing the body\n", '    raise NotImplementedError("exercise 1: a")\n')
-                .replace("        if n:\n            return n\n        return 0\n",
-                         '        raise NotImplementedError("exercise 2: b")\n')
-                .replace('"""Only a docstring."""\n', '"""Only a docstring."""\n'
-                         '        raise NotImplementedError("exercise 3: c")\n'))
+    expected = (
+        SAMPLE.replace(
+            "    total_of_both = first + second * 2  # the body\n    return total_of_both\n"
+            "    # a comment closing the body\n",
+            '    raise NotImplementedError("exercise 1: a")\n',
+        )
+        .replace(
+            "        if n:\n            return n\n        return 0\n",
+            '        raise NotImplementedError("exercise 2: b")\n',
+        )
+        .replace(
+            '"""Only a docstring."""\n',
+            '"""Only a docstring."""\n        raise NotImplementedError("exercise 3: c")\n',
+        )
+    )
     assert stubbed == expected
     assert body_span(SAMPLE, "Table.method")[2] == "        "
-    assert replace_bodies(stubbed, {q: body_lines(SAMPLE, q) for q in ("shaped", "Table.method")}) == \
-        SAMPLE.replace('"""Only a docstring."""\n', '"""Only a docstring."""\n        raise NotImplementedError('
-                       '"exercise 3: c")\n')
+    assert replace_bodies(
+        stubbed, {q: body_lines(SAMPLE, q) for q in ("shaped", "Table.method")}
+    ) == SAMPLE.replace(
+        '"""Only a docstring."""\n',
+        '"""Only a docstring."""\n        raise NotImplementedError("exercise 3: c")\n',
+    )
 
 
 def test_what_cannot_be_cut_is_named():
@@ -153,12 +200,16 @@ def test_what_cannot_be_cut_is_named():
 def test_a_docs_passage_quoting_a_stripped_body_is_replaced_and_named():
     """A fenced block (or a loose line) quoting a telling line of a stripped body becomes a note; the rest of the
     page is untouched."""
-    page = ("# Title\n\nProse about `shaped`.\n\n```python\ndef shaped(first, second=1):\n"
-            "    total_of_both = first + second * 2\n```\n\n```sh\npython train.py\n```\n"
-            "    total_of_both = first + second * 2\n")
+    page = (
+        "# Title\n\nProse about `shaped`.\n\n```python\ndef shaped(first, second=1):\n"
+        "    total_of_both = first + second * 2\n```\n\n```sh\npython train.py\n```\n"
+        "    total_of_both = first + second * 2\n"
+    )
     telling = {"total_of_both = first + second * 2": "exercise 1 (sample:shaped)"}
     scrubbed, changes = scrub_page(page, telling)
-    assert [line for line, _ in changes] == [5, 13] and all("exercise 1 (sample:shaped)" in why for _, why in changes)
+    assert [line for line, _ in changes] == [5, 13] and all(
+        "exercise 1 (sample:shaped)" in why for _, why in changes
+    )
     assert "total_of_both" not in scrubbed and "```sh\npython train.py\n```\n" in scrubbed
     assert scrubbed.startswith("# Title\n\nProse about `shaped`.\n\n(Left out of the course copy")
 
@@ -167,19 +218,34 @@ def test_a_quote_is_scrubbed_from_docs_an_ungraded_test_left_out_and_code_report
     """Docs: the passage replaced. A test file no exercise grades: not copied. Anything else (code, a grading
     test): copied as is and reported, to be fixed at the source."""
     quote = "    total_of_both = first + second * 2\n"
-    for name in ("docs/page.md", "tests/test_other.py", "tests/test_positions.py", "plumbing/tool.py", "clean.py"):
+    for name in (
+        "docs/page.md",
+        "tests/test_other.py",
+        "tests/test_positions.py",
+        "plumbing/tool.py",
+        "clean.py",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n" + (quote if name != "clean.py" else ""))
     notes, texts = Notes(), {}
-    kept = handle_quotes(tmp_path, ["docs/page.md", "tests/test_other.py", "tests/test_positions.py",
-                                    "plumbing/tool.py", "clean.py"],
-                         {"total_of_both = first + second * 2": "exercise 1 (sample:shaped)"}, texts, notes)
+    kept = handle_quotes(
+        tmp_path,
+        ["docs/page.md", "tests/test_other.py", "tests/test_positions.py", "plumbing/tool.py", "clean.py"],
+        {"total_of_both = first + second * 2": "exercise 1 (sample:shaped)"},
+        texts,
+        notes,
+    )
     assert kept == ["docs/page.md", "tests/test_positions.py", "plumbing/tool.py", "clean.py"]
     assert [c["page"] for c in notes.pages_changed] == ["docs/page.md"] and "total_of_both" not in texts[
-        Path("docs/page.md")]
-    assert notes.left_out == [{"page": "tests/test_other.py", "line": 2,
-                               "why": "quotes the solution of exercise 1 (sample:shaped)"}]
-    assert [(c["page"], c["line"]) for c in notes.leaks] == [("tests/test_positions.py", 2), ("plumbing/tool.py", 2)]
+        Path("docs/page.md")
+    ]
+    assert notes.left_out == [
+        {"page": "tests/test_other.py", "line": 2, "why": "quotes the solution of exercise 1 (sample:shaped)"}
+    ]
+    assert [(c["page"], c["line"]) for c in notes.leaks] == [
+        ("tests/test_positions.py", 2),
+        ("plumbing/tool.py", 2),
+    ]
 
 
 # -----------------------------------------------------------------------------
@@ -203,15 +269,18 @@ def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
         for spec in exercise.functions:
             module, qualname = split_function(spec)
             text = (copy / module_path(module)).read_text()
-            assert body_lines(text, qualname) == [stub_line(body_span(text, qualname)[2], exercise.stub_message)]
+            assert body_lines(text, qualname) == [
+                stub_line(body_span(text, qualname)[2], exercise.stub_message)
+            ]
             stubbed.setdefault(module_path(module).as_posix(), []).append(qualname)
     changed_pages = {change["page"] for change in notes.pages_changed + notes.rewritten}
     assert marker["rewritten"] == notes.rewritten and "README.md" in changed_pages
     for name in files - {MARKER, CLASSROOM} - changed_pages:
         if name in stubbed:
             outside = {q: [] for q in stubbed[name]}
-            assert replace_bodies((copy / name).read_text(), outside) == \
-                replace_bodies((ROOT / name).read_text(), outside), name
+            assert replace_bodies((copy / name).read_text(), outside) == replace_bodies(
+                (ROOT / name).read_text(), outside
+            ), name
         else:
             assert (copy / name).read_bytes() == (ROOT / name).read_bytes(), name
     assert solution_leaks(copy, EXERCISES) == []
@@ -220,8 +289,10 @@ def test_the_copy_is_the_tracked_files_with_stubs_and_no_solution_text(student):
 def test_the_copy_imports_and_train_help_runs(student):
     """Stubs only raise when called: every module imports, and train.py --help lists its flags."""
     copy, _ = student
-    code = ("import generation, sample, measure.instruments, demo.permutation, demo.probe, runpy, sys; "
-            "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')")
+    code = (
+        "import generation, sample, measure.instruments, demo.permutation, demo.probe, runpy, sys; "
+        "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "usage: train.py" in done.stdout and "--pos" in done.stdout, done.stderr
 
@@ -231,16 +302,24 @@ def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
     failing with its own NotImplementedError (so no exercise's tests reach another's stub first) and no hints
     (nothing begun), its total, then that the copy is ready to hand out; exit 0."""
     copy, _ = student
-    done = subprocess.run([sys.executable, "-m", "course", "check", str(copy)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "course", "check", str(copy)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = done.stdout.splitlines()
-    ready = (f"ready to hand out: {len(EXERCISES)} exercises not started, no solution quoted, "
-             "no instructors' section")
+    ready = (
+        f"ready to hand out: {len(EXERCISES)} exercises not started, no solution quoted, "
+        "no instructors' section"
+    )
     assert done.returncode == 0 and lines[-1] == ready, done.stdout
     assert lines[-2] == f"0 of {len(EXERCISES)} exercises pass" and len(lines) == len(EXERCISES) + 2
     for exercise, line in zip(EXERCISES, lines):
         assert line.startswith(f"{exercise.id} ") and line.endswith(
-            f"failed: NotImplementedError: {exercise.stub_message}"), line
+            f"failed: NotImplementedError: {exercise.stub_message}"
+        ), line
 
 
 def test_bodies_put_back_pass_exactly_their_exercises_and_wrong_ones_fail_readably(tmp_path):
@@ -250,10 +329,23 @@ def test_bodies_put_back_pass_exactly_their_exercises_and_wrong_ones_fail_readab
     copy = tmp_path / "student"
     make_copy(copy, EXERCISES)
     exercises = by_id()
-    put_back(copy, [*exercises["ex1"].functions, *exercises["ex6"].functions, "positions:rope_inv_freq",
-                    "positions:rope_cos_sin", "positions:alibi_bias", "positions:alibi_bias_at"])
+    put_back(
+        copy,
+        [
+            *exercises["ex1"].functions,
+            *exercises["ex6"].functions,
+            "positions:rope_inv_freq",
+            "positions:rope_cos_sin",
+            "positions:alibi_bias",
+            "positions:alibi_bias_at",
+        ],
+    )
     put_wrong(copy, "positions:apply_rope", "return _solved_apply_rope(x, cos, -sin)  # turned by -angle")
-    put_wrong(copy, "positions:alibi_slopes", "return _solved_alibi_slopes(n_head).flip(0)  # the gentlest slope first")
+    put_wrong(
+        copy,
+        "positions:alibi_slopes",
+        "return _solved_alibi_slopes(n_head).flip(0)  # the gentlest slope first",
+    )
     verdicts, _ = grade(copy, EXERCISES)
     detail = {v.exercise.id: v.detail for v in verdicts}
     assert {v.exercise.id for v in verdicts if v.passed} == {"ex1", "ex6"}, report_lines(verdicts)
@@ -268,7 +360,9 @@ def test_the_solution_passes_every_exercise_and_each_test_calls_its_own_exercise
     """Graded in this repository every exercise passes; and, recorded from the code objects called, each test calls
     at least one function of its exercise and none of another's: what lets a student do any exercise alone."""
     verdicts, results = grade(ROOT, EXERCISES, calls=True)
-    assert report_lines(verdicts)[-1] == f"all {len(EXERCISES)} exercises pass", "\n".join(report_lines(verdicts))
+    assert report_lines(verdicts)[-1] == f"all {len(EXERCISES)} exercises pass", "\n".join(
+        report_lines(verdicts)
+    )
     exercises, crossings = by_id(), []
     for node, test in results["tests"].items():
         assert len(test["exercises"]) == 1, node
@@ -290,26 +384,34 @@ def error_line(capsys, argv, prog):
     return err
 
 
-@pytest.mark.parametrize("argv, prog, words", [
-    (["grade", str(ROOT), "--only=ex99"], "course grade", "--only='ex99': give one or more of ex1, ex2"),
-    (["grade", str(ROOT), "--only", "ex3,ex3"], "course grade", "each once"),
-    (["grade", "--onlyy=ex1"], "course grade", "unrecognized arguments: --onlyy=ex1"),
-    (["make"], "course make", "the following arguments are required: out_dir"),
-    (["check"], "course check", "the following arguments are required: dir"),
-    (["check", str(ROOT)], "course check", "is no student copy (it has no .course.json)"),
-    (["make", "elsewhere", "--only=ex0"], "course make", "--only='ex0': give all, or one or more of ex1"),
-    (["frobnicate"], "course", "give a command: make OUT_DIR [--only=IDS] [--classroom], grade [DIR] "
-                               "[--only=IDS] or check DIR; got"),
-    ([], "course", "give a command"),
-])
+@pytest.mark.parametrize(
+    "argv, prog, words",
+    [
+        (["grade", str(ROOT), "--only=ex99"], "course grade", "--only='ex99': give one or more of ex1, ex2"),
+        (["grade", str(ROOT), "--only", "ex3,ex3"], "course grade", "each once"),
+        (["grade", "--onlyy=ex1"], "course grade", "unrecognized arguments: --onlyy=ex1"),
+        (["make"], "course make", "the following arguments are required: out_dir"),
+        (["check"], "course check", "the following arguments are required: dir"),
+        (["check", str(ROOT)], "course check", "is no student copy (it has no .course.json)"),
+        (["make", "elsewhere", "--only=ex0"], "course make", "--only='ex0': give all, or one or more of ex1"),
+        (
+            ["frobnicate"],
+            "course",
+            "give a command: make OUT_DIR [--only=IDS] [--classroom], grade [DIR] "
+            "[--only=IDS] or check DIR; got",
+        ),
+        ([], "course", "give a command"),
+    ],
+)
 def test_command_mistakes_are_one_line_errors(capsys, argv, prog, words):
     assert words in error_line(capsys, argv, prog)
 
 
 def test_grading_a_folder_that_is_neither_this_repository_nor_a_copy_is_one_line(tmp_path, capsys):
     (tmp_path / "model.py").write_text("")
-    assert "is neither this repository nor a student copy" in error_line(capsys, ["grade", str(tmp_path)],
-                                                                        "course grade")
+    assert "is neither this repository nor a student copy" in error_line(
+        capsys, ["grade", str(tmp_path)], "course grade"
+    )
     assert "is not a folder" in error_line(capsys, ["grade", str(tmp_path / "model.py")], "course grade")
 
 
@@ -347,8 +449,10 @@ def test_check_names_what_keeps_a_copy_from_being_handed_out(tmp_path):
     (copy / "docs" / "notes.md").write_text("# Notes\n\n## For instructors\n\nThe answers.\n")
     verdicts, problems = check_copy(copy)
     assert [v.passed for v in verdicts] == [True]
-    assert problems[-2:] == ["docs/notes.md: an instructors' section, 'For instructors'",
-                             "ex4 passes: not a fresh copy"]
+    assert problems[-2:] == [
+        "docs/notes.md: an instructors' section, 'For instructors'",
+        "ex4 passes: not a fresh copy",
+    ]
     files = {module_path(split_function(spec)[0]).as_posix() for spec in by_id()["ex4"].functions}
     quoted = {f"quotes the solution of exercise 4 ({spec})" for spec in by_id()["ex4"].functions}
     leaks = problems[:-2]
@@ -367,11 +471,14 @@ def test_the_copy_is_written_for_students(student):
     readme = (copy / "README.md").read_text()
     template = STUDENT_README.read_text()
     assert readme.startswith(template.split("{{")[0]) and "{{" not in readme
-    for words in ("python3 -m venv .venv && . .venv/bin/activate",
-                  "pip install torch --index-url https://download.pytorch.org/whl/cpu",
-                  "pip install -r requirements.txt",
-                  "python -m course grade --only=ex1", "`python train.py --pos=none` | nothing",
-                  "`python train.py` (pos=rope, the default) | ex7 (its plain case, no scaling), then ex3"):
+    for words in (
+        "python3 -m venv .venv && . .venv/bin/activate",
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        "pip install -r requirements.txt",
+        "python -m course grade --only=ex1",
+        "`python train.py --pos=none` | nothing",
+        "`python train.py` (pos=rope, the default) | ex7 (its plain case, no scaling), then ex3",
+    ):
         assert words in readme, words
     assert all(f"| {e.id} | {e.title} | `{e.functions[0].replace(':', '.')}`" in readme for e in EXERCISES)
     solution_readme = (ROOT / "README.md").read_text()
@@ -384,23 +491,41 @@ def test_the_copy_is_written_for_students(student):
 
 
 def test_instructors_sections_are_left_out_with_their_subsections_only():
-    page = ("# Page\n\n## For students\n\ntext\n\n```sh\n# For instructors: a shell comment, not a heading\n"
-            "```\n\n## For instructors\n\n### Keeping solutions private\n\nsecret\n\n## Afterwards\n\nkept\n")
+    page = (
+        "# Page\n\n## For students\n\ntext\n\n```sh\n# For instructors: a shell comment, not a heading\n"
+        "```\n\n## For instructors\n\n### Keeping solutions private\n\nsecret\n\n## Afterwards\n\nkept\n"
+    )
     text, removed = strip_sections(page)
     assert removed == ["For instructors"] and INSTRUCTORS[0] == "For instructors"
     assert text == page.replace("## For instructors\n\n### Keeping solutions private\n\nsecret\n\n", "")
 
 
 AUTOGRADING_SCHEMA = {  # GitHub Classroom's .github/classroom/autograding.json, as its editor writes it
-    "type": "object", "required": ["tests"], "additionalProperties": False,
-    "properties": {"tests": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "additionalProperties": False,
-        "required": ["name", "setup", "run", "input", "output", "comparison", "timeout", "points"],
-        "properties": {"name": {"type": "string", "minLength": 1}, "setup": {"type": "string"},
-                       "run": {"type": "string", "minLength": 1}, "input": {"type": "string"},
-                       "output": {"type": "string"}, "comparison": {"enum": ["included", "exact", "regex"]},
-                       "timeout": {"type": "integer", "minimum": 1, "maximum": 60},
-                       "points": {"type": "integer", "minimum": 1}}}}}}
+    "type": "object",
+    "required": ["tests"],
+    "additionalProperties": False,
+    "properties": {
+        "tests": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "setup", "run", "input", "output", "comparison", "timeout", "points"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "setup": {"type": "string"},
+                    "run": {"type": "string", "minLength": 1},
+                    "input": {"type": "string"},
+                    "output": {"type": "string"},
+                    "comparison": {"enum": ["included", "exact", "regex"]},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 60},
+                    "points": {"type": "integer", "minimum": 1},
+                },
+            },
+        }
+    },
+}
 
 
 def schema_errors(value, schema, where="$"):
@@ -445,10 +570,10 @@ def test_classroom_configuration_names_every_exercise_and_its_tests(student):
 
 
 # computes the angles in float32: the table a student writes who takes torch's default dtype
-FLOAT32_TABLE = '''    p = torch.arange(n_pos).float()[:, None]
+FLOAT32_TABLE = """    p = torch.arange(n_pos).float()[:, None]
     w = torch.pow(torch.tensor(float(base)), torch.arange(0, dim, 2).float() / -dim)
     return torch.stack([(p * w).sin(), (p * w).cos()], -1).reshape(n_pos, dim).to(dtype)
-'''
+"""
 
 
 def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_path):
@@ -460,13 +585,24 @@ def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_p
     spec = by_id()["ex1"].functions[0]
     path = copy / module_path(split_function(spec)[0])
     path.write_text(replace_bodies(path.read_text(), {split_function(spec)[1]: split_lines(FLOAT32_TABLE)}))
-    done = subprocess.run([sys.executable, "-m", "course", "grade", str(copy)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "course", "grade", str(copy)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = done.stdout.splitlines()
     assert done.returncode == 1 and lines[-1] == "0 of 1 exercise passes", done.stdout + done.stderr
     assert lines[0].startswith("ex1 ") and "failed: test_sinusoidal_table_matches_its_formula" in lines[0]
-    for words in ("AssertionError: PE[", "got ", "expected ", "off by ", "tolerance 1e-12",
-                  "dtype torch.float64"):
+    for words in (
+        "AssertionError: PE[",
+        "got ",
+        "expected ",
+        "off by ",
+        "tolerance 1e-12",
+        "dtype torch.float64",
+    ):
         assert words in lines[0], (words, lines[0])
     assert lines[1:-1] == [f"      hint: {hint}" for hint in by_id()["ex1"].hints]
     assert "float64 is required" in by_id()["ex1"].hints[1]
@@ -494,8 +630,10 @@ def test_totals_and_counts_are_in_the_singular_for_one():
     exercises = by_id()
 
     def verdicts(*passed):
-        return [Verdict(exercises[f"ex{n + 1}"], ok, 1, "" if ok else "AssertionError: x")
-                for n, ok in enumerate(passed)]
+        return [
+            Verdict(exercises[f"ex{n + 1}"], ok, 1, "" if ok else "AssertionError: x")
+            for n, ok in enumerate(passed)
+        ]
 
     assert report_lines(verdicts(True))[-1] == "1 exercise passes"
     assert report_lines(verdicts(True))[0].endswith("passed (1 test)")

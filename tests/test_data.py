@@ -1,4 +1,5 @@
 """The data format, the preparation scripts and the batch sampler (data/), on small real inputs."""
+
 import io
 import json
 import os
@@ -12,16 +13,26 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import skip_without_gpt2
 
-from data.common import (DATA_ROOT, FILES, BatchSampler, available_datasets, ensure_prepared, get_tokenizer,
-                         load_meta, prepare_file, staged_dataset, write_dataset)
 from data import common
-from plumbing.errors import UserError
+from data.common import (
+    DATA_ROOT,
+    FILES,
+    BatchSampler,
+    available_datasets,
+    ensure_prepared,
+    get_tokenizer,
+    load_meta,
+    prepare_file,
+    staged_dataset,
+    write_dataset,
+)
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
 from data.text.prepare import main as text_main
-from helpers import skip_without_gpt2
+from plumbing.errors import UserError
 
 TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")
 ROOT = DATA_ROOT.parent
@@ -37,8 +48,12 @@ def char_dir(tmp_path_factory):
 
 def write_counting(out, n_train=5000, n_val=300, vocab_size=5000):
     """A dataset whose token at position i is i % vocab_size, so a window's first id says where it came from."""
-    meta = write_dataset(out, np.arange(n_train) % vocab_size, np.arange(n_val) % vocab_size,
-                         {"tokenizer": "gpt2", "vocab_size": vocab_size})
+    meta = write_dataset(
+        out,
+        np.arange(n_train) % vocab_size,
+        np.arange(n_val) % vocab_size,
+        {"tokenizer": "gpt2", "vocab_size": vocab_size},
+    )
     return out, meta
 
 
@@ -59,11 +74,14 @@ def draw(sampler, splits):
 
 
 def same(batches_a, batches_b):
-    return all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(batches_a, batches_b))
+    return all(
+        torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(batches_a, batches_b)
+    )
 
 
 # -----------------------------------------------------------------------------
 # preparation
+
 
 def test_char_prepare_round_trips_tiny_shakespeare(char_dir):
     """Char Shakespeare: 65-char sorted vocab, uint16, a 90/10 split that covers the corpus, exact decode."""
@@ -126,7 +144,9 @@ def test_text_prepare_makes_a_dataset_from_your_own_file(tmp_path):
     path.write_text(text, encoding="utf-8")
     meta = prepare_file(path, tmp_path / "mine", block_size=64)
     assert meta["chars"] == sorted(set(text)) and meta["vocab_size"] == len(set(text))
-    assert meta["train_tokens"] == int(len(text) * 0.9) and meta["train_tokens"] + meta["val_tokens"] == len(text)
+    assert meta["train_tokens"] == int(len(text) * 0.9) and meta["train_tokens"] + meta["val_tokens"] == len(
+        text
+    )
     tok = get_tokenizer(load_meta(tmp_path / "mine"))
     train = np.fromfile(tmp_path / "mine" / "train.bin", dtype=meta["dtype"])
     val = np.fromfile(tmp_path / "mine" / "val.bin", dtype=meta["dtype"])
@@ -179,6 +199,7 @@ def test_text_prepare_cli_names_valid_tokenizers(capsys):
 
 # -----------------------------------------------------------------------------
 # nothing replaced by accident, nothing left half-written
+
 
 @pytest.fixture
 def scratch_name():
@@ -252,8 +273,13 @@ with exit_on_user_error():
 def test_a_signal_during_preparation_removes_the_temporary_folder(tmp_path, signum, status):
     """Ctrl-C or SIGTERM while a prepare script writes its files: it deletes its temporary folder, writes no
     dataset, says so in one line and exits 128 + the signal, as shells report a process the signal ended."""
-    done = subprocess.run([sys.executable, "-c", STOP_DURING_PREPARATION, str(tmp_path / "out"), str(int(signum))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_DURING_PREPARATION, str(tmp_path / "out"), str(int(signum))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.stdout.startswith(".out.tmp-")  # the signal came while it was writing there
     assert done.returncode == status, done.stderr
     assert done.stderr == f"stopped by {signum.name}: temporary files removed, no dataset half-written\n"
@@ -264,7 +290,9 @@ def test_web_writer_ends_each_document_with_eot(tmp_path):
     """The FineWeb-Edu writer tokenizes in-memory documents in parallel, in order, one <|endoftext|> after
     each (a literal "<|endoftext|>" in a text stays text), whole documents to val first, then train."""
     skip_without_gpt2()
-    docs = [f"Document {i}: some text, ünïcödé 🎉." for i in range(9)] + ["A literal <|endoftext|> is only text."]
+    docs = [f"Document {i}: some text, ünïcödé 🎉." for i in range(9)] + [
+        "A literal <|endoftext|> is only text."
+    ]
     meta = write_token_dataset(tmp_path, docs, val_tokens=15, num_proc=2, docs_per_task=3)
     assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("gpt2", 50257, "uint16")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES)
@@ -303,12 +331,18 @@ def test_web_writer_leaves_nothing_when_the_stream_fails(tmp_path):
 # -----------------------------------------------------------------------------
 # finding datasets
 
+
 def test_ensure_prepared_lists_datasets_for_an_unknown_name():
     """An unknown dataset name is an error listing the available ones and how to make one."""
     with pytest.raises(UserError) as info:
         ensure_prepared("no_such_dataset")
     message = str(info.value)
-    for name in ("shakespeare_char", "shakespeare", "fineweb_edu", "python -m data.text.prepare --input FILE"):
+    for name in (
+        "shakespeare_char",
+        "shakespeare",
+        "fineweb_edu",
+        "python -m data.text.prepare --input FILE",
+    ):
         assert name in message
 
 
@@ -327,8 +361,11 @@ def test_ensure_prepared_never_rebuilds_part_of_a_dataset(tmp_path):
     not prepared over them: the error names what is missing and the command, with --replace."""
     (tmp_path / "shakespeare_char").mkdir()
     (tmp_path / "shakespeare_char" / "train.bin").write_bytes(b"mine")
-    with pytest.raises(UserError, match=r"'shakespeare_char' in \S+ is incomplete \(no val.bin, meta.json\): "
-                                              r"run .*--replace$"):
+    with pytest.raises(
+        UserError,
+        match=r"'shakespeare_char' in \S+ is incomplete \(no val.bin, meta.json\): "
+        r"run .*--replace$",
+    ):
         ensure_prepared("shakespeare_char", data_root=tmp_path)
     assert snapshot(tmp_path / "shakespeare_char") == {"train.bin": b"mine"}
 
@@ -337,7 +374,9 @@ def test_ensure_prepared_names_the_prepare_command(tmp_path):
     """A dataset that must be downloaded is not prepared silently: the error names its prepare module."""
     (tmp_path / "webdata").mkdir()
     (tmp_path / "webdata" / "prepare.py").write_text("")
-    command = r"(cd \S+ && )?python -m data\.webdata\.prepare"  # the cd when pytest runs elsewhere than the root
+    command = (
+        r"(cd \S+ && )?python -m data\.webdata\.prepare"  # the cd when pytest runs elsewhere than the root
+    )
     with pytest.raises(UserError, match=rf"dataset 'webdata' is not prepared: run {command}$"):
         ensure_prepared("webdata", data_root=tmp_path)
 
@@ -345,9 +384,16 @@ def test_ensure_prepared_names_the_prepare_command(tmp_path):
 @pytest.mark.parametrize("name", ["shakespeare_char", "shakespeare", "text", "fineweb_edu"])
 def test_each_prepare_script_runs_as_a_module_from_the_root(name):
     """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit (--help: no work)."""
-    done = subprocess.run([sys.executable, "-m", f"data.{name}.prepare", "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m data.{name}.prepare"), done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", f"data.{name}.prepare", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m data.{name}.prepare"), (
+        done.stderr
+    )
     assert "--replace" in done.stdout
 
 
@@ -359,8 +405,13 @@ def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
         ensure_prepared("no_such_dataset")
     command = str(info.value).split("from your own text with ")[1]
     assert command.startswith("cd ")
-    done = subprocess.run(command.replace("python ", f"{shlex.quote(sys.executable)} ", 1) + " --help", shell=True,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command.replace("python ", f"{shlex.quote(sys.executable)} ", 1) + " --help",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "usage: python -m data.text.prepare" in done.stdout, done.stderr
 
 
@@ -379,6 +430,7 @@ def test_load_meta_errors(tmp_path):
 # -----------------------------------------------------------------------------
 # the batch sampler
 
+
 @pytest.mark.parametrize("vocab_size", [5000, 70000])  # uint16 and uint32 files
 def test_batches_are_shifted_windows_of_the_file(tmp_path, vocab_size):
     """x is block_size consecutive tokens of the file, y the same window one token later, both int64."""
@@ -389,7 +441,9 @@ def test_batches_are_shifted_windows_of_the_file(tmp_path, vocab_size):
     assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
     for row_x, row_y in zip(x.numpy(), y.numpy()):
         start = row_x[0]  # train token i is i here, so the first id is the window's offset
-        assert np.array_equal(row_x, data[start:start + 16]) and np.array_equal(row_y, data[start + 1:start + 17])
+        assert np.array_equal(row_x, data[start : start + 16]) and np.array_equal(
+            row_y, data[start + 1 : start + 17]
+        )
 
 
 def test_batches_match_the_char_dataset(char_dir):
@@ -414,7 +468,9 @@ def test_same_seed_gives_same_batches(tmp_path):
 def test_ranks_draw_different_batches(tmp_path):
     """DDP ranks with one seed draw different batches (and (seed, rank) = (0, 1) differs from (1, 0))."""
     data_dir, _ = write_counting(tmp_path)
-    batches = [draw(BatchSampler(data_dir, 8, 4, seed=s, rank=r), ["train"] * 3) for s, r in [(0, 0), (0, 1), (1, 0)]]
+    batches = [
+        draw(BatchSampler(data_dir, 8, 4, seed=s, rank=r), ["train"] * 3) for s, r in [(0, 0), (0, 1), (1, 0)]
+    ]
     assert not same(batches[0], batches[1]) and not same(batches[1], batches[2])
 
 
@@ -423,8 +479,13 @@ def test_val_draws_do_not_change_the_train_stream(tmp_path):
     data_dir, _ = write_counting(tmp_path)
     plain = draw(BatchSampler(data_dir, 8, 4), ["train"] * 3)
     sampler = BatchSampler(data_dir, 8, 4)
-    interleaved = [sampler.get_batch("train"), *draw(sampler, ["val"] * 5), sampler.get_batch("train"),
-                   sampler.get_batch("val"), sampler.get_batch("train")]
+    interleaved = [
+        sampler.get_batch("train"),
+        *draw(sampler, ["val"] * 5),
+        sampler.get_batch("train"),
+        sampler.get_batch("val"),
+        sampler.get_batch("train"),
+    ]
     assert same(plain, [interleaved[0], interleaved[6], interleaved[8]])
 
 
@@ -464,7 +525,9 @@ def break_dataset(data_dir, how):
     if how == "no folder":
         shutil.rmtree(data_dir)
     elif how == "id beyond the vocabulary":
-        np.full(100, 60000, dtype=np.uint16).tofile(data_dir / "train.bin")  # same size, ids of another vocabulary
+        np.full(100, 60000, dtype=np.uint16).tofile(
+            data_dir / "train.bin"
+        )  # same size, ids of another vocabulary
     elif how == "bin longer than meta says":
         with open(data_dir / "val.bin", "ab") as f:
             f.write(bytes(8))
@@ -483,19 +546,34 @@ def break_dataset(data_dir, how):
 
 # each damage: the file the message names and what it says to do
 BROKEN_DATASETS = {
-    "no folder": ("d", r"no dataset at \S+/d \(no such folder\): prepare it with .*python -m data\.text\.prepare "
-                       r"--input FILE --name d$"),
-    "id beyond the vocabulary": ("train.bin", r"holds token id 60000, outside meta\.json's vocabulary of 100 ids "
-                                              r"\(0\.\.99\): the files disagree; re-run .* --replace$"),
-    "bin longer than meta says": ("val.bin", r"holds 108 bytes, but meta\.json says 50 uint16 tokens \(100 bytes\): "
-                                             r"re-run .* --replace$"),
+    "no folder": (
+        "d",
+        r"no dataset at \S+/d \(no such folder\): prepare it with .*python -m data\.text\.prepare "
+        r"--input FILE --name d$",
+    ),
+    "id beyond the vocabulary": (
+        "train.bin",
+        r"holds token id 60000, outside meta\.json's vocabulary of 100 ids "
+        r"\(0\.\.99\): the files disagree; re-run .* --replace$",
+    ),
+    "bin longer than meta says": (
+        "val.bin",
+        r"holds 108 bytes, but meta\.json says 50 uint16 tokens \(100 bytes\): "
+        r"re-run .* --replace$",
+    ),
     "bin missing": ("val.bin", r"not found: prepare the dataset with .* --replace$"),
     "meta missing": ("meta.json", r"not found: prepare the dataset with .* --replace$"),
     "meta unreadable": ("meta.json", r"cannot be read \(Is a directory\): check it, or re-run .* --replace$"),
     "meta not JSON": ("meta.json", r"is not valid JSON \(.*\): re-run .* --replace$"),
-    "meta without vocab_size": ("meta.json", r"vocab_size must be an int >= 1, got None: re-run .* --replace$"),
-    "too short for block_size": ("d", r"the val split of \S+/d has 50 tokens, fewer than block_size \+ 1 = 61: "
-                                      r"use a smaller block_size, or prepare a longer text$"),
+    "meta without vocab_size": (
+        "meta.json",
+        r"vocab_size must be an int >= 1, got None: re-run .* --replace$",
+    ),
+    "too short for block_size": (
+        "d",
+        r"the val split of \S+/d has 50 tokens, fewer than block_size \+ 1 = 61: "
+        r"use a smaller block_size, or prepare a longer text$",
+    ),
 }
 
 

@@ -13,19 +13,27 @@ import torch
 import train
 from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
-from model import GPT, GPTConfig
-from positions import POS_SCHEMES
 from measure import instruments
+from model import GPT, GPTConfig
 from plumbing import runs
 from plumbing.errors import UserError
+from positions import POS_SCHEMES
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
 
 def tiny_model(pos, seed=0, **overrides):
     torch.manual_seed(seed)
-    fields = dict(block_size=16, vocab_size=LETTERS.vocab_size, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
-                  bias=False, pos=pos)
+    fields = dict(
+        block_size=16,
+        vocab_size=LETTERS.vocab_size,
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        dropout=0.0,
+        bias=False,
+        pos=pos,
+    )
     return GPT(GPTConfig(**(fields | overrides))).double().eval()
 
 
@@ -63,7 +71,9 @@ def test_every_position_scheme_tells_the_swapped_sentences_apart_even_without_th
     assert (rows[0][0] > 0) == additive and rows[0][1] == 0.0
 
 
-@pytest.mark.skipif(not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE needs tiktoken's cached files")
+@pytest.mark.skipif(
+    not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE needs tiktoken's cached files"
+)
 def test_with_gpt2_bpe_the_swap_is_a_permutation_of_the_real_tokens():
     """GPT-2 BPE makes ' dog' one token and 'dog' another: with a leading space on every word the pieces are
     alike, and 'man bites dog' tokenizes to the same tokens as 'dog bites man' with the words exchanged."""
@@ -168,7 +178,9 @@ def test_probe_gives_one_r2_per_hidden_state_and_its_shuffled_baseline_is_near_z
 def test_without_the_mask_nope_hidden_states_hold_no_position():
     """Unmasked NoPE sees a set: a token's state depends on its own token and on the whole window, never on
     where it stands, so no probe can read its position (R^2 <= ~0 on held-out windows, at every layer)."""
-    result = instruments.probe_positions(tiny_model("none", n_embd=32), probe_windows(), newline_id=0, mask=False)
+    result = instruments.probe_positions(
+        tiny_model("none", n_embd=32), probe_windows(), newline_id=0, mask=False
+    )
     assert all(r2 < 0.05 for r2, _ in result["position"]), result["position"]
 
 
@@ -181,8 +193,19 @@ def test_permutation_flag_pos_none_means_the_nope_scheme():
 # -----------------------------------------------------------------------------
 # plumbing/runs.py: which trained run the demos, the figures and the study use
 
-TINY_RUN = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-            "--eval_interval=2", "--log_interval=1", "--max_iters=2", "--device=cpu", "--compile=false"]
+TINY_RUN = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--eval_interval=2",
+    "--log_interval=1",
+    "--max_iters=2",
+    "--device=cpu",
+    "--compile=false",
+]
 
 
 def stopped_by_ctrl_c(argv):

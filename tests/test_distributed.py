@@ -2,27 +2,42 @@
 
 Each test launches `torchrun --standalone --nproc_per_node=2` as a user would, on a tiny model; no mocks.
 """
+
 import os
-import sys
 import re
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from plumbing import checkpoint
-from plumbing.errors import UserError
-from plumbing import distributed
 import train
+from plumbing import checkpoint, distributed
+from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # torchrun gives each worker one thread unless told otherwise; say so, and keep the parent's pytest thread count
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-FLAGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--grad_accum=2",
-         "--device=cpu", "--compile=false", "--max_iters=6", "--eval_interval=3", "--eval_iters=4",
-         "--log_interval=1", "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=2", "--lr_decay_iters=40"]
+FLAGS = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--grad_accum=2",
+    "--device=cpu",
+    "--compile=false",
+    "--max_iters=6",
+    "--eval_interval=3",
+    "--eval_iters=4",
+    "--log_interval=1",
+    "--learning_rate=1e-2",
+    "--min_lr=1e-3",
+    "--warmup_iters=2",
+    "--lr_decay_iters=40",
+]
 # The two runs train on the same tokens (micro-batch j of a step comes from stream j, whichever rank draws it) and
 # differ only in how float32 gradients are summed: DDP's all-reduce of the two ranks' halves against one
 # process accumulating both. Measured on this machine: weights bit-identical after 6 steps, final val loss
@@ -32,11 +47,21 @@ TOLERANCE = 1e-5
 
 def torchrun(*args, nproc=2):
     # torchrun is `python -m torch.distributed.run`: this interpreter's, whether or not its bin/ is on PATH
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # a rank that aborts (gloo at interpreter exit, for one) fails torchrun or leaves these in its output
-    aborted = re.search(r"Aborted|terminate called|SIGABRT|Signal 6|exitcode\s*:\s*-", done.stdout + done.stderr)
-    assert done.returncode == 0 and not aborted, f"torchrun failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    aborted = re.search(
+        r"Aborted|terminate called|SIGABRT|Signal 6|exitcode\s*:\s*-", done.stdout + done.stderr
+    )
+    assert done.returncode == 0 and not aborted, (
+        f"torchrun failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    )
     return done
 
 
@@ -57,12 +82,19 @@ def test_torchrun_two_processes_match_one_process_with_the_same_global_batch(run
     ddp_dir, log, single_dir, single = runs
     assert sorted(p.name for p in ddp_dir.iterdir()) == ["best.pt", "ckpt.pt"]
     assert log.count("step 6/6 |") == 1 and "2 processes x 1 micro-batches" in log  # one rank logs
-    ddp, one = checkpoint.load_checkpoint(ddp_dir / "ckpt.pt"), checkpoint.load_checkpoint(single_dir / "ckpt.pt")
+    ddp, one = (
+        checkpoint.load_checkpoint(ddp_dir / "ckpt.pt"),
+        checkpoint.load_checkpoint(single_dir / "ckpt.pt"),
+    )
     assert ddp["iter_num"] == one["iter_num"] == 6 and ddp["best_iter"] == one["best_iter"] == 6
-    print(f"\nval loss after 6 steps: torchrun x2 {ddp['best_val_loss']!r}, one process {one['best_val_loss']!r}")
+    print(
+        f"\nval loss after 6 steps: torchrun x2 {ddp['best_val_loss']!r}, one process {one['best_val_loss']!r}"
+    )
     assert abs(ddp["best_val_loss"] - one["best_val_loss"]) <= TOLERANCE
     step_losses = [float(x) for x in re.findall(r"step \d/6 \| loss (\S+)", log)]
-    assert step_losses == pytest.approx([round(single["losses"][s], 4) for s in range(1, 7)], abs=1e-4 + TOLERANCE)
+    assert step_losses == pytest.approx(
+        [round(single["losses"][s], 4) for s in range(1, 7)], abs=1e-4 + TOLERANCE
+    )
     assert max((ddp["model"][k] - one["model"][k]).abs().max().item() for k in one["model"]) <= TOLERANCE
     assert len(ddp["rng"]) == 2 and len(one["rng"]) == 1  # each rank's generators are saved
 
@@ -114,7 +146,10 @@ distributed.end_processes(procs, clean=True)
 def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
     """With grad_accum=4 each of 2 ranks runs 2 micro-batches per step; DDP all-reduces the gradient (one bucket
     for a model this small) in the last micro-batch's backward only, through train_step's no_sync."""
-    flags = [f for f in FLAGS if not f.startswith("--grad_accum")] + ["--grad_accum=4", f"--out_dir={tmp_path}"]
+    flags = [f for f in FLAGS if not f.startswith("--grad_accum")] + [
+        "--grad_accum=4",
+        f"--out_dir={tmp_path}",
+    ]
     script = tmp_path / "count_all_reduces.py"
     script.write_text(textwrap.dedent(COUNT_ALL_REDUCES.format(root=str(ROOT), flags=flags)))
     out = torchrun(str(script)).stdout
@@ -134,7 +169,9 @@ def test_torchrun_without_grad_accum_runs_one_micro_batch_per_process(tmp_path):
     is 2 x batch_size x block_size tokens, and the header says why; the checkpoint records grad_accum=2."""
     flags = [f for f in FLAGS if not f.startswith(("--grad_accum", "--max_iters"))] + ["--max_iters=2"]
     log = torchrun("train.py", *flags, f"--out_dir={tmp_path}").stdout
-    assert "128 tokens/step | 2 processes x 1 micro-batches (one per process: --grad_accum not given)" in log, log
+    assert (
+        "128 tokens/step | 2 processes x 1 micro-batches (one per process: --grad_accum not given)" in log
+    ), log
     assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["grad_accum"] == 2
 
 

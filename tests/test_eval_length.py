@@ -7,17 +7,28 @@ import math
 
 import pytest
 import torch
+from helpers import error_line
 
 import eval_length
 import train
-from helpers import error_line
-from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from measure.losses import validation_tokens, window_losses, window_starts
+from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from positions import POS_SCHEMES, ROPE_SCALINGS
 
 BLOCK = 16
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    f"--block_size={BLOCK}",
+    "--batch_size=4",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--device=cpu",
+    "--compile=false",
+]
 LENGTHS = "0.5,1,2,4"  # 8, 16, 32 and 64 tokens at T = 16
 WINDOWS = 3
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -32,9 +43,21 @@ def checkpoints(tmp_path_factory):
     for pos, out_dir in out_dirs.items():
         train.main([*TINY, f"--pos={pos}", f"--out_dir={out_dir}"])
     out_dirs["extended"] = str(root / "extended")
-    train.main(["--init_from", out_dirs["rope"], f"--block_size={2 * BLOCK}", "--rope_scaling=yarn", "--rope_factor=2",
-                "--max_iters=0", "--eval_iters=1", "--batch_size=4", "--device=cpu", "--compile=false",
-                f"--out_dir={out_dirs['extended']}"])
+    train.main(
+        [
+            "--init_from",
+            out_dirs["rope"],
+            f"--block_size={2 * BLOCK}",
+            "--rope_scaling=yarn",
+            "--rope_factor=2",
+            "--max_iters=0",
+            "--eval_iters=1",
+            "--batch_size=4",
+            "--device=cpu",
+            "--compile=false",
+            f"--out_dir={out_dirs['extended']}",
+        ]
+    )
     return out_dirs
 
 
@@ -45,9 +68,18 @@ def measured(checkpoints, tmp_path_factory):
     files = {"csv": out / "loss.csv", "positions_csv": out / "positions.csv"}
     if HAS_MATPLOTLIB:
         files["plot"] = out / "loss.png"
-    rows = eval_length.main([*checkpoints.values(), f"--lengths={LENGTHS}", f"--max_windows={WINDOWS}",
-                             "--batch_size=2", "--device=cpu", "--progress=false", "--bucket=4",
-                             *[f"--{flag}={path}" for flag, path in files.items()]])
+    rows = eval_length.main(
+        [
+            *checkpoints.values(),
+            f"--lengths={LENGTHS}",
+            f"--max_windows={WINDOWS}",
+            "--batch_size=2",
+            "--device=cpu",
+            "--progress=false",
+            "--bucket=4",
+            *[f"--{flag}={path}" for flag, path in files.items()],
+        ]
+    )
     return rows, files
 
 
@@ -69,7 +101,9 @@ def test_every_cell_is_finite_except_learned_past_its_table(measured):
             if not_available(row, length):
                 assert (m.loss, m.loss_beyond, m.stderr, m.windows, m.positions) == (None, None, None, 0, [])
                 continue
-            assert m.windows == WINDOWS and math.isfinite(m.loss) and math.isfinite(m.stderr) and m.stderr >= 0
+            assert (
+                m.windows == WINDOWS and math.isfinite(m.loss) and math.isfinite(m.stderr) and m.stderr >= 0
+            )
             assert (m.loss_beyond is None) == (length <= row.block_size)
             assert m.loss_beyond is None or math.isfinite(m.loss_beyond)
 
@@ -96,7 +130,9 @@ def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoint
     for scaling in ROPE_SCALINGS:
         for length in (BLOCK // 2, BLOCK):
             got, plain = by_scaling[scaling].measures[length], by_scaling["plain"].measures[length]
-            torch.testing.assert_close(torch.tensor(got.positions), torch.tensor(plain.positions), rtol=1e-6, atol=0)
+            torch.testing.assert_close(
+                torch.tensor(got.positions), torch.tensor(plain.positions), rtol=1e-6, atol=0
+            )
     path = checkpoint_path(checkpoints["rope"])
     ckpt = load_checkpoint(path)
     x = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(0))
@@ -160,8 +196,17 @@ def test_csv_has_exactly_the_documented_columns(measured, checkpoints):
         reader = csv.reader(f)
         header = next(reader)
         lines = [dict(zip(header, line)) for line in reader]
-    assert header == ["checkpoint", "pos", "scaling", "block_size", "length", "loss", "loss_beyond", "stderr",
-                      "windows"]
+    assert header == [
+        "checkpoint",
+        "pos",
+        "scaling",
+        "block_size",
+        "length",
+        "loss",
+        "loss_beyond",
+        "stderr",
+        "windows",
+    ]
     assert len(lines) == len(rows) * 4
     assert {line["scaling"] for line in lines} == {"plain", "window", *ROPE_SCALINGS}
     for line in lines:
@@ -196,20 +241,33 @@ def test_lengths_are_multiples_of_t_or_token_counts():
     lengths = eval_length.parse_lengths("0.5, 2x,8,32x,64,256,8t")
     assert [length.tokens(BLOCK) for length in lengths] == [8, 32, 128, 512, 64, 256, 8]
     assert [str(length) for length in lengths] == ["0.5x", "2x", "8x", "32x", "64t", "256t", "8t"]
-    for text, message in [("0", "below 1"), ("0t", "below 1"), ("-2x", "below 1"), ("2.5t", "whole number"),
-                          ("100.5", "whole number"), ("abc", "not a length"), ("1,,2", "not a length")]:
+    for text, message in [
+        ("0", "below 1"),
+        ("0t", "below 1"),
+        ("-2x", "below 1"),
+        ("2.5t", "whole number"),
+        ("100.5", "whole number"),
+        ("abc", "not a length"),
+        ("1,,2", "not a length"),
+    ]:
         with pytest.raises(ValueError, match=message):
             eval_length.parse_lengths(text)
 
 
 def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     """A bad path, a file that is not a checkpoint, a length below one token: one line on stderr each."""
-    assert "no such folder or checkpoint file" in error_line(capsys, eval_length, [str(tmp_path / "missing")], 1)
+    assert "no such folder or checkpoint file" in error_line(
+        capsys, eval_length, [str(tmp_path / "missing")], 1
+    )
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
     assert "corrupt checkpoint" in error_line(capsys, eval_length, [str(junk)], 1)
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     assert "not a posgpt checkpoint" in error_line(capsys, eval_length, [str(tmp_path / "other.pt")], 1)
     assert "below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0"], 2)
-    assert "is 0 tokens, below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0.01"], 1)
-    assert "invalid choice: 'cubic'" in error_line(capsys, eval_length, [checkpoints["rope"], "--rope_scalings", "cubic"], 2)
+    assert "is 0 tokens, below 1" in error_line(
+        capsys, eval_length, [checkpoints["rope"], "--lengths=0.01"], 1
+    )
+    assert "invalid choice: 'cubic'" in error_line(
+        capsys, eval_length, [checkpoints["rope"], "--rope_scalings", "cubic"], 2
+    )

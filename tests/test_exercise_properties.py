@@ -16,11 +16,23 @@ import random
 import pytest
 import torch
 
-import model
 import positions
-from model import GPT, GPTConfig, KVCache
-from positions import LearnedPositions, cached_key_positions, alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, causal_mask, rope_cos_sin, rope_frequencies, rope_inv_freq, sinusoidal_embedding, yarn_ramp
 from measure import instruments
+from model import GPT, GPTConfig, KVCache
+from positions import (
+    LearnedPositions,
+    alibi_bias,
+    alibi_bias_at,
+    alibi_slopes,
+    apply_rope,
+    cached_key_positions,
+    causal_mask,
+    rope_cos_sin,
+    rope_frequencies,
+    rope_inv_freq,
+    sinusoidal_embedding,
+    yarn_ramp,
+)
 
 SEEDS = range(3)
 
@@ -30,8 +42,9 @@ def near(got, expected, tol, what, dtype=None):
     numbers: got, expected, the gap, the tolerance and the dtype, so that a float32 answer to a float64
     question reads as one, not as a wrong formula."""
     gap = abs(got - expected)
-    assert gap < tol, (f"{what}: got {got!r}, expected {expected!r}, off by {gap:.2g}, tolerance {tol:g}"
-                       + (f", dtype {dtype}" if dtype is not None else ""))
+    assert gap < tol, f"{what}: got {got!r}, expected {expected!r}, off by {gap:.2g}, tolerance {tol:g}" + (
+        f", dtype {dtype}" if dtype is not None else ""
+    )
 
 
 def close(got, expected, what="", rtol=None, atol=None):
@@ -85,10 +98,21 @@ def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
 def test_sinusoidal_first_rows_worked_by_hand():
     """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1); row 2 is (sin 2, cos 2, sin 0.2, cos 0.2), interleaved."""
     pe = sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)
-    expected = torch.tensor([[0, 1, 0, 1], [math.sin(1), math.cos(1), math.sin(0.1), math.cos(0.1)],
-                             [math.sin(2), math.cos(2), math.sin(0.2), math.cos(0.2)]], dtype=torch.float64)
-    close(pe, expected, "rows 0 to 2 of sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)", rtol=0,
-          atol=1e-15)
+    expected = torch.tensor(
+        [
+            [0, 1, 0, 1],
+            [math.sin(1), math.cos(1), math.sin(0.1), math.cos(0.1)],
+            [math.sin(2), math.cos(2), math.sin(0.2), math.cos(0.2)],
+        ],
+        dtype=torch.float64,
+    )
+    close(
+        pe,
+        expected,
+        "rows 0 to 2 of sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)",
+        rtol=0,
+        atol=1e-15,
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -139,7 +163,8 @@ def test_rope_inv_freq_is_base_to_the_minus_2i_over_d(seed):
         expected = base ** (-2 * i / dim)
         assert abs(theta[i].item() - expected) <= 1e-12 * expected, (
             f"theta_{i} of rope_inv_freq({dim}, {base}): got {theta[i].item()!r}, expected {expected!r}, "
-            "relative tolerance 1e-12")
+            "relative tolerance 1e-12"
+        )
     close(rope_inv_freq(4, 100.0), torch.tensor([1.0, 0.1], dtype=torch.float64), "rope_inv_freq(4, 100.0)")
 
 
@@ -173,9 +198,13 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
     assert out.shape == x.shape and out.dtype == x.dtype
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
     expected = torch.cat([turned.real, turned.imag], dim=-1)
-    close(out, expected,
-          "apply_rope must turn each pair (x_i, x_(i+d/2)) by +angle: (x cos - y sin, x sin + y cos)",
-          rtol=0, atol=1e-12)
+    close(
+        out,
+        expected,
+        "apply_rope must turn each pair (x_i, x_(i+d/2)) by +angle: (x cos - y sin, x sin + y cos)",
+        rtol=0,
+        atol=1e-12,
+    )
     assert apply_rope(x.float(), angle.cos(), angle.sin()).dtype == torch.float32
 
 
@@ -192,8 +221,13 @@ def test_apply_rope_turns_only_the_first_d_dimensions(seed):
     out = apply_rope(x, angle.cos(), angle.sin())
     assert out.shape == x.shape
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 : d]) * torch.polar(torch.ones_like(angle), angle)
-    close(out[..., :d], torch.cat([turned.real, turned.imag], dim=-1), f"the first {d} dimensions, turned",
-          rtol=0, atol=1e-12)
+    close(
+        out[..., :d],
+        torch.cat([turned.real, turned.imag], dim=-1),
+        f"the first {d} dimensions, turned",
+        rtol=0,
+        atol=1e-12,
+    )
     assert torch.equal(out[..., d:], x[..., d:]), "the dimensions past d carry no position: unchanged"
 
 
@@ -203,8 +237,13 @@ def test_apply_rope_worked_by_hand():
     (-2, 1, -3, -4)."""
     angle = torch.tensor([[math.pi / 2, math.pi]], dtype=torch.float64)
     out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), angle.cos(), angle.sin())
-    close(out, torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64),
-          "x = (1, 2, 3, 4) turned by (pi/2, pi)", rtol=0, atol=1e-15)
+    close(
+        out,
+        torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64),
+        "x = (1, 2, 3, 4) turned by (pi/2, pi)",
+        rtol=0,
+        atol=1e-15,
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -223,10 +262,20 @@ def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
     for _ in range(5):
         m, n, shift = rng.randint(0, 500), rng.randint(0, 500), rng.randint(1, 10_000)
         score = turned(q, m) @ turned(k, n)
-        near((turned(q, m + shift) @ turned(k, n + shift)).item(), score.item(), 1e-9,
-             f"the score at positions ({m + shift}, {n + shift}), against ({m}, {n})", q.dtype)
-        near(turned(q, m).norm().item(), q.norm().item(), 1e-12, f"the norm of q turned to position {m}",
-             q.dtype)
+        near(
+            (turned(q, m + shift) @ turned(k, n + shift)).item(),
+            score.item(),
+            1e-9,
+            f"the score at positions ({m + shift}, {n + shift}), against ({m}, {n})",
+            q.dtype,
+        )
+        near(
+            turned(q, m).norm().item(),
+            q.norm().item(),
+            1e-12,
+            f"the norm of q turned to position {m}",
+            q.dtype,
+        )
     assert not torch.allclose(turned(q, 1), q[0]), "position 1 must turn q"
 
 
@@ -243,9 +292,10 @@ def test_alibi_slopes_at_random_head_counts(seed):
         slopes = alibi_slopes(n)
         P = 2 ** math.floor(math.log2(n))
         assert slopes.shape == (n,), slopes.shape
-        assert abs(slopes[0].item() - 2 ** (-8 / P)) < 1e-7, \
-            f"alibi_slopes({n})[0] must be the steepest slope 2^(-8/{P}) = {2 ** (-8 / P):.4g}, got " \
+        assert abs(slopes[0].item() - 2 ** (-8 / P)) < 1e-7, (
+            f"alibi_slopes({n})[0] must be the steepest slope 2^(-8/{P}) = {2 ** (-8 / P):.4g}, got "
             f"{slopes[0].item():.4g} (the first slopes: {[round(m, 4) for m in slopes[:4].tolist()]})"
+        )
         for h in range(n):
             expected = 2 ** (-8 / P * (h + 1)) if h < P else 2 ** (-8 / (2 * P) * (2 * (h - P) + 1))
             near(slopes[h].item(), expected, 1e-7, f"alibi_slopes({n})[{h}]", slopes.dtype)
@@ -264,8 +314,13 @@ def test_alibi_bias_between_any_positions(seed):
     for h, m in enumerate(slopes.tolist()):
         for a, i in enumerate(query_pos.tolist()):
             for b, j in enumerate(key_pos.tolist()):
-                near(bias[h, a, b].item(), -m * (i - j), 1e-12, f"bias[{h}, {a}, {b}] (query {i}, key {j})",
-                     bias.dtype)
+                near(
+                    bias[h, a, b].item(),
+                    -m * (i - j),
+                    1e-12,
+                    f"bias[{h}, {a}, {b}] (query {i}, key {j})",
+                    bias.dtype,
+                )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -280,8 +335,13 @@ def test_alibi_bias_puts_the_queries_last(seed):
     for h, m in enumerate(slopes.tolist()):
         for a in range(n_query):
             for j in range(n_key):
-                near(bias[h, a, j].item(), -m * (n_key - n_query + a - j), 1e-12, f"bias[{h}, {a}, {j}]",
-                     bias.dtype)
+                near(
+                    bias[h, a, j].item(),
+                    -m * (n_key - n_query + a - j),
+                    1e-12,
+                    f"bias[{h}, {a}, {j}]",
+                    bias.dtype,
+                )
 
 
 # -----------------------------------------------------------------------------
@@ -301,17 +361,22 @@ def test_causal_mask_matches_its_definition_at_random_positions(seed):
         for a, i in enumerate(query_pos.tolist()):
             for b, j in enumerate(key_pos.tolist()):
                 sees = j >= 0 and j <= i and (window is None or i - j < window)
-                assert mask[a, b].item() == sees, f"query {i}, key {j}, window {window}: should see it: {sees}"
+                assert mask[a, b].item() == sees, (
+                    f"query {i}, key {j}, window {window}: should see it: {sees}"
+                )
 
 
 def test_causal_mask_worked_by_hand():
     """Queries 2 and 3 over keys 0, 1, 2, 3 and an empty slot: causal, then with a window of 2."""
     query_pos, key_pos = torch.tensor([2, 3]), torch.tensor([0, 1, 2, 3, -1])
-    for window, expected in ((None, [[True, True, True, False, False], [True, True, True, True, False]]),
-                             (2, [[False, True, True, False, False], [False, False, True, True, False]])):
+    for window, expected in (
+        (None, [[True, True, True, False, False], [True, True, True, True, False]]),
+        (2, [[False, True, True, False, False], [False, False, True, True, False]]),
+    ):
         got = causal_mask(query_pos, key_pos, window).tolist()
-        assert got == expected, f"causal_mask([2, 3], [0, 1, 2, 3, -1], {window}): got {got}, " \
-            f"expected {expected}"
+        assert got == expected, (
+            f"causal_mask([2, 3], [0, 1, 2, 3, -1], {window}): got {got}, expected {expected}"
+        )
 
 
 # -----------------------------------------------------------------------------
@@ -347,17 +412,25 @@ def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
     for cache, window, chunk, query_pos, key_pos, k_all, v_all, given in fill_cache(seed):
         assert k_all.shape[2] == v_all.shape[2] == key_pos.numel(), "one key position per key handed back"
         for i in query_pos.tolist():
-            visible = [(slot, j) for slot, j in enumerate(key_pos.tolist())
-                       if 0 <= j <= i and (window is None or i - j < window)]
+            visible = [
+                (slot, j)
+                for slot, j in enumerate(key_pos.tolist())
+                if 0 <= j <= i and (window is None or i - j < window)
+            ]
             first = 0 if window is None else max(0, i - window + 1)
-            assert sorted(j for _, j in visible) == list(range(first, i + 1)), \
+            assert sorted(j for _, j in visible) == list(range(first, i + 1)), (
                 f"query {i} (window {window}) should see keys {first}..{i}, it gets {sorted(j for _, j in visible)}"
+            )
             for slot, j in visible:
                 k_j, v_j = given[j]
                 same = torch.equal(k_all[:, :, slot], k_j) and torch.equal(v_all[:, :, slot], v_j)
-                assert same, f"the key or value handed back for position {j} (slot {slot}) is not the one given"
+                assert same, (
+                    f"the key or value handed back for position {j} (slot {slot}) is not the one given"
+                )
         if window is not None:
-            assert cache.k.size(2) <= window + chunk - 1, "a sliding window needs a ring of window + chunk - 1 slots"
+            assert cache.k.size(2) <= window + chunk - 1, (
+                "a sliding window needs a ring of window + chunk - 1 slots"
+            )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -397,9 +470,12 @@ def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(s
     idx = torch.randint(0, 32, (rng.randint(1, 2), length), generator=torch.Generator().manual_seed(seed))
     full, _ = model_(idx)
     model_.setup_cache(idx.size(0), length)
-    stepped = torch.cat([model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0] for t in range(length)], dim=1)
-    close(stepped, full, "the logits decoded one token at a time, against one forward pass",
-          rtol=0, atol=1e-10)
+    stepped = torch.cat(
+        [model_(idx[:, t : t + 1], input_pos=torch.tensor([t]))[0] for t in range(length)], dim=1
+    )
+    close(
+        stepped, full, "the logits decoded one token at a time, against one forward pass", rtol=0, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -439,7 +515,12 @@ def given_parts(monkeypatch):
 
 def shapes(seed):
     rng = random.Random(seed)
-    return 2 * rng.randint(2, 32), rng.choice([500.0, 10000.0, 1e6]), rng.uniform(1.5, 16.0), rng.randint(8, 4096)
+    return (
+        2 * rng.randint(2, 32),
+        rng.choice([500.0, 10000.0, 1e6]),
+        rng.uniform(1.5, 16.0),
+        rng.randint(8, 4096),
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -468,8 +549,13 @@ def test_ntk_scaling_raises_the_base(given_parts, seed):
     """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1, the slowest is divided by s."""
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "ntk", s, original_len=T)
-    close(inv_freq.double(), given_theta(d, base * s ** (d / (d - 2))), f"ntk, factor {s:.4g}",
-          rtol=1e-6, atol=0)
+    close(
+        inv_freq.double(),
+        given_theta(d, base * s ** (d / (d - 2))),
+        f"ntk, factor {s:.4g}",
+        rtol=1e-6,
+        atol=0,
+    )
     assert inv_freq[0] == 1.0 and scale == 1.0
     assert abs(inv_freq[-1].item() * s / given_theta(d, base)[-1].item() - 1) < 1e-5
 
@@ -495,15 +581,20 @@ def test_yarn_blends_theta_by_its_ramp_and_scales_attention(given_parts, seed):
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "yarn", s, original_len=T)
     ramp, theta = given_ramp(d, base, T), given_theta(d, base)
-    close(inv_freq.double(), theta / s * ramp + theta * (1 - ramp), f"yarn, factor {s:.4g}",
-          rtol=1e-6, atol=0)
+    close(
+        inv_freq.double(), theta / s * ramp + theta * (1 - ramp), f"yarn, factor {s:.4g}", rtol=1e-6, atol=0
+    )
     near(scale, 0.1 * math.log(s) + 1, 1e-12, f"yarn's attention scale at factor {s:.4g}")
 
 
 def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
     """An unknown scaling, a factor below 1, and dynamic or yarn without the lengths they need: ValueError."""
-    for kwargs in (dict(scaling="cubic"), dict(scaling="linear", factor=0.5), dict(scaling="dynamic", factor=2.0),
-                   dict(scaling="yarn", factor=2.0)):
+    for kwargs in (
+        dict(scaling="cubic"),
+        dict(scaling="linear", factor=0.5),
+        dict(scaling="dynamic", factor=2.0),
+        dict(scaling="yarn", factor=2.0),
+    ):
         with pytest.raises(ValueError):
             rope_frequencies(16, 10000.0, **kwargs)
 
@@ -515,12 +606,19 @@ def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
 def test_yarn_ramp_worked_by_hand():
     """d = 8, T = 64: i(32) = -0.497, i(1) = 1.008, so low 0, high 2: (0, 0.5, 1, 1). d = 16: low 0, high 3:
     (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released: (0, 1, 1, 1)."""
-    close(yarn_ramp(8, 10000.0, 64), torch.tensor([0, 0.5, 1, 1], dtype=torch.float64),
-          "yarn_ramp(8, 10000.0, 64)")
-    close(yarn_ramp(16, 10000.0, 64), torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64),
-          "yarn_ramp(16, 10000.0, 64)")
-    close(yarn_ramp(8, 10000.0, 4), torch.tensor([0, 1, 1, 1], dtype=torch.float64),
-          "yarn_ramp(8, 10000.0, 4)")
+    close(
+        yarn_ramp(8, 10000.0, 64),
+        torch.tensor([0, 0.5, 1, 1], dtype=torch.float64),
+        "yarn_ramp(8, 10000.0, 64)",
+    )
+    close(
+        yarn_ramp(16, 10000.0, 64),
+        torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64),
+        "yarn_ramp(16, 10000.0, 64)",
+    )
+    close(
+        yarn_ramp(8, 10000.0, 4), torch.tensor([0, 1, 1, 1], dtype=torch.float64), "yarn_ramp(8, 10000.0, 4)"
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -541,8 +639,11 @@ def test_yarn_ramp_keeps_fast_pairs_and_moves_slow_ones(seed):
     assert (ramp.diff() >= 0).all() and ramp.min() >= 0 and ramp.max() <= 1, ramp
     between = ramp[(ramp > 0) & (ramp < 1)]
     if len(between) > 1:
-        close(between.diff(), torch.full_like(between.diff(), between.diff()[0].item()),
-              "the steps of the ramp between 0 and 1")
+        close(
+            between.diff(),
+            torch.full_like(between.diff(), between.diff()[0].item()),
+            "the steps of the ramp between 0 and 1",
+        )
 
 
 # -----------------------------------------------------------------------------
@@ -579,7 +680,9 @@ def test_swap_differences_is_the_largest_gap_up_to_the_permutation(seed):
     for h, h_perm, row in zip(states, permuted, rows):
         gaps = [(h_perm[0, where[i]] - h[0, i]).abs().max().item() for i in range(T)]
         rest = [gaps[i] for i in range(T) if i not in words]
-        assert row == pytest.approx((max(gaps[i] for i in words), max(rest) if rest else 0.0), rel=1e-12, abs=0)
+        assert row == pytest.approx(
+            (max(gaps[i] for i in words), max(rest) if rest else 0.0), rel=1e-12, abs=0
+        )
     unmasked = instruments.swap_differences(model_, ids, ids[perm], perm, words, mask=False)
     assert max(max(row) for row in unmasked) < 1e-12
 
@@ -626,8 +729,13 @@ def test_fit_ridge_solves_the_centred_normal_equations(seed):
     w, b = instruments.fit_ridge(X, y, ridge)
     Xc = X - X.mean(dim=0)
     penalty = ridge * (Xc.T @ Xc).diagonal().mean()
-    close(Xc.T @ (Xc @ w - (y - y.mean())) + penalty * w, torch.zeros(C, dtype=torch.float64),
-          f"the normal equations' residual at ridge {ridge}", rtol=0, atol=1e-9)
+    close(
+        Xc.T @ (Xc @ w - (y - y.mean())) + penalty * w,
+        torch.zeros(C, dtype=torch.float64),
+        f"the normal equations' residual at ridge {ridge}",
+        rtol=0,
+        atol=1e-9,
+    )
     near((y - X @ w - b).mean().item(), 0.0, 1e-12, "the mean residual (an unpenalised intercept makes it 0)")
 
 

@@ -70,9 +70,11 @@ def test_extrapolation_figure_reads_the_studys_csv(tmp_path):
     """The curves come from the study's columns (checkpoint, pos, scaling, block_size, length, loss, loss_beyond,
     stderr, windows), read as written, an empty loss_beyond inside the trained length included."""
     table = tmp_path / "extrapolation.csv"
-    table.write_text("checkpoint,pos,scaling,block_size,length,loss,loss_beyond,stderr,windows\n"
-                     "out/a,rope,,64,64,1.7,,0.01,10\nout/a,rope,,64,256,2.2,2.4,0.02,10\n"
-                     "out/a,rope,ntk,64,256,2.0,2.1,0.02,10\nout/b,alibi,,64,256,1.8,1.8,0.02,10\n")
+    table.write_text(
+        "checkpoint,pos,scaling,block_size,length,loss,loss_beyond,stderr,windows\n"
+        "out/a,rope,,64,64,1.7,,0.01,10\nout/a,rope,,64,256,2.2,2.4,0.02,10\n"
+        "out/a,rope,ntk,64,256,2.0,2.1,0.02,10\nout/b,alibi,,64,256,1.8,1.8,0.02,10\n"
+    )
     curves = figures.read_extrapolation(table)
     assert [r["loss"] for r in curves[("out/a", "rope", "none")]] == [1.7, 2.2]
     assert math.isnan(curves[("out/a", "rope", "none")][0]["loss_beyond"])
@@ -94,10 +96,17 @@ def tiny_checkpoints(folder):
     meta = load_meta(ensure_prepared("shakespeare_char"))
     for i, pos in enumerate(POS_SCHEMES):
         torch.manual_seed(i)
-        config = GPTConfig(block_size=16, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=16, bias=False,
-                           pos=pos)
-        ckpt = {"model": GPT(config).state_dict(), "model_config": asdict(config), "meta": meta,
-                "train_config": {"dataset": "shakespeare_char"}, "iter_num": 0, "best_val_loss": 4.2}
+        config = GPTConfig(
+            block_size=16, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=16, bias=False, pos=pos
+        )
+        ckpt = {
+            "model": GPT(config).state_dict(),
+            "model_config": asdict(config),
+            "meta": meta,
+            "train_config": {"dataset": "shakespeare_char"},
+            "iter_num": 0,
+            "best_val_loss": 4.2,
+        }
         (folder / pos).mkdir(parents=True)
         torch.save(ckpt, folder / pos / "ckpt.pt")
 
@@ -106,8 +115,9 @@ def test_model_figures_come_from_the_checkpoints_given_and_are_deterministic(tmp
     """--checkpoints DIR is used as given (nothing is trained), and the same checkpoints give the same bytes."""
     tiny_checkpoints(tmp_path / "ckpts")
     for run in ("a", "b"):
-        written = figures.main(["--only=qk_terms,attention", f"--checkpoints={tmp_path / 'ckpts'}",
-                                     f"--out={tmp_path / run}"])
+        written = figures.main(
+            ["--only=qk_terms,attention", f"--checkpoints={tmp_path / 'ckpts'}", f"--out={tmp_path / run}"]
+        )
         assert sorted(p.name for p in written) == ["attention.png", "attention_distance.png", "qk_terms.png"]
     for name in ("attention.png", "attention_distance.png", "qk_terms.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

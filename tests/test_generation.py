@@ -7,8 +7,14 @@ import torch
 
 from generation import generate_cached
 from model import GPT, GPTConfig, sample_next
-from positions import POS_SCHEMES, ROPE_SCALINGS, apply_rope, cached_key_positions, rope_cos_sin, rope_frequencies
-
+from positions import (
+    POS_SCHEMES,
+    ROPE_SCALINGS,
+    apply_rope,
+    cached_key_positions,
+    rope_cos_sin,
+    rope_frequencies,
+)
 
 BLOCK = 16
 
@@ -54,7 +60,9 @@ def test_sliding_window_decoding_matches_windowed_prefill(pos):
     model.setup_cache(1, length, window, chunk=length)
     windowed_full, _ = model(idx, input_pos=torch.arange(length))
     unwindowed, _ = model(idx)
-    assert not torch.allclose(windowed_full[:, window:], unwindowed[:, window:], atol=1e-4), "the window must matter"
+    assert not torch.allclose(windowed_full[:, window:], unwindowed[:, window:], atol=1e-4), (
+        "the window must matter"
+    )
     stepped = decode_step_by_step(model, idx, n_prompt=2, window=window)
     torch.testing.assert_close(stepped, windowed_full, rtol=0, atol=1e-5)
 
@@ -194,7 +202,9 @@ def test_dynamic_ntk_follows_the_current_length():
         same, _ = rope_frequencies(16, scaling="dynamic", factor=2.0, original_len=64, seq_len=L)
         torch.testing.assert_close(same, plain, rtol=0, atol=0)
     grown, _ = rope_frequencies(16, scaling="dynamic", factor=2.0, original_len=64, seq_len=192)
-    torch.testing.assert_close(grown.double(), plain_inv_freq(16, 10000.0 * 5.0 ** (16 / 14)), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        grown.double(), plain_inv_freq(16, 10000.0 * 5.0 ** (16 / 14)), rtol=1e-6, atol=0
+    )
 
 
 def test_yarn_ramps_in_the_pair_index_as_released():
@@ -260,7 +270,9 @@ def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_a
         raw = raw.view(1, -1, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (1, nh, L, hs), not rotated
 
         def rotated(p, length):
-            inv_freq, scale = rope_frequencies(cfg.head_dim, cfg.rope_base, "dynamic", cfg.rope_factor, BLOCK, length)
+            inv_freq, scale = rope_frequencies(
+                cfg.head_dim, cfg.rope_base, "dynamic", cfg.rope_factor, BLOCK, length
+            )
             cos, sin = rope_cos_sin(torch.tensor([p]), inv_freq, scale)  # float32 tables, as the model's
             return apply_rope(raw[:, :, p : p + 1], cos, sin)
 
@@ -320,7 +332,9 @@ def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = generate_cached(model, prompt, 4 * BLOCK, temperature=0, compile=True, backend="eager")
     assert torch.equal(compiled, generate_cached(model, prompt, 4 * BLOCK, temperature=0))
-    windowed = generate_cached(model, prompt, 3 * BLOCK, temperature=0, max_context=7, compile=True, backend="eager")
+    windowed = generate_cached(
+        model, prompt, 3 * BLOCK, temperature=0, max_context=7, compile=True, backend="eager"
+    )
     assert torch.equal(windowed, generate_cached(model, prompt, 3 * BLOCK, temperature=0, max_context=7))
 
 
@@ -333,8 +347,9 @@ def test_decoding_builds_no_autograd_graph(compile):
     assert all(p.requires_grad for p in model.parameters())
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-        generate_cached(model, torch.zeros(1, 2, dtype=torch.long), BLOCK, temperature=0, compile=compile,
-                        backend="eager")
+        generate_cached(
+            model, torch.zeros(1, 2, dtype=torch.long), BLOCK, temperature=0, compile=compile, backend="eager"
+        )
     assert saved == []
 
 
@@ -351,4 +366,6 @@ def test_compiled_decoding_refuses_dynamic_ntk():
     """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot: say so."""
     model = tiny_model("rope", rope_scaling="dynamic", rope_factor=2.0)
     with pytest.raises(ValueError, match="dynamic.*compile=False"):
-        generate_cached(model, torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager")
+        generate_cached(
+            model, torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager"
+        )

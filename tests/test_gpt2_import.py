@@ -11,11 +11,11 @@ from dataclasses import asdict
 
 import pytest
 import torch
-
-from plumbing.checkpoint import build_model
 from conftest import ROOT
+
 from generation import generate_cached
 from model import GPT, gpt2_weights_from_hf
+from plumbing.checkpoint import build_model
 
 REASON = "the GPT-2 import needs Hugging Face transformers: pip install transformers"
 
@@ -26,8 +26,16 @@ def tiny_hf_gpt2(seed=0):
     transformers = pytest.importorskip("transformers", reason=REASON)
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
-        n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=50, activation_function="gelu_new",
-        layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        n_positions=16,
+        vocab_size=50,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     hf_model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
@@ -54,8 +62,10 @@ def test_gpt2_weights_convert_as_views_and_build_one_model_through_the_checkpoin
     hf_model = tiny_hf_gpt2()
     config, state_dict = gpt2_weights_from_hf(hf_model)
     hf_state = hf_model.state_dict()
-    assert all(t.untyped_storage().data_ptr() == hf_state[name].untyped_storage().data_ptr()
-               for name, t in state_dict.items())
+    assert all(
+        t.untyped_storage().data_ptr() == hf_state[name].untyped_storage().data_ptr()
+        for name, t in state_dict.items()
+    )
     model = build_model("gpt2", {"model": state_dict, "model_config": asdict(config)}).eval()
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -78,8 +88,9 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
     hf_model = tiny_hf_gpt2()
     model = GPT.from_hf_gpt2(hf_model)
     prompt = torch.randint(0, 50, (1, 4), generator=torch.Generator().manual_seed(2))
-    expected = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(prompt))
+    expected = hf_model.generate(
+        prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
     assert torch.equal(generate_cached(model, prompt, 12, temperature=0), expected)
 
 
@@ -102,11 +113,20 @@ def test_from_pretrained_without_the_hub_says_why(tmp_path):
     pytest.importorskip("transformers", reason=REASON)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
     code = "from model import GPT; GPT.from_pretrained('gpt2')"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("RuntimeError: could not load 'gpt2' from the Hugging Face Hub (no internet"), last_line
+    assert last_line.startswith(
+        "RuntimeError: could not load 'gpt2' from the Hugging Face Hub (no internet"
+    ), last_line
 
 
 def test_missing_transformers_names_the_pip_command(monkeypatch):

@@ -18,8 +18,8 @@ import sample
 from measure import instruments
 from measure.losses import window_bytes
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_limit
 from plumbing.checkpoint import load_checkpoint
+from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
@@ -30,8 +30,9 @@ FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"  # a RoPE checkpo
 def imported(path):
     tree = ast.parse(path.read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    return names | {node.module for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom) and node.module}
+    return names | {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
 
 
 @pytest.mark.parametrize("path", SHARED, ids=lambda path: f"{path.parent.name}/{path.name}")
@@ -44,9 +45,12 @@ def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
 
 def compares_pos_to_learned(path):
     """Comparisons with the string "learned" in a module: where it would test for the table's limit itself."""
-    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Compare)
-            and any(isinstance(c, ast.Constant) and c.value == "learned"
-                    for c in [node.left, *node.comparators])]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(isinstance(c, ast.Constant) and c.value == "learned" for c in [node.left, *node.comparators])
+    ]
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -69,8 +73,12 @@ def test_no_entry_point_or_measure_writes_the_table_rule_again():
     """sample.py, eval_length.py and measure/ ask position_limit or model.max_len, never pos == "learned",
     whether a model has positions past its table (the four-term split of qk_terms is about learned's
     embedding, not its length)."""
-    paths = [ROOT / "sample.py", ROOT / "eval_length.py", ROOT / "measure" / "losses.py",
-             ROOT / "measure" / "retrieval.py"]
+    paths = [
+        ROOT / "sample.py",
+        ROOT / "eval_length.py",
+        ROOT / "measure" / "losses.py",
+        ROOT / "measure" / "retrieval.py",
+    ]
     assert {path.name: compares_pos_to_learned(path) for path in paths} == {path.name: [] for path in paths}
 
 

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from model import GPT, CausalSelfAttention, GPTConfig
-from positions import POS_SCHEMES, alibi_bias, alibi_slopes, apply_rope, rope_cos_sin, rope_frequencies, sinusoidal_embedding
+from positions import (
+    POS_SCHEMES,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    rope_cos_sin,
+    rope_frequencies,
+    sinusoidal_embedding,
+)
 
 
 def tiny_config(pos, **overrides):
@@ -54,11 +62,15 @@ def test_causal_mask_breaks_equivariance_but_not_within_the_prefix():
     T, i = 600, 599
     x = torch.randn(1, T, 16, dtype=torch.float64)
     perm = torch.randperm(T, generator=torch.Generator().manual_seed(0))
-    assert not torch.allclose(layer(x[:, perm]), layer(x)[:, perm], atol=1e-6), "the mask should break equivariance"
+    assert not torch.allclose(layer(x[:, perm]), layer(x)[:, perm], atol=1e-6), (
+        "the mask should break equivariance"
+    )
 
     # move the token one step back to 500 steps back, and shuffle the rest of the prefix
     prefix = torch.arange(i)
-    reordered = torch.cat([prefix[torch.randperm(i, generator=torch.Generator().manual_seed(1))], torch.tensor([i])])
+    reordered = torch.cat(
+        [prefix[torch.randperm(i, generator=torch.Generator().manual_seed(1))], torch.tensor([i])]
+    )
     reordered[[i - 1, i - 500]] = reordered[[i - 500, i - 1]]
     out, out_reordered = layer(x), layer(x[:, reordered])
     torch.testing.assert_close(out_reordered[:, i], out[:, i], rtol=0, atol=1e-12)
@@ -74,7 +86,9 @@ def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
     gaps = torch.cdist(out, out) + torch.eye(31, dtype=torch.float64)
     assert gaps.min() > 1e-6, "every position must be distinguishable"
     unmasked = layer(x, mask=NO_MASK)[0, 1:]
-    torch.testing.assert_close(unmasked, unmasked[:1].expand(31, 16), rtol=0, atol=1e-12)  # no mask: no counting
+    torch.testing.assert_close(
+        unmasked, unmasked[:1].expand(31, 16), rtol=0, atol=1e-12
+    )  # no mask: no counting
 
 
 def encode_with_scheme(pos, tokens, layer, table):
@@ -295,4 +309,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
     bias = alibi_bias(torch.tensor([0.5, 0.25], dtype=torch.float64), 4, 4)
     assert bias[0, 3, 0] == -1.5 and bias[1, 3, 1] == -0.5 and bias[0, 2, 2] == 0
     # queries that are the last 2 of 6 positions (as when decoding after a prefix)
-    assert alibi_bias(torch.tensor([1.0]), 2, 6)[0].tolist() == [[-4, -3, -2, -1, 0, 1], [-5, -4, -3, -2, -1, 0]]
+    assert alibi_bias(torch.tensor([1.0]), 2, 6)[0].tolist() == [
+        [-4, -3, -2, -1, 0, 1],
+        [-5, -4, -3, -2, -1, 0],
+    ]

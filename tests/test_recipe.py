@@ -4,6 +4,7 @@ Evaluation in eval mode, gradient clipping before the optimizer step, the sinuso
 residual-projection init all leave training working, just worse, so only a test of the property itself catches
 their loss. Tiny models on CPU through train.py's own functions; no mocks.
 """
+
 import math
 from dataclasses import replace
 
@@ -11,16 +12,26 @@ import pytest
 import torch
 
 import train
-from plumbing.distributed import Processes
 from model import GPT, GPTConfig
+from plumbing.distributed import Processes
 from positions import sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):
     """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char, built as train() does."""
-    cfg, model_config = train.parse_args(["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
-                                          "--batch_size=4", "--device=cpu", "--compile=false",
-                                          f"--out_dir={tmp_path}", *flags])
+    cfg, model_config = train.parse_args(
+        [
+            "--n_layer=2",
+            "--n_head=2",
+            "--n_embd=32",
+            "--block_size=16",
+            "--batch_size=4",
+            "--device=cpu",
+            "--compile=false",
+            f"--out_dir={tmp_path}",
+            *flags,
+        ]
+    )
     data_dir, meta = train.prepare_data(cfg.dataset, Processes())
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
     cfg = train.resolve_runtime(cfg, model_config)
@@ -37,8 +48,10 @@ def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
     run.eval_sampler.load_state_dict(state)
     run.model.eval()
     with torch.no_grad():
-        expected = {split: sum(run.model(*run.eval_sampler.get_batch(split))[1].item() for _ in range(3)) / 3
-                    for split in ("train", "val")}
+        expected = {
+            split: sum(run.model(*run.eval_sampler.get_batch(split))[1].item() for _ in range(3)) / 3
+            for split in ("train", "val")
+        }
     assert estimate == pytest.approx(expected, abs=1e-6)
 
 
@@ -46,8 +59,14 @@ def gradient_norm_at_step(run, lr=1e-3):
     """The global gradient norm the optimizer sees in one train_step (read by the optimizer's own pre-step hook)."""
     seen = []
     hook = run.optimizer.register_step_pre_hook(
-        lambda optimizer, args, kwargs: seen.append(torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in run.model.parameters() if p.grad is not None]))))
+        lambda optimizer, args, kwargs: seen.append(
+            torch.linalg.vector_norm(
+                torch.stack(
+                    [torch.linalg.vector_norm(p.grad) for p in run.model.parameters() if p.grad is not None]
+                )
+            )
+        )
+    )
     train.train_step(run, lr)
     hook.remove()
     return seen[0].item()
@@ -70,7 +89,9 @@ def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_pa
     losses = [run.model(x, y)[1] for x, y in batches]
     expected = torch.autograd.grad(sum(losses) / 2, list(run.model.parameters()))
     seen = []
-    run.optimizer.register_step_pre_hook(lambda *_: seen.append([p.grad.clone() for p in run.model.parameters()]))
+    run.optimizer.register_step_pre_hook(
+        lambda *_: seen.append([p.grad.clone() for p in run.model.parameters()])
+    )
     loss = train.train_step(run, lr=1e-3)
     assert loss.item() == pytest.approx(sum(l.item() for l in losses) / 2, rel=1e-6)
     for got, want in zip(seen[0], expected):
@@ -82,7 +103,9 @@ def test_sinusoidal_scales_token_embeddings_by_sqrt_n_embd():
     table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions. Read at the input of
     the first block, through GPT.forward."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")).double()
+    model = GPT(
+        GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")
+    ).double()
     idx = torch.randint(0, 16, (1, 8))
     first_block_input = []
     model.transformer.h[0].register_forward_pre_hook(lambda module, args: first_block_input.append(args[0]))

@@ -2,6 +2,7 @@
 
 Tiny models on CPU through train.main or `python train.py` in a fresh process; no mocks.
 """
+
 import json
 import os
 import random
@@ -15,31 +16,50 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_error_line
 
+import train
+from data.common import DATA_ROOT, load_meta, write_dataset
 from plumbing import checkpoint as ckpt_io
 from plumbing import distributed, resume
 from plumbing.run_folder import LOCK_NAME
-import train
-from data.common import DATA_ROOT, load_meta, write_dataset
-from helpers import train_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--device=cpu",
-        "--compile=false", "--eval_iters=2", "--log_interval=1"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--device=cpu",
+    "--compile=false",
+    "--eval_iters=2",
+    "--log_interval=1",
+]
 # dropout > 0, so the resumed run must restore torch's RNG to draw the same masks; lr_decay_iters fixed, so that
 # the schedule does not move with max_iters (a resumed run may be extended)
-RESUMABLE = [*TINY, "--dropout=0.1", "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=2",
-             "--lr_decay_iters=40", "--eval_interval=2"]
+RESUMABLE = [
+    *TINY,
+    "--dropout=0.1",
+    "--learning_rate=1e-2",
+    "--min_lr=1e-3",
+    "--warmup_iters=2",
+    "--lr_decay_iters=40",
+    "--eval_interval=2",
+]
 # a fresh process: one intra-op thread, as the suite's (conftest.py), so float sums run in the same order
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def train_in_fresh_process(*flags):
     """train.main(flags) in a new Python process -> its summary (losses and evals, floats exact through JSON)."""
-    code = ("import json, sys, train; r = train.main(sys.argv[1:]); "
-            "print('SUMMARY ' + json.dumps({'losses': list(r['losses'].items()), 'evals': r['evals']}))")
-    done = subprocess.run([sys.executable, "-c", code, *flags], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    code = (
+        "import json, sys, train; r = train.main(sys.argv[1:]); "
+        "print('SUMMARY ' + json.dumps({'losses': list(r['losses'].items()), 'evals': r['evals']}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *flags], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.split("SUMMARY ", 1)[1])
     return {int(step): loss for step, loss in summary["losses"]}, summary["evals"], done.stdout
@@ -47,8 +67,14 @@ def train_in_fresh_process(*flags):
 
 def training_until_step(step, *flags):
     """`python train.py flags` in a new process, once it has logged step `step` (its stdout read up to there)."""
-    proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *flags],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:
         if line.startswith(f"step {step}/"):
             break
@@ -86,10 +112,14 @@ def test_resumed_run_is_bit_identical_to_a_straight_run(tmp_path, straight):
     optimizer state of 8 steps in one go, bit for bit (dropout on: the RNG states are restored too)."""
     (whole, whole_dir), out_dir = straight, tmp_path / "halves"
     first = train.main([*RESUMABLE, "--max_iters=4", f"--out_dir={out_dir}"])
-    losses, evals, log = train_in_fresh_process(*RESUMABLE, "--max_iters=8", f"--out_dir={out_dir}", "--resume")
+    losses, evals, log = train_in_fresh_process(
+        *RESUMABLE, "--max_iters=8", f"--out_dir={out_dir}", "--resume"
+    )
     assert "resuming" in log and "at step 4" in log
     assert {**first["losses"], **losses} == whole["losses"]  # every step's loss, as floats: bit-identical
-    assert first["evals"] + evals == whole["evals"]  # the eval stream continues too (step 4 is not re-evaluated)
+    assert (
+        first["evals"] + evals == whole["evals"]
+    )  # the eval stream continues too (step 4 is not re-evaluated)
     resumed, reference = checkpoint(out_dir), checkpoint(whole_dir)
     for key in ("iter_num", "model", "optimizer", "best_val_loss", "best_iter", "sampler", "rng"):
         assert same(resumed[key], reference[key]), key
@@ -99,7 +129,9 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     """python, numpy and torch generators, saved with the checkpoint and restored, draw the same numbers again."""
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # numpy keeps a cached gaussian: part of the state
-    path = ckpt_io.save_checkpoint({"model": {}, "model_config": {}, "rng": resume.rng_state("cpu")}, tmp_path / "c.pt")
+    path = ckpt_io.save_checkpoint(
+        {"model": {}, "model_config": {}, "rng": resume.rng_state("cpu")}, tmp_path / "c.pt"
+    )
     draws = [random.random(), np.random.standard_normal(), torch.rand(3)]
     resume.set_rng_state(ckpt_io.load_checkpoint(path)["rng"], "cpu")
     assert same([random.random(), np.random.standard_normal(), torch.rand(3)], draws)
@@ -181,7 +213,9 @@ def test_kill_9_while_writing_leaves_the_previous_checkpoint_whole(tmp_path, del
         deadline = time.monotonic() + 120
         # wait until one version exists and the next is being written
         while not (path.is_file() and list(tmp_path.glob(".ckpt.pt.*.tmp"))):
-            assert time.monotonic() < deadline and writer.poll() is None, "the writer never started a second file"
+            assert time.monotonic() < deadline and writer.poll() is None, (
+                "the writer never started a second file"
+            )
             time.sleep(0.001)
         time.sleep(delay)
         writer.send_signal(signal.SIGKILL)
@@ -200,10 +234,21 @@ def test_kill_9_while_writing_leaves_the_previous_checkpoint_whole(tmp_path, del
 def test_ckpt_follows_the_latest_evaluation_and_best_keeps_the_best(tmp_path):
     """ckpt.pt is rewritten at every evaluation; best.pt only when val improves (here: step 0, before a learning
     rate of 1 wrecks the model); both have the same format."""
-    result = train.main([*TINY, f"--out_dir={tmp_path}", "--max_iters=4", "--eval_interval=2",
-                         "--learning_rate=1.0", "--min_lr=0", "--warmup_iters=0"])
+    result = train.main(
+        [
+            *TINY,
+            f"--out_dir={tmp_path}",
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--learning_rate=1.0",
+            "--min_lr=0",
+            "--warmup_iters=0",
+        ]
+    )
     latest, best = checkpoint(tmp_path), checkpoint(tmp_path, "best.pt")
-    assert [e["iter"] for e in result["evals"]] == [0, 2, 4] and result["evals"][-1]["val"] > result["evals"][0]["val"]
+    assert [e["iter"] for e in result["evals"]] == [0, 2, 4] and result["evals"][-1]["val"] > result["evals"][
+        0
+    ]["val"]
     assert latest["iter_num"] == 4 and best["iter_num"] == 0 == result["best_iter"] == latest["best_iter"]
     assert best["best_val_loss"] == result["evals"][0]["val"] == latest["best_val_loss"]
     assert latest.keys() == best.keys()
@@ -214,9 +259,22 @@ def test_nan_loss_stops_with_step_and_last_good_loss_and_keeps_the_checkpoint(tm
     """A learning rate of 1e30 turns the weights to inf after one step: the NaN loss of step 2 stops the run with
     one line naming the step, the last good loss and the kept checkpoint, before the evaluation at step 2 would
     have overwritten ckpt.pt."""
-    err = train_error_line(capsys, [*TINY, f"--out_dir={tmp_path}", "--max_iters=10", "--eval_interval=2",
-                                    "--learning_rate=1e30", "--min_lr=0", "--warmup_iters=0"], status=1)
-    assert re.search(r"loss is nan at step 2: training stopped \(last good loss \d\.\d{4} at step 1\)", err), err
+    err = train_error_line(
+        capsys,
+        [
+            *TINY,
+            f"--out_dir={tmp_path}",
+            "--max_iters=10",
+            "--eval_interval=2",
+            "--learning_rate=1e30",
+            "--min_lr=0",
+            "--warmup_iters=0",
+        ],
+        status=1,
+    )
+    assert re.search(
+        r"loss is nan at step 2: training stopped \(last good loss \d\.\d{4} at step 1\)", err
+    ), err
     assert f"{tmp_path / 'ckpt.pt'} (step 0) was kept" in err
     ckpt = checkpoint(tmp_path)
     assert ckpt["iter_num"] == 0 and all(torch.isfinite(w).all() for w in ckpt["model"].values())
@@ -257,8 +315,16 @@ def test_resume_with_changed_training_settings_is_allowed_and_logged(tmp_path, s
     resumed_dir = tmp_path / "copy"
     resumed_dir.mkdir()
     (resumed_dir / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
-    result = train.main([*flags, f"--out_dir={resumed_dir}", "--resume", "--max_iters=3", "--learning_rate=5e-4",
-                         "--dropout=0.1"])
+    result = train.main(
+        [
+            *flags,
+            f"--out_dir={resumed_dir}",
+            "--resume",
+            "--max_iters=3",
+            "--learning_rate=5e-4",
+            "--dropout=0.1",
+        ]
+    )
     out = capsys.readouterr().out
     assert result["iter_num"] == 3 and list(result["losses"]) == [3]
     changed = re.search(r"resuming \S+ at step 2 .*; changed: (.+)", out).group(1)
@@ -273,15 +339,21 @@ def reversed_vocabulary_dataset():
     name = f"test_reversed_{os.getpid()}"
     meta = load_meta(DATA_ROOT / "shakespeare_char")
     ids = np.arange(200) % meta["vocab_size"]
-    write_dataset(DATA_ROOT / name, ids, ids, {"tokenizer": "char", "vocab_size": meta["vocab_size"],
-                                               "chars": meta["chars"][::-1]})
+    write_dataset(
+        DATA_ROOT / name,
+        ids,
+        ids,
+        {"tokenizer": "char", "vocab_size": meta["vocab_size"], "chars": meta["chars"][::-1]},
+    )
     yield name
     for path in (DATA_ROOT / name).iterdir():
         path.unlink()
     (DATA_ROOT / name).rmdir()
 
 
-def test_resume_on_a_dataset_with_another_vocabulary_is_refused(capsys, saved_run, reversed_vocabulary_dataset):
+def test_resume_on_a_dataset_with_another_vocabulary_is_refused(
+    capsys, saved_run, reversed_vocabulary_dataset
+):
     """The same vocab_size with other characters would silently change what every token means: refused."""
     flags, _ = saved_run
     err = train_error_line(capsys, [*flags, "--resume", f"--dataset={reversed_vocabulary_dataset}"], status=1)
@@ -293,7 +365,9 @@ def bad_checkpoint(out_dir, kind):
     path = out_dir / "ckpt.pt"
     ckpt = ckpt_io.load_checkpoint(path)
     if kind == "pickled object":
-        torch.save({**ckpt, "meta": distributed.Processes()}, path)  # a dataclass instance: unpickling runs its module
+        torch.save(
+            {**ckpt, "meta": distributed.Processes()}, path
+        )  # a dataclass instance: unpickling runs its module
     elif kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
     elif kind == "other shape weights":  # the config says one shape, the weights are another's
@@ -309,8 +383,10 @@ def bad_checkpoint(out_dir, kind):
     [
         ("pickled object", "refused to load: it pickles plumbing.distributed.Processes"),
         ("truncated", "truncated or corrupt checkpoint"),
-        ("other shape weights", "its GPT state does not fit (mis-shaped lm_head.weight (65, 16) where the model "
-                                "has (65, 32))"),
+        (
+            "other shape weights",
+            "its GPT state does not fit (mis-shaped lm_head.weight (65, 16) where the model has (65, 32))",
+        ),
         ("sampling only", "can be sampled from but not resumed"),
     ],
 )

@@ -1,5 +1,6 @@
 """Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model retrieves,
 the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
+
 import csv
 import json
 import os
@@ -9,18 +10,32 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import error_line
 
 import eval_length
 import train
 from data.common import DATA_ROOT, get_tokenizer, load_meta
 from data.passkey import prepare as passkey_prepare
-from data.passkey.task import (CHARS, FILLER, KEY_DIGITS, MARKER, draw_filler, eval_sample, filler_length,
-                               is_eval_key, training_sample)
-from helpers import error_line
+from data.passkey.task import (
+    CHARS,
+    FILLER,
+    KEY_DIGITS,
+    MARKER,
+    draw_filler,
+    eval_sample,
+    filler_length,
+    is_eval_key,
+    training_sample,
+)
+from measure.retrieval import (
+    answers_by_forward,
+    answers_by_greedy,
+    count_correct,
+    passkey_batch,
+    wilson_interval,
+)
 from model import GPT, GPTConfig
 from positions import POS_SCHEMES
-from measure.retrieval import (answers_by_forward, answers_by_greedy, count_correct, passkey_batch,
-                                wilson_interval)
 
 STOI = {c: i for i, c in enumerate(CHARS)}
 
@@ -33,10 +48,16 @@ def test_eval_sample_states_its_key_once_at_the_depth_asked(length, depth):
     n_filler = filler_length(length)
     assert len(sample.text) == length and sample.text.count(MARKER) == 2  # stated once, asked once
     assert sample.statement_start == round(depth * n_filler)  # the filler characters before the statement
-    assert sample.text[sample.statement_start:].startswith(f"{MARKER}{sample.key}.")
-    assert sample.text[sample.answer_start - 1:] == f"{MARKER}{sample.key}" and sample.answer_start == length - 5
+    assert sample.text[sample.statement_start :].startswith(f"{MARKER}{sample.key}.")
+    assert (
+        sample.text[sample.answer_start - 1 :] == f"{MARKER}{sample.key}"
+        and sample.answer_start == length - 5
+    )
     assert is_eval_key(int(sample.key))
-    filler = sample.text[:sample.statement_start] + sample.text[sample.statement_start + 7:sample.answer_start - 1]
+    filler = (
+        sample.text[: sample.statement_start]
+        + sample.text[sample.statement_start + 7 : sample.answer_start - 1]
+    )
     assert len(filler) == n_filler and set(filler) <= set(FILLER)
 
 
@@ -68,15 +89,27 @@ def passkey_of_older_filler():
     shutil.rmtree(DATA_ROOT / name)
 
 
-def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(capsys, passkey_of_older_filler,
-                                                                           tmp_path):
+def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(
+    capsys, passkey_of_older_filler, tmp_path
+):
     """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it again."""
     folder = DATA_ROOT / passkey_of_older_filler
     before = {f.name: f.read_bytes() for f in folder.iterdir()}
-    err = error_line(capsys, train, [f"--dataset={passkey_of_older_filler}", "--block_size=32", "--max_iters=1",
-                                     f"--out_dir={tmp_path / 'run'}"], status=1)
+    err = error_line(
+        capsys,
+        train,
+        [
+            f"--dataset={passkey_of_older_filler}",
+            "--block_size=32",
+            "--max_iters=1",
+            f"--out_dir={tmp_path / 'run'}",
+        ],
+        status=1,
+    )
     assert "filler segments of 8 to 32 characters, the task's are now 4 to 16" in err, err
-    assert (f"python -m data.passkey.prepare --block_size 32 --name {passkey_of_older_filler} --replace" in err), err
+    assert (
+        f"python -m data.passkey.prepare --block_size 32 --name {passkey_of_older_filler} --replace" in err
+    ), err
     assert {f.name: f.read_bytes() for f in folder.iterdir()} == before and not (tmp_path / "run").exists()
 
 
@@ -104,9 +137,10 @@ def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_who
     val = np.fromfile(data_dir / "val.bin", dtype=meta["dtype"])
     text = tokenizer.decode(val.tolist())
     assert tokenizer.encode(text) == val.tolist()
-    samples = [text[i:i + 33] for i in range(0, len(text), 33)]
+    samples = [text[i : i + 33] for i in range(0, len(text), 33)]
     assert all(sample.count(MARKER) == 2 and is_eval_key(int(sample[-KEY_DIGITS:])) for sample in samples)
     from data.common import BatchSampler
+
     x, y = BatchSampler(data_dir, 32, 16, seed=3).get_batch("train")
     for row in torch.cat([x, y[:, -1:]], 1).tolist():
         window = tokenizer.decode(row)  # a whole sample: the question and answer end it
@@ -157,12 +191,15 @@ def test_scorer_gives_all_to_a_model_that_copies_after_the_marker_and_chance_to_
     assert count_correct(FixedKey(), tokens, answer_start) == 0  # chance is 1e-5 per trial
 
 
-@pytest.mark.parametrize("correct, trials, low, high", [
-    (0, 50, 0.0, 0.0713),  # the 95% Wilson interval, as statsmodels' proportion_confint(method="wilson")
-    (50, 50, 0.9287, 1.0),
-    (25, 50, 0.3664, 0.6336),
-    (8, 10, 0.4902, 0.9433),
-])
+@pytest.mark.parametrize(
+    "correct, trials, low, high",
+    [
+        (0, 50, 0.0, 0.0713),  # the 95% Wilson interval, as statsmodels' proportion_confint(method="wilson")
+        (50, 50, 0.9287, 1.0),
+        (25, 50, 0.3664, 0.6336),
+        (8, 10, 0.4902, 0.9433),
+    ],
+)
 def test_wilson_interval_matches_known_values(correct, trials, low, high):
     assert wilson_interval(correct, trials) == pytest.approx((low, high), abs=1e-4)
 
@@ -173,7 +210,9 @@ def test_forward_and_greedy_scoring_agree_on_exact_match(pos, length):
     """The forward pass with an answer appended scores it all correct exactly when greedy decoding (KV cache)
     writes it: checked with the model's own greedy answer (all correct) and with one digit changed (none)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=24, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32, pos=pos)).eval()
+    model = GPT(
+        GPTConfig(block_size=24, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32, pos=pos)
+    ).eval()
     tokens, answer_start = passkey_batch(STOI, length, 0.5, 6, seed=1)
     greedy = answers_by_greedy(model, tokens, answer_start)
     tokens[:, answer_start:] = greedy
@@ -191,12 +230,29 @@ def test_passkey_csv_has_the_promised_columns_and_one_line_per_cell(tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, pos="rope"))
     ckpt = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": vars(model.config),
-                "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS},
-                "train_config": {"dataset": "passkey"}}, ckpt)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_config": vars(model.config),
+            "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS},
+            "train_config": {"dataset": "passkey"},
+        },
+        ckpt,
+    )
     out = tmp_path / "passkey.csv"
-    rows = eval_length.main([str(ckpt), "--task=passkey", "--lengths=1,2", "--depths=0,1", "--trials=4",
-                             "--rope_scalings=linear", "--csv", str(out), "--progress=false"])
+    rows = eval_length.main(
+        [
+            str(ckpt),
+            "--task=passkey",
+            "--lengths=1,2",
+            "--depths=0,1",
+            "--trials=4",
+            "--rope_scalings=linear",
+            "--csv",
+            str(out),
+            "--progress=false",
+        ]
+    )
     with open(out, newline="") as f:
         lines = list(csv.reader(f))
     assert tuple(lines[0]) == eval_length.PASSKEY_COLUMNS
@@ -209,12 +265,15 @@ def test_passkey_csv_has_the_promised_columns_and_one_line_per_cell(tmp_path):
     assert {row.scaling for row in rows} == {"plain", "linear"}
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--task=recall"], ["--task", "choose from 'loss', 'passkey'"]),
-    (["--task=passkey", "--depths=0,1.5"], ["--depths", "1.5", "fractions from 0 to 1"]),
-    (["--task=passkey", "--trials=0"], ["trials must be >= 1"]),
-    (["--task=passkey", "--positions_csv=p.csv"], ["--positions_csv", "--task=loss only"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--task=recall"], ["--task", "choose from 'loss', 'passkey'"]),
+        (["--task=passkey", "--depths=0,1.5"], ["--depths", "1.5", "fractions from 0 to 1"]),
+        (["--task=passkey", "--trials=0"], ["trials must be >= 1"]),
+        (["--task=passkey", "--positions_csv=p.csv"], ["--positions_csv", "--task=loss only"]),
+    ],
+)
 def test_passkey_flag_errors_are_one_line(capsys, argv, words):
     err = error_line(capsys, eval_length, ["out/x", *argv], 2)
     for word in words:
@@ -224,8 +283,14 @@ def test_passkey_flag_errors_are_one_line(capsys, argv, words):
 def test_passkey_on_a_checkpoint_of_another_vocabulary_is_one_line(capsys, tmp_path):
     model = GPT(GPTConfig(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16, pos="rope"))
     ckpt = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": vars(model.config),
-                "meta": {"tokenizer": "char", "vocab_size": 65, "chars": [chr(32 + i) for i in range(65)]},
-                "train_config": {"dataset": "shakespeare_char"}}, ckpt)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_config": vars(model.config),
+            "meta": {"tokenizer": "char", "vocab_size": 65, "chars": [chr(32 + i) for i in range(65)]},
+            "train_config": {"dataset": "shakespeare_char"},
+        },
+        ckpt,
+    )
     err = error_line(capsys, eval_length, [str(ckpt), "--task=passkey", "--progress=false"], 1)
     assert "passkey vocabulary" in err

@@ -27,8 +27,12 @@ def hf_frequencies(rope_type, head_dim, max_position_embeddings, seq_len=None, *
 
     `rope_scaling=` is the dict older versions read; newer ones (rope_parameters) convert it themselves."""
     config = LlamaConfig(
-        hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim, rope_theta=BASE,
-        max_position_embeddings=max_position_embeddings, rope_scaling={"rope_type": rope_type, **rope_scaling},
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        head_dim=head_dim,
+        rope_theta=BASE,
+        max_position_embeddings=max_position_embeddings,
+        rope_scaling={"rope_type": rope_type, **rope_scaling},
     )
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
     return inv_freq.double(), float(scale)
@@ -82,9 +86,17 @@ def test_llama3_matches_transformers(head_dim, T, s, low, high):
     """Llama 3.1's frequencies (transformers' _compute_llama3_parameters): kept, divided by s or blended by the
     rotations each pair makes over T, with Llama 3.1's own factors (1, 4; T = 8192, s = 8) and two others; no
     attention scale. transformers reads T from original_max_position_embeddings."""
-    hf, hf_scale = hf_frequencies("llama3", head_dim, int(s * T), factor=s, low_freq_factor=low,
-                                  high_freq_factor=high, original_max_position_embeddings=T)
-    ours, scale = rope_frequencies(head_dim, BASE, "llama3", s, original_len=T, low_freq_factor=low,
-                                   high_freq_factor=high)
+    hf, hf_scale = hf_frequencies(
+        "llama3",
+        head_dim,
+        int(s * T),
+        factor=s,
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=T,
+    )
+    ours, scale = rope_frequencies(
+        head_dim, BASE, "llama3", s, original_len=T, low_freq_factor=low, high_freq_factor=high
+    )
     torch.testing.assert_close(ours.double(), hf, rtol=1e-6, atol=0)
     assert scale == hf_scale == 1.0

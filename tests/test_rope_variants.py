@@ -10,14 +10,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import error_line
 
 import sample
 import train
 from generation import generate_cached
-from helpers import error_line
 from model import GPT, GPTConfig
-from positions import ROPE_SCALINGS, RotaryPositions, apply_rope, llama3_inv_freq, nope_layer_indices, rope_cos_sin, rope_frequencies, rope_inv_freq
 from plumbing.checkpoint import load_checkpoint
+from positions import (
+    ROPE_SCALINGS,
+    RotaryPositions,
+    apply_rope,
+    llama3_inv_freq,
+    nope_layer_indices,
+    rope_cos_sin,
+    rope_frequencies,
+    rope_inv_freq,
+)
 
 BLOCK = 16
 
@@ -29,8 +38,9 @@ def tiny_model(seed=0, **overrides):
 
 
 def transformers_or_skip():
-    return pytest.importorskip("transformers", reason="the parity tests need Hugging Face transformers: "
-                                                      "pip install transformers")
+    return pytest.importorskip(
+        "transformers", reason="the parity tests need Hugging Face transformers: pip install transformers"
+    )
 
 
 @torch.no_grad()
@@ -38,8 +48,10 @@ def attention_arguments(model, idx):
     """What GPT.forward hands each block's attention, running model(idx): per layer (x, rope, mask, input_pos), rope
     being (cos, sin) or None."""
     seen = {}
-    hooks = [block.attn.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args))
-             for i, block in enumerate(model.transformer.h)]
+    hooks = [
+        block.attn.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args))
+        for i, block in enumerate(model.transformer.h)
+    ]
     try:
         model(idx)
     finally:
@@ -92,14 +104,18 @@ def test_llama3_worked_case_d32_t64():
     turns = [64 / (2 * math.pi * 10 ** (i / 4)) for i in range(16)]
     assert [round(r, 3) for r in turns[:6]] == [10.186, 5.728, 3.221, 1.811, 1.019, 0.573]
     kept, blended, divided = [0, 1], [2, 3, 4], list(range(5, 16))
-    assert [i for i, r in enumerate(turns) if r > 4] == kept and [i for i, r in enumerate(turns) if r < 1] == divided
+    assert [i for i, r in enumerate(turns) if r > 4] == kept and [
+        i for i, r in enumerate(turns) if r < 1
+    ] == divided
     smooth = [(turns[i] - 1) / 3 for i in blended]
     assert [round(x, 4) for x in smooth] == [0.7404, 0.2704, 0.0062]
     ratio = [1.0, 1.0] + [0.25 + 0.75 * x for x in smooth] + [0.25] * 11
     assert [round(x, 4) for x in ratio[2:5]] == [0.8053, 0.4528, 0.2546]
     theta = rope_inv_freq(32)
     inv_freq, scale = rope_frequencies(32, scaling="llama3", factor=4.0, original_len=64)
-    torch.testing.assert_close(inv_freq.double(), theta * torch.tensor(ratio, dtype=torch.float64), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        inv_freq.double(), theta * torch.tensor(ratio, dtype=torch.float64), rtol=1e-6, atol=0
+    )
     assert scale == 1.0
     assert torch.equal(inv_freq[kept], theta[kept].float())
     assert torch.equal(inv_freq[divided], (theta[divided] / 4).float())
@@ -113,6 +129,7 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     """rope_fraction=1 is RoPE over the whole head: the tables are those of the formula
     (theta over the whole head) and the logits equal, bit for bit, those of the model run through apply_rope as
     it is without partial rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain RoPE."""
+
     def apply_rope_before(x, cos, sin):
         """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It rounds
         as that body did, so the logits can be compared bit for bit: negating is exact, a + (-b) is a - b in IEEE
@@ -132,7 +149,9 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     assert torch.equal(model(idx)[0], logits)
 
 
-@pytest.mark.parametrize("head_dim,fraction", [(16, 0.25), (32, 0.5), (64, 0.25), (24, 0.5), (20, 0.4), (16, 1.0)])
+@pytest.mark.parametrize(
+    "head_dim,fraction", [(16, 0.25), (32, 0.5), (64, 0.25), (24, 0.5), (20, 0.4), (16, 1.0)]
+)
 def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
     """GPT-NeoX's partial rotary embedding in transformers (rotary_pct, the config's partial_rotary_factor): its
     inverse frequencies over int(head_dim * fraction) dimensions equal ours to float32 rounding (rtol 1e-6); its
@@ -144,10 +163,17 @@ def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
 
     n_head, T = 2, 256
-    hf_config = GPTNeoXConfig(hidden_size=head_dim * n_head, num_attention_heads=n_head, rotary_pct=fraction,
-                              rotary_emb_base=10000.0, max_position_embeddings=T)
+    hf_config = GPTNeoXConfig(
+        hidden_size=head_dim * n_head,
+        num_attention_heads=n_head,
+        rotary_pct=fraction,
+        rotary_emb_base=10000.0,
+        max_position_embeddings=T,
+    )
     hf_rotary = GPTNeoXRotaryEmbedding(hf_config)
-    ours = RotaryPositions(GPTConfig(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction))
+    ours = RotaryPositions(
+        GPTConfig(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction)
+    )
     rotary_dim = int(head_dim * fraction)
     assert ours.cos.shape == (T, rotary_dim // 2) and hf_rotary.inv_freq.shape == (rotary_dim // 2,)
     inv_freq, _ = rope_frequencies(rotary_dim)
@@ -176,15 +202,21 @@ def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offs
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)
     assert rope.cos.shape == (64, rotary_dim // 2)
-    cos, sin = rope_cos_sin(torch.arange(64), rope_frequencies(rotary_dim)[0].double())  # float64 angles: exact
-    rq, rk = apply_rope(q.expand(64, -1), cos, sin), apply_rope(k.expand(64, -1), cos, sin)  # q, k at every position
+    cos, sin = rope_cos_sin(
+        torch.arange(64), rope_frequencies(rotary_dim)[0].double()
+    )  # float64 angles: exact
+    rq, rk = (
+        apply_rope(q.expand(64, -1), cos, sin),
+        apply_rope(k.expand(64, -1), cos, sin),
+    )  # q, k at every position
     assert torch.equal(rq[:, rotary_dim:], q[rotary_dim:].expand(64, -1))  # passed through, bit for bit
     unrotated = (rq[:, None, rotary_dim:] * rk[None, :, rotary_dim:]).sum(-1)  # (m, n): the same everywhere
     assert torch.equal(unrotated, unrotated[0, 0].expand(64, 64))
     rotated = (rq[:, None, :rotary_dim] * rk[None, :, :rotary_dim]).sum(-1)  # (m, n)
     for offset in (0, 5, 40):
-        torch.testing.assert_close(rotated.diagonal(-offset), rotated.diagonal(-offset)[:1].expand(64 - offset),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            rotated.diagonal(-offset), rotated.diagonal(-offset)[:1].expand(64 - offset), rtol=0, atol=1e-12
+        )
     assert rotated.diagonal(-1)[0] != rotated.diagonal(-5)[0]
 
 
@@ -202,9 +234,15 @@ def test_partial_rotation_cached_logits_equal_the_full_forward_with_every_scalin
     torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [dict(rope_fraction=0.5, rope_scaling="llama3", rope_factor=4.0),
-                                       dict(nope_interval=2), dict(nope_layers="0")],
-                         ids=["fraction-llama3", "interval", "list"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(rope_fraction=0.5, rope_scaling="llama3", rope_factor=4.0),
+        dict(nope_interval=2),
+        dict(nope_layers="0"),
+    ],
+    ids=["fraction-llama3", "interval", "list"],
+)
 def test_compiled_decoding_gives_the_cached_tokens(overrides):
     """compile_decode_step (fullgraph, static shapes) traces partial rotation and the layers without RoPE:
     the same greedy tokens as the eager cache, with one graph for every step."""
@@ -228,7 +266,10 @@ def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
     config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=8, n_head=2, n_embd=16, nope_interval=4)
     assert nope_layer_indices(8, interval=4) == [3, 7]
     assert config.rope_layers == (True, True, True, False, True, True, True, False)
-    assert GPTConfig(**{**vars(config), "nope_interval": 0, "nope_layers": "3,7"}).rope_layers == config.rope_layers
+    assert (
+        GPTConfig(**{**vars(config), "nope_interval": 0, "nope_layers": "3,7"}).rope_layers
+        == config.rope_layers
+    )
     given = attention_arguments(GPT(config).eval(), torch.zeros(1, 4, dtype=torch.long))
     assert [i for i, (x, rope, *_) in enumerate(given) if rope is None] == [3, 7]
     try:
@@ -268,38 +309,61 @@ def test_nope_layers_cached_logits_equal_the_full_forward(overrides):
 # -----------------------------------------------------------------------------
 # Flags, errors and checkpoints
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    f"--block_size={BLOCK}",
+    "--batch_size=4",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--device=cpu",
+    "--compile=false",
+]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--rope_fraction=0"], ["rope_fraction must be in (0, 1]"]),
-    (["--rope_fraction=1.5"], ["rope_fraction must be in (0, 1]"]),
-    (["--rope_fraction=0.2"], ["int(16 x 0.2) = 3", "must be even and >= 2", "multiple of 2/16 (0.125, 0.25"]),
-    (["--rope_fraction=0.1"], ["int(16 x 0.1) = 1", "must be even and >= 2"]),
-    (["--nope_layers=0,2"], ["nope_layers='0,2': give layer indices from 0 to 1", "comma-separated and each once"]),
-    (["--nope_layers=1,1"], ["each once"]),
-    (["--nope_layers=0,1"], ["skips RoPE in every layer: that is pos=none"]),
-    (["--nope_interval=3"], ["give 0 (every layer rotates) or 2 to n_layer=2"]),
-    (["--nope_interval=2", "--nope_layers=1"], ["give one of them"]),
-    (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
-    (["--rope_scaling=llama3", "--rope_low_freq_factor=4"], ["need 0 < low < high"]),
-    (["--pos=alibi", "--rope_fraction=0.5"], ["only RoPE takes rope_fraction=0.5", "pos='alibi'"]),
-    (["--pos=learned", "--nope_interval=2"], ["only RoPE takes nope_interval=2"]),
-    (["--pos=sinusoidal", "--rope_high_freq_factor=8"], ["only RoPE takes rope_high_freq_factor=8.0"]),
-    (["--rope_fraction=abc"], ["expected a number"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--rope_fraction=0"], ["rope_fraction must be in (0, 1]"]),
+        (["--rope_fraction=1.5"], ["rope_fraction must be in (0, 1]"]),
+        (
+            ["--rope_fraction=0.2"],
+            ["int(16 x 0.2) = 3", "must be even and >= 2", "multiple of 2/16 (0.125, 0.25"],
+        ),
+        (["--rope_fraction=0.1"], ["int(16 x 0.1) = 1", "must be even and >= 2"]),
+        (
+            ["--nope_layers=0,2"],
+            ["nope_layers='0,2': give layer indices from 0 to 1", "comma-separated and each once"],
+        ),
+        (["--nope_layers=1,1"], ["each once"]),
+        (["--nope_layers=0,1"], ["skips RoPE in every layer: that is pos=none"]),
+        (["--nope_interval=3"], ["give 0 (every layer rotates) or 2 to n_layer=2"]),
+        (["--nope_interval=2", "--nope_layers=1"], ["give one of them"]),
+        (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
+        (["--rope_scaling=llama3", "--rope_low_freq_factor=4"], ["need 0 < low < high"]),
+        (["--pos=alibi", "--rope_fraction=0.5"], ["only RoPE takes rope_fraction=0.5", "pos='alibi'"]),
+        (["--pos=learned", "--nope_interval=2"], ["only RoPE takes nope_interval=2"]),
+        (["--pos=sinusoidal", "--rope_high_freq_factor=8"], ["only RoPE takes rope_high_freq_factor=8.0"]),
+        (["--rope_fraction=abc"], ["expected a number"]),
+    ],
+)
 def test_bad_rope_variant_flags_are_one_line_errors(capsys, argv, words):
     """train.py refuses each bad value before any work, in one line naming what is valid."""
     err = error_line(capsys, train, [*TINY, *argv], 2)
     assert all(w in err for w in words), err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--rope_low_freq_factor=2"], ["shape llama3's blend: give --rope_scaling=llama3"]),
-    (["--rope_scaling=yarn", "--rope_high_freq_factor=8"], ["give --rope_scaling=llama3"]),
-    (["--rope_scaling=cubic"], ["'yarn', 'llama3'"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--rope_low_freq_factor=2"], ["shape llama3's blend: give --rope_scaling=llama3"]),
+        (["--rope_scaling=yarn", "--rope_high_freq_factor=8"], ["give --rope_scaling=llama3"]),
+        (["--rope_scaling=cubic"], ["'yarn', 'llama3'"]),
+    ],
+)
 def test_bad_sample_flags_are_one_line_errors(capsys, argv, words):
     err = error_line(capsys, sample, argv, 2)
     assert all(w in err for w in words), err
@@ -318,18 +382,45 @@ def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(vari
     scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the reference
     sampler agreeing."""
     config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]
-    assert {k: config[k] for k in ("rope_fraction", "nope_interval", "nope_layers", "rope_low_freq_factor",
-                                   "rope_high_freq_factor")} == dict(rope_fraction=0.25, nope_interval=2,
-                                                                     nope_layers=None, rope_low_freq_factor=1.0,
-                                                                     rope_high_freq_factor=4.0)
-    flags = [f"--out_dir={variant_run}", "--rope_scaling=llama3", "--rope_factor=4", "--rope_low_freq_factor=0.5",
-             "--rope_high_freq_factor=8", "--temperature=0", "--stream=off", f"--max_new_tokens={4 * BLOCK}"]
+    assert {
+        k: config[k]
+        for k in (
+            "rope_fraction",
+            "nope_interval",
+            "nope_layers",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+        )
+    } == dict(
+        rope_fraction=0.25,
+        nope_interval=2,
+        nope_layers=None,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+    )
+    flags = [
+        f"--out_dir={variant_run}",
+        "--rope_scaling=llama3",
+        "--rope_factor=4",
+        "--rope_low_freq_factor=0.5",
+        "--rope_high_freq_factor=8",
+        "--temperature=0",
+        "--stream=off",
+        f"--max_new_tokens={4 * BLOCK}",
+    ]
     loaded, cached, _ = sample.main(flags)
     out = capsys.readouterr().out
     c = loaded.model.config
-    assert (c.rope_scaling, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor) == ("llama3", 4, 0.5, 8)
-    assert "pos=rope on 4 of each head's 16 dims (none in layer 1), trained length 16 tokens, rope scaling llama3 " \
-           "x4 (frequency factors 0.5 and 8)" in out
+    assert (c.rope_scaling, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor) == (
+        "llama3",
+        4,
+        0.5,
+        8,
+    )
+    assert (
+        "pos=rope on 4 of each head's 16 dims (none in layer 1), trained length 16 tokens, rope scaling llama3 "
+        "x4 (frequency factors 0.5 and 8)" in out
+    )
     _, reference, _ = sample.main([*flags, "--kv_cache=off"])
     assert cached == reference and len(cached[0]) == 1 + 4 * BLOCK
 
@@ -338,11 +429,29 @@ def test_a_llama3_fine_tune_records_its_factors_and_scales_against_the_first_len
     """train.py --init_from with --rope_scaling=llama3: the factors and rope_original_len = the source's T are
     recorded, and the model rebuilt from the checkpoint has llama3's frequencies for them."""
     out_dir = tmp_path / "llama3"
-    train.main(["--init_from", str(variant_run), f"--block_size={2 * BLOCK}", "--rope_scaling=llama3",
-                "--rope_factor=2", "--rope_high_freq_factor=8", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
-                "--batch_size=2", "--device=cpu", "--compile=false", f"--out_dir={out_dir}"])
+    train.main(
+        [
+            "--init_from",
+            str(variant_run),
+            f"--block_size={2 * BLOCK}",
+            "--rope_scaling=llama3",
+            "--rope_factor=2",
+            "--rope_high_freq_factor=8",
+            "--max_iters=2",
+            "--eval_interval=2",
+            "--eval_iters=1",
+            "--batch_size=2",
+            "--device=cpu",
+            "--compile=false",
+            f"--out_dir={out_dir}",
+        ]
+    )
     config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]
-    assert (config["rope_scaling"], config["rope_original_len"], config["rope_high_freq_factor"]) == ("llama3", 16, 8.0)
+    assert (config["rope_scaling"], config["rope_original_len"], config["rope_high_freq_factor"]) == (
+        "llama3",
+        16,
+        8.0,
+    )
     assert (config["rope_fraction"], config["nope_interval"]) == (0.25, 2)  # the source's, kept
     loaded = sample.load(out_dir, "cpu")
     inv_freq, _ = rope_frequencies(4, scaling="llama3", factor=2.0, original_len=16, high_freq_factor=8.0)
@@ -364,6 +473,11 @@ def test_a_checkpoint_older_than_the_variants_loads_as_plain_rope():
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw
     config = load_checkpoint(fixture)["model_config"]
-    assert config == raw | dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
-                                nope_interval=0, nope_layers=None)
+    assert config == raw | dict(
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_fraction=1.0,
+        nope_interval=0,
+        nope_layers=None,
+    )
     assert GPTConfig(**config).rope_layers == (True,) and GPTConfig(**config).rotary_dim == 8

@@ -5,6 +5,7 @@ holding a run is never replaced without --overwrite; a checkpoint records whethe
 datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback, with every file
 that was there before left as it was. Tiny models on CPU through train.main or `python train.py`; no mocks.
 """
+
 import json
 import os
 import shutil
@@ -17,17 +18,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_error_line
+from test_resume import ENV, training_until_step
 
 import train
 from data.common import DATA_ROOT, load_meta
-from helpers import train_error_line
 from plumbing import checkpoint as ckpt_io
 from plumbing.run_folder import LOCK_NAME
-from test_resume import ENV, training_until_step
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
-        "--compile=false", "--eval_iters=2", "--log_interval=1", "--max_iters=2", "--eval_interval=2"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=4",
+    "--device=cpu",
+    "--compile=false",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--max_iters=2",
+    "--eval_interval=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +63,18 @@ def files(folder):
 
 def write_lock(out_dir, **record):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / LOCK_NAME).write_text(json.dumps({"started": "2024-01-01 00:00:00",
-                                                          "command": "python train.py", **record}))
+    (out_dir / LOCK_NAME).write_text(
+        json.dumps({"started": "2024-01-01 00:00:00", "command": "python train.py", **record})
+    )
 
 
 # -----------------------------------------------------------------------------
 # one run per folder
 
 
-def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees_it_when_stopped(tmp_path, capsys):
+def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees_it_when_stopped(
+    tmp_path, capsys
+):
     """While `python train.py` runs in a folder, a second run there (even with --resume) stops in one line naming
     the first one's pid, host and command, and touches nothing; SIGTERM stops the first, which removes its lock."""
     out_dir = tmp_path / "busy"
@@ -68,7 +83,10 @@ def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees
         before = files(out_dir)
         for extra in ([], ["--resume"]):
             err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}", *extra], status=1)
-            assert f"{out_dir} is in use by another run (pid {proc.pid} on {socket.gethostname()}, started " in err
+            assert (
+                f"{out_dir} is in use by another run (pid {proc.pid} on {socket.gethostname()}, started "
+                in err
+            )
             assert "python train.py" in err and f"delete {out_dir / LOCK_NAME}" in err, err
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
@@ -79,16 +97,24 @@ def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees
     assert set(files(out_dir)) <= set(before) | {"ckpt.pt", "best.pt"}  # nothing of the refused runs
 
 
-def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_another_host_is_not(tmp_path, capsys):
+def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_another_host_is_not(
+    tmp_path, capsys
+):
     """A kill -9 leaves the lock behind: the next run sees that its process is gone, says so and takes it over.
     A lock from another machine (a shared filesystem) cannot be checked from here: refused, the lock kept."""
     out_dir = tmp_path / "stale"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     write_lock(out_dir, pid=int(dead.stdout), host=socket.gethostname())
     result = train.main([*TINY, f"--out_dir={out_dir}"])
     out = capsys.readouterr().out
-    assert result["iter_num"] == 2 and f"note: took over {out_dir / LOCK_NAME}, left by a run that no " \
-                                       f"longer runs (pid {int(dead.stdout)} on {socket.gethostname()}" in out, out
+    assert (
+        result["iter_num"] == 2
+        and f"note: took over {out_dir / LOCK_NAME}, left by a run that no "
+        f"longer runs (pid {int(dead.stdout)} on {socket.gethostname()}"
+        in out
+    ), out
     assert sorted(files(out_dir)) == ["best.pt", "ckpt.pt"]
     elsewhere = tmp_path / "elsewhere"
     write_lock(elsewhere, pid=1234, host="another-machine")
@@ -107,9 +133,11 @@ def test_a_finished_run_is_not_overwritten_and_overwrite_starts_again(tmp_path, 
     out_dir = copy_of(finished, tmp_path / "run")
     before = files(out_dir)
     err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}"], status=1)
-    assert err == (f"train.py: error: {out_dir} holds a finished run (step 2 of 2): --resume with a larger "
-                   "--max_iters trains it further, --overwrite starts again and replaces it (or give another "
-                   "--out_dir)")
+    assert err == (
+        f"train.py: error: {out_dir} holds a finished run (step 2 of 2): --resume with a larger "
+        "--max_iters trains it further, --overwrite starts again and replaces it (or give another "
+        "--out_dir)"
+    )
     assert files(out_dir) == before
     result = train.main([*TINY, f"--out_dir={out_dir}", "--overwrite", "--max_iters=1", "--eval_interval=1"])
     assert f"note: --overwrite: {out_dir} holds a finished run (step 2 of 2)" in capsys.readouterr().out
@@ -125,14 +153,25 @@ def test_a_checkpoint_records_whether_its_run_finished(tmp_path, finished):
     assert ckpt_io.load_checkpoint(finished / "best.pt")["finished"] is False  # step 0's
     old = {key: value for key, value in ckpt.items() if key != "finished"}
     assert ckpt_io.run_finished(old) and not ckpt_io.run_finished(old | {"iter_num": 1})
-    assert not ckpt_io.run_finished({"model": {}, "model_config": {}})  # says nothing: not trusted as finished
+    assert not ckpt_io.run_finished(
+        {"model": {}, "model_config": {}}
+    )  # says nothing: not trusted as finished
 
 
 def test_a_checkpoint_file_given_to_init_from_is_taken_for_its_run(tmp_path, finished):
     """--init_from=out/x/ckpt.pt starts from that file, and its default out_dir is beside the run's folder."""
     source = copy_of(finished, tmp_path / "source")
-    result = train.main(["--init_from", str(source / "ckpt.pt"), "--block_size=32", "--max_iters=0",
-                         "--device=cpu", "--eval_iters=1", "--batch_size=2"])
+    result = train.main(
+        [
+            "--init_from",
+            str(source / "ckpt.pt"),
+            "--block_size=32",
+            "--max_iters=0",
+            "--device=cpu",
+            "--eval_iters=1",
+            "--batch_size=2",
+        ]
+    )
     assert Path(result["checkpoint"]) == tmp_path / "source_ctx32_plain" / "ckpt.pt"
 
 
@@ -171,11 +210,17 @@ def spoil(path, kind, marker):
     [
         ("no meta", "ckpt.pt: no meta entry (the tokenizer and vocabulary its token ids belong to)"),
         ("no vocabulary", "ckpt.pt: its meta has no vocabulary: a char tokenizer needs chars"),
-        ("weights that do not fit", "ckpt.pt: its GPT state does not fit (missing transformer.h.0.mlp.c_fc.weight; "
-                                    "unexpected extra.weight; mis-shaped lm_head.weight (65, 8) where the model "
-                                    "has (65, 16))"),
-        ("malicious", f"ckpt.pt: refused to load: it pickles {os.system.__module__}.system, code that unpickling "
-                      "would import and could run"),
+        (
+            "weights that do not fit",
+            "ckpt.pt: its GPT state does not fit (missing transformer.h.0.mlp.c_fc.weight; "
+            "unexpected extra.weight; mis-shaped lm_head.weight (65, 8) where the model "
+            "has (65, 16))",
+        ),
+        (
+            "malicious",
+            f"ckpt.pt: refused to load: it pickles {os.system.__module__}.system, code that unpickling "
+            "would import and could run",
+        ),
     ],
 )
 @pytest.mark.parametrize("how", ["--resume", "--init_from"])
@@ -186,8 +231,11 @@ def test_a_checkpoint_that_cannot_be_used_is_one_line(tmp_path, capsys, finished
     (out_dir / "best.pt").unlink()  # --init_from reads best.pt first: both read ckpt.pt here
     spoil(out_dir / "ckpt.pt", kind, tmp_path / "ran")
     before = files(tmp_path)
-    flags = [f"--out_dir={out_dir}", "--resume"] if how == "--resume" else \
-        [f"--init_from={out_dir}", f"--out_dir={tmp_path / 'new'}"]
+    flags = (
+        [f"--out_dir={out_dir}", "--resume"]
+        if how == "--resume"
+        else [f"--init_from={out_dir}", f"--out_dir={tmp_path / 'new'}"]
+    )
     status = 2 if how == "--init_from" and kind == "malicious" else 1  # read with the flags: a flag's value
     err = train_error_line(capsys, [*TINY, *flags], status=status)
     assert words in err and "weights_only=False" not in err, err
@@ -227,9 +275,11 @@ def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, 
     line, before any training, and the run folder and the dataset as they were."""
     name, data_dir = dataset
     out_dir = copy_of(finished, tmp_path / "run")
-    flags = {"empty out_dir": ["--out_dir="], "checkpoint for out_dir": [f"--out_dir={out_dir / 'ckpt.pt'}",
-                                                                         "--resume"],
-             "resume and overwrite": [f"--out_dir={out_dir}", "--resume", "--overwrite"]}.get(kind)
+    flags = {
+        "empty out_dir": ["--out_dir="],
+        "checkpoint for out_dir": [f"--out_dir={out_dir / 'ckpt.pt'}", "--resume"],
+        "resume and overwrite": [f"--out_dir={out_dir}", "--resume", "--overwrite"],
+    }.get(kind)
     if flags is None:  # a dataset spoiled, a new folder
         flags = [f"--dataset={name}", f"--out_dir={tmp_path / 'new'}"]
         if kind == "split shorter than block_size":
@@ -255,10 +305,19 @@ def test_python_train_py_errors_are_one_line_without_a_traceback(tmp_path, finis
     malicious = copy_of(finished, tmp_path / "malicious")
     spoil(malicious / "ckpt.pt", "malicious", tmp_path / "ran")
     before = files(tmp_path)
-    for flags, status in ((["--out_dir="], 2), ([f"--out_dir={out_dir}"], 1),
-                          ([f"--out_dir={malicious}", "--resume"], 1)):
-        done = subprocess.run([sys.executable, "train.py", *TINY, *flags], cwd=ROOT, env=ENV, capture_output=True,
-                              text=True, timeout=120)
+    for flags, status in (
+        (["--out_dir="], 2),
+        ([f"--out_dir={out_dir}"], 1),
+        ([f"--out_dir={malicious}", "--resume"], 1),
+    ):
+        done = subprocess.run(
+            [sys.executable, "train.py", *TINY, *flags],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == status and done.stdout == "", (flags, done.stdout, done.stderr)
         assert done.stderr.startswith("train.py: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert files(tmp_path) == before and not (tmp_path / "ran").exists()

@@ -5,17 +5,28 @@ import shutil
 
 import pytest
 import torch
+from helpers import error_line, skip_without_gpt2
 
-from measure import losses
 import sample
 import train
 from data.common import CharTokenizer, get_tokenizer
-from helpers import error_line, skip_without_gpt2
+from measure import losses
 from positions import POS_SCHEMES
 
 BLOCK = 16
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={BLOCK}", "--batch_size=4", "--max_iters=2",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    f"--block_size={BLOCK}",
+    "--batch_size=4",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--device=cpu",
+    "--compile=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +79,7 @@ def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tok
     """Token by token, the streamed text is mark_trained_length's for the whole sequence, for every prompt length and
     trained length; with GPT-2's BPE also where a token ends inside a multi-byte character (held back until the
     character is complete) and where the crossing falls inside one (both sides shown as decoded, as in the batch)."""
-    text = "ROMEO: caf\u00e9, na\u00efve \u65e5\u672c\u8a9e \U0001F642!"
+    text = "ROMEO: caf\u00e9, na\u00efve \u65e5\u672c\u8a9e \U0001f642!"
     if tokenizer_name == "char":
         tokenizer = get_tokenizer({"tokenizer": "char", "chars": sorted(set(text))})
     else:
@@ -77,11 +88,16 @@ def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tok
     ids = tokenizer.encode(text)
     if tokenizer_name == "gpt2":  # the case this test is for: a token that is not a whole character
         assert any(tokenizer.decode([i]).endswith("\ufffd") for i in ids)
-    prompts = [n for n in range(1, len(ids)) if not tokenizer.decode(ids[:n]).endswith("\ufffd")]  # as encoded text
+    prompts = [
+        n for n in range(1, len(ids)) if not tokenizer.decode(ids[:n]).endswith("\ufffd")
+    ]  # as encoded text
     for n_prompt in prompts:
         for block_size in range(1, len(ids) + 2):
             expected = sample.mark_trained_length(tokenizer, ids, block_size)
-            assert streamed_text(capsys, tokenizer, ids, n_prompt, block_size) == expected, (n_prompt, block_size)
+            assert streamed_text(capsys, tokenizer, ids, n_prompt, block_size) == expected, (
+                n_prompt,
+                block_size,
+            )
 
 
 def test_streaming_decodes_a_number_of_ids_linear_in_the_tokens(capsys):
@@ -124,8 +140,13 @@ def test_prompt_from_file(checkpoints, capsys, tmp_path):
     """--start=FILE:path reads the prompt from a file."""
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("KING RICHARD:\n", encoding="utf-8")
-    (_, samples, _), _ = run_sample(capsys, f"--out_dir={checkpoints['none']}", f"--start=FILE:{prompt}",
-                                    "--max_new_tokens=5", "--stream=off")
+    (_, samples, _), _ = run_sample(
+        capsys,
+        f"--out_dir={checkpoints['none']}",
+        f"--start=FILE:{prompt}",
+        "--max_new_tokens=5",
+        "--stream=off",
+    )
     assert len(samples[0]) == len("KING RICHARD:\n") + 5
 
 
@@ -137,7 +158,9 @@ def test_prompt_with_characters_outside_the_vocabulary_is_a_clear_error(checkpoi
 
 def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path, capsys):
     """No ckpt.pt, or a damaged one: a one-line error naming the file."""
-    assert re.search(r"error: .*ckpt.pt: no such checkpoint file", error_line(capsys, sample, [f"--out_dir={tmp_path}"], 1))
+    assert re.search(
+        r"error: .*ckpt.pt: no such checkpoint file", error_line(capsys, sample, [f"--out_dir={tmp_path}"], 1)
+    )
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert re.search(r"error: .*ckpt.pt: .*corrupt", error_line(capsys, sample, [f"--out_dir={tmp_path}"], 1))
 
@@ -169,8 +192,14 @@ def test_rope_scaling_on_a_non_rope_checkpoint_is_a_clear_error(checkpoints, cap
 
 def test_rope_factor_defaults_to_generated_length_over_trained_length(checkpoints, capsys):
     """Without --rope_factor, s = (prompt + new tokens) / block_size: here (4 + 60) / 16 = 4."""
-    (loaded, _, _), out = run_sample(capsys, f"--out_dir={checkpoints['rope']}", "--start=ABCD",
-                                     "--max_new_tokens=60", "--rope_scaling=yarn", "--stream=off")
+    (loaded, _, _), out = run_sample(
+        capsys,
+        f"--out_dir={checkpoints['rope']}",
+        "--start=ABCD",
+        "--max_new_tokens=60",
+        "--rope_scaling=yarn",
+        "--stream=off",
+    )
     assert loaded.model.config.rope_factor == 4.0 and "rope scaling yarn x4" in out
 
 
@@ -178,8 +207,9 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
     """--compare: a header per model, the same settings for each, and finite validation losses inside and
     beyond the trained length (learned evaluated through its sliding window)."""
     dirs = [checkpoints[p] for p in ("learned", "rope", "alibi")]
-    rows, out = run_sample(capsys, "--compare", *dirs, "--start=ROMEO:", "--seed=1", "--max_new_tokens=40",
-                           "--rope_scaling=ntk")
+    rows, out = run_sample(
+        capsys, "--compare", *dirs, "--start=ROMEO:", "--seed=1", "--max_new_tokens=40", "--rope_scaling=ntk"
+    )
     assert [f"=== {d} ===" in out for d in dirs] == [True] * 3
     assert [row[1].pos for row in rows] == ["learned", "rope", "alibi"]  # each model's GPTConfig
     assert [row[1].rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
@@ -194,8 +224,11 @@ def test_a_loaded_model_holds_the_only_copy_of_its_weights(checkpoints):
     state: the model holds the weights, once."""
     loaded = sample.load(checkpoints["rope"], "cpu")
     assert {"model_config", "meta", "train_config", "iter_num"} <= loaded.checkpoint.keys()
-    assert not [key for key, value in loaded.checkpoint.items() if isinstance(value, dict) and
-                any(isinstance(v, torch.Tensor) for v in value.values())]
+    assert not [
+        key
+        for key, value in loaded.checkpoint.items()
+        if isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values())
+    ]
     assert "model" not in loaded.checkpoint and "optimizer" not in loaded.checkpoint
 
 
@@ -206,7 +239,9 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
-    dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get("dataset")  # as sample.compare reads it
+    dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get(
+        "dataset"
+    )  # as sample.compare reads it
     assert losses.inside_vs_beyond_loss(pretrained.model, dataset(pretrained), "cpu", 2 * BLOCK) is None
     assert losses.inside_vs_beyond_loss(loaded.model, dataset(loaded), "cpu", 2 * BLOCK) is not None
 
@@ -239,7 +274,9 @@ def test_gpt2_bpe_dataset_trains_and_samples_offline(tmp_path, capsys):
     out_dir = tmp_path / "bpe"
     result = train.main(TINY + ["--dataset=shakespeare", "--pos=rope", f"--out_dir={out_dir}"])
     assert result["best_val_loss"] < 11  # about ln(50257) = 10.8 at initialisation
-    (loaded, samples, _), out = run_sample(capsys, f"--out_dir={out_dir}", "--start=ROMEO:", "--max_new_tokens=20")
+    (loaded, samples, _), out = run_sample(
+        capsys, f"--out_dir={out_dir}", "--start=ROMEO:", "--max_new_tokens=20"
+    )
     assert loaded.tokenizer.name == "gpt2" and loaded.model.config.vocab_size == 50257
     assert len(samples[0]) == len(loaded.tokenizer.encode("ROMEO:")) + 20
     assert "pos=rope, trained length 16 tokens" in out and "ROMEO:" in out

@@ -1,6 +1,7 @@
 """The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their checkpoints,
 and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's own parser
 (plumbing.runs.plan), runs are real tiny train.py runs."""
+
 import pytest
 import torch
 
@@ -33,8 +34,10 @@ def test_passkey_study_trains_with_its_preset_into_folders_of_its_own():
 def test_passkey_study_trains_nope_longer_with_its_own_preset_only():
     """NoPE learns to copy last (docs/extrapolation.md): 5000 steps where the other schemes get the preset's 3000;
     another preset's runs are trained as it says."""
-    steps = {p.out_dir: (p.train_config["max_iters"], p.train_config["lr_decay_iters"])
-             for p in plan(study.base_commands(study.parse_args(["--task=passkey", "--extra"]), "passkey"))}
+    steps = {
+        p.out_dir: (p.train_config["max_iters"], p.train_config["lr_decay_iters"])
+        for p in plan(study.base_commands(study.parse_args(["--task=passkey", "--extra"]), "passkey"))
+    }
     assert steps.pop("out/passkey_none") == (5000, 5000)
     assert set(steps.values()) == {(3000, 3000)} and len(steps) == 6
     gpu = study.parse_args(["--task=passkey", "--config=configs/passkey_gpu.toml"])
@@ -42,8 +45,18 @@ def test_passkey_study_trains_nope_longer_with_its_own_preset_only():
 
 
 def test_runs_of_two_seeds_differ_and_record_their_seed(tmp_path):
-    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--device=cpu",
-            "--compile=false", "--eval_iters=1", "--max_iters=2", "--log_interval=1000"]
+    tiny = [
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=16",
+        "--block_size=16",
+        "--batch_size=4",
+        "--device=cpu",
+        "--compile=false",
+        "--eval_iters=1",
+        "--max_iters=2",
+        "--log_interval=1000",
+    ]
     weights = {}
     for seed in (1337, 1338):
         train.main([*tiny, f"--seed={seed}", f"--out_dir={tmp_path / str(seed)}"])
@@ -67,23 +80,32 @@ def test_summary_gives_mean_and_spread_and_marks_orderings_that_some_seed_revers
 
 def test_retrieval_summary_pools_correct_answers_over_seeds_with_their_interval():
     cfg = study.parse_args(["--task=passkey", "--seeds=2"])
-    per_seed = [{("p_rope", "plain", 64): (50, 50), ("p_alibi", "plain", 64): (20, 50)},
-                {("p_rope", "plain", 64): (40, 50), ("p_alibi", "plain", 64): (30, 50)}]
+    per_seed = [
+        {("p_rope", "plain", 64): (50, 50), ("p_alibi", "plain", 64): (20, 50)},
+        {("p_rope", "plain", 64): (40, 50), ("p_alibi", "plain", 64): (30, 50)},
+    ]
     text = study.summary(cfg, per_seed, 64)
     assert "| p_rope | plain | 90% [83%, 94%] |" in text  # 90 of 100: Wilson (0.826, 0.945)
     assert "64 tokens (1 T): p_rope > p_alibi" in text
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--seeds=0"], ["seeds must be >= 1"]),
-    (["--task=recall"], ["--task", "loss", "passkey"]),
-    (["--config=configs/none.toml"], ["configs/none.toml", "no such file"]),
-    (["--lengths=0,1"], ["lengths must be positive multiples of T"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--seeds=0"], ["seeds must be >= 1"]),
+        (["--task=recall"], ["--task", "loss", "passkey"]),
+        (["--config=configs/none.toml"], ["configs/none.toml", "no such file"]),
+        (["--lengths=0,1"], ["lengths must be positive multiples of T"]),
+    ],
+)
 def test_study_flag_errors_are_one_line(capsys, argv, words):
     with pytest.raises(SystemExit) as exit_info:
         study.main(argv)
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and err.startswith("experiments/extrapolation.py: error: ") and "\n" not in err
+    assert (
+        exit_info.value.code == 2
+        and err.startswith("experiments/extrapolation.py: error: ")
+        and "\n" not in err
+    )
     for word in words:
         assert word in err

@@ -2,10 +2,10 @@
 
 All on CPU with tiny models through train.main, the code path `python train.py` takes; no mocks.
 """
+
 import dataclasses
 import math
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -14,19 +14,25 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from plumbing import checkpoint
-from plumbing import hardware
-from plumbing.errors import UserError
-import train
 from helpers import train_error_line
+
+import train
 from model import GPT, GPTConfig
+from plumbing import checkpoint, hardware
+from plumbing.errors import UserError
 from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-    "--device=cpu", "--compile=false", "--eval_iters=2", "--log_interval=1000",
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--device=cpu",
+    "--compile=false",
+    "--eval_iters=2",
+    "--log_interval=1000",
 ]
 
 
@@ -59,10 +65,25 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
     path = Path(result["checkpoint"])
     assert path == tmp_path / "ckpt.pt" and result["iter_num"] == 3 and math.isfinite(result["best_val_loss"])
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    assert set(ckpt) == {"model", "model_config", "train_config", "iter_num", "best_val_loss", "meta", "optimizer",
-                         "best_iter", "scaler", "sampler", "rng", "wandb_run_id", "finished"}  # sampling's, resume's
+    assert set(ckpt) == {
+        "model",
+        "model_config",
+        "train_config",
+        "iter_num",
+        "best_val_loss",
+        "meta",
+        "optimizer",
+        "best_iter",
+        "scaler",
+        "sampler",
+        "rng",
+        "wandb_run_id",
+        "finished",
+    }  # sampling's, resume's
     assert ckpt["model_config"]["pos"] == pos
-    assert ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65  # from the dataset, not the default
+    assert (
+        ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65
+    )  # from the dataset, not the default
     assert ckpt["train_config"]["device"] == "cpu" and ckpt["best_val_loss"] == result["best_val_loss"]
     assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
     model = GPT(GPTConfig(**ckpt["model_config"]))
@@ -72,17 +93,29 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_run_compiles_with_autocast_and_saves_plain_names(tmp_path):
     """On CUDA the defaults turn on torch.compile and bf16/fp16 autocast; the checkpoint still has plain names."""
-    result = run(tmp_path, "--device=cuda", "--compile=true", "--dtype=auto", "--max_iters=3", "--eval_interval=3")
+    result = run(
+        tmp_path, "--device=cuda", "--compile=true", "--dtype=auto", "--max_iters=3", "--eval_interval=3"
+    )
     ckpt = checkpoint.load_checkpoint(result["checkpoint"], map_location="cpu")
-    assert ckpt["train_config"]["compile"] is True and ckpt["train_config"]["dtype"] in ("bfloat16", "float16")
+    assert ckpt["train_config"]["compile"] is True and ckpt["train_config"]["dtype"] in (
+        "bfloat16",
+        "float16",
+    )
     assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
     GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
 
 
 def test_loss_decreases_on_a_short_run(tmp_path):
     """A few dozen steps take the val loss well below ln(65) = 4.17, the loss of a uniform guess."""
-    result = run(tmp_path, "--max_iters=60", "--eval_interval=60", "--eval_iters=8",
-                 "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=5")
+    result = run(
+        tmp_path,
+        "--max_iters=60",
+        "--eval_interval=60",
+        "--eval_iters=8",
+        "--learning_rate=1e-2",
+        "--min_lr=1e-3",
+        "--warmup_iters=5",
+    )
     first, last = result["evals"][0], result["evals"][-1]
     assert first["iter"] == 0 and last["iter"] == 60
     assert last["val"] < first["val"] - 0.5 and last["train"] < first["train"] - 0.5
@@ -143,8 +176,17 @@ def test_config_file_is_read_and_flags_override_it(tmp_path):
 def test_shipped_configs_parse(name):
     """The recipes in configs/ hold nanoGPT's settings."""
     cfg, model_config = train.parse_args(["--config", str(ROOT / "configs" / f"{name}.toml"), "--device=cpu"])
-    shape = (model_config.n_layer, model_config.n_head, model_config.n_embd, model_config.block_size, cfg.batch_size)
-    expected = {"cpu_recipe": ((4, 4, 128, 64, 12), 2000, 0.0), "shakespeare_char": ((6, 6, 384, 256, 64), 5000, 0.2)}
+    shape = (
+        model_config.n_layer,
+        model_config.n_head,
+        model_config.n_embd,
+        model_config.block_size,
+        cfg.batch_size,
+    )
+    expected = {
+        "cpu_recipe": ((4, 4, 128, 64, 12), 2000, 0.0),
+        "shakespeare_char": ((6, 6, 384, 256, 64), 5000, 0.2),
+    }
     assert (shape, cfg.max_iters, model_config.dropout) == expected[name]
     assert cfg.lr_decay_iters == cfg.max_iters and cfg.eval_iters == 200
 
@@ -152,7 +194,9 @@ def test_shipped_configs_parse(name):
 def test_gpt2_124m_config_is_gpt2_small_with_half_a_million_tokens_per_step():
     """configs/gpt2_124m.toml: 12 layers, 12 heads, 768 dims, context 1024, 2**19 tokens per step through grad_accum,
     which splits evenly over 1, 2, 4 or 8 GPUs."""
-    cfg, model_config = train.parse_args(["--config", str(ROOT / "configs" / "gpt2_124m.toml"), "--device=cpu"])
+    cfg, model_config = train.parse_args(
+        ["--config", str(ROOT / "configs" / "gpt2_124m.toml"), "--device=cpu"]
+    )
     shape = (model_config.n_layer, model_config.n_head, model_config.n_embd, model_config.block_size)
     assert shape == (12, 12, 768, 1024) and cfg.dataset == "fineweb_edu"
     assert cfg.batch_size * model_config.block_size * cfg.grad_accum == 524_288
@@ -173,7 +217,9 @@ def test_every_config_field_has_a_flag(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     help_text = capsys.readouterr().out
-    names = [f.name for f in dataclasses.fields(train.TrainConfig)] + [f.name for f in dataclasses.fields(GPTConfig)]
+    names = [f.name for f in dataclasses.fields(train.TrainConfig)] + [
+        f.name for f in dataclasses.fields(GPTConfig)
+    ]
     assert [name for name in names if f"--{name} " not in help_text] == ["vocab_size"]
 
 
@@ -233,8 +279,14 @@ def test_a_mapped_load_gives_the_same_checkpoint_in_either_file_format(tmp_path)
         mapped = checkpoint.load_checkpoint(tmp_path / name, mmap=True)
         full = checkpoint.load_checkpoint(tmp_path / name, mmap=False)
         # both get the RoPE variants' fields a file this old lacks (with_rope_variants), and nothing else changes
-        assert mapped["model_config"] == full["model_config"] == checkpoint.with_rope_variants(saved["model_config"])
-        assert torch.equal(mapped["model"]["w"], saved["model"]["w"]) and torch.equal(full["model"]["w"], saved["model"]["w"])
+        assert (
+            mapped["model_config"]
+            == full["model_config"]
+            == checkpoint.with_rope_variants(saved["model_config"])
+        )
+        assert torch.equal(mapped["model"]["w"], saved["model"]["w"]) and torch.equal(
+            full["model"]["w"], saved["model"]["w"]
+        )
 
 
 def corrupt_checkpoint(tmp_path, kind):
@@ -244,16 +296,24 @@ def corrupt_checkpoint(tmp_path, kind):
     if kind == "payload":
         torch.save({"model": {}, "model_config": {}, "meta": Payload()}, path)
         return path
-    if kind in ("shell", "shell_protocol_4"):  # protocol 4: torch's unpickler stops at its FRAME opcode, unnamed
-        torch.save({"model": {}, "model_config": {}, "meta": Shell(tmp_path / "ran")}, path,
-                   pickle_protocol=4 if kind == "shell_protocol_4" else 2)
+    if kind in (
+        "shell",
+        "shell_protocol_4",
+    ):  # protocol 4: torch's unpickler stops at its FRAME opcode, unnamed
+        torch.save(
+            {"model": {}, "model_config": {}, "meta": Shell(tmp_path / "ran")},
+            path,
+            pickle_protocol=4 if kind == "shell_protocol_4" else 2,
+        )
         return path
     if kind == "not_a_checkpoint":
         torch.save({"weights": torch.ones(2)}, path)
         return path
     checkpoint.save_checkpoint({"model": {"w": torch.randn(64, 64)}, "model_config": {}}, path)
     data = path.read_bytes()
-    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"not a checkpoint at all", "empty": b""}[kind])
+    path.write_bytes(
+        {"truncated": data[: len(data) // 2], "garbage": b"not a checkpoint at all", "empty": b""}[kind]
+    )
     return path
 
 
@@ -331,7 +391,9 @@ def test_log_is_one_line_per_interval_with_time_left_and_evaluations_say_what_th
     run(tmp_path, "--max_iters=4", "--eval_interval=4", "--log_interval=2")
     lines = capsys.readouterr().out.splitlines()
     steps = [line for line in lines if re.match(r"step \d+/4 \|", line)]
-    assert len(steps) == 2 and all(re.search(r"ms/iter \| [\d,]+ tok/s \| \d+s left$", line) for line in steps), steps
+    assert len(steps) == 2 and all(
+        re.search(r"ms/iter \| [\d,]+ tok/s \| \d+s left$", line) for line in steps
+    ), steps
     for step in (0, 4):
         announce = lines.index(f"step {step}: evaluating on 2 batches of train and of val ...")
         assert lines[announce + 1].startswith(f"step {step}: train loss ")
@@ -354,7 +416,9 @@ def keys_missing_from_wandb_log(run_dir, keys, wait_seconds=30):
 def test_wandb_without_its_package_is_a_one_line_error_before_any_work(tmp_path, capsys, monkeypatch):
     """--wandb where the wandb package cannot be imported stops at once with one line saying how to install it:
     before the dataset is looked at (preparing one can take hours), and before anything is written."""
-    monkeypatch.setitem(sys.modules, "wandb", None)  # what importlib.util.find_spec sees for a missing package
+    monkeypatch.setitem(
+        sys.modules, "wandb", None
+    )  # what importlib.util.find_spec sees for a missing package
     out_dir = tmp_path / "out"
     err = train_error_line(capsys, [*TINY, "--dataset=fineweb_edu", "--wandb", f"--out_dir={out_dir}"], 1)
     assert "--wandb needs the wandb package: pip install wandb" in err
@@ -370,15 +434,39 @@ def test_wandb_offline_logs_config_losses_and_checkpoint_and_resume_continues_th
     monkeypatch.setenv("WANDB_CONSOLE", "off")  # leave pytest's capture of stdout alone
     monkeypatch.setenv("WANDB_SILENT", "true")
     out_dir = tmp_path / "out"
-    flags = [*TINY, f"--out_dir={out_dir}", "--eval_interval=2", "--log_interval=1", "--wandb", "--wandb_project=test"]
-    keys = (b"train/loss", b"train/lr", b"train/tokens_per_sec", b"train/tflops", b"eval/train_loss", b"eval/val_loss",
-            b"best_checkpoint", str(out_dir / "ckpt.pt").encode(), b"learning_rate", b"n_layer")
+    flags = [
+        *TINY,
+        f"--out_dir={out_dir}",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--wandb",
+        "--wandb_project=test",
+    ]
+    keys = (
+        b"train/loss",
+        b"train/lr",
+        b"train/tokens_per_sec",
+        b"train/tflops",
+        b"eval/train_loss",
+        b"eval/val_loss",
+        b"best_checkpoint",
+        str(out_dir / "ckpt.pt").encode(),
+        b"learning_rate",
+        b"n_layer",
+    )
     run_id = train.main([*flags, "--max_iters=2"])["wandb_run_id"]
     assert keys_missing_from_wandb_log(next((tmp_path / "wandb").glob(f"offline-run-*-{run_id}")), keys) == []
     resumed = train.main([*flags, "--max_iters=4", "--resume"])
-    assert run_id and resumed["wandb_run_id"] == run_id == checkpoint.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
+    assert (
+        run_id
+        and resumed["wandb_run_id"]
+        == run_id
+        == checkpoint.load_checkpoint(out_dir / "ckpt.pt")["wandb_run_id"]
+    )
     # offline, each process writes a folder offline-run-<time>-<run id>, with a suffix -1, -2 ... when both start
     # within one second; inside it, the run's log run-<run id>.wandb names the run it belongs to
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) >= 1 and {log.name for run in runs for log in run.glob("*.wandb")} == {f"run-{run_id}.wandb"}
+    assert len(runs) >= 1 and {log.name for run in runs for log in run.glob("*.wandb")} == {
+        f"run-{run_id}.wandb"
+    }
     assert keys_missing_from_wandb_log(runs[-1], keys) == []  # the resumed process logged too

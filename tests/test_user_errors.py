@@ -15,29 +15,58 @@ from pathlib import Path
 import pytest
 import torch
 
-from perf import bench
 import eval_length
-import generation
 import sample
 import train
 from demo import probe
 from experiments import extrapolation
 from generation import generate_cached, generation_bytes, kv_cache_bytes, position_table_bytes
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES
+from perf import bench
 from plumbing import hardware
+from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--max_iters=2",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--compile=false"]
-TINY_BENCH = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--train_steps=1",
-              "--warmup_steps=1", "--gen_multiples", "1", "--repeats=1", "--matmul_size=128", "--device=cpu",
-              "--pos=rope"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=4",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--device=cpu",
+    "--compile=false",
+]
+TINY_BENCH = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=8",
+    "--batch_size=2",
+    "--train_steps=1",
+    "--warmup_steps=1",
+    "--gen_multiples",
+    "1",
+    "--repeats=1",
+    "--matmul_size=128",
+    "--device=cpu",
+    "--pos=rope",
+]
 EVAL = ["{ckpt}", "--lengths=1", "--max_windows=1", "--device=cpu", "--progress=false"]
-SCRIPTS = {"sample": (sample, "sample.py"), "train": (train, "train.py"), "bench": (bench, "bench.py"),
-           "eval_length": (eval_length, "eval_length.py"), "probe": (probe, "demo/probe.py"),
-           "extrapolation": (extrapolation, "experiments/extrapolation.py")}
-NO_MATPLOTLIB = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="--plot needs matplotlib")
+SCRIPTS = {
+    "sample": (sample, "sample.py"),
+    "train": (train, "train.py"),
+    "bench": (bench, "bench.py"),
+    "eval_length": (eval_length, "eval_length.py"),
+    "probe": (probe, "demo/probe.py"),
+    "extrapolation": (extrapolation, "experiments/extrapolation.py"),
+}
+NO_MATPLOTLIB = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="--plot needs matplotlib"
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,60 +115,196 @@ def case(script, argv, status, *words, available=None, marks=(), id=None):
 
 CASES = [
     # NaN and infinity pass every range check (nan > 0 and nan < 0 are both False): refused where floats are parsed
-    case("sample", ["--out_dir={ckpt}", "--temperature=inf"], 2,
-         "argument --temperature: expected a finite number, got 'inf'", id="sample-temperature-inf"),
-    case("sample", ["--out_dir={ckpt}", "--rope_scaling=yarn", "--rope_factor=inf"], 2,
-         "argument --rope_factor: expected a finite number", id="sample-rope-factor-inf"),
-    case("sample", ["--out_dir={ckpt}", "--config={tmp}/inf.toml"], 2, "inf.toml", "--temperature: expected a finite",
-         id="sample-config-inf"),
-    case("train", [*TINY, "--out_dir={tmp}/run", "--learning_rate=nan"], 2,
-         "argument --learning_rate: expected a finite number, got 'nan'", id="train-learning-rate-nan"),
-    case("train", [*TINY, "--out_dir={tmp}/run", "--weight_decay=nan"], 2, "--weight_decay: expected a finite",
-         id="train-weight-decay-nan"),
-    case("train", [*TINY, "--out_dir={tmp}/run", "--grad_clip=inf"], 2, "--grad_clip: expected a finite",
-         id="train-grad-clip-inf"),
-    case("train", [*TINY, "--out_dir={tmp}/run", "--rope_base=inf"], 2, "--rope_base: expected a finite",
-         id="train-rope-base-inf"),
-    case("probe", ["--checkpoints={tmp}/none", "--ridge=nan"], 2, "--ridge: expected a finite", id="probe-ridge-nan"),
-    case("extrapolation", ["--quick", "--out_root={tmp}/study", "--device=cpu", "--learning_rate=nan"], 2,
-         "--learning_rate: expected a finite", id="extrapolation-learning-rate-nan"),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--temperature=inf"],
+        2,
+        "argument --temperature: expected a finite number, got 'inf'",
+        id="sample-temperature-inf",
+    ),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--rope_scaling=yarn", "--rope_factor=inf"],
+        2,
+        "argument --rope_factor: expected a finite number",
+        id="sample-rope-factor-inf",
+    ),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--config={tmp}/inf.toml"],
+        2,
+        "inf.toml",
+        "--temperature: expected a finite",
+        id="sample-config-inf",
+    ),
+    case(
+        "train",
+        [*TINY, "--out_dir={tmp}/run", "--learning_rate=nan"],
+        2,
+        "argument --learning_rate: expected a finite number, got 'nan'",
+        id="train-learning-rate-nan",
+    ),
+    case(
+        "train",
+        [*TINY, "--out_dir={tmp}/run", "--weight_decay=nan"],
+        2,
+        "--weight_decay: expected a finite",
+        id="train-weight-decay-nan",
+    ),
+    case(
+        "train",
+        [*TINY, "--out_dir={tmp}/run", "--grad_clip=inf"],
+        2,
+        "--grad_clip: expected a finite",
+        id="train-grad-clip-inf",
+    ),
+    case(
+        "train",
+        [*TINY, "--out_dir={tmp}/run", "--rope_base=inf"],
+        2,
+        "--rope_base: expected a finite",
+        id="train-rope-base-inf",
+    ),
+    case(
+        "probe",
+        ["--checkpoints={tmp}/none", "--ridge=nan"],
+        2,
+        "--ridge: expected a finite",
+        id="probe-ridge-nan",
+    ),
+    case(
+        "extrapolation",
+        ["--quick", "--out_root={tmp}/study", "--device=cpu", "--learning_rate=nan"],
+        2,
+        "--learning_rate: expected a finite",
+        id="extrapolation-learning-rate-nan",
+    ),
     # files given on the command line
-    case("sample", ["--out_dir={ckpt}", "--config={tmp}/binary.toml"], 2, "--config", "binary.toml", "not UTF-8",
-         id="config-not-utf8"),
-    case("sample", ["--out_dir={ckpt}", "--start=FILE:{tmp}/folder"], 1, "prompt file", "Is a directory",
-         id="prompt-file-is-a-folder"),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--config={tmp}/binary.toml"],
+        2,
+        "--config",
+        "binary.toml",
+        "not UTF-8",
+        id="config-not-utf8",
+    ),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--start=FILE:{tmp}/folder"],
+        1,
+        "prompt file",
+        "Is a directory",
+        id="prompt-file-is-a-folder",
+    ),
     # outputs that cannot be written: found before the evaluation or benchmark, not after it
-    case("eval_length", [*EVAL, "--csv={tmp}/prior.csv", "--positions_csv={tmp}/afile/positions.csv"], 1,
-         "--positions_csv", "afile is a file, not a folder", id="eval-output-under-a-file"),
-    case("eval_length", [*EVAL, "--csv={tmp}/folder"], 1, "--csv", "is a folder; give a file name",
-         id="eval-output-is-a-folder"),
-    case("eval_length", [*EVAL, "--csv={tmp}/readonly/loss.csv"], 1, "--csv", "cannot write there",
-         id="eval-output-in-a-read-only-folder"),
-    case("eval_length", [*EVAL, "--csv={ckpt}/best.pt"], 1, "is an input of this run", id="eval-output-is-the-input"),
-    case("eval_length", [*EVAL, "--csv={tmp}/prior.csv", "--positions_csv={tmp}/prior.csv"], 1,
-         "--csv writes that file too", id="eval-two-outputs-one-file"),
-    case("eval_length", [*EVAL, "--plot={tmp}/loss.xyz"], 2, "matplotlib writes no .xyz file", "png",
-         marks=NO_MATPLOTLIB, id="eval-plot-format"),
-    case("bench", [*TINY_BENCH, "--json={tmp}/afile/bench.json"], 1, "--json", "afile is a file, not a folder",
-         id="bench-output-under-a-file"),
-    case("bench", [*TINY_BENCH, "--json={tmp}/folder"], 1, "--json", "is a folder", id="bench-output-is-a-folder"),
+    case(
+        "eval_length",
+        [*EVAL, "--csv={tmp}/prior.csv", "--positions_csv={tmp}/afile/positions.csv"],
+        1,
+        "--positions_csv",
+        "afile is a file, not a folder",
+        id="eval-output-under-a-file",
+    ),
+    case(
+        "eval_length",
+        [*EVAL, "--csv={tmp}/folder"],
+        1,
+        "--csv",
+        "is a folder; give a file name",
+        id="eval-output-is-a-folder",
+    ),
+    case(
+        "eval_length",
+        [*EVAL, "--csv={tmp}/readonly/loss.csv"],
+        1,
+        "--csv",
+        "cannot write there",
+        id="eval-output-in-a-read-only-folder",
+    ),
+    case(
+        "eval_length",
+        [*EVAL, "--csv={ckpt}/best.pt"],
+        1,
+        "is an input of this run",
+        id="eval-output-is-the-input",
+    ),
+    case(
+        "eval_length",
+        [*EVAL, "--csv={tmp}/prior.csv", "--positions_csv={tmp}/prior.csv"],
+        1,
+        "--csv writes that file too",
+        id="eval-two-outputs-one-file",
+    ),
+    case(
+        "eval_length",
+        [*EVAL, "--plot={tmp}/loss.xyz"],
+        2,
+        "matplotlib writes no .xyz file",
+        "png",
+        marks=NO_MATPLOTLIB,
+        id="eval-plot-format",
+    ),
+    case(
+        "bench",
+        [*TINY_BENCH, "--json={tmp}/afile/bench.json"],
+        1,
+        "--json",
+        "afile is a file, not a folder",
+        id="bench-output-under-a-file",
+    ),
+    case(
+        "bench",
+        [*TINY_BENCH, "--json={tmp}/folder"],
+        1,
+        "--json",
+        "is a folder",
+        id="bench-output-is-a-folder",
+    ),
     # memory: checked against the shapes before anything is allocated
-    case("sample", ["--out_dir={ckpt}", "--max_new_tokens=1000000000000"], 1,
-         "generating 1,000,000,000,000 tokens in a batch of 1 needs about", "KV cache", "available",
-         id="sample-memory"),
-    case("sample", ["--out_dir={ckpt}", "--max_new_tokens=64", "--num_samples=4"], 1, "needs about",
-         "but cpu has 1.0 kB available", available=1000, id="sample-memory-small-machine"),
-    case("sample", ["--compare", "{ckpt}", "--max_new_tokens=64"], 1,
-         "measuring the validation loss over 8 windows of 65 tokens needs about", available=100_000,
-         id="sample-compare-memory-small-machine"),
-    case("eval_length", ["{ckpt}", "--lengths=4", "--device=cpu", "--progress=false"], 1,
-         "evaluating", "at L = 64 tokens in batches of 8 needs about", "logits", available=1000,
-         id="eval-memory-small-machine"),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--max_new_tokens=1000000000000"],
+        1,
+        "generating 1,000,000,000,000 tokens in a batch of 1 needs about",
+        "KV cache",
+        "available",
+        id="sample-memory",
+    ),
+    case(
+        "sample",
+        ["--out_dir={ckpt}", "--max_new_tokens=64", "--num_samples=4"],
+        1,
+        "needs about",
+        "but cpu has 1.0 kB available",
+        available=1000,
+        id="sample-memory-small-machine",
+    ),
+    case(
+        "sample",
+        ["--compare", "{ckpt}", "--max_new_tokens=64"],
+        1,
+        "measuring the validation loss over 8 windows of 65 tokens needs about",
+        available=100_000,
+        id="sample-compare-memory-small-machine",
+    ),
+    case(
+        "eval_length",
+        ["{ckpt}", "--lengths=4", "--device=cpu", "--progress=false"],
+        1,
+        "evaluating",
+        "at L = 64 tokens in batches of 8 needs about",
+        "logits",
+        available=1000,
+        id="eval-memory-small-machine",
+    ),
 ]
 
 
 @pytest.mark.parametrize("script, argv, status, words, available", CASES)
-def test_a_bad_input_is_one_line_before_any_work(files, capsys, monkeypatch, script, argv, status, words, available):
+def test_a_bad_input_is_one_line_before_any_work(
+    files, capsys, monkeypatch, script, argv, status, words, available
+):
     module, prog = SCRIPTS[script]
     if "{tmp}/readonly" in " ".join(argv) and os.access(files / "readonly", os.W_OK):
         pytest.skip("this user writes into read-only folders (root)")
@@ -157,8 +322,15 @@ def test_a_bad_input_is_one_line_before_any_work(files, capsys, monkeypatch, scr
 def run_script(args, **kwargs):
     """A script of the repository in a new Python process, from the root (TIKTOKEN_CACHE_DIR and the like kept)."""
     env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, "-u", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-u", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to another process")
@@ -184,11 +356,23 @@ def test_a_full_disk_is_found_before_the_evaluation_and_keeps_the_prior_csv(trai
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    process = run_script(["eval_length.py", str(trained), "--lengths=1", "--max_windows=1", "--device=cpu",
-                          "--progress=false", f"--csv={prior}"], preexec_fn=no_file_space)
+    process = run_script(
+        [
+            "eval_length.py",
+            str(trained),
+            "--lengths=1",
+            "--max_windows=1",
+            "--device=cpu",
+            "--progress=false",
+            f"--csv={prior}",
+        ],
+        preexec_fn=no_file_space,
+    )
     out, err = process.communicate(timeout=120)
     assert process.returncode == 1 and out == "", (out, err)
-    assert err.startswith(f"eval_length.py: error: --csv={prior}: cannot write there (") and err.count("\n") == 1, err
+    assert (
+        err.startswith(f"eval_length.py: error: --csv={prior}: cannot write there (") and err.count("\n") == 1
+    ), err
     assert prior.read_text() == "checkpoint,loss\nearlier run,1.5\n" and os.listdir(tmp_path) == ["loss.csv"]
 
 
@@ -196,7 +380,9 @@ def test_config_given_twice_is_read_in_order(tmp_path):
     """--config a --config b: both files are read, b's keys over a's, and flags over both (as --help says)."""
     (tmp_path / "a.toml").write_text("temperature = 0.5\ntop_k = 10\nseed = 1\n")
     (tmp_path / "b.toml").write_text("top_k = 20\nseed = 2\n")
-    cfg = sample.parse_args([f"--config={tmp_path / 'a.toml'}", f"--config={tmp_path / 'b.toml'}", "--seed=3"])
+    cfg = sample.parse_args(
+        [f"--config={tmp_path / 'a.toml'}", f"--config={tmp_path / 'b.toml'}", "--seed=3"]
+    )
     assert (cfg.temperature, cfg.top_k, cfg.seed) == (0.5, 20, 3)
 
 

@@ -15,6 +15,7 @@ The documents are streamed (no download cache of tens of GB), tokenized in worke
 (GPT-2's 50257 ids fit). Whole documents from the start of the stream go to val until it holds --val_tokens,
 the rest to train, so the two never share a document.
 """
+
 import argparse
 import os
 import signal
@@ -25,8 +26,19 @@ from itertools import islice
 import numpy as np
 from tqdm import tqdm
 
-from data.common import (REPLACE_HELP, GPT2Tokenizer, complete_meta, dataset_dir, dtype_for_vocab,
-                         exit_on_user_error, gpt2_encoding, refuse_existing, save_meta, staged_dataset, summarize)
+from data.common import (
+    REPLACE_HELP,
+    GPT2Tokenizer,
+    complete_meta,
+    dataset_dir,
+    dtype_for_vocab,
+    exit_on_user_error,
+    gpt2_encoding,
+    refuse_existing,
+    save_meta,
+    staged_dataset,
+    summarize,
+)
 from plumbing.errors import UserError
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
@@ -72,8 +84,16 @@ def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
                 future.cancel()
 
 
-def write_token_dataset(out_dir, docs, val_tokens: int, max_tokens=None, num_proc: int = 1,
-                        docs_per_task: int = 64, total_tokens=None, replace: bool = False) -> dict:
+def write_token_dataset(
+    out_dir,
+    docs,
+    val_tokens: int,
+    max_tokens=None,
+    num_proc: int = 1,
+    docs_per_task: int = 64,
+    total_tokens=None,
+    replace: bool = False,
+) -> dict:
     """Tokenize an iterable of document strings and write them as a GPT-2 dataset in out_dir; return the meta.
 
     Whole documents go to val.bin until it holds at least val_tokens tokens, then to train.bin until it holds
@@ -85,8 +105,11 @@ def write_token_dataset(out_dir, docs, val_tokens: int, max_tokens=None, num_pro
     assert dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
     with staged_dataset(out_dir, replace) as tmp:
-        with open(tmp["train.bin"], "wb") as train_f, open(tmp["val.bin"], "wb") as val_f, \
-                tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}") as bar:
+        with (
+            open(tmp["train.bin"], "wb") as train_f,
+            open(tmp["val.bin"], "wb") as val_f,
+            tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}") as bar,
+        ):
             files = {"train": train_f, "val": val_f}
             for ids in tokenize_in_order(docs, num_proc, docs_per_task):
                 split = "val" if counts["val"] < val_tokens else "train"
@@ -113,19 +136,35 @@ def stream_documents():
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m data.fineweb_edu.prepare",
-        description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.")
-    parser.add_argument("--max_tokens", type=int, default=None, help="stop once train holds this many tokens (default: all)")
-    parser.add_argument("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")
-    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                        help="tokenizer processes (default: all cores but the one reading the stream)")
+        description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.",
+    )
+    parser.add_argument(
+        "--max_tokens", type=int, default=None, help="stop once train holds this many tokens (default: all)"
+    )
+    parser.add_argument(
+        "--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val"
+    )
+    parser.add_argument(
+        "--num_proc",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="tokenizer processes (default: all cores but the one reading the stream)",
+    )
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     out_dir = dataset_dir("fineweb_edu")
     total = args.val_tokens + (args.max_tokens if args.max_tokens is not None else SAMPLE_TOKENS)
     with exit_on_user_error():
         refuse_existing(out_dir, args.replace)  # before connecting to the Hub
-        meta = write_token_dataset(out_dir, stream_documents(), args.val_tokens, args.max_tokens, args.num_proc,
-                                   total_tokens=total, replace=args.replace)
+        meta = write_token_dataset(
+            out_dir,
+            stream_documents(),
+            args.val_tokens,
+            args.max_tokens,
+            args.num_proc,
+            total_tokens=total,
+            replace=args.replace,
+        )
     print(summarize(out_dir, meta))
 
 

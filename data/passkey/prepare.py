@@ -10,6 +10,7 @@ vocabulary: samples of exactly block_size + 1 characters, one after another, so 
 Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each from its own
 random stream, so nothing the evaluator asks for was ever trained on.
 """
+
 import argparse
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_set
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
 
 
-def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES,
-            val_samples=VAL_SAMPLES):
+def prepare(
+    out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
+):
     """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written. train.py
     calls prepare(data/passkey) itself on first use, as for the Shakespeare datasets (data.common.EMBEDDED)."""
     length = block_size + 1  # a window of block_size inputs and their block_size next-token targets
@@ -31,17 +33,26 @@ def prepare(out_dir=None, replace=False, block_size=64, seed=0, train_samples=TR
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
-    meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "sample_length": length,
-            "generator": generator_settings()}
+    meta = {
+        "tokenizer": "char",
+        "vocab_size": len(CHARS),
+        "chars": CHARS,
+        "sample_length": length,
+        "generator": generator_settings(),
+    }
     out_dir = out_dir or dataset_dir(default_name(block_size))
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m data.passkey.prepare",
-                                     description="Make data/passkey (or data/passkey_ctxN) for retrieval training.")
+    parser = argparse.ArgumentParser(
+        prog="python -m data.passkey.prepare",
+        description="Make data/passkey (or data/passkey_ctxN) for retrieval training.",
+    )
     parser.add_argument("--block_size", type=int, default=64, help="the context the samples fill (T)")
-    parser.add_argument("--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)")
+    parser.add_argument(
+        "--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the keys, markers and filler")
     parser.add_argument("--train_samples", type=int, default=TRAIN_SAMPLES)
     parser.add_argument("--val_samples", type=int, default=VAL_SAMPLES)
@@ -53,11 +64,19 @@ def main(argv=None):
     if args.name is not None and (Path(args.name).name != args.name or args.name in ("", ".", "..")):
         parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
     if args.block_size + 1 < KEY_CHARACTERS:
-        parser.error(f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
-                     f"{KEY_CHARACTERS} characters), got {args.block_size}")
+        parser.error(
+            f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
+            f"{KEY_CHARACTERS} characters), got {args.block_size}"
+        )
     with exit_on_user_error():
-        meta = prepare(dataset_dir(args.name or default_name(args.block_size)), args.replace, args.block_size,
-                       args.seed, args.train_samples, args.val_samples)
+        meta = prepare(
+            dataset_dir(args.name or default_name(args.block_size)),
+            args.replace,
+            args.block_size,
+            args.seed,
+            args.train_samples,
+            args.val_samples,
+        )
     print(summarize(dataset_dir(args.name or default_name(args.block_size)), meta))
 
 

@@ -64,14 +64,18 @@ def draw_filler(rng, n):
 def filler_length(length):
     """How many filler characters a sample of `length` characters has; ValueError when the key does not fit."""
     if length < KEY_CHARACTERS:
-        raise ValueError(f"a sample of {length} characters cannot hold a statement and its question "
-                         f"({KEY_CHARACTERS} characters)")
+        raise ValueError(
+            f"a sample of {length} characters cannot hold a statement and its question "
+            f"({KEY_CHARACTERS} characters)"
+        )
     return length - KEY_CHARACTERS
 
 
 @dataclass(frozen=True)
 class Sample:
-    text: str  # filler with the statement inside, then the question and the answer: exactly `length` characters
+    text: (
+        str  # filler with the statement inside, then the question and the answer: exactly `length` characters
+    )
     key: str  # the answer, the text's last KEY_DIGITS characters
     statement_start: int  # index of the statement's marker: the number of filler characters before it
     answer_start: int  # index of the answer's first digit
@@ -117,6 +121,8 @@ def outdated(meta, data_dir):
     command = f"python -m data.passkey.prepare --block_size {block_size}"
     if name != default_name(block_size):
         command += f" --name {name}"
-    why = (f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} to "
-           f"{SEGMENT[1]}")
+    why = (
+        f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} to "
+        f"{SEGMENT[1]}"
+    )
     return why, command

@@ -7,6 +7,7 @@ Reads the one copy of the corpus, data/shakespeare_char/input.txt. The BPE comes
 downloads it on first use; offline, point TIKTOKEN_CACHE_DIR at a folder that holds its cached files.
 train.py prepares this dataset by itself on first use (data.common.ensure_prepared).
 """
+
 import argparse
 
 from data.common import DATA_ROOT, REPLACE_HELP, dataset_dir, exit_on_user_error, prepare_file, summarize
@@ -16,13 +17,16 @@ INPUT = DATA_ROOT / "shakespeare_char" / "input.txt"
 
 def prepare(out_dir=None, replace: bool = False) -> dict:
     """Write Tiny Shakespeare's GPT-2 tokens to out_dir (default data/shakespeare); return the meta."""
-    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare"), tokenizer="gpt2", val_fraction=0.1,
-                        replace=replace)
+    return prepare_file(
+        INPUT, out_dir or dataset_dir("shakespeare"), tokenizer="gpt2", val_fraction=0.1, replace=replace
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m data.shakespeare.prepare",
-                                     description="Prepare data/shakespeare from data/shakespeare_char/input.txt.")
+    parser = argparse.ArgumentParser(
+        prog="python -m data.shakespeare.prepare",
+        description="Prepare data/shakespeare from data/shakespeare_char/input.txt.",
+    )
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     with exit_on_user_error():

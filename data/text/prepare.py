@@ -10,6 +10,7 @@ The text is cut at (1 - val_fraction) of its characters and each part encoded, s
 text, as in nanoGPT's shakespeare_char. With --tokenizer char the vocabulary is the sorted set of the file's
 characters. The Shakespeare datasets are the same preparation (data.common.prepare_file) on a fixed input.
 """
+
 import argparse
 from pathlib import Path
 
@@ -19,22 +20,36 @@ from data.common import REPLACE_HELP, TOKENIZERS, dataset_dir, exit_on_user_erro
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m data.text.prepare",
-        description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.")
+        description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.",
+    )
     parser.add_argument("--input", required=True, help="the UTF-8 text file")
-    parser.add_argument("--tokenizer", choices=TOKENIZERS, default="char",
-                        help="char: one token per character, vocabulary from the file; gpt2: GPT-2 BPE (tiktoken)")
-    parser.add_argument("--name", help="dataset name, the folder under data/ (default: the file name without suffix)")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
-    parser.add_argument("--block_size", type=int, default=64,
-                        help="the context length you will train with: each split needs at least block_size + 1 tokens")
+    parser.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="char",
+        help="char: one token per character, vocabulary from the file; gpt2: GPT-2 BPE (tiktoken)",
+    )
+    parser.add_argument(
+        "--name", help="dataset name, the folder under data/ (default: the file name without suffix)"
+    )
+    parser.add_argument(
+        "--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val"
+    )
+    parser.add_argument(
+        "--block_size",
+        type=int,
+        default=64,
+        help="the context length you will train with: each split needs at least block_size + 1 tokens",
+    )
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     name = args.name or Path(args.input).stem
     if Path(name).name != name or name in ("", ".", ".."):
         parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
     with exit_on_user_error():
-        meta = prepare_file(args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size,
-                            args.replace)
+        meta = prepare_file(
+            args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size, args.replace
+        )
     print(summarize(dataset_dir(name), meta))
     print(f"train on it with --dataset {name}")
 

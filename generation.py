@@ -1,6 +1,7 @@
 """
 Cached generation: model.py's GPT decoding one token at a time against the keys and values it has already
-computed, in O(context) per token where GPT.generate, the reference, pays O(context^2). As gpt-fast's generate.py:
+computed, in O(context) per token where GPT.generate, the reference, pays O(context^2). As gpt-fast's
+generate.py:
 every attention layer owns a preallocated KV cache written in place (GPT.setup_cache), the prompt runs once
 (prefill), then one decode loop feeds each new token at its position, eagerly or through torch.compile (a CUDA
 graph on CUDA).
@@ -24,15 +25,16 @@ def kv_cache_bytes(config, batch, n_slots, dtype=torch.float32):
 
 
 # -----------------------------------------------------------------------------
-# Memory, estimated from the shapes before anything is allocated: a request that cannot fit is refused in one line
-# instead of being killed by the kernel without a word. The tensors that stay allocated, and the largest transient
-# of a step; not the activations inside a block, nor a table's float64 copy while it is built.
+# Memory, estimated from the shapes before anything is allocated: a request that cannot fit is refused in one
+# line instead of being killed by the kernel without a word. The tensors that stay allocated, and the largest
+# transient of a step; not the activations inside a block, nor a table's float64 copy while it is built.
 
 
 def position_table_bytes(config, n_pos):
     """Bytes of the float32 table a model of config, fresh (its table covers block_size), grows to cover n_pos
-    positions (wpe.reserve): n_embd per position for sinusoidal, rotary_dim for RoPE (cos and sin, half of it each),
-    at least twice the rows it had, as reserve grows it; 0 for the schemes without one and within block_size."""
+    positions (wpe.reserve): n_embd per position for sinusoidal, rotary_dim for RoPE (cos and sin, half of
+    it each), at least twice the rows it had, as reserve grows it; 0 for the schemes without one and within
+    block_size."""
     per_position = {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0)
     if n_pos <= config.block_size:
         return 0
@@ -40,10 +42,11 @@ def position_table_bytes(config, n_pos):
 
 
 def forward_bytes(config, batch, length, cached=False):
-    """{what: bytes} of the largest tensors one float32 forward pass over `length` tokens (attending to as many
-    keys) makes: the logits, batch x length x vocab_size; the MLP's hidden layer before and after GELU, 2 x batch x
-    length x 4 n_embd; and the mask GPT.attention_mask builds where it builds one (ALiBi, or several tokens into a
-    KV cache): length x length int64 distances, a bool mask and float32 scores biases, n_head of them for ALiBi."""
+    """{what: bytes} of the largest tensors one float32 forward pass over `length` tokens (attending to as
+    many keys) makes: the logits, batch x length x vocab_size; the MLP's hidden layer before and after
+    GELU, 2 x batch x length x 4 n_embd; and the mask GPT.attention_mask builds where it builds one (ALiBi,
+    or several tokens into a KV cache): length x length int64 distances, a bool mask and float32 scores
+    biases, n_head of them for ALiBi."""
     parts = {
         "logits": batch * length * config.vocab_size * 4,
         "activations": 2 * batch * length * 4 * config.n_embd * 4,
@@ -55,10 +58,11 @@ def forward_bytes(config, batch, length, cached=False):
 
 
 def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, cached=True):
-    """{what: bytes} that generate_cached (cached=False: GPT.generate, the reference) allocates beyond the weights to
-    append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position table grown to the last
-    position, the int64 token buffer and the largest forward pass (forward_bytes), cropped as the sampler crops
-    (learned past its table, max_context). sample.py checks it against the available memory before generating."""
+    """{what: bytes} that generate_cached (cached=False: GPT.generate, the reference) allocates beyond the
+    weights to append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position
+    table grown to the last position, the int64 token buffer and the largest forward pass (forward_bytes),
+    cropped as the sampler crops (learned past its table, max_context). sample.py checks it against the
+    available memory before generating."""
     total = n_prompt + max_new_tokens
     learned = config.block_size if config.pos == "learned" else None
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
@@ -95,16 +99,17 @@ def generate_cached(
     compile=False,
     backend=None,
 ):
-    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks of
-    max_context tokens with a window), then each new token attends to the cached keys and values (decode).
+    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks
+    of max_context tokens with a window), then each new token attends to the cached keys and values (decode).
     on_token(next_ids (B, 1)) is called per token.
 
-    Positions keep counting past block_size, except with a position table (learned): once it is full the window
-    of its last max_len tokens slides, positions restart inside it, and each token reruns the window (as generate
-    does). Two settings differ from generate by design (README.md): max_context is a sliding attention window
-    over absolute positions here (each token sees the max_context latest; with several layers information still
-    flows from further back), where generate reruns the last max_context tokens from position 0; and with dynamic
-    NTK a key stays rotated for the length at which it was cached (as transformers does).
+    Positions keep counting past block_size, except with a position table (learned): once it is full the
+    window of its last max_len tokens slides, positions restart inside it, and each token reruns the window
+    (as generate does). Two settings differ from generate by design (README.md): max_context is a sliding
+    attention window over absolute positions here (each token sees the max_context latest; with several layers
+    information still flows from further back), where generate reruns the last max_context tokens from
+    position 0; and with dynamic NTK a key stays rotated for the length at which it was cached (as
+    transformers does).
 
     compile=True runs every decode step through torch.compile (backend: torch.compile's, e.g. "eager"; default
     inductor, which needs a C++ compiler on a CPU); the first call pays for the compilation.
@@ -121,8 +126,8 @@ def generate_cached(
     out[:, :n_prompt] = idx
     step = compile_decode_step(model, backend) if compile else decode_step
     # Eager steps run under inference_mode, which skips autograd's view and version bookkeeping; `out` and the
-    # tables were made before it, so they stay ordinary tensors. A compiled step stays under no_grad: compiling
-    # inside inference_mode has open CUDA-graph bugs (pytorch/pytorch#135892).
+    # tables were made before it, so they stay ordinary tensors. A compiled step stays under no_grad:
+    # compiling inside inference_mode has open CUDA-graph bugs (pytorch/pytorch#135892).
     with contextlib.nullcontext() if compile else torch.inference_mode():
         for start in range(0, prompt.size(1), chunk):  # prefill
             positions = torch.arange(start, min(start + chunk, prompt.size(1)), device=idx.device)
@@ -146,14 +151,15 @@ def generate_cached(
 
 
 def decode_step(model, idx, input_pos):
-    """Tokens idx (B, T) at positions input_pos (T,) against the model's KV caches. -> the last logits (B, V)"""
+    """Tokens idx (B, T) at positions input_pos (T,) against the model's KV caches. -> the last logits (B,
+    V)"""
     return model(idx, input_pos=input_pos)[0][:, -1]
 
 
 def compile_decode_step(model, backend=None):
-    """decode_step through torch.compile with static shapes, in one graph: every slot of the cache is attended to
-    (empty and out-of-window ones masked) and the position is a tensor, so one graph serves every step; on CUDA
-    a CUDA graph (mode="reduce-overhead": one launch per token, not one per kernel)."""
+    """decode_step through torch.compile with static shapes, in one graph: every slot of the cache is
+    attended to (empty and out-of-window ones masked) and the position is a tensor, so one graph serves
+    every step; on CUDA a CUDA graph (mode="reduce-overhead": one launch per token, not one per kernel)."""
     if model.config.rope_scaling == "dynamic":
         raise ValueError(
             "rope_scaling='dynamic' recomputes the frequencies from the length at every step, "

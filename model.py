@@ -1,10 +1,10 @@
 """
 A GPT-2 language model whose position scheme is one switch, GPTConfig.pos. nanoGPT's parts in nanoGPT's order:
-GPTConfig, CausalSelfAttention, MLP, Block, GPT (configure_optimizers, from_pretrained, generate). Position enters
-in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and keys
-(CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: wpe.score_bias). With pos="learned"
-this is exactly GPT-2. Cached decoding (the KV cache each attention layer owns) is driven by generation.py.
-"""
+GPTConfig, CausalSelfAttention, MLP, Block, GPT (configure_optimizers, from_pretrained, generate). Position
+enters in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and
+keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: wpe.score_bias). With
+pos="learned" this is exactly GPT-2. Cached decoding (the KV cache each attention layer owns) is driven by
+generation.py."""
 
 import math
 from dataclasses import dataclass
@@ -40,19 +40,11 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
     rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
     rope_factor: float = 1.0  # the extension factor s: target context / the original length
-    rope_original_len: int | None = (
-        None  # the length rope_scaling extends (None: block_size); set by fine-tuning
-    )
+    rope_original_len: int | None = None  # the length rope_scaling extends; None: block_size
     rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
-    rope_high_freq_factor: float = (
-        4.0  # llama3: pairs turning more times keep theta, those between are blended
-    )
-    rope_fraction: float = (
-        1.0  # share of each head's dims RoPE rotates, the first ones (partial_rotary_factor)
-    )
-    nope_interval: int = (
-        0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's no_rope_layer_interval; 0: none
-    )
+    rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta; between: blended
+    rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first (partial_rotary_factor)
+    nope_interval: int = 0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none
     nope_layers: str | None = None  # or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7
 
     def __post_init__(self):
@@ -82,8 +74,9 @@ class GPTConfig:
 
 class KVCache(nn.Module):
     """One attention layer's keys (after RoPE: a key's position never changes) and values, allocated once and
-    written in place, as gpt-fast's: position p lives in slot p % size, so with a sliding window the buffer is a
-    ring. Which position each slot holds follows from how many were written (positions.cached_key_positions)."""
+    written in place, as gpt-fast's: position p lives in slot p % size, so with a sliding window the buffer
+    is a ring. Which position each slot holds follows from how many were written
+    (positions.cached_key_positions)."""
 
     def __init__(self, batch, n_head, size, head_dim, dtype, device, ring=False):
         super().__init__()
@@ -191,8 +184,9 @@ class GPT(nn.Module):
         self.init_weights()
 
     def init_weights(self):
-        """GPT-2's: Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1/0; the 2 n_layer projections
-        adding into the residual stream (attn.c_proj, mlp.c_proj) 0.02 / sqrt(2 n_layer): variance flat in depth."""
+        """GPT-2's: Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1/0; the 2 n_layer
+        projections adding into the residual stream (attn.c_proj, mlp.c_proj) 0.02 / sqrt(2 n_layer):
+        variance flat in depth."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -214,9 +208,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, input_pos=None):
-        """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are given.
-        input_pos: None for positions 0 .. T-1; or, decoding against the KV caches (setup_cache), the (T,)
-        positions of idx, consecutive and continuing those already cached."""
+        """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are
+        given. input_pos: None for positions 0 .. T-1; or, decoding against the KV caches (setup_cache),
+        the (T,) positions of idx, consecutive and continuing those already cached."""
         T = idx.size(1)
         pos = self.transformer.wpe
         if input_pos is None:
@@ -240,10 +234,10 @@ class GPT(nn.Module):
         return logits, loss
 
     def attention_mask(self, query_pos, cached=False):
-        """What every attention layer gets as its mask, built once per forward: None when SDPA's is_causal says it
-        all (no score bias, no cache), else positions.attention_mask over the keys attended to. With KV caches
-        those are the slots written so far, or in a compiled step every slot, so that shapes never change
-        (positions.cached_key_positions: -1 for an empty one, masked)."""
+        """What every attention layer gets as its mask, built once per forward: None when SDPA's is_causal
+        says it all (no score bias, no cache), else positions.attention_mask over the keys attended to.
+        With KV caches those are the slots written so far, or in a compiled step every slot, so that shapes
+        never change (positions.cached_key_positions: -1 for an empty one, masked)."""
         pos = self.transformer.wpe
         if not cached:
             bias = pos.score_bias(query_pos, query_pos)
@@ -254,7 +248,7 @@ class GPT(nn.Module):
             return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
         end = int(query_pos[-1]) + 1  # eager: only the slots written so far
         if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
-            # one query after every key it sees, slot p holding position p: nothing to mask, only a bias to add
+            # one query after every key it sees, slot p holding position p: no mask, only a bias to add
             key_pos = torch.arange(end, device=query_pos.device)
             bias = pos.score_bias(query_pos, key_pos)
             return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
@@ -263,9 +257,9 @@ class GPT(nn.Module):
 
     def setup_cache(self, batch, max_len, window=None, chunk=1, dtype=None):
         """Give every attention layer a KV cache for decoding positions 0 .. max_len - 1, fed at most `chunk`
-        tokens a call. With a sliding window (each token sees the `window` latest) the cache is a ring of window +
-        chunk - 1 slots: a chunk's writes never overwrite a key one of its own queries still sees. The position
-        tables are grown here, once for every step (learned refuses past its table)."""
+        tokens a call. With a sliding window (each token sees the `window` latest) the cache is a ring of
+        window + chunk - 1 slots: a chunk's writes never overwrite a key one of its own queries still sees.
+        The position tables are grown here, once for every step (learned refuses past its table)."""
         self.transformer.wpe.reserve(max_len)
         size = self.cache_size(max_len, window, chunk)
         dtype = dtype or self.lm_head.weight.dtype
@@ -294,13 +288,14 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name):
-        """OpenAI's GPT-2 (Radford et al. 2019), name one of GPT2_MODELS, through transformers (downloaded once):
+        """OpenAI's GPT-2 (Radford et al. 2019), one of GPT2_MODELS, through transformers (downloaded once):
         pos="learned", bias=True, vocab 50257, block_size 1024, dropout 0."""
         return cls.from_hf_gpt2(download_gpt2(name))
 
     @classmethod
     def from_hf_gpt2(cls, hf_model):
-        """This model with the weights of a transformers GPT2LMHeadModel already built or loaded (works offline)."""
+        """This model with the weights of a transformers GPT2LMHeadModel already built or loaded (works
+        offline)."""
         config, state_dict = gpt2_weights_from_hf(hf_model)
         model = cls(config)
         model.load_state_dict(state_dict)
@@ -308,8 +303,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
-        """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each. Learned
-        sees the last block_size tokens; max_context crops further, positions restarting at 0. temperature=0: argmax."""
+        """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for
+        each. Learned sees the last block_size tokens; max_context crops further, positions restarting at
+        0. temperature=0: argmax."""
         limits = [n for n in (self.max_len, max_context) if n is not None]
         crop = min(limits) if limits else None
         for _ in range(max_new_tokens):
@@ -321,8 +317,9 @@ class GPT(nn.Module):
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
-    """One token per row from the last position's logits (B, V) -> (B, 1). temperature=0: the most likely token.
-    top_k: only the k most likely. top_p: nucleus sampling (Holtzman et al. 2020), the smallest set reaching top_p."""
+    """One token per row from the last position's logits (B, V) -> (B, 1). temperature=0: the most likely
+    token. top_k: only the k most likely. top_p: nucleus sampling (Holtzman et al. 2020), the smallest set
+    reaching top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
@@ -365,17 +362,15 @@ def download_gpt2(name):
 
 
 def gpt2_weights_from_hf(hf_model):
-    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel, without building a GPT. The names are GPT-2's on
-    both sides; HF's Conv1D stores (in, out) where nn.Linear has (out, in), so those four are transposed (views)."""
+    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel, without building a GPT. The names are
+    GPT-2's on both sides; HF's Conv1D stores (in, out) where nn.Linear has (out, in), so those four are
+    transposed (views)."""
     c = hf_model.config
-    if (
-        c.activation_function != "gelu_new"
-        or c.layer_norm_epsilon != 1e-5
-        or c.n_inner not in (None, 4 * c.n_embd)
-    ):
+    got = (c.activation_function, c.layer_norm_epsilon, c.n_inner)
+    if got[:2] != ("gelu_new", 1e-5) or c.n_inner not in (None, 4 * c.n_embd):
+        expected = "activation_function='gelu_new' (tanh GELU), layer_norm_epsilon=1e-5, n_inner=None"
         raise ValueError(
-            "only GPT-2's own architecture converts: activation_function='gelu_new' (tanh GELU), layer_norm_epsilon"
-            f"=1e-5, n_inner=None; got {c.activation_function!r}, {c.layer_norm_epsilon}, {c.n_inner}"
+            f"only GPT-2's own architecture converts: {expected}; got {got[0]!r}, {got[1]}, {got[2]}"
         )
     config = GPTConfig(
         block_size=c.n_positions,

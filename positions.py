@@ -1,7 +1,7 @@
 """
-Position encodings: how a GPT learns where each token is. Every scheme and every RoPE context extension lives
-here, and model.py calls them through one interface. Read top to bottom: the schemes' names and the validation of
-a config's position fields; the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the
+Position encodings: how a GPT knows where each token is. Every scheme and every RoPE context extension
+lives here; model.py calls them through one interface. Top to bottom: the schemes' names and the checks of a
+config's position fields; the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the
 masks); the modules that apply them, each in one place:
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
@@ -99,10 +99,10 @@ def rotary_dim(head_dim, fraction=1.0):
 
 
 def nope_layer_indices(n_layer, interval=0, layers=None):
-    """The layers that skip RoPE (0-based): every interval-th, as Llama 4, or those listed in `layers` ("3,7").
-    transformers' Llama4TextConfig derives no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
-    where, despite the name, 1 marks a layer that USES RoPE (huggingface/transformers#43756);
-    interval 4 of 8 layers skips 3 and 7. Never all of them: a model without RoPE anywhere is pos=none."""
+    """The layers that skip RoPE (0-based): every interval-th, as Llama 4, or those in `layers` ("3,7").
+    transformers' Llama4TextConfig: no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
+    where 1 marks a layer that USES RoPE (huggingface/transformers#43756): interval 4 of 8 layers skips 3 and
+    7. Never all of them: a model without RoPE anywhere is pos=none."""
     if interval and layers is not None:
         raise ValueError(
             f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
@@ -135,8 +135,9 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
 
 
 def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
-    """Vaswani et al. 2017, 3.5: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim): wavelengths
-    2 pi to ~2 pi base. sin/cos of p + k rotate those of p, so PE(p + k) = M_k PE(p) for all p. -> (n_pos, dim)"""
+    """Vaswani et al. 2017, 3.5: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim),
+    wavelengths 2 pi to ~2 pi base. sin/cos of p + k rotate those of p: PE(p + k) = M_k PE(p).
+    -> (n_pos, dim)"""
     position = torch.arange(n_pos, dtype=torch.float64)
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     angle = position[:, None] * inv_freq[None, :]  # (n_pos, dim/2)
@@ -145,18 +146,19 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
 
 
 def rope_inv_freq(dim, base=10000.0):
-    """RoPE's inverse frequencies theta_i = base^(-2i/dim), i < dim/2 (Su et al. 2021, eq. 15), in float64: pair i
-    turns by m theta_i at position m, a wavelength of 2 pi / theta_i tokens. -> (dim/2,)"""
+    """RoPE's inverse frequencies theta_i = base^(-2i/dim), i < dim/2 (Su et al. 2021, eq. 15), float64:
+    pair i turns by m theta_i at position m, a wavelength of 2 pi / theta_i tokens. -> (dim/2,)"""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
-    """YaRN's ramp over the dim/2 pairs (Peng et al. 2023): 0 for the pairs that turn beta_fast times or more over
-    original_len = T (kept), 1 for those turning fewer than beta_slow times (interpolated), linear between. As the
-    released code computes it (transformers' _compute_yarn_parameters, truncate=True): linear in the pair INDEX,
-    where the paper (eq. 17-18) ramps the rotations T theta_i / 2 pi. -> (dim/2,) float64
-        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair that turns r times over T; low = max(floor(i(beta_fast)), 0),
-        high = min(ceil(i(beta_slow)), d - 1) (+0.001 if equal); ramp_i = clamp((i - low) / (high - low), 0, 1)
+    """YaRN's ramp over the dim/2 pairs (Peng et al. 2023): 0 for pairs turning beta_fast times or more over
+    original_len = T (kept), 1 for those turning fewer than beta_slow times (interpolated), linear between. As
+    released (transformers' _compute_yarn_parameters, truncate=True): linear in the pair INDEX, where the
+    paper (eq. 17-18) ramps the rotations T theta_i / 2 pi. -> (dim/2,) float64
+        i(r) = d ln(T / (2 pi r)) / (2 ln base), the pair turning r times over T;
+        low = max(floor(i(beta_fast)), 0), high = min(ceil(i(beta_slow)), d - 1) (+0.001 if equal)
+        ramp_i = clamp((i - low) / (high - low), 0, 1)
     Worked: d = 8, T = 64, theta = (1, 0.1, 0.01, 0.001): i(32) = -0.497 -> low 0, i(1) = 1.008 -> high 2,
     ramp = (0, 0.5, 1, 1) (the paper's ramp would move all 4: pair 0 turns 10.2 < 32 times)."""
 
@@ -172,22 +174,20 @@ def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
 
 def check_llama3_factors(low_freq_factor, high_freq_factor):
     if not 0.0 < low_freq_factor < high_freq_factor:
-        raise ValueError(
-            f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got low_freq_factor="
-            f"{low_freq_factor} and high_freq_factor={high_freq_factor}"
-        )
+        given = f"low_freq_factor={low_freq_factor} and high_freq_factor={high_freq_factor}"
+        raise ValueError(f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got {given}")
 
 
 def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_len):
-    """Llama 3.1's rescaling of RoPE's theta_i (Meta's released code; transformers' _compute_llama3_parameters), by
-    the rotations r_i = T theta_i / 2 pi each pair makes over original_len = T: pairs with r_i > high_freq_factor
-    keep theta_i, those with r_i < low_freq_factor get theta_i / s, and between them theta_i / s is blended towards
-    theta_i by smooth_i = (r_i - low) / (high - low). A ramp in the rotations, as the YaRN paper's (eq. 17-18), not
-    in the pair index as the released YaRN's (yarn_ramp); no attention scale. -> like inv_freq (float64)
-    Worked: d = 32, T = 64, s = 4, low 1, high 4, base 10^4: the wavelengths 2 pi / theta_i = 2 pi 10^(i/4) are
-    6.28, 11.2, 19.9, 35.3, 62.8, 112, ...: r = 10.2, 5.73, 3.22, 1.81, 1.019, 0.573, ... So pairs 0 and 1 are kept
-    (r > 4), pairs 5 to 15 divided by 4 (r < 1), and pairs 2, 3, 4 blended, smooth = 0.740, 0.270, 0.006:
-    theta' / theta = 1/s + smooth (1 - 1/s) = 0.805, 0.453, 0.255 (pair 4 barely blended: r = 1.019, low = 1)."""
+    """Llama 3.1's rescaling of theta_i (Meta's released code; transformers' _compute_llama3_parameters), by
+    the rotations r_i = T theta_i / 2 pi each pair makes over original_len = T: pairs with r_i > high keep
+    theta_i, those with r_i < low get theta_i / s, and between them theta_i / s is blended towards theta_i by
+    smooth_i = (r_i - low) / (high - low). A ramp in the rotations, as the YaRN paper's (eq. 17-18), not in
+    the pair index as the released YaRN's (yarn_ramp); no attention scale. -> like inv_freq (float64)
+    Worked: d = 32, T = 64, s = 4, low 1, high 4: wavelengths 2 pi 10^(i/4) = 6.28, 11.2, 19.9, 35.3, 62.8,
+    ... give r = 10.2, 5.73, 3.22, 1.81, 1.019, ...: pairs 0 and 1 kept (r > 4), 5 to 15 divided by 4 (r < 1),
+    2, 3, 4 blended (smooth 0.740, 0.270, 0.006): theta' / theta = 1/s + smooth (1 - 1/s) = 0.805, 0.453,
+    0.255."""
     check_llama3_factors(low_freq_factor, high_freq_factor)
     rotations = original_len * inv_freq / (2 * math.pi)  # r_i = T / wavelength_i
     smooth = (rotations - low_freq_factor) / (high_freq_factor - low_freq_factor)
@@ -197,26 +197,19 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
     return torch.where(rotations > high_freq_factor, inv_freq, divided)
 
 
-def rope_frequencies(
-    head_dim,
-    base=10000.0,
-    scaling=None,
-    factor=1.0,
-    original_len=None,
-    seq_len=None,
-    low_freq_factor=1.0,
-    high_freq_factor=4.0,
-):
-    """RoPE's inverse frequencies rope_inv_freq(d, base) over the d = head_dim dimensions it rotates (with partial
-    rotation, int(head_dim * rope_fraction), as transformers), optionally rescaled to run a model trained on
-    original_len = T tokens at s = factor times that. -> (inv_freq float32, attention_scale)
-    "linear": position interpolation (Chen et al. 2023), theta_i / s. "ntk": NTK-aware (bloc97, 2023), base' = base
-    s^(d/(d-2)). "dynamic": NTK at the current length L = seq_len > T, base' = base (s L / T - (s - 1))^(d/(d-2)).
-    "yarn": YaRN (Peng et al. 2023): theta_i / s * ramp_i + theta_i (1 - ramp_i) (yarn_ramp: fast pairs keep theta_i,
-    slow ones get theta_i / s), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64, s = 4,
-    theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386. "llama3": Llama 3.1's llama3_inv_freq, low_freq_factor
-    and high_freq_factor bounding its blend (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1.
-    """
+def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
+                     low_freq_factor=1.0, high_freq_factor=4.0):  # fmt: skip
+    """RoPE's rope_inv_freq(d, base) over the d dimensions it rotates (int(head_dim * rope_fraction)),
+    optionally rescaled to run a model trained on original_len = T tokens at s = factor times that.
+    -> (inv_freq float32, attention_scale)
+        linear   position interpolation (Chen et al. 2023): theta_i / s
+        ntk      NTK-aware (bloc97, 2023): base' = base s^(d/(d-2))
+        dynamic  NTK at the current length L = seq_len > T: base' = base (s L / T - (s - 1))^(d/(d-2))
+        yarn     YaRN (Peng et al. 2023): theta_i / s * ramp_i + theta_i (1 - ramp_i) (yarn_ramp: fast pairs
+                 keep theta_i), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64,
+                 s = 4: theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386
+        llama3   Llama 3.1's llama3_inv_freq, its blend bounded by low_freq_factor and high_freq_factor
+                 (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1"""
     if scaling not in (None, *ROPE_SCALINGS):
         raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
     if factor < 1.0:
@@ -246,14 +239,14 @@ def rope_frequencies(
 
 
 def default_rope_factor(length, original_len):
-    """The extension factor s a RoPE scaling gets when none is given: the length to reach over the length trained
-    on, never below 1 (s = 1 leaves every frequency as trained)."""
+    """The factor s a RoPE scaling gets when none is given: the length to reach over the length trained on,
+    never below 1 (s = 1 leaves every frequency as trained)."""
     return max(1.0, length / original_len)
 
 
 def position_limit(pos, block_size):
-    """The longest input a scheme encodes: block_size for learned (no trained row past it), None (unbounded) for
-    the others. Past it, learned is run on the window of its last block_size tokens, positions from 0."""
+    """The longest input a scheme encodes: block_size for learned (no row trained past it), else None. Past
+    it, learned runs on the window of its last block_size tokens, positions from 0."""
     return block_size if pos == "learned" else None
 
 
@@ -264,11 +257,11 @@ def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the rotated dimensions.
-    Pairs are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to
-    a fixed permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back.
-    Partial rotation (d < head_dim, GPT-NeoX's rotary_pct, transformers' partial_rotary_factor): the first d
-    dimensions turn, halves within them, and the rest pass unchanged, carrying no position."""
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the dimensions
+    rotated. Pairs are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the
+    same rotation up to a fixed permutation of the head dimensions (tests/test_positions.py). Computed in
+    cos's dtype, cast back. Partial rotation (d < head_dim, transformers' partial_rotary_factor): the first d
+    dimensions turn, and the rest pass unchanged, carrying no position."""
     d = 2 * cos.size(-1)
     if d < x.size(-1):
         return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
@@ -278,8 +271,8 @@ def apply_rope(x, cos, sin):
 
 
 def alibi_slopes(n_head):
-    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence from
-    2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code does, the slopes of the
+    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence
+    from 2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code, the slopes of the
     power of two below n, then every other slope of twice that power for the rest."""
 
     def power_of_two_slopes(n):
@@ -294,14 +287,14 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, n_query, n_key):
-    """-m_h (i - j) for query i and key j, the queries being the last n_query of n_key positions; the causal mask
-    is added separately. -> (n_head, n_query, n_key)"""
+    """-m_h (i - j) for query i and key j, the queries the last n_query of n_key positions; the causal mask is
+    added separately. -> (n_head, n_query, n_key)"""
     query_pos = torch.arange(n_key - n_query, n_key, device=slopes.device)
     return alibi_bias_at(slopes, query_pos, torch.arange(n_key, device=slopes.device))
 
 
 def alibi_bias_at(slopes, query_pos, key_pos):
-    """alibi_bias between any absolute positions, query_pos (T,) and key_pos (n_key,), as a KV cache holds them."""
+    """alibi_bias between any positions, query_pos (T,) and key_pos (n_key,), as a KV cache holds them."""
     distance = (query_pos[:, None] - key_pos[None, :]).to(slopes.dtype)  # i - j
     return -slopes[:, None, None] * distance[None]
 
@@ -317,9 +310,9 @@ def causal_mask(query_pos, key_pos, window=None):
 
 
 def cached_key_positions(end, size):
-    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, position p in
-    slot p % size (a ring, when size is a sliding window): the latest p < end with p = j (mod size), -1 while slot j
-    is empty. end: a (1,) long tensor, so that a compiled decode step computes it as well. -> (size,)
+    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, p in slot
+    p % size (a ring, with a sliding window): the latest p < end with p = j (mod size), -1 while slot j is
+    empty. end: a (1,) long tensor, so that a compiled decode step computes it too. -> (size,)
     Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
     slot = torch.arange(size, device=end.device)
     latest = end - 1 - (end - 1 - slot) % size
@@ -327,18 +320,18 @@ def cached_key_positions(end, size):
 
 
 def attention_mask(query_pos, key_pos, bias=None, window=None):
-    """The additive mask attention gets wherever SDPA's is_causal cannot serve (a score bias, a KV cache): 0 where
-    causal_mask lets query i see key j, -inf elsewhere, plus the scheme's bias (ALiBi's -m_h (i - j)).
+    """The additive mask attention gets where SDPA's is_causal cannot serve (a score bias, a KV cache): 0
+    where causal_mask lets query i see key j, -inf elsewhere, plus the scheme's bias (ALiBi's -m_h (i - j)).
     -> (1, n_head or 1, n_query, n_key), float32"""
     visible = causal_mask(query_pos, key_pos, window)[None, None]
     return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
 
 
 # -----------------------------------------------------------------------------
-# Position encodings: the modules. Each acts in one of three places, through the same hooks, called once per
-# forward with absolute positions as (T,) tensors (0 .. T-1, or where a KV cache left off; keys: what it holds):
+# Position encodings: the modules. Each acts in one of three places through the same hooks, called once per
+# forward with absolute positions as (T,) tensors (0 .. T-1, or where a KV cache left off):
 #   max_len                          the longest sequence it can encode (None: unbounded)
-#   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses past its own)
+#   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses)
 #   embed(tok_emb, positions)        -> what enters the first block (learned, sinusoidal add here)
 #   rotation(positions)              -> RoPE's (cos, sin) for q and k, or None
 #   score_bias(query_pos, key_pos)   -> an additive (1, n_head, T, n_key) score bias (ALiBi), or None
@@ -375,19 +368,16 @@ class LearnedPositions(nn.Embedding):
         self.max_len = config.block_size
 
     def reserve(self, n_pos):
-        """Called with the length about to be reached (positions 0 .. n_pos - 1) before any layer runs: GPT.forward,
-        and GPT.setup_cache once for all of generation's steps. Nothing was trained past row block_size - 1, so a longer n_pos is
-        refused here, in a ValueError naming block_size and the schemes that run longer ('sequence length N exceeds
-        block_size=T: pos=learned has no embedding past position T-1; sinusoidal, rope, alibi and none run longer',
-        the line the README quotes), not as an index error mid-forward (on a GPU, a device-side assert)."""
+        """Called before any layer runs with the length about to be reached (GPT.forward; GPT.setup_cache
+        once for all of generation's steps). No row was trained past block_size - 1: a longer n_pos is refused
+        here, in the ValueError the README quotes, not as an index error mid-forward (on a GPU, an assert)."""
         if n_pos > self.max_len:
-            raise ValueError(
-                f"sequence length {n_pos} exceeds block_size={self.max_len}: pos=learned has no embedding past "
-                f"position {self.max_len - 1}; sinusoidal, rope, alibi and none run longer"
-            )
+            past = f"pos=learned has no embedding past position {self.max_len - 1}"
+            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.max_len}: {past}; "
+                             "sinusoidal, rope, alibi and none run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
-        """tok_emb plus the table's rows at `positions`, looked up (nn.Embedding's forward) rather than the first T
+        """tok_emb plus the table's rows at `positions`, looked up (nn.Embedding's forward), not the first T
         rows sliced: positions are absolute, and with a KV cache they go on where the cache left off."""
         return tok_emb + super().forward(positions)  # the rows of the table at these positions
 
@@ -399,15 +389,15 @@ class LearnedPositions(nn.Embedding):
 
 
 class SinusoidalPositions(NoPositions):
-    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit amplitude,
-    GPT-2's token embeddings std 0.02: as in Vaswani et al. (3.4) the tokens are scaled by sqrt(n_embd) first."""
+    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
+    amplitude, GPT-2's token embeddings std 0.02: as in Vaswani et al. (3.4) tokens are scaled by
+    sqrt(n_embd)."""
 
     def __init__(self, config):
         super().__init__(config)
         self.token_scale = math.sqrt(config.n_embd)
-        self.register_buffer(
-            "table", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False
-        )
+        table = sinusoidal_embedding(config.block_size, config.n_embd)
+        self.register_buffer("table", table, persistent=False)
 
     def reserve(self, n_pos):
         if n_pos > self.table.size(0):  # past the cached length: only when generating beyond block_size
@@ -419,12 +409,11 @@ class SinusoidalPositions(NoPositions):
 
 
 class RotaryPositions(NoPositions):
-    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin, tabulated for
-    block_size positions, extended on demand. A context extension rescales against the length first trained on:
-    rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size. With
-    rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over those
-    alone (transformers' _compute_default_rope_parameters with partial_rotary_factor), so apply_rope leaves the
-    rest of each head as it is."""
+    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin tabulated for
+    block_size positions, extended on demand. A context extension rescales against the length first trained
+    on: rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size.
+    With rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over
+    those alone (transformers' partial_rotary_factor)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -451,7 +440,7 @@ class RotaryPositions(NoPositions):
 
     def rotation(self, positions):
         if self.scaling == "dynamic":
-            # dynamic NTK: the frequencies follow the length reached, the last position + 1, recomputed as it grows
+            # dynamic NTK: the frequencies follow the length reached (last position + 1), recomputed
             seq_len = int(positions[-1]) + 1
             if seq_len > self.original_len:
                 return self._cos_sin(positions, seq_len)

@@ -37,12 +37,8 @@ from positions import ROPE_SCALINGS, default_rope_factor
 @dataclass
 class SampleConfig:
     out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
-    init_from: str | None = (
-        None  # instead of out_dir: OpenAI's weights, gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-    )
-    compare: list[str] = field(
-        default_factory=list
-    )  # several out_dirs to run side by side (overrides out_dir)
+    init_from: str | None = None  # instead of out_dir, OpenAI's: gpt2 | gpt2-medium | gpt2-large | gpt2-xl
+    compare: list[str] = field(default_factory=list)  # several out_dirs side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 1  # independent samples, generated as one batch
     max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
@@ -55,40 +51,30 @@ class SampleConfig:
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
     rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3
-    rope_factor: float | None = (
-        None  # its factor s; default: the generated length over the trained block_size
-    )
-    rope_low_freq_factor: float | None = (
-        None  # llama3's: pairs turning fewer times over T get theta/s; None: 1
-    )
+    rope_factor: float | None = None  # its factor s; default: the generated length over block_size
+    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
         if self.top_k == 0:
             self.top_k = None
+        at_least_1 = lambda v: v is None or v >= 1
+        llama3 = "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give "
+        llama3 += "--rope_scaling=llama3"
         checks = [
             (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
-            (
-                self.max_new_tokens is None or self.max_new_tokens >= 1,
-                f"max_new_tokens must be >= 1, got {self.max_new_tokens}",
-            ),
+            (at_least_1(self.max_new_tokens), f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (self.top_k is None or self.top_k >= 1, f"top_k must be >= 0, got {self.top_k}"),
+            (at_least_1(self.top_k), f"top_k must be >= 0, got {self.top_k}"),
             (self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (
-                self.max_context is None or self.max_context >= 1,
-                f"max_context must be >= 1, got {self.max_context}",
-            ),
-            (
-                self.rope_factor is None or self.rope_factor >= 1,
-                f"rope_factor must be >= 1, got {self.rope_factor}",
-            ),
+            (at_least_1(self.max_context), f"max_context must be >= 1, got {self.max_context}"),
+            (at_least_1(self.rope_factor), f"rope_factor must be >= 1, got {self.rope_factor}"),
             (self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling"),
             (
                 self.rope_scaling == "llama3"
                 or self.rope_low_freq_factor is self.rope_high_freq_factor is None,
-                "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give --rope_scaling=llama3",
+                llama3,
             ),
             (
                 self.kv_cache or not self.compile,
@@ -219,7 +205,8 @@ def describe(model):
         pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
     if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
         pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {model.num_params():,} parameters"
+    params = f"{model.num_params():,} parameters"
+    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
 
 
 def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
@@ -273,10 +260,10 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
     print(describe(loaded.model))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
-        print(
-            f"note: pos={loaded.model.config.pos} has no positions past {loaded.model.max_len}: from there on the "
-            f"model sees only the last {loaded.model.max_len} tokens (the context is cropped)"
-        )
+        limit = loaded.model.max_len
+        pos = loaded.model.config.pos
+        print(f"note: pos={pos} has no positions past {limit}: from there on the model sees only the last "
+              f"{limit} tokens (the context is cropped)")  # fmt: skip
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
     for ids in samples:
@@ -312,17 +299,13 @@ def compare(cfg, device):
         _, tokens_per_second = print_samples(
             loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False
         )
-        rows.append(
-            (out_dir, loaded.model.config, tokens_per_second, losses, length)
-        )  # one model held at a time
-    print(
-        "\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows of the "
-        "generated length;\na scheme with a position table (learned) sees the last T tokens past it, as it generates"
-    )
-    print(
-        f"{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
-    )
-    for out_dir, c, tokens_per_second, losses, length in rows:
+        rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model at a time
+    print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows "
+          "of the generated length;\na scheme with a position table (learned) sees the last T tokens past it,"
+          " as it generates")  # fmt: skip
+    header = f"{'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
+    print(f"{'checkpoint':<34} {header}")
+    for out_dir, c, tokens_per_second, losses, _ in rows:
         inside, beyond = losses if losses else (float("nan"), float("nan"))
         scaling = c.rope_scaling or "-"
         print(

@@ -1,22 +1,21 @@
 """
 Train a GPT on one dataset with one position scheme. Every experiment in this repository runs this script.
 
-    python train.py                                          # ~2 minutes on 2 CPU cores: shakespeare_char, rope
+    python train.py                                        # ~2 minutes on 2 CPU cores: shakespeare_char, rope
     python train.py --pos=learned --max_iters=500
     python train.py --config configs/cpu_recipe.toml --pos=alibi
-    python train.py --config configs/shakespeare_char.toml   # nanoGPT's GPU recipe, one GPU
+    python train.py --config configs/shakespeare_char.toml # nanoGPT's GPU recipe, one GPU
     torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m.toml --pos=rope
-    python train.py --resume                                 # the same command plus --resume continues the run
-    python train.py --overwrite                              # starts again in a folder that holds a run, replacing it
+    python train.py --resume                               # the same command plus --resume continues the run
+    python train.py --overwrite                            # starts again in a folder that holds a run
 
-Settings, lowest priority first: the TrainConfig defaults below and nanoGPT's CPU-recipe model (MODEL_DEFAULTS),
-then the TOML file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, written
-`--x=v` or `--x v`; `python train.py --help` lists them. vocab_size is the exception: it comes from the dataset.
+Settings, lowest priority first: the TrainConfig defaults and MODEL_DEFAULTS (nanoGPT's CPU recipe), the TOML
+file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, `--x=v` or `--x v`
+(`python train.py --help` lists them), but vocab_size, which comes from the dataset.
 
-Read top to bottom: the config, the model and optimizer, one step, evaluation, train() (the loop itself),
-main(). The machinery is beside it, in plumbing/: resume.py (a run's state and checkpoints, --init_from),
-run_folder.py (one run per out_dir), cli.py (flags), errors.py (one-line errors, Ctrl-C and SIGTERM),
-distributed.py (torchrun), hardware.py (device, precision, FLOPs), report.py (log lines); data/common.py.
+Read top to bottom: the config, the run (data, model, optimizer), one step, evaluation, then train(), the
+loop itself, and main(). The machinery is in plumbing/ (resume.py: checkpoints and --init_from; run_folder.py,
+cli.py, errors.py, distributed.py, hardware.py, report.py) and data/common.py (batches).
 """
 
 import importlib.util
@@ -32,37 +31,24 @@ import torch
 
 from data.common import BatchSampler, ensure_prepared, load_meta
 from model import GPT, GPTConfig
-from plumbing import resume
+from plumbing import hardware, resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
-from plumbing.hardware import (
-    DTYPES,
-    check_device,
-    check_device_name,
-    flops_per_token,
-    peak_flops,
-    precision,
-    resolve_device,
-    resolve_dtype,
-    speed,
-)
 from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALINGS
 
-# The model train.py builds unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README,
-# "I only have a macbook"), small enough to learn something in minutes on a laptop. model.py's GPTConfig
-# defaults are GPT-2 small instead. bias=False is nanoGPT train.py's default: a little faster, no worse.
+# The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
+# macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
 MODEL_DEFAULTS = MappingProxyType(
     dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False)
 )
 
-# Micro-batch j of every step (j < grad_accum) is drawn from the sampler's stream j, by whichever rank runs it, so
-# a step trains on the same tokens whatever the number of processes. Evaluation draws from a stream of its own,
-# so how often and how long one evaluates never changes what is trained on.
+# Micro-batch j of every step comes from the sampler's stream j, whichever rank runs it: a step trains on
+# the same tokens for any number of processes. Evaluation draws from a stream of its own: it changes nothing.
 EVAL_STREAM = 2**31 - 1
 
 
@@ -71,9 +57,7 @@ class TrainConfig:
     # data
     dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
     batch_size: int = 12  # sequences per micro-batch, each block_size tokens long
-    grad_accum: int | None = (
-        None  # micro-batches per optimizer step, over all processes; None: one per process
-    )
+    grad_accum: int | None = None  # micro-batches per optimizer step, all processes; None: one each
     # AdamW; model.configure_optimizers decays 2-D weights only
     learning_rate: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.1  # decoupled weight decay (Loshchilov & Hutter 2019) on 2-D weights
@@ -81,17 +65,13 @@ class TrainConfig:
     beta2: float = 0.99  # AdamW beta2; 0.99 > GPT-2's 0.95 as few tokens per step are noisy
     grad_clip: float = 1.0  # rescale the gradient when its global norm exceeds this; 0 disables
     # learning rate schedule: linear warmup, cosine decay to min_lr at lr_decay_iters, then flat (see get_lr)
-    max_iters: int = (
-        2000  # optimizer steps in the run; the defaults make nanoGPT's CPU recipe, ~2 min on 2 cores
-    )
+    max_iters: int = 2000  # optimizer steps in the run (with the defaults: nanoGPT's CPU recipe)
     warmup_iters: int = 100  # steps of linear warmup from ~0 to learning_rate
     lr_decay_iters: int | None = None  # step where the cosine reaches min_lr; None: max_iters
     min_lr: float = 1e-4  # floor of the schedule, ~learning_rate / 10 (Chinchilla)
     # evaluation and logging
     eval_interval: int = 250  # steps between train/val loss estimates, each followed by a checkpoint
-    eval_iters: int = (
-        50  # batches per split averaged in each estimate (configs/cpu_recipe.toml: 200, steadier)
-    )
+    eval_iters: int = 50  # batches per split averaged in each estimate (configs/cpu_recipe.toml: 200)
     log_interval: int = 50  # steps between log lines
     wandb: bool = False  # log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)
     wandb_project: str = "posgpt"  # the W&B project the run goes to
@@ -100,27 +80,16 @@ class TrainConfig:
     out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
     resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
     overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
-    init_from: str | None = (
-        None  # a new run from this out_dir's (or checkpoint file's) weights; model flags: its own
-    )
+    init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
-    dtype: str = (
-        "auto"  # autocast dtype; auto: bfloat16 on CUDA (float16 + loss scaling if unsupported), else float32
-    )
-    compile: bool | None = (
-        None  # torch.compile; None: on CUDA only (on CPU compiling costs more than it saves)
-    )
+    dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
+    compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
-        value = lambda name: getattr(self, name)  # noqa: E731
-        positive = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval")
-        checks = [
-            (value(n) is None or value(n) >= 1, f"{n} must be a positive integer, got {value(n)}")
-            for n in positive
-        ]
+        v = vars(self)
         at_least_0 = (
             "max_iters",
             "warmup_iters",
@@ -130,34 +99,32 @@ class TrainConfig:
             "min_lr",
             "seed",
         )
-        checks += [(value(n) >= 0, f"{n} must be >= 0, got {value(n)}") for n in at_least_0]
-        checks += [
-            (0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}") for n in ("beta1", "beta2")
-        ]
-        # an unset shell variable (--out_dir=$OUT) would write into the current folder, or train from scratch
-        checks += [
-            (
-                value(n) is None or value(n).strip(),
-                f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME",
-            )
-            for n in ("out_dir", "init_from")
-        ]
-        checks += [
-            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (
-                self.min_lr <= self.learning_rate,
-                f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}",
-            ),
-            (self.dtype in DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}"),
-            (self.wandb_project.strip(), "wandb_project must not be empty"),
-            (
-                not (self.resume and self.overwrite),
-                "--resume continues the run in out_dir and --overwrite replaces it: give one of them",
-            ),
-        ]
-        if failed := next((message for ok, message in checks if not ok), None):
-            raise ValueError(failed)
-        check_device_name(self.device)
+        for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+            check(v[n] is None or v[n] >= 1, f"{n} must be a positive integer, got {v[n]}")
+        for n in at_least_0:
+            check(v[n] >= 0, f"{n} must be >= 0, got {v[n]}")
+        for n in ("beta1", "beta2"):
+            check(0.0 <= v[n] < 1.0, f"{n} must be in [0, 1), got {v[n]}")
+        for n in ("out_dir", "init_from"):  # an unset shell variable (--out_dir=$OUT) must not mean "here"
+            empty = f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME"
+            check(v[n] is None or v[n].strip(), empty)
+        check(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
+        check(self.min_lr <= self.learning_rate, too_high)
+        check(
+            self.dtype in hardware.DTYPES,
+            f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(hardware.DTYPES)}",
+        )
+        check(self.wandb_project.strip(), "wandb_project must not be empty")
+        both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
+        check(not (self.resume and self.overwrite), both)
+        hardware.check_device_name(self.device)
+
+
+def check(ok, message):
+    """A config check: a one-line ValueError unless ok."""
+    if not ok:
+        raise ValueError(message)
 
 
 def parse_args(argv=None):
@@ -167,7 +134,7 @@ def parse_args(argv=None):
     ValueError or a usage UserError, which main's handler says in one line with status 2 too."""
     model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
-    choices = {"pos": POS_SCHEMES, "dtype": DTYPES, "rope_scaling": ROPE_SCALINGS}
+    choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALINGS}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         try:
@@ -180,7 +147,7 @@ def parse_args(argv=None):
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
-    check_device(cfg.device)
+    hardware.check_device(cfg.device)
     check_torchrun_device(cfg.device)
     return cfg, model_config
 
@@ -197,13 +164,13 @@ def format_out_dir(template, dataset, pos):
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
     """Replace every `auto` and None in cfg by what this run uses, so the checkpoint records it. device, when
     given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None: one micro-batch per process."""
-    device = device or resolve_device(cfg.device)
+    device = device or hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
     return replace(
         cfg,
         grad_accum=world_size if cfg.grad_accum is None else cfg.grad_accum,
         device=device,
-        dtype=resolve_dtype(cfg.dtype, device_type),
+        dtype=hardware.resolve_dtype(cfg.dtype, device_type),
         compile=(device_type == "cuda") if cfg.compile is None else cfg.compile,
         out_dir=format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos),
     )
@@ -242,14 +209,13 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     streams (a dataset at odds with its meta.json: a UserError every rank meets at the same point)."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     device_type = cfg.device.split(":")[0]
-    autocast, scaler = precision(cfg)
+    autocast, scaler = hardware.precision(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = GPT(model_config).to(cfg.device)
-    optimizer = model.configure_optimizers(
-        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
-    )
+    betas = (cfg.beta1, cfg.beta2)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type)
     compiled = torch.compile(model) if cfg.compile else model
-    train_model = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
+    wrapped = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
     *samplers, eval_sampler = [
         BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=stream)
@@ -257,20 +223,8 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     ]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
-    return Run(
-        cfg,
-        model_config,
-        meta,
-        procs,
-        model,
-        train_model,
-        compiled,
-        optimizer,
-        scaler,
-        autocast,
-        samplers,
-        eval_sampler,
-    )
+    parts = (model, wrapped, compiled, optimizer, scaler, autocast, samplers, eval_sampler)
+    return Run(cfg, model_config, meta, procs, *parts)
 
 
 def start_run(cfg, model_config, procs):
@@ -281,10 +235,9 @@ def start_run(cfg, model_config, procs):
         path, ckpt, changes = resume.open_for_resume(
             cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size
         )
-        procs.log(
-            f"resuming {path} at step {ckpt['iter_num']} (best val loss {ckpt['best_val_loss']:.4f} at "
-            f"step {ckpt['best_iter']}){'; changed: ' + ', '.join(changes) if changes else ''}"
-        )
+        changed = "; changed: " + ", ".join(changes) if changes else ""
+        best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
+        procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
         resume.restore_training(run, path, ckpt)
     elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
         note = resume.init_model_from(cfg.init_from, run.model, run.meta, cfg.dataset)
@@ -348,29 +301,26 @@ def evaluate(run, wandb_run):
         losses = [estimate["train"], estimate["val"]]
     train_loss, val_loss = run.procs.share(losses, run.cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
+        losses = f"(train {train_loss}, val {val_loss})"
+        kept = resume.kept_checkpoint(run)
         raise UserError(
-            f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val "
-            f"{val_loss}): training stopped; {resume.kept_checkpoint(run)}"
+            f"the estimated loss is not finite at step {p.iter_num} {losses}: training stopped; {kept}"
         )
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     resume.write_checkpoints(run, improved)
-    saved = f"saved {run.ckpt_path}" + (
+    best = (
         f" and {run.best_path.name} (best)"
         if improved
         else f" (best {p.best_val_loss:.4f} at step {p.best_iter})"
     )
+    saved = f"saved {run.ckpt_path}{best}"
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
     if wandb_run:
         wandb_run.log({"eval/train_loss": train_loss, "eval/val_loss": val_loss}, step=p.iter_num)
-        wandb_run.summary.update(
-            {
-                "checkpoint": str(run.ckpt_path),
-                "best_checkpoint": str(run.best_path),
-                "best_val_loss": p.best_val_loss,
-            }
-        )
+        paths = {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path)}
+        wandb_run.summary.update(paths | {"best_val_loss": p.best_val_loss})
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
@@ -380,29 +330,26 @@ def check_finite(run, loss, step, last):
     if math.isfinite(loss):
         return
     last_good = (
-        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
+        "no finite loss before it" if last is None else f"last good loss {last:.4f} at step {step - 1}"
     )
-    raise UserError(
-        f"loss is {loss} at step {step}: training stopped ({last_good}); "
-        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to "
-        "continue from it"
+    advice = (
+        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
     )
+    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
 
 
 # -----------------------------------------------------------------------------
 # The loop
 
 
-def train(cfg, model_config, procs=Processes(), resume_command="the same command with --resume"):
+def train(cfg, model_config, procs=None, resume_command="the same command with --resume"):
     """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout:
     evaluate (and checkpoint) every eval_interval steps and at the end, step, log, until max_iters or a stop
     by signal (the step ends, a checkpoint is written). Returns {"best_val_loss", "best_iter", "iter_num",
     "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped" (the
     signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
-    start = time.perf_counter()
-    if (
-        cfg.wandb and importlib.util.find_spec("wandb") is None
-    ):  # before any work: preparing data can take hours
+    start, procs = time.perf_counter(), procs or Processes()
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: data can take hours
         raise UserError("--wandb needs the wandb package: pip install wandb")
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
@@ -410,7 +357,10 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
         run = start_run(cfg, model_config, procs)
         p = run.progress
         procs.log(header_line(run, one_per_process))
-        flops_per_step, peak = flops_per_token(run.model) * run.tokens_per_step, peak_flops(cfg.device)
+        flops_per_step, peak = (
+            hardware.flops_per_token(run.model) * run.tokens_per_step,
+            hardware.peak_flops(cfg.device),
+        )
         start_iter, clock = p.iter_num, StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
         with wandb_logging(run) as wandb_run, StopSignals() as signals:
@@ -426,10 +376,8 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                     if p.saved_iter != it:
                         resume.write_checkpoints(run, improved=False)
                     stopped = signals.received or "a signal to another rank"
-                    procs.log(
-                        f"stopped by {stopped} after step {it}: saved {run.ckpt_path}; to continue, "
-                        f"run {resume_command}"
-                    )
+                    saved = f"saved {run.ckpt_path}; to continue, run {resume_command}"
+                    procs.log(f"stopped by {stopped} after step {it}: {saved}")
                     break
                 lr = get_lr(it, cfg)
                 loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
@@ -439,29 +387,22 @@ def train(cfg, model_config, procs=Processes(), resume_command="the same command
                 clock.step()
                 if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
                     step_seconds, seconds_left = clock.lap(it + 1)
-                    metrics = speed(step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size)
+                    metrics = hardware.speed(
+                        step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size
+                    )
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
                     if wandb_run:
-                        wandb_run.log(
-                            {"train/loss": loss, "train/lr": lr}
-                            | {f"train/{k}": v for k, v in metrics.items()},
-                            step=it + 1,
-                        )
+                        logged = {"loss": loss, "lr": lr} | metrics
+                        wandb_run.log({f"train/{k}": v for k, v in logged.items()}, step=it + 1)
     seconds = time.perf_counter() - start
     if not stopped:
-        best = (
-            f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
-            if p.best_iter is not None
-            else "no evaluation"
+        best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
+        procs.log(
+            f"done in {format_seconds(seconds)}: {best if p.best_iter is not None else 'no evaluation'}"
         )
-        procs.log(f"done in {format_seconds(seconds)}: {best}")
-    return {
-        "best_val_loss": p.best_val_loss,
-        "best_iter": p.best_iter,
-        "iter_num": p.iter_num,
-        "checkpoint": str(run.ckpt_path),
-        "best_checkpoint": str(run.best_path),
-        "evals": evals,
+    summary = {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num}
+    summary |= {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals}
+    return summary | {
         "losses": losses,
         "stopped": stopped,
         "wandb_run_id": p.wandb_run_id,

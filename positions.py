@@ -21,76 +21,60 @@ import torch.nn as nn
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(
-    dict(
-        rope_low_freq_factor=1.0,
-        rope_high_freq_factor=4.0,
-        rope_fraction=1.0,
-        nope_interval=0,
-        nope_layers=None,
-    )
-)
+ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
+                                      nope_interval=0, nope_layers=None))  # fmt: skip
 
 
-def check_position_config(config):
-    """The position fields of a GPTConfig (read by name), each a one-line ValueError naming what is valid."""
-    if config.pos not in POS_SCHEMES:
-        raise ValueError(
-            f"pos={config.pos!r} is not a position scheme; choose one of {', '.join(POS_SCHEMES)}"
-        )
-    head_dim = config.n_embd // config.n_head
-    if config.pos == "rope" and config.rope_fraction == 1.0 and head_dim % 2:
-        raise ValueError(f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-    if config.pos == "sinusoidal" and config.n_embd % 2:
-        raise ValueError(f"sinusoidal pairs sin and cos: n_embd={config.n_embd} must be even")
-    if config.rope_base <= 1.0:
-        raise ValueError(f"rope_base must be > 1, got {config.rope_base}")
-    if config.rope_scaling is not None and config.pos != "rope":
-        raise ValueError(
-            f"rope_scaling={config.rope_scaling!r} extends RoPE only; this model has pos={config.pos!r}"
-        )
-    if config.rope_scaling not in (None, *ROPE_SCALINGS):
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
-    if config.rope_factor < 1.0:
-        raise ValueError(f"rope_factor must be >= 1, got {config.rope_factor}")
-    if config.rope_original_len is not None and config.rope_original_len < 1:
-        raise ValueError(f"rope_original_len must be a positive integer, got {config.rope_original_len}")
-    check_rope_variants(config, head_dim)
+def require(ok, message):
+    """A config check: a one-line ValueError unless ok."""
+    if not ok:
+        raise ValueError(message)
 
 
-def check_rope_variants(config, head_dim):
+def check_position_config(c):
+    """The position fields of a GPTConfig c (by name), each a one-line ValueError naming what is valid."""
+    schemes, scalings = ", ".join(POS_SCHEMES), ", ".join(ROPE_SCALINGS)
+    require(c.pos in POS_SCHEMES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
+    head_dim = c.n_embd // c.n_head
+    odd = c.pos == "rope" and c.rope_fraction == 1.0 and head_dim % 2
+    require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
+    odd = c.pos == "sinusoidal" and c.n_embd % 2
+    require(not odd, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
+    require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
+    other = c.rope_scaling is not None and c.pos != "rope"
+    require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
+    known = c.rope_scaling in (None, *ROPE_SCALINGS)
+    require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
+    require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
+    length = c.rope_original_len
+    require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
+    check_rope_variants(c, head_dim)
+
+
+def check_rope_variants(c, head_dim):
     """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
-    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(config, name) != plain]
-    if changed and config.pos != "rope":
-        given = ", ".join(f"{name}={getattr(config, name)}" for name in changed)
-        raise ValueError(f"only RoPE takes {given}, and this model has pos={config.pos!r}: use pos=rope")
-    llama3 = [name for name in changed if name.endswith("_freq_factor")]
-    if llama3 and config.rope_scaling != "llama3":
-        given = ", ".join(f"{name}={getattr(config, name)}" for name in llama3)
-        raise ValueError(
-            f"{given}: llama3's frequency factors, and this model has rope_scaling="
-            f"{config.rope_scaling!r}; give rope_scaling=llama3, or leave them at 1 and 4"
-        )
-    check_llama3_factors(config.rope_low_freq_factor, config.rope_high_freq_factor)
-    if not 0.0 < config.rope_fraction <= 1.0:
-        raise ValueError(
-            f"rope_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
-            f"got {config.rope_fraction}"
-        )
-    rotary = rotary_dim(head_dim, config.rope_fraction)
-    if config.pos == "rope" and (rotary < 2 or rotary % 2):
+    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(c, name) != plain]
+    given = ", ".join(f"{name}={getattr(c, name)}" for name in changed)
+    only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
+    require(not changed or c.pos == "rope", only)
+    llama3 = ", ".join(f"{name}={getattr(c, name)}" for name in changed if name.endswith("_freq_factor"))
+    advice = "give rope_scaling=llama3, or leave them at 1 and 4"
+    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
+    wrong += f"; {advice}"
+    require(not llama3 or c.rope_scaling == "llama3", wrong)
+    check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
+    share = "the share of each head's dimensions RoPE rotates"
+    require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] ({share}), got {c.rope_fraction}")
+    rotary = rotary_dim(head_dim, c.rope_fraction)
+    if c.pos == "rope" and (rotary < 2 or rotary % 2):
         valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-        raise ValueError(
-            f"rope_fraction={config.rope_fraction} rotates int({head_dim} x {config.rope_fraction}) "
-            f"= {rotary} of the head's {head_dim} dimensions: RoPE turns pairs, so that "
-            f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)"
-        )
-    if config.rope_scaling in ("ntk", "dynamic") and rotary < 4:
-        raise ValueError(
-            f"rope_scaling={config.rope_scaling!r} raises the base to the power d/(d-2): it needs at "
-            f"least 4 rotated dimensions, this model rotates {rotary}"
-        )
-    nope_layer_indices(config.n_layer, config.nope_interval, config.nope_layers)
+        turns = f"rotates int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
+        fix = f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)"
+        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that {fix}")
+    power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
+    few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
+    require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
+    nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
 
 
 def rotary_dim(head_dim, fraction=1.0):
@@ -103,25 +87,22 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     transformers' Llama4TextConfig: no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
     where 1 marks a layer that USES RoPE (huggingface/transformers#43756): interval 4 of 8 layers skips 3 and
     7. Never all of them: a model without RoPE anywhere is pos=none."""
-    if interval and layers is not None:
-        raise ValueError(
-            f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE: "
-            "give one of them"
-        )
+    both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
+    require(not (interval and layers is not None), f"{both}: give one of them")
     if layers is not None:
         items = [item.strip() for item in layers.split(",")]
-        if not all(item.isdigit() and int(item) < n_layer for item in items) or len(set(items)) < len(items):
-            raise ValueError(
-                f"nope_layers={layers!r}: give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}),"
-                " comma-separated and each once"
-            )
+        valid = all(item.isdigit() and int(item) < n_layer for item in items) and len(set(items)) == len(
+            items
+        )
+        indices = (
+            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
+        )
+        require(valid, f"nope_layers={layers!r}: {indices}")
         skipped = [int(item) for item in items]
     elif interval:
-        if not 2 <= interval <= n_layer:
-            raise ValueError(
-                f"nope_interval={interval}: give 0 (every layer rotates) or 2 to n_layer={n_layer} "
-                "(1 would skip RoPE in every layer: that is pos=none)"
-            )
+        every = "1 would skip RoPE in every layer: that is pos=none"
+        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
+        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
         skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
     else:
         return []

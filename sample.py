@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from data.common import get_tokenizer
-from generation import generate_cached, generation_bytes
+from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
+from plumbing.memory import generation_bytes
 from positions import ROPE_SCALINGS, default_rope_factor
 
 

@@ -20,7 +20,8 @@ import sample
 import train
 from demo import probe
 from experiments import extrapolation
-from generation import generate_cached, generation_bytes, kv_cache_bytes, position_table_bytes
+from generation import generate_cached
+from plumbing.memory import generation_bytes, kv_cache_bytes, position_table_bytes
 from model import GPT, GPTConfig
 from perf import bench
 from plumbing import hardware

@@ -80,12 +80,9 @@ class KVCache(nn.Module):
 
     def __init__(self, batch, n_head, size, head_dim, dtype, device, ring=False):
         super().__init__()
-        self.register_buffer(
-            "k", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False
-        )
-        self.register_buffer(
-            "v", torch.zeros(batch, n_head, size, head_dim, dtype=dtype, device=device), False
-        )
+        shape = (batch, n_head, size, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.ring = ring  # False: a slot for every position, so position p is slot p
 
     def update(self, input_pos, k, v, n_keys):
@@ -177,9 +174,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying (Press & Wolf 2017), as GPT-2: the output head reuses the token embedding
         self.transformer.wte.weight = self.lm_head.weight
-        self.rope_layers = (
-            config.rope_layers
-        )  # whether each block rotates q and k: all but nope_layers / nope_interval
+        self.rope_layers = config.rope_layers  # whether each block rotates q and k (not the nope_layers)
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.init_weights()
 
@@ -265,9 +260,7 @@ class GPT(nn.Module):
         dtype = dtype or self.lm_head.weight.dtype
         c, device = self.config, self.lm_head.weight.device
         for block in self.transformer.h:
-            block.attn.kv_cache = KVCache(
-                batch, c.n_head, size, c.head_dim, dtype, device, ring=size < max_len
-            )
+            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < max_len)
         self.cache_window = window
 
     @staticmethod
@@ -330,9 +323,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = F.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        sorted_logits = sorted_logits.masked_fill(
-            before >= top_p, float("-inf")
-        )  # the top token always stays
+        # the top token always stays
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
@@ -348,17 +340,15 @@ def download_gpt2(name):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError(
-            "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through "
-            "Hugging Face transformers: pip install transformers"
-        ) from None
+        needs = (
+            "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through transformers"
+        )
+        raise ImportError(f"{needs}: pip install transformers") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name)
     except OSError as error:
-        raise RuntimeError(
-            f"could not load {name!r} from the Hugging Face Hub (no internet, and not in the local cache): "
-            f"{str(error).splitlines()[0]}"
-        ) from error
+        where = "from the Hugging Face Hub (no internet, and not in the local cache)"
+        raise RuntimeError(f"could not load {name!r} {where}: {str(error).splitlines()[0]}") from error
 
 
 def gpt2_weights_from_hf(hf_model):
@@ -369,19 +359,10 @@ def gpt2_weights_from_hf(hf_model):
     got = (c.activation_function, c.layer_norm_epsilon, c.n_inner)
     if got[:2] != ("gelu_new", 1e-5) or c.n_inner not in (None, 4 * c.n_embd):
         expected = "activation_function='gelu_new' (tanh GELU), layer_norm_epsilon=1e-5, n_inner=None"
-        raise ValueError(
-            f"only GPT-2's own architecture converts: {expected}; got {got[0]!r}, {got[1]}, {got[2]}"
-        )
-    config = GPTConfig(
-        block_size=c.n_positions,
-        vocab_size=c.vocab_size,
-        n_layer=c.n_layer,
-        n_head=c.n_head,
-        n_embd=c.n_embd,
-        dropout=0.0,
-        bias=True,
-        pos="learned",
-    )
+        got = f"got {got[0]!r}, {got[1]}, {got[2]}"
+        raise ValueError(f"only GPT-2's own architecture converts: {expected}; {got}")
+    shape = dict(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head)
+    config = GPTConfig(**shape, n_embd=c.n_embd, dropout=0.0, bias=True, pos="learned")
     with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
         expected = GPT(config).state_dict()
     hf_state = hf_model.state_dict()

@@ -91,14 +91,10 @@ class SampleConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a bad flag exits with status 2 and one line, a bad value is a
     ValueError that main's handler says in one line with status 2, as train.py's."""
-    values = parse_flags(
-        argv,
-        "sample.py",
-        __doc__,
-        [("sampling", SampleConfig, None)],
-        choices={"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS},
+    choices = {"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS}
+    return SampleConfig(
+        **parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)], choices=choices)
     )
-    return SampleConfig(**values)
 
 
 def read_prompt(start):
@@ -142,9 +138,8 @@ def mark_trained_length(tokenizer, ids, block_size):
     """The decoded text with a marker at the token where the trained length ends."""
     if len(ids) <= block_size:
         return tokenizer.decode(ids)
-    return (
-        tokenizer.decode(ids[:block_size]) + crossing_marker(block_size) + tokenizer.decode(ids[block_size:])
-    )
+    before, after = tokenizer.decode(ids[:block_size]), tokenizer.decode(ids[block_size:])
+    return before + crossing_marker(block_size) + after
 
 
 def crossing_marker(block_size):
@@ -215,42 +210,30 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     it, cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens).
     The checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2
     XL's 6 GB not kept twice). A generation that would not fit in the memory left is refused here, first."""
-    # the weights only, mapped: load() moves them to device
-    checkpoint = (
-        pretrained_checkpoint(out_dir)
-        if out_dir in GPT2_MODELS
-        else load_checkpoint(checkpoint_path(out_dir), mmap=True)
-    )
+    if out_dir in GPT2_MODELS:
+        checkpoint = pretrained_checkpoint(out_dir)
+    else:  # mapped, not read: load() moves the weights to device
+        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        cfg = replace(
-            cfg, rope_scaling=None, rope_factor=None, rope_low_freq_factor=None, rope_high_freq_factor=None
-        )
+        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+        cfg = replace(cfg, **dict.fromkeys(rope_flags))
     prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
-    loaded = load(
-        out_dir,
-        device,
-        cfg.rope_scaling,
-        rope_factor,
-        checkpoint,
-        (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor),
-    )
+    llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3)
+    batch, n_prompt = cfg.num_samples, len(prompt_ids)
     needed = generation_bytes(
-        loaded.model.config,
-        cfg.num_samples,
-        len(prompt_ids),
-        max_new_tokens,
-        cfg.max_context,
-        cached=cfg.kv_cache,
+        loaded.model.config, batch, n_prompt, max_new_tokens, cfg.max_context, cfg.kv_cache
     )
+    what = f"generating {max_new_tokens:,} tokens in a batch of {batch}"
     check_memory(
         needed,
         device,
-        f"generating {max_new_tokens:,} tokens in a batch of {cfg.num_samples}",
+        what,
         "lower --max_new_tokens or --num_samples, or bound the context with --max_context",
     )
     return loaded, cfg, prompt_ids, max_new_tokens
@@ -271,13 +254,8 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, block_size), end="")
         print("\n" + "-" * 60)
-    how = (
-        "compiled KV cache, compile time included"
-        if cfg.compile
-        else "KV cache"
-        if cfg.kv_cache
-        else "no cache"
-    )
+    how = "KV cache" if cfg.kv_cache else "no cache"
+    how = "compiled KV cache, compile time included" if cfg.compile else how
     print(f"{tokens_per_second:.1f} tokens/s ({how})")
     return samples, tokens_per_second
 

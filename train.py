@@ -90,18 +90,10 @@ class TrainConfig:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
         v = vars(self)
-        at_least_0 = (
-            "max_iters",
-            "warmup_iters",
-            "lr_decay_iters",
-            "weight_decay",
-            "grad_clip",
-            "min_lr",
-            "seed",
-        )
+        at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr")
         for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
             check(v[n] is None or v[n] >= 1, f"{n} must be a positive integer, got {v[n]}")
-        for n in at_least_0:
+        for n in (*at_least_0, "seed"):
             check(v[n] >= 0, f"{n} must be >= 0, got {v[n]}")
         for n in ("beta1", "beta2"):
             check(0.0 <= v[n] < 1.0, f"{n} must be in [0, 1), got {v[n]}")
@@ -111,10 +103,8 @@ class TrainConfig:
         check(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
         check(self.min_lr <= self.learning_rate, too_high)
-        check(
-            self.dtype in hardware.DTYPES,
-            f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(hardware.DTYPES)}",
-        )
+        dtypes = ", ".join(hardware.DTYPES)
+        check(self.dtype in hardware.DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {dtypes}")
         check(self.wandb_project.strip(), "wandb_project must not be empty")
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
         check(not (self.resume and self.overwrite), both)
@@ -166,14 +156,11 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
     given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None: one micro-batch per process."""
     device = device or hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
-    return replace(
-        cfg,
-        grad_accum=world_size if cfg.grad_accum is None else cfg.grad_accum,
-        device=device,
-        dtype=hardware.resolve_dtype(cfg.dtype, device_type),
-        compile=(device_type == "cuda") if cfg.compile is None else cfg.compile,
-        out_dir=format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos),
-    )
+    grad_accum = world_size if cfg.grad_accum is None else cfg.grad_accum
+    compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    out_dir = format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
+    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
 
 
 def get_lr(it, cfg):
@@ -217,10 +204,9 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     compiled = torch.compile(model) if cfg.compile else model
     wrapped = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
-    *samplers, eval_sampler = [
-        BatchSampler(data_dir, model_config.block_size, cfg.batch_size, cfg.device, cfg.seed, rank=stream)
-        for stream in [*slots, EVAL_STREAM]
-    ]
+    shape = (model_config.block_size, cfg.batch_size)
+    sampler = lambda stream: BatchSampler(data_dir, *shape, cfg.device, cfg.seed, rank=stream)
+    *samplers, eval_sampler = [sampler(stream) for stream in [*slots, EVAL_STREAM]]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
     parts = (model, wrapped, compiled, optimizer, scaler, autocast, samplers, eval_sampler)
@@ -233,7 +219,7 @@ def start_run(cfg, model_config, procs):
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
         path, ckpt, changes = resume.open_for_resume(
-            cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size
+            cfg.out_dir, cfg, run.model_config, meta, procs.world_size
         )
         changed = "; changed: " + ", ".join(changes) if changes else ""
         best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
@@ -302,20 +288,18 @@ def evaluate(run, wandb_run):
     train_loss, val_loss = run.procs.share(losses, run.cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         losses = f"(train {train_loss}, val {val_loss})"
-        kept = resume.kept_checkpoint(run)
-        raise UserError(
-            f"the estimated loss is not finite at step {p.iter_num} {losses}: training stopped; {kept}"
-        )
+        what = f"the estimated loss is not finite at step {p.iter_num} {losses}"
+        raise UserError(f"{what}: training stopped; {resume.kept_checkpoint(run)}")
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     resume.write_checkpoints(run, improved)
     best = (
-        f" and {run.best_path.name} (best)"
+        f"and {run.best_path.name} (best)"
         if improved
-        else f" (best {p.best_val_loss:.4f} at step {p.best_iter})"
+        else f"(best {p.best_val_loss:.4f} at step {p.best_iter})"
     )
-    saved = f"saved {run.ckpt_path}{best}"
+    saved = f"saved {run.ckpt_path} {best}"
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
     if wandb_run:
         wandb_run.log({"eval/train_loss": train_loss, "eval/val_loss": val_loss}, step=p.iter_num)
@@ -332,9 +316,8 @@ def check_finite(run, loss, step, last):
     last_good = (
         "no finite loss before it" if last is None else f"last good loss {last:.4f} at step {step - 1}"
     )
-    advice = (
-        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
-    )
+    advice = "a lower --learning_rate may help, with --resume to continue from it"
+    advice = f"{resume.kept_checkpoint(run)}; {advice}"
     raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
 
 
@@ -357,10 +340,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         run = start_run(cfg, model_config, procs)
         p = run.progress
         procs.log(header_line(run, one_per_process))
-        flops_per_step, peak = (
-            hardware.flops_per_token(run.model) * run.tokens_per_step,
-            hardware.peak_flops(cfg.device),
-        )
+        flops_per_step = hardware.flops_per_token(run.model) * run.tokens_per_step
+        peak = hardware.peak_flops(cfg.device)
         start_iter, clock = p.iter_num, StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
         with wandb_logging(run) as wandb_run, StopSignals() as signals:
@@ -387,9 +368,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                 clock.step()
                 if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
                     step_seconds, seconds_left = clock.lap(it + 1)
-                    metrics = hardware.speed(
-                        step_seconds, run.tokens_per_step, flops_per_step, peak, procs.world_size
-                    )
+                    tokens = run.tokens_per_step
+                    metrics = hardware.speed(step_seconds, tokens, flops_per_step, peak, procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
                     if wandb_run:
                         logged = {"loss": loss, "lr": lr} | metrics
@@ -397,17 +377,12 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     seconds = time.perf_counter() - start
     if not stopped:
         best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
-        procs.log(
-            f"done in {format_seconds(seconds)}: {best if p.best_iter is not None else 'no evaluation'}"
-        )
+        best = best if p.best_iter is not None else "no evaluation"
+        procs.log(f"done in {format_seconds(seconds)}: {best}")
     summary = {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num}
     summary |= {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals}
-    return summary | {
-        "losses": losses,
-        "stopped": stopped,
-        "wandb_run_id": p.wandb_run_id,
-        "seconds": seconds,
-    }
+    summary |= {"losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
+    return summary
 
 
 def main(argv=None):

@@ -1,13 +1,8 @@
 """
 Cached generation: model.py's GPT decoding one token at a time against the keys and values it has already
-computed, in O(context) per token where GPT.generate, the reference, pays O(context^2). As gpt-fast's
-generate.py:
-every attention layer owns a preallocated KV cache written in place (GPT.setup_cache), the prompt runs once
-(prefill), then one decode loop feeds each new token at its position, eagerly or through torch.compile (a CUDA
-graph on CUDA).
-
-    generate_cached(model, idx, max_new_tokens, ...)    the same samples as model.generate, faster
-
+computed, O(context) per token where GPT.generate, the reference, pays O(context^2). As gpt-fast's generate:
+each attention layer owns a preallocated KV cache (GPT.setup_cache), the prompt runs once (prefill), then one
+decode loop feeds each new token at its position, eagerly or through torch.compile (a CUDA graph on CUDA).
 tests/test_generation.py checks that cached and uncached logits agree to 1e-5 for every scheme.
 """
 
@@ -19,33 +14,19 @@ from model import sample_next
 
 
 @torch.no_grad()
-def generate_cached(
-    model,
-    idx,
-    max_new_tokens,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    max_context=None,
-    on_token=None,
-    compile=False,
-    backend=None,
-):
+def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
+                    on_token=None, compile=False, backend=None):  # fmt: skip
     """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks
     of max_context tokens with a window), then each new token attends to the cached keys and values (decode).
     on_token(next_ids (B, 1)) is called per token.
 
-    Positions keep counting past block_size, except with a position table (learned): once it is full the
-    window of its last max_len tokens slides, positions restart inside it, and each token reruns the window
-    (as generate does). Two settings differ from generate by design (README.md): max_context is a sliding
-    attention window over absolute positions here (each token sees the max_context latest; with several layers
-    information still flows from further back), where generate reruns the last max_context tokens from
-    position 0; and with dynamic NTK a key stays rotated for the length at which it was cached (as
-    transformers does).
-
-    compile=True runs every decode step through torch.compile (backend: torch.compile's, e.g. "eager"; default
-    inductor, which needs a C++ compiler on a CPU); the first call pays for the compilation.
-    """
+    Positions count on past block_size, but with a position table (learned): once it is full the window of
+    its last max_len tokens slides, positions restart inside it, and each token reruns the window (as generate
+    does). Two settings differ from generate by design (README.md): max_context is a sliding attention window
+    over absolute positions here (each token sees the max_context latest), where generate reruns the last
+    max_context tokens from position 0; and with dynamic NTK a key stays rotated for the length at which it
+    was cached (as transformers does). compile=True runs each decode step through torch.compile (backend:
+    torch.compile's, e.g. "eager"; inductor by default, which needs a C++ compiler on a CPU)."""
     B, n_prompt = idx.shape
     crop = None if model.max_len is None else min(model.max_len, max_context or model.max_len)
     prompt = idx if crop is None else idx[:, -crop:]
@@ -57,9 +38,8 @@ def generate_cached(
     out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
     out[:, :n_prompt] = idx
     step = compile_decode_step(model, backend) if compile else decode_step
-    # Eager steps run under inference_mode, which skips autograd's view and version bookkeeping; `out` and the
-    # tables were made before it, so they stay ordinary tensors. A compiled step stays under no_grad:
-    # compiling inside inference_mode has open CUDA-graph bugs (pytorch/pytorch#135892).
+    # Eager steps run under inference_mode (no autograd bookkeeping; `out` and the tables, made before, stay
+    # ordinary tensors); a compiled one under no_grad (inference_mode has CUDA-graph bugs: pytorch#135892).
     with contextlib.nullcontext() if compile else torch.inference_mode():
         for start in range(0, prompt.size(1), chunk):  # prefill
             positions = torch.arange(start, min(start + chunk, prompt.size(1)), device=idx.device)

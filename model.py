@@ -1,10 +1,9 @@
 """
-A GPT-2 language model whose position scheme is one switch, GPTConfig.pos. nanoGPT's parts in nanoGPT's order:
-GPTConfig, CausalSelfAttention, MLP, Block, GPT (configure_optimizers, from_pretrained, generate). Position
+A GPT-2 whose position scheme is one switch, GPTConfig.pos; nanoGPT's parts in nanoGPT's order. Position
 enters in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and
 keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: wpe.score_bias). With
-pos="learned" this is exactly GPT-2. Cached decoding (the KV cache each attention layer owns) is driven by
-generation.py."""
+pos="learned" this is GPT-2. generation.py drives cached decoding (each attention layer owns its cache).
+"""
 
 import math
 from dataclasses import dataclass
@@ -217,15 +216,12 @@ class GPT(nn.Module):
         rope = pos.rotation(positions)  # position enters: RoPE's (cos, sin) for q and k, or None
         mask = self.attention_mask(positions, cached=input_pos is not None)  # position enters: the scores
         for block, rotates in zip(self.transformer.h, self.rope_layers):
-            x = block(
-                x, rope if rotates else None, mask, input_pos
-            )  # a layer without RoPE (nope_layers) gets none
+            x = block(x, rope if rotates else None, mask, input_pos)  # a layer in nope_layers gets no RoPE
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-            )
+            flat = logits.view(-1, logits.size(-1)).float()
+            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def attention_mask(self, query_pos, cached=False):
@@ -340,9 +336,7 @@ def download_gpt2(name):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        needs = (
-            "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) come through transformers"
-        )
+        needs = "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) need transformers"
         raise ImportError(f"{needs}: pip install transformers") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name)

@@ -95,7 +95,7 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
             items
         )
         indices = (
-            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
+            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated, each once"
         )
         require(valid, f"nope_layers={layers!r}: {indices}")
         skipped = [int(item) for item in items]
@@ -362,11 +362,7 @@ class LearnedPositions(nn.Embedding):
         rows sliced: positions are absolute, and with a KV cache they go on where the cache left off."""
         return tok_emb + super().forward(positions)  # the rows of the table at these positions
 
-    def rotation(self, positions):
-        return None
-
-    def score_bias(self, query_pos, key_pos):
-        return None
+    rotation, score_bias = NoPositions.rotation, NoPositions.score_bias  # neither: it acts at the embedding
 
 
 class SinusoidalPositions(NoPositions):
@@ -405,9 +401,8 @@ class RotaryPositions(NoPositions):
         self._tabulate(config.block_size)
 
     def _cos_sin(self, positions, seq_len):
-        inv_freq, scale = rope_frequencies(
-            self.dim, self.base, self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors
-        )
+        scaling = (self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors)
+        inv_freq, scale = rope_frequencies(self.dim, self.base, *scaling)
         return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
 
     def _tabulate(self, n_pos, device=None):
@@ -442,10 +437,5 @@ class ALiBiPositions(NoPositions):
 
 
 # The one place where a scheme is chosen.
-POSITION_MODULES = {
-    "learned": LearnedPositions,
-    "sinusoidal": SinusoidalPositions,
-    "rope": RotaryPositions,
-    "alibi": ALiBiPositions,
-    "none": NoPositions,
-}
+POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
+                        alibi=ALiBiPositions, none=NoPositions)  # fmt: skip

@@ -8,13 +8,10 @@ each position scheme does there.
     python sample.py --out_dir=out/shakespeare_char_rope --rope_scaling=llama3 --rope_factor=8
     python sample.py --compare out/shakespeare_char_learned out/shakespeare_char_rope --seed=1
 
-The checkpoint carries the model config (with its position scheme and trained block_size) and the vocabulary,
-so --out_dir is all it needs. The printed text marks where the trained length was crossed. --compare runs the
-same prompt, seed and settings through several checkpoints and reports each one's speed and its validation
-loss at positions inside vs beyond the trained length.
-
-A generation (or --compare's evaluation windows) that would not fit in the memory left is refused in one line
-before it allocates, with the size it needs, estimated from the shapes. Ctrl-C stops quietly, exit status 130.
+The checkpoint carries the model config and the vocabulary: --out_dir is all it needs. The text marks where
+the trained length was crossed. --compare runs the same prompt, seed and settings through several checkpoints
+and reports each one's speed and validation loss inside vs beyond the trained length. A generation that would
+not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
 import time
@@ -147,10 +144,9 @@ def crossing_marker(block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, with the crossing marker in place: exactly mark_trained_length's
-    text. Each call decodes only the tokens not printed yet (decoding the whole text again for every token
-    made streaming O(n^2)); a BPE token that ends inside a multi-byte character is held back until the
-    character is complete."""
+    """Prints sample 0 as its tokens arrive, marker in place: mark_trained_length's text. Each call decodes
+    only the tokens not printed yet (O(n), not O(n^2)); a BPE token ending inside a multi-byte character is
+    held back until the character is complete."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size

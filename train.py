@@ -118,7 +118,7 @@ def check(ok, message):
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> (TrainConfig, GPTConfig). vocab_size is GPTConfig's default until train() reads
+    """Flags (and --config) -> (TrainConfig, GPTConfig); vocab_size is GPTConfig's default until train() reads
     the dataset. With --init_from the model settings not given default to that checkpoint's, and out_dir to a
     folder beside it. A bad flag exits with status 2 and one line naming the valid choices; a bad value is a
     ValueError or a usage UserError, which main's handler says in one line with status 2 too."""
@@ -164,9 +164,8 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
 
 
 def get_lr(it, cfg):
-    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps up to learning_rate, then
-    a half cosine down to min_lr at lr_decay_iters, then min_lr. It does not depend on max_iters. A run
-    shorter than warmup_iters (a smoke test) just stays in the warmup."""
+    """Learning rate for step `it` (0-based): linear warmup over warmup_iters steps to learning_rate, then a
+    half cosine down to min_lr at lr_decay_iters, then min_lr; independent of max_iters."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)  # +1: the first step is not lr 0
     if it >= cfg.lr_decay_iters:
@@ -180,9 +179,8 @@ def get_lr(it, cfg):
 
 
 def prepare_data(dataset, procs):
-    """The dataset's folder and meta, preparing the embedded datasets on first use (rank 0 only, the others
-    wait). Every rank then looks for the dataset itself, so that all meet the same error, if any, together: a
-    dataset to download or prepare by hand, or a damaged one, is a UserError saying how to make it."""
+    """The dataset's folder and meta, the embedded datasets prepared on first use by rank 0; then every rank
+    looks for it, so all meet an error (a UserError saying how to make the dataset) together."""
     if procs.master:
         with suppress(UserError):
             ensure_prepared(dataset)
@@ -192,8 +190,7 @@ def prepare_data(dataset, procs):
 
 
 def build_run(cfg, model_config, meta, data_dir, procs):
-    """The Run, built fresh: the model, its compiled / DDP wrappers, the optimizer and this rank's batch
-    streams (a dataset at odds with its meta.json: a UserError every rank meets at the same point)."""
+    """A fresh Run: the model, its compiled / DDP wrappers, the optimizer, this rank's batch streams."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     device_type = cfg.device.split(":")[0]
     autocast, scaler = hardware.precision(cfg)
@@ -281,11 +278,10 @@ def evaluate(run, wandb_run):
     """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints."""
     p, cfg = run.progress, run.cfg
     run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
-    losses = [math.nan, math.nan]
+    estimate = {"train": math.nan, "val": math.nan}
     if run.procs.master:
         estimate = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast)
-        losses = [estimate["train"], estimate["val"]]
-    train_loss, val_loss = run.procs.share(losses, run.cfg.device)
+    train_loss, val_loss = run.procs.share([estimate["train"], estimate["val"]], cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         losses = f"(train {train_loss}, val {val_loss})"
         what = f"the estimated loss is not finite at step {p.iter_num} {losses}"
@@ -309,8 +305,8 @@ def evaluate(run, wandb_run):
 
 
 def check_finite(run, loss, step, last):
-    """Stop training on a NaN or infinite loss, before the next evaluation overwrites ckpt.pt with broken
-    weights. last: the step before's loss (finite), if this process ran it."""
+    """Stop on a NaN or infinite loss, before an evaluation overwrites ckpt.pt with broken weights. last:
+    the step before's loss (finite), if this process ran it."""
     if math.isfinite(loss):
         return
     last_good = (
@@ -326,11 +322,9 @@ def check_finite(run, loss, step, last):
 
 
 def train(cfg, model_config, procs=None, resume_command="the same command with --resume"):
-    """Train from scratch, or continue out_dir/ckpt.pt with cfg.resume, holding out_dir's lock throughout:
-    evaluate (and checkpoint) every eval_interval steps and at the end, step, log, until max_iters or a stop
-    by signal (the step ends, a checkpoint is written). Returns {"best_val_loss", "best_iter", "iter_num",
-    "checkpoint", "best_checkpoint", "evals", "losses" ({step: loss} of the steps run here), "stopped" (the
-    signal that stopped the run, or None), "wandb_run_id", "seconds"}."""
+    """Train from scratch, or on from out_dir/ckpt.pt with cfg.resume, holding out_dir's lock: evaluate and
+    checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
+    ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start, procs = time.perf_counter(), procs or Processes()
     if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: data can take hours
         raise UserError("--wandb needs the wandb package: pip install wandb")
@@ -386,10 +380,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
 
 
 def main(argv=None):
-    """Parse flags (argv, or sys.argv[1:] when None), join torchrun's processes if launched by it, train,
-    return train()'s summary, also when a signal stopped the run (its exit status then says so: exit_status).
-    A UserError is one line on stderr and its exit status; a second Ctrl-C stops at once, with status 130 (the
-    checkpoints are written atomically, so the last one stays whole)."""
+    """Parse flags, join torchrun's processes if launched by it, train: -> train()'s summary. A UserError
+    is one line and its status; a second Ctrl-C stops at once, status 130 (the last checkpoint is whole)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     interrupted = "train.py: interrupted: stopped at once, without a final checkpoint (the last one is whole)"
     with one_line_errors("train.py", stopped=interrupted):

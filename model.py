@@ -210,9 +210,8 @@ class GPT(nn.Module):
         if input_pos is None:
             pos.reserve(T)  # tables grow here, outside any step; learned refuses past its table
         positions = torch.arange(T, device=idx.device) if input_pos is None else input_pos
-        x = self.transformer.drop(
-            pos.embed(self.transformer.wte(idx), positions)
-        )  # position enters: embedding
+        tok_emb = self.transformer.wte(idx)  # (B, T, C)
+        x = self.transformer.drop(pos.embed(tok_emb, positions))  # position enters: the embedding
         rope = pos.rotation(positions)  # position enters: RoPE's (cos, sin) for q and k, or None
         mask = self.attention_mask(positions, cached=input_pos is not None)  # position enters: the scores
         for block, rotates in zip(self.transformer.h, self.rope_layers):

@@ -6,12 +6,10 @@ compare the hidden states, layer by layer, up to the swap.
     python -m demo.permutation --pos=none --no_mask   # NoPE without the mask: the same states up to the swap
     python -m demo.permutation --checkpoint=out/shakespeare_char_rope
 
-For each hidden state (the embedding output, then each block) it prints max |h(man bites dog)[swap] -
-h(dog bites man)|, once over the swapped words and once over the tokens that stay put (" bites "): 0 means the
-model saw the same thing up to the swap (attention is permutation equivariant: lesson section 1). Any position
-scheme, and the causal mask alone, make them differ. The models are the README's runs, `python train.py
---pos=X` in out/shakespeare_char_X (trained first where missing: 1.5-2.5 minutes each on 2 CPU cores, announced
-before it starts), or those in --checkpoints DIR, or the one --checkpoint names.
+Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped words / over the tokens that
+stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
+section 1); any position scheme, or the causal mask alone, makes them differ. The models are the README's
+runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint.
 """
 
 import sys
@@ -40,32 +38,24 @@ class PermutationConfig:
     def __post_init__(self):
         words = self.sentence.split(" ")
         if len(words) != 3 or not all(words):
-            raise ValueError(
-                f"sentence must be three words separated by single spaces, got {self.sentence!r}"
-            )
+            raise ValueError(f"sentence must be three words between single spaces, got {self.sentence!r}")
         if self.checkpoint and (self.pos != "all" or self.checkpoints):
             raise ValueError("--checkpoint names one model: leave out --pos and --checkpoints")
 
 
 def parse_args(argv=None):
-    values = parse_flags(
-        argv,
-        "demo/permutation.py",
-        __doc__,
-        [("demo", PermutationConfig, None)],
-        choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)},
-    )
+    choices = {"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)}
+    sections = [("demo", PermutationConfig, None)]
+    values = parse_flags(argv, "demo/permutation.py", __doc__, sections, choices=choices)
     return PermutationConfig(**values)
 
 
 def pieces(tokenizer, sentence):
-    """Token ids of [first word, the middle, last word]. GPT-2 BPE writes a word after a space as one token with
-    the space (" dog"), so there every word gets a leading space; then both words are pieces of the same form,
-    and the swapped sentence is the same tokens with the first and last piece exchanged."""
+    """Token ids of [first word, the middle, last word]. GPT-2 BPE makes " dog" one token with its space,
+    so there every word gets a leading space: both words are then pieces of the same form, swappable."""
     first, middle, last = sentence.split(" ")
-    texts = (
-        [first, f" {middle} ", last] if tokenizer.name == "char" else [f" {first}", f" {middle}", f" {last}"]
-    )
+    char = tokenizer.name == "char"
+    texts = [first, f" {middle} ", last] if char else [f" {first}", f" {middle}", f" {last}"]
     return [tokenizer.encode(t) for t in texts]
 
 
@@ -89,10 +79,6 @@ def number(value):
     return f"{value:.1e}" if value else "0"  # an exact 0 as 0: the states are bit-for-bit equal
 
 
-def layer_names(n_states):
-    return ["embedding"] + [f"block {i}" for i in range(1, n_states)]
-
-
 def report(results, cfg, dtype):
     """results: {label: (rows, text, swapped)} -> the printed table, one column pair per model."""
     labels = list(results)
@@ -105,12 +91,10 @@ def report(results, cfg, dtype):
     ]
     width = 22
     lines.append(f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels))
-    n_states = max(len(rows) for rows, _, _ in results.values())
-    for i, name in enumerate(layer_names(n_states)):
-        cells = []
-        for label in labels:
-            rows = results[label][0]
-            cells.append(f"{number(rows[i][0])} / {number(rows[i][1])}" if i < len(rows) else "")
+    for i in range(max(len(rows) for rows, _, _ in results.values())):
+        rows = [results[label][0] for label in labels]
+        cells = [f"{number(r[i][0])} / {number(r[i][1])}" if i < len(r) else "" for r in rows]
+        name = "embedding" if i == 0 else f"block {i}"
         lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
     lines.append(f"{'':<10}" + "".join(f"{verdict(results[label][0], dtype):>{width}}" for label in labels))
     return "\n".join(lines)

@@ -2,23 +2,29 @@
 Where does position live? Linear probes read each token's position from the hidden states of a trained model
 of each scheme, layer by layer.
 
-    python -m demo.probe                          # the README's runs out/shakespeare_char_<pos>, trained if missing
+    python -m demo.probe                          # the README's runs, out/shakespeare_char_<pos>
     python -m demo.probe --checkpoints=DIR        # or the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
     python -m demo.probe --figure=docs/figures/probe.png
 
-Two targets per token: its absolute position in the window (0 .. T-1), and its distance back to the latest
-newline (tokens whose window shows no newline before them are left out: the model cannot know it). The probe
-(measure.instruments.probe_positions) is least squares with a small ridge, fit on the first half of the
-validation windows and scored (R^2) on the second half, on the embedding output and after every block. Beside
-each R^2 stands the same probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or
-below). The NoPE model is probed twice, the second time with its causal mask removed: then attention sees a set,
-and position has no way in (lesson section 1). Missing models are trained first, announced before it starts.
+Two targets per token: its position in the window, and its distance back to the latest newline (left out where
+the window shows none). Least squares with a small ridge, fit on the first half of the validation windows and
+scored (R^2) on the second, on the embedding output and after every block; beside each, the same probe on
+shuffled targets (what it finds in noise). NoPE is probed again without its causal mask: attention then sees a
+set, and position has no way in (lesson section 1).
 """
 
 import sys
 from dataclasses import dataclass
 
-from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
+from measure.instruments import (
+    describe,
+    load,
+    probe_positions,
+    pyplot,
+    save_figure,
+    use_one_thread,
+    validation_windows,
+)
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.runs import model_dirs
@@ -30,9 +36,7 @@ NOPE_UNMASKED = "none, no mask"
 
 @dataclass
 class ProbeConfig:
-    checkpoints: str | None = (
-        None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
-    )
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: README's
     windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
     ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
     figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
@@ -73,20 +77,14 @@ def table(results, target):
     ]
     for i in range(n_states):
         name = "embedding" if i == 0 else f"block {i}"
-        cells = [
-            f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[label][target][i] for label in labels)
-        ]
+        cells = [f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[x][target][i] for x in labels)]
         lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
     return "\n".join(lines)
 
 
 def draw(results, path):
     """R^2 per layer, one line per model, its shuffled baseline dotted in the same colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, target in zip(axes, TARGETS):
         for i, (label, result) in enumerate(results.items()):
@@ -104,8 +102,7 @@ def draw(results, path):
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -121,10 +118,8 @@ def main(argv=None):
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")
         except ImportError:
-            print(
-                "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn",
-                file=sys.stderr,
-            )
+            note = "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn"
+            print(note, file=sys.stderr)
     return results
 
 

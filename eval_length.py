@@ -7,27 +7,15 @@ was trained on.
         --max_windows 32 --csv loss.csv --plot loss.png
     python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv pk.csv --plot needles.png
 
---task=loss (default): for each checkpoint (a train.py folder, its best.pt else ckpt.pt, or a .pt file) and
-length L, on its dataset's val split: the mean loss over non-overlapping windows of L tokens (all, or
---max_windows spread evenly), its standard error, and the mean loss at positions >= T (the trained
-block_size), by exact full forward passes; each cell also gives the ratio to the plain loss at L = T.
+--task=loss: on each checkpoint's val split, the mean loss over non-overlapping windows of L tokens, its
+standard error, and the mean loss at positions >= T (the trained block_size), by exact full forward passes.
+--task=passkey (checkpoints trained on data/passkey): the exact-match rate of the five digits over --trials
+samples per length and depth of the key, with its 95% Wilson interval.
 
---task=passkey (checkpoints trained on data/passkey): at each length and depth (where the key is stated, as a
-fraction of the filler), --trials fresh samples: the exact-match rate of the five digits (the argmax at each
-digit in one forward pass, equal to greedy decoding) and its 95% Wilson interval; --plot draws heatmaps.
-
-Lengths: a bare number up to 16, or one ending in x, is a multiple of each checkpoint's T (0.5, 2, 32x); a
-bare whole number above 16, or one ending in t, is a count of tokens (64, 256, 8t).
-
-Rows, one per checkpoint and method (the CSV's scaling column):
-  plain    the checkpoint as trained (one fine-tuned with a RoPE extension: at its recorded scaling)
-  linear, ntk, dynamic, yarn, llama3
-           RoPE only: that extension at s = max(1, L / T), without retraining; plain at L <= T
-  window   learned only (its plain row is n/a past T): each position scored with a sliding window of up to
-           T tokens, as it generates
-
-Outputs are checked before the evaluation and replaced whole after it. A bad flag is one line and exit status
-2; anything else that cannot be done, one line and exit status 1.
+A length is a multiple of each checkpoint's T (a bare number up to 16, or ending in x: 0.5, 2, 32x) or a count
+of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint and method: plain
+(as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L / T), no retraining;
+for learned, which has no positions past T, a sliding window of up to T tokens (as it generates).
 """
 
 import csv
@@ -215,14 +203,11 @@ def open_source(name, dataset=None, task="loss"):
 
 def lengths_for(source, lengths):
     """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line UserError."""
-    resolved = {}
+    resolved, T = {}, source.block_size
     for length in lengths:
-        n = length.tokens(source.block_size)
+        resolved[length] = n = length.tokens(T)
         if n < 1:
-            raise UserError(
-                f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1"
-            )
-        resolved[length] = n
+            raise UserError(f"--lengths: {length} of T = {T} ({source.name}) is {n} tokens, below 1")
     return resolved
 
 
@@ -406,11 +391,8 @@ def loss_table(rows, lengths):
         "validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
         "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T"
     )
-    return table(caption, rows, lengths, loss_cell)
-
-
-def loss_cell(row, m):
-    return "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+    cell = lambda row, m: "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+    return table(caption, rows, lengths, cell)
 
 
 def passkey_cell(row, cells):

@@ -27,15 +27,7 @@ from pathlib import Path
 
 import torch
 
-from measure.instruments import (
-    attention_probabilities,
-    load,
-    pyplot,
-    qk_terms,
-    save_figure,
-    use_one_thread,
-    validation_windows,
-)
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.runs import model_dirs, run_python
@@ -76,7 +68,7 @@ def sinusoidal_wavelengths(dim, base=10000.0):
 
 
 def figure_sinusoidal(out, dim=768, n_pos=512, **_):
-    plt = pyplot()
+    plt = instruments.pyplot()
     fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
     table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64)
     image = ax_table.imshow(
@@ -100,7 +92,7 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
     ax_wave.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    return [save_figure(fig, out / "sinusoidal.png")]
+    return [instruments.save_figure(fig, out / "sinusoidal.png")]
 
 
 def rope_decay_bound(distances, head_dim=128, base=10000.0):
@@ -122,7 +114,7 @@ def rope_scores(q, k, distances, inv_freq):
 
 
 def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
-    plt = pyplot()
+    plt = instruments.pyplot()
     distances = torch.arange(max_distance + 1)
     inv_freq = rope_frequencies(head_dim)[0].double()
     g = torch.Generator().manual_seed(0)
@@ -145,7 +137,7 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
     ax_random.set_title(f"{n_pairs} random Gaussian pairs: q.k / (|q| |k|) after RoPE")
     ax_random.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    return [save_figure(fig, out / "rope_decay.png")]
+    return [instruments.save_figure(fig, out / "rope_decay.png")]
 
 
 # -----------------------------------------------------------------------------
@@ -160,10 +152,10 @@ def lower_triangle(matrix):
 
 def figure_qk_terms(out, folders, head=0, **_):
     """Each term on its own colour scale (its spread in the title): the small ones still show their shape."""
-    plt = pyplot()
-    model, tokenizer, ckpt = load(folders["learned"], torch.float64)
-    idx = validation_windows(ckpt, 1)
-    terms = qk_terms(model, idx, head)
+    plt = instruments.pyplot()
+    model, tokenizer, ckpt = instruments.load(folders["learned"], torch.float64)
+    idx = instruments.validation_windows(ckpt, 1)
+    terms = instruments.qk_terms(model, idx, head)
     terms["sum = q k^T"] = sum(terms.values())
     fig, axes = plt.subplots(1, 5, figsize=(20, 4.6), layout="constrained")
     for ax, (name, term) in zip(axes, terms.items()):
@@ -181,7 +173,7 @@ def figure_qk_terms(out, folders, head=0, **_):
         "ln_1 split by the statistics of the sum x = tok + pos: LN(x) = g (tok - mean tok)/sigma_x + "
         "g (pos - mean pos)/sigma_x (exact, bias=False); W_q, W_k of the head applied to each part"
     )
-    return [save_figure(fig, out / "qk_terms.png")]
+    return [instruments.save_figure(fig, out / "qk_terms.png")]
 
 
 def attention_by_distance(probs):
@@ -194,30 +186,31 @@ def attention_by_distance(probs):
 
 def figure_attention(out, folders, head=0, n_windows=64, **_):
     """Row 1: layer 1, row 2: the last layer, head `head`, on the same prompt; then the distance profile."""
-    plt = pyplot()
+    plt = instruments.pyplot()
     from matplotlib.colors import PowerNorm
 
     fig, axes = plt.subplots(2, len(POS_SCHEMES), figsize=(4 * len(POS_SCHEMES), 8), squeeze=False)
     profiles = {}
     for column, pos in enumerate(POS_SCHEMES):
-        model, _, ckpt = load(folders[pos])
-        idx = validation_windows(ckpt, 1)
+        model, _, ckpt = instruments.load(folders[pos])
+        idx = instruments.validation_windows(ckpt, 1)
         last = model.config.n_layer - 1
         for row, layer in enumerate((0, last)):
-            probs = attention_probabilities(model, idx, layer)[0, head]
+            probs = instruments.attention_probabilities(model, idx, layer)[0, head]
             ax = axes[row][column]
             ax.imshow(probs.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
             ax.set_title(f"{pos}: layer {layer + 1}, head {head}", fontsize=10)
             ax.set_xlabel("key position j")
-        windows = validation_windows(ckpt, n_windows)
+        windows = instruments.validation_windows(ckpt, n_windows)
         profiles[pos] = [
-            attention_by_distance(attention_probabilities(model, windows, layer)) for layer in (0, last)
+            attention_by_distance(instruments.attention_probabilities(model, windows, layer))
+            for layer in (0, last)
         ]
     for row in axes:
         row[0].set_ylabel("query position i")
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
     fig.tight_layout()
-    paths = [save_figure(fig, out / "attention.png")]
+    paths = [instruments.save_figure(fig, out / "attention.png")]
 
     T = next(iter(profiles.values()))[0].numel()
     positions = torch.arange(T)
@@ -234,7 +227,7 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     axes[0].set_ylabel("mean attention probability")
     axes[1].legend()
     fig.tight_layout()
-    return paths + [save_figure(fig, out / "attention_distance.png")]
+    return paths + [instruments.save_figure(fig, out / "attention_distance.png")]
 
 
 def figure_probe(out, checkpoints=None, **_):
@@ -273,7 +266,7 @@ def figure_extrapolation(out, csv_path, **_):
             "the other figures are made"
         )
         return []
-    plt = pyplot()
+    plt = instruments.pyplot()
     # the first seed's runs only: a study with --seeds N names the others *_seedS (its table gives the spread)
     curves = {key: rows for key, rows in read_extrapolation(path).items() if not SEED_FOLDER.search(key[0])}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
@@ -302,7 +295,7 @@ def figure_extrapolation(out, csv_path, **_):
     fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7)
     fig.suptitle(f"Extrapolation, read from {path.name}")
     fig.tight_layout(rect=(0, 0, 0.74, 1))
-    return [save_figure(fig, out / "extrapolation.png")]
+    return [instruments.save_figure(fig, out / "extrapolation.png")]
 
 
 def make(cfg, log=print):
@@ -331,9 +324,9 @@ def make(cfg, log=print):
 def main(argv=None):
     with one_line_errors("demo/figures.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         try:
-            pyplot()
+            instruments.pyplot()
         except ImportError:
             raise UserError("matplotlib is not installed: pip install matplotlib") from None
         return make(cfg)

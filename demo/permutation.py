@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.runs import model_dirs
@@ -62,10 +62,10 @@ def pieces(tokenizer, sentence):
 def compare(model, tokenizer, sentence, mask=True):
     """-> (rows: one (swapped words max, unchanged max) per hidden state, text, swapped text)"""
     ids = pieces(tokenizer, sentence)
-    perm = swap_permutation(ids)
+    perm = instruments.swap_permutation(ids)
     original = torch.tensor(ids[0] + ids[1] + ids[2])
     words = list(range(len(ids[0]))) + list(range(len(original) - len(ids[2]), len(original)))
-    rows = swap_differences(model, original, original[perm], perm, words, mask)
+    rows = instruments.swap_differences(model, original, original[perm], perm, words, mask)
     return rows, tokenizer.decode(original.tolist()), tokenizer.decode(original[perm].tolist())
 
 
@@ -84,26 +84,22 @@ def report(results, cfg, dtype):
     labels = list(results)
     _, text, swapped = results[labels[0]]
     mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
+    columns = [[f"{number(a)} / {number(b)}" for a, b in results[label][0]] for label in labels]
+    verdicts = "".join(f"{verdict(results[label][0], dtype):>22}" for label in labels)
     lines = [
         f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
         "each cell: over the swapped words / over the tokens between them, which stay put",
         "",
+        *instruments.state_table(labels, columns, 22),
+        f"{'':<10}{verdicts}",
     ]
-    width = 22
-    lines.append(f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels))
-    for i in range(max(len(rows) for rows, _, _ in results.values())):
-        rows = [results[label][0] for label in labels]
-        cells = [f"{number(r[i][0])} / {number(r[i][1])}" if i < len(r) else "" for r in rows]
-        name = "embedding" if i == 0 else f"block {i}"
-        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
-    lines.append(f"{'':<10}" + "".join(f"{verdict(results[label][0], dtype):>{width}}" for label in labels))
     return "\n".join(lines)
 
 
 def main(argv=None):
     with one_line_errors("demo/permutation.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         dtype = DTYPES[cfg.dtype]
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
@@ -111,8 +107,8 @@ def main(argv=None):
             folders = model_dirs(list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos], cfg.checkpoints)
         results = {}
         for folder in folders.values():
-            model, tokenizer, ckpt = load(folder, dtype)
-            print(f"pos={model.config.pos:<11} {describe(folder, ckpt)}")
+            model, tokenizer, ckpt = instruments.load(folder, dtype)
+            print(f"pos={model.config.pos:<11} {instruments.describe(folder, ckpt)}")
             results[model.config.pos] = compare(model, tokenizer, cfg.sentence, mask=not cfg.no_mask)
     print()
     print(report(results, cfg, dtype))

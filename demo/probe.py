@@ -16,15 +16,7 @@ set, and position has no way in (lesson section 1).
 import sys
 from dataclasses import dataclass
 
-from measure.instruments import (
-    describe,
-    load,
-    probe_positions,
-    pyplot,
-    save_figure,
-    use_one_thread,
-    validation_windows,
-)
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.runs import model_dirs
@@ -57,34 +49,28 @@ def run_probes(cfg, log=print):
     """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
     results = {}
     for pos, folder in model_dirs(POS_SCHEMES, cfg.checkpoints, log).items():
-        model, tokenizer, ckpt = load(folder)
-        log(f"pos={pos:<11} {describe(folder, ckpt)}")
-        windows = validation_windows(ckpt, cfg.windows)
+        model, tokenizer, ckpt = instruments.load(folder)
+        log(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
+        windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
-        results[pos] = probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
+        results[pos] = instruments.probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
         if pos == "none":
-            results[NOPE_UNMASKED] = probe_positions(model, windows, newline, mask=False, ridge=cfg.ridge)
+            results[NOPE_UNMASKED] = instruments.probe_positions(
+                model, windows, newline, mask=False, ridge=cfg.ridge
+            )
     return results
 
 
 def table(results, target):
     labels = list(results)
-    n_states = max(len(r[target]) for r in results.values())
-    width = 17
-    lines = [
-        f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()",
-        f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels),
-    ]
-    for i in range(n_states):
-        name = "embedding" if i == 0 else f"block {i}"
-        cells = [f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[x][target][i] for x in labels)]
-        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
-    return "\n".join(lines)
+    columns = [[f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in results[x][target]] for x in labels]
+    title = f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()"
+    return "\n".join([title, *instruments.state_table(labels, columns, 17)])
 
 
 def draw(results, path):
     """R^2 per layer, one line per model, its shuffled baseline dotted in the same colour."""
-    plt = pyplot()
+    plt = instruments.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, target in zip(axes, TARGETS):
         for i, (label, result) in enumerate(results.items()):
@@ -102,13 +88,13 @@ def draw(results, path):
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
     fig.tight_layout()
-    save_figure(fig, path)
+    instruments.save_figure(fig, path)
 
 
 def main(argv=None):
     with one_line_errors("demo/probe.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         results = run_probes(cfg)
     for target in TARGETS:
         print()

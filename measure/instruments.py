@@ -56,6 +56,16 @@ def save_figure(fig, path, dpi=110):
     return path
 
 
+def state_table(labels, columns, width):
+    """Lines of a text table, a column per label and a line per hidden state (embedding, block 1, ...):
+    columns[j][i] is label j's cell at state i."""
+    lines = [f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels)]
+    for i in range(max(map(len, columns))):
+        cells = "".join(f"{c[i] if i < len(c) else '':>{width}}" for c in columns)
+        lines.append(f"{'embedding' if i == 0 else f'block {i}':<10}{cells}")
+    return lines
+
+
 def load(out_dir, dtype=torch.float32):
     """(model on the CPU in eval mode and dtype, tokenizer, checkpoint dict)."""
     model, tokenizer, ckpt = open_model(out_dir)

@@ -19,7 +19,6 @@ for learned, which has no positions past T, a sliding window of up to T tokens (
 """
 
 import csv
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -86,8 +85,6 @@ class EvalConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
-        if self.plot and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
         if self.plot:
             plot_format(self.plot)
 
@@ -445,8 +442,7 @@ def write_positions_csv(path, rows):
 
 
 def write_passkey_csv(path, rows):
-    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where
-    n/a."""
+    """A line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty if n/a."""
     lines = []
     for row in rows:
         for n, cells in row.measures.items():
@@ -459,7 +455,10 @@ def write_passkey_csv(path, rows):
 
 def plot_format(path):
     """--plot's image format: its extension's (png without one); ValueError for one matplotlib can't write."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)") from None
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in formats:
@@ -504,8 +503,7 @@ def plot_needles(path, rows):
 
 
 def bucketed(positions, bucket):
-    """(first position of each bucket, mean loss over it): a point per `bucket` positions, the last may be
-    short."""
+    """(first position of each bucket, its mean loss): one point per `bucket` positions (the last: fewer)."""
     points = torch.tensor(positions, dtype=torch.float64).split(bucket)
     return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
 

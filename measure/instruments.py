@@ -117,8 +117,7 @@ def unmasked(model):
 
 @torch.no_grad()
 def hidden_states(model, idx, mask=True):
-    """The residual stream: what enters block 1 (the embedding output), then the output of each block.
-    -> list of n_layer + 1 tensors (B, T, C)"""
+    """The residual stream: the embedding output, then each block's. -> n_layer + 1 tensors (B, T, C)"""
     states = []
     blocks = model.transformer.h
     handles = [blocks[0].register_forward_pre_hook(lambda module, args: states.append(args[0]))]

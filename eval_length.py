@@ -157,18 +157,10 @@ class Source:
     ckpt: dict
     tokens: object  # the val split (np.memmap); None for the passkey task
 
-    @property
-    def config(self):
-        return self.ckpt["model_config"]
-
-    @property
-    def block_size(self):
-        return self.config["block_size"]
-
-    @property
-    def limit(self):
-        """The longest input its positions encode (learned's table), None if unbounded."""
-        return position_limit(self.config["pos"], self.block_size)
+    def __post_init__(self):
+        self.config = self.ckpt["model_config"]
+        self.block_size = self.config["block_size"]
+        self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
     def methods(self, rope_scalings):
         """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""

@@ -276,9 +276,8 @@ def figure_extrapolation(out, csv_path, **_):
         label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
         style = dict(color=colors[i % len(colors)], marker="o", markersize=3)
         style["label"] = f"{label} ({Path(checkpoint).name})"
-        axes[0].errorbar(
-            lengths, [r["loss"] for r in rows], yerr=[r["stderr"] for r in rows], capsize=2, **style
-        )
+        losses, errors = [r["loss"] for r in rows], [r["stderr"] for r in rows]
+        axes[0].errorbar(lengths, losses, yerr=errors, capsize=2, **style)
         axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **style)
     block_sizes = {
         r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])

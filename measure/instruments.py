@@ -184,15 +184,14 @@ def qk_terms(model, idx, head=0):
     block, T = model.transformer.h[0], idx.size(1)
     e = model.transformer.wte(idx[:1])[0]  # (T, C)
     p = model.transformer.wpe.weight[:T]
-    ln = block.ln_1
-    x = e + p
+    ln, x = block.ln_1, e + p
     sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
 
     def normalised(part):  # this part's share of LN(x)
         return ln.weight * (part - part.mean(dim=-1, keepdim=True)) / sigma
 
-    C, nh = x.size(1), block.attn.n_head
-    hs = C // nh
+    C = x.size(1)
+    hs = C // block.attn.n_head
     w_q, w_k, _ = block.attn.c_attn.weight.split(C, dim=0)
     rows = slice(head * hs, (head + 1) * hs)
     q = {name: normalised(part) @ w_q[rows].T for name, part in (("token", e), ("position", p))}

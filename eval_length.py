@@ -1,63 +1,37 @@
 """
-Loss against length, or passkey retrieval against length: how each checkpoint does at, and past, the length it was
-trained on.
+Loss against length, or passkey retrieval against length: how each checkpoint does at, and past, the length it
+was trained on.
 
-    python eval_length.py out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8 --max_windows 64
+    python eval_length.py out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8
     python eval_length.py out/shakespeare_char_rope out/shakespeare_char_alibi --lengths 32t,64t,256t \
         --max_windows 32 --csv loss.csv --plot loss.png
-    python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv passkey.csv --plot needles.png
+    python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv pk.csv --plot needles.png
 
---task=passkey (checkpoints trained on data/passkey, configs/passkey.toml): for each row, length L (default 1, 2,
-4, 8 x T) and depth (--depths, where the key is stated as a fraction of the filler: 0 first, 1 just before the
-question), --trials samples with fresh evaluation keys and filler (measure/retrieval.py): the exact-match rate of
-the five digits, read as the argmax at each digit in one forward pass of the L tokens with the answer in place
-(equal, for exact match, to greedy decoding with the KV cache; tests/test_retrieval.py), and its 95% Wilson
-interval. The table pools the depths; --csv has one line per (checkpoint, method, length, depth), PASSKEY_COLUMNS;
---plot draws the needle heatmaps, one panel per row.
+--task=loss: on each checkpoint's val split, the mean loss over non-overlapping windows of L tokens, its
+standard error, and the mean loss at positions >= T (the trained block_size), by exact full forward passes.
+--task=passkey (checkpoints trained on data/passkey): the exact-match rate of the five digits over --trials
+samples per length and depth of the key, with its 95% Wilson interval.
 
---task=loss, the default. For each checkpoint (a folder train.py wrote, its best.pt else ckpt.pt, or a .pt file)
-and each length L, on the validation split of the dataset it was trained on: the mean loss over non-overlapping
-windows of L tokens (all that fit, or --max_windows of them spread evenly over the split), its standard error over
-the windows, and the mean loss at positions >= T, the trained block_size. Exact full forward passes (no KV cache),
-in eval mode.
-
-Lengths (--lengths, comma-separated). A bare number up to 16, or any number ending in x, is a multiple of each
-checkpoint's own T, rounded to whole tokens: 0.5, 2, 8, 32x. A bare whole number above 16, or one ending in t, is
-a count of tokens, the same for every checkpoint: 64, 256, 8t.
-
-Rows, one per checkpoint and method; the method is the CSV's scaling column:
-  plain    the checkpoint as trained. One fine-tuned with a RoPE extension (its model_config records a
-           rope_scaling) is evaluated as recorded, at its own factor, and its row is labelled with that scaling.
-  linear, ntk, dynamic, yarn, llama3
-           RoPE checkpoints without a recorded extension: that extension at factor s = max(1, L / T), without
-           retraining (as sample.py --rope_scaling sets it). At L <= T, s = 1 and each is plain (measured once).
-  window   learned only. It has no positions past T, so its plain row is n/a there (never clamped or wrapped);
-           this row scores each position with a sliding window of up to T tokens of context, as it generates.
-
-Output: a markdown table on stdout, a row per checkpoint and method, a column per length; a cell is the loss
-and, in brackets, its ratio to the same checkpoint's plain loss at L = T (measured even when T is not among the
-lengths). --csv writes one line per (checkpoint, method, length); --positions_csv the mean loss at every
-position; --plot the loss by position and the loss against length (needs matplotlib; the format from its
-extension, png without one). Each is checked before the evaluation (its folder made, a temporary file written
-there) and written all at once after it, so a prior file is replaced whole or not at all.
-
-A bad flag is one line and exit status 2; a checkpoint or dataset that cannot be used, an output that cannot be
-written, or windows that would not fit in the memory available, one line and exit status 1.
+A length is a multiple of each checkpoint's T (a bare number up to 16, or ending in x: 0.5, 2, 32x) or a count
+of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint and method: plain
+(as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L / T), no retraining;
+for learned, which has no positions past T, a sliding window of up to T tokens (as it generates).
 """
 
 import csv
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
 from data.passkey.task import filler_length
+from measure.instruments import pyplot
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
@@ -69,54 +43,26 @@ from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 from positions import ROPE_SCALINGS, default_rope_factor, position_limit
 
-CSV_COLUMNS = (
-    "checkpoint",
-    "pos",
-    "scaling",
-    "block_size",
-    "length",
-    "loss",
-    "loss_beyond",
-    "stderr",
-    "windows",
-)
+ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
+CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
-PASSKEY_COLUMNS = (
-    "checkpoint",
-    "pos",
-    "scaling",
-    "block_size",
-    "length",
-    "depth",
-    "trials",
-    "correct",
-    "accuracy",
-    "ci_low",
-    "ci_high",
-)
+PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_low", "ci_high")
 TASKS = ("loss", "passkey")
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
-MAX_BARE_MULTIPLE = (
-    16  # a bare number up to this is a multiple of T (0.5, 1, 2, 4, 8), above it tokens (64, 256)
-)
+MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
+LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
+LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2))}
 
 
 @dataclass
 class EvalConfig:
     checkpoints: list[str]  # out_dirs of train.py runs (best.pt, else ckpt.pt) or checkpoint files
     task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
-    lengths: str | None = (
-        None  # comma-separated; 2 or 2x: 2 x T; 256 or 256t: 256 tokens (bare > 16: tokens);
-    )
-    #                             None: 0.5,1,2,4,8 for loss, 1,2,4,8 for passkey
-    depths: str = (
-        "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler before it
-    )
+    lengths: str | None = None  # 2 or 2x: 2 x T; 256 or 256t: 256 tokens; None: 0.5,1,2,4,8 (passkey: 1-8)
+    depths: str = "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler
     trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
     passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
-    rope_scalings: list[str] = field(
-        default_factory=lambda: [*ROPE_SCALINGS]
-    )  # RoPE extensions run at s = L/T
+    rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions at s = L/T
     max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
@@ -139,32 +85,18 @@ class EvalConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
-        if self.plot and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
         if self.plot:
             plot_format(self.plot)
 
-    @property
-    def outputs(self):
-        return {"csv": self.csv, "positions_csv": self.positions_csv, "plot": self.plot}
-
 
 def parse_args(argv=None):
-    """Flags (and --config) -> EvalConfig; a bad flag exits with status 2 and one line, a bad value is a
-    ValueError (status 2 in main's handler)."""
+    """Flags (and --config) -> EvalConfig; a bad flag or value exits with status 2 and one line."""
+    choices = {"rope_scalings": ROPE_SCALINGS, "task": TASKS}
+    sections = [("evaluation", EvalConfig, None)]
     values = parse_flags(
-        argv,
-        "eval_length.py",
-        __doc__,
-        [("evaluation", EvalConfig, None)],
-        choices={"rope_scalings": ROPE_SCALINGS, "task": TASKS},
-        positional=("checkpoints",),
+        argv, "eval_length.py", __doc__, sections, choices=choices, positional=("checkpoints",)
     )
     return EvalConfig(**values)
-
-
-# -----------------------------------------------------------------------------
-# Lengths: multiples of T or token counts
 
 
 @dataclass(frozen=True)
@@ -180,20 +112,17 @@ class Length:
 
 
 def parse_lengths(text):
-    """--lengths -> [Length]; ValueError (one line) for anything that is not a length of at least one
-    token."""
+    """--lengths -> [Length]; a one-line ValueError for anything not a length of at least one token."""
     lengths = []
     for item in text.split(","):
         spec = item.strip().lower()
-        number = spec[:-1] if spec.endswith(("x", "t")) else spec
         try:
-            value = float(number)
+            value = float(spec[:-1] if spec.endswith(("x", "t")) else spec)
         except ValueError:
             raise ValueError(
                 f"--lengths: {item.strip()!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t "
                 "(256 tokens)"
             ) from None
-        # a bare number up to MAX_BARE_MULTIPLE is a multiple of T, a larger one a count of tokens
         multiple = spec.endswith("x") or (not spec.endswith("t") and value <= MAX_BARE_MULTIPLE)
         if not math.isfinite(value) or value <= 0 or (not multiple and value < 1):
             raise ValueError(f"--lengths: {item.strip()} is below 1: a length must be at least one token")
@@ -204,8 +133,7 @@ def parse_lengths(text):
 
 
 def parse_depths(text):
-    """--depths -> [float]: fractions of the filler before the key, 0 (first) to 1 (just before the
-    question)."""
+    """--depths -> sorted [float] in [0, 1]: 0 is the first of the filler, 1 just before the question."""
     depths = []
     for item in text.split(","):
         try:
@@ -220,10 +148,6 @@ def parse_depths(text):
     return sorted(set(depths))
 
 
-# -----------------------------------------------------------------------------
-# Checkpoints, and what to measure on each
-
-
 @dataclass
 class Source:
     """One checkpoint to evaluate, with the validation tokens of its dataset."""
@@ -233,40 +157,29 @@ class Source:
     ckpt: dict
     tokens: object  # the val split (np.memmap); None for the passkey task
 
-    @property
-    def config(self):
-        return self.ckpt["model_config"]
-
-    @property
-    def block_size(self):
-        return self.config["block_size"]
-
-    @property
-    def limit(self):
-        """The longest input its positions encode (learned's table), None if unbounded."""
-        return position_limit(self.config["pos"], self.block_size)
+    def __post_init__(self):
+        self.config = self.ckpt["model_config"]
+        self.block_size = self.config["block_size"]
+        self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
     def methods(self, rope_scalings):
-        """The CSV scaling names of this checkpoint's rows, its own (plain, or its recorded RoPE extension)
-        first."""
+        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
-        extra = ["window"] if self.limit is not None else []
         if self.config["pos"] == "rope":
-            extra = list(rope_scalings)
-        return ["plain", *extra]
+            return ["plain", *rope_scalings]
+        return ["plain", "window"] if self.limit is not None else ["plain"]
 
 
 def open_source(name, dataset=None, task="loss"):
-    """Load a checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for
-    a missing path, a file that is no checkpoint, or a dataset whose token ids mean something else. The
-    passkey task makes its own samples (measure/retrieval.py) and reads no split."""
+    """A checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for a
+    missing path, a file that is no checkpoint, or a dataset whose token ids mean something else."""
     given = Path(name)
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
     ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
-    if task == "passkey":
+    if task == "passkey":  # makes its own samples (measure/retrieval.py)
         return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
@@ -279,70 +192,25 @@ def open_source(name, dataset=None, task="loss"):
 
 def lengths_for(source, lengths):
     """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line UserError."""
-    resolved = {}
+    resolved, T = {}, source.block_size
     for length in lengths:
-        n = length.tokens(source.block_size)
+        resolved[length] = n = length.tokens(T)
         if n < 1:
-            raise UserError(
-                f"--lengths: {length} of T = {source.block_size} ({source.name}) is {n} tokens, below 1"
-            )
-        resolved[length] = n
+            raise UserError(f"--lengths: {length} of T = {T} ({source.name}) is {n} tokens, below 1")
     return resolved
 
 
 def model_for(source, method, length, device):
-    """The model a row is measured with at `length` tokens: the checkpoint as recorded (plain, window, or its
-    own extension), or a RoPE extension at its default factor s = max(1, L / T)."""
+    """The model of a row at `length` tokens: the checkpoint as recorded (plain, window, or its own
+    extension), or a RoPE extension at its default factor s = max(1, L / T)."""
     if method in ROPE_SCALINGS and not source.config.get("rope_scaling"):
         factor = default_rope_factor(length, source.block_size)
         return open_model(source.path, device, source.ckpt, rope_scaling=method, rope_factor=factor)[0]
     return open_model(source.path, device, source.ckpt)[0]
 
 
-# -----------------------------------------------------------------------------
-# Measuring
-
-
-@dataclass
-class Measure:
-    length: int  # L, in tokens
-    windows: int  # windows of L tokens averaged (0: not available)
-    loss: float | None = None  # mean loss over every position of every window; None: not available
-    loss_beyond: float | None = None  # mean loss at positions >= T; None when L <= T
-    stderr: float | None = (
-        None  # standard error of the per-window mean loss; None with fewer than two windows
-    )
-    positions: list = field(default_factory=list)  # mean loss at each position 0 .. L-1 over the windows
-
-
-@dataclass
-class Row:
-    checkpoint: str
-    pos: str
-    scaling: str  # plain | linear | ntk | dynamic | yarn | llama3 | window
-    block_size: int  # T
-    label: str  # how the table names the method
-    measures: dict  # {L: Measure}
-    reference: float  # the checkpoint's plain loss at L = T
-
-
-def summarize(losses, length, block_size):
-    """(windows, L) token losses -> Measure."""
-    per_window = losses.double().mean(1)
-    n = len(per_window)
-    return Measure(
-        length=length,
-        windows=n,
-        loss=per_window.mean().item(),
-        loss_beyond=losses[:, block_size:].double().mean().item() if length > block_size else None,
-        stderr=(per_window.std() / math.sqrt(n)).item() if n > 1 else None,
-        positions=losses.double().mean(0).tolist(),
-    )
-
-
 def available(source, method, length):
-    """A scheme with a table (learned) has no positions past it: its plain loss is not available there (see
-    the window row)."""
+    """A scheme with a table (learned) has no positions past it: its plain row is not available there."""
     return not (method == "plain" and source.limit is not None and length > source.limit)
 
 
@@ -355,15 +223,14 @@ def label(source, method):
 
 
 def same_as_plain(source, method, length):
-    """Whether a row is the plain model at L: up to T, a RoPE extension applied here (not recorded in the
-    checkpoint) runs at s = 1, and learned's sliding window holds the whole context."""
+    """Up to T, a RoPE extension applied here runs at s = 1 and learned's window holds the whole context."""
     applied_here = method == "window" or (method in ROPE_SCALINGS and not source.config.get("rope_scaling"))
     return applied_here and length <= source.block_size
 
 
 def planned(sources, lengths, cfg, reference=True):
-    """(source, method, L) for every row at every length where it is available and not the plain model's
-    (same_as_plain), and with reference each checkpoint's own row at L = T, the loss ratios' reference."""
+    """(source, method, L) for every row at every length where it is available and not plain's, and with
+    reference each checkpoint's own row at L = T, the loss ratios' reference."""
     for source in sources:
         asked = sorted(set(lengths_for(source, lengths).values()))
         for i, method in enumerate(source.methods(cfg.rope_scalings)):
@@ -372,59 +239,23 @@ def planned(sources, lengths, cfg, reference=True):
                     yield source, method, n
 
 
-def gather(results, source, method, n, missing):
-    """What results holds for a row at L: plain's measure where the row is the plain model (same_as_plain)."""
-    return results.get((source.name, "plain" if same_as_plain(source, method, n) else method, n), missing)
-
-
-def progress_bar(total, unit, cfg):
-    return tqdm(total=total, unit=unit, disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
-
-
-def evaluate(sources, lengths, cfg, device):
-    """Measure every row at every length (and each checkpoint's own row at L = T, the ratios' reference). ->
-    [Row]"""
-    plan = [
-        (source, method, n, window_starts(len(source.tokens), n, cfg.max_windows))
-        for source, method, n in planned(sources, lengths, cfg)
-    ]
-    results = {}
-    with progress_bar(sum(len(starts) for *_, starts in plan), "window", cfg) as bar:
-        for source, method, n, starts in plan:
-            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
-            model = model_for(source, method, n, device)
-            losses = window_losses(model, source.tokens, n, starts, cfg.batch_size, device, bar.update)
-            results[source.name, method, n] = summarize(losses, n, source.block_size)
-    rows = []
-    for source in sources:
-        methods = source.methods(cfg.rope_scalings)
-        reference = results[source.name, methods[0], source.block_size].loss
-        for method in methods:
-            measures = {
-                n: gather(results, source, method, n, Measure(n, 0))
-                for n in lengths_for(source, lengths).values()
-            }
-            rows.append(
-                Row(
-                    source.name,
-                    source.config["pos"],
-                    method,
-                    source.block_size,
-                    label(source, method),
-                    measures,
-                    reference,
-                )
-            )
-    return rows
-
-
 # -----------------------------------------------------------------------------
-# Passkey retrieval (measure/retrieval.py, data/passkey/task.py)
+# Measuring
+
+
+@dataclass
+class Measure:
+    length: int  # L, in tokens
+    windows: int  # windows of L tokens averaged (0: not available)
+    loss: float | None = None  # mean loss over every position of every window; None: not available
+    loss_beyond: float | None = None  # mean loss at positions >= T; None when L <= T
+    stderr: float | None = None  # standard error of the per-window mean loss; None under two windows
+    positions: list = field(default_factory=list)  # mean loss at each position 0 .. L-1 over the windows
 
 
 @dataclass
 class Retrieval:
-    length: int  # L, in tokens: the inputs, the answer's last four digits the last of them
+    length: int  # L, in tokens
     depth: float  # where the key was stated, as a fraction of the filler before it
     trials: int  # 0: not available (learned past its table)
     correct: int  # trials whose five digits were all the argmax
@@ -434,8 +265,74 @@ class Retrieval:
         return self.correct / self.trials if self.trials else None
 
 
+@dataclass
+class Row:
+    checkpoint: str
+    pos: str
+    scaling: str  # plain | linear | ntk | dynamic | yarn | llama3 | window
+    block_size: int  # T
+    label: str  # how the table names the method
+    measures: dict  # {L: Measure}, or {L: [Retrieval per depth]}
+    reference: float | None  # the checkpoint's plain loss at L = T (None for passkey)
+
+    def key(self, n):
+        return [self.checkpoint, self.pos, self.scaling, self.block_size, n]
+
+
+def summarize(losses, length, block_size):
+    """(windows, L) token losses -> Measure."""
+    losses = losses.double()
+    per_window, n = losses.mean(1), len(losses)
+    beyond = losses[:, block_size:].mean().item() if length > block_size else None
+    stderr = (per_window.std() / math.sqrt(n)).item() if n > 1 else None
+    return Measure(length, n, per_window.mean().item(), beyond, stderr, losses.mean(0).tolist())
+
+
+def measure_plan(plan, total, unit, cfg, device, measure):
+    """{(name, method, L): measure(source, L, model, bar)} over the plan, under one progress bar."""
+    results = {}
+    bar = tqdm(total=total, unit=unit, disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    with bar:
+        for source, method, n in plan:
+            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
+            results[source.name, method, n] = measure(source, n, model_for(source, method, n, device), bar)
+    return results
+
+
+def make_rows(sources, lengths, cfg, results, missing, reference=False):
+    """A Row per checkpoint and method; where a row is the plain model (same_as_plain) plain's results, where
+    it is not available missing(L)."""
+    rows = []
+    for source in sources:
+        methods = source.methods(cfg.rope_scalings)
+        ratio_to = results[source.name, methods[0], source.block_size].loss if reference else None
+        for method in methods:
+            measures = {}
+            for n in lengths_for(source, lengths).values():
+                key = (source.name, "plain" if same_as_plain(source, method, n) else method, n)
+                measures[n] = results.get(key, missing(n))
+            pos, T = source.config["pos"], source.block_size
+            rows.append(Row(source.name, pos, method, T, label(source, method), measures, ratio_to))
+    return rows
+
+
+def evaluate(sources, lengths, cfg, device):
+    """The loss of every row at every length, and of each checkpoint's own row at L = T. -> [Row]"""
+    plan = list(planned(sources, lengths, cfg))
+    starts = {(s.name, n): window_starts(len(s.tokens), n, cfg.max_windows) for s, _, n in plan}
+
+    def measure(source, n, model, bar):
+        windows = starts[source.name, n]
+        losses = window_losses(model, source.tokens, n, windows, cfg.batch_size, device, bar.update)
+        return summarize(losses, n, source.block_size)
+
+    total = sum(len(starts[s.name, n]) for s, _, n in plan)
+    results = measure_plan(plan, total, "window", cfg, device, measure)
+    return make_rows(sources, lengths, cfg, results, lambda n: Measure(n, 0), reference=True)
+
+
 def passkey_vocabulary(source):
-    """{char: id} of a checkpoint trained on the passkey vocabulary; a UserError (one line) for any other."""
+    """{char: id} of a checkpoint trained on the passkey vocabulary; a one-line UserError for any other."""
     chars = source.ckpt.get("meta", {}).get("chars") or []
     missing = sorted(set(PASSKEY_CHARS).difference(chars))
     if missing:
@@ -447,53 +344,49 @@ def passkey_vocabulary(source):
 
 
 def evaluate_passkey(sources, lengths, depths, cfg, device):
-    """cfg.trials samples at every (row, length, depth); a row that is the plain model at some length reuses
-    plain's there. -> [Row] whose measures are {L: [Retrieval per depth]}"""
+    """cfg.trials samples at every (row, length, depth). -> [Row] with measures {L: [Retrieval per depth]}"""
     plan = list(planned(sources, lengths, cfg, reference=False))
-    results = {}
-    with progress_bar(len(plan) * len(depths) * cfg.trials, "trial", cfg) as bar:
-        for source, method, n in plan:
-            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
-            model, stoi = model_for(source, method, n, device), passkey_vocabulary(source)
-            cells = []
-            for depth in depths:
-                tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
-                cells.append(
-                    Retrieval(
-                        n,
-                        depth,
-                        cfg.trials,
-                        count_correct(model, tokens.to(device), answer_start, cfg.batch_size),
-                    )
-                )
-                bar.update(cfg.trials)
-            results[source.name, method, n] = cells
-    return [
-        Row(
-            source.name,
-            source.config["pos"],
-            method,
-            source.block_size,
-            label(source, method),
-            {
-                n: gather(results, source, method, n, [Retrieval(n, d, 0, 0) for d in depths])
-                for n in lengths_for(source, lengths).values()
-            },
-            None,
-        )
-        for source in sources
-        for method in source.methods(cfg.rope_scalings)
+
+    def measure(source, n, model, bar):
+        stoi, cells = passkey_vocabulary(source), []
+        for depth in depths:
+            tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
+            correct = count_correct(model, tokens.to(device), answer_start, cfg.batch_size)
+            cells.append(Retrieval(n, depth, cfg.trials, correct))
+            bar.update(cfg.trials)
+        return cells
+
+    results = measure_plan(plan, len(plan) * len(depths) * cfg.trials, "trial", cfg, device, measure)
+    return make_rows(sources, lengths, cfg, results, lambda n: [Retrieval(n, d, 0, 0) for d in depths])
+
+
+# -----------------------------------------------------------------------------
+# Reporting
+
+
+def table(caption, rows, lengths, cell):
+    """The caption, then a markdown table: a line per row, a column per length, cell(row, its measure)."""
+    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
+    lines = [
+        [row.checkpoint, row.pos, str(row.block_size), row.label]
+        + [cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths]
+        for row in rows
     ]
+    return "\n".join([caption, "", markdown_table(head, lines)])
 
 
-def pooled(cells):
-    """Retrieval cells pooled over depths: (correct, trials)."""
-    return sum(c.correct for c in cells), sum(c.trials for c in cells)
+def loss_table(rows, lengths):
+    caption = (
+        "validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
+        "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T"
+    )
+    cell = lambda row, m: "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+    return table(caption, rows, lengths, cell)
 
 
 def passkey_cell(row, cells):
-    """The exact-match rate of a row's Retrieval cells at one length, pooled over depths, with its 95% interval."""
-    correct, n = pooled(cells)
+    """The exact-match rate pooled over depths, with its 95% Wilson interval."""
+    correct, n = sum(c.correct for c in cells), sum(c.trials for c in cells)
     low, high = wilson_interval(correct, n)
     return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
 
@@ -507,42 +400,8 @@ def passkey_table(rows, lengths, depths, trials):
     return table(caption, rows, lengths, passkey_cell)
 
 
-# -----------------------------------------------------------------------------
-# Reporting
-
-
-def table(caption, rows, lengths, cell):
-    """The caption, then a markdown table: one line per row, one column per length, cell(row, its measure)."""
-    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
-    lines = [
-        [
-            row.checkpoint,
-            row.pos,
-            str(row.block_size),
-            row.label,
-            *(cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths),
-        ]
-        for row in rows
-    ]
-    return "\n".join([caption, "", markdown_table(head, lines)])
-
-
-def loss_cell(row, m):
-    """'loss (ratio to the row's plain loss at L = T)', n/a where not available."""
-    return "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
-
-
-def loss_table(rows, lengths):
-    caption = (
-        "validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
-        "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T"
-    )
-    return table(caption, rows, lengths, loss_cell)
-
-
 def write_table(flag, path, columns, lines):
-    """A CSV file at path (its folder made): the header row, then lines; written atomically
-    (outputs.write_output)."""
+    """A CSV file: the header row, then lines; written atomically (outputs.write_output)."""
 
     def write(tmp):
         with open(tmp, "x", newline="", encoding="utf-8") as f:
@@ -555,117 +414,43 @@ def write_table(flag, path, columns, lines):
 
 def write_csv(path, rows):
     """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    write_table(
-        "csv",
-        path,
-        CSV_COLUMNS,
-        [
-            [
-                row.checkpoint,
-                row.pos,
-                row.scaling,
-                row.block_size,
-                n,
-                fmt(m.loss, ".6f"),
-                fmt(m.loss_beyond, ".6f"),
-                fmt(m.stderr, ".6f"),
-                m.windows,
-            ]
-            for row in rows
-            for n, m in row.measures.items()
-        ],
-    )
+    lines = [
+        [*row.key(n), fmt(m.loss, ".6f"), fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"), m.windows]
+        for row in rows
+        for n, m in row.measures.items()
+    ]
+    write_table("csv", path, CSV_COLUMNS, lines)
 
 
 def write_positions_csv(path, rows):
-    """The mean loss at every position of every measured (checkpoint, method, length), POSITION_COLUMNS."""
-    write_table(
-        "positions_csv",
-        path,
-        POSITION_COLUMNS,
-        [
-            [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
-            for row in rows
-            for n, m in row.measures.items()
-            for p, loss in enumerate(m.positions)
-        ],
-    )
+    """The mean loss at every position of every (checkpoint, method, length), POSITION_COLUMNS."""
+    lines = [
+        [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
+        for row in rows
+        for n, m in row.measures.items()
+        for p, loss in enumerate(m.positions)
+    ]
+    write_table("positions_csv", path, POSITION_COLUMNS, lines)
 
 
 def write_passkey_csv(path, rows):
-    """One line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty where
-    n/a."""
+    """A line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty if n/a."""
     lines = []
     for row in rows:
         for n, cells in row.measures.items():
             for c in cells:
                 low, high = wilson_interval(c.correct, c.trials) if c.trials else (None, None)
-                lines.append(
-                    [
-                        row.checkpoint,
-                        row.pos,
-                        row.scaling,
-                        row.block_size,
-                        n,
-                        f"{c.depth:g}",
-                        c.trials,
-                        c.correct,
-                        fmt(c.accuracy, ".4f"),
-                        fmt(low, ".4f"),
-                        fmt(high, ".4f"),
-                    ]
-                )
+                counts = [f"{c.depth:g}", c.trials, c.correct]
+                lines.append([*row.key(n), *counts, *(fmt(v, ".4f") for v in (c.accuracy, low, high))])
     write_table("csv", path, PASSKEY_COLUMNS, lines)
 
 
-def plot_needles(path, rows):
-    """The needle-in-a-haystack heatmap, one panel per row of the table: length across, depth down, the
-    exact-match rate as colour (red 0, green 1; grey: not available), each cell labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = min(4, len(rows))
-    lines = math.ceil(len(rows) / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
-    for ax in axes.flat[len(rows) :]:
-        ax.axis("off")
-    for ax, row in zip(axes.flat, rows):
-        lengths = sorted(row.measures)
-        depths = [c.depth for c in row.measures[lengths[0]]]
-        grid = torch.tensor(
-            [[math.nan if c.accuracy is None else c.accuracy for c in row.measures[n]] for n in lengths]
-        ).T  # (depths, lengths)
-        cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
-        ax.imshow(grid.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-        for (i, j), value in zip(
-            ((i, j) for i in range(len(depths)) for j in range(len(lengths))), grid.flatten()
-        ):
-            ax.text(
-                j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7
-            )
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
-        ax.set_ylabel("depth of the key", fontsize=7)
-        ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
-    fig.tight_layout()
-    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
-    plt.close(fig)
-
-
-def bucketed(positions, bucket):
-    """(first position of each bucket, mean loss over it): one point per `bucket` positions, the last may be
-    short."""
-    points = torch.tensor(positions, dtype=torch.float64).split(bucket)
-    return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
-
-
 def plot_format(path):
-    """The image format --plot writes: its extension's (png without one); ValueError for one matplotlib can't
-    write."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    """--plot's image format: its extension's (png without one); ValueError for one matplotlib can't write."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)") from None
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in formats:
@@ -676,92 +461,92 @@ def plot_format(path):
     return suffix or "png"
 
 
+def save_plot(fig, path):
+    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
+    pyplot().close(fig)
+
+
+def plot_needles(path, rows):
+    """The needle-in-a-haystack heatmaps, a panel per row: length across, depth down, the exact-match rate as
+    colour (red 0, green 1; grey: not available)."""
+    plt = pyplot()
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
+    columns = min(4, len(rows))
+    lines = math.ceil(len(rows) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
+    for ax in axes.flat[len(rows) :]:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, rows):
+        lengths = sorted(row.measures)
+        depths = [c.depth for c in row.measures[lengths[0]]]
+        grid = np.array([[c.accuracy for c in row.measures[n]] for n in lengths], dtype=float).T  # None: NaN
+        ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            ax.text(
+                j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7
+            )
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
+        ax.set_ylabel("depth of the key", fontsize=7)
+        ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
+    fig.tight_layout()
+    save_plot(fig, path)
+
+
+def bucketed(positions, bucket):
+    """(first position of each bucket, its mean loss): one point per `bucket` positions (the last: fewer)."""
+    points = torch.tensor(positions, dtype=torch.float64).split(bucket)
+    return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
+
+
 def plot(path, rows, bucket=1):
-    """Two panels: the loss at each position (per bucket of positions) at each row's longest length, with a
-    vertical line at each T; and the loss against L on a log2 axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
-    styles = {
-        "plain": "-",
-        "window": ":",
-        "linear": "--",
-        "ntk": "-.",
-        "dynamic": (0, (3, 1, 1, 1, 1, 1)),
-        "yarn": (0, (6, 2)),
-        "llama3": (0, (8, 2, 1, 2)),
-    }
-    colors = {
-        name: plt.cm.tab10(i % 10) for i, name in enumerate(dict.fromkeys(row.checkpoint for row in rows))
-    }
+    """Two panels: the loss at each position (per bucket) at each row's longest length, a vertical line at
+    each T; and the loss against L on a log2 axis."""
+    plt = pyplot()
+    checkpoints = dict.fromkeys(row.checkpoint for row in rows)
+    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(checkpoints)}
     fig, (by_position, by_length) = plt.subplots(1, 2, figsize=(16, 6))
     for row in rows:
-        style = {
-            "color": colors[row.checkpoint],
-            "linestyle": styles[row.scaling],
-            "label": f"{Path(row.checkpoint).name}: {row.label}",
-        }
         measured = [m for m in row.measures.values() if m.loss is not None]
         if not measured:
             continue
+        style = dict(color=colors[row.checkpoint], linestyle=LINESTYLES[row.scaling])
+        style["label"] = f"{Path(row.checkpoint).name}: {row.label}"
         longest = max(measured, key=lambda m: m.length)
         by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
-        by_length.plot(
-            [m.length for m in measured], [m.loss for m in measured], marker="o", markersize=3, **style
-        )
+        lengths, losses = [m.length for m in measured], [m.loss for m in measured]
+        by_length.plot(lengths, losses, marker="o", markersize=3, **style)
     for T in sorted({row.block_size for row in rows}):
         by_position.axvline(T, color="grey", linewidth=0.8)
         by_position.annotate(f" T = {T}", (T, 0.01), xycoords=("data", "axes fraction"), fontsize=8)
     per = "position" if bucket == 1 else f"bucket of {bucket} positions"
-    by_position.set(
-        xlabel=f"position (one point per {per})",
-        ylabel="validation loss",
-        title="loss by position, at each row's longest length",
-    )
+    by_position.set(xlabel=f"position (one point per {per})", ylabel="validation loss")
+    by_position.set_title("loss by position, at each row's longest length")
     by_length.set_xscale("log", base=2)
-    by_length.set(
-        xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens", title="loss against length"
-    )
+    by_length.set(xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens")
+    by_length.set_title("loss against length")
     handles, labels = by_length.get_legend_handles_labels()
     fig.tight_layout(rect=(0, 0, 0.74, 1))
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7, frameon=False)
-    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
-    plt.close(fig)
+    save_plot(fig, path)
 
 
-def check_batch_memory(source, length, batch, device):
-    """A UserError (one line) if a forward pass over `batch` sequences of `length` tokens would not fit in
-    memory."""
-    check_memory(
-        window_bytes(GPTConfig(**source.config), batch, length),
-        device,
-        f"evaluating {source.name} at L = {length:,} tokens in batches of {batch}",
-        "lower --lengths or --batch_size",
-    )
-
-
-def check_windows(source, length, cfg, device):
-    """A UserError (one line) if not one window of `length` tokens fits in the split, or a batch of them would
-    not fit in the memory available."""
-    check_batch_memory(
-        source,
-        length,
-        min(cfg.batch_size, len(window_starts(len(source.tokens), length, cfg.max_windows))),
-        device,
-    )
-
-
-def check_passkey(source, length, cfg, device):
-    """A UserError (one line) if the checkpoint has no passkey vocabulary, a sample read in `length` tokens
-    cannot hold a key and its question, or a batch of them would not fit in the memory available."""
-    passkey_vocabulary(source)
-    try:
-        filler_length(length + 1)  # length inputs, and the last digit as their last target
-    except ValueError as e:
-        raise UserError(f"--lengths: {length} tokens of {source.name}: {e}; choose longer lengths") from None
-    check_batch_memory(source, length, min(cfg.batch_size, cfg.trials), device)
+def check_length(source, n, cfg, device):
+    """A one-line UserError if `n` tokens cannot be measured: no window of n tokens fits in the split, a
+    passkey sample has no room for its key and question, or a batch would not fit in the memory available."""
+    if cfg.task == "passkey":
+        passkey_vocabulary(source)
+        try:
+            filler_length(n + 1)  # n inputs, and the last digit as their last target
+        except ValueError as e:
+            raise UserError(f"--lengths: {n} tokens of {source.name}: {e}; choose longer lengths") from None
+        batch = min(cfg.batch_size, cfg.trials)
+    else:
+        batch = min(cfg.batch_size, len(window_starts(len(source.tokens), n, cfg.max_windows)))
+    what = f"evaluating {source.name} at L = {n:,} tokens in batches of {batch}"
+    parts = window_bytes(GPTConfig(**source.config), batch, n)
+    check_memory(parts, device, what, "lower --lengths or --batch_size")
 
 
 def main(argv=None):
@@ -772,15 +557,20 @@ def main(argv=None):
         device = resolve_device(cfg.device)
         check_device(device)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
-        check_outputs(
-            cfg.outputs, inputs=[source.path for source in sources]
-        )  # before the work, not after it
-        check = check_passkey if cfg.task == "passkey" else check_windows
-        for source in sources:  # every length is checked before any work
+        outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
+        check_outputs(outputs, inputs=[source.path for source in sources])
+        for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
-                check(source, n, cfg, device)
+                check_length(source, n, cfg, device)
         if cfg.task == "passkey":
-            return passkey_main(cfg, sources, lengths, device)
+            depths = parse_depths(cfg.depths)
+            rows = evaluate_passkey(sources, lengths, depths, cfg, device)
+            print(passkey_table(rows, lengths, depths, cfg.trials))
+            if cfg.csv:
+                write_passkey_csv(cfg.csv, rows)
+            if cfg.plot:
+                plot_needles(cfg.plot, rows)
+            return rows
         rows = evaluate(sources, lengths, cfg, device)
         print(loss_table(rows, lengths))
         if cfg.csv:
@@ -789,17 +579,6 @@ def main(argv=None):
             write_positions_csv(cfg.positions_csv, rows)
         if cfg.plot:
             plot(cfg.plot, rows, cfg.bucket)
-    return rows
-
-
-def passkey_main(cfg, sources, lengths, device):
-    depths = parse_depths(cfg.depths)
-    rows = evaluate_passkey(sources, lengths, depths, cfg, device)
-    print(passkey_table(rows, lengths, depths, cfg.trials))
-    if cfg.csv:
-        write_passkey_csv(cfg.csv, rows)
-    if cfg.plot:
-        plot_needles(cfg.plot, rows)
     return rows
 
 

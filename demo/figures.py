@@ -1,23 +1,20 @@
 """
-Regenerate every figure of the lesson (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
+Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
 
-    python -m demo.figures                                  # all of them (the README's five runs, trained if missing)
+    python -m demo.figures                                  # all (the README's five runs, trained if missing)
     python -m demo.figures --only=sinusoidal,rope_decay     # a subset (these two need no model)
-    python -m demo.figures --checkpoints=DIR                # the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
+    python -m demo.figures --checkpoints=DIR                # runs in DIR/<pos> or DIR/shakespeare_char_<pos>
 
-The figures:
-    sinusoidal      the sin/cos table at d = 768 as a heatmap, and each pair's wavelength (2 pi .. ~61,000 tokens)
-    rope_decay      RoPE's long-term decay (Su et al. 2021, section 3.4.3): the bound, and scores of random q, k
+    sinusoidal      the sin/cos table at d = 768, and each pair's wavelength (2 pi .. ~61,000 tokens)
+    rope_decay      RoPE's long-term decay (Su et al. 2021, 3.4.3): the bound, and scores of random q, k
     qk_terms        layer 1's q k^T of a trained learned-position model, split into its four terms
-    attention       attention maps of the trained models, one per scheme (same head, same prompt), and the
-                    average attention against distance
-    extrapolation   validation loss against length, read from docs/extrapolation.csv (the extrapolation study);
-                    skipped with a message when that file does not exist
-    probe           linear probes for position, per layer and scheme (runs python -m demo.probe --figure)
+    attention       each scheme's attention maps (same head, same prompt), and attention against distance
+    extrapolation   loss against length from docs/extrapolation.csv (the extrapolation study), if it exists
+    probe           linear probes for position, per layer and scheme (python -m demo.probe --figure)
 
-The figures that need trained models take them from --checkpoints, or use the README's runs, `python train.py
---pos=X` in out/shakespeare_char_X: those missing are trained first, each announced before it starts (1.5-2
-minutes each on 2 CPU cores). Every random draw has a fixed seed, so the same checkpoints give the same PNG bytes.
+Models come from --checkpoints, or are the README's runs `python train.py --pos=X` in out/shakespeare_char_X,
+those missing trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same checkpoints give the
+same PNG bytes.
 """
 
 import csv
@@ -30,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from measure.instruments import attention_probabilities, load, qk_terms, use_one_thread, validation_windows
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.runs import model_dirs, run_python
@@ -38,16 +35,13 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
-DPI = 110
 
 
 @dataclass
 class FiguresConfig:
     only: str | None = None  # a comma-separated subset of the figures (default: all)
     out: str = "docs/figures"  # where the PNGs go
-    checkpoints: str | None = (
-        None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
-    )
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: README's
     csv: str = "docs/extrapolation.csv"  # the extrapolation study's results, read (never recomputed) here
 
     def __post_init__(self):
@@ -68,34 +62,13 @@ def parse_args(argv=None):
     return FiguresConfig(**values)
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, path):
-    """The same figure gives the same bytes: no software version or date in the PNG's metadata."""
-    fig.savefig(path, dpi=DPI, metadata={"Software": None})
-    pyplot().close(fig)
-    return path
-
-
-# -----------------------------------------------------------------------------
-# Sinusoidal: the table and its wavelengths (Vaswani et al. 2017, section 3.5)
-
-
 def sinusoidal_wavelengths(dim, base=10000.0):
-    """2 pi / w_i with w_i = base^(-2i/dim): pair i returns to its start every that many tokens. -> (dim/2,)"""
+    """Vaswani et al. 2017, 3.5: 2 pi / w_i, w_i = base^(-2i/dim): pair i's period in tokens. -> (dim/2,)"""
     return 2 * math.pi * base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def figure_sinusoidal(out, dim=768, n_pos=512, **_):
-    plt = pyplot()
+    plt = instruments.pyplot()
     fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
     table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64)
     image = ax_table.imshow(
@@ -111,42 +84,29 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     for length, label in ((64, "T = 64 (our models)"), (1024, "T = 1024 (GPT-2)")):
         ax_wave.axhline(length, color="grey", linestyle="--", linewidth=0.8)
         ax_wave.text(dim // 2 - 1, length * 1.15, label, ha="right", fontsize=8, color="grey")
-    for i in (0, dim // 2 - 1):
-        ax_wave.annotate(
-            f"{wavelength[i]:,.1f}",
-            (i, wavelength[i]),
-            textcoords="offset points",
-            xytext=(8 if i == 0 else -8, 6 if i == 0 else -14),
-            ha="left" if i == 0 else "right",
-        )
+    for i, offset, ha in ((0, (8, 6), "left"), (dim // 2 - 1, (-8, -14), "right")):
+        w = wavelength[i].item()
+        ax_wave.annotate(f"{w:,.1f}", (i, w), textcoords="offset points", xytext=offset, ha=ha)
     ax_wave.set_xlabel("pair i")
     ax_wave.set_ylabel("wavelength 2 pi 10000^(2i/d) (tokens)")
     ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
     ax_wave.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    return [save(fig, out / "sinusoidal.png")]
-
-
-# -----------------------------------------------------------------------------
-# RoPE's long-term decay (Su et al. 2021, section 3.4.3)
+    return [instruments.save_figure(fig, out / "sinusoidal.png")]
 
 
 def rope_decay_bound(distances, head_dim=128, base=10000.0):
-    """Su et al.'s bound on |q^T R_m k| is max_j |h_(j+1) - h_j| times sum_j |S_j|, with the partial sums
-    S_j = sum_(k<j) e^(i m theta_k), j = 1 .. d/2. -> (1/(d/2)) sum_j |S_j| at each distance m, divided by its
-    value at m = 0, (d/2 + 1) / 2: so 1 at distance 0, decaying (with ripples) as m grows."""
+    """Su et al.'s bound on |q^T R_m k| is max_j |h_(j+1) - h_j| sum_j |S_j|, S_j = sum_(k<j) e^(i m theta_k).
+    -> (1/(d/2)) sum_j |S_j| at each distance m over its value at m = 0, (d/2 + 1) / 2: 1, then decaying."""
     inv_freq, _ = rope_frequencies(head_dim, base)
     angle = distances.to(torch.float64)[:, None] * inv_freq.double()[None, :]  # (M, d/2)
     partial = torch.polar(torch.ones_like(angle), angle).cumsum(dim=1)  # S_1 .. S_(d/2)
-    bound = partial.abs().mean(dim=1)
-    return bound / ((head_dim / 2 + 1) / 2)
+    return partial.abs().mean(dim=1) / ((head_dim / 2 + 1) / 2)
 
 
 def rope_scores(q, k, distances, inv_freq):
-    """<R_m q, k> for each pair and distance m (query m tokens after the key; only the offset matters), in the
-    rotate-half pairs of apply_rope: pair i is (x_i, x_(i + d/2)), and R_m turns it by m theta_i, so
-    <R_m q, k> = sum_i cos(m theta_i) (q1 k1 + q2 k2)_i + sin(m theta_i) (q1 k2 - q2 k1)_i.
-    q, k: (N, d) -> (N, M). tests/test_figures.py checks it against apply_rope."""
+    """<R_m q, k> for each pair and distance m, in apply_rope's rotate-half pairs (x_i, x_(i + d/2)):
+    sum_i cos(m theta_i) (q1 k1 + q2 k2)_i + sin(m theta_i) (q1 k2 - q2 k1)_i. q, k: (N, d) -> (N, M)"""
     half = q.size(-1) // 2
     (q1, q2), (k1, k2) = q.split(half, dim=-1), k.split(half, dim=-1)
     angle = distances.to(q.dtype)[:, None] * inv_freq.to(q.dtype)[None, :]  # (M, d/2)
@@ -154,7 +114,7 @@ def rope_scores(q, k, distances, inv_freq):
 
 
 def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
-    plt = pyplot()
+    plt = instruments.pyplot()
     distances = torch.arange(max_distance + 1)
     inv_freq = rope_frequencies(head_dim)[0].double()
     g = torch.Generator().manual_seed(0)
@@ -177,16 +137,11 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
     ax_random.set_title(f"{n_pairs} random Gaussian pairs: q.k / (|q| |k|) after RoPE")
     ax_random.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    return [save(fig, out / "rope_decay.png")]
+    return [instruments.save_figure(fig, out / "rope_decay.png")]
 
 
 # -----------------------------------------------------------------------------
-# Figures of trained models
-
-
-def prompt_window(ckpt):
-    """The first validation window: the same prompt (block_size characters) for every model. -> (1, T)"""
-    return validation_windows(ckpt, 1)
+# Figures of trained models, on the same prompt: the first validation window
 
 
 def lower_triangle(matrix):
@@ -196,11 +151,11 @@ def lower_triangle(matrix):
 
 
 def figure_qk_terms(out, folders, head=0, **_):
-    """Each term on its own colour scale (its spread in the title), so the small ones still show their shape."""
-    plt = pyplot()
-    model, tokenizer, ckpt = load(folders["learned"], torch.float64)
-    idx = prompt_window(ckpt)
-    terms = qk_terms(model, idx, head)
+    """Each term on its own colour scale (its spread in the title): the small ones still show their shape."""
+    plt = instruments.pyplot()
+    model, tokenizer, ckpt = instruments.load(folders["learned"], torch.float64)
+    idx = instruments.validation_windows(ckpt, 1)
+    terms = instruments.qk_terms(model, idx, head)
     terms["sum = q k^T"] = sum(terms.values())
     fig, axes = plt.subplots(1, 5, figsize=(20, 4.6), layout="constrained")
     for ax, (name, term) in zip(axes, terms.items()):
@@ -218,13 +173,12 @@ def figure_qk_terms(out, folders, head=0, **_):
         "ln_1 split by the statistics of the sum x = tok + pos: LN(x) = g (tok - mean tok)/sigma_x + "
         "g (pos - mean pos)/sigma_x (exact, bias=False); W_q, W_k of the head applied to each part"
     )
-    return [save(fig, out / "qk_terms.png")]
+    return [instruments.save_figure(fig, out / "qk_terms.png")]
 
 
 def attention_by_distance(probs):
-    """Average attention weight at each distance i - j, over queries, heads and windows. probs (..., T, T) -> (T,).
-    Even uniform attention falls with distance here (far keys exist only for late queries, which spread
-    thinner), so the figure draws that baseline too."""
+    """Mean attention weight at each distance i - j, over queries, heads and windows. (..., T, T) -> (T,).
+    Even uniform attention falls with distance (only late queries see far keys): the figure draws it too."""
     T = probs.size(-1)
     distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]
     return torch.stack([probs[..., distance == d].mean() for d in range(T)])
@@ -232,67 +186,55 @@ def attention_by_distance(probs):
 
 def figure_attention(out, folders, head=0, n_windows=64, **_):
     """Row 1: layer 1, row 2: the last layer, head `head`, on the same prompt; then the distance profile."""
-    plt = pyplot()
+    plt = instruments.pyplot()
     from matplotlib.colors import PowerNorm
 
     fig, axes = plt.subplots(2, len(POS_SCHEMES), figsize=(4 * len(POS_SCHEMES), 8), squeeze=False)
     profiles = {}
     for column, pos in enumerate(POS_SCHEMES):
-        model, _, ckpt = load(folders[pos])
-        idx = prompt_window(ckpt)
+        model, _, ckpt = instruments.load(folders[pos])
+        idx = instruments.validation_windows(ckpt, 1)
         last = model.config.n_layer - 1
         for row, layer in enumerate((0, last)):
-            probs = attention_probabilities(model, idx, layer)[0, head]
+            probs = instruments.attention_probabilities(model, idx, layer)[0, head]
             ax = axes[row][column]
             ax.imshow(probs.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
             ax.set_title(f"{pos}: layer {layer + 1}, head {head}", fontsize=10)
             ax.set_xlabel("key position j")
-        windows = validation_windows(ckpt, n_windows)
+        windows = instruments.validation_windows(ckpt, n_windows)
         profiles[pos] = [
-            attention_by_distance(attention_probabilities(model, windows, layer)) for layer in (0, last)
+            attention_by_distance(instruments.attention_probabilities(model, windows, layer))
+            for layer in (0, last)
         ]
     for row in axes:
         row[0].set_ylabel("query position i")
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
     fig.tight_layout()
-    paths = [save(fig, out / "attention.png")]
+    paths = [instruments.save_figure(fig, out / "attention.png")]
 
     T = next(iter(profiles.values()))[0].numel()
     positions = torch.arange(T)
-    uniform = (
-        causal_mask(positions, positions).float() / (positions + 1)[:, None]
-    )  # evenly over j <= i: 1/(i + 1)
+    uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # 1/(i + 1) for j <= i
+    baseline = attention_by_distance(uniform).numpy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
         for pos, profile in profiles.items():
             ax.semilogy(profile[layer].numpy(), label=pos)
-        ax.semilogy(
-            attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i"
-        )
+        ax.semilogy(baseline, color="grey", linestyle="--", label="uniform over j <= i")
         ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
         ax.set_xlabel("distance i - j (tokens)")
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("mean attention probability")
     axes[1].legend()
     fig.tight_layout()
-    return paths + [save(fig, out / "attention_distance.png")]
+    return paths + [instruments.save_figure(fig, out / "attention_distance.png")]
 
 
 def figure_probe(out, checkpoints=None, **_):
-    """The probe lives in its own entry point: run it as a user would (a subprocess), which draws the figure."""
-    run_python(
-        [
-            "-m",
-            "demo.probe",
-            f"--figure={out.resolve() / 'probe.png'}",
-            *([f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else []),
-        ]
-    )
+    """The probe is its own entry point: run as a user would (a subprocess), it draws the figure."""
+    given = [f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else []
+    run_python(["-m", "demo.probe", f"--figure={out.resolve() / 'probe.png'}", *given])
     return [out / "probe.png"]
-
-
-# -----------------------------------------------------------------------------
-# Extrapolation: read from the study's CSV
 
 
 SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
@@ -305,18 +247,14 @@ def read_extrapolation(path):
         try:
             return float(text)
         except (TypeError, ValueError):
-            return float("nan")
+            return math.nan
 
     curves = {}
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
-            curves.setdefault(key, []).append(
-                {
-                    name: number(row.get(name))
-                    for name in ("block_size", "length", "loss", "loss_beyond", "stderr")
-                }
-            )
+            columns = ("block_size", "length", "loss", "loss_beyond", "stderr")
+            curves.setdefault(key, []).append({name: number(row.get(name)) for name in columns})
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in curves.items()}
 
 
@@ -328,32 +266,25 @@ def figure_extrapolation(out, csv_path, **_):
             "the other figures are made"
         )
         return []
-    plt = pyplot()
-    # the first seed's runs only: a study with --seeds N names the others *_seedS, and its table gives their spread
+    plt = instruments.pyplot()
+    # the first seed's runs only: a study with --seeds N names the others *_seedS (its table gives the spread)
     curves = {key: rows for key, rows in read_extrapolation(path).items() if not SEED_FOLDER.search(key[0])}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
         lengths = [r["length"] for r in rows]
         label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
-        style = {
-            "color": colors[i % len(colors)],
-            "marker": "o",
-            "markersize": 3,
-            "capsize": 2,
-            "label": f"{label} ({Path(checkpoint).name})",
-        }
-        axes[0].errorbar(lengths, [r["loss"] for r in rows], yerr=[r["stderr"] for r in rows], **style)
-        axes[1].plot(
-            lengths, [r["loss_beyond"] for r in rows], **{k: v for k, v in style.items() if k != "capsize"}
-        )
-    block_sizes = sorted(
-        {r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])}
-    )
-    for ax, title in zip(
-        axes, ("validation loss over the whole window", "loss at positions past the trained length")
-    ):
-        for block_size in block_sizes:
+        style = dict(color=colors[i % len(colors)], marker="o", markersize=3)
+        style["label"] = f"{label} ({Path(checkpoint).name})"
+        losses, errors = [r["loss"] for r in rows], [r["stderr"] for r in rows]
+        axes[0].errorbar(lengths, losses, yerr=errors, capsize=2, **style)
+        axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **style)
+    block_sizes = {
+        r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])
+    }
+    titles = ("validation loss over the whole window", "loss at positions past the trained length")
+    for ax, title in zip(axes, titles):
+        for block_size in sorted(block_sizes):
             ax.axvline(block_size, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length (tokens); dashed: trained length")
@@ -363,10 +294,7 @@ def figure_extrapolation(out, csv_path, **_):
     fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7)
     fig.suptitle(f"Extrapolation, read from {path.name}")
     fig.tight_layout(rect=(0, 0, 0.74, 1))
-    return [save(fig, out / "extrapolation.png")]
-
-
-# -----------------------------------------------------------------------------
+    return [instruments.save_figure(fig, out / "extrapolation.png")]
 
 
 def make(cfg, log=print):
@@ -380,19 +308,12 @@ def make(cfg, log=print):
         folders = model_dirs(POS_SCHEMES, cfg.checkpoints, log)
         shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
         log(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
-    makers = {
-        "sinusoidal": figure_sinusoidal,
-        "rope_decay": figure_rope_decay,
-        "qk_terms": figure_qk_terms,
-        "attention": figure_attention,
-        "extrapolation": figure_extrapolation,
-        "probe": figure_probe,
-    }
     written = []
     for name in names:
         started = time.perf_counter()
         torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
-        paths = makers[name](out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
+        make_figure = globals()[f"figure_{name}"]
+        paths = make_figure(out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
         for path in paths:
             log(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
         written += paths
@@ -402,9 +323,9 @@ def make(cfg, log=print):
 def main(argv=None):
     with one_line_errors("demo/figures.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         try:
-            pyplot()
+            instruments.pyplot()
         except ImportError:
             raise UserError("matplotlib is not installed: pip install matplotlib") from None
         return make(cfg)

@@ -6,12 +6,10 @@ compare the hidden states, layer by layer, up to the swap.
     python -m demo.permutation --pos=none --no_mask   # NoPE without the mask: the same states up to the swap
     python -m demo.permutation --checkpoint=out/shakespeare_char_rope
 
-For each hidden state (the embedding output, then each block) it prints max |h(man bites dog)[swap] -
-h(dog bites man)|, once over the swapped words and once over the tokens that stay put (" bites "): 0 means the
-model saw the same thing up to the swap (attention is permutation equivariant: lesson section 1). Any position
-scheme, and the causal mask alone, make them differ. The models are the README's runs, `python train.py
---pos=X` in out/shakespeare_char_X (trained first where missing: 1.5-2.5 minutes each on 2 CPU cores, announced
-before it starts), or those in --checkpoints DIR, or the one --checkpoint names.
+Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped words / over the tokens that
+stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
+section 1); any position scheme, or the causal mask alone, makes them differ. The models are the README's
+runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint.
 """
 
 import sys
@@ -19,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from measure.instruments import describe, load, swap_differences, swap_permutation, use_one_thread
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.runs import model_dirs
@@ -40,42 +38,34 @@ class PermutationConfig:
     def __post_init__(self):
         words = self.sentence.split(" ")
         if len(words) != 3 or not all(words):
-            raise ValueError(
-                f"sentence must be three words separated by single spaces, got {self.sentence!r}"
-            )
+            raise ValueError(f"sentence must be three words between single spaces, got {self.sentence!r}")
         if self.checkpoint and (self.pos != "all" or self.checkpoints):
             raise ValueError("--checkpoint names one model: leave out --pos and --checkpoints")
 
 
 def parse_args(argv=None):
-    values = parse_flags(
-        argv,
-        "demo/permutation.py",
-        __doc__,
-        [("demo", PermutationConfig, None)],
-        choices={"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)},
-    )
+    choices = {"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)}
+    sections = [("demo", PermutationConfig, None)]
+    values = parse_flags(argv, "demo/permutation.py", __doc__, sections, choices=choices)
     return PermutationConfig(**values)
 
 
 def pieces(tokenizer, sentence):
-    """Token ids of [first word, the middle, last word]. GPT-2 BPE writes a word after a space as one token with
-    the space (" dog"), so there every word gets a leading space; then both words are pieces of the same form,
-    and the swapped sentence is the same tokens with the first and last piece exchanged."""
+    """Token ids of [first word, the middle, last word]. GPT-2 BPE makes " dog" one token with its space,
+    so there every word gets a leading space: both words are then pieces of the same form, swappable."""
     first, middle, last = sentence.split(" ")
-    texts = (
-        [first, f" {middle} ", last] if tokenizer.name == "char" else [f" {first}", f" {middle}", f" {last}"]
-    )
+    char = tokenizer.name == "char"
+    texts = [first, f" {middle} ", last] if char else [f" {first}", f" {middle}", f" {last}"]
     return [tokenizer.encode(t) for t in texts]
 
 
 def compare(model, tokenizer, sentence, mask=True):
     """-> (rows: one (swapped words max, unchanged max) per hidden state, text, swapped text)"""
     ids = pieces(tokenizer, sentence)
-    perm = swap_permutation(ids)
+    perm = instruments.swap_permutation(ids)
     original = torch.tensor(ids[0] + ids[1] + ids[2])
     words = list(range(len(ids[0]))) + list(range(len(original) - len(ids[2]), len(original)))
-    rows = swap_differences(model, original, original[perm], perm, words, mask)
+    rows = instruments.swap_differences(model, original, original[perm], perm, words, mask)
     return rows, tokenizer.decode(original.tolist()), tokenizer.decode(original[perm].tolist())
 
 
@@ -89,37 +79,27 @@ def number(value):
     return f"{value:.1e}" if value else "0"  # an exact 0 as 0: the states are bit-for-bit equal
 
 
-def layer_names(n_states):
-    return ["embedding"] + [f"block {i}" for i in range(1, n_states)]
-
-
 def report(results, cfg, dtype):
     """results: {label: (rows, text, swapped)} -> the printed table, one column pair per model."""
     labels = list(results)
     _, text, swapped = results[labels[0]]
     mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
+    columns = [[f"{number(a)} / {number(b)}" for a, b in results[label][0]] for label in labels]
+    verdicts = "".join(f"{verdict(results[label][0], dtype):>22}" for label in labels)
     lines = [
         f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
         "each cell: over the swapped words / over the tokens between them, which stay put",
         "",
+        *instruments.state_table(labels, columns, 22),
+        f"{'':<10}{verdicts}",
     ]
-    width = 22
-    lines.append(f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels))
-    n_states = max(len(rows) for rows, _, _ in results.values())
-    for i, name in enumerate(layer_names(n_states)):
-        cells = []
-        for label in labels:
-            rows = results[label][0]
-            cells.append(f"{number(rows[i][0])} / {number(rows[i][1])}" if i < len(rows) else "")
-        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
-    lines.append(f"{'':<10}" + "".join(f"{verdict(results[label][0], dtype):>{width}}" for label in labels))
     return "\n".join(lines)
 
 
 def main(argv=None):
     with one_line_errors("demo/permutation.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         dtype = DTYPES[cfg.dtype]
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
@@ -127,8 +107,8 @@ def main(argv=None):
             folders = model_dirs(list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos], cfg.checkpoints)
         results = {}
         for folder in folders.values():
-            model, tokenizer, ckpt = load(folder, dtype)
-            print(f"pos={model.config.pos:<11} {describe(folder, ckpt)}")
+            model, tokenizer, ckpt = instruments.load(folder, dtype)
+            print(f"pos={model.config.pos:<11} {instruments.describe(folder, ckpt)}")
             results[model.config.pos] = compare(model, tokenizer, cfg.sentence, mask=not cfg.no_mask)
     print()
     print(report(results, cfg, dtype))

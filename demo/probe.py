@@ -2,23 +2,21 @@
 Where does position live? Linear probes read each token's position from the hidden states of a trained model
 of each scheme, layer by layer.
 
-    python -m demo.probe                          # the README's runs out/shakespeare_char_<pos>, trained if missing
+    python -m demo.probe                          # the README's runs, out/shakespeare_char_<pos>
     python -m demo.probe --checkpoints=DIR        # or the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
     python -m demo.probe --figure=docs/figures/probe.png
 
-Two targets per token: its absolute position in the window (0 .. T-1), and its distance back to the latest
-newline (tokens whose window shows no newline before them are left out: the model cannot know it). The probe
-(measure.instruments.probe_positions) is least squares with a small ridge, fit on the first half of the
-validation windows and scored (R^2) on the second half, on the embedding output and after every block. Beside
-each R^2 stands the same probe fit on shuffled targets: what a probe of this size finds in noise (about 0, or
-below). The NoPE model is probed twice, the second time with its causal mask removed: then attention sees a set,
-and position has no way in (lesson section 1). Missing models are trained first, announced before it starts.
+Two targets per token: its position in the window, and its distance back to the latest newline (left out where
+the window shows none). Least squares with a small ridge, fit on the first half of the validation windows and
+scored (R^2) on the second, on the embedding output and after every block; beside each, the same probe on
+shuffled targets (what it finds in noise). NoPE is probed again without its causal mask: attention then sees a
+set, and position has no way in (lesson section 1).
 """
 
 import sys
 from dataclasses import dataclass
 
-from measure.instruments import describe, load, probe_positions, use_one_thread, validation_windows
+from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.runs import model_dirs
@@ -30,9 +28,7 @@ NOPE_UNMASKED = "none, no mask"
 
 @dataclass
 class ProbeConfig:
-    checkpoints: str | None = (
-        None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: the README's runs
-    )
+    checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: README's
     windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
     ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
     figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
@@ -53,40 +49,28 @@ def run_probes(cfg, log=print):
     """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
     results = {}
     for pos, folder in model_dirs(POS_SCHEMES, cfg.checkpoints, log).items():
-        model, tokenizer, ckpt = load(folder)
-        log(f"pos={pos:<11} {describe(folder, ckpt)}")
-        windows = validation_windows(ckpt, cfg.windows)
+        model, tokenizer, ckpt = instruments.load(folder)
+        log(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
+        windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
-        results[pos] = probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
+        results[pos] = instruments.probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
         if pos == "none":
-            results[NOPE_UNMASKED] = probe_positions(model, windows, newline, mask=False, ridge=cfg.ridge)
+            results[NOPE_UNMASKED] = instruments.probe_positions(
+                model, windows, newline, mask=False, ridge=cfg.ridge
+            )
     return results
 
 
 def table(results, target):
     labels = list(results)
-    n_states = max(len(r[target]) for r in results.values())
-    width = 17
-    lines = [
-        f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()",
-        f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels),
-    ]
-    for i in range(n_states):
-        name = "embedding" if i == 0 else f"block {i}"
-        cells = [
-            f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in (results[label][target][i] for label in labels)
-        ]
-        lines.append(f"{name:<10}" + "".join(f"{c:>{width}}" for c in cells))
-    return "\n".join(lines)
+    columns = [[f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in results[x][target]] for x in labels]
+    title = f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()"
+    return "\n".join([title, *instruments.state_table(labels, columns, 17)])
 
 
 def draw(results, path):
     """R^2 per layer, one line per model, its shuffled baseline dotted in the same colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = instruments.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, target in zip(axes, TARGETS):
         for i, (label, result) in enumerate(results.items()):
@@ -104,14 +88,13 @@ def draw(results, path):
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    instruments.save_figure(fig, path)
 
 
 def main(argv=None):
     with one_line_errors("demo/probe.py"):
         cfg = parse_args(argv)
-        use_one_thread()
+        instruments.use_one_thread()
         results = run_probes(cfg)
     for target in TARGETS:
         print()
@@ -121,10 +104,8 @@ def main(argv=None):
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")
         except ImportError:
-            print(
-                "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn",
-                file=sys.stderr,
-            )
+            note = "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn"
+            print(note, file=sys.stderr)
     return results
 
 

@@ -1,25 +1,15 @@
 """
-Instruments for the live demonstrations (python -m demo.permutation, python -m demo.probe) and the figures
-(python -m demo.figures): read what happens inside a trained model. plumbing/runs.py gets the models.
-
-Everything here runs the model's own modules. Hidden states and attention inputs are read with forward hooks
-on GPT's blocks, attention probabilities are recomputed from the layer's own c_attn weights and the rotation or
-mask its position module hands it, and "no mask" is an additive mask of zeros handed to CausalSelfAttention in
-place of the causal one. A test checks each
-instrument against the model's output (tests/test_demo.py), so none of them is a second model.
-
-    hidden_states(model, idx, mask)      -> [embedding output, after block 1, ..., after block L]
-    attention_probabilities(model, idx, layer)   -> (B, n_head, T, T)
-    qk_terms(model, idx, head)           -> the four terms of layer 0's q k^T for a learned-position model
-    swap_differences(model, ids_a, ids_b, perm, mask)   -> per layer, how far apart the two runs are
-    probe_positions(model, windows, newline_id)
-                                         -> R^2 of linear probes for position per layer, and a shuffled baseline
+Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read what happens
+inside a trained model through its own modules. Hidden states and attention inputs come from forward hooks on
+GPT's blocks; attention probabilities are recomputed from the layer's own c_attn and the rotation or mask its
+position module hands it; "no mask" is an additive mask of zeros in place of the causal one.
+tests/test_demo.py checks each instrument against the model's own output.
 """
 
 import inspect
 import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +24,9 @@ from positions import apply_rope, causal_mask
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# -----------------------------------------------------------------------------
-# Trained models
-
-
 def use_one_thread():
-    """One intra-op thread unless OMP_NUM_THREADS says otherwise. These models are tiny (128 dims): extra threads
-    only add synchronisation, and on a shared machine their spin-waits make a forward pass many times slower.
-    tests/conftest.py makes the same choice."""
+    """One intra-op thread unless OMP_NUM_THREADS says otherwise: for these tiny models (128 dims) extra
+    threads only add synchronisation, and their spin-waits slow a shared machine down many times."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
@@ -54,6 +39,33 @@ def describe(out_dir, ckpt):
     return f"{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else out_dir} ({trained})"
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, dpi=110):
+    """The same figure gives the same bytes: no software version or date in the PNG's metadata."""
+    fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    pyplot().close(fig)
+    return path
+
+
+def state_table(labels, columns, width):
+    """Lines of a text table, a column per label and a line per hidden state (embedding, block 1, ...):
+    columns[j][i] is label j's cell at state i."""
+    lines = [f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels)]
+    for i in range(max(map(len, columns))):
+        cells = "".join(f"{c[i] if i < len(c) else '':>{width}}" for c in columns)
+        lines.append(f"{'embedding' if i == 0 else f'block {i}':<10}{cells}")
+    return lines
+
+
 def load(out_dir, dtype=torch.float32):
     """(model on the CPU in eval mode and dtype, tokenizer, checkpoint dict)."""
     model, tokenizer, ckpt = open_model(out_dir)
@@ -61,15 +73,11 @@ def load(out_dir, dtype=torch.float32):
 
 
 def validation_windows(ckpt, n_windows, length=None):
-    """The first n_windows non-overlapping windows of the checkpoint's validation split. -> (n_windows, length)"""
-    data = validation_tokens(ckpt["train_config"]["dataset"])  # an embedded dataset is prepared on first use
+    """The first n_windows non-overlapping windows of the checkpoint's val split. -> (n_windows, length)"""
+    data = validation_tokens(ckpt["train_config"]["dataset"])
     length = length or ckpt["model_config"]["block_size"]
     n_windows = min(n_windows, len(data) // length)
     return torch.from_numpy(data[: n_windows * length].astype(np.int64)).view(n_windows, length)
-
-
-# -----------------------------------------------------------------------------
-# Reading the model: hooks on its own modules
 
 
 def attention_arguments(args, kwargs):
@@ -80,9 +88,8 @@ def attention_arguments(args, kwargs):
 
 
 def unmasked_bias(model, T, device):
-    """The additive mask of attention without the causal mask: the scheme's own score bias (its score_bias hook)
-    at every (query, key) pair of T tokens, future ones too (ALiBi's -m_h (i - j), which the model's mask holds
-    beside the causal -inf), or zeros for the schemes that bias no score. -> (1, n_head or 1, T, T)"""
+    """The additive mask without the causal part: the scheme's own score bias at every (query, key) pair,
+    future ones too (ALiBi's -m_h (i - j)), or zeros where it biases no score. -> (1, n_head or 1, T, T)"""
     positions = torch.arange(T, device=device)
     bias = model.transformer.wpe.score_bias(positions, positions)
     return torch.zeros(1, 1, T, T, device=device) if bias is None else bias
@@ -90,8 +97,7 @@ def unmasked_bias(model, T, device):
 
 @contextmanager
 def unmasked(model):
-    """Every attention layer without the causal mask: each gets unmasked_bias's mask instead of the model's, so
-    every query sees every key (for ALiBi, its bias over all pairs instead of the bias plus the mask's -inf)."""
+    """Every attention layer gets unmasked_bias's mask instead of the model's: every query sees every key."""
 
     def drop_mask(module, args, kwargs):
         arguments = attention_arguments(args, kwargs)
@@ -100,9 +106,8 @@ def unmasked(model):
         arguments.update(mask=unmasked_bias(model, x.size(1), x.device))
         return (), arguments
 
-    handles = [
-        block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h
-    ]
+    blocks = model.transformer.h
+    handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in blocks]
     try:
         yield model
     finally:
@@ -112,18 +117,14 @@ def unmasked(model):
 
 @torch.no_grad()
 def hidden_states(model, idx, mask=True):
-    """The residual stream: what enters block 1 (the embedding output, positions added for the additive
-    schemes), then the output of each block. -> list of n_layer + 1 tensors (B, T, C)"""
+    """The residual stream: the embedding output, then each block's. -> n_layer + 1 tensors (B, T, C)"""
     states = []
     blocks = model.transformer.h
     handles = [blocks[0].register_forward_pre_hook(lambda module, args: states.append(args[0]))]
     handles += [block.register_forward_hook(lambda module, args, out: states.append(out)) for block in blocks]
     try:
-        if mask:
+        with nullcontext() if mask else unmasked(model):
             model(idx)
-        else:
-            with unmasked(model):
-                model(idx)
     finally:
         for handle in handles:
             handle.remove()
@@ -132,8 +133,7 @@ def hidden_states(model, idx, mask=True):
 
 @torch.no_grad()
 def attention_inputs(model, idx, layer):
-    """What the attention of `layer` receives when the model runs on idx: x (after ln_1), rope, mask, input_pos,
-    and the module itself as "self"."""
+    """The arguments the attention of `layer` receives on idx (x after ln_1, rope, mask, ...), and "self"."""
     seen = {}
 
     def grab(module, args, kwargs):
@@ -154,8 +154,8 @@ def split_heads(t, n_head):
 
 @torch.no_grad()
 def attention_probabilities(model, idx, layer):
-    """softmax(q k^T / sqrt(hs) + bias) of one layer, from its own c_attn and the rotation or bias the position
-    module gave it (Vaswani et al. 2017, eq. 1). -> (B, n_head, T, T), rows sum to 1, zero above the diagonal."""
+    """softmax(q k^T / sqrt(hs) + mask) of one layer (Vaswani et al. 2017, eq. 1), from its own c_attn and the
+    rotation or mask its position module gave it. -> (B, n_head, T, T), zero above the diagonal"""
     inputs = attention_inputs(model, idx, layer)
     attn, x, rope, mask = inputs["self"], inputs["x"], inputs["rope"], inputs["mask"]
     T, C = x.size(1), x.size(2)
@@ -164,9 +164,7 @@ def attention_probabilities(model, idx, layer):
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if (
-        mask is not None
-    ):  # the additive mask the layer got: a bias holding the causal -inf, or unmasked_bias's
+    if mask is not None:  # additive: the causal -inf (and the scheme's bias), or unmasked_bias's
         scores = scores + mask
     else:  # plain causal attention: query i sees keys j <= i
         positions = torch.arange(T, device=x.device)
@@ -176,28 +174,24 @@ def attention_probabilities(model, idx, layer):
 
 @torch.no_grad()
 def qk_terms(model, idx, head=0):
-    """Layer 0's attention scores of a learned-position model, split into four terms (as in Ke et al. 2021, TUPE):
-    x = e + p (token plus position embedding) gives q k^T = (q_e + q_p)(k_e + k_p)^T, i.e.
-    token-token + token-position + position-token + position-position.
-
-    ln_1 is not linear, so it is split by its own statistics: with mu and sigma the mean and standard deviation of
-    each token's sum x, LN(x) = g (e - mean(e)) / sigma + g (p - mean(p)) / sigma, exactly (bias=False, no shift).
-    W_q and W_k of the head are applied to each part, so the four terms add up to the scores q k^T exactly
-    (before the 1/sqrt(hs) scale and the mask). -> dict name -> (T, T), for the first sequence of idx."""
+    """Layer 0's scores q k^T of a learned-position model split into four terms (Ke et al. 2021, TUPE):
+    x = e + p gives (q_e + q_p)(k_e + k_p)^T = token-token + token-position + position-token +
+    position-position. ln_1 is split by the statistics of the sum, exactly with bias=False:
+    LN(x) = g (e - mean e) / sigma + g (p - mean p) / sigma. The terms add up to q k^T before scale and mask.
+    -> {name: (T, T)} for the first sequence of idx"""
     if model.config.pos != "learned" or model.config.bias:
         raise ValueError("the four-term split needs pos=learned and bias=False (train.py's default)")
     block, T = model.transformer.h[0], idx.size(1)
     e = model.transformer.wte(idx[:1])[0]  # (T, C)
     p = model.transformer.wpe.weight[:T]
-    ln = block.ln_1
-    x = e + p
+    ln, x = block.ln_1, e + p
     sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
 
     def normalised(part):  # this part's share of LN(x)
         return ln.weight * (part - part.mean(dim=-1, keepdim=True)) / sigma
 
-    C, nh = x.size(1), block.attn.n_head
-    hs = C // nh
+    C = x.size(1)
+    hs = C // block.attn.n_head
     w_q, w_k, _ = block.attn.c_attn.weight.split(C, dim=0)
     rows = slice(head * hs, (head + 1) * hs)
     q = {name: normalised(part) @ w_q[rows].T for name, part in (("token", e), ("position", p))}
@@ -206,7 +200,7 @@ def qk_terms(model, idx, head=0):
 
 
 # -----------------------------------------------------------------------------
-# The permutation demonstration
+# The permutation demonstration and the probe (course exercises: keep names, signatures and contracts)
 
 
 def swap_permutation(pieces):
@@ -219,24 +213,19 @@ def swap_permutation(pieces):
 
 @torch.no_grad()
 def swap_differences(model, ids, swapped_ids, perm, words, mask=True):
-    """For each layer, max |h(swapped)[perm^-1] - h(ids)| over the positions of the swapped words and over the
-    unchanged ones: 0 means the two runs coincide up to the swap (equivariance). swapped_ids = ids[perm].
+    """For each hidden state, max |h(swapped)[perm^-1] - h(ids)| over the positions of the swapped words and
+    over the unchanged ones: 0 means the runs coincide up to the swap (equivariance). swapped_ids = ids[perm].
     -> list of (words max, unchanged max), one per hidden state"""
     assert torch.equal(swapped_ids, ids[perm]), "the swapped sentence must be a permutation of the tokens"
     inverse = torch.argsort(perm)
     rest = torch.ones(len(ids), dtype=torch.bool)
     rest[words] = False
     out = []
-    for h, h_swapped in zip(
-        hidden_states(model, ids[None], mask), hidden_states(model, swapped_ids[None], mask)
-    ):
+    states = zip(hidden_states(model, ids[None], mask), hidden_states(model, swapped_ids[None], mask))
+    for h, h_swapped in states:
         gap = (h_swapped[0, inverse] - h[0]).abs().amax(dim=-1)  # (T,): row i is token i of the original
         out.append((gap[words].max().item(), gap[rest].max().item() if rest.any() else 0.0))
     return out
-
-
-# -----------------------------------------------------------------------------
-# The probe: where does position live?
 
 
 def probe_targets(windows, newline_id):
@@ -251,7 +240,7 @@ def probe_targets(windows, newline_id):
 
 
 def fit_ridge(X, y, ridge):
-    """Least squares with a small ridge, on centred data (the intercept unpenalised). -> (weights, intercept)"""
+    """Least squares with a small ridge, on centred data (intercept unpenalised). -> (weights, intercept)"""
     mean_x, mean_y = X.mean(dim=0), y.mean()
     Xc = X - mean_x
     gram = Xc.T @ Xc
@@ -261,19 +250,18 @@ def fit_ridge(X, y, ridge):
 
 
 def r_squared(y, prediction):
-    """R^2 = 1 - sum (y - prediction)^2 / sum (y - mean y)^2, as a Python float: the share of y's variance the
-    probe explains, so that probes of different targets compare. 1 is a perfect fit, 0 no better than predicting
-    the mean, and below 0 worse than that (it can be, on held-out windows)."""
+    """R^2 = 1 - sum (y - prediction)^2 / sum (y - mean y)^2, as a Python float: the share of y's variance
+    explained. 1 is a perfect fit, 0 no better than the mean, below 0 worse (possible on held-out windows)."""
     return 1.0 - ((y - prediction) ** 2).sum().item() / ((y - y.mean()) ** 2).sum().item()
 
 
 def probe_score(features, target, fit_rows, ridge=1e-3, seed=0):
-    """R^2 on held-out windows of a linear probe fit on the others, and the same probe fit on shuffled targets
-    (the baseline: what a probe of this size finds in noise). features (N, T, C), target (N, T), fit_rows (N,)."""
+    """(R^2 on held-out windows of a linear probe fit on the others, the same on shuffled targets: what a
+    probe of this size finds in noise). features (N, T, C), target (N, T) (NaN: left out), fit_rows (N,)."""
     X_fit, y_fit = features[fit_rows], target[fit_rows]
     X_test, y_test = features[~fit_rows], target[~fit_rows]
-    keep_fit, keep_test = ~y_fit.isnan(), ~y_test.isnan()
-    X_fit, y_fit, X_test, y_test = X_fit[keep_fit], y_fit[keep_fit], X_test[keep_test], y_test[keep_test]
+    X_fit, y_fit = X_fit[~y_fit.isnan()], y_fit[~y_fit.isnan()]
+    X_test, y_test = X_test[~y_test.isnan()], y_test[~y_test.isnan()]
     scores = []
     for y in (y_fit, y_fit[torch.randperm(len(y_fit), generator=torch.Generator().manual_seed(seed))]):
         w, b = fit_ridge(X_fit, y, ridge)
@@ -282,9 +270,9 @@ def probe_score(features, target, fit_rows, ridge=1e-3, seed=0):
 
 
 def probe_positions(model, windows, newline_id, mask=True, ridge=1e-3):
-    """Linear probes for each token's position and its distance to the latest newline, from every hidden state
-    (embedding output and after each block), fit on the first half of the windows and scored on the second half.
-    -> {"position": [(R^2, shuffled R^2) per layer], "newline": [...]}"""
+    """Linear probes for each token's position and distance to the latest newline from every hidden state,
+    fit on the first half of the windows, scored on the second. -> {"position": [(R^2, shuffled R^2)],
+    "newline": [...]}, one pair per hidden state"""
     states = [h.double() for h in hidden_states(model, windows, mask)]
     position, distance = probe_targets(windows, newline_id)
     fit_rows = torch.arange(len(windows)) < len(windows) // 2

@@ -1,16 +1,12 @@
 """
-Passkey retrieval: does a checkpoint find a key stated L tokens back? eval_length.py --task=passkey measures it.
+Passkey retrieval (eval_length.py --task=passkey): does a checkpoint find a key stated L tokens back?
 
     tokens, answer_start = passkey_batch(stoi, length=256, depth=0.5, trials=50, seed=0)
-    guesses = answers_by_forward(model, tokens, answer_start)        # (trials, 5): one pass, argmax at each digit
-    guesses = answers_by_greedy(model, tokens, answer_start)         # the same by greedy decoding, KV cache
-    correct = (guesses == tokens[:, answer_start:]).all(1)
-    wilson_interval(int(correct.sum()), len(correct))                # its 95% interval
+    correct = count_correct(model, tokens, answer_start)   # all five digits the argmax, in one forward pass
+    wilson_interval(correct, 50)                           # its 95% interval
 
-The two ways agree on exact match: the five digits are all the argmax given the true digits before them exactly
-when greedy decoding writes the five (tests/test_retrieval.py); the forward pass is the one measured, in the same
-exact full passes as eval_length's loss (with dynamic NTK the cache keeps keys rotated for shorter lengths, so
-greedy decoding there is another model).
+Exact match by one forward pass equals greedy decoding's (answers_by_greedy; tests/test_retrieval.py), and is
+what is measured: with dynamic NTK the KV cache keeps keys rotated for shorter lengths, another model.
 """
 
 import math
@@ -25,8 +21,8 @@ Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
 def wilson_interval(correct, trials, z=Z_95):
-    """Wilson's score interval for a binomial proportion (Wilson 1927): unlike the normal approximation it stays
-    inside [0, 1] and is not empty at 0 or all correct. -> (low, high); (0, 1) for no trials."""
+    """Wilson's score interval for a binomial proportion (Wilson 1927): unlike the normal approximation it
+    stays inside [0, 1] and is not empty at 0 or all correct. -> (low, high); (0, 1) for no trials."""
     if trials == 0:
         return 0.0, 1.0
     p = correct / trials
@@ -36,10 +32,9 @@ def wilson_interval(correct, trials, z=Z_95):
 
 
 def passkey_batch(stoi, length, depth, trials, seed):
-    """`trials` evaluation samples read in `length` tokens with the key at `depth`: length + 1 characters, the last
-    digit a target only, as a training sample of block_size + 1 fills a window of T (the answer at the same
-    positions at L = T). Fresh keys and filler drawn from (seed, length, depth): the same every run, and apart from
-    training's (data/passkey/task.py). -> (tokens (trials, length + 1) int64, index of the answer's first digit)"""
+    """`trials` evaluation samples of length + 1 characters with the key at `depth` (the last digit a target
+    only, as in training), keys and filler drawn from (seed, length, depth), apart from training's.
+    -> (tokens (trials, length + 1) int64, index of the answer's first digit)"""
     rng = np.random.default_rng([seed, length, round(depth * 1000)])
     samples = [eval_sample(rng, length + 1, depth) for _ in range(trials)]
     tokens = torch.tensor([[stoi[c] for c in s.text] for s in samples], dtype=torch.int64)
@@ -48,27 +43,23 @@ def passkey_batch(stoi, length, depth, trials, seed):
 
 @torch.no_grad()
 def answers_by_forward(model, tokens, answer_start, batch_size=50):
-    """The argmax at each answer digit, given the true text before it, in one forward pass per batch of rows.
-    A scheme with a position table (learned) past its length sees, for each digit, the max_len tokens ending
-    before it (its sliding window, as it generates). -> (rows, KEY_DIGITS)"""
+    """The argmax at each answer digit given the true text before it, a forward pass per batch of rows; past a
+    position table (learned), each digit from the max_len tokens before it, as it generates. -> (rows, 5)"""
     inputs = tokens[:, :-1]  # the last digit is only a target
-    where = torch.arange(
-        answer_start - 1, answer_start - 1 + KEY_DIGITS
-    )  # the inputs that predict the digits
+    where = torch.arange(answer_start - 1, answer_start - 1 + KEY_DIGITS)  # the inputs predicting the digits
     limit = model.max_len
     out = []
     for rows in inputs.split(batch_size):
         if limit is None or rows.size(1) <= limit:
-            out.append(model(rows)[0][:, where].argmax(-1))
+            logits = model(rows)[0][:, where]
         else:
-            out.append(
-                torch.stack([model(rows[:, p + 1 - limit : p + 1])[0][:, -1].argmax(-1) for p in where], 1)
-            )
+            logits = torch.stack([model(rows[:, p + 1 - limit : p + 1])[0][:, -1] for p in where], 1)
+        out.append(logits.argmax(-1))
     return torch.cat(out)
 
 
 def answers_by_greedy(model, tokens, answer_start):
-    """The KEY_DIGITS tokens greedy decoding (temperature 0, KV cache) writes after the prompt. -> (rows, KEY_DIGITS)"""
+    """The KEY_DIGITS tokens greedy decoding (KV cache) writes after the prompt. -> (rows, KEY_DIGITS)"""
     prompt = tokens[:, :answer_start]
     return generate_cached(model, prompt, KEY_DIGITS, temperature=0)[:, answer_start:]
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
-from plumbing.memory import forward_bytes, position_table_bytes
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
+from plumbing.memory import forward_bytes, position_table_bytes
 from positions import position_limit
 
 

@@ -1,31 +1,21 @@
 """
-A/B ratios for the model (model.py, positions.py, generation.py), the two sides alternated in one process
-(medians), so that the machine's drift reaches both alike. The model is nanoGPT's CPU recipe (4 layers, 4
-heads, 128 dims, context 64, vocabulary 65, bias off) with random weights.
+A/B ratios for the model (model.py, positions.py, generation.py): both sides in one process, alternated,
+medians (machine drift reaches both alike), on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64,
+vocabulary 65, bias off) with random weights.
 
-    python -m perf.ab --against=5af28a4                    # decoding: model.py at a git revision vs this tree
-    python -m perf.ab --against=e752f8b --measure=train    # training steps, the same comparison
-    python -m perf.ab --module_free                        # decoding: generate_cached vs no nn.Module at all
+    python -m perf.ab --against=5af28a4                  # decoding: model.py at a git revision vs this tree
+    python -m perf.ab --against=e752f8b --measure=train  # training steps, the same comparison
+    python -m perf.ab --module_free                      # decoding: generate_cached vs no nn.Module at all
     python -m perf.ab --against=nanogpt --measure=train --pos=learned   # nanoGPT's structure vs this tree
 
---against=REV: model.py (with positions.py and generation.py where REV has them) loaded from `git show` beside
-this tree's, per --pos; the last column is this tree's speed over the other side's. --measure=decode: tokens/s
-of greedy generate_cached from one token, both sides checked to give the same tokens first. --measure=train:
-ms per optimizer step (forward, backward, clipping at 1.0, AdamW) on 12 x 64 random tokens, --steps per round,
-every scheme of both sides interleaved (with learned, each one's time over learned's).
-
---module_free: this tree's generate_cached against the same transformer as a plain loop of torch functions
-over the model's weights (F.linear, F.layer_norm, SDPA, index_copy_ into a preallocated cache, each scheme's
-position arithmetic written out), per --pos but learned: how much of a decode step is Python and nn.Module
-overhead. Its logits are checked against the model's forward first.
-
---against=nanogpt (a reserved word, not a revision): a model with nanoGPT's structure, written below from its
-description (token plus learned position embedding, pre-LayerNorm blocks without bias, attention split into q,
-k, v with SDPA is_causal=True, an MLP with the exact erf GELU, the lm_head tied to wte), with this tree's
-weights, against GPT(pos=learned) in training steps (nanoGPT has no KV cache). This tree's GELU is GPT-2's
-tanh one: --nanogpt_gelu=tanh gives the reference that one, making the two one network written two ways.
-Before timing, the tanh reference must give this tree's logits and loss to 1e-5; how far the exact GELU moves
-them is printed.
+--against=REV loads REV's model.py (with its positions.py and generation.py) from git beside this tree's.
+--measure=decode: tokens/s of greedy decoding from one token, both sides checked to give the same tokens;
+--measure=train: ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved.
+--module_free: the same transformer as a plain loop of torch functions over the model's weights, checked
+against the model's logits: how much of a decode step is Python and nn.Module overhead.
+--against=nanogpt (a reserved word): nanoGPT's structure, written below (split q, k, v; exact GELU), with
+this tree's weights, training only; --nanogpt_gelu=tanh makes it this tree's network written another way,
+which it must match to 1e-5 before anything is timed.
 """
 
 import copy
@@ -34,6 +24,7 @@ import subprocess
 import sys
 import time
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +44,7 @@ from plumbing.report import markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m perf.ab"
 MEASURES = ("decode", "train")
+RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0)
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
 NANOGPT = "nanogpt"  # --against's reserved word
 NANOGPT_GELUS = ("exact", "tanh")  # nanoGPT's erf GELU, or GPT-2's (this tree's) tanh one
@@ -77,18 +69,14 @@ class ABConfig:
             raise UsageError("--module_free measures decoding only (--measure=decode)")
         if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
             raise UsageError(
-                "--module_free decodes past no position table: give --pos among sinusoidal, rope, alibi, none"
+                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
             )
         if self.against == NANOGPT and self.measure != "train":
-            raise UsageError(
-                "--against=nanogpt times training only (--measure=train): nanoGPT has no KV cache"
-            )
+            raise UsageError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache")
         if self.against == NANOGPT and self.schemes != ("learned",):
             raise UsageError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned")
         if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
-            raise UsageError(
-                "--nanogpt_gelu is the GELU of --against=nanogpt's reference; give --against=nanogpt"
-            )
+            raise UsageError("--nanogpt_gelu is for --against=nanogpt's reference; give --against=nanogpt")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
 
@@ -99,10 +87,7 @@ class ABConfig:
 
 def recipe_model(module, pos):
     torch.manual_seed(0)
-    config = module.GPTConfig(
-        block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0, pos=pos
-    )
-    return module.GPT(config)
+    return module.GPT(module.GPTConfig(**RECIPE, pos=pos))
 
 
 class Side(NamedTuple):
@@ -132,9 +117,8 @@ def module_as(name, module):
 def module_at(revision, path, required=False):
     """REV's `path` run as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
     module up there); None where REV has no such file, a UsageError if it is required."""
-    shown = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True
-    )
+    git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
+    shown = subprocess.run(git, capture_output=True, text=True)
     if shown.returncode != 0:
         if required:
             raise UsageError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})")
@@ -146,9 +130,8 @@ def module_at(revision, path, required=False):
 
 
 def side_at(revision):
-    """model.py at `revision`, importing REV's positions.py where it has one, and its cached generation: REV's
-    generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached before
-    it."""
+    """REV's model.py (importing REV's positions.py where it has one) and generate_cached: from REV's
+    generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached."""
     with module_as("positions", module_at(revision, "positions.py") or positions):
         module = module_at(revision, "model.py", required=True)
     with module_as("model", module):
@@ -243,18 +226,6 @@ class SplitAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
-class ReferenceMLP(nn.Module):
-    def __init__(self, config, gelu):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.gelu = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
 class ReferenceBlock(nn.Module):
     """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
@@ -263,7 +234,14 @@ class ReferenceBlock(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
         self.attn = SplitAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
-        self.mlp = ReferenceMLP(config, gelu)
+        self.mlp = nn.Sequential(  # c_fc, GELU, c_proj, dropout
+            OrderedDict(
+                c_fc=nn.Linear(config.n_embd, 4 * config.n_embd, bias=False),
+                gelu=nn.GELU(approximate="none" if gelu == "exact" else "tanh"),
+                c_proj=nn.Linear(4 * config.n_embd, config.n_embd, bias=False),
+                dropout=nn.Dropout(config.dropout),
+            )
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -271,9 +249,8 @@ class ReferenceBlock(nn.Module):
 
 
 class NanoGPTStructured(nn.Module):
-    """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu:
-    one of NANOGPT_GELUS. Its weights come from this tree's GPT(pos=learned, bias=False) through
-    load_state_dict."""
+    """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu: one
+    of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
 
     def __init__(self, config, gelu="exact"):
         super().__init__()
@@ -290,8 +267,7 @@ class NanoGPTStructured(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight
 
     def forward(self, idx, targets=None):
-        """idx: (B, T) -> logits (B, T, vocab_size), and the mean cross-entropy over all positions with
-        targets."""
+        """idx: (B, T) -> logits (B, T, vocab_size), and with targets the mean cross-entropy."""
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
@@ -303,8 +279,7 @@ class NanoGPTStructured(nn.Module):
 
 
 def nanogpt_structured(model, gelu):
-    """The reference with the weights of `model` (this tree's GPT(pos=learned, bias=False)), copied, not
-    shared."""
+    """The reference with the weights of `model`, this tree's GPT(pos=learned, bias=False): copied, not shared."""
     reference = NanoGPTStructured(model.config, gelu)
     reference.load_state_dict(model.state_dict())
     return reference
@@ -312,8 +287,8 @@ def nanogpt_structured(model, gelu):
 
 @torch.no_grad()
 def nanogpt_matches_or_exit(model, x, y):
-    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5. -> (max |logit
-    change|, |loss change|) that the exact GELU makes."""
+    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5.
+    -> (max |logit change|, |loss change|) that the exact GELU makes."""
     logits, loss = model.train()(x, y)
     change = {}
     for gelu in NANOGPT_GELUS:
@@ -336,10 +311,6 @@ def checked_nanogpt_structured(model, gelu):
     return nanogpt_structured(model, gelu)
 
 
-# -----------------------------------------------------------------------------
-# Timing
-
-
 def cached_sampler(side, model, n_new):
     """A function generating n_new greedy tokens from token 0 with the side's KV cache (-> the new tokens)."""
     prompt = torch.zeros(1, 1, dtype=torch.long)
@@ -348,9 +319,8 @@ def cached_sampler(side, model, n_new):
 
 def training_batch():
     """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
-    batch = torch.randint(
-        0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0)
-    )
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=generator)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
 
 
@@ -443,17 +413,9 @@ def main(argv=None):
             side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
         rows = compare_training(cfg, side_a_model)
         learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
-        vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
+        ms = lambda row, i: f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]
-        cells = [
-            [
-                row[0],
-                f"{row[1]:.1f}{vs_learned(row, 1)}",
-                f"{row[2]:.1f}{vs_learned(row, 2)}",
-                f"{row[1] / row[2]:.2f}x",
-            ]
-            for row in rows
-        ]
+        cells = [[row[0], ms(row, 1), ms(row, 2), f"{row[1] / row[2]:.2f}x"] for row in rows]
     print("\n" + markdown_table(columns, cells))
     return rows
 

@@ -1,22 +1,17 @@
 """
-How fast each position scheme trains and generates on this machine, every figure measured in one process so
-that the ratios between schemes are fair.
+How fast each position scheme trains and generates on this machine, all in one process so that the ratios
+between schemes are fair.
 
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training: median ms per optimizer step (forward, backward, clipping, AdamW over batch_size x block_size x
-grad_accum random tokens, autocast in the config's dtype, compiled with --compile), tokens/s, FLOPs per token
-(6N plus attention) and the share of the peak: the card's bf16 peak on CUDA, a --matmul_size float32 torch.mm
-measured here on CPU. Compile time (the warm-up steps) is reported apart.
-Generation: tokens/s of the KV-cached sampler, of the uncached reference and of compiled decoding, at
---gen_multiples x block_size new tokens, greedy from one token in float32; each sampler must give the
-reference's tokens (a smoke check: tests/test_generation.py checks the logits).
-Memory: peak allocated per scheme on CUDA; elsewhere the process's max RSS so far (a high-water mark).
---config FILE.toml reads a training preset's keys that are flags here (and its dataset's vocabulary size),
-ignoring the rest; flags override it.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention) and the share
+of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU); compile time apart.
+Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
+float32, each checked to give the reference's tokens. Memory: peak allocated per scheme on CUDA, else the
+process's max RSS so far. --config FILE.toml takes a training preset's keys that are flags here.
 """
 
 import hashlib
@@ -131,14 +126,8 @@ def vocab_size_of(dataset):
 
 def parse_args(argv=None):
     """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig."""
-    values = parse_flags(
-        argv,
-        "bench.py",
-        __doc__,
-        [("benchmark", BenchConfig, None)],
-        choices={"dtype": hardware.DTYPES},
-        foreign_keys=True,
-    )
+    sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
+    values = parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True)
     cfg = BenchConfig(**values)
     hardware.check_device(hardware.resolve_device(cfg.device))
     return cfg
@@ -149,18 +138,12 @@ def resolve(cfg):
     device = hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
     compile_ = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    compile_decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
+    rounds = cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1)
     return replace(
-        cfg,
-        device=device,
-        dtype=hardware.resolve_dtype(cfg.dtype, device_type),
-        compile=compile_,
-        compile_decode=compile_ if cfg.compile_decode is None else cfg.compile_decode,
-        rounds=cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1),
+        cfg, device=device, dtype=dtype, compile=compile_, compile_decode=compile_decode, rounds=rounds
     )
-
-
-# -----------------------------------------------------------------------------
-# Clocks, memory, the machine
 
 
 def timed(fn, device):
@@ -357,10 +340,6 @@ def bench_generation(cfg, pos, log):
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
-
-
-# -----------------------------------------------------------------------------
-# Report
 
 
 def training_table(train):

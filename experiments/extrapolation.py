@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -213,10 +212,6 @@ def ensure_passkey_data(block_size):
     return name
 
 
-# -----------------------------------------------------------------------------
-# Evaluating
-
-
 def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure):
     """eval_length.py on one seed's checkpoints at the same token counts. -> its table"""
     lengths = ",".join(f"{round(m * block_size)}t" for m in multiples_of(cfg.lengths))
@@ -244,29 +239,18 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def run_name(checkpoint, seed):
-    """out/passkey_rope_seed1338_ctx256_yarn -> passkey_rope_ctx256_yarn: the run, whatever its seed."""
-    return Path(checkpoint).name.replace(f"_seed{seed}", "")
-
-
-def loss_cells(records, seed):
-    """{(run, method, length): loss} of one seed's eval_length CSV, available cells only."""
+def seed_cells(task, records, seed):
+    """One seed's eval_length CSV as {(run, method, length): loss} (loss) or {...: (correct, trials)} pooled
+    over depths (passkey), available cells only. The run is the folder's name less the seed's suffix."""
     cells = {}
     for r in records:
-        if r["loss"]:
-            cells[run_name(r["checkpoint"], seed), r["scaling"], int(r["length"])] = float(r["loss"])
+        key = (Path(r["checkpoint"]).name.replace(f"_seed{seed}", ""), r["scaling"], int(r["length"]))
+        if task == "loss" and r["loss"]:
+            cells[key] = float(r["loss"])
+        elif task == "passkey" and int(r["trials"]):
+            correct, trials = cells.get(key, (0, 0))
+            cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
     return cells
-
-
-def retrieval_cells(records, seed):
-    """{(run, method, length): (correct, trials)} pooled over depths, of one seed's eval_length CSV."""
-    cells = defaultdict(lambda: [0, 0])
-    for r in records:
-        if int(r["trials"]):
-            cell = cells[run_name(r["checkpoint"], seed), r["scaling"], int(r["length"])]
-            cell[0] += int(r["correct"])
-            cell[1] += int(r["trials"])
-    return {key: tuple(value) for key, value in cells.items()}
 
 
 def ordering(values_by_seed, better):
@@ -375,8 +359,7 @@ def run_study(cfg, argv):
         figure = results / f"{task.name}.png" if i == 0 else None
         table = evaluate(cfg, block_size, runs[seed], seed, csvs[-1], figure)
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        records = read_csv(csvs[-1])
-        per_seed.append(loss_cells(records, seed) if cfg.task == "loss" else retrieval_cells(records, seed))
+        per_seed.append(seed_cells(cfg.task, read_csv(csvs[-1]), seed))
     merge_csv(csvs, results / f"{task.name}.csv")
     seconds = time.perf_counter() - start
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -370,17 +370,11 @@ def generation_table(generation, compiled_note):
     return markdown_table(columns.split("|"), rows)
 
 
-def write_json(path, report):
-    """Rewritten after each scheme, atomically: a run killed while writing keeps the figures it had."""
-    write_output("json", path, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-
-
 def device_peak(cfg):
     """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
     if cfg.device == "cpu":
-        return cpu_matmul_flops(
-            cfg.matmul_size
-        ), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
+        size = cfg.matmul_size
+        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
     if cfg.device.startswith("cuda"):
         return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     return None, "unknown on this device"
@@ -409,9 +403,8 @@ def print_report(report, cfg):
     gpu = report["machine"]["gpu"]
     print(
         f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
-        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, "
-        f"compile={cfg.compile}; "
-        f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
+        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
         f"memory: {report['memory']}; "
         f"compiled decoding: {report['compiled_decoding']}{'' if cfg.compile_decode else ' (off)'}\n"
     )
@@ -428,7 +421,11 @@ def run(cfg, argv):
         torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)
     report = new_report(cfg, argv, *device_peak(cfg))
-    save = (lambda: write_json(cfg.json, report)) if cfg.json else (lambda: None)
+
+    def save():  # rewritten after each scheme, atomically: a run killed while writing keeps what it had
+        if cfg.json:
+            write_output("json", cfg.json, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+
     if cfg.train_steps:
         bench_training(cfg, report["peak_flops"], report["training"], log, save)
     for pos in cfg.schemes if cfg.gen_multiples else ():

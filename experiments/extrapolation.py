@@ -117,14 +117,7 @@ class StudyConfig:
         if self.config is not None and not (ROOT / self.config).is_file():
             raise ValueError(f"config {self.config!r}: no such file; the presets are in configs/")
         self.lengths = self.lengths or TASKS[self.task].lengths
-        try:
-            multiples = multiples_of(self.lengths)
-        except ValueError:
-            multiples = []
-        if not multiples or min(multiples) <= 0:
-            raise ValueError(
-                f"lengths must be positive multiples of T such as 0.5,1,2x, got {self.lengths!r}"
-            )
+        multiples_of(self.lengths)  # checks them
         subfolder = "" if self.config in (None, TASKS[self.task].preset) else Path(self.config).stem
         self.config = self.config or TASKS[self.task].preset
         self.out_root = self.out_root or ("out/study_quick" if self.quick else str(Path("out") / subfolder))
@@ -132,8 +125,14 @@ class StudyConfig:
 
 
 def multiples_of(lengths):
-    """'0.5,1,2x' -> [0.5, 1.0, 2.0]"""
-    return [float(x.strip().lower().removesuffix("x")) for x in lengths.split(",")]
+    """'0.5,1,2x' -> [0.5, 1.0, 2.0]; a ValueError unless every one is a positive number"""
+    try:
+        multiples = [float(x.strip().lower().removesuffix("x")) for x in lengths.split(",")]
+    except ValueError:
+        multiples = [0]
+    if min(multiples) <= 0:
+        raise ValueError(f"lengths must be positive multiples of T such as 0.5,1,2x, got {lengths!r}")
+    return multiples
 
 
 def parse_args(argv=None):

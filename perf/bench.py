@@ -211,14 +211,14 @@ class Trainer:
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
-        self.cfg, self.device = cfg, cfg.device
+        self.cfg = cfg
         self.model = GPT(model_config(cfg, pos)).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
         self.autocast, self.scaler = hardware.precision(cfg)
         batch = lambda: torch.randint(cfg.vocab_size, (cfg.batch_size, cfg.block_size), device=cfg.device)
         self.batches = [(batch(), batch()) for _ in range(cfg.grad_accum)]
-        self.step_seconds, self.warmup_seconds = [], []
+        self.step_seconds, self.warmup_seconds = [], []  # warm-up steps: the first compiles
 
     def step(self):
         for x, y in self.batches:
@@ -231,14 +231,6 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
-
-    def time_steps(self, n, into):
-        """Take n steps, appending each one's seconds to into. -> the last step's loss (None when n is 0)"""
-        loss = None
-        for _ in range(n):
-            seconds, loss = timed(self.step, self.device)
-            into.append(seconds)
-        return loss
 
     def results(self, peak, memory_mb):
         median = statistics.median(self.step_seconds)
@@ -272,9 +264,11 @@ def bench_training(cfg, peak, results, log, save):
                 if cfg.compile and not trainers:  # so that TORCH_LOGS=recompiles shows only real recompiles
                     torch.compiler.reset()
                 reset_peak_memory(cfg.device)
-                trainers[pos] = Trainer(cfg, pos)
-                trainers[pos].time_steps(cfg.warmup_steps, trainers[pos].warmup_seconds)
-            loss = trainers[pos].time_steps(n, trainers[pos].step_seconds)
+                trainers[pos] = t = Trainer(cfg, pos)
+                t.warmup_seconds = [timed(t.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
+            for _ in range(n):  # n >= 1: rounds <= train_steps
+                seconds, loss = timed(trainers[pos].step, cfg.device)
+                trainers[pos].step_seconds.append(seconds)
             if not math.isfinite(loss.item()):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
             if r == len(per_round) - 1:

@@ -26,7 +26,6 @@ import time
 import types
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -100,23 +99,9 @@ class Side(NamedTuple):
 THIS_TREE = Side(current, generate_cached)
 
 
-@contextmanager
-def module_as(name, module):
-    """sys.modules[name] is `module` inside the block, what it was before after it."""
-    saved = sys.modules.get(name)
-    sys.modules[name] = module
-    try:
-        yield
-    finally:
-        if saved is None:
-            del sys.modules[name]
-        else:
-            sys.modules[name] = saved
-
-
-def module_at(revision, path, required=False):
+def module_at(revision, path, imports=None, required=False):
     """REV's `path` run as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
-    module up there); None where REV has no such file, a UsageError if it is required."""
+    module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
     git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
     shown = subprocess.run(git, capture_output=True, text=True)
     if shown.returncode != 0:
@@ -125,17 +110,22 @@ def module_at(revision, path, required=False):
         return None
     name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)
-    exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
+    imports = imports or {}
+    saved = {name: sys.modules[name] for name in imports}  # model and positions: imported above
+    sys.modules.update(imports)
+    try:
+        exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
+    finally:
+        sys.modules.update(saved)
     return module
 
 
 def side_at(revision):
     """REV's model.py (importing REV's positions.py where it has one) and generate_cached: from REV's
     generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached."""
-    with module_as("positions", module_at(revision, "positions.py") or positions):
-        module = module_at(revision, "model.py", required=True)
-    with module_as("model", module):
-        generation = module_at(revision, "generation.py")
+    rev_positions = module_at(revision, "positions.py") or positions
+    module = module_at(revision, "model.py", {"positions": rev_positions}, required=True)
+    generation = module_at(revision, "generation.py", {"model": module})
     if generation is None:
         return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
     return Side(module, generation.generate_cached)
@@ -249,8 +239,8 @@ class ReferenceBlock(nn.Module):
 
 
 class NanoGPTStructured(nn.Module):
-    """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu: one
-    of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
+    """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu:
+    one of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
 
     def __init__(self, config, gelu="exact"):
         super().__init__()
@@ -279,7 +269,7 @@ class NanoGPTStructured(nn.Module):
 
 
 def nanogpt_structured(model, gelu):
-    """The reference with the weights of `model`, this tree's GPT(pos=learned, bias=False): copied, not shared."""
+    """The reference with the weights of `model` (this tree's GPT(pos=learned)): copied, not shared."""
     reference = NanoGPTStructured(model.config, gelu)
     reference.load_state_dict(model.state_dict())
     return reference

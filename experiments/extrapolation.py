@@ -73,15 +73,12 @@ class Task:
     longer: tuple = ()  # (scheme, train.py flags): schemes its own preset trains longer, to learn the task
 
 
+# passkey: NoPE learns to copy last, 11% of keys at T after 3000 steps (docs/extrapolation.md)
+NOPE_LONGER = (("none", ("--max_iters=5000", "--lr_decay_iters=5000")),)
 TASKS = {
     "loss": Task("extrapolation", None, "0.5,1,2,4,8", ("--task=loss", "--batch_size=8")),
-    # NoPE learns to copy last: 11% of keys at T after the preset's 3000 steps (docs/extrapolation.md)
     "passkey": Task(
-        "retrieval",
-        "configs/passkey.toml",
-        "1,2,4,8",
-        ("--task=passkey", "--batch_size=50"),
-        longer=(("none", ("--max_iters=5000", "--lr_decay_iters=5000")),),
+        "retrieval", "configs/passkey.toml", "1,2,4,8", ("--task=passkey", "--batch_size=50"), NOPE_LONGER
     ),
 }
 
@@ -202,8 +199,8 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
 
 
 def ensure_passkey_data(block_size):
-    """data/passkey (T = 64) or data/passkey_ctx{T}, prepared once (python -m data.passkey.prepare); one an
-    older prepare.py made stops the study in one line, before any run starts."""
+    """data/passkey (T = 64) or data/passkey_ctx{T}, prepared once (python -m data.passkey.prepare); stale
+    data stops the study in one line (load_meta), before any run starts."""
     name = default_name(block_size)
     if not (ROOT / "data" / name / "meta.json").is_file():
         run_python(["-m", "data.passkey.prepare", f"--block_size={block_size}"])

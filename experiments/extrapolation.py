@@ -88,10 +88,8 @@ class StudyConfig:
     task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
     config: str | None = None  # the base runs' train.py preset; None: the task's
     seeds: int = 1  # training seeds per run: 1337, 1338, ...; tables give their mean and spread
-    # out_root None: out (out/study_quick with --quick, out/<preset> with another --config than the task's)
-    out_root: str | None = None  # checkpoint folder
-    # results None: docs (docs/<preset> with another --config than the task's; out_root with --quick)
-    results: str | None = None  # folder for the CSV, figure and table
+    out_root: str | None = None  # folder; None: out, out/<preset> (other preset), out/study_quick (--quick)
+    results: str | None = None  # results folder; None: docs, docs/<preset> (other preset), out_root (--quick)
     retrain: bool = False  # train and fine-tune again even where a checkpoint exists
     max_iters: int = 200  # fine-tuning steps at 4 x T (Peng et al. 2023 fine-tune YaRN for 400 steps)
     learning_rate: float = 3e-4  # fine-tuning peak learning rate, under pretraining's 1e-3 (Chen et al. 2023)

@@ -1,41 +1,21 @@
 """
-A/B ratios for the model (model.py, positions.py, generation.py), measured in one process (the two sides
-alternated, medians), so that the machine's drift reaches both sides alike: what a change to the model bought, and
-where a decode step's time goes.
-The model is nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65, bias off), random
-weights.
+A/B ratios for the model (model.py, positions.py, generation.py): both sides in one process, alternated,
+medians (machine drift reaches both alike), on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64,
+vocabulary 65, bias off) with random weights.
 
-    python -m perf.ab --against=5af28a4                    # decoding: model.py at that git revision vs this tree
-    python -m perf.ab --against=e752f8b --measure=train    # training steps, the same comparison
-    python -m perf.ab --module_free                        # decoding: generate_cached vs no nn.Module at all
-    python -m perf.ab --against=nanogpt --measure=train --pos=learned   # training: nanoGPT's structure vs this tree
+    python -m perf.ab --against=5af28a4                  # decoding: model.py at a git revision vs this tree
+    python -m perf.ab --against=e752f8b --measure=train  # training steps, the same comparison
+    python -m perf.ab --module_free                      # decoding: generate_cached vs no nn.Module at all
+    python -m perf.ab --against=nanogpt --measure=train --pos=learned   # nanoGPT's structure vs this tree
 
---against=REV: model.py as committed at REV (loaded from `git show`, beside this tree's, with REV's generation.py
-where it has one) against this tree's, per --pos; the last column is this tree's speed over the other side's.
---measure=decode: tokens/s of greedy generate_cached from one token, the two sides checked to give the same
-tokens before anything is timed.
---measure=train: ms per optimizer step (forward, backward, gradient clipping at 1.0, AdamW) on a batch of
-12 x 64 random tokens, --steps per round, every scheme of both sides interleaved; with learned and other
-schemes, each one's step time over learned's too.
-
---module_free: this tree's generate_cached against the same transformer written as a plain loop of torch
-functions over the model's own weights (F.linear, F.layer_norm, SDPA, index_copy_ into a preallocated cache)
-that calls no module and keeps no per-step bookkeeping (each scheme's position arithmetic written out: the
-sinusoidal table, RoPE's rotation, ALiBi's bias), per --pos but learned. Its logits at every step are checked
-against the model's forward first (on a copy with sharper attention, where positions move them); then it
-measures how much of a decode step is Python and nn.Module overhead.
-
---against=nanogpt (a reserved word, never read as a git revision): a model with nanoGPT's structure against this
-tree's GPT(pos=learned), in training steps (--measure=train --pos=learned; decoding is refused, nanoGPT has no KV
-cache). No copy of nanoGPT is needed: the reference is written below, from nanoGPT's description: token plus
-learned position embedding; pre-LayerNorm blocks whose LayerNorm has no bias (F.layer_norm); attention as c_attn,
-split into q, k and v, each viewed into heads and transposed, SDPA with is_causal=True, c_proj; an MLP with the
-exact (erf) GELU; the lm_head tied to the token embedding; cross-entropy over all positions. It starts from this
-tree's weights (GPT-2's initialisation; the parameter names are GPT-2's on both sides). This tree's GELU is GPT-2's
-tanh approximation, so --nanogpt_gelu=tanh gives the reference that one: the two are then one network written two
-ways, and what is left of the difference is not the GELU. Before anything is timed, the reference with the tanh
-GELU must give this tree's logits and loss on the training batch to 1e-5 (else nothing is timed); how far the exact
-GELU moves them is printed.
+--against=REV loads REV's model.py (with its positions.py and generation.py) from git beside this tree's.
+--measure=decode: tokens/s of greedy decoding from one token, both sides checked to give the same tokens;
+--measure=train: ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved.
+--module_free: the same transformer as a plain loop of torch functions over the model's weights, checked
+against the model's logits: how much of a decode step is Python and nn.Module overhead.
+--against=nanogpt (a reserved word): nanoGPT's structure, written below (split q, k, v; exact GELU), with
+this tree's weights, training only; --nanogpt_gelu=tanh makes it this tree's network written another way,
+which it must match to 1e-5 before anything is timed.
 """
 
 import copy
@@ -44,8 +24,8 @@ import subprocess
 import sys
 import time
 import types
+from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -62,21 +42,16 @@ from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m perf.ab"
-
 MEASURES = ("decode", "train")
+RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0)
 TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
-NANOGPT = "nanogpt"  # --against's reserved word: the reference with nanoGPT's structure, not a git revision
-NANOGPT_GELUS = (
-    "exact",
-    "tanh",
-)  # the reference's GELU: nanoGPT's erf GELU, or GPT-2's (and this tree's) tanh one
+NANOGPT = "nanogpt"  # --against's reserved word
+NANOGPT_GELUS = ("exact", "tanh")  # nanoGPT's erf GELU, or GPT-2's (this tree's) tanh one
 
 
 @dataclass
 class ABConfig:
-    against: str | None = (
-        None  # a git revision, or nanogpt (a reserved word): nanoGPT's structure, training only
-    )
+    against: str | None = None  # a git revision, or nanogpt: nanoGPT's structure, training only
     module_free: bool = False  # this tree's generate_cached against a loop that calls no nn.Module
     measure: str = "decode"  # what --against compares: decode (tokens/s) or train (ms per optimizer step)
     pos: str = "rope,sinusoidal,alibi,none"  # schemes, comma-separated
@@ -91,21 +66,16 @@ class ABConfig:
             raise UsageError("give exactly one of --against=REV and --module_free")
         if self.module_free and self.measure != "decode":
             raise UsageError("--module_free measures decoding only (--measure=decode)")
-        # self.schemes checks the names: a one-line error now, not after a revision is loaded
-        if "learned" in self.schemes and self.module_free:
+        if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
             raise UsageError(
-                "--module_free decodes past no position table: give --pos among sinusoidal, rope, alibi, none"
+                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
             )
         if self.against == NANOGPT and self.measure != "train":
-            raise UsageError(
-                "--against=nanogpt times training only (--measure=train): nanoGPT has no KV cache"
-            )
+            raise UsageError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache")
         if self.against == NANOGPT and self.schemes != ("learned",):
             raise UsageError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned")
         if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
-            raise UsageError(
-                "--nanogpt_gelu is the GELU of --against=nanogpt's reference; give --against=nanogpt"
-            )
+            raise UsageError("--nanogpt_gelu is for --against=nanogpt's reference; give --against=nanogpt")
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
             raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
 
@@ -116,14 +86,11 @@ class ABConfig:
 
 def recipe_model(module, pos):
     torch.manual_seed(0)
-    config = module.GPTConfig(
-        block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0, pos=pos
-    )
-    return module.GPT(config)
+    return module.GPT(module.GPTConfig(**RECIPE, pos=pos))
 
 
 class Side(NamedTuple):
-    """One side of a comparison: a model module and the generate_cached(model, idx, max_new_tokens, ...) for it."""
+    """One side of a comparison: a model module and its generate_cached(model, idx, max_new_tokens, ...)."""
 
     module: types.ModuleType
     generate: Callable
@@ -132,83 +99,48 @@ class Side(NamedTuple):
 THIS_TREE = Side(current, generate_cached)
 
 
-def git_show(revision, path):
-    return subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True
-    )
-
-
-def module_from_source(name, source, origin):
-    """A fresh module `name` running `source`, registered in sys.modules (dataclasses look their module up there)."""
+def module_at(revision, path, imports=None, required=False):
+    """REV's `path` run as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
+    module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
+    git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
+    shown = subprocess.run(git, capture_output=True, text=True)
+    if shown.returncode != 0:
+        if required:
+            raise UsageError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})")
+        return None
+    name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)
-    exec(compile(source, origin, "exec"), module.__dict__)
+    imports = imports or {}
+    saved = {name: sys.modules[name] for name in imports}  # model and positions: imported above
+    sys.modules.update(imports)
+    try:
+        exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
+    finally:
+        sys.modules.update(saved)
     return module
 
 
-@contextmanager
-def module_as(name, module):
-    """sys.modules[name] is `module` inside the block, what it was before after it."""
-    saved = sys.modules.get(name)
-    sys.modules[name] = module
-    try:
-        yield
-    finally:
-        if saved is None:
-            del sys.modules[name]
-        else:
-            sys.modules[name] = saved
-
-
 def side_at(revision):
-    """model.py as committed at `revision` (this repository's own history), and its cached generation: REV's
-    generation.py where it has one, else the method GPT.generate_cached that came before it."""
-    model_source = git_show(revision, "model.py")
-    if model_source.returncode != 0:
-        raise UsageError(
-            f"--against={revision}: git show found no model.py there ({model_source.stderr.strip()})"
-        )
-    positions_source = git_show(
-        revision, "positions.py"
-    )  # REV's position schemes, where model.py imports them
-    if positions_source.returncode == 0:
-        rev_positions = module_from_source(
-            "positions_at_revision", positions_source.stdout, f"{revision}:positions.py"
-        )
-        with module_as("positions", rev_positions):
-            module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
-    else:
-        module = module_from_source("model_at_revision", model_source.stdout, f"{revision}:model.py")
-    generation_source = git_show(revision, "generation.py")
-    if generation_source.returncode != 0:
+    """REV's model.py (importing REV's positions.py where it has one) and generate_cached: from REV's
+    generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached."""
+    rev_positions = module_at(revision, "positions.py") or positions
+    module = module_at(revision, "model.py", {"positions": rev_positions}, required=True)
+    generation = module_at(revision, "generation.py", {"model": module})
+    if generation is None:
         return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
-    # its `from model import ...` runs now, at the top of the source, and must get REV's model.py, not this tree's
-    with module_as("model", module):
-        generation = module_from_source(
-            "generation_at_revision", generation_source.stdout, f"{revision}:generation.py"
-        )
     return Side(module, generation.generate_cached)
 
 
 @torch.inference_mode()
 def module_free_generate(model, n_new, logits=None):
-    """Greedy decoding from token 0 with the model's weights and position tables and no module calls (bias off).
-    The position schemes' arithmetic is written out with model.py's own functions: the sinusoidal table added to
-    the scaled token embedding, RoPE's rotation of q and k, ALiBi's bias over the keys so far. logits: a list to
-    which each step's logits (B, vocab) are appended."""
+    """Greedy decoding from token 0 with the model's weights and position tables and no module calls (bias
+    off): the sinusoidal table added to the scaled token embedding, RoPE's rotation of q and k, ALiBi's bias
+    over the keys so far. logits: a list to which each step's logits (B, vocab) are appended."""
     cfg, pos = model.config, model.transformer.wpe
     B, C, n_head = 1, cfg.n_embd, cfg.n_head
     pos.reserve(n_new)
-    layers = [
-        (
-            b.ln_1.weight,
-            b.attn.c_attn.weight,
-            b.attn.c_proj.weight,
-            b.ln_2.weight,
-            b.mlp.c_fc.weight,
-            b.mlp.c_proj.weight,
-        )
-        for b in model.transformer.h
-    ]
+    names = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    layers = [[block.get_submodule(name).weight for name in names] for block in model.transformer.h]
     wte, ln_f = model.transformer.wte.weight, model.transformer.ln_f.weight
     keys = [torch.zeros(B, n_head, n_new, C // n_head) for _ in layers]
     values = [torch.zeros_like(k) for k in keys]
@@ -218,18 +150,15 @@ def module_free_generate(model, n_new, logits=None):
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
-        bias = (
-            positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
-            if cfg.pos == "alibi"
-            else None
-        )
+        bias = None
+        if cfg.pos == "alibi":
+            bias = positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
-            q, k, v = (
-                qkv.unbind(1)
-                if rope is None
-                else (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
-            )
+            if rope is None:
+                q, k, v = qkv.unbind(1)
+            else:
+                q, k, v = (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
             y = F.scaled_dot_product_attention(
@@ -247,9 +176,9 @@ def module_free_generate(model, n_new, logits=None):
 
 
 def module_free_matches_or_exit(pos, model, n_new):
-    """The module-free loop's logits at every step must be the model's own forward over the same tokens, to 1e-4 of
-    their scale. Checked on a copy whose matrices are 10x larger: at GPT-2's initialisation attention is so flat
-    that the logits do not move (by 1e-6) when RoPE or ALiBi is left out, so the model as timed could not tell."""
+    """The module-free loop's logits at every step must be the model's forward's, to 1e-4 of their scale.
+    Checked on a copy with 10x larger matrices: at GPT-2's initialisation attention is so flat that leaving
+    RoPE or ALiBi out moves the logits by 1e-6 only."""
     sharp = copy.deepcopy(model)
     with torch.no_grad():
         for weight in sharp.parameters():
@@ -265,23 +194,11 @@ def module_free_matches_or_exit(pos, model, n_new):
 
 
 # -----------------------------------------------------------------------------
-# --against=nanogpt: a model with nanoGPT's structure, written here from its description (bias off, as the recipe)
-
-
-class BiasFreeLayerNorm(nn.Module):
-    """LayerNorm with a gain and no bias, through F.layer_norm."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n_embd))
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
+# --against=nanogpt: a model with nanoGPT's structure (bias off, as the recipe), GPT-2's parameter names
 
 
 class SplitAttention(nn.Module):
-    """Causal self-attention: c_attn's output split into q, k and v along the channels, each viewed into heads and
-    transposed to (B, nh, T, hs), SDPA with is_causal=True, the heads re-assembled side by side, c_proj."""
+    """c_attn's output split into q, k and v, each viewed into heads (B, nh, T, hs), causal SDPA, c_proj."""
 
     def __init__(self, config):
         super().__init__()
@@ -299,29 +216,22 @@ class SplitAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
-class ReferenceMLP(nn.Module):
-    """c_fc to 4 n_embd, the GELU (gelu: exact, nn.GELU()'s erf form, or GPT-2's tanh approximation), c_proj."""
-
-    def __init__(self, config, gelu):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.gelu = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
 class ReferenceBlock(nn.Module):
     """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, config, gelu):
         super().__init__()
-        self.ln_1 = BiasFreeLayerNorm(config.n_embd)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
         self.attn = SplitAttention(config)
-        self.ln_2 = BiasFreeLayerNorm(config.n_embd)
-        self.mlp = ReferenceMLP(config, gelu)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.mlp = nn.Sequential(  # c_fc, GELU, c_proj, dropout
+            OrderedDict(
+                c_fc=nn.Linear(config.n_embd, 4 * config.n_embd, bias=False),
+                gelu=nn.GELU(approximate="none" if gelu == "exact" else "tanh"),
+                c_proj=nn.Linear(4 * config.n_embd, config.n_embd, bias=False),
+                dropout=nn.Dropout(config.dropout),
+            )
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -329,9 +239,8 @@ class ReferenceBlock(nn.Module):
 
 
 class NanoGPTStructured(nn.Module):
-    """The reference of --against=nanogpt: token plus learned position embedding, the blocks, a final LayerNorm, the
-    lm_head tied to the token embedding, cross-entropy over every position. Parameter names are GPT-2's (as this
-    tree's GPT(pos=learned, bias=False)): its weights come from load_state_dict. gelu: one of NANOGPT_GELUS."""
+    """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu:
+    one of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
 
     def __init__(self, config, gelu="exact"):
         super().__init__()
@@ -341,29 +250,26 @@ class NanoGPTStructured(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
-                ln_f=BiasFreeLayerNorm(config.n_embd),
+                ln_f=nn.LayerNorm(config.n_embd, bias=False),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
     def forward(self, idx, targets=None):
-        """idx: (B, T) -> logits (B, T, vocab_size), and the mean cross-entropy over all positions with targets."""
+        """idx: (B, T) -> logits (B, T, vocab_size), and with targets the mean cross-entropy."""
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = (
-            None
-            if targets is None
-            else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        )
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
 def nanogpt_structured(model, gelu):
-    """The reference with the weights of `model`, this tree's GPT(pos=learned, bias=False): copied, not shared."""
+    """The reference with the weights of `model` (this tree's GPT(pos=learned)): copied, not shared."""
     reference = NanoGPTStructured(model.config, gelu)
     reference.load_state_dict(model.state_dict())
     return reference
@@ -371,15 +277,13 @@ def nanogpt_structured(model, gelu):
 
 @torch.no_grad()
 def nanogpt_matches_or_exit(model, x, y):
-    """The reference with the tanh GELU must give this tree's logits and loss on (x, y) to 1e-5: then it is the same
-    network written another way, and the exact GELU is the one difference left. -> (max |logit change|, |loss
-    change|) that the exact GELU makes, for the record."""
+    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5.
+    -> (max |logit change|, |loss change|) that the exact GELU makes."""
     logits, loss = model.train()(x, y)
-    outputs = {gelu: nanogpt_structured(model, gelu).train()(x, y) for gelu in NANOGPT_GELUS}
-    change = {
-        gelu: ((out[0] - logits).abs().max().item(), (out[1] - loss).abs().item())
-        for gelu, out in outputs.items()
-    }
+    change = {}
+    for gelu in NANOGPT_GELUS:
+        out_logits, out_loss = nanogpt_structured(model, gelu).train()(x, y)
+        change[gelu] = ((out_logits - logits).abs().max().item(), (out_loss - loss).abs().item())
     if not all(c <= 1e-5 for c in change["tanh"]):  # NaN fails too
         raise SystemExit(
             f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
@@ -389,11 +293,10 @@ def nanogpt_matches_or_exit(model, x, y):
 
 
 def checked_nanogpt_structured(model, gelu):
-    """The reference with `gelu` and the weights of `model`, once nanogpt_matches_or_exit has passed (said in a line)"""
     logit_change, loss_change = nanogpt_matches_or_exit(model, *training_batch())
     print(
-        f"checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; the "
-        f"exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}"
+        "checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; "
+        f"the exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}"
     )
     return nanogpt_structured(model, gelu)
 
@@ -406,9 +309,8 @@ def cached_sampler(side, model, n_new):
 
 def training_batch():
     """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
-    batch = torch.randint(
-        0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=torch.Generator().manual_seed(0)
-    )
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=generator)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
 
 
@@ -439,14 +341,8 @@ def alternate(runs, rounds):
     return {name: statistics.median(s) for name, s in seconds.items()}
 
 
-def same_tokens_or_exit(pos, samplers):
-    first, second = (sample() for sample in samplers)
-    if not torch.equal(first, second):
-        raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
-
-
 def compare_decoding(cfg, old_side):
-    """[(pos, side A tok/s, side B tok/s)], side B always this tree's generate_cached."""
+    """[(pos, side A tok/s, this tree's tok/s)]."""
     rows = []
     for pos in cfg.schemes:
         model = recipe_model(current, pos)
@@ -456,7 +352,8 @@ def compare_decoding(cfg, old_side):
         else:
             side_a = cached_sampler(old_side, recipe_model(old_side.module, pos), cfg.new_tokens)
         samplers = {"a": side_a, "b": cached_sampler(THIS_TREE, model, cfg.new_tokens)}
-        same_tokens_or_exit(pos, samplers.values())
+        if not torch.equal(side_a(), samplers["b"]()):
+            raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
         rows.append((pos, cfg.new_tokens / seconds["a"], cfg.new_tokens / seconds["b"]))
     return rows
@@ -465,14 +362,13 @@ def compare_decoding(cfg, old_side):
 def compare_training(cfg, side_a_model):
     """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round.
     side_a_model(pos, this tree's model) -> side A's model for that scheme."""
-    schemes = cfg.schemes
-    models = {("b", pos): recipe_model(current, pos) for pos in schemes}
-    models = {("a", pos): side_a_model(pos, models["b", pos]) for pos in schemes} | models
+    models = {("b", pos): recipe_model(current, pos) for pos in cfg.schemes}
+    models = {("a", pos): side_a_model(pos, models["b", pos]) for pos in cfg.schemes} | models
     runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
     seconds = alternate(runs, cfg.rounds)
-    return [(pos, *(1e3 * seconds[side, pos] / cfg.steps for side in "ab")) for pos in schemes]
+    return [(pos, *(1e3 * seconds[side, pos] / cfg.steps for side in "ab")) for pos in cfg.schemes]
 
 
 def main(argv=None):
@@ -506,20 +402,10 @@ def main(argv=None):
         else:
             side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
         rows = compare_training(cfg, side_a_model)
-        learned = {
-            side: row[side] for row in rows if row[0] == "learned" and len(rows) > 1 for side in (1, 2)
-        }
-        vs_learned = lambda row, side: f" ({row[side] / learned[side]:.2f}x learned)" if learned else ""
+        learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
+        ms = lambda row, i: f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]
-        cells = [
-            [
-                row[0],
-                f"{row[1]:.1f}{vs_learned(row, 1)}",
-                f"{row[2]:.1f}{vs_learned(row, 2)}",
-                f"{row[1] / row[2]:.2f}x",
-            ]
-            for row in rows
-        ]
+        cells = [[row[0], ms(row, 1), ms(row, 2), f"{row[1] / row[2]:.2f}x"] for row in rows]
     print("\n" + markdown_table(columns, cells))
     return rows
 

@@ -1,32 +1,17 @@
 """
-How fast each position scheme trains and generates, on this machine: one table per run, every figure measured
-in the same process so that the ratios between schemes are fair.
+How fast each position scheme trains and generates on this machine, all in one process so that the ratios
+between schemes are fair.
 
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training, per scheme: median ms per optimizer step (forward, backward, gradient clipping and AdamW over
-batch_size x block_size x grad_accum tokens, in the config's dtype under autocast, compiled when --compile says
-so), tokens/s, FLOPs per token (6N plus attention, as MFU counts them) and the share of the device's peak: on
-CUDA the card's bf16 peak from plumbing.hardware.PEAK_FLOPS, on CPU the float32 matmul rate measured here at the start
-(a --matmul_size square torch.mm). Compile time (the first steps) is reported apart and not in the median.
-Batches are random tokens: the step costs the same on any data, and no dataset is needed.
-
-Generation, per scheme: tokens/s of the KV-cached sampler, of the reference that recomputes the whole context
-per token, and of compiled decoding where model.py offers it, at --gen_multiples x block_size new tokens,
-greedy from a 1-token prompt, in float32 as sample.py runs it; every sampler must give the reference's tokens
-(the table says if not: a smoke check, since random weights barely make greedy tokens depend on positions;
-tests/test_generation.py checks the logits).
-
-Memory: on CUDA the peak allocated while each scheme trained or generated; on CPU the process's maximum RSS
-so far, a high-water mark over everything run before it in this process (not a per-scheme figure).
-
---config FILE.toml reads a training preset from configs/: the keys that are flags here (block_size, n_layer,
-n_head, n_embd, dropout, bias, batch_size, grad_accum, device, dtype, compile, and dataset for the vocabulary
-size), checked as the flags are; its training-only keys (learning rate, schedule, evaluation, ...) are ignored.
-Flags override the file.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention) and the share
+of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU); compile time apart.
+Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
+float32, each checked to give the reference's tokens. Memory: peak allocated per scheme on CUDA, else the
+process's max RSS so far. --config FILE.toml takes a training preset's keys that are flags here.
 """
 
 import hashlib
@@ -48,112 +33,78 @@ import torch
 from data.common import available_datasets, dataset_dir, load_meta
 from generation import generate_cached
 from model import GPT, GPTConfig
+from plumbing import hardware
 from plumbing.cli import parse_flags, parse_list
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import (
-    DTYPES,
-    check_device,
-    check_device_name,
-    flops_per_token,
-    peak_flops,
-    precision,
-    resolve_device,
-    resolve_dtype,
-    speed,
-    synchronize,
-)
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
-REPEAT_BUDGET_S = (
-    10.0  # a generation figure stops repeating once its runs took this long: one run is steady enough
-)
+REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 
 
 @dataclass
 class BenchConfig:
-    pos: str = (
-        "all"  # schemes to measure: one (rope), several in the order to run them (learned,rope,alibi), or all
-    )
-    # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), with random weights
+    pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
+    # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
-    vocab_size: int | None = (
-        None  # None: --dataset's vocabulary, or shakespeare_char's 65 characters without one
-    )
-    dataset: str | None = (
-        None  # whose vocabulary to use (a --config preset's): its meta.json, else GPT-2's 50257
-    )
+    vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
+    dataset: str | None = None  # whose vocabulary to use: its meta.json, else GPT-2's 50257
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # model width
-    dropout: float = 0.0  # dropout in training steps (costs time like a real run)
+    dropout: float = 0.0  # dropout in training steps
     bias: bool = False  # biases in Linear and LayerNorm
     # training
     batch_size: int = 12  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
-    warmup_steps: int = (
-        3  # untimed steps first (the first compiles), their time reported as compile time; 0: none
-    )
-    # Rounds: a change in the machine's load then reaches every scheme alike. On CUDA one round keeps one model
+    warmup_steps: int = 3  # untimed first steps, reported as compile time; 0: none
+    # Rounds let a change in the machine's load reach every scheme alike; on CUDA one round keeps one model
     # resident at a time, so each scheme's peak memory is its own.
-    rounds: int | None = (
-        None  # timed steps alternate between the schemes in this many rounds; None: 3 on CPU, else 1
-    )
-    # generation
-    gen_multiples: list[int] = field(
-        default_factory=lambda: [1, 4, 16]
-    )  # new tokens / block_size; none: no generation
-    repeats: int = 3  # timed runs per generation figure, the median reported (fewer once the runs took 10 s)
+    rounds: int | None = None  # steps alternate between schemes in this many rounds; None: 3 on CPU, else 1
+    # generation (--gen_multiples with no value: none)
+    gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size
+    repeats: int = 3  # timed runs per generation figure, the median reported
     reference_max_tokens: int = 1024  # skip the O(n^2) uncached reference past this many new tokens; 0: never
-    compile_decode: bool | None = (
-        None  # also time compiled decoding where model.py offers it; None: as --compile
-    )
+    compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
     # system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
-    compile: bool | None = (
-        None  # torch.compile the training step; None: on CUDA only (on CPU: costs more than it gains)
-    )
-    threads: int | None = None  # torch.set_num_threads; None: torch's default (one per core)
+    compile: bool | None = None  # torch.compile the training step; None: on CUDA only
+    threads: int | None = None  # torch.set_num_threads; None: torch's default
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
-    json: str | None = (
-        None  # write every figure, the machine and the command line to this file (checked first)
-    )
+    json: str | None = None  # write every figure, the machine and the command line to this file
 
     def __post_init__(self):
-        dataset_vocab = vocab_size_of(
-            self.dataset or "shakespeare_char"
-        )  # a bad name is refused even if unused
+        # a bad dataset name is refused even if unused
+        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")
         if self.vocab_size is None:
             self.vocab_size = dataset_vocab
-        for name in ("batch_size", "grad_accum", "repeats", "matmul_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("train_steps", "warmup_steps", "reference_max_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1, threads=1)
+        for name, low in (minimums | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
             raise ValueError(
                 f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
             )
         if any(m < 1 for m in self.gen_multiples):
             raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        check_device_name(self.device)
-        if self.dtype not in DTYPES:  # BenchConfig built in code skips the flag's choices: checked here too
-            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-        for pos in self.schemes:  # known names, each once; then GPTConfig's own checks (n_embd % n_head, ...)
+        hardware.check_device_name(self.device)
+        if self.dtype not in hardware.DTYPES:  # a BenchConfig built in code skips the flag's choices
+            raise ValueError(
+                f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(hardware.DTYPES)}"
+            )
+        for pos in self.schemes:  # GPTConfig's own checks (n_embd % n_head, ...)
             model_config(self, pos)
 
     @property
     def schemes(self):
-        """The schemes to measure, in the order given (a run cut short by a timeout keeps the first ones)."""
         return parse_list("pos", self.pos, POS_SCHEMES, everything="all")
 
 
@@ -161,17 +112,12 @@ def model_config(cfg, pos):
     return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, pos=pos)
 
 
-# -----------------------------------------------------------------------------
-# Flags and presets
-
-
 def vocab_size_of(dataset):
-    """The vocabulary train.py would use for a dataset: its meta.json if prepared, else GPT-2's BPE (every dataset
-    here but shakespeare_char, whose 65 characters are the default). An unknown name is a ValueError."""
+    """The vocabulary train.py would use: the dataset's meta.json if prepared, else GPT-2's (65 characters for
+    shakespeare_char)."""
     if dataset not in available_datasets():
-        raise ValueError(
-            f"dataset={dataset!r} is not a dataset here; choose one of {', '.join(available_datasets())}"
-        )
+        names = ", ".join(available_datasets())
+        raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {names}")
     try:
         return load_meta(dataset_dir(dataset))["vocab_size"]
     except (OSError, UserError):
@@ -179,56 +125,41 @@ def vocab_size_of(dataset):
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig; a bad flag exits
-    with status 2 and one line, a bad value is a ValueError (status 2 in main's handler)."""
-    values = parse_flags(
-        argv,
-        "bench.py",
-        __doc__,
-        [("benchmark", BenchConfig, None)],
-        choices={"dtype": DTYPES},
-        foreign_keys=True,
-    )
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig."""
+    sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
+    values = parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True)
     cfg = BenchConfig(**values)
-    check_device(resolve_device(cfg.device))
+    hardware.check_device(hardware.resolve_device(cfg.device))
     return cfg
 
 
 def resolve(cfg):
     """cfg with every `auto` and None replaced by what this run uses."""
-    device = resolve_device(cfg.device)
+    device = hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
     compile_ = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    compile_decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
+    rounds = cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1)
     return replace(
-        cfg,
-        device=device,
-        dtype=resolve_dtype(cfg.dtype, device_type),
-        compile=compile_,
-        compile_decode=compile_ if cfg.compile_decode is None else cfg.compile_decode,
-        rounds=cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1),
+        cfg, device=device, dtype=dtype, compile=compile_, compile_decode=compile_decode, rounds=rounds
     )
 
 
-# -----------------------------------------------------------------------------
-# Clocks, memory, the machine
-
-
 def timed(fn, device):
-    """(seconds fn() took, its result), waiting for the device's queued work before reading the clock."""
-    synchronize(device)
+    """(seconds fn() took, its result), the device's queued work waited for on both sides."""
+    hardware.synchronize(device)
     start = time.perf_counter()
     out = fn()
-    synchronize(device)
+    hardware.synchronize(device)
     return time.perf_counter() - start, out
 
 
 def cpu_matmul_flops(size, repeats=5):
-    """FLOP/s of a float32 (size x size) @ (size x size) torch.mm on the CPU (2 size^3 FLOPs), median of repeats:
-    the CPU's practical peak for the dense matmuls a float32 model is made of."""
+    """FLOP/s of a float32 size^2 torch.mm (2 size^3 FLOPs), median of repeats: the CPU's practical peak."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up: thread pool, caches
-    seconds = [timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(repeats)]
-    return 2 * size**3 / statistics.median(seconds)
+    torch.mm(a, b)  # warm-up
+    return 2 * size**3 / statistics.median(timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(repeats))
 
 
 def reset_peak_memory(device):
@@ -237,8 +168,7 @@ def reset_peak_memory(device):
 
 
 def peak_memory_mb(device):
-    """CUDA: peak allocated since the last reset_peak_memory. Elsewhere: the process's max RSS so far (Linux reports
-    KiB, macOS bytes), a high-water mark that never goes down."""
+    """CUDA: peak allocated since reset_peak_memory. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -246,36 +176,26 @@ def peak_memory_mb(device):
 
 
 def source():
-    """Which code was measured: the git commit, whether the working tree differs from it (model.py's owner may be
-    mid-change), and model.py's own hash."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above perf/
-    git = lambda *args: (
-        subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
-    )
+    """Which code was measured: the git commit, the files changed since, and model.py's hash."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
     try:
-        commit, changed = (
-            git("rev-parse", "HEAD").strip() or None,
-            git("status", "--porcelain", "--untracked-files=no"),
-        )
+        commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "-uno")
     except OSError:  # no git
         commit, changed = None, ""
     with open(os.path.join(root, "model.py"), "rb") as f:
         model_sha1 = hashlib.sha1(f.read()).hexdigest()
-    return {
-        "git_commit": commit,
-        "uncommitted_changes": [line[3:] for line in changed.splitlines()],
-        "model_py_sha1": model_sha1,
-    }
+    changes = [line[3:] for line in changed.splitlines()]
+    return {"git_commit": commit, "uncommitted_changes": changes, "model_py_sha1": model_sha1}
 
 
 def machine(device):
-    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "gpu": gpu,
+        "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
@@ -287,24 +207,18 @@ def machine(device):
 
 
 class Trainer:
-    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as train.py takes it."""
+    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py."""
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
-        self.cfg, self.device = cfg, cfg.device
+        self.cfg = cfg
         self.model = GPT(model_config(cfg, pos)).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
-        self.autocast, self.scaler = precision(cfg)
-        shape = (cfg.batch_size, cfg.block_size)
-        self.batches = [
-            (
-                torch.randint(cfg.vocab_size, shape, device=cfg.device),
-                torch.randint(cfg.vocab_size, shape, device=cfg.device),
-            )
-            for _ in range(cfg.grad_accum)
-        ]
-        self.step_seconds, self.warmup_seconds = [], []
+        self.autocast, self.scaler = hardware.precision(cfg)
+        batch = lambda: torch.randint(cfg.vocab_size, (cfg.batch_size, cfg.block_size), device=cfg.device)
+        self.batches = [(batch(), batch()) for _ in range(cfg.grad_accum)]
+        self.step_seconds, self.warmup_seconds = [], []  # warm-up steps: the first compiles
 
     def step(self):
         for x, y in self.batches:
@@ -318,18 +232,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def time_steps(self, n, into):
-        """Take n steps, appending each one's seconds to into. -> the last step's loss (None when n is 0)"""
-        loss = None
-        for _ in range(n):
-            seconds, loss = timed(self.step, self.device)
-            into.append(seconds)
-        return loss
-
     def results(self, peak, memory_mb):
         median = statistics.median(self.step_seconds)
         tokens = self.cfg.batch_size * self.cfg.block_size * self.cfg.grad_accum
-        per_token = flops_per_token(self.model)
+        per_token = hardware.flops_per_token(self.model)
         first = self.warmup_seconds[0] if self.warmup_seconds else None
         return {
             "ms_per_step": median * 1e3,
@@ -342,47 +248,39 @@ class Trainer:
             "flops_per_token": per_token,
             "params": self.model.num_params(),
             "peak_memory_mb": memory_mb,
-            **speed(median, tokens, per_token * tokens, peak),
+            **hardware.speed(median, tokens, per_token * tokens, peak),
         }
 
 
 def bench_training(cfg, peak, results, log, save):
-    """Fill results with {pos: training figures}, saving as each scheme finishes. The timed steps run in cfg.rounds
-    rounds, each over every scheme in turn (a new order each round), so a change in machine load during the run
-    reaches every scheme alike."""
-    trainers = {}
-    per_round = [
-        cfg.train_steps // cfg.rounds + (r < cfg.train_steps % cfg.rounds) for r in range(cfg.rounds)
-    ]
+    """Fill results with {pos: training figures}, saving as each scheme finishes. The timed steps run in
+    cfg.rounds rounds over every scheme (a new order each round): a change in machine load reaches all."""
+    trainers, schemes = {}, cfg.schemes
+    steps, extra = divmod(cfg.train_steps, cfg.rounds)
+    per_round = [steps + (r < extra) for r in range(cfg.rounds)]
     for r, n in enumerate(per_round):
-        order = cfg.schemes[r % len(cfg.schemes) :] + cfg.schemes[: r % len(cfg.schemes)]
-        for pos in order:
+        for pos in schemes[r % len(schemes) :] + schemes[: r % len(schemes)]:
             if pos not in trainers:
-                if cfg.compile and not trainers:
-                    # nothing compiled is alive: forget the last model's graphs, so TORCH_LOGS=recompiles shows
-                    # real recompiles only, not each new model of the same GPT.forward
+                if cfg.compile and not trainers:  # so that TORCH_LOGS=recompiles shows only real recompiles
                     torch.compiler.reset()
                 reset_peak_memory(cfg.device)
-                trainers[pos] = Trainer(cfg, pos)
-                trainers[pos].time_steps(cfg.warmup_steps, trainers[pos].warmup_seconds)
-            loss = trainers[pos].time_steps(n, trainers[pos].step_seconds)
+                trainers[pos] = t = Trainer(cfg, pos)
+                t.warmup_seconds = [timed(t.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
+            for _ in range(n):  # n >= 1: rounds <= train_steps
+                seconds, loss = timed(trainers[pos].step, cfg.device)
+                trainers[pos].step_seconds.append(seconds)
             if not math.isfinite(loss.item()):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
-            if r == len(per_round) - 1:  # the last round: done with this scheme
+            if r == len(per_round) - 1:
                 results[pos] = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
                 log(f"trained {pos}: {results[pos]['ms_per_step']:.1f} ms/step")
                 save()
-    for pos in cfg.schemes:  # in the order asked, not the order the last round finished them in
+    for pos in schemes:  # in the order asked
         results[pos] = results.pop(pos)
 
 
 # -----------------------------------------------------------------------------
 # Generation
-
-
-def compiled_sampler(model):
-    """A sampler (idx, n) -> tokens through the compiled decode step (each cache size compiles once)."""
-    return lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True)
 
 
 def time_sampler(sampler, prompt, n, cfg):
@@ -407,16 +305,16 @@ def bench_generation(cfg, pos, log):
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     cached = lambda idx, n: generate_cached(model, idx, n, temperature=0)
     reference = lambda idx, n: model.generate(idx, n, temperature=0)
-    compiled = compiled_sampler(model) if cfg.compile_decode else None
+    compiled = lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True)
     for sampler in (cached, reference):
-        sampler(prompt, 8)  # warm-up: lazy initialisation, caches
+        sampler(prompt, 8)  # warm-up
     rows, longest_reference = [], None
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
         row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
         row["cached_tok_s"], cached_out = time_sampler(cached, prompt, n, cfg)
+        row["reference_tok_s"] = row["speedup"] = None
         if cfg.reference_max_tokens and n > cfg.reference_max_tokens:
-            row["reference_tok_s"] = row["speedup"] = None
             row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
         else:
             row["reference_tok_s"], reference_out = time_sampler(reference, prompt, n, cfg)
@@ -424,110 +322,55 @@ def bench_generation(cfg, pos, log):
             if longest_reference is None or reference_out.size(1) > longest_reference.size(1):
                 longest_reference = reference_out
         row["compiled_tok_s"] = row["compile_s"] = row["compiled_matches"] = None
-        if compiled is not None:
-            # every length is a new cache size and so a new graph: start from an empty compile cache, or the
-            # schemes and lengths of one run reach torch.compile's limit of recompiles per function
+        if cfg.compile_decode:
+            # each length is a new cache size and graph: reset, or a run hits torch.compile's recompile limit
             torch.compiler.reset()
-            first, _ = timed(
-                lambda n=n: compiled(prompt, n), cfg.device
-            )  # compiles for this length: not timed
+            first, _ = timed(lambda n=n: compiled(prompt, n), cfg.device)  # compiles: not timed
             row["compiled_tok_s"], compiled_out = time_sampler(compiled, prompt, n, cfg)
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
             row["compiled_matches"] = same_prefix(compiled_out, cached_out)
-        checked = longest_reference is not None  # greedy: the shorter run must be a prefix of the longer one
+        checked = longest_reference is not None
         row["cached_matches_reference"] = same_prefix(cached_out, longest_reference) if checked else None
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
 
 
-# -----------------------------------------------------------------------------
-# Report
-
-
 def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
-    columns = [
-        "pos",
-        "params",
-        "ms/step",
-        "x learned",
-        "tokens/s",
-        "compile s",
-        "FLOPs/token",
-        "TFLOP/s",
-        "% of peak",
-        "peak MB",
-    ]
+    columns = "pos|params|ms/step|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
     rows = []
     for pos, t in train.items():
-        ratio = t["ms_per_step"] / learned if learned else None
-        share = t.get("mfu")
-        rows.append(
-            [
-                pos,
-                f"{t['params']:,}",
-                f"{t['ms_per_step']:.1f}",
-                fmt(ratio, ".2f", "-"),
-                f"{t['tokens_per_sec']:,.0f}",
-                fmt(t["compile_s"], ".1f", "-"),
-                f"{t['flops_per_token']:,}",
-                f"{t['tflops']:.3g}",
-                fmt(share and 100 * share, ".1f", "-"),
-                f"{t['peak_memory_mb']:,.0f}",
-            ]
-        )
-    return markdown_table(columns, rows)
+        ratio, share = learned and t["ms_per_step"] / learned, t.get("mfu")
+        cells = [pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-")]
+        cells += [f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}"]
+        cells += [f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"]
+        rows.append(cells)
+    return markdown_table(columns.split("|"), rows)
 
 
 def generation_table(generation, compiled_note):
-    columns = [
-        "pos",
-        "new tokens",
-        "cached tok/s",
-        "reference tok/s",
-        "speed-up",
-        "compiled tok/s",
-        "same tokens",
-        "peak MB",
-    ]
+    columns = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
     rows = []
     for pos, g in generation.items():
         for row in g["rows"]:
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
-            rows.append(
-                [
-                    pos,
-                    str(row["new_tokens"]),
-                    f"{row['cached_tok_s']:,.0f}",
-                    fmt(row["reference_tok_s"], ",.0f", "skipped"),
-                    speedup,
-                    fmt(row["compiled_tok_s"], ",.0f", compiled_note),
-                    same,
-                    f"{g['peak_memory_mb']:,.0f}",
-                ]
-            )
-    return markdown_table(columns, rows)
-
-
-def write_json(path, report):
-    """Rewritten after each scheme, atomically: a run killed while writing keeps the figures it had."""
-    write_output("json", path, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-
-
-# -----------------------------------------------------------------------------
+            cells = [pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}"]
+            cells += [fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup]
+            cells += [fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"]
+            rows.append(cells)
+    return markdown_table(columns.split("|"), rows)
 
 
 def device_peak(cfg):
     """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
     if cfg.device == "cpu":
-        return cpu_matmul_flops(
-            cfg.matmul_size
-        ), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
+        size = cfg.matmul_size
+        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
     if cfg.device.startswith("cuda"):
-        return peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
+        return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     return None, "unknown on this device"
 
 
@@ -544,7 +387,6 @@ def new_report(cfg, argv, peak, peak_source):
         "memory": "CUDA max_memory_allocated per scheme and phase"
         if on_cuda
         else "process max RSS so far (a high-water mark, not per scheme)",
-        # what perf.bench calls for compiled decoding (timed only with --compile_decode)
         "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
         "training": {},
         "generation": {},
@@ -553,37 +395,38 @@ def new_report(cfg, argv, peak, peak_source):
 
 def print_report(report, cfg):
     gpu = report["machine"]["gpu"]
-    compiled = report["compiled_decoding"]
     print(
         f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
-        f"{f' ({gpu})' if gpu else ''}, "
-        f"{torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}; "
-        f"peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
+        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
         f"memory: {report['memory']}; "
-        f"compiled decoding: {compiled}{'' if cfg.compile_decode else ' (off)'}\n"
+        f"compiled decoding: {report['compiled_decoding']}{'' if cfg.compile_decode else ' (off)'}\n"
     )
     if report["training"]:
         print(training_table(report["training"]) + "\n")
     if report["generation"]:
-        note = "-" if cfg.compile_decode else "off"
-        print(generation_table(report["generation"], note))
+        print(generation_table(report["generation"], "-" if cfg.compile_decode else "off"))
 
 
 def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
-    check_outputs({"json": cfg.json})  # before minutes of benchmarking, not after the first scheme
+    check_outputs({"json": cfg.json})  # before minutes of benchmarking
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)
     report = new_report(cfg, argv, *device_peak(cfg))
-    save = (lambda: write_json(cfg.json, report)) if cfg.json else (lambda: None)
+
+    def save():  # rewritten after each scheme, atomically: a run killed while writing keeps what it had
+        if cfg.json:
+            write_output("json", cfg.json, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+
     if cfg.train_steps:
         bench_training(cfg, report["peak_flops"], report["training"], log, save)
     for pos in cfg.schemes if cfg.gen_multiples else ():
         reset_peak_memory(cfg.device)
         rows = bench_generation(cfg, pos, log)
         report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
-        save()  # after each scheme: a run cut short by a timeout keeps what it measured
+        save()  # a run cut short by a timeout keeps what it measured
     print_report(report, cfg)
     return report
 

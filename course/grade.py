@@ -90,8 +90,7 @@ def verdict(exercise, results):
 
 
 def total_line(passed, total):
-    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes",
-    "0 of 3 exercises pass"."""
+    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes"."""
     if passed == total:
         return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
     return f"{passed} of {counted(total, 'exercise')} {'passes' if 1 in (passed, total) else 'pass'}"

@@ -62,7 +62,8 @@ def exercise_functions():
 
 class Recorder:
     def __init__(self, path, calls):
-        self.path, self.calls, self.tests, self.errors, self.codes = path, calls, {}, [], None
+        self.path, self.calls = path, calls
+        self.tests, self.errors, self.codes = {}, [], None
 
     def pytest_collectreport(self, report):
         if report.failed:

@@ -3,7 +3,7 @@ Checkpoints: written atomically, read safely, opened as a model (open_model). Re
 
 train.py writes {out_dir}/ckpt.pt (the latest state) at every evaluation and, when the validation loss
 improved, best.pt (a hard link to the same file). Both hold one plain dict:
-    model          state_dict of the uncompiled GPT (no `_orig_mod.` prefix: nanoGPT issue #325)
+    model          state_dict of the uncompiled GPT (without the `_orig_mod.` prefix torch.compile adds)
     model_config   dataclasses.asdict(GPTConfig) (fields a file predates: with_rope_variants)
     train_config   dataclasses.asdict(TrainConfig) as run (device, dtype, compile and out_dir resolved)
     iter_num, best_val_loss, best_iter   steps taken, best validation loss so far and its step

@@ -43,14 +43,13 @@ class GradeConfig:
 
 
 def chosen(text, everything=None):
-    """--only's exercises, in the table's order; the ids are checked by parse_list (one line naming the valid ones)."""
+    """--only's exercises, in the table's order."""
     ids = parse_list("--only", text, [e.id for e in EXERCISES], everything=everything)
     return [e for e in EXERCISES if e.id in ids]
 
 
 def names_a_folder(argv):
-    """Whether grade's argv gives DIR: parse_flags' positionals are required, and DIR defaults to the current
-    folder, so it is only passed on when given."""
+    """Whether grade's argv gives DIR (optional, where parse_flags' positionals are required)."""
     values = iter(argv)
     for arg in values:
         if arg in ("--only", "--config"):
@@ -77,13 +76,11 @@ def make(argv):
     found = [(c, "replaced by a note in the copy") for c in notes.pages_changed]
     found += [(c, "left out of the copy (a test no exercise grades)") for c in notes.left_out]
     found += [(c, "copied as is: fix it at the source") for c in notes.leaks]
-    print(
-        "instructor notes: "
-        + ("no file quotes a stripped body" if not found else "files quoting a stripped body:")
-    )
-    for change, done in found:
-        print(f"  {change['page']}:{change['line']} {change['why']}: {done}")
-    print("for students: " + "; ".join(f"{change['page']} ({change['why']})" for change in notes.rewritten))
+    head = "files quoting a stripped body:" if found else "no file quotes a stripped body"
+    print(f"instructor notes: {head}")
+    for c, done in found:
+        print(f"  {c['page']}:{c['line']} {c['why']}: {done}")
+    print("for students: " + "; ".join(f"{c['page']} ({c['why']})" for c in notes.rewritten))
     if cfg.classroom:
         print(f"GitHub Classroom: {CLASSROOM}, one test per exercise")
     print(f"check it: python -m course check {cfg.out_dir}")
@@ -95,7 +92,7 @@ def check(argv):
     values = parse_flags(argv, "course check", __doc__, [("check", CheckConfig, None)], positional=("dir",))
     with one_line_errors("course check"):
         cfg = CheckConfig(**values)
-        graded_by(cfg.dir)  # a folder, and a copy or this repository
+        graded_by(cfg.dir)  # a folder: a copy or this repository
         verdicts, problems = check_copy(cfg.dir)
     print("\n".join(report_lines(verdicts)))
     if problems:
@@ -114,12 +111,10 @@ def grade_command(argv):
     with one_line_errors("course grade"):
         cfg = GradeConfig(**values)
         default = graded_by(cfg.dir)
+        exercises = [e for e in EXERCISES if default is None or e.id in default]
         if cfg.only is not None:
             exercises = chosen(cfg.only)
-        else:
-            exercises = [e for e in EXERCISES if default is None or e.id in default]
-        unknown = [e for e in default or [] if e not in by_id()]
-        if unknown:
+        if unknown := [e for e in default or [] if e not in by_id()]:
             raise UsageError(
                 f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again"
             )

@@ -1,16 +1,11 @@
 """
-The course's exercises: one table, data only. Each names the functions whose bodies a student writes, the
-lesson section it belongs to and the tests that grade it (by node id: tests/conftest.py gives each of them the
-exercise's pytest marker, so `python -m pytest -m ex3 --strict-markers` runs exercise 3's tests).
+The course's exercises, data only: the functions whose bodies a student writes, the lesson section, and the
+tests that grade each (tests/conftest.py gives them the exercise's marker: `python -m pytest -m ex3`).
 
-An exercise's tests call its own functions and nothing else a student writes: putting back one solved body in a
-fully stripped copy makes exactly that exercise pass (tests/test_course.py checks it with course/plugin.py).
-Where a function needs another exercise's, the test supplies that one (ex7's tests hand rope_frequencies a
-reference theta_i and a YaRN ramp) or runs a scheme that needs none (ex6 and ex9 use pos="none").
-
-To add an exercise: a row below, its tests (property tests over random sizes and seeds, in
-tests/test_exercise_properties.py where the existing ones are single snapshots), and a paragraph in
-docs/exercises.md; then `python -m pytest tests/test_course.py`.
+An exercise's tests call its own functions and no other a student writes, so that any one can be done alone:
+where a function needs another exercise's, the test supplies a reference (ex7's hand rope_frequencies theta_i
+and a YaRN ramp) or runs a scheme that needs none (ex6 and ex9 use pos="none"). To add an exercise: a row
+below, its tests (property tests in tests/test_exercise_properties.py), a paragraph in docs/exercises.md.
 """
 
 from dataclasses import dataclass
@@ -26,9 +21,8 @@ class Exercise:
     title: str  # one line, quoted by each stub's NotImplementedError
     functions: tuple[str, ...]  # "module:qualname" of each function whose body the student writes
     section: str  # the anchor of its section in docs/lesson.md
-    tests: tuple[
-        str, ...
-    ]  # node ids that grade it, from the root: "file::test" (every parameter) or "file::test[p]"
+    # node ids that grade it, from the root: "file::test" (every parameter) or "file::test[p]"
+    tests: tuple[str, ...]
     difficulty: str  # one of DIFFICULTIES
     minutes: int  # about how long it takes someone who has read the section
     hints: tuple[str, ...]  # one or two, for what the docstrings leave unsaid
@@ -39,7 +33,6 @@ class Exercise:
 
     @property
     def stub_message(self):
-        """What each of its stubs raises: says which exercise, and where to read."""
         return f"exercise {self.number}: {self.title}; see {LESSON}#{self.section}"
 
 
@@ -87,9 +80,10 @@ EXERCISES = (
         difficulty="easy",
         minutes=10,
         hints=(
-            "LearnedPositions is an nn.Embedding: its rows are self.weight, and super().forward(ids) looks them up.",
-            "reserve raises ValueError('sequence length N exceeds block_size=T: pos=learned has no embedding past "
-            "position T-1; sinusoidal, rope, alibi and none run longer'), the line the README quotes.",
+            "LearnedPositions is an nn.Embedding: its rows are self.weight, and super().forward(ids) looks "
+            "them up.",
+            "reserve raises ValueError('sequence length N exceeds block_size=T: pos=learned has no embedding "
+            "past position T-1; sinusoidal, rope, alibi and none run longer'), the line the README quotes.",
         ),
     ),
     Exercise(
@@ -165,10 +159,11 @@ EXERCISES = (
         difficulty="hard",
         minutes=60,
         hints=(
-            "update writes position p in slot p % size (slot p itself when the cache is no ring), with index_copy_ "
-            "along the slot dimension, and returns the first n_keys slots: the mask says which a query sees.",
-            "cached_key_positions: slot j holds the latest p < end with p % size == j; count back from end - 1 "
-            "with the remainder (end - 1 - j) % size, and mark a negative p -1 (empty).",
+            "update writes position p in slot p % size (slot p itself when the cache is no ring), with "
+            "index_copy_ along the slot dimension, and returns the first n_keys slots: the mask says which a "
+            "query sees.",
+            "cached_key_positions: slot j holds the latest p < end with p % size == j; count back from "
+            "end - 1 with the remainder (end - 1 - j) % size, and mark a negative p -1 (empty).",
         ),
     ),
     Exercise(
@@ -203,8 +198,8 @@ EXERCISES = (
         difficulty="advanced",
         minutes=30,
         hints=(
-            "The ramp is linear in the pair index i, between the (real) indices of the pairs turning beta_fast "
-            "and beta_slow times over original_len, rounded out with floor and ceil.",
+            "The ramp is linear in the pair index i, between the (real) indices of the pairs turning "
+            "beta_fast and beta_slow times over original_len, rounded out with floor and ceil.",
         ),
     ),
     Exercise(

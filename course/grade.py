@@ -1,8 +1,7 @@
 """
-python -m course grade [DIR]: each exercise graded by its own tests, in a student copy or in this repository
-(where every exercise passes). One pytest run for all the chosen exercises, `-m "ex1 or ex2 ..." --strict-markers`
-over the files their tests live in; course/plugin.py reports each test's outcome and marker, and an exercise
-passes when every one of its tests ran and none failed.
+python -m course grade [DIR]: each exercise graded by its own tests, in a student copy or in this repository.
+One pytest run, `-m "ex1 or ex2 ..." --strict-markers` over the files of the chosen exercises' tests;
+course/plugin.py reports each test's outcome and marker.
 """
 
 import json
@@ -44,40 +43,24 @@ def graded_by(directory):
     )
 
 
+def failure(message):
+    return {"tests": {}, "errors": [{"node": "", "message": message}]}
+
+
 def run_tests(directory, exercises, calls=False):
-    """Run the exercises' tests in `directory` in one pytest process. -> (report dict, pytest exit status, the
-    last line pytest printed)"""
+    """Run the exercises' tests in `directory` in one pytest process. -> (report, exit status, last line)"""
     files = sorted({node.split("::")[0] for exercise in exercises for node in exercise.tests})
     selection = " or ".join(exercise.id for exercise in exercises)
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
-        # --tb=line: the plugin keeps each failure's own line, and a fresh copy's hundred long tracebacks cost seconds
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *files,
-            "-m",
-            selection,
-            "--strict-markers",
-            "-q",
-            "--tb=line",
-            f"--rootdir={directory}",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "course.plugin",
-            f"--course-report={report}",
-            *(["--course-calls"] if calls else []),
-        ]
+        command = [sys.executable, "-m", "pytest", *files, "-m", selection, "--strict-markers", "-q"]
+        # --tb=line: the plugin keeps each failure's own line, and a fresh copy's long tracebacks cost seconds
+        command += ["--tb=line", f"--rootdir={directory}", "-p", "no:cacheprovider", "-p", "course.plugin"]
+        command += [f"--course-report={report}", *(["--course-calls"] if calls else [])]
         try:
             done = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=TIME_LIMIT)
         except subprocess.TimeoutExpired:
-            return (
-                {"tests": {}, "errors": [{"node": "", "message": f"the tests ran past {TIME_LIMIT} s"}]},
-                None,
-                "",
-            )
+            return failure(f"the tests ran past {TIME_LIMIT} s"), None, ""
         printed = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         results = json.loads(report.read_text()) if report.is_file() else {"tests": {}, "errors": []}
     return results, done.returncode, printed[-1] if printed else ""
@@ -92,25 +75,22 @@ def verdict(exercise, results):
         return Verdict(
             exercise, False, 0, f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}"
         )
-    missing = [
-        node for node in exercise.tests if not any(t == node or t.startswith(f"{node}[") for t in tests)
-    ]
-    if missing:
-        return Verdict(exercise, False, len(tests), f"no test {missing[0]} (course/exercises.py names it)")
+    missing = [n for n in exercise.tests if not any(t == n or t.startswith(f"{n}[") for t in tests)]
     failing = [(node, t) for node, t in tests.items() if t["outcome"] in ("failed", "error")]
-    if failing:
+    detail = ""
+    if missing:
+        detail = f"no test {missing[0]} (course/exercises.py names it)"
+    elif failing:
         node, test = failing[0]
         stub = test["message"].startswith("NotImplementedError: exercise")
-        where = "" if stub else f"{node.split('::')[-1]}: "
-        return Verdict(exercise, False, len(tests), f"{where}{test['message']}")
-    if not any(t["outcome"] == "passed" for t in tests.values()):
-        return Verdict(exercise, False, len(tests), "every test was skipped")
-    return Verdict(exercise, True, len(tests), "")
+        detail = ("" if stub else f"{node.split('::')[-1]}: ") + test["message"]
+    elif not any(t["outcome"] == "passed" for t in tests.values()):
+        detail = "every test was skipped"
+    return Verdict(exercise, not detail, len(tests), detail)
 
 
 def total_line(passed, total):
-    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes",
-    "0 of 3 exercises pass"."""
+    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes"."""
     if passed == total:
         return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
     return f"{passed} of {counted(total, 'exercise')} {'passes' if 1 in (passed, total) else 'pass'}"
@@ -139,34 +119,26 @@ def grade(directory, exercises, calls=False):
     """-> (verdicts, the raw report) for the exercises, in the order given."""
     results, status, last = run_tests(Path(directory).resolve(), exercises, calls)
     if status not in (0, 1, None) and not results["errors"] and not results["tests"]:
-        results["errors"].append({"node": "", "message": f"pytest stopped (exit {status}): {last}"})
+        results = failure(f"pytest stopped (exit {status}): {last}")
     return [verdict(exercise, results) for exercise in exercises], results
 
 
 def check_copy(directory):
-    """What an instructor checks before handing a copy out: each exercise fails with its own stub (not
-    started), no file quotes a stripped body, no page keeps an instructors' section.
-    -> (verdicts, [problems])"""
+    """Before handing a copy out: each exercise fails on its own stub (not started), no file quotes a stripped
+    body, no page keeps an instructors' section. -> (verdicts, [problems])"""
     marker = read_marker(directory)
     if marker is None:
         raise UsageError(
             f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make"
         )
     exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
-    problems = [
-        f"{page}:{line} quotes the solution of {what}"
-        for page, line, what in solution_leaks(directory, exercises)
-    ]
-    pages = [
-        page
-        for page in sorted(Path(directory).rglob("*.md"))
-        if not any(part.startswith(".") for part in page.relative_to(directory).parts)
-    ]  # not a .venv
-    for page in pages:
-        problems += [
-            f"{page.relative_to(directory)}: an instructors' section, {heading!r}"
-            for heading in strip_sections(page.read_text())[1]
-        ]
+    leaks = solution_leaks(directory, exercises)
+    problems = [f"{page}:{n} quotes the solution of {what}" for page, n, what in leaks]
+    for page in sorted(Path(directory).rglob("*.md")):
+        name = page.relative_to(directory)
+        if not any(part.startswith(".") for part in name.parts):  # not a .venv
+            headings = strip_sections(page.read_text())[1]
+            problems += [f"{name}: an instructors' section, {heading!r}" for heading in headings]
     verdicts, _ = grade(directory, exercises)
     problems += [
         f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"

@@ -1,17 +1,13 @@
 """
-python -m course make OUT_DIR: a student copy of this repository. The files git tracks are copied (never .git,
-__pycache__, runs or datasets git ignores), and in each chosen exercise's functions the body after the docstring
-becomes `raise NotImplementedError("exercise N: <title>; see docs/lesson.md#<section>")`, cut from the syntax tree
-(course/source.py): the solution's code carries no markers.
+python -m course make OUT_DIR: a student copy of this repository. The files git tracks are copied, and in each
+chosen exercise's functions the body after the docstring becomes the exercise's stub, cut from the syntax tree
+(course/source.py): the solution carries no markers.
 
-No file of the copy may quote a stripped body (course/source.py's telling lines). A docs page that does has the
-passage replaced by a note; a test file that does and grades no exercise is left out; any other file is copied
-and reported, for the instructor to fix at the source. The instructor notes (printed, and in .course.json) list
-each. .course.json records what was stripped, which is how `python -m course grade` tells a copy.
-
-The copy is for students: its README.md is course/student_README.md (set-up, grading, what runs before which
-exercise) followed by the repository's README, and every page leaves out the sections meant for instructors
-(INSTRUCTORS). --classroom adds GitHub Classroom's autograding configuration, one test per exercise.
+No file of the copy may quote a stripped body (course/source.py's telling lines): a docs page that does has
+the passage replaced by a note, a test file that does and grades no exercise is left out, any other file is
+copied and reported, to be fixed at the source. .course.json records this and what was stripped (how
+`python -m course grade` tells a copy). The copy's README.md is course/student_README.md followed by the
+repository's README, and no page keeps a section meant for instructors (INSTRUCTORS).
 """
 
 import json
@@ -21,12 +17,11 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course.exercises import EXERCISES, LESSON
 from course.source import (
-    TELLING,
     SourceError,
     body_lines,
     body_span,
@@ -54,16 +49,14 @@ SETUP = (
 
 @dataclass
 class Notes:
-    """What make did, for the instructor: the files copied, and each quote of a solution it found and what it did."""
+    """What make did, for the instructor. Each entry of the lists is {"page", "line", "why"}."""
 
     files: int = 0
     functions: list = field(default_factory=list)  # "model:apply_rope" of every stripped body
-    pages_changed: list = field(default_factory=list)  # {"page", "line", "why"} per docs passage replaced
-    left_out: list = field(default_factory=list)  # {"page", "line", "why"} per test file not copied
-    leaks: list = field(
-        default_factory=list
-    )  # {"page", "line", "why"}: copied as is, to be fixed at the source
-    rewritten: list = field(default_factory=list)  # {"page", "why"} per page rewritten for students
+    pages_changed: list = field(default_factory=list)  # docs passages replaced
+    left_out: list = field(default_factory=list)  # test files not copied
+    leaks: list = field(default_factory=list)  # copied as is, to be fixed at the source
+    rewritten: list = field(default_factory=list)  # {"page", "why"}: pages rewritten for students
 
 
 def counted(n, noun, plural=None):
@@ -99,32 +92,30 @@ def lesson_anchors(markdown):
 
 
 def check_table(source, exercises):
-    """Every function the chosen exercises name exists in its module, and every section in the lesson."""
+    """Every function the exercises name exists in its module, and every section in the lesson."""
     anchors = lesson_anchors((source / LESSON).read_text())
     for exercise in exercises:
         if exercise.section not in anchors:
             raise RunError(f"{exercise.id}: section {exercise.section!r} is no heading of {LESSON}")
         for spec in exercise.functions:
             module, qualname = split_function(spec)
-            path = source / module_path(module)
             try:
-                body_lines(path.read_text(), qualname)
+                body_lines((source / module_path(module)).read_text(), qualname)
             except (OSError, SourceError) as e:
                 raise RunError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
 
 
 def stripped_sources(source, exercises):
-    """{module path: its text with the exercises' bodies replaced by stubs}, {"module:qualname": the body's lines}"""
-    messages = {}
+    """-> ({module path: its text with stubs for bodies}, {"module:qualname": the body's lines})"""
+    stubs, texts, bodies = {}, {}, {}
     for exercise in exercises:
         for spec in exercise.functions:
             module, qualname = split_function(spec)
-            messages.setdefault(module, {})[qualname] = exercise.stub_message
-    texts, bodies = {}, {}
-    for module, stubs in messages.items():
+            stubs.setdefault(module, {})[qualname] = exercise.stub_message
+    for module, messages in stubs.items():
         text = (source / module_path(module)).read_text()
         replaced = {}
-        for qualname, message in stubs.items():
+        for qualname, message in messages.items():
             start, end, indent = body_span(text, qualname)
             bodies[f"{module}:{qualname}"] = split_lines(text)[start:end]
             replaced[qualname] = [stub_line(indent, message)]
@@ -132,16 +123,22 @@ def stripped_sources(source, exercises):
     return texts, bodies
 
 
+def quoting(text, telling):
+    """What `text` quotes of the telling lines ({line of code: "exercise N (module:function)"}), or None."""
+    flat = " ".join(text.split())
+    return next((what for line, what in telling.items() if line in flat), None)
+
+
+def quotes(text, telling):
+    """[(line number, what)] of the lines of a file that quote a telling line."""
+    return [(n, what) for n, line in enumerate(split_lines(text), 1) if (what := quoting(line, telling))]
+
+
 def scrub_page(text, telling):
-    """A markdown page with each fenced code block (or loose line) that quotes a telling line replaced by a note.
-    telling: {line of code: "exercise N (module:function)"}. -> (new text, [(line number, why)])"""
+    """A markdown page with each fenced code block (or loose line) that quotes a telling line replaced by a
+    note. -> (new text, [(line number, why)])"""
     lines = split_lines(text)
     changes, out, i = [], [], 0
-
-    def quoted(chunk):
-        flat = " ".join(" ".join(chunk).split())
-        return next((what for line, what in telling.items() if line in flat), None)
-
     while i < len(lines):
         fence = re.match(r"\s*(```|~~~)", lines[i])
         end = i + 1
@@ -149,10 +146,8 @@ def scrub_page(text, telling):
             while end < len(lines) and not lines[end].lstrip().startswith(fence.group(1)):
                 end += 1
             end = min(end + 1, len(lines))
-        what = quoted(lines[i:end])
-        if what:
-            indent = re.match(r"\s*", lines[i]).group()
-            out.append(f"{indent}{OMITTED.format(what=what)}\n")
+        if what := quoting("".join(lines[i:end]), telling):
+            out.append(re.match(r"\s*", lines[i]).group() + OMITTED.format(what=what) + "\n")
             changes.append((i + 1, f"quoted the solution of {what}"))
         else:
             out.extend(lines[i:end])
@@ -162,8 +157,7 @@ def scrub_page(text, telling):
 
 def strip_sections(text, headings=INSTRUCTORS):
     """A markdown page without the sections whose heading starts with one of `headings`, each up to the next
-    heading of its level or above (its subsections go with it); a "#" line in fenced code is no heading.
-    -> (text, [the headings left out])"""
+    heading of its level or above; a "#" line in fenced code is no heading. -> (text, [headings left out])"""
     out, removed, level, fence = [], [], None, None
     for line in split_lines(text):
         heading = None if fence else re.match(r"(#+)\s+(.*?)\s*$", line)
@@ -182,22 +176,19 @@ def strip_sections(text, headings=INSTRUCTORS):
 
 
 def student_readme(exercises, readme):
-    """course/student_README.md with the exercises' table, then the repository's README (its course section
-    left out)."""
+    """course/student_README.md with the exercises' table, then the repository's README (for students)."""
     rows = [
         "| id | exercise | functions to write | lesson section | difficulty | about |",
         "|---|---|---|---|---|---|",
     ]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
-        rows.append(
-            f"| {e.id} | {e.title} | {functions} | [{e.section.split('-')[0]}]({LESSON}#{e.section}) "
-            f"| {e.difficulty} | {e.minutes} min |"
-        )
-    n_functions = sum(len(e.functions) for e in exercises)
+        section = f"[{e.section.split('-')[0]}]({LESSON}#{e.section})"
+        rows.append(f"| {e.id} | {e.title} | {functions} | {section} | {e.difficulty} | {e.minutes} min |")
+    n_functions = counted(sum(len(e.functions) for e in exercises), "function")
     text = (
         STUDENT_README.read_text()
-        .replace("{{functions}}", counted(n_functions, "function"))
+        .replace("{{functions}}", n_functions)
         .replace("{{exercises}}", "\n".join(rows))
     )
     return text + strip_sections(readme)[0]
@@ -205,29 +196,17 @@ def student_readme(exercises, readme):
 
 def classroom_config(exercises):
     """GitHub Classroom's autograding.json: one test per exercise, its tests by node id under its marker."""
-    return {
-        "tests": [
-            {
-                "name": f"{e.id}: {e.title}",
-                "setup": SETUP,
-                "run": f"python -m pytest -q -p no:cacheprovider --strict-markers -m {e.id} "
-                + " ".join(shlex.quote(node) for node in e.tests),
-                "input": "",
-                "output": "",
-                "comparison": "included",
-                "timeout": 10,
-                "points": POINTS[e.difficulty],
-            }
-            for e in exercises
-        ]
-    }
+    tests = []
+    for e in exercises:
+        run = f"python -m pytest -q -p no:cacheprovider --strict-markers -m {e.id} " + shlex.join(e.tests)
+        test = {"name": f"{e.id}: {e.title}", "setup": SETUP, "run": run, "input": "", "output": ""}
+        tests.append(test | {"comparison": "included", "timeout": 10, "points": POINTS[e.difficulty]})
+    return {"tests": tests}
 
 
 def for_students(source, files, exercises, texts, notes):
     """The README made the student one, and the instructors' sections left out of every page (into texts)."""
-    for name in files:
-        if not name.endswith(".md"):
-            continue
+    for name in (name for name in files if name.endswith(".md")):
         text, removed = strip_sections((source / name).read_text())
         if name == "README.md":
             texts[Path(name)] = student_readme(exercises, (source / name).read_text())
@@ -247,28 +226,10 @@ def telling_lines_of(exercises, bodies):
     return telling
 
 
-def quotes(text, telling):
-    """[(line number, what)] of the lines of a file that quote a telling line."""
-    found = []
-    for n, line in enumerate(split_lines(text), 1):
-        flat = " ".join(line.split())
-        what = (
-            None
-            if len(flat) < TELLING
-            else next((what for quoted, what in telling.items() if quoted in flat), None)
-        )
-        if what:
-            found.append((n, what))
-    return found
-
-
-def graded_test_files():
-    return {node.split("::")[0] for exercise in EXERCISES for node in exercise.tests}
-
-
 def handle_quotes(source, files, telling, texts, notes):
-    """Scrub the docs pages, leave out the ungraded test files, and report any other file that quotes a stripped
-    body. Fills texts (what to write instead) and notes. -> the files to copy"""
+    """Scrub the docs pages, leave out the ungraded test files, and report any other file that quotes a
+    stripped body. Fills texts (what to write instead) and notes. -> the files to copy"""
+    graded = {node.split("::")[0] for exercise in EXERCISES for node in exercise.tests}
     kept = []
     for name in files:
         text = texts.get(Path(name)) or ((source / name).read_text() if name.endswith((".md", ".py")) else "")
@@ -276,20 +237,22 @@ def handle_quotes(source, files, telling, texts, notes):
         if found and name.endswith(".md"):
             texts[Path(name)], changes = scrub_page(text, telling)
             notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
-        elif found and name.startswith("tests/test_") and name not in graded_test_files():
-            notes.left_out.append(
-                {"page": name, "line": found[0][0], "why": f"quotes the solution of {found[0][1]}"}
-            )
+        elif found and name.startswith("tests/test_") and name not in graded:
+            line, what = found[0]
+            notes.left_out.append({"page": name, "line": line, "why": f"quotes the solution of {what}"})
             continue
         elif found:
             notes.leaks += [
-                {"page": name, "line": line, "why": f"quotes the solution of {what}"} for line, what in found
+                {"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found
             ]
         kept.append(name)
     return kept
 
 
-def check_out_dir(out_dir, source):
+def make_copy(out_dir, exercises, source=ROOT, classroom=False):
+    """Write the student copy into out_dir (new, or empty); with classroom, GitHub Classroom's autograding
+    configuration too. -> Notes"""
+    out_dir, source = Path(out_dir), Path(source)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UsageError(f"{out_dir} exists and is not an empty folder: give a new or empty one")
     if out_dir.resolve().is_relative_to(source.resolve()):
@@ -297,20 +260,12 @@ def check_out_dir(out_dir, source):
             f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
             "give a folder outside it"
         )
-
-
-def make_copy(out_dir, exercises, source=ROOT, classroom=False):
-    """Write the student copy into out_dir (new, or empty); with classroom, GitHub Classroom's autograding
-    configuration too. -> Notes"""
-    out_dir, source = Path(out_dir), Path(source)
-    check_out_dir(out_dir, source)
     check_table(source, exercises)
     files = tracked_files(source)
     texts, bodies = stripped_sources(source, exercises)
-    telling = telling_lines_of(exercises, bodies)
     notes = Notes(functions=[spec for e in exercises for spec in e.functions])
     for_students(source, files, exercises, texts, notes)
-    files = handle_quotes(source, files, telling, texts, notes)
+    files = handle_quotes(source, files, telling_lines_of(exercises, bodies), texts, notes)
     notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
@@ -327,14 +282,7 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
                 shutil.copymode(source / name, target)
             else:
                 shutil.copy2(source / name, target, follow_symlinks=False)
-        marker = {
-            "exercises": [e.id for e in exercises],
-            "functions": notes.functions,
-            "pages_changed": notes.pages_changed,
-            "left_out": notes.left_out,
-            "leaks": notes.leaks,
-            "rewritten": notes.rewritten,
-        }
+        marker = {"exercises": [e.id for e in exercises]} | asdict(notes)
         (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         if classroom:
             (building / CLASSROOM).parent.mkdir(parents=True, exist_ok=True)
@@ -360,9 +308,8 @@ def read_marker(directory):
 
 
 def solution_leaks(directory, exercises, source=ROOT):
-    """[(file, line, what)] of the files of a copy that quote a stripped body (tests/test_course.py: none may)."""
-    _, bodies = stripped_sources(source, exercises)
-    telling = telling_lines_of(exercises, bodies)
+    """[(file, line, what)] of the files of a copy that quote a stripped body."""
+    telling = telling_lines_of(exercises, stripped_sources(source, exercises)[1])
     return [
         (path.relative_to(directory).as_posix(), line, what)
         for path in sorted(Path(directory).rglob("*"))

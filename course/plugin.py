@@ -1,10 +1,8 @@
 """
 The pytest plugin behind `python -m course grade`: `-p course.plugin --course-report=FILE` writes each test's
 outcome, first line of failure and exercise marker to FILE (JSON), and the modules that failed to import.
-
---course-calls also records which exercise functions (course/exercises.py) each test calls, from their code
-objects, through sys.settrace: tests/test_course.py checks with it that an exercise's tests call that exercise's
-functions and no other exercise's, which is what makes a copy with one body put back pass exactly that exercise.
+--course-calls also records (sys.settrace) which exercise functions each test calls: an exercise's tests must
+call its functions and no other exercise's, so that one body put back passes exactly that exercise.
 """
 
 import importlib
@@ -21,28 +19,22 @@ from course.exercises import EXERCISES
 
 def pytest_addoption(parser):
     group = parser.getgroup("course")
-    group.addoption(
-        "--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE (JSON)"
-    )
-    group.addoption(
-        "--course-calls", action="store_true", help="also record the exercise functions each test calls"
-    )
+    group.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE")
+    group.addoption("--course-calls", action="store_true", help="also record the exercise functions called")
 
 
 def pytest_configure(config):
-    path = config.getoption("course_report")
-    if path:
-        config.pluginmanager.register(
-            Recorder(Path(path), config.getoption("course_calls")), "course-recorder"
-        )
+    if path := config.getoption("course_report"):
+        recorder = Recorder(Path(path), config.getoption("course_calls"))
+        config.pluginmanager.register(recorder, "course-recorder")
 
 
 CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
 
 
 def first_line(report):
-    """The exception's own line ('NotImplementedError: exercise 3: ...', 'AssertionError: ...'), or the
-    reason. assert_close's numbers follow its first line: the greatest differences, with their tolerances."""
+    """The exception's own line ('AssertionError: ...'), or a skip's reason; for assert_close, its greatest
+    differences and tolerances too."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         text = crash.message
@@ -71,8 +63,7 @@ def exercise_functions():
 class Recorder:
     def __init__(self, path, calls):
         self.path, self.calls = path, calls
-        self.tests, self.errors = {}, []
-        self.codes = None
+        self.tests, self.errors, self.codes = {}, [], None
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -81,15 +72,11 @@ class Recorder:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         ids = {exercise.id for exercise in EXERCISES}
-        self.tests[item.nodeid] = {
-            "exercises": [m.name for m in item.iter_markers() if m.name in ids],
-            "outcome": "passed",
-            "message": "",
-            "calls": [],
-        }
+        markers = [m.name for m in item.iter_markers() if m.name in ids]
+        self.tests[item.nodeid] = {"exercises": markers, "outcome": "passed", "message": "", "calls": []}
         if not self.calls:
             return (yield)
-        self.codes = self.codes if self.codes is not None else exercise_functions()
+        self.codes = self.codes or exercise_functions()
         called = set()
 
         def trace(frame, event, arg):  # 'call' events only: returning None asks for no line events

@@ -1,13 +1,7 @@
 """
-Function bodies in a module's source, found by qualname in its syntax tree ("LearnedPositions.reserve"): where
-a body starts (after its docstring) and ends, to replace it with a stub (python -m course make) or to put a
-solved one back (tests/test_course.py). Lines are replaced whole, so everything else stays byte for byte.
-
-    body_span(text, qualname)       -> (first line, line after the last, indentation), 0-based
-    body_lines(text, qualname)      -> the body's lines as written (what a stub replaces)
-    replace_bodies(text, {qualname: lines})   -> the source with those bodies replaced
-    stub_line(indent, message)      -> 'raise NotImplementedError("...")', indented
-    telling_lines(lines)            -> the body's lines of code long enough (TELLING) to give it away if quoted
+Function bodies in a module's source, found by qualname ("LearnedPositions.reserve") in its syntax tree:
+where a body starts (after its docstring) and ends, to replace it with a stub (python -m course make) or put
+a solved one back. Lines are replaced whole, so everything else stays byte for byte.
 """
 
 import ast
@@ -28,9 +22,9 @@ def split_lines(text):
 
 def find_function(tree, qualname):
     """The def of `qualname` ("f", "Class.method") among the module's top-level statements."""
-    body, node = tree.body, None
-    for depth, name in enumerate(qualname.split(".")):
-        last = depth == len(qualname.split(".")) - 1
+    body, node, names = tree.body, None, qualname.split(".")
+    for depth, name in enumerate(names):
+        last = depth == len(names) - 1
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef) if last else (ast.ClassDef,)
         node = next((n for n in body if isinstance(n, kinds) and n.name == name), None)
         if node is None:
@@ -44,27 +38,16 @@ def header_end(text, node):
     depth = 0
     lines = iter(split_lines(text)[node.lineno - 1 :])
     for token in tokenize.generate_tokens(lambda: next(lines, "")):
-        if token.type == tokenize.OP and token.string in "([{":
-            depth += 1
-        elif token.type == tokenize.OP and token.string in ")]}":
-            depth -= 1
-        elif token.type == tokenize.OP and token.string == ":" and depth == 0:
-            return node.lineno + token.start[0] - 1
+        if token.type == tokenize.OP:
+            depth += (token.string in "([{") - (token.string in ")]}")
+            if token.string == ":" and depth == 0:
+                return node.lineno + token.start[0] - 1
     raise SourceError(f"{node.name}: no end to its header")
 
 
-def has_docstring(node):
-    first = node.body[0]
-    return (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    )
-
-
 def body_span(text, qualname):
-    """(start, end, indent): lines[start:end] are the body after the docstring, with the comments that close it;
-    indent is the body's. The docstring, the signature and the decorators are outside the span."""
+    """(start, end, indent), 0-based: lines[start:end] are the body after the docstring, with the comments
+    that close it; indent is the body's."""
     node = find_function(ast.parse(text), qualname)
     lines = split_lines(text)
     first = node.body[0]
@@ -73,8 +56,9 @@ def body_span(text, qualname):
         raise SourceError(
             f"{qualname}: its body shares a line with its def or its docstring; one statement a line"
         )
-    start = first.end_lineno if has_docstring(node) else header_end(text, node)
-    end = node.body[-1].end_lineno if len(node.body) > 1 or not has_docstring(node) else start
+    documented = ast.get_docstring(node) is not None
+    start = first.end_lineno if documented else header_end(text, node)
+    end = node.body[-1].end_lineno if len(node.body) > 1 or not documented else start
     for j in range(end, len(lines)):  # comments at the body's depth after its last statement belong to it
         stripped = lines[j].strip()
         if stripped.startswith("#") and lines[j].startswith(indent):
@@ -90,9 +74,9 @@ def body_lines(text, qualname):
 
 
 def replace_bodies(text, bodies):
-    """The source with the body of each qualname in `bodies` replaced by its lines (each ending in a newline)."""
+    """The source with the body of each qualname in `bodies` replaced by its lines (ending in newlines)."""
     spans = sorted(((*body_span(text, q)[:2], q) for q in bodies), reverse=True)
-    for (start, end, q), (next_start, _, other) in zip(spans[1:], spans):
+    for (_, end, q), (next_start, _, other) in zip(spans[1:], spans):
         if end > next_start:
             raise SourceError(f"{q} and {other} overlap: one is inside the other")
     lines = split_lines(text)
@@ -111,9 +95,9 @@ TELLING = 24  # characters of code: a line that long quoted elsewhere gives a bo
 
 
 def telling_lines(lines, shortest=TELLING):
-    """The body's lines of code (comments dropped, spaces collapsed) long enough that seeing one quoted gives the
-    body away: `return x` and `else:` are everywhere, `x1 * cos - x2 * sin` is not. Whole lines only: the formula a
-    test restates as its expected value (theta / s * ramp + ...) is the docstring's maths, not the code."""
+    """The body's lines of code (comments dropped, spaces collapsed) long enough that one quoted gives the
+    body away: `return x` is everywhere, `x1 * cos - x2 * sin` is not. Whole lines only: a test restating a
+    formula as its expected value quotes the docstring's maths, not the code."""
     code = []
     for line in lines:
         try:

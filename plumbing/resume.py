@@ -1,7 +1,7 @@
 """
-A training run's state, and its checkpoints: what train.py builds (Run), what resuming needs of a checkpoint
-(checked before anything is built), writing a run's checkpoints, putting a run back where one left it, and
-starting a new run from another's weights (--init_from). The file format is plumbing/checkpoint.py's.
+A training run's state (Run) and its checkpoints: checking that one can be resumed, writing them, putting a
+run back where one left it, and starting a new run from another's weights (--init_from). The file format:
+plumbing/checkpoint.py.
 """
 
 import math
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from plumbing.checkpoint import (
+    LLAMA3_FACTORS,
     check_meta,
     check_same_vocabulary,
     checkpoint_path,
@@ -26,16 +27,8 @@ from plumbing.checkpoint import (
 from plumbing.errors import UserError
 
 # Resuming needs these beyond what sampling needs
-RESUME_KEYS = (
-    "train_config",
-    "iter_num",
-    "best_val_loss",
-    "best_iter",
-    "optimizer",
-    "scaler",
-    "sampler",
-    "rng",
-    "wandb_run_id",
+RESUME_KEYS = tuple(
+    "train_config iter_num best_val_loss best_iter optimizer scaler sampler rng wandb_run_id".split()
 )
 # GPTConfig fields a resumed run may change: they shape no weight
 MODEL_KNOBS = ("dropout",)
@@ -56,8 +49,7 @@ class Progress:
 
 @dataclass
 class Run:
-    """Everything one training run builds (train.py's build_run), taken whole rather than as a dozen
-    arguments."""
+    """Everything one training run builds (train.py's build_run)."""
 
     cfg: typing.Any  # train.py's TrainConfig, resolved: device, dtype, compile, grad_accum, out_dir filled in
     model_config: typing.Any  # GPTConfig
@@ -91,12 +83,11 @@ class Run:
 
 
 def rng_state(device):
-    """The state of every random generator training may draw from, as plain data and tensors (weights_only):
-    Python's random.getstate() is (version, tuple of 625 ints, gauss) and numpy's holds an ndarray."""
+    """Every random generator's state as plain data and tensors (weights_only): Python's random.getstate() is
+    (version, tuple of 625 ints, gauss); numpy's {"bit_generator", "state": {"key", "pos"}, "has_gauss",
+    "gauss"} holds an ndarray."""
     version, mt_state, gauss = random.getstate()
-    numpy_state = np.random.get_state(
-        legacy=False
-    )  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
+    numpy_state = np.random.get_state(legacy=False)
     return {
         "python": [version, list(mt_state), gauss],
         "numpy": {
@@ -112,38 +103,29 @@ def rng_state(device):
 
 
 def set_rng_state(state, device):
-    """Undo rng_state: every generator continues exactly where it was saved. The CUDA state is restored only
-    on CUDA (a run saved on one device type and resumed on another restarts that generator's stream)."""
+    """Undo rng_state. The CUDA state is restored only on CUDA (resumed on another device type, that stream
+    restarts)."""
     version, mt_state, gauss = state["python"]
     random.setstate((version, tuple(mt_state), gauss))
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": numpy_state["bit_generator"],
-            "state": {"key": numpy_state["key"].cpu().numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
+    saved = state["numpy"]  # numpy reads the keys it knows: bit_generator, state, has_gauss, gauss
+    key = saved["key"].cpu().numpy().astype(np.uint32)
+    np.random.set_state(saved | {"state": {"key": key, "pos": saved["pos"]}})
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] is not None and str(device).startswith("cuda"):
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def model_differences(saved, wanted, may_change):
-    """The model settings (GPTConfig fields) of `wanted` that differ from the checkpoint's `saved` ones, those
-    in may_change aside, as "--name=new but the checkpoint has old" for a one-line refusal; "" when none
-    do."""
+    """The GPTConfig fields of `wanted` but may_change that differ from the checkpoint's `saved`, as
+    "--name=new but the checkpoint has old" ("" when none do)."""
     differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
 
 def check_resumable(path, ckpt, train_config, model_config, meta):
-    """Refuse (UserError, one line) to continue a checkpoint with another vocabulary, position scheme or
-    model shape: its weights would not fit, or would mean something else. Returns the training knobs and model
-    knobs that changed, as "name old -> new" strings, for the log."""
-    missing = [key for key in RESUME_KEYS if key not in ckpt]
-    if missing:
+    """Refuse to continue a checkpoint with another vocabulary, position scheme or model shape. -> the knobs
+    that changed, as "name old -> new", for the log."""
+    if missing := [key for key in RESUME_KEYS if key not in ckpt]:
         raise UserError(
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
@@ -168,8 +150,7 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
 
 
 def open_for_resume(out_dir, train_config, model_config, meta, world_size):
-    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device and checked by
-    check_resumable; changes also names a change in the number of processes."""
+    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device and checked."""
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
@@ -185,8 +166,7 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
 
 
 def training_state(run, rng):
-    """The checkpoint dict described at the top of this file, of a training run; rng: every rank's
-    rng_state."""
+    """A run's checkpoint dict (plumbing/checkpoint.py); rng: every rank's rng_state."""
     p = run.progress
     return {
         "model": run.model.state_dict(),
@@ -206,8 +186,8 @@ def training_state(run, rng):
 
 
 def write_checkpoints(run, improved):
-    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (their RNG states are
-    gathered); rank 0 writes."""
+    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (to gather the RNG
+    states); rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
     run.progress.saved_iter = run.progress.iter_num
     if not run.procs.master:
@@ -225,16 +205,14 @@ def kept_checkpoint(run):
 
 
 def restore_training(run, path, ckpt):
-    """Put a freshly built run where the checkpoint left it: weights, optimizer moments, loss scale, data
-    streams, step, best loss, and (last, as building the model drew from them) the random generators of this
-    rank."""
+    """Put a freshly built run where the checkpoint left it; the random generators last, as building the
+    model drew from them."""
     load_weights(path, run.model, ckpt["model"])
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
+    # keep the moments, take this run's betas and weight decay (and fused on this device)
     for group, fresh in zip(run.optimizer.param_groups, settings):
-        group.update(
-            fresh
-        )  # keep the moments, take this run's betas and weight decay (and fused on this device)
+        group.update(fresh)
     if ckpt["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(ckpt["scaler"])
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
@@ -253,24 +231,15 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = (
-    "block_size",
-    "rope_scaling",
-    "rope_factor",
-    "rope_original_len",
-    "rope_low_freq_factor",
-    "rope_high_freq_factor",
-    "dropout",
-)
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS, "dropout")
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 
 def resize_position_table(table, n_pos):
     """A learned (T, C) position table resized to n_pos rows by linear interpolation, as vision transformers
-    resize theirs for a new resolution (Dosovitskiy et al. 2021, section 3.2) and as position interpolation
-    does for RoPE (Chen et al. 2023): new row p is the old table read at fractional position p * T / n_pos,
-    linear between its two neighbouring rows (the last row past the end). Old row i lands exactly on new row i
-    * n_pos / T when that is a whole number: every trained row is kept, spread out by the factor n_pos / T."""
+    resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for RoPE (Chen et al. 2023):
+    new row p is the old table read at fractional position p * T / n_pos (the last row past the end), so
+    every trained row is kept when n_pos / T is whole."""
     T = table.size(0)
     where = torch.arange(n_pos, dtype=torch.float64) * T / n_pos
     below = where.floor().long().clamp(max=T - 1)
@@ -280,23 +249,21 @@ def resize_position_table(table, n_pos):
 
 
 def saved_model_config(out_dir, names):
-    """The model settings (those in names) of the checkpoint in out_dir: what an --init_from run defaults
-    to."""
+    """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
     saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
 def fine_tune_dir(source, block_size, rope_scaling):
-    """Where a run started from the checkpoint in folder `source` writes unless told: beside it, named after
-    the new block_size and RoPE extension, e.g. out/shakespeare_char_rope_ctx256_yarn."""
+    """Where a run started from `source`'s checkpoint writes unless told, e.g.
+    out/shakespeare_char_rope_ctx256_yarn."""
     source = run_folder(source)
     return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
 
 
 def init_from_settings(values, saved):
-    """What a run started from a checkpoint (values["init_from"], whose model settings are saved) needs beyond
-    its flags: rope_original_len, so that a new RoPE extension scales against the length the checkpoint was
-    trained on, and an out_dir of its own beside the source when none was given. Never the source's folder."""
+    """What a run started from values["init_from"] (model settings `saved`) needs beyond its flags:
+    rope_original_len, the length a new RoPE extension scales against, and an out_dir of its own."""
     source, settings = Path(values["init_from"]), {}
     if values["rope_scaling"] and not saved.get("rope_scaling") and values["rope_original_len"] is None:
         settings["rope_original_len"] = saved["block_size"]
@@ -312,8 +279,8 @@ def init_from_settings(values, saved):
 
 
 def init_model_from(out_dir, model, meta, dataset):
-    """Load the weights of the checkpoint in out_dir into model, whose config may differ from the checkpoint's
-    only in INIT_KNOBS (else a one-line UserError). -> a note for the log when a learned table was resized."""
+    """Load the checkpoint in out_dir into model, whose config may differ from it only in INIT_KNOBS.
+    -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
     ckpt = load_checkpoint(path, mmap=True)
     check_meta(path, ckpt)
@@ -323,15 +290,9 @@ def init_model_from(out_dir, model, meta, dataset):
             f"refusing to initialise from {path}: {changes}; --init_from may change only "
             f"{', '.join(INIT_KNOBS)} (the weights must fit)"
         )
-    state, note = ckpt["model"], None
-    if POSITION_TABLE in state and state[POSITION_TABLE].size(0) != model.config.block_size:
-        old = state[POSITION_TABLE].size(0)
-        state = state | {
-            POSITION_TABLE: resize_position_table(state[POSITION_TABLE], model.config.block_size)
-        }
-        note = (
-            f"the learned position table was resized from {old} to {model.config.block_size} rows by linear "
-            "interpolation of the trained rows"
-        )
+    state, note, n_pos = ckpt["model"], None, model.config.block_size
+    if POSITION_TABLE in state and (old := state[POSITION_TABLE].size(0)) != n_pos:
+        state = state | {POSITION_TABLE: resize_position_table(state[POSITION_TABLE], n_pos)}
+        note = f"the learned position table was resized from {old} to {n_pos} rows by linear interpolation"
     load_weights(path, model, state)
     return note

@@ -1,5 +1,5 @@
-"""Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model retrieves,
-the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
+"""Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model
+retrieves, the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
 
 import csv
 import json
@@ -78,7 +78,8 @@ def test_passkey_meta_records_the_filler_it_was_made_with(tmp_path):
 
 @pytest.fixture
 def passkey_of_older_filler():
-    """data/<name>: a passkey dataset as the prepare.py before the 4-16 filler wrote it (no "generator" in meta)."""
+    """data/<name>: a passkey dataset as the prepare.py before the 4-16 filler wrote it (no "generator" in
+    meta)."""
     name = f"test_passkey_old_{os.getpid()}"
     passkey_prepare.prepare(DATA_ROOT / name, block_size=32, train_samples=8, val_samples=4)
     meta_path = DATA_ROOT / name / "meta.json"
@@ -92,7 +93,8 @@ def passkey_of_older_filler():
 def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(
     capsys, passkey_of_older_filler, tmp_path
 ):
-    """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it again."""
+    """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it
+    again."""
     folder = DATA_ROOT / passkey_of_older_filler
     before = {f.name: f.read_bytes() for f in folder.iterdir()}
     err = error_line(
@@ -153,8 +155,8 @@ def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_who
 
 
 class CopyAfterMarker(nn.Module):
-    """Predicts, at each position, the character that followed the first marker as many places after it as this
-    position is after the last marker: a perfect passkey retriever, written by hand."""
+    """Predicts, at each position, the character that followed the first marker as many places after it as
+    this position is after the last marker: a perfect passkey retriever, written by hand."""
 
     max_len = None
 

@@ -179,9 +179,8 @@ def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp
     assert "dataset='shakespear' is not a dataset here" in err and "shakespeare_char" in err, err
 
 
-# The last commit before cached generation left model.py for generation.py: GPT.generate_cached was a method
-# then.
-BEFORE_GENERATION_PY = "491106f"
+# A revision whose model.py carries its own cached generation (no generation.py): GPT.generate_cached.
+GPT_GENERATE_CACHED_REVISION = "491106f"
 
 
 def skip_without_git_history(revision="HEAD"):
@@ -230,8 +229,10 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
 def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
     """A revision without generation.py has generate_cached as a method of GPT: perf.ab calls that one
     there."""
-    skip_without_git_history(BEFORE_GENERATION_PY)
-    decoding = ab.main([f"--against={BEFORE_GENERATION_PY}", "--pos=rope", "--new_tokens=6", "--rounds=1"])
+    skip_without_git_history(GPT_GENERATE_CACHED_REVISION)
+    decoding = ab.main(
+        [f"--against={GPT_GENERATE_CACHED_REVISION}", "--pos=rope", "--new_tokens=6", "--rounds=1"]
+    )
     assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])
 
 

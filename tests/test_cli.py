@@ -218,7 +218,7 @@ def test_model_imports_only_torch_and_positions():
     }
 
 
-# What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.
+# The oldest checkpoint format: these keys, and these train_config fields.
 OLD_TRAIN_CONFIG = dict(
     dataset="shakespeare_char",
     batch_size=4,

@@ -609,8 +609,8 @@ def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
 
 def test_yarn_ramp_worked_by_hand():
     """d = 8, T = 64: i(32) = -0.497, i(1) = 1.008, so low 0, high 2: (0, 0.5, 1, 1). d = 16: low 0, high 3:
-    (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released: (0, 1,
-    1, 1)."""
+    (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released:
+    (0, 1, 1, 1)."""
     close(
         yarn_ramp(8, 10000.0, 64),
         torch.tensor([0, 0.5, 1, 1], dtype=torch.float64),

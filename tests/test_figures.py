@@ -53,8 +53,8 @@ def test_rope_decay_scores_are_apply_ropes_scores():
 
 
 def test_sinusoidal_wavelengths_span_two_pi_to_61342_tokens_at_gpt2_width():
-    """The wavelength panel's numbers: 2 pi for the fastest pair, 61,342.7 tokens for the slowest at d =
-    768."""
+    """The wavelength panel's numbers: 2 pi for the fastest pair, 61,342.7 tokens for the slowest at
+    d = 768."""
     wavelengths = figures.sinusoidal_wavelengths(768)
     assert wavelengths[0].item() == pytest.approx(2 * math.pi)
     assert round(wavelengths[-1].item(), 1) == 61342.7

@@ -211,12 +211,13 @@ def test_dynamic_ntk_follows_the_current_length():
 
 
 def test_yarn_ramps_in_the_pair_index_as_released():
-    """YaRN as the authors' code and transformers compute it, worked by hand for d = 8, T = 64, s = 4, theta =
-    (1, 0.1, 0.01, 0.001): the pair index turning r times over T is i(r) = d ln(T / 2 pi r) / (2 ln base),
-    i(32) = -0.4971 and i(1) = 1.0080, so low = max(floor, 0) = 0 and high = ceil = 2; the ramp (i - low) / 2
-    is (0, 0.5, 1, 1) and theta' = theta / s * ramp + theta * (1 - ramp) = (1, 0.0625, 0.0025, 0.00025): the
-    fastest pair is kept, the middle one half-interpolated, the slow ones divided by s. Temperature 0.1 ln 4 +
-    1 = 1.1386. (The paper's ramp in r would have interpolated pair 0 too: it turns 10.2 < 32 times.)"""
+    """YaRN as the authors' code and transformers compute it, worked by hand for d = 8, T = 64, s = 4,
+    theta = (1, 0.1, 0.01, 0.001): the pair index turning r times over T is
+    i(r) = d ln(T / 2 pi r) / (2 ln base), i(32) = -0.4971 and i(1) = 1.0080, so low = max(floor, 0) = 0 and
+    high = ceil = 2; the ramp (i - low) / 2 is (0, 0.5, 1, 1) and
+    theta' = theta / s * ramp + theta * (1 - ramp) = (1, 0.0625, 0.0025, 0.00025): the fastest pair is kept,
+    the middle one half-interpolated, the slow ones divided by s. Temperature 0.1 ln 4 + 1 = 1.1386. (The
+    paper's ramp in r would have interpolated pair 0 too: it turns 10.2 < 32 times.)"""
     i_of = lambda r: 8 * math.log(64 / (2 * math.pi * r)) / (2 * math.log(10000.0))
     assert abs(i_of(32) - -0.4971499) < 1e-6 and abs(i_of(1) - 1.0080001) < 1e-6
     inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=4.0, original_len=64)

@@ -60,8 +60,8 @@ def test_linear_matches_transformers(head_dim, T, s):
 
 @pytest.mark.parametrize("head_dim,T,s", SHAPES)
 def test_dynamic_matches_transformers_at_every_length(head_dim, T, s):
-    """Dynamic NTK: base * ((s L / T) - (s - 1))^(d / (d - 2)) at the current length L, plain RoPE while L <=
-    T. transformers reads T from max_position_embeddings (the trained length) and L from seq_len."""
+    """Dynamic NTK: base * ((s L / T) - (s - 1))^(d / (d - 2)) at the current length L, plain RoPE while
+    L <= T. transformers reads T from max_position_embeddings (the trained length) and L from seq_len."""
     for L in (1, T // 2, T, T + 1, 3 * T, int(s * T), 5 * int(s * T)):
         hf, hf_scale = hf_frequencies("dynamic", head_dim, T, seq_len=L, factor=s)
         ours, scale = rope_frequencies(head_dim, BASE, "dynamic", s, original_len=T, seq_len=L)

@@ -99,9 +99,9 @@ def test_llama3_keeps_fast_pairs_divides_slow_ones_and_blends_between(seed):
 def test_llama3_worked_case_d32_t64():
     """rope_frequencies' worked case, by hand: d = 32, T = 64, s = 4, low 1, high 4, base 10^4. Pair i has
     wavelength 2 pi 10^(i/4) and turns r_i = 64 / (2 pi 10^(i/4)) times over T: 10.19, 5.73, 3.22, 1.81,
-    1.019, 0.573, ... So pairs 0, 1 are kept (r > 4), pairs 2, 3, 4 blended with smooth = (r - 1) / 3 =
-    0.7404, 0.2704, 0.0062, theta' / theta = 1/4 + 3/4 smooth = 0.8053, 0.4528, 0.2546, and pairs 5 to 15
-    divided by 4 (r < 1)."""
+    1.019, 0.573, ... So pairs 0, 1 are kept (r > 4), pairs 2, 3, 4 blended with
+    smooth = (r - 1) / 3 = 0.7404, 0.2704, 0.0062, theta' / theta = 1/4 + 3/4 smooth = 0.8053, 0.4528,
+    0.2546, and pairs 5 to 15 divided by 4 (r < 1)."""
     turns = [64 / (2 * math.pi * 10 ** (i / 4)) for i in range(16)]
     assert [round(r, 3) for r in turns[:6]] == [10.186, 5.728, 3.221, 1.811, 1.019, 0.573]
     kept, blended, divided = [0, 1], [2, 3, 4], list(range(5, 16))
@@ -129,16 +129,16 @@ def test_llama3_worked_case_d32_t64():
 
 def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     """rope_fraction=1 is RoPE over the whole head: the tables are those of the formula (theta over the whole
-    head) and the logits equal, bit for bit, those of the model run through apply_rope as it is without
-    partial rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are
-    plain RoPE."""
+    head) and the logits equal, bit for bit, those of the model run through apply_rope without partial
+    rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain
+    RoPE."""
 
-    def apply_rope_before(x, cos, sin):
-        """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It
-        rounds as that body did, so the logits can be compared bit for bit: negating is exact, a + (-b) is a -
-        b in IEEE arithmetic, and sums and products commute. (A complex product, (x_i + j x_(i+d/2)) e^(j
-        angle), is the same rotation but torch's complex kernel fuses a multiply-add on some lengths: 1 ulp
-        apart, so no equality.)"""
+    def apply_rope_whole_head(x, cos, sin):
+        """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin, with
+        apply_rope's rounding, so the logits can be compared bit for bit: negating is exact, a + (-b) is
+        a - b in IEEE arithmetic, and sums and products commute. (A complex product,
+        (x_i + j x_(i+d/2)) e^(j angle), is the same rotation but torch's complex kernel fuses a multiply-add
+        on some lengths: 1 ulp apart, so no equality.)"""
         half = x.size(-1) // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # pair (a, b) -> (-b, a)
         return (x * torch.cat([cos, cos], dim=-1) + rotated_half * torch.cat([sin, sin], dim=-1)).to(x.dtype)
@@ -149,7 +149,7 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     assert torch.equal(model.transformer.wpe.cos, cos) and torch.equal(model.transformer.wpe.sin, sin)
     idx = torch.randint(0, 32, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
     logits, _ = model(idx)
-    monkeypatch.setattr("model.apply_rope", apply_rope_before)
+    monkeypatch.setattr("model.apply_rope", apply_rope_whole_head)
     assert torch.equal(model(idx)[0], logits)
 
 
@@ -385,9 +385,9 @@ def variant_run(tmp_path_factory):
 
 
 def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(variant_run, capsys):
-    """asdict(GPTConfig) puts every new field in model_config; sample.py rebuilds that model and runs Llama 3
-    scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the reference
-    sampler agreeing."""
+    """asdict(GPTConfig) puts every variant field in model_config; sample.py rebuilds that model and runs
+    Llama 3 scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the
+    reference sampler agreeing."""
     config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]
     assert {
         k: config[k]
@@ -472,10 +472,10 @@ def test_a_fraction_rounding_to_an_even_number_of_dimensions_is_accepted():
     assert model_config.rotary_dim == 4
 
 
-def test_a_checkpoint_older_than_the_variants_loads_as_plain_rope():
-    """A model_config without the new fields (tests/fixtures: written at 491106f) reads back with plain RoPE's
-    values for them, so it builds the model it was and resuming compares like with like (tests/test_cli.py
-    resumes it)."""
+def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
+    """A model_config without the variants' fields (tests/fixtures: written at 491106f) reads back with plain
+    RoPE's values for them, so it builds the model it was and resuming compares like with like
+    (tests/test_cli.py resumes it)."""
     fixture = Path(__file__).parent / "fixtures" / "ckpt_491106f_rope.pt"
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw

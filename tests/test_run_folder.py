@@ -1,10 +1,10 @@
-"""A run owns its folder, finished means finished, and every bad input to train.py is one line (issue 18).
+"""A run owns its folder, finished means finished, and every bad input to train.py is one line.
 
 A second run in a folder in use is refused naming the holder; a lock a killed run left is taken over; a folder
 holding a run is never replaced without --overwrite; a checkpoint records whether its run finished;
 checkpoints, datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback,
-with every file that was there before left as it was. Tiny models on CPU through train.main or `python
-train.py`; no mocks.
+with every file that was there before left as it was. Tiny models on CPU through train.main or
+`python train.py`; no mocks.
 """
 
 import json
@@ -193,7 +193,7 @@ class Shell:
 
 
 def spoil(path, kind, marker):
-    """Rewrite the checkpoint at path in one of the ways issue 18's hostile user found."""
+    """Rewrite the checkpoint at path in one of the ways a hostile user would."""
     ckpt = ckpt_io.load_checkpoint(path)
     if kind == "no meta":
         del ckpt["meta"]

@@ -61,8 +61,8 @@ def run(tmp_path, *flags):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
-    """Every scheme trains through main() and leaves a weights_only checkpoint that rebuilds the model (issue
-    #325)."""
+    """Every scheme trains through main() and leaves a weights_only checkpoint that rebuilds the model (see
+    nanoGPT issue #325)."""
     result = run(tmp_path, f"--pos={pos}", "--max_iters=3", "--eval_interval=3")
     path = Path(result["checkpoint"])
     assert path == tmp_path / "ckpt.pt" and result["iter_num"] == 3 and math.isfinite(result["best_val_loss"])
@@ -271,7 +271,8 @@ def test_atomic_save_leaves_no_temp_files_and_survives_a_failed_save(tmp_path):
     checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}}, path)
     checkpoint.save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
-    with pytest.raises(pickle.PicklingError):
+    # pickling a local lambda: AttributeError in Python 3.11, PicklingError from 3.14
+    with pytest.raises((AttributeError, pickle.PicklingError)):
         checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "unpicklable": lambda: None}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
     assert torch.equal(checkpoint.load_checkpoint(path)["model"]["w"], torch.zeros(3))

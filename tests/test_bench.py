@@ -61,8 +61,8 @@ def test_every_scheme_is_trained_and_generated_with_finite_figures(tiny_report):
 
 
 def test_cached_sampler_gives_the_reference_tokens_at_every_length(tiny_report):
-    """The benchmark checks the samplers agree; on a tiny model they must (a mismatch reads NO in the
-    table)."""
+    """The benchmark checks the samplers agree; on a tiny model they must
+    (a mismatch reads NO in the table)."""
     report, _ = tiny_report
     for g in report["generation"].values():
         assert [row["new_tokens"] for row in g["rows"]] == [8, 16]
@@ -227,8 +227,7 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
 
 
 def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
-    """A revision without generation.py has generate_cached as a method of GPT: perf.ab calls that one
-    there."""
+    """A revision without generation.py has GPT.generate_cached as a method: perf.ab calls that one there."""
     skip_without_git_history(GPT_GENERATE_CACHED_REVISION)
     decoding = ab.main(
         [f"--against={GPT_GENERATE_CACHED_REVISION}", "--pos=rope", "--new_tokens=6", "--rounds=1"]
@@ -270,8 +269,8 @@ def test_ab_nanogpt_reference_is_this_trees_network_but_for_the_gelu():
 
 
 def test_ab_times_training_against_the_nanogpt_structured_model_without_git():
-    """--against=nanogpt is a reserved word, not a revision: nothing is read from git; one finite row,
-    learned."""
+    """--against=nanogpt is a reserved word, not a revision: nothing is read from git;
+    one finite row, learned."""
     rows = ab.main(
         [
             "--against=nanogpt",

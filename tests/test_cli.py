@@ -21,8 +21,7 @@ import train
 from plumbing.cli import parse_list
 
 ROOT = Path(__file__).resolve().parents[1]
-# What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module
-# names).
+# What a user runs: the root's scripts and the modules run with python -m (fnmatch patterns of module names).
 ENTRY_POINTS = (
     "train",
     "sample",
@@ -162,8 +161,7 @@ def test_every_module_is_an_entry_point_or_a_shared_module():
 
 
 def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
-    """bench.py beside a folder bench/ is the trap: with a bench/__init__.py, `import bench` gets the
-    folder."""
+    """bench.py beside a folder bench/ is the trap: with bench/__init__.py, `import bench` gets the folder."""
     files = project_files()
     assert len([path for path in files if "/" not in path and path.endswith(".py")]) <= 6
     folders = {
@@ -294,8 +292,7 @@ def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, 
     assert re.search(r"resuming \S+ at step 2", capsys.readouterr().out)
 
 
-# A checkpoint file as train.py wrote it at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3
-# steps.
+# A checkpoint file from train.py at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
 ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
 
 

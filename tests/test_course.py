@@ -65,8 +65,8 @@ def no_bytecode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-    """A fresh copy with every exercise stripped and GitHub Classroom's configuration, made once for the
-    module."""
+    """A fresh copy with every exercise stripped and GitHub Classroom's configuration,
+    made once for the module."""
     try:
         tracked_files(ROOT)
     except RunError as e:

@@ -47,8 +47,7 @@ def char_dir(tmp_path_factory):
 
 
 def write_counting(out, n_train=5000, n_val=300, vocab_size=5000):
-    """A dataset whose token at position i is i % vocab_size, so a window's first id says where it came
-    from."""
+    """A dataset whose token at position i is i % vocab_size: a window's first id says where it came from."""
     meta = write_dataset(
         out,
         np.arange(n_train) % vocab_size,
@@ -385,8 +384,8 @@ def test_ensure_prepared_names_the_prepare_command(tmp_path):
 
 @pytest.mark.parametrize("name", ["shakespeare_char", "shakespeare", "text", "fineweb_edu"])
 def test_each_prepare_script_runs_as_a_module_from_the_root(name):
-    """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit (--help: no
-    work)."""
+    """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit
+    (--help: no work)."""
     done = subprocess.run(
         [sys.executable, "-m", f"data.{name}.prepare", "--help"],
         cwd=ROOT,
@@ -522,8 +521,8 @@ def test_sampler_rejects_bad_split_and_short_data(tmp_path):
 
 
 def break_dataset(data_dir, how):
-    """Damage a dataset of write_counting(n_train=100, n_val=50, vocab_size=100) as a user or a crash
-    might."""
+    """Damage a dataset of write_counting(n_train=100, n_val=50, vocab_size=100)
+    as a user or a crash might."""
     meta_path = data_dir / "meta.json"
     meta = json.loads(meta_path.read_text())
     if how == "no folder":

@@ -55,8 +55,8 @@ def test_without_positions_or_mask_the_swapped_sentence_gives_the_same_states_up
 
 
 def test_the_causal_mask_alone_tells_the_swapped_sentences_apart():
-    """With the mask NoPE's states differ: 'dog' at position 0 sees only itself, at position 10 the whole
-    sentence."""
+    """With the mask NoPE's states differ: 'dog' at position 0 sees only itself,
+    at position 10 the whole sentence."""
     rows, _, _ = permutation.compare(tiny_model("none"), LETTERS, "dog bites man", mask=True)
     assert rows[0] == (0.0, 0.0)  # the embedding carries no position
     assert rows[-1][0] > 1e-6 and rows[-1][1] > 1e-6
@@ -90,8 +90,8 @@ def test_with_gpt2_bpe_the_swap_is_a_permutation_of_the_real_tokens():
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_hidden_states_are_the_residual_stream_the_logits_come_from(pos):
-    """The last hidden state through ln_f and the head gives the model's logits: the hooks read the real
-    stream."""
+    """The last hidden state through ln_f and the head gives the model's logits:
+    the hooks read the real stream."""
     model = tiny_model(pos)
     idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     states = instruments.hidden_states(model, idx)
@@ -153,8 +153,8 @@ def test_the_four_qk_terms_add_up_to_the_scores():
 
 
 def test_probe_targets_count_back_to_the_latest_newline():
-    """Distance to the latest newline at or before each token; unknown (NaN) before the window's first
-    newline."""
+    """Distance to the latest newline at or before each token;
+    unknown (NaN) before the window's first newline."""
     windows = torch.tensor([[5, 0, 5, 5, 0, 5]])  # 0 is the newline
     position, distance = instruments.probe_targets(windows, newline_id=0)
     assert position[0].tolist() == [0, 1, 2, 3, 4, 5]
@@ -188,8 +188,8 @@ def test_without_the_mask_nope_hidden_states_hold_no_position():
 
 
 def test_permutation_flag_pos_none_means_the_nope_scheme():
-    """--pos=none is the scheme called none, not a missing value (a `str | None` flag would read it as
-    None)."""
+    """--pos=none is the scheme called none, not a missing value
+    (a `str | None` flag would read it as None)."""
     assert permutation.parse_args(["--pos=none", "--no_mask"]).pos == "none"
     assert permutation.parse_args([]).pos == "all"
 

@@ -18,8 +18,7 @@ from plumbing import checkpoint, distributed
 from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-# torchrun gives each worker one thread unless told otherwise; say so, and keep the parent's pytest thread
-# count
+# torchrun gives each worker one thread unless told otherwise; say so, keep the parent's pytest thread count
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 FLAGS = [
     "--n_layer=2",
@@ -163,8 +162,7 @@ def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
 
 
 def test_grad_accum_must_divide_among_the_processes():
-    """grad_accum micro-batches are shared out evenly: 3 among 2 processes is a one-line error naming a
-    fix."""
+    """grad_accum micro-batches are shared evenly: 3 among 2 processes is a one-line error naming a fix."""
     with pytest.raises(UserError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
         distributed.micro_steps_per_rank(3, distributed.Processes(world_size=2))
     assert distributed.micro_steps_per_rank(8, distributed.Processes(world_size=2)) == 4

@@ -110,8 +110,8 @@ def test_every_cell_is_finite_except_learned_past_its_table(measured):
 
 
 def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, checkpoints):
-    """RoPE gets a row per extension, learned a sliding-window row, a run that records its extension only its
-    own."""
+    """RoPE gets a row per extension, learned a sliding-window row,
+    a run that records its extension only its own."""
     rows, _ = measured
     assert list(rows_of(rows, checkpoints["rope"])) == ["plain", *ROPE_SCALINGS]
     assert list(rows_of(rows, checkpoints["learned"])) == ["plain", "window"]
@@ -229,8 +229,8 @@ def test_plot_is_written(measured):
 
 
 def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measured):
-    """The markdown table: the lengths as given, loss (ratio to L = T) in each cell, n/a for learned past
-    T."""
+    """The markdown table: the lengths as given, loss (ratio to L = T) in each cell,
+    n/a for learned past T."""
     rows, _ = measured
     lines = eval_length.loss_table(rows, eval_length.parse_lengths(LENGTHS)).splitlines()
     table = [line for line in lines if line.startswith("|")]
@@ -241,8 +241,8 @@ def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measu
 
 
 def test_lengths_are_multiples_of_t_or_token_counts():
-    """2, 8 and 32x are multiples of T; 64, 256 (bare, above 16) and 8t are token counts, as in --lengths
-    64,256."""
+    """2, 8 and 32x are multiples of T; 64, 256 (bare, above 16) and 8t are token counts,
+    as in --lengths 64,256."""
     lengths = eval_length.parse_lengths("0.5, 2x,8,32x,64,256,8t")
     assert [length.tokens(BLOCK) for length in lengths] == [8, 32, 128, 512, 64, 256, 8]
     assert [str(length) for length in lengths] == ["0.5x", "2x", "8x", "32x", "64t", "256t", "8t"]

@@ -96,8 +96,8 @@ def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
 
 
 def test_sinusoidal_first_rows_worked_by_hand():
-    """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1); row 2 is (sin 2, cos 2, sin 0.2, cos 0.2),
-    interleaved."""
+    """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1);
+    row 2 is (sin 2, cos 2, sin 0.2, cos 0.2), interleaved."""
     pe = sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)
     expected = torch.tensor(
         [
@@ -549,8 +549,8 @@ def test_linear_scaling_divides_theta_by_the_factor(given_parts, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ntk_scaling_raises_the_base(given_parts, seed):
-    """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1, the slowest is divided by
-    s."""
+    """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1,
+    the slowest is divided by s."""
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "ntk", s, original_len=T)
     close(

@@ -61,8 +61,8 @@ def test_sinusoidal_wavelengths_span_two_pi_to_61342_tokens_at_gpt2_width():
 
 
 def test_missing_extrapolation_table_is_skipped_with_a_message(tmp_path, capsys):
-    """Before the extrapolation study has run there is no CSV: the figure is skipped, with a line saying
-    why."""
+    """Before the extrapolation study has run there is no CSV:
+    the figure is skipped, with a line saying why."""
     written = figures.main(["--only=extrapolation", f"--out={tmp_path}", f"--csv={tmp_path / 'none.csv'}"])
     assert written == [] and not (tmp_path / "extrapolation.png").exists()
     assert "skipping extrapolation" in capsys.readouterr().out
@@ -115,8 +115,8 @@ def tiny_checkpoints(folder):
 
 
 def test_model_figures_come_from_the_checkpoints_given_and_are_deterministic(tmp_path):
-    """--checkpoints DIR is used as given (nothing is trained), and the same checkpoints give the same
-    bytes."""
+    """--checkpoints DIR is used as given (nothing is trained),
+    and the same checkpoints give the same bytes."""
     tiny_checkpoints(tmp_path / "ckpts")
     for run in ("a", "b"):
         written = figures.main(

@@ -79,8 +79,8 @@ def test_greedy_tokens_identical_with_and_without_cache(pos):
 
 
 def test_learned_max_context_crops_the_same_way_in_both_samplers():
-    """For learned, --max_context below block_size crops the context (positions restart) with or without the
-    cache."""
+    """For learned, --max_context below block_size crops the context (positions restart),
+    with or without the cache."""
     model = tiny_model("learned")
     prompt = torch.randint(0, 32, (1, 4), generator=torch.Generator().manual_seed(4))
     reference = model.generate(prompt, 40, temperature=0, max_context=6)
@@ -358,8 +358,8 @@ def test_decoding_builds_no_autograd_graph(compile):
 
 
 def test_compiled_decoding_with_inductor_matches():
-    """One real inductor compile of the decode step (C++ generated and built on the CPU): the same greedy
-    tokens."""
+    """One real inductor compile of the decode step (C++ generated and built on the CPU):
+    the same greedy tokens."""
     torch.compiler.reset()
     model = tiny_model("rope")
     prompt = torch.randint(0, 32, (1, 3), generator=torch.Generator().manual_seed(11))
@@ -368,8 +368,8 @@ def test_compiled_decoding_with_inductor_matches():
 
 
 def test_compiled_decoding_refuses_dynamic_ntk():
-    """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot: say
-    so."""
+    """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot:
+    say so."""
     model = tiny_model("rope", rope_scaling="dynamic", rope_factor=2.0)
     with pytest.raises(ValueError, match="dynamic.*compile=False"):
         generate_cached(

@@ -85,8 +85,8 @@ def test_converted_gpt2_is_learned_gpt2_with_the_same_parameters():
 
 
 def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search():
-    """Greedy tokens from the KV cache equal transformers' generate(do_sample=False) up to the 16
-    positions."""
+    """Greedy tokens from the KV cache equal transformers' generate(do_sample=False)
+    up to the 16 positions."""
     hf_model = tiny_hf_gpt2()
     model = GPT.from_hf_gpt2(hf_model)
     prompt = torch.randint(0, 50, (1, 4), generator=torch.Generator().manual_seed(2))
@@ -97,8 +97,8 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
 
 
 def test_position_past_n_positions_is_a_clear_error():
-    """GPT-2 has no position 16 when n_positions = 16: a ValueError that names block_size, not an index
-    error."""
+    """GPT-2 has no position 16 when n_positions = 16:
+    a ValueError that names block_size, not an index error."""
     model = GPT.from_hf_gpt2(tiny_hf_gpt2())
     with pytest.raises(ValueError, match="exceeds block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))

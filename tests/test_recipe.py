@@ -18,8 +18,8 @@ from positions import sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):
-    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char, built as train()
-    does."""
+    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char,
+    built as train() does."""
     cfg, model_config = train.parse_args(
         [
             "--n_layer=2",
@@ -57,8 +57,8 @@ def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
 
 
 def gradient_norm_at_step(run, lr=1e-3):
-    """The global gradient norm the optimizer sees in one train_step (read by the optimizer's own pre-step
-    hook)."""
+    """The global gradient norm the optimizer sees in one train_step
+    (read by the optimizer's own pre-step hook)."""
     seen = []
     hook = run.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(
@@ -75,8 +75,8 @@ def gradient_norm_at_step(run, lr=1e-3):
 
 
 def test_train_step_clips_the_gradient_norm_before_the_optimizer_step(tmp_path):
-    """grad_clip=0.01: the optimizer steps with a gradient of norm 0.01; grad_clip=0 leaves it (about 1 at
-    init)."""
+    """grad_clip=0.01: the optimizer steps with a gradient of norm 0.01;
+    grad_clip=0 leaves it (about 1 at init)."""
     assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0.01")) == pytest.approx(0.01, rel=1e-4)
     assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0")) > 0.1
 

@@ -52,8 +52,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def train_in_fresh_process(*flags):
-    """train.main(flags) in a new Python process -> its summary (losses and evals, floats exact through
-    JSON)."""
+    """train.main(flags) in a new Python process -> its summary
+    (losses and evals, floats exact through JSON)."""
     code = (
         "import json, sys, train; r = train.main(sys.argv[1:]); "
         "print('SUMMARY ' + json.dumps({'losses': list(r['losses'].items()), 'evals': r['evals']}))"
@@ -67,8 +67,8 @@ def train_in_fresh_process(*flags):
 
 
 def training_until_step(step, *flags):
-    """`python train.py flags` in a new process, once it has logged step `step` (its stdout read up to
-    there)."""
+    """`python train.py flags` in a new process, once it has logged step `step`
+    (its stdout read up to there)."""
     proc = subprocess.Popen(
         [sys.executable, "train.py", *flags],
         cwd=ROOT,
@@ -128,8 +128,8 @@ def test_resumed_run_is_bit_identical_to_a_straight_run(tmp_path, straight):
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
-    """python, numpy and torch generators, saved with the checkpoint and restored, draw the same numbers
-    again."""
+    """python, numpy and torch generators, saved with the checkpoint and restored,
+    draw the same numbers again."""
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # numpy keeps a cached gaussian: part of the state
     path = ckpt_io.save_checkpoint(
@@ -306,8 +306,7 @@ def saved_run(tmp_path_factory):
     ],
 )
 def test_resume_with_another_pos_or_shape_is_refused(capsys, saved_run, flag, words):
-    """Another position scheme or model shape than the checkpoint's is a one-line refusal naming both
-    values."""
+    """Another position scheme or model shape than the checkpoint's: a one-line refusal naming both values."""
     flags, out_dir = saved_run
     err = train_error_line(capsys, [*flags, "--resume", flag], status=1)
     assert f"refusing to resume {out_dir / 'ckpt.pt'}: {words}" in err, err

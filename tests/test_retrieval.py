@@ -93,8 +93,8 @@ def passkey_without_generator():
 def test_a_passkey_dataset_without_its_generator_is_refused_in_one_line_and_kept(
     capsys, passkey_without_generator, tmp_path
 ):
-    """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it
-    again."""
+    """Trained on it, a model would be scored on filler unlike its training:
+    train.py says how to make it again."""
     folder = DATA_ROOT / passkey_without_generator
     before = {f.name: f.read_bytes() for f in folder.iterdir()}
     err = error_line(

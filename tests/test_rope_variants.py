@@ -123,8 +123,7 @@ def test_llama3_worked_case_d32_t64():
 
 
 # -----------------------------------------------------------------------------
-# Partial rotation: the first int(head_dim * rope_fraction) dimensions of each head turn, the rest carry no
-# position
+# Partial rotation: the first int(head_dim * rope_fraction) dims of each head turn, the rest carry no position
 
 
 def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):

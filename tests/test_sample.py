@@ -1,5 +1,5 @@
-"""sample.py as a user runs it: train tiny checkpoints with train.py, then generate past their trained
-length."""
+"""sample.py as a user runs it: train tiny checkpoints with train.py,
+then generate past their trained length."""
 
 import re
 import shutil
@@ -238,8 +238,7 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
     missing for it (nan in the table), not a KeyError."""
     loaded = sample.load(checkpoints["rope"], "cpu")
-    # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training
-    # config
+    # a GPT2_MODELS name's checkpoint info, once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
     dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get(
@@ -263,8 +262,8 @@ def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpo
 
 
 def test_sample_prefers_the_best_checkpoint_over_the_latest(checkpoints, tmp_path):
-    """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest): sampling uses best.pt when it
-    exists."""
+    """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest):
+    sampling uses best.pt when it exists."""
     shutil.copy(f"{checkpoints['learned']}/ckpt.pt", tmp_path / "ckpt.pt")
     assert sample.load(tmp_path, "cpu").model.config.pos == "learned"
     shutil.copy(f"{checkpoints['alibi']}/ckpt.pt", tmp_path / "best.pt")

@@ -94,8 +94,8 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_run_compiles_with_autocast_and_saves_plain_names(tmp_path):
-    """On CUDA the defaults turn on torch.compile and bf16/fp16 autocast; the checkpoint still has plain
-    names."""
+    """On CUDA the defaults turn on torch.compile and bf16/fp16 autocast;
+    the checkpoint still has plain names."""
     result = run(
         tmp_path, "--device=cuda", "--compile=true", "--dtype=auto", "--max_iters=3", "--eval_interval=3"
     )
@@ -208,8 +208,8 @@ def test_gpt2_124m_config_is_gpt2_small_with_half_a_million_tokens_per_step():
 
 
 def test_dropout_zero_and_boolean_spellings_parse():
-    """--dropout=0 is 0.0 (nanoGPT's configurator rejects it), booleans take true/false/1/0/yes/no or no
-    value."""
+    """--dropout=0 is 0.0 (nanoGPT's configurator rejects it),
+    booleans take true/false/1/0/yes/no or no value."""
     cfg, model_config = train.parse_args(["--dropout=0", "--bias=False", "--compile", "no"])
     assert model_config.dropout == 0.0 and model_config.bias is False and cfg.compile is False
     cfg, model_config = train.parse_args(["--bias", "--compile=1", "--dropout", "0.25"])
@@ -217,8 +217,8 @@ def test_dropout_zero_and_boolean_spellings_parse():
 
 
 def test_every_config_field_has_a_flag(capsys):
-    """Each field of TrainConfig and GPTConfig (but vocab_size, read from the dataset) is settable from the
-    CLI."""
+    """Each field of TrainConfig and GPTConfig (but vocab_size, read from the dataset)
+    is settable from the CLI."""
     with pytest.raises(SystemExit):
         train.main(["--help"])
     help_text = capsys.readouterr().out
@@ -240,8 +240,8 @@ def test_default_out_dir_names_dataset_and_pos():
 
 
 def test_lr_schedule_warmup_cosine_then_flat():
-    """Linear warmup to the peak, half cosine to min_lr at lr_decay_iters (whatever max_iters is), then
-    flat."""
+    """Linear warmup to the peak, half cosine to min_lr at lr_decay_iters (whatever max_iters is),
+    then flat."""
     cfg = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110, max_iters=50)
     lr = [train.get_lr(it, cfg) for it in range(200)]
     assert lr[0] == pytest.approx(1 / 11) and lr[9] == pytest.approx(10 / 11)
@@ -265,8 +265,8 @@ def test_lr_decay_iters_defaults_to_max_iters():
 
 
 def test_atomic_save_leaves_no_temp_files_and_survives_a_failed_save(tmp_path):
-    """save_checkpoint replaces the file whole; a save that fails midway keeps the old checkpoint and no
-    litter."""
+    """save_checkpoint replaces the file whole;
+    a save that fails midway keeps the old checkpoint and no litter."""
     path = tmp_path / "ckpt.pt"
     checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}}, path)
     checkpoint.save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}}, path)
@@ -287,8 +287,7 @@ def test_a_mapped_load_gives_the_same_checkpoint_in_either_file_format(tmp_path)
         torch.save(saved, tmp_path / name, _use_new_zipfile_serialization=zip_format)
         mapped = checkpoint.load_checkpoint(tmp_path / name, mmap=True)
         full = checkpoint.load_checkpoint(tmp_path / name, mmap=False)
-        # both get the RoPE variants' fields a file this old lacks (with_rope_variants), and nothing else
-        # changes
+        # both get the RoPE variants' fields this old file lacks (with_rope_variants); nothing else changes
         assert (
             mapped["model_config"]
             == full["model_config"]

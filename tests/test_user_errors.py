@@ -114,8 +114,7 @@ def case(script, argv, status, *words, available=None, marks=(), id=None):
 
 
 CASES = [
-    # NaN and infinity pass every range check (nan > 0 and nan < 0 are both False): refused where floats are
-    # parsed
+    # NaN and infinity pass every range check (nan > 0, nan < 0 are both False): refused where floats are read
     case(
         "sample",
         ["--out_dir={ckpt}", "--temperature=inf"],
@@ -321,8 +320,8 @@ def test_a_bad_input_is_one_line_before_any_work(
 
 
 def run_script(args, **kwargs):
-    """A script of the repository in a new Python process, from the root (TIKTOKEN_CACHE_DIR and the like
-    kept)."""
+    """A script of the repository in a new Python process, from the root
+    (TIKTOKEN_CACHE_DIR and the like kept)."""
     env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.Popen(
         [sys.executable, "-u", *args],
@@ -337,8 +336,8 @@ def run_script(args, **kwargs):
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to another process")
 def test_ctrl_c_stops_sample_quietly_with_status_130(trained):
-    """Ctrl-C while sample.py streams: exit status 130, as a shell reports an interrupted command, and no
-    traceback."""
+    """Ctrl-C while sample.py streams: exit status 130, as a shell reports an interrupted command,
+    and no traceback."""
     process = run_script(["sample.py", f"--out_dir={trained}", "--max_new_tokens=1000000", "--device=cpu"])
     first = process.stdout.readline()  # the model is loaded and generating once the header line is out
     process.send_signal(signal.SIGINT)

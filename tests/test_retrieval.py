@@ -90,7 +90,7 @@ def passkey_without_generator():
     shutil.rmtree(DATA_ROOT / name)
 
 
-def test_a_passkey_dataset_without_its_generator_is_refused_in_one_line_and_kept(
+def test_a_passkey_dataset_without_a_recorded_generator_is_refused_in_one_line_and_kept(
     capsys, passkey_without_generator, tmp_path
 ):
     """Trained on it, a model would be scored on filler unlike its training:

@@ -1,5 +1,6 @@
-"""Make the repository root importable (model.py, train.py, sample.py, data/) from the tests, and give the tests
-that grade each course exercise its marker (course/exercises.py: `python -m pytest -m ex3 --strict-markers`)."""
+"""Make the repository root importable (model.py, train.py, sample.py, data/) from the tests, and give the
+tests that grade each course exercise its marker (course/exercises.py: `python -m pytest -m ex3
+--strict-markers`)."""
 
 import sys
 from pathlib import Path
@@ -27,8 +28,9 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
-    """Each test the table names gets its exercise's marker, so the test files themselves need no edits. Node ids
-    are taken from the root, whatever pytest's rootdir; a table entry without [params] covers every parameter."""
+    """Each test the table names gets its exercise's marker, so the test files themselves need no edits. Node
+    ids are taken from the root, whatever pytest's rootdir; a table entry without [params] covers every
+    parameter."""
     graded = {node: exercise.id for exercise in EXERCISES for node in exercise.tests}
     for item in items:
         try:

@@ -1,5 +1,5 @@
-"""perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad flags in
-one line. Speed itself is measured by perf.bench, never asserted here."""
+"""perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad
+flags in one line. Speed itself is measured by perf.bench, never asserted here."""
 
 import json
 import math
@@ -61,7 +61,8 @@ def test_every_scheme_is_trained_and_generated_with_finite_figures(tiny_report):
 
 
 def test_cached_sampler_gives_the_reference_tokens_at_every_length(tiny_report):
-    """The benchmark checks the samplers agree; on a tiny model they must (a mismatch reads NO in the table)."""
+    """The benchmark checks the samplers agree; on a tiny model they must
+    (a mismatch reads NO in the table)."""
     report, _ = tiny_report
     for g in report["generation"].values():
         assert [row["new_tokens"] for row in g["rows"]] == [8, 16]
@@ -107,8 +108,8 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
 
 
 def test_several_schemes_are_measured_in_the_order_given():
-    """--pos=a,b,c: only those, in that order (a run cut short by a timeout keeps the first ones), training and
-    generation alike."""
+    """--pos=a,b,c: only those, in that order (a run cut short by a timeout keeps the first ones), training
+    and generation alike."""
     report = bench.main([*TINY, "--pos=rope,learned", "--gen_multiples", "1"])
     assert list(report["training"]) == ["rope", "learned"] == list(report["generation"])
 
@@ -122,8 +123,8 @@ def test_reference_past_its_limit_is_reported_skipped_not_run():
 
 
 def test_no_warmup_steps_times_every_step():
-    """--warmup_steps=0: every step is timed, the first one (compiling, with --compile) among them; no first-step or
-    compile time is reported apart."""
+    """--warmup_steps=0: every step is timed, the first one (compiling, with --compile) among them; no
+    first-step or compile time is reported apart."""
     report = bench.main([*TINY, "--pos=rope", "--warmup_steps=0", "--gen_multiples"])
     rope = report["training"]["rope"]
     assert rope["timed_steps"] == 2 and rope["ms_per_step"] > 0 and rope["first_step_s"] is None
@@ -166,8 +167,8 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
 
 
 def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp_path):
-    """A preset's values go through the flags' own checks (a bad dtype names the valid ones), and so do those of a
-    BenchConfig built in code; an unknown dataset names the datasets there are."""
+    """A preset's values go through the flags' own checks (a bad dtype names the valid ones), and so do those
+    of a BenchConfig built in code; an unknown dataset names the datasets there are."""
     preset = tmp_path / "bad.toml"
     preset.write_text('dtype = "bf16"\nlearning_rate = 1e-3\n')
     err = error_line(capsys, bench, [f"--config={preset}"], 2)
@@ -178,8 +179,8 @@ def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp
     assert "dataset='shakespear' is not a dataset here" in err and "shakespeare_char" in err, err
 
 
-# The last commit before cached generation left model.py for generation.py: GPT.generate_cached was a method then.
-BEFORE_GENERATION_PY = "491106f"
+# A revision whose model.py carries its own cached generation (no generation.py): GPT.generate_cached.
+GPT_GENERATE_CACHED_REVISION = "491106f"
 
 
 def skip_without_git_history(revision="HEAD"):
@@ -200,10 +201,10 @@ def skip_without_git_history(revision="HEAD"):
 
 
 def test_ab_checks_the_module_free_loop_and_model_versions_before_timing_them():
-    """perf.ab: its module-free loop gives the model's logits for every scheme it writes out (sinusoidal, rope,
-    alibi, none; learned is refused in one line), and model.py loaded from a git revision (HEAD) decodes the same
-    tokens beside this tree's (it refuses to time either otherwise); training steps too. Every figure is finite.
-    Speed is not asserted."""
+    """perf.ab: its module-free loop gives the model's logits for every scheme it writes out (sinusoidal,
+    rope, alibi, none; learned is refused in one line), and model.py loaded from a git revision (HEAD) decodes
+    the same tokens beside this tree's (it refuses to time either otherwise); training steps too. Every figure
+    is finite. Speed is not asserted."""
     skip_without_git_history()
     module_free = ab.main(["--module_free", "--new_tokens=6", "--rounds=1"])
     with pytest.raises(SystemExit, match="2"):
@@ -226,17 +227,20 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
 
 
 def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
-    """A revision without generation.py has generate_cached as a method of GPT: perf.ab calls that one there."""
-    skip_without_git_history(BEFORE_GENERATION_PY)
-    decoding = ab.main([f"--against={BEFORE_GENERATION_PY}", "--pos=rope", "--new_tokens=6", "--rounds=1"])
+    """A revision without generation.py has GPT.generate_cached as a method: perf.ab calls that one there."""
+    skip_without_git_history(GPT_GENERATE_CACHED_REVISION)
+    decoding = ab.main(
+        [f"--against={GPT_GENERATE_CACHED_REVISION}", "--pos=rope", "--new_tokens=6", "--rounds=1"]
+    )
     assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])
 
 
 def test_ab_nanogpt_reference_is_this_trees_network_but_for_the_gelu():
-    """--against=nanogpt's reference, written apart with nanoGPT's structure, takes this tree's weights under their
-    GPT-2 names (copied, the lm_head tied to its own wte): with GPT-2's tanh GELU it gives this tree's logits and loss
-    to 1e-5, with nanoGPT's exact GELU a loss further off than that. On a copy with 10x larger matrices: at GPT-2's
-    initialisation the MLP's inputs are so small that the two GELUs give the same loss to ~1e-6."""
+    """--against=nanogpt's reference, written apart with nanoGPT's structure, takes this tree's weights under
+    their GPT-2 names (copied, the lm_head tied to its own wte): with GPT-2's tanh GELU it gives this tree's
+    logits and loss to 1e-5, with nanoGPT's exact GELU a loss further off than that. On a copy with 10x larger
+    matrices: at GPT-2's initialisation the MLP's inputs are so small that the two GELUs give the same loss to
+    ~1e-6."""
     torch.manual_seed(0)
     model = GPT(
         GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False, pos="learned")
@@ -265,7 +269,8 @@ def test_ab_nanogpt_reference_is_this_trees_network_but_for_the_gelu():
 
 
 def test_ab_times_training_against_the_nanogpt_structured_model_without_git():
-    """--against=nanogpt is a reserved word, not a revision: nothing is read from git; one finite row, learned."""
+    """--against=nanogpt is a reserved word, not a revision: nothing is read from git;
+    one finite row, learned."""
     rows = ab.main(
         [
             "--against=nanogpt",

@@ -1,5 +1,5 @@
-"""Every script takes its flags from plumbing/cli.py: the same syntax, the same one-line errors; and the layout
-rules, read from the files git tracks.
+"""Every script takes its flags from plumbing/cli.py: the same syntax, the same one-line errors; and the
+layout rules, read from the files git tracks.
 
 train.py and sample.py are run through main() as a user would; a mistake must stop them before any work with
 exit status 2 and one line (never argparse's usage block), abbreviations are refused, and typos get a guess.
@@ -21,7 +21,7 @@ import train
 from plumbing.cli import parse_list
 
 ROOT = Path(__file__).resolve().parents[1]
-# What a user runs: the scripts at the root, and the modules run with python -m (fnmatch patterns of module names).
+# What a user runs: the root's scripts and the modules run with python -m (fnmatch patterns of module names).
 ENTRY_POINTS = (
     "train",
     "sample",
@@ -87,8 +87,9 @@ def test_sample_reads_a_config_file_like_train(tmp_path, capsys):
 
 
 def project_files(suffix=""):
-    """The project's own files (paths from the root, present in the working tree), as git tracks them: a virtual
-    environment, datasets or runs inside the checkout are not the project. Skips outside a git checkout."""
+    """The project's own files (paths from the root, present in the working tree), as git tracks them: a
+    virtual environment, datasets or runs inside the checkout are not the project. Skips outside a git
+    checkout."""
     try:
         top = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True
@@ -108,8 +109,8 @@ def module_name(path):
 
 
 def imported_names(path):
-    """Every dotted name the file imports, anywhere in it (function bodies too): for `from a.b import c` both a.b and
-    a.b.c, since c may be a module; relative imports resolved from the file's package."""
+    """Every dotted name the file imports, anywhere in it (function bodies too): for `from a.b import c` both
+    a.b and a.b.c, since c may be a module; relative imports resolved from the file's package."""
     package = module_name(path) if path.endswith("__init__.py") else module_name(path).rpartition(".")[0]
     package_parts = package.split(".") if package else []
     names = set()
@@ -135,9 +136,10 @@ def project_modules():
 
 
 def test_no_script_imports_another_script():
-    """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab, demo.*,
-    experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py), never each other;
-    no shared module imports one either, or the entry points would import each other through it."""
+    """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab,
+    demo.*, experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py),
+    never each other; no shared module imports one either, or the entry points would import each other through
+    it."""
     modules = project_modules()
     entry_points = {name for name in modules if any(fnmatch(name, pattern) for pattern in ENTRY_POINTS)}
     assert {"train", "sample", "eval_length", "perf.bench", "perf.ab"} <= entry_points
@@ -147,8 +149,8 @@ def test_no_script_imports_another_script():
 
 def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
-    generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py holds
-    the data format)."""
+    generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py
+    holds the data format)."""
     unsorted = [
         path
         for name, path in project_modules().items()
@@ -159,7 +161,7 @@ def test_every_module_is_an_entry_point_or_a_shared_module():
 
 
 def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
-    """bench.py beside a folder bench/ is the trap: with a bench/__init__.py, `import bench` gets the folder."""
+    """bench.py beside a folder bench/ is the trap: with bench/__init__.py, `import bench` gets the folder."""
     files = project_files()
     assert len([path for path in files if "/" not in path and path.endswith(".py")]) <= 6
     folders = {
@@ -173,9 +175,9 @@ def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
 
 
 def test_no_module_but_the_tests_edits_sys_path():
-    """Everything runs from the root (python train.py, python -m perf.ab, ...), where the modules import each other
-    as they are; a sys.path edit would make a script work only from where it was tried, or import a module twice
-    under two names."""
+    """Everything runs from the root (python train.py, python -m perf.ab, ...), where the modules import each
+    other as they are; a sys.path edit would make a script work only from where it was tried, or import a
+    module twice under two names."""
 
     def touches_sys_path(path):
         return any(
@@ -214,7 +216,7 @@ def test_model_imports_only_torch_and_positions():
     }
 
 
-# What train.py wrote before checkpoint.py existed: these keys, and these train_config fields.
+# The oldest checkpoint format: these keys, and these train_config fields.
 OLD_TRAIN_CONFIG = dict(
     dataset="shakespeare_char",
     batch_size=4,
@@ -258,8 +260,8 @@ OLD_KEYS = {
 
 
 def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, capsys):
-    """A checkpoint dict with exactly OLD_KEYS and OLD_TRAIN_CONFIG's fields (no init_from, no finished, grad_accum
-    an int) loads in sample.py and resumes in train.py."""
+    """A checkpoint dict with exactly OLD_KEYS and OLD_TRAIN_CONFIG's fields (no init_from, no finished,
+    grad_accum an int) loads in sample.py and resumes in train.py."""
     flags = [
         "--n_layer=1",
         "--n_head=2",
@@ -290,13 +292,13 @@ def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, 
     assert re.search(r"resuming \S+ at step 2", capsys.readouterr().out)
 
 
-# A checkpoint file as train.py wrote it at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
+# A checkpoint file from train.py at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
 ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
 
 
 def test_the_fixture_checkpoint_samples_and_resumes_to_the_loss_of_an_uninterrupted_run(tmp_path):
-    """The fixture file samples past its block_size, and resumes to the very loss that an uninterrupted run of this
-    code reaches at the same step: the file format and the training arithmetic are the fixture's."""
+    """The fixture file samples past its block_size, and resumes to the very loss that an uninterrupted run of
+    this code reaches at the same step: the file format and the training arithmetic are the fixture's."""
     flags = [
         "--n_layer=1",
         "--n_head=2",
@@ -336,8 +338,8 @@ def test_python_version_check_is_one_line():
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
-    """cli.parse_list, behind perf.bench's and perf.ab's --pos: the names in the order given, `everything` for all
-    of them in their own order, and one line naming the choices for an unknown or repeated name."""
+    """cli.parse_list, behind perf.bench's and perf.ab's --pos: the names in the order given, `everything` for
+    all of them in their own order, and one line naming the choices for an unknown or repeated name."""
     choices = ("learned", "rope", "alibi")
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")
     assert parse_list("pos", "all", choices, everything="all") == choices

@@ -33,7 +33,7 @@ def loss_and_grads(model, x, y, run=None):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_compiled_model_has_no_graph_breaks(pos):
-    """Forward and backward of every scheme compile as one graph (fullgraph=True), and agree with eager mode."""
+    """Every scheme's forward and backward compile as one graph (fullgraph=True) and agree with eager mode."""
     torch.compiler.reset()
     model, x, y = model_and_batch(pos)
     eager_loss, eager_grads = loss_and_grads(model, x, y)
@@ -46,7 +46,7 @@ def test_compiled_model_has_no_graph_breaks(pos):
 
 
 def test_inductor_compiles_a_tiny_rope_model():
-    """One real inductor compile (C++ code generated and built on the CPU): loss and gradients match eager mode."""
+    """One real inductor compile (C++ generated and built on the CPU): loss and gradients match eager mode."""
     torch.compiler.reset()
     model, x, y = model_and_batch("rope")
     eager_loss, eager_grads = loss_and_grads(model, x, y)
@@ -68,8 +68,8 @@ def precision_for(*flags):
 
 
 def test_cpu_trains_in_float32_unless_dtype_says_otherwise():
-    """auto is float32 on CPU (no autocast, no scaler); --dtype=bfloat16 autocasts; --dtype=float16 also scales
-    the loss (a GradScaler), as on a GPU without bf16."""
+    """auto is float32 on CPU (no autocast, no scaler); --dtype=bfloat16 autocasts; --dtype=float16 also
+    scales the loss (a GradScaler), as on a GPU without bf16."""
     dtype, autocast, scaler = precision_for()
     assert dtype == "float32" and not isinstance(autocast, torch.autocast) and not scaler.is_enabled()
     dtype, autocast, scaler = precision_for("--dtype=bfloat16")
@@ -80,7 +80,7 @@ def test_cpu_trains_in_float32_unless_dtype_says_otherwise():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_run_trains_and_resumes_its_loss_scale(tmp_path, dtype):
-    """A short CPU run under bf16 or fp16 autocast stays finite; fp16 saves its GradScaler state for a resume."""
+    """A short CPU run under bf16 or fp16 autocast stays finite; fp16 saves its GradScaler state to resume."""
     flags = [
         "--n_layer=1",
         "--n_head=2",

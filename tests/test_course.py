@@ -1,15 +1,16 @@
-"""Course mode end to end, in a tmp_path: python -m course make cuts the exercises of course/exercises.py out of the
-real code into a student copy, and python -m course grade grades each by its own tests.
+"""Course mode end to end, in a tmp_path: python -m course make cuts the exercises of course/exercises.py out
+of the real code into a student copy, and python -m course grade grades each by its own tests.
 
 What must hold: the copy is the tracked files with stubs and nothing else (no solution text, no .git, no
 __pycache__), it imports and `python train.py --help` runs; every exercise fails there with its own
-NotImplementedError; bodies put back pass exactly their exercises, and wrong ones (RoPE turning by -theta, ALiBi's
-slopes reversed) fail readably; the solution passes everything, each test calling its own exercise's functions
-and no other's (so any one exercise can be done alone); mistakes are one line. The copy is for students:
-its README says how to set up, grade and what runs before which exercise, no page keeps an instructors'
-section, --classroom adds a valid GitHub Classroom configuration, and `course check` passes it. A failing
-exercise's line gives the numbers (got, expected, tolerance, dtype) and its hints follow. One copy per module (make is cheap:
-a file listing and a syntax tree); each grade is one pytest process over the exercises' tests.
+NotImplementedError; bodies put back pass exactly their exercises, and wrong ones (RoPE turning by -theta,
+ALiBi's slopes reversed) fail readably; the solution passes everything, each test calling its own exercise's
+functions and no other's (so any one exercise can be done alone); mistakes are one line. The copy is for
+students: its README says how to set up, grade and what runs before which exercise, no page keeps an
+instructors' section, --classroom adds a valid GitHub Classroom configuration, and `course check` passes it. A
+failing exercise's line gives the numbers (got, expected, tolerance, dtype) and its hints follow. One copy per
+module (make is cheap: a file listing and a syntax tree); each grade is one pytest process over the exercises'
+tests.
 """
 
 import ast
@@ -64,8 +65,8 @@ def no_bytecode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-    """A fresh copy with every exercise stripped and GitHub Classroom's configuration, made once for the
-    module."""
+    """A fresh copy with every exercise stripped and GitHub Classroom's configuration,
+    made once for the module."""
     try:
         tracked_files(ROOT)
     except RunError as e:
@@ -110,8 +111,9 @@ def put_wrong(copy, spec, line):
 
 
 def test_the_table_is_in_teaching_order_and_names_what_exists():
-    """ex1, ex2, ... in order, at least eight; every function exists and can be cut, every section is a heading of
-    docs/lesson.md; each function and each test belongs to one exercise; a known difficulty, one or two hints."""
+    """ex1, ex2, ... in order, at least eight; every function exists and can be cut, every section is a
+    heading of docs/lesson.md; each function and each test belongs to one exercise; a known difficulty, one or
+    two hints."""
     assert [e.id for e in EXERCISES] == [f"ex{n}" for n in range(1, len(EXERCISES) + 1)] and len(
         EXERCISES
     ) >= 8
@@ -157,8 +159,8 @@ class Table:
 
 
 def test_a_body_is_cut_after_its_docstring_and_everything_else_stays_byte_for_byte():
-    """Decorators, a signature over several lines, the docstring and the other functions are kept as written; the
-    body, with the comments closing it, becomes the stub; putting the bodies back gives the file again."""
+    """Decorators, a signature over several lines, the docstring and the other functions are kept as written;
+    the body, with the comments closing it, becomes the stub; putting the bodies back gives the file again."""
     stubs = {
         "shaped": [stub_line("    ", "exercise 1: a")],
         "Table.method": [stub_line("        ", "exercise 2: b")],
@@ -198,8 +200,8 @@ def test_what_cannot_be_cut_is_named():
 
 
 def test_a_docs_passage_quoting_a_stripped_body_is_replaced_and_named():
-    """A fenced block (or a loose line) quoting a telling line of a stripped body becomes a note; the rest of the
-    page is untouched."""
+    """A fenced block (or a loose line) quoting a telling line of a stripped body becomes a note; the rest of
+    the page is untouched."""
     page = (
         "# Title\n\nProse about `shaped`.\n\n```python\ndef shaped(first, second=1):\n"
         "    total_of_both = first + second * 2\n```\n\n```sh\npython train.py\n```\n"
@@ -323,9 +325,9 @@ def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
 
 
 def test_bodies_put_back_pass_exactly_their_exercises_and_wrong_ones_fail_readably(tmp_path):
-    """In a fully stripped copy: ex1's and ex6's bodies put back pass ex1 and ex6 and nothing else; RoPE turning by
-    -theta (ex3's other bodies solved) and ALiBi's slopes gentlest first (ex4's other bodies solved) fail with
-    lines that say what is wrong, not with a stub's NotImplementedError."""
+    """In a fully stripped copy: ex1's and ex6's bodies put back pass ex1 and ex6 and nothing else; RoPE
+    turning by -theta (ex3's other bodies solved) and ALiBi's slopes gentlest first (ex4's other bodies
+    solved) fail with lines that say what is wrong, not with a stub's NotImplementedError."""
     copy = tmp_path / "student"
     make_copy(copy, EXERCISES)
     exercises = by_id()
@@ -357,8 +359,9 @@ def test_bodies_put_back_pass_exactly_their_exercises_and_wrong_ones_fail_readab
 
 
 def test_the_solution_passes_every_exercise_and_each_test_calls_its_own_exercise_only():
-    """Graded in this repository every exercise passes; and, recorded from the code objects called, each test calls
-    at least one function of its exercise and none of another's: what lets a student do any exercise alone."""
+    """Graded in this repository every exercise passes; and, recorded from the code objects called, each test
+    calls at least one function of its exercise and none of another's: what lets a student do any exercise
+    alone."""
     verdicts, results = grade(ROOT, EXERCISES, calls=True)
     assert report_lines(verdicts)[-1] == f"all {len(EXERCISES)} exercises pass", "\n".join(
         report_lines(verdicts)
@@ -425,8 +428,8 @@ def test_make_refuses_a_folder_in_use_or_inside_the_repository(tmp_path, capsys)
 
 
 def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path, capsys, student):
-    """--only=ex4: ALiBi's three functions are stubs, every other body is the solution's, and the copy is graded
-    on ex4 by default."""
+    """--only=ex4: ALiBi's three functions are stubs, every other body is the solution's, and the copy is
+    graded on ex4 by default."""
     copy = tmp_path / "alibi"
     assert course_cli.main(["make", str(copy), "--only=ex4"]) == 0
     out = capsys.readouterr().out

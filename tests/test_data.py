@@ -47,7 +47,7 @@ def char_dir(tmp_path_factory):
 
 
 def write_counting(out, n_train=5000, n_val=300, vocab_size=5000):
-    """A dataset whose token at position i is i % vocab_size, so a window's first id says where it came from."""
+    """A dataset whose token at position i is i % vocab_size: a window's first id says where it came from."""
     meta = write_dataset(
         out,
         np.arange(n_train) % vocab_size,
@@ -231,8 +231,9 @@ def test_prepare_refuses_an_existing_dataset_unless_asked_to_replace_it(tmp_path
 
 
 def test_a_failed_replacement_leaves_the_old_dataset(tmp_path):
-    """An error while the new files are written (a stream that breaks, a full disk) leaves the dataset that was
-    there byte-identical and no temporary folder; so does a refused write_dataset, which replace=False is."""
+    """An error while the new files are written (a stream that breaks, a full disk) leaves the dataset that
+    was there byte-identical and no temporary folder; so does a refused write_dataset, which replace=False
+    is."""
     data_dir, _ = write_counting(tmp_path / "mine", n_train=100, n_val=50, vocab_size=100)
     before = snapshot(data_dir)
     with pytest.raises(RuntimeError, match="disk full"):
@@ -383,7 +384,8 @@ def test_ensure_prepared_names_the_prepare_command(tmp_path):
 
 @pytest.mark.parametrize("name", ["shakespeare_char", "shakespeare", "text", "fineweb_edu"])
 def test_each_prepare_script_runs_as_a_module_from_the_root(name):
-    """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit (--help: no work)."""
+    """python -m data.NAME.prepare, as the docs say, imports data.common with no sys.path edit
+    (--help: no work)."""
     done = subprocess.run(
         [sys.executable, "-m", f"data.{name}.prepare", "--help"],
         cwd=ROOT,
@@ -398,8 +400,8 @@ def test_each_prepare_script_runs_as_a_module_from_the_root(name):
 
 
 def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
-    """-m finds the data package in the current folder only: away from the root, the suggestion starts with a cd
-    there, and the command runs as given."""
+    """-m finds the data package in the current folder only: away from the root, the suggestion starts with a
+    cd there, and the command runs as given."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError) as info:
         ensure_prepared("no_such_dataset")
@@ -519,7 +521,8 @@ def test_sampler_rejects_bad_split_and_short_data(tmp_path):
 
 
 def break_dataset(data_dir, how):
-    """Damage a dataset of write_counting(n_train=100, n_val=50, vocab_size=100) as a user or a crash might."""
+    """Damage a dataset of write_counting(n_train=100, n_val=50, vocab_size=100)
+    as a user or a crash might."""
     meta_path = data_dir / "meta.json"
     meta = json.loads(meta_path.read_text())
     if how == "no folder":
@@ -579,8 +582,8 @@ BROKEN_DATASETS = {
 
 @pytest.mark.parametrize("how", BROKEN_DATASETS)
 def test_a_broken_dataset_is_one_data_error_that_says_what_to_do(tmp_path, how):
-    """Every way a dataset can disagree with itself is a one-line UserError from the sampler (as train.py opens
-    it), naming the file and the fix; never a traceback from deep inside a batch."""
+    """Every way a dataset can disagree with itself is a one-line UserError from the sampler (as train.py
+    opens it), naming the file and the fix; never a traceback from deep inside a batch."""
     data_dir, _ = write_counting(tmp_path / "d", n_train=100, n_val=50, vocab_size=100)
     break_dataset(data_dir, how)
     named, message = BROKEN_DATASETS[how]
@@ -600,8 +603,9 @@ def test_cuda_batches_equal_cpu_batches(char_dir):
 
 
 def test_a_large_split_is_checked_in_chunks_that_reach_its_last_token(tmp_path, monkeypatch):
-    """Past FULL_ID_SCAN_BYTES the id check reads 64 evenly spaced chunks, the last ending at the file's end, so a
-    file of another tokenizer (wrong all through) is still caught without reading a 20 GB corpus whole."""
+    """Past FULL_ID_SCAN_BYTES the id check reads 64 evenly spaced chunks, the last ending at the file's end,
+    so a file of another tokenizer (wrong all through) is still caught without reading a 20 GB corpus
+    whole."""
     monkeypatch.setattr(common, "FULL_ID_SCAN_BYTES", 1024)
     tokens = np.zeros(3 * common.ID_SCAN_CHUNK + 5, dtype=np.uint16)
     tokens[-1] = 7

@@ -1,6 +1,6 @@
 """The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
-figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against the
-model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
+figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against
+the model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
 
@@ -55,7 +55,8 @@ def test_without_positions_or_mask_the_swapped_sentence_gives_the_same_states_up
 
 
 def test_the_causal_mask_alone_tells_the_swapped_sentences_apart():
-    """With the mask NoPE's states differ: 'dog' at position 0 sees only itself, at position 10 the whole sentence."""
+    """With the mask NoPE's states differ: 'dog' at position 0 sees only itself,
+    at position 10 the whole sentence."""
     rows, _, _ = permutation.compare(tiny_model("none"), LETTERS, "dog bites man", mask=True)
     assert rows[0] == (0.0, 0.0)  # the embedding carries no position
     assert rows[-1][0] > 1e-6 and rows[-1][1] > 1e-6
@@ -89,7 +90,8 @@ def test_with_gpt2_bpe_the_swap_is_a_permutation_of_the_real_tokens():
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_hidden_states_are_the_residual_stream_the_logits_come_from(pos):
-    """The last hidden state through ln_f and the head gives the model's logits: the hooks read the real stream."""
+    """The last hidden state through ln_f and the head gives the model's logits:
+    the hooks read the real stream."""
     model = tiny_model(pos)
     idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     states = instruments.hidden_states(model, idx)
@@ -114,8 +116,8 @@ def test_without_the_mask_the_first_token_sees_the_last(pos):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_attention_probabilities_reproduce_the_layers_output(pos):
-    """softmax(q k^T / sqrt(hs) + bias) recomputed from the layer's own weights, times v, through c_proj, is the
-    attention output the model computed: the attention maps are the model's, not a second model's."""
+    """softmax(q k^T / sqrt(hs) + bias) recomputed from the layer's own weights, times v, through c_proj, is
+    the attention output the model computed: the attention maps are the model's, not a second model's."""
     model = tiny_model(pos)
     idx = torch.randint(0, LETTERS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
     layer = 1
@@ -151,7 +153,8 @@ def test_the_four_qk_terms_add_up_to_the_scores():
 
 
 def test_probe_targets_count_back_to_the_latest_newline():
-    """Distance to the latest newline at or before each token; unknown (NaN) before the window's first newline."""
+    """Distance to the latest newline at or before each token;
+    unknown (NaN) before the window's first newline."""
     windows = torch.tensor([[5, 0, 5, 5, 0, 5]])  # 0 is the newline
     position, distance = instruments.probe_targets(windows, newline_id=0)
     assert position[0].tolist() == [0, 1, 2, 3, 4, 5]
@@ -163,9 +166,9 @@ def probe_windows(n=256, T=16, seed=5):
 
 
 def test_probe_gives_one_r2_per_hidden_state_and_its_shuffled_baseline_is_near_zero():
-    """A learned table is linearly readable at the embedding, even untrained: its 16 random rows and the 28 token
-    vectors are linearly independent in 64 dimensions, so R^2 is ~1. The same probe fit on shuffled positions
-    explains nothing of the held-out positions."""
+    """A learned table is linearly readable at the embedding, even untrained: its 16 random rows and the 28
+    token vectors are linearly independent in 64 dimensions, so R^2 is ~1. The same probe fit on shuffled
+    positions explains nothing of the held-out positions."""
     model = tiny_model("learned", n_embd=64)
     result = instruments.probe_positions(model, probe_windows(), newline_id=0)
     for target in ("position", "newline"):
@@ -185,7 +188,8 @@ def test_without_the_mask_nope_hidden_states_hold_no_position():
 
 
 def test_permutation_flag_pos_none_means_the_nope_scheme():
-    """--pos=none is the scheme called none, not a missing value (a `str | None` flag would read it as None)."""
+    """--pos=none is the scheme called none, not a missing value
+    (a `str | None` flag would read it as None)."""
     assert permutation.parse_args(["--pos=none", "--no_mask"]).pos == "none"
     assert permutation.parse_args([]).pos == "all"
 
@@ -225,8 +229,8 @@ def stopped_by_ctrl_c(argv):
 
 def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refused(tmp_path):
     """runs.decide reads a folder's ckpt.pt against what the command will train (train.py's own reading of its
-    flags): a finished run is reused, one stopped before its max_iters is continued with --resume, an empty folder
-    is trained, and a run of another pos or model shape is a one-line error naming the folder."""
+    flags): a finished run is reused, one stopped before its max_iters is continued with --resume, an empty
+    folder is trained, and a run of another pos or model shape is a one-line error naming the folder."""
     finished, stopped = tmp_path / "finished", tmp_path / "stopped"
     assert train.main([*TINY_RUN, f"--out_dir={finished}"])["iter_num"] == 2
     assert stopped_by_ctrl_c([*TINY_RUN, f"--out_dir={stopped}"])["stopped"] == "SIGINT"

@@ -18,7 +18,7 @@ from plumbing import checkpoint, distributed
 from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-# torchrun gives each worker one thread unless told otherwise; say so, and keep the parent's pytest thread count
+# torchrun gives each worker one thread unless told otherwise; say so, keep the parent's pytest thread count
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 FLAGS = [
     "--n_layer=2",
@@ -38,8 +38,8 @@ FLAGS = [
     "--warmup_iters=2",
     "--lr_decay_iters=40",
 ]
-# The two runs train on the same tokens (micro-batch j of a step comes from stream j, whichever rank draws it) and
-# differ only in how float32 gradients are summed: DDP's all-reduce of the two ranks' halves against one
+# The two runs train on the same tokens (micro-batch j of a step comes from stream j, whichever rank draws it)
+# and differ only in how float32 gradients are summed: DDP's all-reduce of the two ranks' halves against one
 # process accumulating both. Measured on this machine: weights bit-identical after 6 steps, final val loss
 # 3.4027288 in both, 6e-8 apart; the bound leaves room for other summation orders.
 TOLERANCE = 1e-5
@@ -76,9 +76,9 @@ def runs(tmp_path_factory):
 
 
 def test_torchrun_two_processes_match_one_process_with_the_same_global_batch(runs):
-    """torchrun with 2 processes finishes on every rank, rank 0 alone logs and writes one checkpoint (ckpt.pt and
-    its best.pt, no per-rank copies or leftovers), and its losses and weights match one process's with the same
-    global batch (grad_accum=2) within TOLERANCE."""
+    """torchrun with 2 processes finishes on every rank, rank 0 alone logs and writes one checkpoint (ckpt.pt
+    and its best.pt, no per-rank copies or leftovers), and its losses and weights match one process's with the
+    same global batch (grad_accum=2) within TOLERANCE."""
     ddp_dir, log, single_dir, single = runs
     assert sorted(p.name for p in ddp_dir.iterdir()) == ["best.pt", "ckpt.pt"]
     assert log.count("step 6/6 |") == 1 and "2 processes x 1 micro-batches" in log  # one rank logs
@@ -88,7 +88,8 @@ def test_torchrun_two_processes_match_one_process_with_the_same_global_batch(run
     )
     assert ddp["iter_num"] == one["iter_num"] == 6 and ddp["best_iter"] == one["best_iter"] == 6
     print(
-        f"\nval loss after 6 steps: torchrun x2 {ddp['best_val_loss']!r}, one process {one['best_val_loss']!r}"
+        f"\nval loss after 6 steps: torchrun x2 {ddp['best_val_loss']!r}, "
+        f"one process {one['best_val_loss']!r}"
     )
     assert abs(ddp["best_val_loss"] - one["best_val_loss"]) <= TOLERANCE
     step_losses = [float(x) for x in re.findall(r"step \d/6 \| loss (\S+)", log)]
@@ -138,14 +139,17 @@ for it in range(3):
     before = len(calls)
     train.train_step(run, train.get_lr(it, cfg))
     per_step.append(len(calls) - before)
-print(f"rank {{procs.rank}}: {{len(run.samplers)}} micro-batches, all-reduces per step {{per_step}}", flush=True)
+print(
+    f"rank {{procs.rank}}: {{len(run.samplers)}} micro-batches, all-reduces per step {{per_step}}",
+    flush=True,
+)
 distributed.end_processes(procs, clean=True)
 """
 
 
 def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
-    """With grad_accum=4 each of 2 ranks runs 2 micro-batches per step; DDP all-reduces the gradient (one bucket
-    for a model this small) in the last micro-batch's backward only, through train_step's no_sync."""
+    """With grad_accum=4 each of 2 ranks runs 2 micro-batches per step; DDP all-reduces the gradient (one
+    bucket for a model this small) in the last micro-batch's backward only, through train_step's no_sync."""
     flags = [f for f in FLAGS if not f.startswith("--grad_accum")] + [
         "--grad_accum=4",
         f"--out_dir={tmp_path}",
@@ -158,15 +162,16 @@ def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
 
 
 def test_grad_accum_must_divide_among_the_processes():
-    """grad_accum micro-batches are shared out evenly: 3 among 2 processes is a one-line error naming a fix."""
+    """grad_accum micro-batches are shared evenly: 3 among 2 processes is a one-line error naming a fix."""
     with pytest.raises(UserError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
         distributed.micro_steps_per_rank(3, distributed.Processes(world_size=2))
     assert distributed.micro_steps_per_rank(8, distributed.Processes(world_size=2)) == 4
 
 
 def test_torchrun_without_grad_accum_runs_one_micro_batch_per_process(tmp_path):
-    """`torchrun --nproc_per_node=2 train.py` with --grad_accum left out: each process runs one micro-batch, a step
-    is 2 x batch_size x block_size tokens, and the header says why; the checkpoint records grad_accum=2."""
+    """`torchrun --nproc_per_node=2 train.py` with --grad_accum left out: each process runs one micro-batch, a
+    step is 2 x batch_size x block_size tokens, and the header says why; the checkpoint records
+    grad_accum=2."""
     flags = [f for f in FLAGS if not f.startswith(("--grad_accum", "--max_iters"))] + ["--max_iters=2"]
     log = torchrun("train.py", *flags, f"--out_dir={tmp_path}").stdout
     assert (

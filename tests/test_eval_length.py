@@ -1,5 +1,5 @@
-"""eval_length.py as a user runs it: tiny checkpoints trained for two steps with train.py, measured at and past
-their trained length. CPU, fixed seeds, no mocks."""
+"""eval_length.py as a user runs it: tiny checkpoints trained for two steps with train.py, measured at and
+past their trained length. CPU, fixed seeds, no mocks."""
 
 import csv
 import importlib.util
@@ -36,8 +36,9 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """One tiny checkpoint per scheme, and "extended": rope fine-tuned for 0 steps at 2 x T with YaRN, so that its
-    model_config records rope_scaling (a context-extension run, as python -m experiments.extrapolation makes)."""
+    """One tiny checkpoint per scheme, and "extended": rope fine-tuned for 0 steps at 2 x T with YaRN, so that
+    its model_config records rope_scaling (a context-extension run, as python -m experiments.extrapolation
+    makes)."""
     root = tmp_path_factory.mktemp("ckpts")
     out_dirs = {pos: str(root / pos) for pos in POS_SCHEMES}
     for pos, out_dir in out_dirs.items():
@@ -92,8 +93,8 @@ def not_available(row, length):
 
 
 def test_every_cell_is_finite_except_learned_past_its_table(measured):
-    """Every loss, loss past T and standard error is a finite number over WINDOWS windows, except the documented
-    gaps: learned's plain loss past T (it has no positions there) and loss_beyond at L <= T."""
+    """Every loss, loss past T and standard error is a finite number over WINDOWS windows, except the
+    documented gaps: learned's plain loss past T (it has no positions there) and loss_beyond at L <= T."""
     rows, _ = measured
     for row in rows:
         assert math.isfinite(row.reference)
@@ -109,7 +110,8 @@ def test_every_cell_is_finite_except_learned_past_its_table(measured):
 
 
 def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, checkpoints):
-    """RoPE gets a row per extension, learned a sliding-window row, a run that records its extension only its own."""
+    """RoPE gets a row per extension, learned a sliding-window row,
+    a run that records its extension only its own."""
     rows, _ = measured
     assert list(rows_of(rows, checkpoints["rope"])) == ["plain", *ROPE_SCALINGS]
     assert list(rows_of(rows, checkpoints["learned"])) == ["plain", "window"]
@@ -122,9 +124,10 @@ def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, ch
 
 def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoints):
     """At L <= T the factor is max(1, L / T) = 1, where linear, ntk, dynamic and yarn are plain RoPE: the same
-    logits from the model functions, at any length for linear, ntk and yarn (their frequencies are plain at s = 1)
-    and up to T for dynamic (whose base also grows with the length). So the table's rows show plain's losses at
-    every position there (eval_length.py reuses plain's measure instead of running the same model again)."""
+    logits from the model functions, at any length for linear, ntk and yarn (their frequencies are plain at
+    s = 1) and up to T for dynamic (whose base also grows with the length). So the table's rows show plain's
+    losses at every position there (eval_length.py reuses plain's measure instead of running the same model
+    again)."""
     rows, _ = measured
     by_scaling = rows_of(rows, checkpoints["rope"])
     for scaling in ROPE_SCALINGS:
@@ -145,8 +148,8 @@ def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoint
 
 
 def test_dynamic_ntk_equals_plain_rope_up_to_the_trained_length(checkpoints):
-    """Dynamic NTK recomputes its base from the current length and leaves RoPE alone while L <= T, whatever its
-    factor; past T it changes the frequencies (so the equality below T is not vacuous)."""
+    """Dynamic NTK recomputes its base from the current length and leaves RoPE alone while L <= T, whatever
+    its factor; past T it changes the frequencies (so the equality below T is not vacuous)."""
     path = checkpoint_path(checkpoints["rope"])
     ckpt = load_checkpoint(path)
     plain = build_model(path, ckpt).eval()
@@ -162,8 +165,8 @@ def test_dynamic_ntk_equals_plain_rope_up_to_the_trained_length(checkpoints):
 
 
 def test_learned_window_row_is_plain_within_the_table(measured, checkpoints):
-    """Up to T learned's sliding window holds the whole context (evaluation.token_losses runs the plain forward
-    there): its window row shows its plain row's losses, which eval_length.py measures once."""
+    """Up to T learned's sliding window holds the whole context (evaluation.token_losses runs the plain
+    forward there): its window row shows its plain row's losses, which eval_length.py measures once."""
     rows, _ = measured
     learned = rows_of(rows, checkpoints["learned"])
     for length in (BLOCK // 2, BLOCK):
@@ -171,8 +174,8 @@ def test_learned_window_row_is_plain_within_the_table(measured, checkpoints):
 
 
 def test_per_position_curve_has_one_point_per_position(measured):
-    """Each measure holds the mean loss at each of its L positions, whose mean is the measure's loss; the positions
-    CSV has one line per position; the plot's curves average --bucket positions per point."""
+    """Each measure holds the mean loss at each of its L positions, whose mean is the measure's loss; the
+    positions CSV has one line per position; the plot's curves average --bucket positions per point."""
     rows, files = measured
     for row in rows:
         for length, m in row.measures.items():
@@ -226,7 +229,8 @@ def test_plot_is_written(measured):
 
 
 def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measured):
-    """The markdown table: the lengths as given, loss (ratio to L = T) in each cell, n/a for learned past T."""
+    """The markdown table: the lengths as given, loss (ratio to L = T) in each cell,
+    n/a for learned past T."""
     rows, _ = measured
     lines = eval_length.loss_table(rows, eval_length.parse_lengths(LENGTHS)).splitlines()
     table = [line for line in lines if line.startswith("|")]
@@ -237,7 +241,8 @@ def test_table_has_a_row_per_checkpoint_and_method_and_a_column_per_length(measu
 
 
 def test_lengths_are_multiples_of_t_or_token_counts():
-    """2, 8 and 32x are multiples of T; 64, 256 (bare, above 16) and 8t are token counts, as in --lengths 64,256."""
+    """2, 8 and 32x are multiples of T; 64, 256 (bare, above 16) and 8t are token counts,
+    as in --lengths 64,256."""
     lengths = eval_length.parse_lengths("0.5, 2x,8,32x,64,256,8t")
     assert [length.tokens(BLOCK) for length in lengths] == [8, 32, 128, 512, 64, 256, 8]
     assert [str(length) for length in lengths] == ["0.5x", "2x", "8x", "32x", "64t", "256t", "8t"]

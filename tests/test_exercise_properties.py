@@ -5,9 +5,9 @@ shapes of the lesson's snapshot tests, fails.
 
 Each test calls the functions of one exercise and no other a student writes (tests/test_course.py checks it):
 ex6 and ex9 run pos="none" models one token at a time, which need no other exercise, and ex7's tests hand
-rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the point.
-A failing comparison's message (near, close) gives got, expected, the tolerance and the dtype: python -m course
-grade shows it, with the exercise's hints.
+rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the
+point. A failing comparison's message (near, close) gives got, expected, the tolerance and the dtype:
+python -m course grade shows it, with the exercise's hints.
 """
 
 import math
@@ -67,8 +67,8 @@ def close(got, expected, what="", rtol=None, atol=None):
 
 
 def nope_model(seed, **overrides):
-    """A tiny GPT without positions, float64, eval: its forward pass calls no exercise's function, one token at
-    a time through a KV cache only ex6's."""
+    """A tiny GPT without positions, float64, eval: its forward pass calls no exercise's function, one token
+    at a time through a KV cache only ex6's."""
     torch.manual_seed(seed)
     fields = dict(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos="none")
     return GPT(GPTConfig(**(fields | overrides))).double().eval()
@@ -80,8 +80,8 @@ def nope_model(seed, **overrides):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
-    """PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim), at every entry of tables of random
-    size and base, in the dtype asked for."""
+    """PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/dim), at every entry of tables of
+    random size and base, in the dtype asked for."""
     rng = random.Random(seed)
     n_pos, dim, base = rng.randint(1, 300), 2 * rng.randint(1, 24), rng.choice([100.0, 10000.0, 5e5])
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
@@ -96,7 +96,8 @@ def test_sinusoidal_table_matches_its_formula_at_random_sizes(seed):
 
 
 def test_sinusoidal_first_rows_worked_by_hand():
-    """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1); row 2 is (sin 2, cos 2, sin 0.2, cos 0.2), interleaved."""
+    """dim 4, base 100: w = (1, 0.1). Row 0 is (0, 1, 0, 1);
+    row 2 is (sin 2, cos 2, sin 0.2, cos 0.2), interleaved."""
     pe = sinusoidal_embedding(3, 4, base=100.0, dtype=torch.float64)
     expected = torch.tensor(
         [
@@ -133,8 +134,8 @@ def test_learned_reserve_refuses_only_past_block_size(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_learned_embed_adds_the_rows_at_the_given_positions(seed):
-    """embed(tok, positions) = tok + table[positions] for any positions (a KV cache passes the later ones), and
-    the gradient reaches exactly those rows of the table."""
+    """embed(tok, positions) = tok + table[positions] for any positions (a KV cache passes the later ones),
+    and the gradient reaches exactly those rows of the table."""
     rng = random.Random(seed)
     block, n_embd, B, T = rng.randint(4, 30), 2 * rng.randint(1, 8), rng.randint(1, 3), rng.randint(1, 4)
     torch.manual_seed(seed)
@@ -210,8 +211,8 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_apply_rope_turns_only_the_first_d_dimensions(seed):
-    """Partial rotation (rope_fraction < 1): with cos and sin for d < head_dim dimensions, the first d turn as a
-    head of size d would, halves within them, and the rest pass unchanged."""
+    """Partial rotation (rope_fraction < 1): with cos and sin for d < head_dim dimensions, the first d turn as
+    a head of size d would, halves within them, and the rest pass unchanged."""
     rng = random.Random(seed)
     d = 2 * rng.randint(1, 6)
     head_dim = d + rng.randint(1, 8)
@@ -232,8 +233,8 @@ def test_apply_rope_turns_only_the_first_d_dimensions(seed):
 
 
 def test_apply_rope_worked_by_hand():
-    """d = 4, x = (1, 2, 3, 4), angles (pi/2, pi): pair (1, 3) turns a quarter to (-3, 1), pair (2, 4) half a turn
-    to (-2, -4): (-3, -2, 1, -4). Turning by -angle gives (3, -2, -1, -4); RoFormer's interleaved pairs
+    """d = 4, x = (1, 2, 3, 4), angles (pi/2, pi): pair (1, 3) turns a quarter to (-3, 1), pair (2, 4) half a
+    turn to (-2, -4): (-3, -2, 1, -4). Turning by -angle gives (3, -2, -1, -4); RoFormer's interleaved pairs
     (-2, 1, -3, -4)."""
     angle = torch.tensor([[math.pi / 2, math.pi]], dtype=torch.float64)
     out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), angle.cos(), angle.sin())
@@ -248,8 +249,8 @@ def test_apply_rope_worked_by_hand():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
-    """<R_m q, R_n k> = <R_(m+s) q, R_(n+s) k> for random head sizes, bases, positions and shifts, with the three
-    functions together as RotaryPositions uses them; and the rotation keeps every norm."""
+    """<R_m q, R_n k> = <R_(m+s) q, R_(n+s) k> for random head sizes, bases, positions and shifts, with the
+    three functions together as RotaryPositions uses them; and the rotation keeps every norm."""
     rng = random.Random(seed)
     d, base = 2 * rng.randint(1, 16), rng.choice([100.0, 10000.0, 1e6])
     inv_freq = rope_inv_freq(d, base)
@@ -285,8 +286,9 @@ def test_rope_scores_depend_only_on_the_offset_at_random_sizes(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_alibi_slopes_at_random_head_counts(seed):
-    """For n heads, P the largest power of two <= n: heads 0 .. P-1 get r^1, r^2, ..., r^P with r = 2^(-8/P), the
-    steepest first; heads P .. n-1 the odd powers r'^1, r'^3, ... of r' = 2^(-8/(2P)) (Press et al.'s code)."""
+    """For n heads, P the largest power of two <= n: heads 0 .. P-1 get r^1, r^2, ..., r^P with r = 2^(-8/P),
+    the steepest first; heads P .. n-1 the odd powers r'^1, r'^3, ... of r' = 2^(-8/(2P)) (Press et al.'s
+    code)."""
     rng = random.Random(seed)
     for n in [2 ** rng.randint(0, 6), *rng.sample(range(1, 80), 5)]:
         slopes = alibi_slopes(n)
@@ -384,8 +386,8 @@ def test_causal_mask_worked_by_hand():
 
 
 def fill_cache(seed):
-    """A layer's KVCache (random window, chunk and length) fed keys and values in random chunks, as GPT.forward
-    does (the key positions from cached_key_positions, then update).
+    """A layer's KVCache (random window, chunk and length) fed keys and values in random chunks, as
+    GPT.forward does (the key positions from cached_key_positions, then update).
     -> yields (cache, window, query_pos, key_pos, k_all, v_all, {position: (k, v)}) per step"""
     rng = random.Random(seed)
     window, chunk, max_len = rng.choice([None, rng.randint(1, 6)]), rng.randint(1, 7), rng.randint(8, 30)
@@ -406,9 +408,9 @@ def fill_cache(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
-    """At every step, among the keys update hands back, those a query i may see (position j >= 0, j <= i, within
-    the window) are exactly positions max(0, i - W + 1) .. i, each once, with the keys and values given for them;
-    a windowed cache holds no more than W + chunk - 1 slots."""
+    """At every step, among the keys update hands back, those a query i may see (position j >= 0, j <= i,
+    within the window) are exactly positions max(0, i - W + 1) .. i, each once, with the keys and values given
+    for them; a windowed cache holds no more than W + chunk - 1 slots."""
     for cache, window, chunk, query_pos, key_pos, k_all, v_all, given in fill_cache(seed):
         assert k_all.shape[2] == v_all.shape[2] == key_pos.numel(), "one key position per key handed back"
         for i in query_pos.tolist():
@@ -419,7 +421,8 @@ def test_kv_cache_hands_each_query_exactly_the_keys_it_may_see(seed):
             ]
             first = 0 if window is None else max(0, i - window + 1)
             assert sorted(j for _, j in visible) == list(range(first, i + 1)), (
-                f"query {i} (window {window}) should see keys {first}..{i}, it gets {sorted(j for _, j in visible)}"
+                f"query {i} (window {window}) should see keys {first}..{i}, "
+                f"it gets {sorted(j for _, j in visible)}"
             )
             for slot, j in visible:
                 k_j, v_j = given[j]
@@ -449,8 +452,8 @@ def test_kv_cache_keeps_position_p_in_slot_p_mod_size(seed):
 
 @pytest.fixture
 def given_causal_mask(monkeypatch):
-    """The cached forward masks every slot through positions.causal_mask (ex5): here a reference, so that ex6's
-    model-level tests grade ex6 alone."""
+    """The cached forward masks every slot through positions.causal_mask (ex5): here a reference, so that
+    ex6's model-level tests grade ex6 alone."""
 
     def causal_mask(query_pos, key_pos, window=None):
         i, j = torch.meshgrid(query_pos, key_pos, indexing="ij")
@@ -462,8 +465,8 @@ def given_causal_mask(monkeypatch):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(seed, given_causal_mask):
-    """Feeding a NoPE model one token at a time through its KV caches (positions counting past block_size) gives
-    the logits of one forward pass over the whole sequence, at every position."""
+    """Feeding a NoPE model one token at a time through its KV caches (positions counting past block_size)
+    gives the logits of one forward pass over the whole sequence, at every position."""
     rng = random.Random(seed)
     model_ = nope_model(seed, n_layer=rng.randint(1, 2))
     length = rng.randint(9, 32)
@@ -480,8 +483,8 @@ def test_decoding_one_token_at_a_time_matches_the_full_forward_past_block_size(s
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_decoding_in_a_window_sees_only_the_latest_tokens(seed, given_causal_mask):
-    """With a window W, a one-layer NoPE model decoding token t sees tokens t - W + 1 .. t: its logits are those
-    of a forward pass over just those tokens (without positions, where they stand does not matter)."""
+    """With a window W, a one-layer NoPE model decoding token t sees tokens t - W + 1 .. t: its logits are
+    those of a forward pass over just those tokens (without positions, where they stand does not matter)."""
     rng = random.Random(seed)
     model_ = nope_model(seed, n_layer=1)
     window, length = rng.randint(1, 6), rng.randint(10, 24)
@@ -494,8 +497,8 @@ def test_decoding_in_a_window_sees_only_the_latest_tokens(seed, given_causal_mas
 
 
 # -----------------------------------------------------------------------------
-# ex7: RoPE context extension. rope_frequencies builds on rope_inv_freq (ex3) and yarn_ramp (ex8): here both are
-# given, so that ex7 is graded alone.
+# ex7: RoPE context extension. rope_frequencies builds on rope_inv_freq (ex3) and yarn_ramp (ex8): here both
+# are given, so that ex7 is graded alone.
 
 
 def given_theta(dim, base=10000.0):
@@ -546,7 +549,8 @@ def test_linear_scaling_divides_theta_by_the_factor(given_parts, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ntk_scaling_raises_the_base(given_parts, seed):
-    """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1, the slowest is divided by s."""
+    """NTK-aware: base' = base s^(d/(d-2)): the fastest pair keeps theta_0 = 1,
+    the slowest is divided by s."""
     d, base, s, T = shapes(seed)
     inv_freq, scale = rope_frequencies(d, base, "ntk", s, original_len=T)
     close(
@@ -605,7 +609,8 @@ def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
 
 def test_yarn_ramp_worked_by_hand():
     """d = 8, T = 64: i(32) = -0.497, i(1) = 1.008, so low 0, high 2: (0, 0.5, 1, 1). d = 16: low 0, high 3:
-    (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released: (0, 1, 1, 1)."""
+    (0, 1/3, 2/3, 1, 1, 1, 1, 1). d = 8, T = 4: i(1) = -0.196, so high = low = 0, +0.001 as released:
+    (0, 1, 1, 1)."""
     close(
         yarn_ramp(8, 10000.0, 64),
         torch.tensor([0, 0.5, 1, 1], dtype=torch.float64),
@@ -623,8 +628,8 @@ def test_yarn_ramp_worked_by_hand():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_yarn_ramp_keeps_fast_pairs_and_moves_slow_ones(seed):
-    """Pair i turns r_i = T theta_i / 2 pi times over T. Its ramp is 0 (theta kept) where r_i > beta_fast, 1 (theta
-    / s) where r_i < beta_slow, and in between it climbs in equal steps of the pair index."""
+    """Pair i turns r_i = T theta_i / 2 pi times over T. Its ramp is 0 (theta kept) where r_i > beta_fast, 1
+    (theta / s) where r_i < beta_slow, and in between it climbs in equal steps of the pair index."""
     rng = random.Random(seed)
     d, base, T = 2 * rng.randint(2, 64), rng.choice([1000.0, 10000.0, 5e5]), rng.randint(16, 8192)
     beta_fast, beta_slow = rng.choice([16, 32, 64]), rng.choice([1, 2])
@@ -663,9 +668,10 @@ def test_swap_permutation_puts_the_last_piece_first_at_random_sizes(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_swap_differences_is_the_largest_gap_up_to_the_permutation(seed):
-    """For each hidden state: the largest |h(permuted)[where token i went] - h(original)[i]| over the given words,
-    and over the other tokens (0 when there are none). Checked against the hidden states themselves for a random
-    permutation of a random sentence; without the mask a NoPE model gives 0 up to rounding (equivariance)."""
+    """For each hidden state: the largest |h(permuted)[where token i went] - h(original)[i]| over the given
+    words, and over the other tokens (0 when there are none). Checked against the hidden states themselves for
+    a random permutation of a random sentence; without the mask a NoPE model gives 0 up to rounding
+    (equivariance)."""
     rng = random.Random(seed)
     model_ = nope_model(seed, n_layer=rng.randint(1, 2))
     T = rng.randint(3, 10)

@@ -53,22 +53,25 @@ def test_rope_decay_scores_are_apply_ropes_scores():
 
 
 def test_sinusoidal_wavelengths_span_two_pi_to_61342_tokens_at_gpt2_width():
-    """The wavelength panel's numbers: 2 pi for the fastest pair, 61,342.7 tokens for the slowest at d = 768."""
+    """The wavelength panel's numbers: 2 pi for the fastest pair, 61,342.7 tokens for the slowest at
+    d = 768."""
     wavelengths = figures.sinusoidal_wavelengths(768)
     assert wavelengths[0].item() == pytest.approx(2 * math.pi)
     assert round(wavelengths[-1].item(), 1) == 61342.7
 
 
 def test_missing_extrapolation_table_is_skipped_with_a_message(tmp_path, capsys):
-    """Before the extrapolation study has run there is no CSV: the figure is skipped, with a line saying why."""
+    """Before the extrapolation study has run there is no CSV:
+    the figure is skipped, with a line saying why."""
     written = figures.main(["--only=extrapolation", f"--out={tmp_path}", f"--csv={tmp_path / 'none.csv'}"])
     assert written == [] and not (tmp_path / "extrapolation.png").exists()
     assert "skipping extrapolation" in capsys.readouterr().out
 
 
 def test_extrapolation_figure_reads_the_studys_csv(tmp_path):
-    """The curves come from the study's columns (checkpoint, pos, scaling, block_size, length, loss, loss_beyond,
-    stderr, windows), read as written, an empty loss_beyond inside the trained length included."""
+    """The curves come from the study's columns (checkpoint, pos, scaling, block_size, length, loss,
+    loss_beyond, stderr, windows), read as written, an empty loss_beyond inside the trained length
+    included."""
     table = tmp_path / "extrapolation.csv"
     table.write_text(
         "checkpoint,pos,scaling,block_size,length,loss,loss_beyond,stderr,windows\n"
@@ -112,7 +115,8 @@ def tiny_checkpoints(folder):
 
 
 def test_model_figures_come_from_the_checkpoints_given_and_are_deterministic(tmp_path):
-    """--checkpoints DIR is used as given (nothing is trained), and the same checkpoints give the same bytes."""
+    """--checkpoints DIR is used as given (nothing is trained),
+    and the same checkpoints give the same bytes."""
     tiny_checkpoints(tmp_path / "ckpts")
     for run in ("a", "b"):
         written = figures.main(

@@ -79,7 +79,8 @@ def test_greedy_tokens_identical_with_and_without_cache(pos):
 
 
 def test_learned_max_context_crops_the_same_way_in_both_samplers():
-    """For learned, --max_context below block_size crops the context (positions restart) with or without the cache."""
+    """For learned, --max_context below block_size crops the context (positions restart),
+    with or without the cache."""
     model = tiny_model("learned")
     prompt = torch.randint(0, 32, (1, 4), generator=torch.Generator().manual_seed(4))
     reference = model.generate(prompt, 40, temperature=0, max_context=6)
@@ -102,8 +103,9 @@ def test_same_seed_same_sample_and_streaming_sees_every_token():
 
 @pytest.mark.parametrize("pos", ["rope", "sinusoidal"])
 def test_generating_past_the_tables_leaves_a_model_that_still_trains(pos):
-    """generate_cached runs its steps under inference_mode, yet the tokens it returns and the position tables it grew
-    past block_size are ordinary tensors: they train (embedding saves its indices for backward) and mutate."""
+    """generate_cached runs its steps under inference_mode, yet the tokens it returns and the position tables
+    it grew past block_size are ordinary tensors: they train (embedding saves its indices for backward) and
+    mutate."""
     model = tiny_model(pos)
     tokens = generate_cached(model, torch.zeros(2, 1, dtype=torch.long), 3 * BLOCK, temperature=0)
     assert not tokens.is_inference()
@@ -132,8 +134,9 @@ class SDPAMasks(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.parametrize("pos", ["alibi", "rope"])
 def test_every_mask_reaches_sdpa_four_dimensional(pos):
-    """SDPA's fused CPU kernel takes an attn_mask only as a 4-D tensor; a 3-D one silently falls back to the unfused
-    math path, 3-4x slower (docs/perf.md). Training, a windowed prefill and cached decoding all pass 4-D masks."""
+    """SDPA's fused CPU kernel takes an attn_mask only as a 4-D tensor; a 3-D one silently falls back to the
+    unfused math path, 3-4x slower (docs/perf.md). Training, a windowed prefill and cached decoding all pass
+    4-D masks."""
     model = tiny_model(pos)
     idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(12))
     with SDPAMasks() as seen:
@@ -209,11 +212,12 @@ def test_dynamic_ntk_follows_the_current_length():
 
 def test_yarn_ramps_in_the_pair_index_as_released():
     """YaRN as the authors' code and transformers compute it, worked by hand for d = 8, T = 64, s = 4,
-    theta = (1, 0.1, 0.01, 0.001): the pair index turning r times over T is i(r) = d ln(T / 2 pi r) / (2 ln base),
-    i(32) = -0.4971 and i(1) = 1.0080, so low = max(floor, 0) = 0 and high = ceil = 2; the ramp (i - low) / 2
-    is (0, 0.5, 1, 1) and theta' = theta / s * ramp + theta * (1 - ramp) = (1, 0.0625, 0.0025, 0.00025):
-    the fastest pair is kept, the middle one half-interpolated, the slow ones divided by s. Temperature
-    0.1 ln 4 + 1 = 1.1386. (The paper's ramp in r would have interpolated pair 0 too: it turns 10.2 < 32 times.)"""
+    theta = (1, 0.1, 0.01, 0.001): the pair index turning r times over T is
+    i(r) = d ln(T / 2 pi r) / (2 ln base), i(32) = -0.4971 and i(1) = 1.0080, so low = max(floor, 0) = 0 and
+    high = ceil = 2; the ramp (i - low) / 2 is (0, 0.5, 1, 1) and
+    theta' = theta / s * ramp + theta * (1 - ramp) = (1, 0.0625, 0.0025, 0.00025): the fastest pair is kept,
+    the middle one half-interpolated, the slow ones divided by s. Temperature 0.1 ln 4 + 1 = 1.1386. (The
+    paper's ramp in r would have interpolated pair 0 too: it turns 10.2 < 32 times.)"""
     i_of = lambda r: 8 * math.log(64 / (2 * math.pi * r)) / (2 * math.log(10000.0))
     assert abs(i_of(32) - -0.4971499) < 1e-6 and abs(i_of(1) - 1.0080001) < 1e-6
     inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=4.0, original_len=64)
@@ -251,11 +255,11 @@ def test_scaled_rope_cache_matches_full_forward(scaling):
 
 
 def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_at():
-    """README's claim: with the KV cache, dynamic NTK leaves each key rotated as it was when cached (as transformers
-    does); only the new token's query and key use the frequencies of the current length. So the first layer's
-    cached key at position p equals the unrotated key turned by the frequencies of the length at which p entered:
-    the prompt's length for prompt tokens, p + 1 for each decoded one; and once past T these differ from the
-    current length's (what generate(), without a cache, uses for every key)."""
+    """README's claim: with the KV cache, dynamic NTK leaves each key rotated as it was when cached (as
+    transformers does); only the new token's query and key use the frequencies of the current length. So the
+    first layer's cached key at position p equals the unrotated key turned by the frequencies of the length at
+    which p entered: the prompt's length for prompt tokens, p + 1 for each decoded one; and once past T these
+    differ from the current length's (what generate(), without a cache, uses for every key)."""
     torch.set_default_dtype(torch.float64)
     try:
         model = tiny_model("rope", rope_scaling="dynamic", rope_factor=4.0)
@@ -308,8 +312,8 @@ def test_cache_is_written_in_place_and_each_slots_position_follows_from_the_coun
 
 def test_sliding_window_cache_is_a_ring_of_window_slots():
     """With a window W and one token a call the cache has W slots and position p lives in slot p % W: after 11
-    tokens with W = 4 the slots hold positions 8, 9, 10 and 7, the four latest; a chunk of c tokens a call needs
-    W + c - 1 slots, so that its writes never overwrite a key its own queries see."""
+    tokens with W = 4 the slots hold positions 8, 9, 10 and 7, the four latest; a chunk of c tokens a call
+    needs W + c - 1 slots, so that its writes never overwrite a key its own queries see."""
     model = tiny_model("alibi")
     idx = torch.randint(0, 32, (1, 11), generator=torch.Generator().manual_seed(8))
     model.setup_cache(1, 11, window=4)
@@ -324,8 +328,8 @@ def test_sliding_window_cache_is_a_ring_of_window_slots():
 def test_compiled_decoding_gives_the_same_greedy_tokens(pos):
     """compile=True runs every decode step through torch.compile, attending over the whole preallocated cache
     with a mask from its positions. With backend "eager" (TorchDynamo traces as for inductor but generates no
-    code) the tokens equal the uncompiled cache's, with and without a sliding window; and one graph serves every
-    step: the position is a tensor, so advancing it never recompiles."""
+    code) the tokens equal the uncompiled cache's, with and without a sliding window; and one graph serves
+    every step: the position is a tensor, so advancing it never recompiles."""
     torch.compiler.reset()
     model = tiny_model(pos)
     prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(10))
@@ -354,7 +358,8 @@ def test_decoding_builds_no_autograd_graph(compile):
 
 
 def test_compiled_decoding_with_inductor_matches():
-    """One real inductor compile of the decode step (C++ generated and built on the CPU): the same greedy tokens."""
+    """One real inductor compile of the decode step (C++ generated and built on the CPU):
+    the same greedy tokens."""
     torch.compiler.reset()
     model = tiny_model("rope")
     prompt = torch.randint(0, 32, (1, 3), generator=torch.Generator().manual_seed(11))
@@ -363,7 +368,8 @@ def test_compiled_decoding_with_inductor_matches():
 
 
 def test_compiled_decoding_refuses_dynamic_ntk():
-    """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot: say so."""
+    """Dynamic NTK recomputes the frequencies from the length at every step, which a static graph cannot:
+    say so."""
     model = tiny_model("rope", rope_scaling="dynamic", rope_factor=2.0)
     with pytest.raises(ValueError, match="dynamic.*compile=False"):
         generate_cached(

@@ -1,7 +1,8 @@
 """OpenAI's GPT-2 through Hugging Face transformers: a converted model computes transformers' own logits.
 
-As minGPT's tests/test_huggingface_import.py, but offline: a small GPT2LMHeadModel with random weights stands in
-for the released ones (GPT.from_pretrained downloads those, then runs the same conversion, GPT.from_hf_gpt2).
+As minGPT's tests/test_huggingface_import.py, but offline: a small GPT2LMHeadModel with random weights stands
+in for the released ones (GPT.from_pretrained downloads those, then runs the same conversion,
+GPT.from_hf_gpt2).
 """
 
 import os
@@ -21,8 +22,8 @@ REASON = "the GPT-2 import needs Hugging Face transformers: pip install transfor
 
 
 def tiny_hf_gpt2(seed=0):
-    """GPT-2's architecture at toy size (tanh GELU = HF's "gelu_new", layer-norm eps 1e-5 = nn.LayerNorm's), every
-    weight, bias and gain perturbed so that each one matters to the comparison."""
+    """GPT-2's architecture at toy size (tanh GELU = HF's "gelu_new", layer-norm eps 1e-5 = nn.LayerNorm's),
+    every weight, bias and gain perturbed so that each one matters to the comparison."""
     transformers = pytest.importorskip("transformers", reason=REASON)
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
@@ -56,9 +57,9 @@ def test_converted_gpt2_gives_transformers_logits():
 
 
 def test_gpt2_weights_convert_as_views_and_build_one_model_through_the_checkpoint_path():
-    """sample.py --init_from=gpt2 builds one GPT: the conversion returns views of transformers' tensors (nothing
-    copied, no GPT built) as a checkpoint's parts, and the checkpoint path builds from them a model that computes
-    transformers' logits."""
+    """sample.py --init_from=gpt2 builds one GPT: the conversion returns views of transformers' tensors
+    (nothing copied, no GPT built) as a checkpoint's parts, and the checkpoint path builds from them a model
+    that computes transformers' logits."""
     hf_model = tiny_hf_gpt2()
     config, state_dict = gpt2_weights_from_hf(hf_model)
     hf_state = hf_model.state_dict()
@@ -84,7 +85,8 @@ def test_converted_gpt2_is_learned_gpt2_with_the_same_parameters():
 
 
 def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search():
-    """Greedy tokens from the KV cache equal transformers' generate(do_sample=False) up to the 16 positions."""
+    """Greedy tokens from the KV cache equal transformers' generate(do_sample=False)
+    up to the 16 positions."""
     hf_model = tiny_hf_gpt2()
     model = GPT.from_hf_gpt2(hf_model)
     prompt = torch.randint(0, 50, (1, 4), generator=torch.Generator().manual_seed(2))
@@ -95,7 +97,8 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
 
 
 def test_position_past_n_positions_is_a_clear_error():
-    """GPT-2 has no position 16 when n_positions = 16: a ValueError that names block_size, not an index error."""
+    """GPT-2 has no position 16 when n_positions = 16:
+    a ValueError that names block_size, not an index error."""
     model = GPT.from_hf_gpt2(tiny_hf_gpt2())
     with pytest.raises(ValueError, match="exceeds block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
@@ -108,8 +111,8 @@ def test_only_openai_model_names_are_accepted():
 
 
 def test_from_pretrained_without_the_hub_says_why(tmp_path):
-    """Offline and with an empty cache, from_pretrained raises a RuntimeError whose one-line message says why (in
-    a fresh process: transformers reads HF_HUB_OFFLINE when it is imported)."""
+    """Offline and with an empty cache, from_pretrained raises a RuntimeError whose one-line message says why
+    (in a fresh process: transformers reads HF_HUB_OFFLINE when it is imported)."""
     pytest.importorskip("transformers", reason=REASON)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
     code = "from model import GPT; GPT.from_pretrained('gpt2')"

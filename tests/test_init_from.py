@@ -1,5 +1,5 @@
-"""train.py --init_from: a new run (step 0, fresh optimizer and schedule, its own out_dir) from a trained run's
-weights, for context-extension fine-tuning. Tiny models on CPU through train.main; no mocks."""
+"""train.py --init_from: a new run (step 0, fresh optimizer and schedule, its own out_dir) from a trained
+run's weights, for context-extension fine-tuning. Tiny models on CPU through train.main; no mocks."""
 
 import pytest
 import torch
@@ -36,8 +36,8 @@ def weights(out_dir, name="ckpt.pt"):
 
 
 def test_init_from_starts_a_new_run_from_the_weights_with_the_checkpoints_model(trained, tmp_path, capsys):
-    """No model flags: the model is the checkpoint's (pos, shape); step 0 evaluates exactly the loaded weights,
-    then the run trains with a fresh schedule to its own out_dir and records the extension."""
+    """No model flags: the model is the checkpoint's (pos, shape); step 0 evaluates exactly the loaded
+    weights, then the run trains with a fresh schedule to its own out_dir and records the extension."""
     out_dir = tmp_path / "ext"
     result = train.main(
         [
@@ -81,8 +81,8 @@ def test_init_from_starts_a_new_run_from_the_weights_with_the_checkpoints_model(
 def test_init_from_keeps_every_loaded_weight_and_spreads_learned_rows_by_interpolation(
     trained, tmp_path, capsys
 ):
-    """learned at 4 x its block_size: every weight but the table is loaded unchanged, trained row i of the table
-    lands on row 4 i, the rows between are linear between their neighbours, and the log says so."""
+    """learned at 4 x its block_size: every weight but the table is loaded unchanged, trained row i of the
+    table lands on row 4 i, the rows between are linear between their neighbours, and the log says so."""
     out_dir = tmp_path / "learned_ext"
     train.main(
         [
@@ -130,7 +130,8 @@ def test_init_from_never_writes_into_the_folder_it_reads(trained, capsys):
 
 def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trained, tmp_path):
     """Fine-tuned at 2 x T with YaRN x2, the checkpoint records rope_original_len = T = 16, so the model it
-    rebuilds (as sample.py and eval_length.py do, with no flags) scales RoPE against 16 tokens, not the new 32."""
+    rebuilds (as sample.py and eval_length.py do, with no flags) scales RoPE against 16 tokens, not the new
+    32."""
     out_dir = tmp_path / "yarn"
     train.main(
         [

@@ -77,8 +77,8 @@ def test_causal_mask_breaks_equivariance_but_not_within_the_prefix():
 
 
 def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
-    """Why NoPE trains at all: in [BOS, a, a, a, ...] the token a at position i gives weight 1/(i + 1)-ish to BOS,
-    so one masked layer with no positions already outputs something different at every position."""
+    """Why NoPE trains at all: in [BOS, a, a, a, ...] the token a at position i gives weight 1/(i + 1)-ish to
+    BOS, so one masked layer with no positions already outputs something different at every position."""
     layer = attention_layer()
     bos, a = torch.randn(2, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     x = torch.cat([bos[None], a.expand(31, 16)])[None]  # (1, 32, 16)
@@ -111,7 +111,8 @@ def encode_with_scheme(pos, tokens, layer, table):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_dog_bites_man_differs_from_man_bites_dog_only_with_positions(pos):
-    """Without positions the two sentences give the same outputs up to the swap; each scheme tells them apart."""
+    """Without positions the two sentences give the same outputs up to the swap;
+    each scheme tells them apart."""
     dog, bites, man = 3, 5, 9
     layer = attention_layer()
     table = torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -227,7 +228,8 @@ def test_sinusoidal_shift_is_one_linear_map_for_all_positions():
 
 
 def test_sinusoidal_wavelengths_for_gpt2_width():
-    """d = 768: wavelength 2*pi*10000^(2i/d) is 6.28 (i=0), 13.54 (i=32), 135.37 (i=128), 61,342.7 (i=383) tokens."""
+    """d = 768: wavelength 2*pi*10000^(2i/d) is 6.28 (i=0), 13.54 (i=32), 135.37 (i=128),
+    61,342.7 (i=383) tokens."""
     d = 768
     pe = sinusoidal_embedding(1, d, dtype=torch.float64)
     assert torch.equal(pe[0, 0::2], torch.zeros(d // 2, dtype=torch.float64))  # sin(0)
@@ -271,7 +273,8 @@ def test_changing_a_future_token_never_changes_an_earlier_logit(pos):
 
 
 def test_learned_refuses_context_longer_than_block_size():
-    """The learned table has no row past block_size: a clear error names block_size and the schemes that run longer."""
+    """The learned table has no row past block_size:
+    a clear error names block_size and the schemes that run longer."""
     model = GPT(tiny_config("learned"))
     with pytest.raises(ValueError, match=r"block_size=16.*sinusoidal, rope, alibi and none"):
         model(torch.zeros(1, 17, dtype=torch.long))

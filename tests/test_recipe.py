@@ -18,7 +18,8 @@ from positions import sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):
-    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char, built as train() does."""
+    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char,
+    built as train() does."""
     cfg, model_config = train.parse_args(
         [
             "--n_layer=2",
@@ -39,8 +40,8 @@ def tiny_run(tmp_path, *flags):
 
 
 def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
-    """With dropout 0.5 the estimate equals the eval-mode loss on the same batches (dropout would make it higher
-    and random), and the model is back in train mode afterwards."""
+    """With dropout 0.5 the estimate equals the eval-mode loss on the same batches (dropout would make it
+    higher and random), and the model is back in train mode afterwards."""
     run = tiny_run(tmp_path, "--dropout=0.5")
     state = run.eval_sampler.state_dict()
     estimate = train.estimate_loss(run.model, run.eval_sampler, 3, run.autocast)
@@ -56,7 +57,8 @@ def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
 
 
 def gradient_norm_at_step(run, lr=1e-3):
-    """The global gradient norm the optimizer sees in one train_step (read by the optimizer's own pre-step hook)."""
+    """The global gradient norm the optimizer sees in one train_step
+    (read by the optimizer's own pre-step hook)."""
     seen = []
     hook = run.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(
@@ -73,14 +75,15 @@ def gradient_norm_at_step(run, lr=1e-3):
 
 
 def test_train_step_clips_the_gradient_norm_before_the_optimizer_step(tmp_path):
-    """grad_clip=0.01: the optimizer steps with a gradient of norm 0.01; grad_clip=0 leaves it (about 1 at init)."""
+    """grad_clip=0.01: the optimizer steps with a gradient of norm 0.01;
+    grad_clip=0 leaves it (about 1 at init)."""
     assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0.01")) == pytest.approx(0.01, rel=1e-4)
     assert gradient_norm_at_step(tiny_run(tmp_path, "--grad_clip=0")) > 0.1
 
 
 def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_path):
-    """grad_accum=2: the step's loss and the gradient the optimizer sees are the means over the two micro-batches
-    (a sum would double the effective learning rate with every extra micro-batch)."""
+    """grad_accum=2: the step's loss and the gradient the optimizer sees are the means over the two
+    micro-batches (a sum would double the effective learning rate with every extra micro-batch)."""
     run = tiny_run(tmp_path, "--grad_accum=2", "--grad_clip=0")
     states = [sampler.state_dict() for sampler in run.samplers]
     batches = [sampler.get_batch("train") for sampler in run.samplers]
@@ -93,15 +96,15 @@ def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_pa
         lambda *_: seen.append([p.grad.clone() for p in run.model.parameters()])
     )
     loss = train.train_step(run, lr=1e-3)
-    assert loss.item() == pytest.approx(sum(l.item() for l in losses) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx(sum(micro.item() for micro in losses) / 2, rel=1e-6)
     for got, want in zip(seen[0], expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_sinusoidal_scales_token_embeddings_by_sqrt_n_embd():
-    """Vaswani et al. section 3.4: the token embeddings are multiplied by sqrt(d_model) before the unit-amplitude
-    table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions. Read at the input of
-    the first block, through GPT.forward."""
+    """Vaswani et al. section 3.4: the token embeddings are multiplied by sqrt(d_model) before the
+    unit-amplitude table is added, so the tokens (GPT-2 init, std 0.02) are not drowned by the positions. Read
+    at the input of the first block, through GPT.forward."""
     torch.manual_seed(0)
     model = GPT(
         GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")

@@ -36,8 +36,8 @@ TINY = [
     "--eval_iters=2",
     "--log_interval=1",
 ]
-# dropout > 0, so the resumed run must restore torch's RNG to draw the same masks; lr_decay_iters fixed, so that
-# the schedule does not move with max_iters (a resumed run may be extended)
+# dropout > 0, so the resumed run must restore torch's RNG to draw the same masks; lr_decay_iters fixed, so
+# that the schedule does not move with max_iters (a resumed run may be extended)
 RESUMABLE = [
     *TINY,
     "--dropout=0.1",
@@ -52,7 +52,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def train_in_fresh_process(*flags):
-    """train.main(flags) in a new Python process -> its summary (losses and evals, floats exact through JSON)."""
+    """train.main(flags) in a new Python process -> its summary
+    (losses and evals, floats exact through JSON)."""
     code = (
         "import json, sys, train; r = train.main(sys.argv[1:]); "
         "print('SUMMARY ' + json.dumps({'losses': list(r['losses'].items()), 'evals': r['evals']}))"
@@ -66,7 +67,8 @@ def train_in_fresh_process(*flags):
 
 
 def training_until_step(step, *flags):
-    """`python train.py flags` in a new process, once it has logged step `step` (its stdout read up to there)."""
+    """`python train.py flags` in a new process, once it has logged step `step`
+    (its stdout read up to there)."""
     proc = subprocess.Popen(
         [sys.executable, "train.py", *flags],
         cwd=ROOT,
@@ -126,7 +128,8 @@ def test_resumed_run_is_bit_identical_to_a_straight_run(tmp_path, straight):
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
-    """python, numpy and torch generators, saved with the checkpoint and restored, draw the same numbers again."""
+    """python, numpy and torch generators, saved with the checkpoint and restored,
+    draw the same numbers again."""
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # numpy keeps a cached gaussian: part of the state
     path = ckpt_io.save_checkpoint(
@@ -139,10 +142,10 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(tmp_path, straight, sig):
-    """SIGINT / SIGTERM: the step in progress ends, ckpt.pt is written at that step, recorded as unfinished, and
-    the process prints the command that resumes and exits 128 + the signal's number (130, 143: what a shell
-    reports, so a caller never takes a stopped run for a finished one); resuming gives the straight run's losses
-    and weights."""
+    """SIGINT / SIGTERM: the step in progress ends, ckpt.pt is written at that step, recorded as unfinished,
+    and the process prints the command that resumes and exits 128 + the signal's number (130, 143: what a
+    shell reports, so a caller never takes a stopped run for a finished one); resuming gives the straight
+    run's losses and weights."""
     out_dir = tmp_path / "stopped"
     flags = [*RESUMABLE, f"--out_dir={out_dir}"]
     proc = training_until_step(2, *flags, "--max_iters=100000")
@@ -232,8 +235,8 @@ def test_kill_9_while_writing_leaves_the_previous_checkpoint_whole(tmp_path, del
 
 
 def test_ckpt_follows_the_latest_evaluation_and_best_keeps_the_best(tmp_path):
-    """ckpt.pt is rewritten at every evaluation; best.pt only when val improves (here: step 0, before a learning
-    rate of 1 wrecks the model); both have the same format."""
+    """ckpt.pt is rewritten at every evaluation; best.pt only when val improves (here: step 0, before a
+    learning rate of 1 wrecks the model); both have the same format."""
     result = train.main(
         [
             *TINY,
@@ -256,9 +259,9 @@ def test_ckpt_follows_the_latest_evaluation_and_best_keeps_the_best(tmp_path):
 
 
 def test_nan_loss_stops_with_step_and_last_good_loss_and_keeps_the_checkpoint(tmp_path, capsys):
-    """A learning rate of 1e30 turns the weights to inf after one step: the NaN loss of step 2 stops the run with
-    one line naming the step, the last good loss and the kept checkpoint, before the evaluation at step 2 would
-    have overwritten ckpt.pt."""
+    """A learning rate of 1e30 turns the weights to inf after one step: the NaN loss of step 2 stops the run
+    with one line naming the step, the last good loss and the kept checkpoint, before the evaluation at step 2
+    would have overwritten ckpt.pt."""
     err = train_error_line(
         capsys,
         [
@@ -303,7 +306,7 @@ def saved_run(tmp_path_factory):
     ],
 )
 def test_resume_with_another_pos_or_shape_is_refused(capsys, saved_run, flag, words):
-    """Another position scheme or model shape than the checkpoint's is a one-line refusal naming both values."""
+    """Another position scheme or model shape than the checkpoint's: a one-line refusal naming both values."""
     flags, out_dir = saved_run
     err = train_error_line(capsys, [*flags, "--resume", flag], status=1)
     assert f"refusing to resume {out_dir / 'ckpt.pt'}: {words}" in err, err

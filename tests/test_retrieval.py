@@ -1,5 +1,5 @@
-"""Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model retrieves,
-the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
+"""Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model
+retrieves, the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
 
 import csv
 import json
@@ -77,8 +77,9 @@ def test_passkey_meta_records_the_filler_it_was_made_with(tmp_path):
 
 
 @pytest.fixture
-def passkey_of_older_filler():
-    """data/<name>: a passkey dataset as the prepare.py before the 4-16 filler wrote it (no "generator" in meta)."""
+def passkey_without_generator():
+    """data/<name>: a passkey dataset whose meta.json names no "generator", so its filler segments are of 8
+    to 32 characters, not the task's 4 to 16."""
     name = f"test_passkey_old_{os.getpid()}"
     passkey_prepare.prepare(DATA_ROOT / name, block_size=32, train_samples=8, val_samples=4)
     meta_path = DATA_ROOT / name / "meta.json"
@@ -89,17 +90,18 @@ def passkey_of_older_filler():
     shutil.rmtree(DATA_ROOT / name)
 
 
-def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(
-    capsys, passkey_of_older_filler, tmp_path
+def test_a_passkey_dataset_without_a_recorded_generator_is_refused_in_one_line_and_kept(
+    capsys, passkey_without_generator, tmp_path
 ):
-    """Trained on it, a model would be scored on filler unlike its training: train.py says how to make it again."""
-    folder = DATA_ROOT / passkey_of_older_filler
+    """Trained on it, a model would be scored on filler unlike its training:
+    train.py says how to make it again."""
+    folder = DATA_ROOT / passkey_without_generator
     before = {f.name: f.read_bytes() for f in folder.iterdir()}
     err = error_line(
         capsys,
         train,
         [
-            f"--dataset={passkey_of_older_filler}",
+            f"--dataset={passkey_without_generator}",
             "--block_size=32",
             "--max_iters=1",
             f"--out_dir={tmp_path / 'run'}",
@@ -108,7 +110,7 @@ def test_a_passkey_dataset_of_older_filler_is_refused_in_one_line_and_kept(
     )
     assert "filler segments of 8 to 32 characters, the task's are now 4 to 16" in err, err
     assert (
-        f"python -m data.passkey.prepare --block_size 32 --name {passkey_of_older_filler} --replace" in err
+        f"python -m data.passkey.prepare --block_size 32 --name {passkey_without_generator} --replace" in err
     ), err
     assert {f.name: f.read_bytes() for f in folder.iterdir()} == before and not (tmp_path / "run").exists()
 
@@ -153,8 +155,8 @@ def test_passkey_dataset_round_trips_through_its_vocabulary_and_windows_hold_who
 
 
 class CopyAfterMarker(nn.Module):
-    """Predicts, at each position, the character that followed the first marker as many places after it as this
-    position is after the last marker: a perfect passkey retriever, written by hand."""
+    """Predicts, at each position, the character that followed the first marker as many places after it as
+    this position is after the last marker: a perfect passkey retriever, written by hand."""
 
     max_len = None
 

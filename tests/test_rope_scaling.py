@@ -40,9 +40,9 @@ def hf_frequencies(rope_type, head_dim, max_position_embeddings, seq_len=None, *
 
 @pytest.mark.parametrize("head_dim,T,s", SHAPES)
 def test_yarn_matches_transformers(head_dim, T, s):
-    """YaRN: the same ramp in the pair index (floor/ceil bounds: transformers' default truncate=True) and the same
-    attention factor 0.1 ln s + 1. transformers reads T from original_max_position_embeddings; the extended
-    length max_position_embeddings = s T only matters there when factor is missing."""
+    """YaRN: the same ramp in the pair index (floor/ceil bounds: transformers' default truncate=True) and the
+    same attention factor 0.1 ln s + 1. transformers reads T from original_max_position_embeddings; the
+    extended length max_position_embeddings = s T only matters there when factor is missing."""
     hf, hf_scale = hf_frequencies("yarn", head_dim, int(s * T), factor=s, original_max_position_embeddings=T)
     ours, scale = rope_frequencies(head_dim, BASE, "yarn", s, original_len=T)
     torch.testing.assert_close(ours.double(), hf, rtol=1e-6, atol=0)
@@ -60,8 +60,8 @@ def test_linear_matches_transformers(head_dim, T, s):
 
 @pytest.mark.parametrize("head_dim,T,s", SHAPES)
 def test_dynamic_matches_transformers_at_every_length(head_dim, T, s):
-    """Dynamic NTK: base * ((s L / T) - (s - 1))^(d / (d - 2)) at the current length L, plain RoPE while L <= T.
-    transformers reads T from max_position_embeddings (the trained length) and L from seq_len."""
+    """Dynamic NTK: base * ((s L / T) - (s - 1))^(d / (d - 2)) at the current length L, plain RoPE while
+    L <= T. transformers reads T from max_position_embeddings (the trained length) and L from seq_len."""
     for L in (1, T // 2, T, T + 1, 3 * T, int(s * T), 5 * int(s * T)):
         hf, hf_scale = hf_frequencies("dynamic", head_dim, T, seq_len=L, factor=s)
         ours, scale = rope_frequencies(head_dim, BASE, "dynamic", s, original_len=T, seq_len=L)
@@ -83,9 +83,9 @@ def test_ntk_is_transformers_dynamic_ntk_at_its_fixed_point(head_dim, T, s):
 @pytest.mark.parametrize("low,high", [(1.0, 4.0), (2.0, 8.0), (0.5, 32.0)])
 @pytest.mark.parametrize("head_dim,T,s", SHAPES + [(128, 8192, 8.0)])
 def test_llama3_matches_transformers(head_dim, T, s, low, high):
-    """Llama 3.1's frequencies (transformers' _compute_llama3_parameters): kept, divided by s or blended by the
-    rotations each pair makes over T, with Llama 3.1's own factors (1, 4; T = 8192, s = 8) and two others; no
-    attention scale. transformers reads T from original_max_position_embeddings."""
+    """Llama 3.1's frequencies (transformers' _compute_llama3_parameters): kept, divided by s or blended by
+    the rotations each pair makes over T, with Llama 3.1's own factors (1, 4; T = 8192, s = 8) and two others;
+    no attention scale. transformers reads T from original_max_position_embeddings."""
     hf, hf_scale = hf_frequencies(
         "llama3",
         head_dim,

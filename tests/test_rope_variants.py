@@ -1,8 +1,8 @@
 """The RoPE variants released models ship, each against Hugging Face transformers where it has one (the parity
 tests skip without it): Llama 3's frequency scaling (rope_scaling="llama3", its parity test in
 tests/test_rope_scaling.py), partial rotation (rope_fraction, transformers' partial_rotary_factor) and layers
-without RoPE (nope_interval as Llama 4, or nope_layers). The rest run on the model's own functions, float64 where
-the point is exactness, tiny shapes and fixed seeds.
+without RoPE (nope_interval as Llama 4, or nope_layers). The rest run on the model's own functions, float64
+where the point is exactness, tiny shapes and fixed seeds.
 """
 
 import math
@@ -45,8 +45,8 @@ def transformers_or_skip():
 
 @torch.no_grad()
 def attention_arguments(model, idx):
-    """What GPT.forward hands each block's attention, running model(idx): per layer (x, rope, mask, input_pos), rope
-    being (cos, sin) or None."""
+    """What GPT.forward hands each block's attention, running model(idx): per layer (x, rope, mask,
+    input_pos), rope being (cos, sin) or None."""
     seen = {}
     hooks = [
         block.attn.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args))
@@ -98,9 +98,10 @@ def test_llama3_keeps_fast_pairs_divides_slow_ones_and_blends_between(seed):
 
 def test_llama3_worked_case_d32_t64():
     """rope_frequencies' worked case, by hand: d = 32, T = 64, s = 4, low 1, high 4, base 10^4. Pair i has
-    wavelength 2 pi 10^(i/4) and turns r_i = 64 / (2 pi 10^(i/4)) times over T: 10.19, 5.73, 3.22, 1.81, 1.019,
-    0.573, ... So pairs 0, 1 are kept (r > 4), pairs 2, 3, 4 blended with smooth = (r - 1) / 3 = 0.7404, 0.2704,
-    0.0062, theta' / theta = 1/4 + 3/4 smooth = 0.8053, 0.4528, 0.2546, and pairs 5 to 15 divided by 4 (r < 1)."""
+    wavelength 2 pi 10^(i/4) and turns r_i = 64 / (2 pi 10^(i/4)) times over T: 10.19, 5.73, 3.22, 1.81,
+    1.019, 0.573, ... So pairs 0, 1 are kept (r > 4), pairs 2, 3, 4 blended with
+    smooth = (r - 1) / 3 = 0.7404, 0.2704, 0.0062, theta' / theta = 1/4 + 3/4 smooth = 0.8053, 0.4528,
+    0.2546, and pairs 5 to 15 divided by 4 (r < 1)."""
     turns = [64 / (2 * math.pi * 10 ** (i / 4)) for i in range(16)]
     assert [round(r, 3) for r in turns[:6]] == [10.186, 5.728, 3.221, 1.811, 1.019, 0.573]
     kept, blended, divided = [0, 1], [2, 3, 4], list(range(5, 16))
@@ -122,19 +123,21 @@ def test_llama3_worked_case_d32_t64():
 
 
 # -----------------------------------------------------------------------------
-# Partial rotation: the first int(head_dim * rope_fraction) dimensions of each head turn, the rest carry no position
+# Partial rotation: the first int(head_dim * rope_fraction) dims of each head turn, the rest carry no position
 
 
 def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
-    """rope_fraction=1 is RoPE over the whole head: the tables are those of the formula
-    (theta over the whole head) and the logits equal, bit for bit, those of the model run through apply_rope as
-    it is without partial rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain RoPE."""
+    """rope_fraction=1 is RoPE over the whole head: the tables are those of the formula (theta over the whole
+    head) and the logits equal, bit for bit, those of the model run through apply_rope without partial
+    rotation (the whole head turning, halves paired, by +angle), and the checkpoint's defaults are plain
+    RoPE."""
 
-    def apply_rope_before(x, cos, sin):
-        """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin. It rounds
-        as that body did, so the logits can be compared bit for bit: negating is exact, a + (-b) is a - b in IEEE
-        arithmetic, and sums and products commute. (A complex product, (x_i + j x_(i+d/2)) e^(j angle), is the same
-        rotation but torch's complex kernel fuses a multiply-add on some lengths: 1 ulp apart, so no equality.)"""
+    def apply_rope_whole_head(x, cos, sin):
+        """apply_rope without partial rotation, in Llama's rotate-half form x cos + rotate_half(x) sin, with
+        apply_rope's rounding, so the logits can be compared bit for bit: negating is exact, a + (-b) is
+        a - b in IEEE arithmetic, and sums and products commute. (A complex product,
+        (x_i + j x_(i+d/2)) e^(j angle), is the same rotation but torch's complex kernel fuses a multiply-add
+        on some lengths: 1 ulp apart, so no equality.)"""
         half = x.size(-1) // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # pair (a, b) -> (-b, a)
         return (x * torch.cat([cos, cos], dim=-1) + rotated_half * torch.cat([sin, sin], dim=-1)).to(x.dtype)
@@ -145,7 +148,7 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     assert torch.equal(model.transformer.wpe.cos, cos) and torch.equal(model.transformer.wpe.sin, sin)
     idx = torch.randint(0, 32, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
     logits, _ = model(idx)
-    monkeypatch.setattr("model.apply_rope", apply_rope_before)
+    monkeypatch.setattr("model.apply_rope", apply_rope_whole_head)
     assert torch.equal(model(idx)[0], logits)
 
 
@@ -153,11 +156,12 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
     "head_dim,fraction", [(16, 0.25), (32, 0.5), (64, 0.25), (24, 0.5), (20, 0.4), (16, 1.0)]
 )
 def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
-    """GPT-NeoX's partial rotary embedding in transformers (rotary_pct, the config's partial_rotary_factor): its
-    inverse frequencies over int(head_dim * fraction) dimensions equal ours to float32 rounding (rtol 1e-6); its
-    apply_rotary_pos_emb given our cos and sin rotates q and k exactly as apply_rope does, bit for bit (rotate-half
-    within the slice, the rest passed through); and with its own cos and sin they differ only by float32's rounding of the
-    angles m theta_i (theta rounded on one side, not the other), at most ~1e-5 here at positions up to 255."""
+    """GPT-NeoX's partial rotary embedding in transformers (rotary_pct, the config's partial_rotary_factor):
+    its inverse frequencies over int(head_dim * fraction) dimensions equal ours to float32 rounding (rtol
+    1e-6); its apply_rotary_pos_emb given our cos and sin rotates q and k exactly as apply_rope does, bit for
+    bit (rotate-half within the slice, the rest passed through); and with its own cos and sin they differ only
+    by float32's rounding of the angles m theta_i (theta rounded on one side, not the other), at most ~1e-5
+    here at positions up to 255."""
     transformers_or_skip()
     from transformers import GPTNeoXConfig
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
@@ -194,9 +198,9 @@ def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
 
 
 def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offset():
-    """q_m . k_n = (rotated slice) + (the rest). With a quarter of each head rotating, the rest's share is the same
-    q_pass . k_pass whatever m and n: it carries no position. The rotated share depends on m - n only, and does
-    change with it."""
+    """q_m . k_n = (rotated slice) + (the rest). With a quarter of each head rotating, the rest's share is the
+    same q_pass . k_pass whatever m and n: it carries no position. The rotated share depends on m - n only,
+    and does change with it."""
     head_dim, rotary_dim = 16, 4
     rope = RotaryPositions(GPTConfig(block_size=64, n_head=1, n_embd=head_dim, rope_fraction=0.25))
     g = torch.Generator().manual_seed(3)
@@ -223,9 +227,10 @@ def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offs
 @pytest.mark.parametrize("scaling", [None, *ROPE_SCALINGS])
 def test_partial_rotation_cached_logits_equal_the_full_forward_with_every_scaling(scaling):
     """The KV cache holds keys already rotated, partly here: prefill + one-token steps give the full forward's
-    logits at every position up to 4 x block_size, to 1e-5, with and without each context extension. Dynamic NTK
-    up to block_size only: past it a cached key keeps the frequencies of the length it entered at, by design
-    (tests/test_generation.py shows that per key), where the full forward turns every key for the whole length."""
+    logits at every position up to 4 x block_size, to 1e-5, with and without each context extension. Dynamic
+    NTK up to block_size only: past it a cached key keeps the frequencies of the length it entered at, by
+    design (tests/test_generation.py shows that per key), where the full forward turns every key for the whole
+    length."""
     extension = {} if scaling is None else dict(rope_scaling=scaling, rope_factor=4.0)
     model = tiny_model(rope_fraction=0.25, **extension)
     length = BLOCK if scaling == "dynamic" else 4 * BLOCK
@@ -260,9 +265,10 @@ def test_compiled_decoding_gives_the_cached_tokens(overrides):
 
 
 def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
-    """Llama 4's no_rope_layer_interval = 4 over 8 layers: layers 3 and 7 (0-based) have no RoPE. transformers'
-    Llama4TextConfig derives no_rope_layers = [int((i + 1) % 4 != 0)], 1 marking a layer that uses RoPE (the flag
-    shipped inverted once, huggingface/transformers#43756); the model hands those two layers no rotation."""
+    """Llama 4's no_rope_layer_interval = 4 over 8 layers: layers 3 and 7 (0-based) have no RoPE.
+    transformers' Llama4TextConfig derives no_rope_layers = [int((i + 1) % 4 != 0)], 1 marking a layer that
+    uses RoPE (the flag shipped inverted once, huggingface/transformers#43756); the model hands those two
+    layers no rotation."""
     config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=8, n_head=2, n_embd=16, nope_interval=4)
     assert nope_layer_indices(8, interval=4) == [3, 7]
     assert config.rope_layers == (True, True, True, False, True, True, True, False)
@@ -281,9 +287,9 @@ def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
 
 
 def test_a_nope_layers_scores_ignore_the_distance_while_a_rope_layers_do_not():
-    """The same token repeated: with pos=rope nothing else varies along the sequence, so every layer's input is
-    the same at every position (each attention averages equal values). A layer without RoPE then scores every key
-    alike, whatever its distance to the query; a layer with RoPE scores them by distance."""
+    """The same token repeated: with pos=rope nothing else varies along the sequence, so every layer's input
+    is the same at every position (each attention averages equal values). A layer without RoPE then scores
+    every key alike, whatever its distance to the query; a layer with RoPE scores them by distance."""
     model = tiny_model(n_layer=2, nope_layers="1")
     for layer, (x, rope, *_) in enumerate(attention_arguments(model, torch.full((1, 12), 7))):
         rotates, attn = model.rope_layers[layer], model.transformer.h[layer].attn
@@ -378,9 +384,9 @@ def variant_run(tmp_path_factory):
 
 
 def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(variant_run, capsys):
-    """asdict(GPTConfig) puts every new field in model_config; sample.py rebuilds that model and runs Llama 3
-    scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the reference
-    sampler agreeing."""
+    """asdict(GPTConfig) puts every variant field in model_config; sample.py rebuilds that model and runs
+    Llama 3 scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the
+    reference sampler agreeing."""
     config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]
     assert {
         k: config[k]
@@ -418,8 +424,8 @@ def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(vari
         8,
     )
     assert (
-        "pos=rope on 4 of each head's 16 dims (none in layer 1), trained length 16 tokens, rope scaling llama3 "
-        "x4 (frequency factors 0.5 and 8)" in out
+        "pos=rope on 4 of each head's 16 dims (none in layer 1), trained length 16 tokens, "
+        "rope scaling llama3 x4 (frequency factors 0.5 and 8)" in out
     )
     _, reference, _ = sample.main([*flags, "--kv_cache=off"])
     assert cached == reference and len(cached[0]) == 1 + 4 * BLOCK
@@ -465,10 +471,10 @@ def test_a_fraction_rounding_to_an_even_number_of_dimensions_is_accepted():
     assert model_config.rotary_dim == 4
 
 
-def test_a_checkpoint_older_than_the_variants_loads_as_plain_rope():
-    """A model_config without the new fields (tests/fixtures: written at 491106f) reads back with plain RoPE's
-    values for them, so it builds the model it was and resuming compares like with like (tests/test_cli.py
-    resumes it)."""
+def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
+    """A model_config without the variants' fields (tests/fixtures: written at 491106f) reads back with plain
+    RoPE's values for them, so it builds the model it was and resuming compares like with like
+    (tests/test_cli.py resumes it)."""
     fixture = Path(__file__).parent / "fixtures" / "ckpt_491106f_rope.pt"
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw

@@ -1,9 +1,10 @@
-"""A run owns its folder, finished means finished, and every bad input to train.py is one line (issue 18).
+"""A run owns its folder, finished means finished, and every bad input to train.py is one line.
 
 A second run in a folder in use is refused naming the holder; a lock a killed run left is taken over; a folder
-holding a run is never replaced without --overwrite; a checkpoint records whether its run finished; checkpoints,
-datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback, with every file
-that was there before left as it was. Tiny models on CPU through train.main or `python train.py`; no mocks.
+holding a run is never replaced without --overwrite; a checkpoint records whether its run finished;
+checkpoints, datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback,
+with every file that was there before left as it was. Tiny models on CPU through train.main or
+`python train.py`; no mocks.
 """
 
 import json
@@ -75,8 +76,9 @@ def write_lock(out_dir, **record):
 def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees_it_when_stopped(
     tmp_path, capsys
 ):
-    """While `python train.py` runs in a folder, a second run there (even with --resume) stops in one line naming
-    the first one's pid, host and command, and touches nothing; SIGTERM stops the first, which removes its lock."""
+    """While `python train.py` runs in a folder, a second run there (even with --resume) stops in one line
+    naming the first one's pid, host and command, and touches nothing; SIGTERM stops the first, which removes
+    its lock."""
     out_dir = tmp_path / "busy"
     proc = training_until_step(1, *TINY, f"--out_dir={out_dir}", "--max_iters=100000")
     try:
@@ -100,8 +102,9 @@ def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees
 def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_another_host_is_not(
     tmp_path, capsys
 ):
-    """A kill -9 leaves the lock behind: the next run sees that its process is gone, says so and takes it over.
-    A lock from another machine (a shared filesystem) cannot be checked from here: refused, the lock kept."""
+    """A kill -9 leaves the lock behind: the next run sees that its process is gone, says so and takes it
+    over. A lock from another machine (a shared filesystem) cannot be checked from here: refused, the lock
+    kept."""
     out_dir = tmp_path / "stale"
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -190,7 +193,7 @@ class Shell:
 
 
 def spoil(path, kind, marker):
-    """Rewrite the checkpoint at path in one of the ways issue 18's hostile user found."""
+    """Rewrite the checkpoint at path in one of the ways a hostile user would."""
     ckpt = ckpt_io.load_checkpoint(path)
     if kind == "no meta":
         del ckpt["meta"]
@@ -225,8 +228,9 @@ def spoil(path, kind, marker):
 )
 @pytest.mark.parametrize("how", ["--resume", "--init_from"])
 def test_a_checkpoint_that_cannot_be_used_is_one_line(tmp_path, capsys, finished, kind, words, how):
-    """Resuming, or starting from, a checkpoint without meta or vocabulary, with weights that do not fit (named),
-    or pickling a function (named, and never run; no hint to load it with weights_only=False): one line, exit 1."""
+    """Resuming, or starting from, a checkpoint without meta or vocabulary, with weights that do not fit
+    (named), or pickling a function (named, and never run; no hint to load it with weights_only=False): one
+    line, exit 1."""
     out_dir = copy_of(finished, tmp_path / "run")
     (out_dir / "best.pt").unlink()  # --init_from reads best.pt first: both read ckpt.pt here
     spoil(out_dir / "ckpt.pt", kind, tmp_path / "ran")
@@ -244,8 +248,8 @@ def test_a_checkpoint_that_cannot_be_used_is_one_line(tmp_path, capsys, finished
 
 @pytest.fixture
 def dataset():
-    """A dataset folder data/<name> written by hand (train.bin, val.bin, meta.json of the char vocabulary), for
-    the test to spoil; removed after it."""
+    """A dataset folder data/<name> written by hand (train.bin, val.bin, meta.json of the char vocabulary),
+    for the test to spoil; removed after it."""
     name = f"test_run_folder_{os.getpid()}"
     folder = DATA_ROOT / name
     folder.mkdir()
@@ -270,9 +274,9 @@ def dataset():
     ],
 )
 def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, kind, status, words):
-    """An empty --out_dir (an unset shell variable), a checkpoint file as --out_dir, --resume with --overwrite, a
-    split shorter than block_size, a .bin file that disagrees with meta.json, a token id past the vocabulary: one
-    line, before any training, and the run folder and the dataset as they were."""
+    """An empty --out_dir (an unset shell variable), a checkpoint file as --out_dir, --resume with
+    --overwrite, a split shorter than block_size, a .bin file that disagrees with meta.json, a token id past
+    the vocabulary: one line, before any training, and the run folder and the dataset as they were."""
     name, data_dir = dataset
     out_dir = copy_of(finished, tmp_path / "run")
     flags = {
@@ -299,8 +303,9 @@ def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, 
 
 
 def test_python_train_py_errors_are_one_line_without_a_traceback(tmp_path, finished):
-    """The same through `python train.py`, as a user runs it: an empty --out_dir, a folder holding a finished run,
-    and a malicious checkpoint are one line on stderr, a non-zero exit, no traceback; nothing is written."""
+    """The same through `python train.py`, as a user runs it: an empty --out_dir, a folder holding a finished
+    run, and a malicious checkpoint are one line on stderr, a non-zero exit, no traceback; nothing is
+    written."""
     out_dir = copy_of(finished, tmp_path / "run")
     malicious = copy_of(finished, tmp_path / "malicious")
     spoil(malicious / "ckpt.pt", "malicious", tmp_path / "ran")

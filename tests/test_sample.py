@@ -1,4 +1,5 @@
-"""sample.py as a user runs it: train tiny checkpoints with train.py, then generate past their trained length."""
+"""sample.py as a user runs it: train tiny checkpoints with train.py,
+then generate past their trained length."""
 
 import re
 import shutil
@@ -76,9 +77,10 @@ def streamed_text(capsys, tokenizer, ids, n_prompt, block_size):
 
 @pytest.mark.parametrize("tokenizer_name", ["char", "gpt2"])
 def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tokenizer_name):
-    """Token by token, the streamed text is mark_trained_length's for the whole sequence, for every prompt length and
-    trained length; with GPT-2's BPE also where a token ends inside a multi-byte character (held back until the
-    character is complete) and where the crossing falls inside one (both sides shown as decoded, as in the batch)."""
+    """Token by token, the streamed text is mark_trained_length's for the whole sequence, for every prompt
+    length and trained length; with GPT-2's BPE also where a token ends inside a multi-byte character (held
+    back until the character is complete) and where the crossing falls inside one (both sides shown as
+    decoded, as in the batch)."""
     text = "ROMEO: caf\u00e9, na\u00efve \u65e5\u672c\u8a9e \U0001f642!"
     if tokenizer_name == "char":
         tokenizer = get_tokenizer({"tokenizer": "char", "chars": sorted(set(text))})
@@ -101,8 +103,8 @@ def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tok
 
 
 def test_streaming_decodes_a_number_of_ids_linear_in_the_tokens(capsys):
-    """Streaming n tokens decodes O(n) ids in all, not the whole text again per token (O(n^2): 20% of sample.py's
-    time at 4,096 tokens)."""
+    """Streaming n tokens decodes O(n) ids in all, not the whole text again per token (O(n^2): 20% of
+    sample.py's time at 4,096 tokens)."""
     decoded = []
 
     class CountingTokenizer(CharTokenizer):
@@ -220,8 +222,8 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
 
 
 def test_a_loaded_model_holds_the_only_copy_of_its_weights(checkpoints):
-    """sample.load keeps the checkpoint's configs, meta and progress beside the model, not its weights or optimizer
-    state: the model holds the weights, once."""
+    """sample.load keeps the checkpoint's configs, meta and progress beside the model, not its weights or
+    optimizer state: the model holds the weights, once."""
     loaded = sample.load(checkpoints["rope"], "cpu")
     assert {"model_config", "meta", "train_config", "iter_num"} <= loaded.checkpoint.keys()
     assert not [
@@ -236,7 +238,7 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
     """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
     missing for it (nan in the table), not a KeyError."""
     loaded = sample.load(checkpoints["rope"], "cpu")
-    # what a GPT2_MODELS name's checkpoint info holds once loaded: its model config and meta, no training config
+    # a GPT2_MODELS name's checkpoint info, once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
     dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get(
@@ -247,8 +249,8 @@ def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoint
 
 
 def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpoints):
-    """Past block_size, learned's loss at position p comes from the window of the block_size tokens ending at p,
-    the same context its generator uses."""
+    """Past block_size, learned's loss at position p comes from the window of the block_size tokens ending at
+    p, the same context its generator uses."""
     loaded = sample.load(checkpoints["learned"], "cpu")
     x = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(0))
     y = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
@@ -260,7 +262,8 @@ def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpo
 
 
 def test_sample_prefers_the_best_checkpoint_over_the_latest(checkpoints, tmp_path):
-    """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest): sampling uses best.pt when it exists."""
+    """train.py keeps best.pt (lowest val loss) beside ckpt.pt (latest):
+    sampling uses best.pt when it exists."""
     shutil.copy(f"{checkpoints['learned']}/ckpt.pt", tmp_path / "ckpt.pt")
     assert sample.load(tmp_path, "cpu").model.config.pos == "learned"
     shutil.copy(f"{checkpoints['alibi']}/ckpt.pt", tmp_path / "best.pt")
@@ -283,8 +286,8 @@ def test_gpt2_bpe_dataset_trains_and_samples_offline(tmp_path, capsys):
 
 
 def test_compiled_decoding_gives_the_same_greedy_text(checkpoints, capsys):
-    """sample.py --compile runs the decode step through torch.compile (inductor on CPU) and gives the tokens of
-    the uncompiled cached sampler; --compile without the cache is a one-line error."""
+    """sample.py --compile runs the decode step through torch.compile (inductor on CPU) and gives the tokens
+    of the uncompiled cached sampler; --compile without the cache is a one-line error."""
     flags = [f"--out_dir={checkpoints['rope']}", "--temperature=0", "--max_new_tokens=24", "--stream=off"]
     (_, plain, _), _ = run_sample(capsys, *flags)
     (_, compiled, _), out = run_sample(capsys, *flags, "--compile")

@@ -1,6 +1,6 @@
-"""The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their checkpoints,
-and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's own parser
-(plumbing.runs.plan), runs are real tiny train.py runs."""
+"""The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their
+checkpoints, and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's
+own parser (plumbing.runs.plan), runs are real tiny train.py runs."""
 
 import pytest
 import torch
@@ -32,8 +32,8 @@ def test_passkey_study_trains_with_its_preset_into_folders_of_its_own():
 
 
 def test_passkey_study_trains_nope_longer_with_its_own_preset_only():
-    """NoPE learns to copy last (docs/extrapolation.md): 5000 steps where the other schemes get the preset's 3000;
-    another preset's runs are trained as it says."""
+    """NoPE learns to copy last (docs/extrapolation.md): 5000 steps where the other schemes get the preset's
+    3000; another preset's runs are trained as it says."""
     steps = {
         p.out_dir: (p.train_config["max_iters"], p.train_config["lr_decay_iters"])
         for p in plan(study.base_commands(study.parse_args(["--task=passkey", "--extra"]), "passkey"))

@@ -1,7 +1,7 @@
-"""Every user error is one line, before the work starts: each bad input below runs through the real entry point
-(main(argv) in-process; a subprocess where the input is a signal or a resource limit) and must give one line on
-stderr, a non-zero exit status and no traceback, and leave every file that existed before as it was. Then the
-memory estimates behind the refusals, against what a tiny model really allocates."""
+"""Every user error is one line, before the work starts: each bad input below runs through the real entry
+point (main(argv) in-process; a subprocess where the input is a signal or a resource limit) and must give one
+line on stderr, a non-zero exit status and no traceback, and leave every file that existed before as it was.
+Then the memory estimates behind the refusals, against what a tiny model really allocates."""
 
 import importlib.util
 import os
@@ -80,8 +80,8 @@ def trained(tmp_path_factory):
 
 @pytest.fixture
 def files(tmp_path, trained):
-    """What a user has before the bad command: a checkpoint folder, prior results, a file where a folder may be
-    expected, an empty folder, a read-only one, and TOML files that are no valid presets."""
+    """What a user has before the bad command: a checkpoint folder, prior results, a file where a folder may
+    be expected, an empty folder, a read-only one, and TOML files that are no valid presets."""
     shutil.copytree(trained, tmp_path / "ckpt")
     (tmp_path / "prior.csv").write_text("checkpoint,loss\nearlier run,1.5\n")
     (tmp_path / "afile").write_text("a file, not a folder\n")
@@ -98,8 +98,8 @@ def snapshot(folder):
 
 
 def exit_and_stderr(capsys, main, argv):
-    """(exit status, stderr) of main(argv), which must exit. sys.exit(message) is how Python ends with status 1 and
-    the message on stderr, as it does outside pytest."""
+    """(exit status, stderr) of main(argv), which must exit. sys.exit(message) is how Python ends with status
+    1 and the message on stderr, as it does outside pytest."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     status, err = exit_info.value.code, capsys.readouterr().err
@@ -109,13 +109,13 @@ def exit_and_stderr(capsys, main, argv):
 
 
 def case(script, argv, status, *words, available=None, marks=(), id=None):
-    """One bad input: the script's main(argv) exits with status and one line holding every word. available: the
-    bytes this machine has free, to stand for a smaller one; None: its real memory."""
+    """One bad input: the script's main(argv) exits with status and one line holding every word. available:
+    the bytes this machine has free, to stand for a smaller one; None: its real memory."""
     return pytest.param(script, argv, status, words, available, marks=marks, id=id)
 
 
 CASES = [
-    # NaN and infinity pass every range check (nan > 0 and nan < 0 are both False): refused where floats are parsed
+    # NaN and infinity pass every range check (nan > 0, nan < 0 are both False): refused where floats are read
     case(
         "sample",
         ["--out_dir={ckpt}", "--temperature=inf"],
@@ -321,7 +321,8 @@ def test_a_bad_input_is_one_line_before_any_work(
 
 
 def run_script(args, **kwargs):
-    """A script of the repository in a new Python process, from the root (TIKTOKEN_CACHE_DIR and the like kept)."""
+    """A script of the repository in a new Python process, from the root
+    (TIKTOKEN_CACHE_DIR and the like kept)."""
     env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.Popen(
         [sys.executable, "-u", *args],
@@ -336,7 +337,8 @@ def run_script(args, **kwargs):
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to another process")
 def test_ctrl_c_stops_sample_quietly_with_status_130(trained):
-    """Ctrl-C while sample.py streams: exit status 130, as a shell reports an interrupted command, and no traceback."""
+    """Ctrl-C while sample.py streams: exit status 130, as a shell reports an interrupted command,
+    and no traceback."""
     process = run_script(["sample.py", f"--out_dir={trained}", "--max_new_tokens=1000000", "--device=cpu"])
     first = process.stdout.readline()  # the model is loaded and generating once the header line is out
     process.send_signal(signal.SIGINT)
@@ -347,9 +349,9 @@ def test_ctrl_c_stops_sample_quietly_with_status_130(trained):
 
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs POSIX resource limits")
 def test_a_full_disk_is_found_before_the_evaluation_and_keeps_the_prior_csv(trained, tmp_path):
-    """No byte can be written (RLIMIT_FSIZE 0 stands for a full disk; SIGXFSZ ignored, so a write fails with an
-    error instead of killing the process): eval_length.py says so in one line before it evaluates, and the CSV of
-    an earlier run is left whole."""
+    """No byte can be written (RLIMIT_FSIZE 0 stands for a full disk; SIGXFSZ ignored, so a write fails with
+    an error instead of killing the process): eval_length.py says so in one line before it evaluates, and the
+    CSV of an earlier run is left whole."""
     prior = tmp_path / "loss.csv"
     prior.write_text("checkpoint,loss\nearlier run,1.5\n")
 
@@ -401,8 +403,8 @@ def table_bytes(model):
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_context):
     """generation_bytes' KV cache, grown position table and token buffer are, to the byte, the tensors
-    generate_cached allocates: the caches it gives the layers, the table the model holds after it
-    (0 where none grew) and the tokens it returns; learned cropped to its table, max_context a ring of slots."""
+    generate_cached allocates: the caches it gives the layers, the table the model holds after it (0 where
+    none grew) and the tokens it returns; learned cropped to its table, max_context a ring of slots."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     model = GPT(config).eval()
     batch, n_prompt, new = 3, 4, 20
@@ -419,8 +421,8 @@ def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_cont
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
 def test_the_table_estimate_is_what_reserve_allocates(pos):
-    """position_table_bytes(n) is the table wpe.reserve(n) leaves, from a fresh model: none within block_size, at
-    least twice the rows just past it, n rows far past it."""
+    """position_table_bytes(n) is the table wpe.reserve(n) leaves, from a fresh model: none within block_size,
+    at least twice the rows just past it, n rows far past it."""
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     for n_pos in (8, 9, 100):
         model = GPT(config)

@@ -21,10 +21,10 @@ import train
 from demo import probe
 from experiments import extrapolation
 from generation import generate_cached
-from plumbing.memory import generation_bytes, kv_cache_bytes, position_table_bytes
 from model import GPT, GPTConfig
 from perf import bench
 from plumbing import hardware
+from plumbing.memory import generation_bytes, kv_cache_bytes, position_table_bytes
 from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,14 +7,12 @@ The one on-disk format every dataset is written in, and what train.py and sample
                                       "val_tokens", "chars" (char only), "sample_length" (fixed-length
                                       samples), "generator" (generated data: its data/ module and settings)}
 
-meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
-Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
-big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare). A dataset is written
-into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there unless
-asked to (--replace). Readers check what they read (load_meta, check_split) and raise UserError, one line that
-names the file and what to do.
+meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it. A dataset is
+written into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there
+unless asked to (--replace). Readers check what they read and raise a one-line UserError saying what to do.
 """
 
+import argparse
 import importlib
 import json
 import os
@@ -32,14 +30,11 @@ from plumbing.errors import StopSignals, UserError, one_line_errors
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
-FILES = ("train.bin", "val.bin", "meta.json")
+FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved into place last
 TOKENIZERS = ("char", "gpt2")
-# Datasets whose text ships with the repo (or, for passkey, is generated), so ensure_prepared can build them on
-# first use, offline
-# (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
+# Datasets ensure_prepared builds on first use, offline (GPT-2 BPE still needs tiktoken's cached files)
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
-# Datasets drawn by a generator (data/NAME/task.py defines outdated): load_meta refuses what it made with other
-# settings than today's
+# Datasets drawn by a generator (data/NAME/task.py defines outdated(meta, data_dir))
 GENERATED = ("passkey",)
 REPLACE_HELP = (
     "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
@@ -51,7 +46,6 @@ def dataset_dir(name: str) -> Path:
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    # ids run from 0 to vocab_size - 1, so uint16 holds up to 2**16 ids, in half the bytes of uint32
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
@@ -77,14 +71,13 @@ def _check_meta(meta, where) -> None:
         raise bad(f"dtype must be uint16 or uint32, got {meta.get('dtype')!r}")
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
-    if meta["tokenizer"] == "char":
-        chars = meta.get("chars")
-        if (
-            not isinstance(chars, list)
-            or len(chars) != meta["vocab_size"]
-            or not all(isinstance(c, str) and len(c) == 1 for c in chars)
-        ):
-            raise bad("a char dataset needs chars: a list of vocab_size single characters")
+    chars = meta.get("chars")
+    if meta["tokenizer"] == "char" and (
+        not isinstance(chars, list)
+        or len(chars) != meta["vocab_size"]
+        or not all(isinstance(c, str) and len(c) == 1 for c in chars)
+    ):
+        raise bad("a char dataset needs chars: a list of vocab_size single characters")
     if "sample_length" in meta:
         length = meta["sample_length"]
         if not isinstance(length, int) or isinstance(length, bool) or length < 2:
@@ -110,9 +103,7 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     }
     if "chars" in meta:
         full["chars"] = list(meta["chars"])
-    for optional in ("sample_length", "generator"):
-        if optional in meta:
-            full[optional] = meta[optional]
+    full |= {key: meta[key] for key in ("sample_length", "generator") if key in meta}
     _check_meta(full, "meta")
     return full
 
@@ -123,19 +114,18 @@ def save_meta(path, meta: dict) -> None:
 
 
 def _from_root(command: str) -> str:
-    """command (python -m data....) as typed where the user stands: -m finds the data package in the current
-    folder, so from anywhere but the repository root it needs a cd first."""
+    """command (python -m data....) as typed where the user stands: outside the repository root, after cd."""
     root = DATA_ROOT.parent
     return command if Path.cwd().resolve() == root else f"cd {os.path.relpath(root)} && {command}"
 
 
 def dataset_files(data_dir) -> list:
-    """Which of FILES data_dir holds: any of them means a dataset (or part of one) that preparing would replace."""
+    """Which of FILES data_dir holds: any means a dataset (or part of one) that preparing would replace."""
     return [name for name in FILES if (Path(data_dir) / name).exists()]
 
 
 def _prepare_command(data_dir: Path) -> str:
-    """The command that (re)creates the dataset in data_dir, with --replace where there are files it replaces."""
+    """The command that (re)creates the dataset in data_dir, with --replace where it replaces files."""
     if (data_dir / "prepare.py").is_file():
         command = f"python -m data.{data_dir.name}.prepare"
     else:
@@ -155,11 +145,11 @@ def load_meta(data_dir) -> dict:
         raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:  # no read permission, a folder named meta.json, an I/O error
+    except OSError as e:
         raise UserError(
             f"{path} cannot be read ({e.strerror}): check it, or re-run {_prepare_command(data_dir)}"
         ) from None
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         raise UserError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
     try:
         _check_meta(meta, path)
@@ -170,10 +160,9 @@ def load_meta(data_dir) -> dict:
 
 
 def _check_generated(meta, data_dir: Path) -> None:
-    """UserError if a generated dataset was made with other settings than its generator uses today: a model trained
-    on it would be evaluated on samples unlike its training (data/passkey's filler). Each generator's outdated(meta,
-    data_dir) tells its own data apart (meta's "generator", or for data written before meta recorded one, its
-    vocabulary) and returns why and the prepare command that makes it again, or None."""
+    """UserError if a generated dataset was made with other settings than its generator uses today: a model
+    trained on it would be evaluated on samples unlike its training. Each generator's outdated(meta, data_dir)
+    returns (why, the prepare command) or None."""
     recorded = meta.get("generator")
     named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
     for name in [recorded["name"]] if named else GENERATED:
@@ -191,23 +180,20 @@ def _check_generated(meta, data_dir: Path) -> None:
 
 
 def refuse_existing(out_dir, replace: bool = False) -> None:
-    """UserError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
-    accident, neither the user's own nor an embedded one, which train.py would never rebuild."""
+    """UserError if out_dir holds a dataset (any of FILES) and replace is false: none replaced by accident."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
     found = dataset_files(out_dir)
     if found and not replace:
-        other_name = (
-            "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
-        )  # data.text's flag
+        # data.text's --name; a dataset with its own prepare.py has a fixed folder
+        other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
         raise UserError(
             f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it{other_name}"
         )
 
 
-# data/.<name>.tmp-<pid>: a preparation's temporary folder, named with its process id to tell leftovers apart
-TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")
+TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")  # data/.<name>.tmp-<pid>, a preparation's staging folder
 
 
 def _running(pid: int) -> bool:
@@ -216,13 +202,12 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, as another user's
-        return True
+        pass
     return True
 
 
 def remove_leftovers(parent) -> None:
-    """Delete the temporary folders in parent that preparations killed outright (kill -9, a power cut) left:
-    those whose process is gone. A stop by signal cleans up after itself (staged_dataset, exit_on_user_error)."""
+    """Delete the staging folders in parent whose process is gone (killed with -9, a power cut)."""
     for path in Path(parent).glob(".*.tmp-*"):
         match = TEMPORARY.fullmatch(path.name)
         if match and path.is_dir() and not _running(int(match["pid"])):
@@ -230,32 +215,22 @@ def remove_leftovers(parent) -> None:
 
 
 def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """Move a complete dataset from the staging folder to out_dir.
-
-    A new out_dir is the staging folder renamed, in one step. An existing one (a package folder such as
-    data/shakespeare_char, holding its prepare.py, or a dataset being replaced) gets the files one by one
-    (os.replace, atomic each), meta.json removed first and put back last, so a stop in between leaves a folder
-    that load_meta refuses, never a meta.json that describes other .bin files.
-    """
+    """A new out_dir is the staging folder renamed. An existing one (holding its prepare.py, or a dataset
+    being replaced) gets the files one by one, meta.json removed first and put back last, so a stop in between
+    leaves a folder load_meta refuses, never a meta.json that describes other .bin files."""
     if not out_dir.exists():
         os.rename(staging, out_dir)
         return
     (out_dir / "meta.json").unlink(missing_ok=True)
-    for name in FILES:  # meta.json is the last of FILES
+    for name in FILES:
         os.replace(staging / name, out_dir / name)
 
 
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False):
-    """Yield {file name: path} for train.bin, val.bin and meta.json in a temporary folder beside out_dir, for
-    the caller to write; when the block ends without error, move them into out_dir; on any error, and on
-    Ctrl-C or SIGTERM (see exit_on_user_error), delete them.
-
-    out_dir holding a dataset already is a UserError unless replace (refuse_existing). The temporary folder,
-    data/.<name>.tmp-<pid>, sits beside out_dir so renaming stays on one filesystem; its pid lets a later run
-    remove what a killed one left (remove_leftovers) and keeps two processes preparing the same dataset at once
-    out of each other's files. git ignores its files as the dataset's (.gitignore: data/**/*.bin, data/**/meta.json).
-    """
+    """Yield {file name: path} for FILES in a staging folder, data/.<name>.tmp-<pid>, beside out_dir (one
+    filesystem, so moves are renames) for the caller to write; move them into out_dir when the block ends
+    without error; delete them on any error, Ctrl-C or SIGTERM (see exit_on_user_error)."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +241,7 @@ def staged_dataset(out_dir, replace: bool = False):
     try:
         yield {name: staging / name for name in FILES}
         _move_into_place(staging, out_dir)
-    finally:  # gone after a move, or holding the files of a failed or stopped run
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -282,12 +257,8 @@ def _as_id_array(ids, split: str) -> np.ndarray:
 
 
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
-    """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset); a dataset already
-    there is a UserError unless replace.
-
-    meta needs "tokenizer" and "vocab_size" (and "chars" for char); the dtype, chosen from vocab_size,
-    and the token counts are filled in here. Returns the meta as written.
-    """
+    """Write train.bin, val.bin and meta.json into out_dir (staged_dataset); return the meta as written.
+    meta needs "tokenizer" and "vocab_size" (and "chars" for char)."""
     splits = {"train": _as_id_array(train_ids, "train"), "val": _as_id_array(val_ids, "val")}
     meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
     for split, ids in splits.items():
@@ -305,19 +276,29 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
 def summarize(out_dir, meta: dict) -> str:
     """One line for the prepare scripts to print."""
     return (
-        f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, vocab_size {meta['vocab_size']:,}, "
-        f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})"
+        f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, "
+        f"vocab_size {meta['vocab_size']:,}, train {meta['train_tokens']:,} tokens, "
+        f"val {meta['val_tokens']:,} tokens ({meta['dtype']})"
     )
 
 
 @contextmanager
 def exit_on_user_error():
-    """For a prepare script's main(): an error the user can fix is one line, `error: ...`, and exit status 2
-    as argparse's; Ctrl-C and SIGTERM end it with one line too, after the block's cleanups ran (staged_dataset
-    deletes its temporary folder), with 130 and 143 (128 + the signal's number) as shells expect."""
+    """For a prepare script's main(): a UserError is one line, `error: ...`, with exit status 2; Ctrl-C and
+    SIGTERM one line too, after the cleanups ran, with 130 and 143."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
     with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
+
+
+def prepare_main(name, description, prepare, argv=None):
+    """main() of a prepare.py whose only flag is --replace: prepare(replace=...) writes data/<name>."""
+    parser = argparse.ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        meta = prepare(replace=args.replace)
+    print(summarize(dataset_dir(name), meta))
 
 
 # -----------------------------------------------------------------------------
@@ -326,7 +307,7 @@ def exit_on_user_error():
 
 def available_datasets(data_root=DATA_ROOT) -> list:
     """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one); not
-    hidden ones (a preparation's temporary folder, .<name>.tmp-<pid>, holds a meta.json too)."""
+    hidden ones (a staging folder holds a meta.json too)."""
     return sorted(
         p.name
         for p in Path(data_root).iterdir()
@@ -337,9 +318,8 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
-    """Return the folder of dataset `name`, preparing it first if it ships with the repo (EMBEDDED) and none
-    of its files are there: part of a dataset (a replacement stopped midway, files copied by hand) is the
-    user's to replace, never silently."""
+    """The folder of dataset `name`, prepared first if it is EMBEDDED and none of its files are there: part of
+    a dataset is the user's to replace, never silently."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise UserError(
@@ -370,9 +350,7 @@ def gpt2_encoding():
     """tiktoken's GPT-2 BPE, loaded once per process."""
     try:
         return tiktoken.get_encoding("gpt2")
-    except (
-        Exception
-    ) as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
+    except Exception as e:  # downloaded on first use: offline that fails in several ways
         raise UserError(
             f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
             f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
@@ -389,12 +367,6 @@ class Tokenizer:
     name: str
     vocab_size: int
     eot_id = None  # the id that ends a document, for tokenizers that have one
-
-    def encode(self, text: str) -> list:
-        raise NotImplementedError
-
-    def decode(self, ids) -> str:
-        raise NotImplementedError
 
     def to_meta(self) -> dict:
         """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
@@ -423,9 +395,8 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         ids = _as_list(ids)
-        bad = [
-            i for i in ids if not 0 <= i < self.vocab_size
-        ]  # a negative id would silently index from the end
+        # checked: a negative id would silently index from the end
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
@@ -483,19 +454,10 @@ def read_text(path) -> str:
 
 
 def prepare_text(
-    text: str,
-    out_dir,
-    tokenizer: str = "char",
-    val_fraction: float = 0.1,
-    block_size: int = 64,
-    source: str = "the text",
-    replace: bool = False,
+    text, out_dir, tokenizer="char", val_fraction=0.1, block_size=64, source="the text", replace=False
 ) -> dict:
-    """Split, encode and write `text` as a dataset in out_dir; return its meta.
-
-    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window. A dataset
-    already in out_dir is a UserError unless replace.
-    """
+    """Split (val: the last val_fraction of the characters), encode and write `text` as a dataset in out_dir;
+    return its meta. Each split must hold at least block_size + 1 tokens, one (x, y) training window."""
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
@@ -516,16 +478,11 @@ def prepare_text(
 
 
 def prepare_file(
-    input_path,
-    out_dir=None,
-    tokenizer: str = "char",
-    val_fraction: float = 0.1,
-    block_size: int = 64,
-    replace: bool = False,
+    input_path, out_dir=None, tokenizer="char", val_fraction=0.1, block_size=64, replace=False
 ) -> dict:
     """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
     out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
-    refuse_existing(out_dir, replace)  # before reading and encoding, not after (write_dataset checks again)
+    refuse_existing(out_dir, replace)  # before reading and encoding, not after
     text = read_text(input_path)
     return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, str(input_path), replace)
 
@@ -539,28 +496,22 @@ ID_SCAN_CHUNK, ID_SCAN_CHUNKS = 1 << 20, 64  # past it, 64 chunks of 1M tokens f
 
 @lru_cache(maxsize=64)
 def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> int:
-    """The largest id in a .bin file, read once per process and version of the file (a new version, renamed
-    into place or rewritten, differs in inode, size or mtime): train.py opens a sampler per micro-step and one
-    more for evaluation."""
+    """The largest id in a .bin file, read once per process and version of the file (inode, size, mtime)."""
     if size == 0:
         return -1  # np.memmap cannot map an empty file
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if tokens.nbytes <= FULL_ID_SCAN_BYTES:
         return int(tokens.max())
-    # a corpus for many GPUs (FineWeb-Edu's 10B tokens: 20 GB) is not read whole by every rank at start-up: evenly
-    # spaced chunks catch a file of another tokenizer or dtype, which is wrong all through, in under a second
+    # a 20 GB corpus is not read whole by every rank: evenly spaced chunks catch a file of another tokenizer
+    # or dtype, which is wrong all through
     starts = np.linspace(0, len(tokens) - ID_SCAN_CHUNK, ID_SCAN_CHUNKS).astype(np.int64)
     return max(int(tokens[start : start + ID_SCAN_CHUNK].max()) for start in starts)
 
 
 def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
     """UserError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
-    vocab_size, and (given block_size) at least block_size + 1 tokens, one (x, y) window.
-
-    The ids are checked by one pass over the file (a memmap's max, once per process; chunks of a file over 1 GiB),
-    skipped where the dtype cannot hold an id past the vocabulary. Unchecked, an id out of range fails in the embedding lookup
-    (an IndexError on CPU, a device-side assert on CUDA) at whatever step first draws it, hours in perhaps.
-    """
+    vocab_size, and (given block_size) at least block_size + 1 tokens. Unchecked, an id out of range fails in
+    the embedding lookup (a device-side assert on CUDA) at whatever step first draws it."""
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
     path = data_dir / f"{split}.bin"
     if not path.is_file():
@@ -571,10 +522,10 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
             f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
             f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}"
         )
-    if meta["vocab_size"] <= np.iinfo(dtype).max:
+    vocab_size = meta["vocab_size"]
+    if vocab_size <= np.iinfo(dtype).max:  # else the dtype cannot hold an id past the vocabulary
         largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if largest >= meta["vocab_size"]:
-            vocab_size = meta["vocab_size"]
+        if largest >= vocab_size:
             raise UserError(
                 f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
                 f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}"
@@ -591,17 +542,13 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
 
 
 class BatchSampler:
-    """Random (x, y) windows of a split, as nanoGPT's get_batch, reading through an np.memmap re-opened for
-    every batch: a memmap kept open leaks memory (nanoGPT, https://stackoverflow.com/questions/45132940).
+    """Random (x, y) windows of a split, as nanoGPT's get_batch, through an np.memmap re-opened for every
+    batch (a memmap kept open leaks memory: https://stackoverflow.com/questions/45132940).
 
-    The draw for each batch comes from a torch.Generator seeded from (seed, rank, split, batch number), so
-    - DDP ranks draw different batches,
-    - each split has its own stream: evaluating on val does not shift the training batches,
-    - the state is the number of batches drawn per split, which every rank shares: a checkpoint saved by
-      rank 0 resumes each rank's own stream exactly (a saved generator state would only resume rank 0's).
-
-    A dataset of fixed-length samples (meta.json's sample_length, e.g. data/passkey) is read in windows that
-    start where a sample starts: with block_size + 1 = sample_length each window is one whole sample.
+    Each batch is drawn by a torch.Generator seeded from (seed, rank, split, batch number): DDP ranks draw
+    different batches, evaluating on val does not shift the training batches, and the state (batches drawn per
+    split) is shared by every rank, so rank 0's checkpoint resumes each rank's own stream exactly. A dataset
+    of fixed-length samples (meta.json's sample_length) is read in windows that start where a sample starts.
     """
 
     def __init__(
@@ -626,7 +573,7 @@ class BatchSampler:
         self.generator = torch.Generator()
 
     def _batch_seed(self, split: str) -> int:
-        # SeedSequence hashes the whole tuple, so nearby tuples (seed 0 rank 1, seed 1 rank 0) give unrelated draws
+        # SeedSequence hashes the whole tuple: nearby ones (seed 0 rank 1, seed 1 rank 0) give unrelated draws
         key = [self.seed, self.rank, SPLITS.index(split), self.batches[split]]
         hi, lo = np.random.SeedSequence(key).generate_state(2)
         return int(hi) << 32 | int(lo)
@@ -640,18 +587,10 @@ class BatchSampler:
         T = self.block_size
         starts = (len(data) - T - 1) // self.sample_length + 1  # window starts that leave T + 1 tokens
         ix = torch.randint(starts, (self.batch_size,), generator=self.generator).numpy() * self.sample_length
-        windows = torch.from_numpy(
-            data[ix[:, None] + np.arange(T + 1)].astype(np.int64)
-        )  # (B, T+1), one read
-        x, y = (
-            windows[:, :-1].contiguous(),
-            windows[:, 1:].contiguous(),
-        )  # (B, T) each; y[:, t] follows x[:, t]
-        if self.device.type == "cuda":
-            # pinned host memory lets the copy to the GPU run asynchronously (non_blocking)
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(
-                self.device, non_blocking=True
-            )
+        windows = torch.from_numpy(data[ix[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1)
+        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T); y[:, t] follows x[:, t]
+        if self.device.type == "cuda":  # pinned host memory: the copy to the GPU runs asynchronously
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in (x, y))
         return x.to(self.device), y.to(self.device)
 
     def state_dict(self) -> dict:
@@ -659,6 +598,6 @@ class BatchSampler:
         return {"seed": self.seed, **{f"{split}_batches": n for split, n in self.batches.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the stream saved in state; this sampler keeps its own rank (see the class docstring)."""
+        """Continue the stream saved in state; this sampler keeps its own rank."""
         self.seed = int(state["seed"])
         self.batches = {split: int(state[f"{split}_batches"]) for split in SPLITS}

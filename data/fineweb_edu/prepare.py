@@ -2,18 +2,13 @@
 FineWeb-Edu (its 10B-token sample) as GPT-2 BPE tokens: the web-scale corpus for GPU runs.
 
     pip install datasets
-    python -m data.fineweb_edu.prepare                            # the whole sample: ~10B tokens, ~20 GB
-    python -m data.fineweb_edu.prepare --max_tokens 1000000000    # the first ~1B train tokens, for shorter runs
+    python -m data.fineweb_edu.prepare                          # the whole sample: ~10B tokens, ~20 GB
+    python -m data.fineweb_edu.prepare --max_tokens 1000000000  # the first ~1B train tokens, for shorter runs
 
-Why FineWeb-Edu rather than nanoGPT's OpenWebText: on the Hugging Face Hub OpenWebText is a loading script,
-which `datasets` 4 refuses ("Dataset scripts are no longer supported", nanoGPT issue #633), and pinning an old
-`datasets` drags old pyarrow and numpy along. FineWeb-Edu is plain parquet that any `datasets` streams, and it
-is the corpus of llm.c's and nanochat's GPT-2 runs, so there are published loss curves to compare with.
-
-The documents are streamed (no download cache of tens of GB), tokenized in worker processes, each followed by
-<|endoftext|> (id 50256) so the model sees where documents end, and appended to val.bin and train.bin as uint16
-(GPT-2's 50257 ids fit). Whole documents from the start of the stream go to val until it holds --val_tokens,
-the rest to train, so the two never share a document.
+Not nanoGPT's OpenWebText: on the Hugging Face Hub that is a loading script, which `datasets` 4 refuses.
+FineWeb-Edu is plain parquet, and the corpus of llm.c's and nanochat's GPT-2 runs, whose loss curves are
+published. Documents are streamed, tokenized in worker processes, each followed by <|endoftext|>, and appended
+as uint16: whole documents from the start of the stream to val until it holds --val_tokens, the rest to train.
 """
 
 import argparse
@@ -58,18 +53,15 @@ def _batched(iterable, n: int):
 
 
 def _leave_signals_to_the_parent():
-    # Ctrl-C reaches the whole process group: the workers ignore it and finish their task while the parent
-    # stops and cleans up; SIGTERM gets back its default, not the parent's handler inherited through fork
+    # Ctrl-C reaches the whole process group: workers ignore it while the parent stops and cleans up; SIGTERM
+    # gets back its default, not the parent's handler inherited through fork
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
-    """Yield tokenize_docs' arrays in document order, from num_proc processes.
-
-    At most 2 * num_proc tasks are in flight: Pool.imap would read the whole stream into memory ahead of the
-    workers, as its feeder thread never waits.
-    """
+    """Yield tokenize_docs' arrays in document order, from num_proc processes, at most 2 * num_proc tasks in
+    flight (Pool.imap would read the whole stream into memory ahead of the workers)."""
     with ProcessPoolExecutor(num_proc, initializer=_leave_signals_to_the_parent) as pool:
         pending = deque()
         try:
@@ -94,13 +86,8 @@ def write_token_dataset(
     total_tokens=None,
     replace: bool = False,
 ) -> dict:
-    """Tokenize an iterable of document strings and write them as a GPT-2 dataset in out_dir; return the meta.
-
-    Whole documents go to val.bin until it holds at least val_tokens tokens, then to train.bin until it holds
-    at least max_tokens (None: until docs run out). Files appear only when all is written (staged_dataset).
-    total_tokens, if known, gives the progress bar an ETA. A dataset already in out_dir is a UserError unless
-    replace.
-    """
+    """Tokenize document strings into a GPT-2 dataset in out_dir; return the meta. Whole documents go to val
+    until it holds val_tokens, then train until it holds max_tokens (None: all). total_tokens: for the ETA."""
     tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
     assert dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
@@ -139,10 +126,10 @@ def main(argv=None):
         description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.",
     )
     parser.add_argument(
-        "--max_tokens", type=int, default=None, help="stop once train holds this many tokens (default: all)"
+        "--max_tokens", type=int, help="stop once train holds this many tokens (default: all)"
     )
     parser.add_argument(
-        "--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val"
+        "--val_tokens", type=int, default=10_000_000, help="tokens of whole documents for val"
     )
     parser.add_argument(
         "--num_proc",
@@ -170,6 +157,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
-
-# Expected output: not measured here (this machine has no internet). The sample holds about 10B GPT-2 tokens,
-# so the whole run writes about 20 GB: val.bin ~20 MB (10M tokens), train.bin the rest.

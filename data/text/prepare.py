@@ -1,7 +1,7 @@
 """
 Make a dataset from your own UTF-8 text file.
 
-    python -m data.text.prepare --input mybook.txt                    # -> data/mybook, one token per character
+    python -m data.text.prepare --input mybook.txt          # -> data/mybook, one token per character
     python -m data.text.prepare --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
     python -m data.text.prepare --input mybook2.txt --name mybook --replace  # a name in use needs --replace
     python train.py --dataset mybook

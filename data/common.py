@@ -59,34 +59,32 @@ def _check_meta(meta, where) -> None:
     def bad(why):
         return ValueError(f"{where}: {why}")
 
+    def check_int(key, minimum):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+
     if not isinstance(meta, dict):
         raise bad("meta must be a JSON object")
     if meta.get("tokenizer") not in TOKENIZERS:
         raise bad(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {meta.get('tokenizer')!r}")
     for key in ("vocab_size", "train_tokens", "val_tokens"):
-        value, minimum = meta.get(key), (1 if key == "vocab_size" else 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+        check_int(key, 1 if key == "vocab_size" else 0)
     if meta.get("dtype") not in ("uint16", "uint32"):
         raise bad(f"dtype must be uint16 or uint32, got {meta.get('dtype')!r}")
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
     chars = meta.get("chars")
-    if meta["tokenizer"] == "char" and (
-        not isinstance(chars, list)
-        or len(chars) != meta["vocab_size"]
-        or not all(isinstance(c, str) and len(c) == 1 for c in chars)
-    ):
+    one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
+    if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
         raise bad("a char dataset needs chars: a list of vocab_size single characters")
     if "sample_length" in meta:
-        length = meta["sample_length"]
-        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
-            raise bad(f"sample_length must be an int >= 2, got {length!r}")
+        check_int("sample_length", 2)
         for split in SPLITS:
-            if meta[f"{split}_tokens"] % length:
+            if meta[f"{split}_tokens"] % meta["sample_length"]:
                 raise bad(
                     f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
-                    f"sample_length {length}"
+                    f"sample_length {meta['sample_length']}"
                 )
 
 
@@ -94,16 +92,10 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
     if not isinstance(meta.get("vocab_size"), int):
         raise ValueError(f"meta needs an int vocab_size, got {meta.get('vocab_size')!r}")
-    full = {
-        "tokenizer": meta.get("tokenizer"),
-        "vocab_size": meta["vocab_size"],
-        "dtype": dtype_for_vocab(meta["vocab_size"]).name,
-        "train_tokens": int(train_tokens),
-        "val_tokens": int(val_tokens),
-    }
-    if "chars" in meta:
-        full["chars"] = list(meta["chars"])
-    full |= {key: meta[key] for key in ("sample_length", "generator") if key in meta}
+    full = {"tokenizer": meta.get("tokenizer"), "vocab_size": meta["vocab_size"]}
+    full |= {"dtype": dtype_for_vocab(meta["vocab_size"]).name, "train_tokens": int(train_tokens)}
+    full |= {"val_tokens": int(val_tokens)}
+    full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
     _check_meta(full, "meta")
     return full
 
@@ -126,9 +118,8 @@ def dataset_files(data_dir) -> list:
 
 def _prepare_command(data_dir: Path) -> str:
     """The command that (re)creates the dataset in data_dir, with --replace where it replaces files."""
-    if (data_dir / "prepare.py").is_file():
-        command = f"python -m data.{data_dir.name}.prepare"
-    else:
+    command = f"python -m data.{data_dir.name}.prepare"
+    if not (data_dir / "prepare.py").is_file():
         command = f"python -m data.text.prepare --input FILE --name {data_dir.name}"
     return _from_root(command + (" --replace" if dataset_files(data_dir) else ""))
 
@@ -136,33 +127,28 @@ def _prepare_command(data_dir: Path) -> str:
 def load_meta(data_dir) -> dict:
     """data_dir/meta.json, checked; a UserError, when missing or damaged, saying how to make the dataset."""
     data_dir = Path(data_dir)
-    path = data_dir / "meta.json"
+    path, again = data_dir / "meta.json", _prepare_command(Path(data_dir))
     if not data_dir.is_dir():
-        raise UserError(
-            f"no dataset at {data_dir} (no such folder): prepare it with {_prepare_command(data_dir)}"
-        )
+        raise UserError(f"no dataset at {data_dir} (no such folder): prepare it with {again}")
     if not path.exists():
-        raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+        raise UserError(f"{path} not found: prepare the dataset with {again}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise UserError(
-            f"{path} cannot be read ({e.strerror}): check it, or re-run {_prepare_command(data_dir)}"
-        ) from None
+        raise UserError(f"{path} cannot be read ({e.strerror}): check it, or re-run {again}") from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise UserError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
+        raise UserError(f"{path} is not valid JSON ({e}): re-run {again}") from None
     try:
         _check_meta(meta, path)
     except ValueError as e:
-        raise UserError(f"{e}: re-run {_prepare_command(data_dir)}") from None
+        raise UserError(f"{e}: re-run {again}") from None
     _check_generated(meta, data_dir)
     return meta
 
 
 def _check_generated(meta, data_dir: Path) -> None:
-    """UserError if a generated dataset was made with other settings than its generator uses today: a model
-    trained on it would be evaluated on samples unlike its training. Each generator's outdated(meta, data_dir)
-    returns (why, the prepare command) or None."""
+    """UserError if a generated dataset was made with other settings than its generator's today: a model
+    trained on it would be evaluated on samples unlike its training."""
     recorded = meta.get("generator")
     named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
     for name in [recorded["name"]] if named else GENERATED:
@@ -178,6 +164,8 @@ def _check_generated(meta, data_dir: Path) -> None:
 # -----------------------------------------------------------------------------
 # writing a dataset
 
+TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")  # data/.<name>.tmp-<pid>, a preparation's staging folder
+
 
 def refuse_existing(out_dir, replace: bool = False) -> None:
     """UserError if out_dir holds a dataset (any of FILES) and replace is false: none replaced by accident."""
@@ -191,9 +179,6 @@ def refuse_existing(out_dir, replace: bool = False) -> None:
         raise UserError(
             f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it{other_name}"
         )
-
-
-TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")  # data/.<name>.tmp-<pid>, a preparation's staging folder
 
 
 def _running(pid: int) -> bool:
@@ -228,9 +213,8 @@ def _move_into_place(staging: Path, out_dir: Path) -> None:
 
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False):
-    """Yield {file name: path} for FILES in a staging folder, data/.<name>.tmp-<pid>, beside out_dir (one
-    filesystem, so moves are renames) for the caller to write; move them into out_dir when the block ends
-    without error; delete them on any error, Ctrl-C or SIGTERM (see exit_on_user_error)."""
+    """Yield {file name: path} in a staging folder beside out_dir (one filesystem: moves are renames) for the
+    caller to write; move them into out_dir if the block ends without error, else (Ctrl-C too) delete them."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -257,8 +241,7 @@ def _as_id_array(ids, split: str) -> np.ndarray:
 
 
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
-    """Write train.bin, val.bin and meta.json into out_dir (staged_dataset); return the meta as written.
-    meta needs "tokenizer" and "vocab_size" (and "chars" for char)."""
+    """Write a dataset into out_dir (meta: "tokenizer", "vocab_size", "chars" for char); return its meta."""
     splits = {"train": _as_id_array(train_ids, "train"), "val": _as_id_array(val_ids, "val")}
     meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
     for split, ids in splits.items():
@@ -284,8 +267,8 @@ def summarize(out_dir, meta: dict) -> str:
 
 @contextmanager
 def exit_on_user_error():
-    """For a prepare script's main(): a UserError is one line, `error: ...`, with exit status 2; Ctrl-C and
-    SIGTERM one line too, after the cleanups ran, with 130 and 143."""
+    """For a prepare script's main(): a UserError is one line, `error: ...`, status 2; Ctrl-C and SIGTERM one
+    line too, after the cleanups ran, with 130 and 143."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
     with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
@@ -306,8 +289,7 @@ def prepare_main(name, description, prepare, argv=None):
 
 
 def available_datasets(data_root=DATA_ROOT) -> list:
-    """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one); not
-    hidden ones (a staging folder holds a meta.json too)."""
+    """Folders that hold a dataset, or a prepare.py that makes one (not data/text), but no staging folders."""
     return sorted(
         p.name
         for p in Path(data_root).iterdir()
@@ -318,8 +300,8 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
-    """The folder of dataset `name`, prepared first if it is EMBEDDED and none of its files are there: part of
-    a dataset is the user's to replace, never silently."""
+    """The folder of dataset `name`, prepared first if it is EMBEDDED and none of its files are there (part of
+    a dataset is the user's to replace)."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise UserError(
@@ -361,22 +343,10 @@ def _as_list(ids) -> list:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
 
 
-class Tokenizer:
-    """Text <-> token ids, as a dataset was prepared; get_tokenizer(meta) builds the right one."""
-
-    name: str
-    vocab_size: int
-    eot_id = None  # the id that ends a document, for tokenizers that have one
-
-    def to_meta(self) -> dict:
-        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
-        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
-
-
-class CharTokenizer(Tokenizer):
+class CharTokenizer:
     """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
 
-    name = "char"
+    name, eot_id = "char", None  # eot_id: the id that ends a document, for tokenizers that have one
 
     def __init__(self, chars):
         self.chars = list(chars)
@@ -395,17 +365,17 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         ids = _as_list(ids)
-        # checked: a negative id would silently index from the end
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]  # a negative id would index from the end
         if bad:
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
 
     def to_meta(self) -> dict:
-        return {**super().to_meta(), "chars": self.chars}
+        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "chars": self.chars}
 
 
-class GPT2Tokenizer(Tokenizer):
+class GPT2Tokenizer:
     """GPT-2 BPE through tiktoken: 50257 ids, the last of which, 50256, is <|endoftext|>."""
 
     name = "gpt2"
@@ -422,8 +392,12 @@ class GPT2Tokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self.enc.decode(_as_list(ids))
 
+    def to_meta(self) -> dict:
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
 
-def get_tokenizer(meta: dict) -> Tokenizer:
+
+def get_tokenizer(meta: dict):
+    """The tokenizer a dataset was prepared with, from its meta."""
     if meta.get("tokenizer") == "char":
         return CharTokenizer(meta["chars"])
     if meta.get("tokenizer") == "gpt2":
@@ -453,11 +427,12 @@ def read_text(path) -> str:
     return text
 
 
-def prepare_text(
-    text, out_dir, tokenizer="char", val_fraction=0.1, block_size=64, source="the text", replace=False
-) -> dict:
-    """Split (val: the last val_fraction of the characters), encode and write `text` as a dataset in out_dir;
-    return its meta. Each split must hold at least block_size + 1 tokens, one (x, y) training window."""
+def prepare_file(input_path, out_dir=None, tokenizer="char", val_fraction=0.1, block_size=64, replace=False):
+    """Write a UTF-8 file's text as a dataset in out_dir (default data/<file stem>); return its meta. val is
+    the text's last val_fraction; each split needs block_size + 1 tokens, one (x, y) training window."""
+    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
+    refuse_existing(out_dir, replace)  # before reading and encoding, not after
+    text = read_text(input_path)
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
@@ -471,20 +446,10 @@ def prepare_text(
         if len(ids) < block_size + 1:
             fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
             raise UserError(
-                f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
-                f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}"
+                f"{input_path} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer "
+                f"than block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}"
             )
     return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
-
-
-def prepare_file(
-    input_path, out_dir=None, tokenizer="char", val_fraction=0.1, block_size=64, replace=False
-) -> dict:
-    """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
-    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
-    refuse_existing(out_dir, replace)  # before reading and encoding, not after
-    text = read_text(input_path)
-    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, str(input_path), replace)
 
 
 # -----------------------------------------------------------------------------

@@ -113,13 +113,8 @@ def field_comments(config_class):
 
 def field_defaults(config_class):
     """{field: default} of the fields that have one."""
-    defaults = {}
-    for f in fields(config_class):
-        if f.default is not MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
+    given = [f for f in fields(config_class) if f.default is not MISSING or f.default_factory is not MISSING]
+    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in given}
 
 
 # -----------------------------------------------------------------------------
@@ -141,13 +136,10 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         argument_default=argparse.SUPPRESS,
     )
     if "config" not in field_names(sections):  # a script whose own setting is called config has no files
-        parser.add_argument(
-            "--config",
-            metavar="FILE.toml",
-            action="append",
-            help="read settings from a TOML file; given again, the files are read in order, each "
-            "overriding the ones before; flags override them all",
+        help_text = (
+            "read settings from a TOML file; several are read in order, each overriding the ones before"
         )
+        parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         comments = field_comments(config_class)
@@ -221,14 +213,15 @@ def parse_flags(
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
     values |= dict(defaults or {})
     parser = build_parser(prog, description, sections, values, choices or {}, positional)
-    valid = [name for name in field_names(sections) if name not in positional]
+    names = field_names(sections)
+    valid = [name for name in names if name not in positional]
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
         from_files = {}
-        if "config" in flags and "config" not in field_names(sections):
+        if "config" in flags and "config" not in names:
             # files hold flags only: checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())

@@ -31,13 +31,7 @@ def prepare(
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
-    meta = {
-        "tokenizer": "char",
-        "vocab_size": len(CHARS),
-        "chars": CHARS,
-        "sample_length": length,
-        "generator": generator_settings(),
-    }
+    meta = CharTokenizer(CHARS).to_meta() | {"sample_length": length, "generator": generator_settings()}
     out_dir = out_dir or dataset_dir(default_name(block_size))
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 
@@ -47,14 +41,13 @@ def main(argv=None):
         prog="python -m data.passkey.prepare",
         description="Make data/passkey (or data/passkey_ctxN) for retrieval training.",
     )
-    parser.add_argument("--block_size", type=int, default=64, help="the context the samples fill (T)")
-    parser.add_argument(
-        "--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seeds the keys, markers and filler")
-    parser.add_argument("--train_samples", type=int, default=TRAIN_SAMPLES)
-    parser.add_argument("--val_samples", type=int, default=VAL_SAMPLES)
-    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    add = parser.add_argument
+    add("--block_size", type=int, default=64, help="the context the samples fill (T)")
+    add("--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)")
+    add("--seed", type=int, default=0, help="seeds the keys, markers and filler")
+    add("--train_samples", type=int, default=TRAIN_SAMPLES)
+    add("--val_samples", type=int, default=VAL_SAMPLES)
+    add("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     for flag in ("block_size", "train_samples", "val_samples"):
         if getattr(args, flag) < 1:

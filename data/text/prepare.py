@@ -22,26 +22,23 @@ def main(argv=None):
         prog="python -m data.text.prepare",
         description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.",
     )
-    parser.add_argument("--input", required=True, help="the UTF-8 text file")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--input", required=True, help="the UTF-8 text file")
+    add(
         "--tokenizer",
         choices=TOKENIZERS,
         default="char",
-        help="char: one token per character, vocabulary from the file; gpt2: GPT-2 BPE (tiktoken)",
+        help="char: one token per character; gpt2: GPT-2 BPE",
     )
-    parser.add_argument(
-        "--name", help="dataset name, the folder under data/ (default: the file name without suffix)"
-    )
-    parser.add_argument(
-        "--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val"
-    )
-    parser.add_argument(
+    add("--name", help="dataset name, the folder under data/ (default: the file name without suffix)")
+    add("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
+    add(
         "--block_size",
         type=int,
         default=64,
-        help="the context length you will train with: each split needs at least block_size + 1 tokens",
+        help="the context you will train with: each split needs T + 1 tokens",
     )
-    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    add("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     name = args.name or Path(args.input).stem
     if Path(name).name != name or name in ("", ".", ".."):

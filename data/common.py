@@ -7,9 +7,8 @@ The one on-disk format every dataset is written in, and what train.py and sample
                                       "val_tokens", "chars" (char only), "sample_length" (fixed-length
                                       samples), "generator" (generated data: its data/ module and settings)}
 
-meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it. A dataset is
-written into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there
-unless asked to (--replace). Readers check what they read and raise a one-line UserError saying what to do.
+JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A dataset is written into
+data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
 """
 
 import argparse
@@ -147,8 +146,7 @@ def load_meta(data_dir) -> dict:
 
 
 def _check_generated(meta, data_dir: Path) -> None:
-    """UserError if a generated dataset was made with other settings than its generator's today: a model
-    trained on it would be evaluated on samples unlike its training."""
+    """UserError if a generated dataset was made with other settings than its generator's today."""
     recorded = meta.get("generator")
     named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
     for name in [recorded["name"]] if named else GENERATED:
@@ -200,9 +198,8 @@ def remove_leftovers(parent) -> None:
 
 
 def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """A new out_dir is the staging folder renamed. An existing one (holding its prepare.py, or a dataset
-    being replaced) gets the files one by one, meta.json removed first and put back last, so a stop in between
-    leaves a folder load_meta refuses, never a meta.json that describes other .bin files."""
+    """Rename staging to a new out_dir; into an existing one move the files one by one, meta.json
+    last, so a stop in between leaves a folder load_meta refuses, never a meta.json describing other files."""
     if not out_dir.exists():
         os.rename(staging, out_dir)
         return
@@ -213,8 +210,8 @@ def _move_into_place(staging: Path, out_dir: Path) -> None:
 
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False):
-    """Yield {file name: path} in a staging folder beside out_dir (one filesystem: moves are renames) for the
-    caller to write; move them into out_dir if the block ends without error, else (Ctrl-C too) delete them."""
+    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them
+    into out_dir if the block ends without error, else (Ctrl-C too) delete them."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -267,8 +264,7 @@ def summarize(out_dir, meta: dict) -> str:
 
 @contextmanager
 def exit_on_user_error():
-    """For a prepare script's main(): a UserError is one line, `error: ...`, status 2; Ctrl-C and SIGTERM one
-    line too, after the cleanups ran, with 130 and 143."""
+    """A prepare script's handler: one line and status 2 for a UserError, 130/143 for a signal."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
     with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
@@ -300,8 +296,7 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
-    """The folder of dataset `name`, prepared first if it is EMBEDDED and none of its files are there (part of
-    a dataset is the user's to replace)."""
+    """The folder of dataset `name`, prepared first if EMBEDDED and none of its files are there."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise UserError(
@@ -474,9 +469,8 @@ def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> 
 
 
 def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
-    """UserError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
-    vocab_size, and (given block_size) at least block_size + 1 tokens. Unchecked, an id out of range fails in
-    the embedding lookup (a device-side assert on CUDA) at whatever step first draws it."""
+    """UserError unless data_dir/<split>.bin holds the tokens meta.json counts, only ids below vocab_size
+    (else a device-side assert at whatever step first draws one), and at least block_size + 1 tokens."""
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
     path = data_dir / f"{split}.bin"
     if not path.is_file():
@@ -507,14 +501,10 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
 
 
 class BatchSampler:
-    """Random (x, y) windows of a split, as nanoGPT's get_batch, through an np.memmap re-opened for every
-    batch (a memmap kept open leaks memory: https://stackoverflow.com/questions/45132940).
-
-    Each batch is drawn by a torch.Generator seeded from (seed, rank, split, batch number): DDP ranks draw
-    different batches, evaluating on val does not shift the training batches, and the state (batches drawn per
-    split) is shared by every rank, so rank 0's checkpoint resumes each rank's own stream exactly. A dataset
-    of fixed-length samples (meta.json's sample_length) is read in windows that start where a sample starts.
-    """
+    """Random (x, y) windows of a split, as nanoGPT's get_batch, through a memmap re-opened per batch (one
+    kept open leaks memory). Each batch's draw is seeded by (seed, rank, split, batch number): ranks differ,
+    evaluating does not shift the training batches, and rank 0's checkpoint resumes every rank's stream.
+    With meta.json's sample_length, windows start where a sample starts."""
 
     def __init__(
         self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0

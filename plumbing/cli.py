@@ -76,8 +76,7 @@ def parse_float(text):
 
 
 def parse_list(name, text, choices, everything=None):
-    """A comma-separated value naming some of `choices`, each once, in the order given -> tuple.
-    `everything`: a word that stands for all of them, in their own order ("all")."""
+    """A comma-separated value naming some of `choices`, each once -> tuple; `everything` names all."""
     if everything is not None and text == everything:
         return tuple(choices)
     items = tuple(text.split(","))
@@ -126,8 +125,8 @@ def field_names(sections):
 
 
 def build_parser(prog, description, sections, defaults, choices, positional):
-    """One flag per field (sections: (title, dataclass, field names or None for all)). Defaults are
-    SUPPRESSed, so that parsing sees only what was given, to layer flags over the config files."""
+    """One flag per field (sections: (title, dataclass, field names or None)), defaults SUPPRESSed so
+    that parsing sees only what was given, to layer flags over the config files."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
@@ -173,8 +172,7 @@ def read_toml(path):
 
 
 def read_config_file(parser, path, valid, foreign_keys=False):
-    """The settings in a TOML file, checked by the same parser as the flags. foreign_keys: keys that are no
-    flag here are another script's settings, ignored (else refused, as a typo)."""
+    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
     table = read_toml(path)
     unknown = [key for key in table if key not in valid]
     if foreign_keys:
@@ -205,9 +203,8 @@ def explain(message, valid):
 def parse_flags(
     argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
 ):
-    """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then
-    by each --config file in order, then by the flags in argv (sys.argv[1:] when None). Fields named in
-    `positional` are positional arguments; foreign_keys: see read_config_file (perf.bench reads presets)."""
+    """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
+    (sys.argv[1:] when None). A mistake exits with status 2 and one line naming the valid choices."""
     values = {}
     for _, config_class, names in sections:
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}

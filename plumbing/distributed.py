@@ -43,8 +43,7 @@ class Processes:
             dist.barrier()
 
     def agree(self, loss, stop, device):
-        """(mean loss over all processes, whether any was asked to stop): one all-reduce per step, so that
-        every rank stops at the same step and sees the same loss."""
+        """(mean loss over all processes, whether any was asked to stop), the same on every rank."""
         if not self.launched:
             return loss.item(), stop
         summed = torch.stack([loss.float(), torch.tensor(float(stop), device=device)])
@@ -105,8 +104,7 @@ def start_processes(cfg):
 
 @contextmanager
 def processes(cfg):
-    """The Processes of this run while the block runs, ended together after it: cleanly after a return or a
-    UserError, which every rank meets at the same point; after anything else torchrun stops the others."""
+    """The Processes of this run, ended together after the block (cleanly unless an unexpected error)."""
     procs, clean = start_processes(cfg), False
     try:
         yield procs
@@ -119,9 +117,8 @@ def processes(cfg):
 
 
 def end_processes(procs, clean):
-    """Wait for all ranks (clean end only: after an unexpected error another may be stuck in a collective),
-    free what refers to the process group, then destroy it; else a gloo worker can abort at exit, freeing
-    work that holds Python tensors during interpreter finalization."""
+    """Wait for all ranks (clean end only: after an unexpected error another may be stuck), free
+    what refers to the process group, then destroy it (else a gloo worker can abort during finalization)."""
     if not procs.launched:
         return
     if clean:
@@ -131,7 +128,7 @@ def end_processes(procs, clean):
 
 
 def micro_steps_per_rank(grad_accum, procs):
-    """This rank's share of a step's grad_accum micro-batches, a total over all processes."""
+    """This rank's share of a step's grad_accum micro-batches (a total over all processes)."""
     if grad_accum % procs.world_size:
         raise UserError(
             f"grad_accum={grad_accum} is not divisible by the {procs.world_size} processes torchrun started; "
@@ -142,8 +139,8 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DistributedDataParallel under torchrun. No buffer broadcast before every forward: ours
-    (RoPE's cos/sin, ALiBi's slopes) are the same on every rank (forward_sync_buffers in newer torch)."""
+    """module in DDP under torchrun, with no buffer broadcast: ours (RoPE's cos/sin, ALiBi's slopes)
+    are the same on every rank."""
     if not procs.launched:
         return module
     device_ids = [procs.local_rank] if device_type == "cuda" else None

@@ -8,10 +8,9 @@ How a script stops: one exception type, one handler per entry point, one signal 
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM ask a loop to stop
         ... signals.received ...
 
-A UserError is what the user can fix (a bad flag, a missing dataset, an unreadable checkpoint); anything else
-is a bug and keeps its traceback. A signal is either a request (StopSignals(): the training loop finishes its
-step and saves) or an exception (Stopped, a KeyboardInterrupt) that unwinds the with-blocks, removing
-temporary files and locks; the handler then exits with 128 + the signal's number, as a shell reports it.
+A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal either asks a
+loop to stop (StopSignals()) or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing
+temporary files and locks) before the handler exits with 128 + the signal's number.
 """
 
 import os
@@ -45,9 +44,8 @@ def say(line):
 
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
-    """An entry point's handler: a UserError becomes `prog: error: message` on stderr and SystemExit(its
-    status); one of `errors` (a config dataclass's ValueError) the same with status 2; `status` overrides
-    both. Ctrl-C or Stopped becomes SystemExit(128 + the signal's number), after the line `stopped`."""
+    """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
+    SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number."""
     try:
         yield
     except (UserError, *errors) as e:
@@ -63,10 +61,8 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
 
 
 class StopSignals:
-    """While active, SIGINT and SIGTERM ask to stop, or stop at once. request=True: the first only sets
-    `received` (its name), for a loop to finish its step, save and return; a second Ctrl-C raises Stopped.
-    request=False: each raises Stopped (SIGTERM's default would end the process with no cleanup). Handlers are
-    restored on exit; outside the main thread the signals keep their own."""
+    """While active, SIGINT and SIGTERM ask to stop (request=True: the first sets `received`, for a loop to
+    finish its step and save; a second Ctrl-C raises Stopped) or stop at once (request=False: Stopped)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

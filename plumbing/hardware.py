@@ -80,8 +80,8 @@ def precision(cfg):
 
 
 def available_memory(device):
-    """Bytes that can still be allocated on device, or None where unknown. CUDA: free memory plus what torch's
-    caching allocator holds unused. Elsewhere the host's: /proc/meminfo's MemAvailable, else sysconf's."""
+    """Bytes still allocatable on device, or None: CUDA's free memory plus what torch's allocator
+    holds unused; elsewhere the host's (/proc/meminfo's MemAvailable, else sysconf)."""
     if str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -105,9 +105,8 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """A UserError if the bytes estimated in parts ({what they hold: bytes}) exceed what device has available:
-    refused before the allocation, where the kernel would kill the process without a word. Names the parts of
-    at least 1% of the total; nothing is refused where the available memory is unknown."""
+    """A UserError if the bytes in parts ({what: bytes}) exceed what device has available: refused
+    before the allocation, where the kernel would kill the process without a word."""
     needed, available = sum(parts.values()), available_memory(device)
     if available is None or needed <= available:
         return
@@ -128,9 +127,8 @@ def synchronize(device):
 
 
 def flops_per_token(model):
-    """Training FLOPs per token (nanoGPT's estimate_mfu, after PaLM appendix B): 6N for the N weights' matmuls
-    (2 forward, 4 backward) plus 12 * L * H * Q * T for attention's q k^T and p v, causal half not discounted.
-    N leaves out the learned position table (a lookup), keeps the token embedding (also the output head)."""
+    """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N
+    (the position table, a lookup, left out) plus 12 * L * H * Q * T for attention's q k^T and p v."""
     n = model.num_params() - sum(p.numel() for p in model.transformer.wpe.parameters())
     c = model.config
     return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size

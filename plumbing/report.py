@@ -91,8 +91,8 @@ def header_line(run, one_per_process):
 
 @contextmanager
 def wandb_logging(run):
-    """A Weights & Biases run on rank 0 while the block runs (None elsewhere or without --wandb), finished
-    with exit code 0, or 1 if the block raised; a resumed run continues its id."""
+    """A Weights & Biases run on rank 0 while the block runs (else None), finished with exit code 0, or
+    1 if the block raised; a resumed run continues its id."""
     cfg, p = run.cfg, run.progress
     if not (cfg.wandb and run.procs.master):
         yield None

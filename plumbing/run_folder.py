@@ -1,10 +1,6 @@
 """
-A run's folder: one run at a time, and never a finished run replaced without asking (train.py).
-
-    own_folder(out_dir, resume, overwrite, procs, device)   the context a run trains in: out_dir locked by
-                                                            rank 0, checked that the run may start there
-    lock_folder(out_dir)     out_dir/train.lock, created atomically; a stale one (its process gone) taken over
-    check_may_start(out_dir, resume, overwrite)   a UserError for a folder holding a run, unless asked
+A run's folder (train.py): one run at a time, locked by out_dir/train.lock (created atomically; a stale one,
+its process gone, taken over), and never a run replaced without --resume or --overwrite.
 """
 
 import json
@@ -68,8 +64,7 @@ def describe_holder(held):
 
 
 def holder_alive(held, path):
-    """Whether the process a lock names may still run. One on another machine (a shared filesystem), or
-    outside POSIX, cannot be checked: assumed alive, so never two runs in one folder."""
+    """Whether the process a lock names may still run; one on another host cannot be checked: alive."""
     if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
         with suppress(FileNotFoundError):
             return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS
@@ -87,8 +82,8 @@ def holder_alive(held, path):
 
 
 def remove_stale_lock(path, text):
-    """Remove the lock whose text was judged stale, unless another process took it over meanwhile: moved aside
-    first (one rename, which only one process wins) and put back if it is no longer the stale one."""
+    """Remove the stale lock unless another process took it over meanwhile: moved aside first (one
+    rename, which only one process wins) and put back if it is no longer the stale one."""
     aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.stale")
     try:
         os.rename(path, aside)
@@ -101,8 +96,8 @@ def remove_stale_lock(path, text):
 
 
 def take_lock(path):
-    """Create the lock (O_CREAT | O_EXCL: exactly one process can) -> (its text, a note if a stale one was
-    taken over). A live holder is a one-line UserError naming it."""
+    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if a stale one was taken
+    over); a live holder is a UserError naming it."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record())
@@ -130,9 +125,8 @@ def take_lock(path):
 
 @contextmanager
 def lock_folder(out_dir, log=print):
-    """Own out_dir while the block runs: a second run in it is refused. The lock is removed on every way out
-    but kill -9, after which the next run sees its process gone and takes it over. A folder made here and left
-    empty (the run failed before writing anything) is removed too."""
+    """Own out_dir while the block runs; the lock is removed on every way out but kill -9 (the next run
+    sees its process gone and takes it over), and so is a folder made here and left empty."""
     folder = Path(out_dir)
     made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,8 +158,7 @@ def describe_run(out_dir):
 
 
 def check_may_start(out_dir, resume, overwrite):
-    """Refuse to start a new run in a folder that holds one unless --resume (continues it) or --overwrite
-    (replaces it) -> a note when --overwrite is about to replace one, else None."""
+    """Refuse a new run in a folder holding one unless --resume or --overwrite (-> a note)."""
     if resume or not any((Path(out_dir) / name).is_file() for name in ("ckpt.pt", "best.pt")):
         return None
     run, resuming = describe_run(out_dir)
@@ -188,8 +181,7 @@ def check_out_dir(out_dir):
 
 @contextmanager
 def own_folder(out_dir, resume, overwrite, procs, device):
-    """Rank 0 locks out_dir and checks that the run may start there; every rank learns the outcome, so that a
-    refusal stops all together."""
+    """Rank 0 locks out_dir and checks the run may start there; a refusal stops every rank together."""
     with ExitStack() as held:
         refusal, note = None, None
         if procs.master:

@@ -1,14 +1,8 @@
 """
-Trained models for the demos, the figures and the extrapolation study, made as the README tells a user:
-`python train.py --pos=X ...` from the repository root, into the folder train.py picks, so the runs a user
-already made are used, not trained again.
-
-    model_dirs(schemes, checkpoints=None)  -> {pos: folder}: from --checkpoints, else the README's runs
-    ensure_trained(commands)               -> each command's out_dir, holding its finished run
-    decide(plan)                           -> what to do with what a command's out_dir holds
-
-A folder holding nothing is trained; a finished run of the command's settings reused; the same run stopped
-early continued with --resume; a run of other settings refused (the study's --retrain replaces it).
+Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
+--pos=X ...` from the repository root), so the runs a user already made are used, not trained again: an empty
+folder is trained, a finished run of the command's settings reused, the same run stopped early continued with
+--resume, a run of other settings refused (the study's --retrain replaces it).
 """
 
 import dataclasses
@@ -68,8 +62,7 @@ class Plan:
 
 
 def run_python(args, **kwargs):
-    """`python args...` from the repository root, its output shown (unless kwargs capture it); a failure is a
-    UserError."""
+    """`python args...` from the repository root, its output shown; a failure is a UserError."""
     sys.stdout.flush()  # what we printed comes before the command's output
     done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
     if done.returncode:
@@ -91,8 +84,7 @@ def plan(commands):
 
 
 def differences(saved, wanted):
-    """The settings in which a checkpoint's config (saved) differs from the planned one, as 'name saved, not
-    wanted'; a setting the checkpoint lacks is newer than the train.py that wrote it, and not compared."""
+    """'name saved, not wanted' for each setting a checkpoint (saved) has otherwise than planned."""
     return [
         f"{name} {saved[name]}, not {value}"
         for name, value in wanted.items()
@@ -101,8 +93,8 @@ def differences(saved, wanted):
 
 
 def decide(plan, elsewhere="move it away"):
-    """("train", None) when the command's out_dir holds no run, ("reuse", step) for its finished run,
-    ("resume", step) for the same run stopped early; a run of other settings is a UserError."""
+    """("train", None) for no run in the command's out_dir, ("reuse", step) for its finished run, ("resume",
+    step) for the same run stopped early; a run of other settings is a UserError."""
     path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
     if not path.is_file():
         return "train", None
@@ -127,8 +119,8 @@ def announcement(plan, action, step, duration):
 
 
 def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print):
-    """Make each train.py command's out_dir hold its finished run: reuse it, continue it, or train it (always,
-    with retrain, replacing what is there), announcing each run. -> the out_dirs, absolute"""
+    """Make each train.py command's out_dir hold its finished run: reuse, continue or train it
+    (retrain: always, replacing it) -> the out_dirs, absolute"""
     plans = plan(commands)
     actions = [("overwrite", None) if retrain else decide(p, elsewhere) for p in plans]
     for p, (action, _) in zip(plans, actions):
@@ -156,8 +148,7 @@ def find_checkpoint(pos, checkpoints):
 
 
 def model_dirs(schemes, checkpoints=None, log=print):
-    """{pos: checkpoint folder} for each scheme: from `checkpoints` as they are when given, else the README's
-    runs (out/shakespeare_char_X), trained first where missing or unfinished."""
+    """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
     folders = ensure_trained(

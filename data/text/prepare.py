@@ -1,14 +1,10 @@
 """
-Make a dataset from your own UTF-8 text file.
+Make a dataset from your own UTF-8 text file: val is the end of the text, as in nanoGPT's shakespeare_char.
 
     python -m data.text.prepare --input mybook.txt          # -> data/mybook, one token per character
     python -m data.text.prepare --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
     python -m data.text.prepare --input mybook2.txt --name mybook --replace  # a name in use needs --replace
     python train.py --dataset mybook
-
-The text is cut at (1 - val_fraction) of its characters and each part encoded, so val is the end of the
-text, as in nanoGPT's shakespeare_char. With --tokenizer char the vocabulary is the sorted set of the file's
-characters. The Shakespeare datasets are the same preparation (data.common.prepare_file) on a fixed input.
 """
 
 import argparse

@@ -91,9 +91,11 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
     if not isinstance(meta.get("vocab_size"), int):
         raise ValueError(f"meta needs an int vocab_size, got {meta.get('vocab_size')!r}")
-    full = {"tokenizer": meta.get("tokenizer"), "vocab_size": meta["vocab_size"]}
-    full |= {"dtype": dtype_for_vocab(meta["vocab_size"]).name, "train_tokens": int(train_tokens)}
-    full |= {"val_tokens": int(val_tokens)}
+    vocab_size = meta["vocab_size"]
+    full = dict(
+        tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype_for_vocab(vocab_size).name
+    )
+    full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
     full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
     _check_meta(full, "meta")
     return full
@@ -197,21 +199,11 @@ def remove_leftovers(parent) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """Rename staging to a new out_dir; into an existing one move the files one by one, meta.json
-    last, so a stop in between leaves a folder load_meta refuses, never a meta.json describing other files."""
-    if not out_dir.exists():
-        os.rename(staging, out_dir)
-        return
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    for name in FILES:
-        os.replace(staging / name, out_dir / name)
-
-
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False):
-    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them
-    into out_dir if the block ends without error, else (Ctrl-C too) delete them."""
+    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
+    out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
+    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -221,25 +213,25 @@ def staged_dataset(out_dir, replace: bool = False):
     staging.mkdir()
     try:
         yield {name: staging / name for name in FILES}
-        _move_into_place(staging, out_dir)
+        if not out_dir.exists():
+            os.rename(staging, out_dir)
+        else:
+            (out_dir / "meta.json").unlink(missing_ok=True)
+            for name in FILES:
+                os.replace(staging / name, out_dir / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _as_id_array(ids, split: str) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.size == 0:
-        ids = ids.astype(np.int64)  # np.asarray([]) is float64
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
-        )
-    return ids
-
-
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
     """Write a dataset into out_dir (meta: "tokenizer", "vocab_size", "chars" for char); return its meta."""
-    splits = {"train": _as_id_array(train_ids, "train"), "val": _as_id_array(val_ids, "val")}
+    splits = {"train": np.asarray(train_ids), "val": np.asarray(val_ids)}
+    for split, ids in splits.items():
+        ids = splits[split] = ids.astype(np.int64) if ids.size == 0 else ids  # np.asarray([]) is float64
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(
+                f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
+            )
     meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
     for split, ids in splits.items():
         if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):

@@ -86,6 +86,5 @@ class StopSignals:
 
 def exit_status(stopped):
     """0 for a finished run, 128 + the signal's number for one a signal stopped (its name, or None)."""
-    if stopped is None:
-        return 0
-    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": torchrun's SIGTERM
+    # "a signal to another rank" is no signal name: torchrun stops this rank with SIGTERM
+    return 0 if stopped is None else 128 + getattr(signal, stopped, signal.SIGTERM)

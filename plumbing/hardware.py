@@ -43,14 +43,10 @@ def check_device_name(device):
 
 def check_device(device):
     """A usage UserError (status 2) if this machine lacks the device asked for."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu", status=2
-        )
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise UserError(
-            "device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu", status=2
-        )
+    backends = {"cuda": ("torch.cuda", torch.cuda), "mps": ("torch.backends.mps", torch.backends.mps)}
+    name, backend = backends.get(device.split(":")[0], (None, None))
+    if backend and not backend.is_available():
+        raise UserError(f"device={device!r} but {name}.is_available() is False; try --device=auto or cpu", 2)
 
 
 def resolve_device(device):

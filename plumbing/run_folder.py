@@ -40,10 +40,9 @@ def lock_record():
 
 def read_lock(path):
     """The lock file's text, or None when there is none."""
-    try:
+    with suppress(FileNotFoundError):
         return path.read_text()
-    except FileNotFoundError:
-        return None
+    return None
 
 
 def parse_lock(text):

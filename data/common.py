@@ -498,9 +498,7 @@ class BatchSampler:
     evaluating does not shift the training batches, and rank 0's checkpoint resumes every rank's stream.
     With meta.json's sample_length, windows start where a sample starts."""
 
-    def __init__(
-        self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0
-    ):
+    def __init__(self, data_dir, block_size, batch_size, device="cpu", seed=0, rank=0):
         if block_size < 1 or batch_size < 1:
             raise ValueError(
                 f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}"

@@ -135,9 +135,7 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         argument_default=argparse.SUPPRESS,
     )
     if "config" not in field_names(sections):  # a script whose own setting is called config has no files
-        help_text = (
-            "read settings from a TOML file; several are read in order, each overriding the ones before"
-        )
+        help_text = "read settings from a TOML file (several: in order, each overriding the ones before)"
         parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)

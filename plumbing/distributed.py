@@ -117,8 +117,8 @@ def processes(cfg):
 
 
 def end_processes(procs, clean):
-    """Wait for all ranks (clean end only: after an unexpected error another may be stuck), free
-    what refers to the process group, then destroy it (else a gloo worker can abort during finalization)."""
+    """Wait for all ranks (clean end only: after an unexpected error another may be stuck), free what refers
+    to the process group, then destroy it (else a gloo worker can abort during interpreter finalization)."""
     if not procs.launched:
         return
     if clean:
@@ -144,6 +144,6 @@ def wrap_ddp(module, procs, device_type):
     if not procs.launched:
         return module
     device_ids = [procs.local_rank] if device_type == "cuda" else None
-    params = inspect.signature(DDP).parameters
+    params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
     return DDP(module, device_ids=device_ids, **{no_sync: False})

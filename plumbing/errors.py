@@ -62,7 +62,8 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
 
 class StopSignals:
     """While active, SIGINT and SIGTERM ask to stop (request=True: the first sets `received`, for a loop to
-    finish its step and save; a second Ctrl-C raises Stopped) or stop at once (request=False: Stopped)."""
+    finish its step and save; a second Ctrl-C raises Stopped) or stop at once (request=False: Stopped, as
+    SIGTERM's default would end the process with no cleanup). Only in the main thread."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -63,7 +63,8 @@ def describe_holder(held):
 
 
 def holder_alive(held, path):
-    """Whether the process a lock names may still run; one on another host cannot be checked: alive."""
+    """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot
+    be checked: assumed alive, so never two runs in one folder."""
     if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
         with suppress(FileNotFoundError):
             return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS

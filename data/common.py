@@ -7,14 +7,11 @@ The one on-disk format every dataset is written in, and what train.py and sample
                                       "val_tokens", "chars" (char only), "sample_length" (fixed-length
                                       samples), "generator" (generated data: its data/ module and settings)}
 
-meta.json is JSON rather than nanoGPT's meta.pkl, so reading a dataset never runs code from it.
-Each data/<name>/prepare.py writes this format through write_dataset (or staged_dataset for corpora too
-big for memory); prepare_file turns any UTF-8 file into it (python -m data.text.prepare). A dataset is written
-into data/.<name>.tmp-<pid>/ and moved into place when complete, and never replaces one already there unless
-asked to (--replace). Readers check what they read (load_meta, check_split) and raise UserError, one line that
-names the file and what to do.
+JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A dataset is written into
+data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
 """
 
+import argparse
 import importlib
 import json
 import os
@@ -32,14 +29,11 @@ from plumbing.errors import StopSignals, UserError, one_line_errors
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
-FILES = ("train.bin", "val.bin", "meta.json")
+FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved into place last
 TOKENIZERS = ("char", "gpt2")
-# Datasets whose text ships with the repo (or, for passkey, is generated), so ensure_prepared can build them on
-# first use, offline
-# (GPT-2 BPE still needs tiktoken's files: downloaded once, or found through TIKTOKEN_CACHE_DIR).
+# Datasets ensure_prepared builds on first use, offline (GPT-2 BPE still needs tiktoken's cached files)
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
-# Datasets drawn by a generator (data/NAME/task.py defines outdated): load_meta refuses what it made with other
-# settings than today's
+# Datasets drawn by a generator (data/NAME/task.py defines outdated(meta, data_dir))
 GENERATED = ("passkey",)
 REPLACE_HELP = (
     "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
@@ -51,7 +45,6 @@ def dataset_dir(name: str) -> Path:
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    # ids run from 0 to vocab_size - 1, so uint16 holds up to 2**16 ids, in half the bytes of uint32
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
@@ -65,35 +58,32 @@ def _check_meta(meta, where) -> None:
     def bad(why):
         return ValueError(f"{where}: {why}")
 
+    def check_int(key, minimum):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+
     if not isinstance(meta, dict):
         raise bad("meta must be a JSON object")
     if meta.get("tokenizer") not in TOKENIZERS:
         raise bad(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {meta.get('tokenizer')!r}")
     for key in ("vocab_size", "train_tokens", "val_tokens"):
-        value, minimum = meta.get(key), (1 if key == "vocab_size" else 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+        check_int(key, 1 if key == "vocab_size" else 0)
     if meta.get("dtype") not in ("uint16", "uint32"):
         raise bad(f"dtype must be uint16 or uint32, got {meta.get('dtype')!r}")
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
-    if meta["tokenizer"] == "char":
-        chars = meta.get("chars")
-        if (
-            not isinstance(chars, list)
-            or len(chars) != meta["vocab_size"]
-            or not all(isinstance(c, str) and len(c) == 1 for c in chars)
-        ):
-            raise bad("a char dataset needs chars: a list of vocab_size single characters")
+    chars = meta.get("chars")
+    one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
+    if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
+        raise bad("a char dataset needs chars: a list of vocab_size single characters")
     if "sample_length" in meta:
-        length = meta["sample_length"]
-        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
-            raise bad(f"sample_length must be an int >= 2, got {length!r}")
+        check_int("sample_length", 2)
         for split in SPLITS:
-            if meta[f"{split}_tokens"] % length:
+            if meta[f"{split}_tokens"] % meta["sample_length"]:
                 raise bad(
                     f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
-                    f"sample_length {length}"
+                    f"sample_length {meta['sample_length']}"
                 )
 
 
@@ -101,18 +91,12 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
     if not isinstance(meta.get("vocab_size"), int):
         raise ValueError(f"meta needs an int vocab_size, got {meta.get('vocab_size')!r}")
-    full = {
-        "tokenizer": meta.get("tokenizer"),
-        "vocab_size": meta["vocab_size"],
-        "dtype": dtype_for_vocab(meta["vocab_size"]).name,
-        "train_tokens": int(train_tokens),
-        "val_tokens": int(val_tokens),
-    }
-    if "chars" in meta:
-        full["chars"] = list(meta["chars"])
-    for optional in ("sample_length", "generator"):
-        if optional in meta:
-            full[optional] = meta[optional]
+    vocab_size = meta["vocab_size"]
+    full = dict(
+        tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype_for_vocab(vocab_size).name
+    )
+    full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
+    full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
     _check_meta(full, "meta")
     return full
 
@@ -123,22 +107,20 @@ def save_meta(path, meta: dict) -> None:
 
 
 def _from_root(command: str) -> str:
-    """command (python -m data....) as typed where the user stands: -m finds the data package in the current
-    folder, so from anywhere but the repository root it needs a cd first."""
+    """command (python -m data....) as typed where the user stands: outside the repository root, after cd."""
     root = DATA_ROOT.parent
     return command if Path.cwd().resolve() == root else f"cd {os.path.relpath(root)} && {command}"
 
 
 def dataset_files(data_dir) -> list:
-    """Which of FILES data_dir holds: any of them means a dataset (or part of one) that preparing would replace."""
+    """Which of FILES data_dir holds: any means a dataset (or part of one) that preparing would replace."""
     return [name for name in FILES if (Path(data_dir) / name).exists()]
 
 
 def _prepare_command(data_dir: Path) -> str:
-    """The command that (re)creates the dataset in data_dir, with --replace where there are files it replaces."""
-    if (data_dir / "prepare.py").is_file():
-        command = f"python -m data.{data_dir.name}.prepare"
-    else:
+    """The command that (re)creates the dataset in data_dir, with --replace where it replaces files."""
+    command = f"python -m data.{data_dir.name}.prepare"
+    if not (data_dir / "prepare.py").is_file():
         command = f"python -m data.text.prepare --input FILE --name {data_dir.name}"
     return _from_root(command + (" --replace" if dataset_files(data_dir) else ""))
 
@@ -146,34 +128,27 @@ def _prepare_command(data_dir: Path) -> str:
 def load_meta(data_dir) -> dict:
     """data_dir/meta.json, checked; a UserError, when missing or damaged, saying how to make the dataset."""
     data_dir = Path(data_dir)
-    path = data_dir / "meta.json"
+    path, again = data_dir / "meta.json", _prepare_command(Path(data_dir))
     if not data_dir.is_dir():
-        raise UserError(
-            f"no dataset at {data_dir} (no such folder): prepare it with {_prepare_command(data_dir)}"
-        )
+        raise UserError(f"no dataset at {data_dir} (no such folder): prepare it with {again}")
     if not path.exists():
-        raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+        raise UserError(f"{path} not found: prepare the dataset with {again}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:  # no read permission, a folder named meta.json, an I/O error
-        raise UserError(
-            f"{path} cannot be read ({e.strerror}): check it, or re-run {_prepare_command(data_dir)}"
-        ) from None
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        raise UserError(f"{path} is not valid JSON ({e}): re-run {_prepare_command(data_dir)}") from None
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror}): check it, or re-run {again}") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise UserError(f"{path} is not valid JSON ({e}): re-run {again}") from None
     try:
         _check_meta(meta, path)
     except ValueError as e:
-        raise UserError(f"{e}: re-run {_prepare_command(data_dir)}") from None
+        raise UserError(f"{e}: re-run {again}") from None
     _check_generated(meta, data_dir)
     return meta
 
 
 def _check_generated(meta, data_dir: Path) -> None:
-    """UserError if a generated dataset was made with other settings than its generator uses today: a model trained
-    on it would be evaluated on samples unlike its training (data/passkey's filler). Each generator's outdated(meta,
-    data_dir) tells its own data apart (meta's "generator", or for data written before meta recorded one, its
-    vocabulary) and returns why and the prepare command that makes it again, or None."""
+    """UserError if a generated dataset was made with other settings than its generator's today."""
     recorded = meta.get("generator")
     named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
     for name in [recorded["name"]] if named else GENERATED:
@@ -189,25 +164,21 @@ def _check_generated(meta, data_dir: Path) -> None:
 # -----------------------------------------------------------------------------
 # writing a dataset
 
+TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")  # data/.<name>.tmp-<pid>, a preparation's staging folder
+
 
 def refuse_existing(out_dir, replace: bool = False) -> None:
-    """UserError if out_dir holds a dataset (any of FILES) and replace is false: preparing never replaces one by
-    accident, neither the user's own nor an embedded one, which train.py would never rebuild."""
+    """UserError if out_dir holds a dataset (any of FILES) and replace is false: none replaced by accident."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
     found = dataset_files(out_dir)
     if found and not replace:
-        other_name = (
-            "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
-        )  # data.text's flag
+        # data.text's --name; a dataset with its own prepare.py has a fixed folder
+        other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
         raise UserError(
             f"{out_dir} already holds a dataset ({', '.join(found)}): add --replace to replace it{other_name}"
         )
-
-
-# data/.<name>.tmp-<pid>: a preparation's temporary folder, named with its process id to tell leftovers apart
-TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")
 
 
 def _running(pid: int) -> bool:
@@ -216,46 +187,23 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, as another user's
-        return True
+        pass
     return True
 
 
 def remove_leftovers(parent) -> None:
-    """Delete the temporary folders in parent that preparations killed outright (kill -9, a power cut) left:
-    those whose process is gone. A stop by signal cleans up after itself (staged_dataset, exit_on_user_error)."""
+    """Delete the staging folders in parent whose process is gone (killed with -9, a power cut)."""
     for path in Path(parent).glob(".*.tmp-*"):
         match = TEMPORARY.fullmatch(path.name)
         if match and path.is_dir() and not _running(int(match["pid"])):
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """Move a complete dataset from the staging folder to out_dir.
-
-    A new out_dir is the staging folder renamed, in one step. An existing one (a package folder such as
-    data/shakespeare_char, holding its prepare.py, or a dataset being replaced) gets the files one by one
-    (os.replace, atomic each), meta.json removed first and put back last, so a stop in between leaves a folder
-    that load_meta refuses, never a meta.json that describes other .bin files.
-    """
-    if not out_dir.exists():
-        os.rename(staging, out_dir)
-        return
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    for name in FILES:  # meta.json is the last of FILES
-        os.replace(staging / name, out_dir / name)
-
-
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False):
-    """Yield {file name: path} for train.bin, val.bin and meta.json in a temporary folder beside out_dir, for
-    the caller to write; when the block ends without error, move them into out_dir; on any error, and on
-    Ctrl-C or SIGTERM (see exit_on_user_error), delete them.
-
-    out_dir holding a dataset already is a UserError unless replace (refuse_existing). The temporary folder,
-    data/.<name>.tmp-<pid>, sits beside out_dir so renaming stays on one filesystem; its pid lets a later run
-    remove what a killed one left (remove_leftovers) and keeps two processes preparing the same dataset at once
-    out of each other's files. git ignores its files as the dataset's (.gitignore: data/**/*.bin, data/**/meta.json).
-    """
+    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
+    out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
+    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -265,30 +213,25 @@ def staged_dataset(out_dir, replace: bool = False):
     staging.mkdir()
     try:
         yield {name: staging / name for name in FILES}
-        _move_into_place(staging, out_dir)
-    finally:  # gone after a move, or holding the files of a failed or stopped run
+        if not out_dir.exists():
+            os.rename(staging, out_dir)
+        else:
+            (out_dir / "meta.json").unlink(missing_ok=True)
+            for name in FILES:
+                os.replace(staging / name, out_dir / name)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _as_id_array(ids, split: str) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.size == 0:
-        ids = ids.astype(np.int64)  # np.asarray([]) is float64
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
-        )
-    return ids
-
-
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
-    """Write train.bin, val.bin and meta.json into out_dir, atomically (see staged_dataset); a dataset already
-    there is a UserError unless replace.
-
-    meta needs "tokenizer" and "vocab_size" (and "chars" for char); the dtype, chosen from vocab_size,
-    and the token counts are filled in here. Returns the meta as written.
-    """
-    splits = {"train": _as_id_array(train_ids, "train"), "val": _as_id_array(val_ids, "val")}
+    """Write a dataset into out_dir (meta: "tokenizer", "vocab_size", "chars" for char); return its meta."""
+    splits = {"train": np.asarray(train_ids), "val": np.asarray(val_ids)}
+    for split, ids in splits.items():
+        ids = splits[split] = ids.astype(np.int64) if ids.size == 0 else ids  # np.asarray([]) is float64
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(
+                f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
+            )
     meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
     for split, ids in splits.items():
         if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
@@ -305,19 +248,28 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
 def summarize(out_dir, meta: dict) -> str:
     """One line for the prepare scripts to print."""
     return (
-        f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, vocab_size {meta['vocab_size']:,}, "
-        f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens ({meta['dtype']})"
+        f"wrote {os.path.relpath(out_dir)}: {meta['tokenizer']} tokenizer, "
+        f"vocab_size {meta['vocab_size']:,}, train {meta['train_tokens']:,} tokens, "
+        f"val {meta['val_tokens']:,} tokens ({meta['dtype']})"
     )
 
 
 @contextmanager
 def exit_on_user_error():
-    """For a prepare script's main(): an error the user can fix is one line, `error: ...`, and exit status 2
-    as argparse's; Ctrl-C and SIGTERM end it with one line too, after the block's cleanups ran (staged_dataset
-    deletes its temporary folder), with 130 and 143 (128 + the signal's number) as shells expect."""
+    """A prepare script's handler: one line and status 2 for a UserError, 130/143 for a signal."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
     with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
+
+
+def prepare_main(name, description, prepare, argv=None):
+    """main() of a prepare.py whose only flag is --replace: prepare(replace=...) writes data/<name>."""
+    parser = argparse.ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
+    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    args = parser.parse_args(argv)
+    with exit_on_user_error():
+        meta = prepare(replace=args.replace)
+    print(summarize(dataset_dir(name), meta))
 
 
 # -----------------------------------------------------------------------------
@@ -325,8 +277,7 @@ def exit_on_user_error():
 
 
 def available_datasets(data_root=DATA_ROOT) -> list:
-    """Folders that hold a dataset, or a prepare.py that makes one (data/text makes yours, it isn't one); not
-    hidden ones (a preparation's temporary folder, .<name>.tmp-<pid>, holds a meta.json too)."""
+    """Folders that hold a dataset, or a prepare.py that makes one (not data/text), but no staging folders."""
     return sorted(
         p.name
         for p in Path(data_root).iterdir()
@@ -337,9 +288,7 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
-    """Return the folder of dataset `name`, preparing it first if it ships with the repo (EMBEDDED) and none
-    of its files are there: part of a dataset (a replacement stopped midway, files copied by hand) is the
-    user's to replace, never silently."""
+    """The folder of dataset `name`, prepared first if EMBEDDED and none of its files are there."""
     data_dir = Path(data_root) / name
     if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
         raise UserError(
@@ -370,9 +319,7 @@ def gpt2_encoding():
     """tiktoken's GPT-2 BPE, loaded once per process."""
     try:
         return tiktoken.get_encoding("gpt2")
-    except (
-        Exception
-    ) as e:  # on first use tiktoken downloads the BPE files; offline that fails in several ways
+    except Exception as e:  # downloaded on first use: offline that fails in several ways
         raise UserError(
             f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
             f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
@@ -383,28 +330,10 @@ def _as_list(ids) -> list:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
 
 
-class Tokenizer:
-    """Text <-> token ids, as a dataset was prepared; get_tokenizer(meta) builds the right one."""
-
-    name: str
-    vocab_size: int
-    eot_id = None  # the id that ends a document, for tokenizers that have one
-
-    def encode(self, text: str) -> list:
-        raise NotImplementedError
-
-    def decode(self, ids) -> str:
-        raise NotImplementedError
-
-    def to_meta(self) -> dict:
-        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
-        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
-
-
-class CharTokenizer(Tokenizer):
+class CharTokenizer:
     """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
 
-    name = "char"
+    name, eot_id = "char", None  # eot_id: the id that ends a document, for tokenizers that have one
 
     def __init__(self, chars):
         self.chars = list(chars)
@@ -423,18 +352,17 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         ids = _as_list(ids)
-        bad = [
-            i for i in ids if not 0 <= i < self.vocab_size
-        ]  # a negative id would silently index from the end
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]  # a negative id would index from the end
         if bad:
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
 
     def to_meta(self) -> dict:
-        return {**super().to_meta(), "chars": self.chars}
+        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "chars": self.chars}
 
 
-class GPT2Tokenizer(Tokenizer):
+class GPT2Tokenizer:
     """GPT-2 BPE through tiktoken: 50257 ids, the last of which, 50256, is <|endoftext|>."""
 
     name = "gpt2"
@@ -451,8 +379,12 @@ class GPT2Tokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self.enc.decode(_as_list(ids))
 
+    def to_meta(self) -> dict:
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
 
-def get_tokenizer(meta: dict) -> Tokenizer:
+
+def get_tokenizer(meta: dict):
+    """The tokenizer a dataset was prepared with, from its meta."""
     if meta.get("tokenizer") == "char":
         return CharTokenizer(meta["chars"])
     if meta.get("tokenizer") == "gpt2":
@@ -482,20 +414,12 @@ def read_text(path) -> str:
     return text
 
 
-def prepare_text(
-    text: str,
-    out_dir,
-    tokenizer: str = "char",
-    val_fraction: float = 0.1,
-    block_size: int = 64,
-    source: str = "the text",
-    replace: bool = False,
-) -> dict:
-    """Split, encode and write `text` as a dataset in out_dir; return its meta.
-
-    Each split must hold at least block_size + 1 tokens, the length of one (x, y) training window. A dataset
-    already in out_dir is a UserError unless replace.
-    """
+def prepare_file(input_path, out_dir=None, tokenizer="char", val_fraction=0.1, block_size=64, replace=False):
+    """Write a UTF-8 file's text as a dataset in out_dir (default data/<file stem>); return its meta. val is
+    the text's last val_fraction; each split needs block_size + 1 tokens, one (x, y) training window."""
+    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
+    refuse_existing(out_dir, replace)  # before reading and encoding, not after
+    text = read_text(input_path)
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
@@ -509,25 +433,10 @@ def prepare_text(
         if len(ids) < block_size + 1:
             fix = "a larger --val_fraction" if split == "val" else "a smaller --val_fraction"
             raise UserError(
-                f"{source} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer than "
-                f"block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}"
+                f"{input_path} is too short: its {split} split has {len(ids)} {tokenizer} tokens, fewer "
+                f"than block_size + 1 = {block_size + 1}; use a longer text, a smaller --block_size or {fix}"
             )
     return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
-
-
-def prepare_file(
-    input_path,
-    out_dir=None,
-    tokenizer: str = "char",
-    val_fraction: float = 0.1,
-    block_size: int = 64,
-    replace: bool = False,
-) -> dict:
-    """prepare_text on a file's text; out_dir defaults to data/<file stem>."""
-    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
-    refuse_existing(out_dir, replace)  # before reading and encoding, not after (write_dataset checks again)
-    text = read_text(input_path)
-    return prepare_text(text, out_dir, tokenizer, val_fraction, block_size, str(input_path), replace)
 
 
 # -----------------------------------------------------------------------------
@@ -539,28 +448,21 @@ ID_SCAN_CHUNK, ID_SCAN_CHUNKS = 1 << 20, 64  # past it, 64 chunks of 1M tokens f
 
 @lru_cache(maxsize=64)
 def _largest_id(path: str, dtype: str, inode: int, size: int, mtime_ns: int) -> int:
-    """The largest id in a .bin file, read once per process and version of the file (a new version, renamed
-    into place or rewritten, differs in inode, size or mtime): train.py opens a sampler per micro-step and one
-    more for evaluation."""
+    """The largest id in a .bin file, read once per process and version of the file (inode, size, mtime)."""
     if size == 0:
         return -1  # np.memmap cannot map an empty file
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if tokens.nbytes <= FULL_ID_SCAN_BYTES:
         return int(tokens.max())
-    # a corpus for many GPUs (FineWeb-Edu's 10B tokens: 20 GB) is not read whole by every rank at start-up: evenly
-    # spaced chunks catch a file of another tokenizer or dtype, which is wrong all through, in under a second
+    # a 20 GB corpus is not read whole by every rank: evenly spaced chunks catch a file of another tokenizer
+    # or dtype, which is wrong all through
     starts = np.linspace(0, len(tokens) - ID_SCAN_CHUNK, ID_SCAN_CHUNKS).astype(np.int64)
     return max(int(tokens[start : start + ID_SCAN_CHUNK].max()) for start in starts)
 
 
 def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> None:
-    """UserError unless data_dir/<split>.bin exists, holds the tokens meta.json counts, only ids below its
-    vocab_size, and (given block_size) at least block_size + 1 tokens, one (x, y) window.
-
-    The ids are checked by one pass over the file (a memmap's max, once per process; chunks of a file over 1 GiB),
-    skipped where the dtype cannot hold an id past the vocabulary. Unchecked, an id out of range fails in the embedding lookup
-    (an IndexError on CPU, a device-side assert on CUDA) at whatever step first draws it, hours in perhaps.
-    """
+    """UserError unless data_dir/<split>.bin holds the tokens meta.json counts, only ids below vocab_size
+    (else a device-side assert at whatever step first draws one), and at least block_size + 1 tokens."""
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
     path = data_dir / f"{split}.bin"
     if not path.is_file():
@@ -571,10 +473,10 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
             f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
             f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}"
         )
-    if meta["vocab_size"] <= np.iinfo(dtype).max:
+    vocab_size = meta["vocab_size"]
+    if vocab_size <= np.iinfo(dtype).max:  # else the dtype cannot hold an id past the vocabulary
         largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if largest >= meta["vocab_size"]:
-            vocab_size = meta["vocab_size"]
+        if largest >= vocab_size:
             raise UserError(
                 f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
                 f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}"
@@ -591,22 +493,12 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
 
 
 class BatchSampler:
-    """Random (x, y) windows of a split, as nanoGPT's get_batch, reading through an np.memmap re-opened for
-    every batch: a memmap kept open leaks memory (nanoGPT, https://stackoverflow.com/questions/45132940).
+    """Random (x, y) windows of a split, as nanoGPT's get_batch, through a memmap re-opened per batch (one
+    kept open leaks memory). Each batch's draw is seeded by (seed, rank, split, batch number): ranks differ,
+    evaluating does not shift the training batches, and rank 0's checkpoint resumes every rank's stream.
+    With meta.json's sample_length, windows start where a sample starts."""
 
-    The draw for each batch comes from a torch.Generator seeded from (seed, rank, split, batch number), so
-    - DDP ranks draw different batches,
-    - each split has its own stream: evaluating on val does not shift the training batches,
-    - the state is the number of batches drawn per split, which every rank shares: a checkpoint saved by
-      rank 0 resumes each rank's own stream exactly (a saved generator state would only resume rank 0's).
-
-    A dataset of fixed-length samples (meta.json's sample_length, e.g. data/passkey) is read in windows that
-    start where a sample starts: with block_size + 1 = sample_length each window is one whole sample.
-    """
-
-    def __init__(
-        self, data_dir, block_size: int, batch_size: int, device="cpu", seed: int = 0, rank: int = 0
-    ):
+    def __init__(self, data_dir, block_size, batch_size, device="cpu", seed=0, rank=0):
         if block_size < 1 or batch_size < 1:
             raise ValueError(
                 f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}"
@@ -626,7 +518,7 @@ class BatchSampler:
         self.generator = torch.Generator()
 
     def _batch_seed(self, split: str) -> int:
-        # SeedSequence hashes the whole tuple, so nearby tuples (seed 0 rank 1, seed 1 rank 0) give unrelated draws
+        # SeedSequence hashes the whole tuple: nearby ones (seed 0 rank 1, seed 1 rank 0) give unrelated draws
         key = [self.seed, self.rank, SPLITS.index(split), self.batches[split]]
         hi, lo = np.random.SeedSequence(key).generate_state(2)
         return int(hi) << 32 | int(lo)
@@ -640,18 +532,10 @@ class BatchSampler:
         T = self.block_size
         starts = (len(data) - T - 1) // self.sample_length + 1  # window starts that leave T + 1 tokens
         ix = torch.randint(starts, (self.batch_size,), generator=self.generator).numpy() * self.sample_length
-        windows = torch.from_numpy(
-            data[ix[:, None] + np.arange(T + 1)].astype(np.int64)
-        )  # (B, T+1), one read
-        x, y = (
-            windows[:, :-1].contiguous(),
-            windows[:, 1:].contiguous(),
-        )  # (B, T) each; y[:, t] follows x[:, t]
-        if self.device.type == "cuda":
-            # pinned host memory lets the copy to the GPU run asynchronously (non_blocking)
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(
-                self.device, non_blocking=True
-            )
+        windows = torch.from_numpy(data[ix[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1)
+        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T); y[:, t] follows x[:, t]
+        if self.device.type == "cuda":  # pinned host memory: the copy to the GPU runs asynchronously
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in (x, y))
         return x.to(self.device), y.to(self.device)
 
     def state_dict(self) -> dict:
@@ -659,6 +543,6 @@ class BatchSampler:
         return {"seed": self.seed, **{f"{split}_batches": n for split, n in self.batches.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the stream saved in state; this sampler keeps its own rank (see the class docstring)."""
+        """Continue the stream saved in state; this sampler keeps its own rank."""
         self.seed = int(state["seed"])
         self.batches = {split: int(state[f"{split}_batches"]) for split in SPLITS}

@@ -1,13 +1,10 @@
 """
 Command-line flags for every script, from its config dataclasses: one syntax, one kind of error.
 
-Each field of a script's config dataclass is a flag `--name=value` (or `--name value`); its help text is the
-comment after the field in the dataclass. `--config FILE.toml` reads the same settings from a TOML file (data,
-never executed), and flags override it; several --config are read in the order given, each file overriding the
-ones before. A mistake (an unknown flag, a typo, an abbreviation, a bad value, a NaN or infinite number, an
-unknown key in the file, a file that cannot be read) stops the script before any work with exit status 2 and one
-line that names what is valid: argparse's multi-line usage block is never printed, and abbreviations are refused
-(`--temperatur` is a typo, not `--temperature`).
+Each field of a config dataclass is a flag `--name=value` (or `--name value`), its help text the comment after
+the field. `--config FILE.toml` reads the same settings from TOML files (data, never executed), in the order
+given, and flags override them. A mistake (an unknown flag, an abbreviation, a bad or non-finite value, an
+unknown key in a file) stops the script before any work with exit status 2 and one line naming what is valid.
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
     with one_line_errors("sample.py"):        # each entry point's main, once
@@ -16,7 +13,8 @@ line that names what is valid: argparse's multi-line usage block is never printe
 
 import sys
 
-if sys.version_info < (3, 11):  # before tomllib's import fails with a traceback
+# before tomllib's import fails with a traceback
+if sys.version_info < (3, 11):  # noqa: UP036
     sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
 
 import argparse
@@ -40,31 +38,23 @@ def UsageError(message):  # noqa: N802 (raised as the exception it makes, by per
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
-        # argparse would print the whole usage block, dozens of lines here; raise so the caller prints one line
+        # argparse would print the whole usage block; raise so the caller prints one line
         raise UsageError(message)
 
 
 # -----------------------------------------------------------------------------
 # Values
 
+BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
+
 
 def parse_bool(text):
     """true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it)."""
-    value = {
-        "true": True,
-        "1": True,
-        "yes": True,
-        "on": True,
-        "false": False,
-        "0": False,
-        "no": False,
-        "off": False,
-    }
-    if text.lower() not in value:
+    if text.lower() not in BOOLEANS:
         raise argparse.ArgumentTypeError(
             f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}"
         )
-    return value[text.lower()]
+    return BOOLEANS[text.lower()]
 
 
 def parse_int(text):
@@ -75,20 +65,18 @@ def parse_int(text):
 
 
 def parse_float(text):
-    # float, not int: `--dropout=0` is 0.0 (nanoGPT's configurator refused it as the wrong type)
+    # float, not int: `--dropout=0` is 0.0; nan and inf are refused, as every range check lets a NaN through
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    # float() takes nan, inf and 1e999; every range check (lr > 0, 0 < top_p <= 1) lets a NaN through
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
 def parse_list(name, text, choices, everything=None):
-    """A comma-separated value naming some of `choices`, each once, in the order given (perf.bench's and perf.ab's
-    --pos) -> tuple. `everything`: a word that stands for all of them, in their own order ("all")."""
+    """A comma-separated value naming some of `choices`, each once -> tuple; `everything` names all."""
     if everything is not None and text == everything:
         return tuple(choices)
     items = tuple(text.split(","))
@@ -114,7 +102,7 @@ def flag_kind(annotation):
 
 
 def field_comments(config_class):
-    """{field: the comment after it} from the class's source: the dataclass comments are the --help text."""
+    """{field: the comment after it} from the class's source: the --help text."""
     try:
         source = inspect.getsource(config_class)
     except (OSError, TypeError):  # no source (a frozen app): flags without help
@@ -123,31 +111,22 @@ def field_comments(config_class):
 
 
 def field_defaults(config_class):
-    """{field: default} of the fields that have one (a required field, such as a positional list, has none)."""
-    defaults = {}
-    for f in fields(config_class):
-        if f.default is not MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
+    """{field: default} of the fields that have one."""
+    given = [f for f in fields(config_class) if f.default is not MISSING or f.default_factory is not MISSING]
+    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in given}
 
 
 # -----------------------------------------------------------------------------
 # Flags and config files
 
 
-def own_config_field(sections):
-    """Whether a section has a field named config: then --config is that setting, not a file of settings."""
-    return any(
-        "config" in (names or [f.name for f in fields(config_class)]) for _, config_class, names in sections
-    )
+def field_names(sections):
+    return [name for _, cls, names in sections for name in (names or [f.name for f in fields(cls)])]
 
 
 def build_parser(prog, description, sections, defaults, choices, positional):
-    """One flag per field (in sections: (title, dataclass, field names or None for all)). Defaults are
-    SUPPRESSed so that parsing sees only what was given, to layer flags over the config file; --help shows
-    the effective default."""
+    """One flag per field (sections: (title, dataclass, field names or None)), defaults SUPPRESSed so
+    that parsing sees only what was given, to layer flags over the config files."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
@@ -155,16 +134,9 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    if not own_config_field(
-        sections
-    ):  # a script whose own setting is called config (the study's preset) has none
-        parser.add_argument(
-            "--config",
-            metavar="FILE.toml",
-            action="append",
-            help="read settings from a TOML file; given again, the files are read in order, each "
-            "overriding the ones before; flags override them all",
-        )
+    if "config" not in field_names(sections):  # a script whose own setting is called config has no files
+        help_text = "read settings from a TOML file (several: in order, each overriding the ones before)"
+        parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         comments = field_comments(config_class)
@@ -175,9 +147,7 @@ def build_parser(prog, description, sections, defaults, choices, positional):
             valid = choices.get(name)
             if valid is not None and type(None) in typing.get_args(annotation):
                 valid = (*valid, None)
-            kwargs = (
-                dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}
-            )  # `--compile` alone: true
+            kwargs = dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}  # `--compile`: true
             if is_list:
                 kwargs = dict(nargs="+" if name in positional else "*", metavar=name.upper())
             help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
@@ -187,21 +157,20 @@ def build_parser(prog, description, sections, defaults, choices, positional):
 
 
 def read_toml(path):
-    """The table in a TOML file (data: nothing is executed); a missing or malformed file is a UsageError."""
+    """The table in a TOML file; a missing or malformed file is a UsageError."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}") from None
-    except UnicodeDecodeError:  # before TOMLDecodeError: it is a ValueError too, and would not name the file
+    except UnicodeDecodeError:  # before TOMLDecodeError, a ValueError too that would not name the file
         raise UsageError(f"--config {path}: not UTF-8 text, as a TOML file must be") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not valid TOML: {e}") from None
 
 
 def read_config_file(parser, path, valid, foreign_keys=False):
-    """The settings in a TOML file, checked by the same parser as the flags. foreign_keys: keys that are no flag
-    here are another script's settings, ignored (else refused, as a typo)."""
+    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
     table = read_toml(path)
     unknown = [key for key in table if key not in valid]
     if foreign_keys:
@@ -232,31 +201,23 @@ def explain(message, valid):
 def parse_flags(
     argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
 ):
-    """{field: value} for every field of the sections: the dataclass defaults, overridden by `defaults`, then by
-    each --config FILE.toml in the order given, then by the flags in argv (sys.argv[1:] when None). Fields named in
-    `positional` are positional arguments. foreign_keys: the --config file is another script's (perf.bench reads
-    training presets), so its keys that are no flag here are ignored instead of refused. A mistake exits with
-    status 2 and one line naming the valid choices."""
+    """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
+    (sys.argv[1:] when None). A mistake exits with status 2 and one line naming the valid choices."""
     values = {}
     for _, config_class, names in sections:
         values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
     values |= dict(defaults or {})
     parser = build_parser(prog, description, sections, values, choices or {}, positional)
-    valid = [
-        name
-        for _, config_class, names in sections
-        for name in (names or [f.name for f in fields(config_class)])
-        if name not in positional
-    ]
+    names = field_names(sections)
+    valid = [name for name in names if name not in positional]
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
             raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
         from_files = {}
-        if "config" in flags and not own_config_field(
-            sections
-        ):  # a file holds flags only, so it is checked by a parser without the positionals
+        if "config" in flags and "config" not in names:
+            # files hold flags only: checked by a parser without the positionals
             file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
             for path in flags.pop("config"):

@@ -8,11 +8,9 @@ How a script stops: one exception type, one handler per entry point, one signal 
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM ask a loop to stop
         ... signals.received ...
 
-A UserError is what the user can fix: a bad flag, a missing dataset, a checkpoint that cannot be read or
-continued. Anything else is a bug and keeps its traceback. A signal is either a request (StopSignals(): the
-training loop finishes its step and saves) or, as Python's own Ctrl-C, an exception (Stopped, a
-KeyboardInterrupt) that unwinds the with-blocks, so temporary files and locks are removed on the way out;
-the handler then exits with 128 + the signal's number, as a shell reports a process a signal ended (130, 143).
+A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal either asks a
+loop to stop (StopSignals()) or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing
+temporary files and locks) before the handler exits with 128 + the signal's number.
 """
 
 import os
@@ -23,9 +21,7 @@ from contextlib import contextmanager
 
 
 class UserError(ValueError):
-    """A mistake the user can fix, said in one line. status: the exit status, 2 for a usage mistake (a bad
-    flag or value, as argparse exits), 1 for anything else (a missing dataset, an unreadable checkpoint, a
-    diverged run). A ValueError, as what the user gives is a value: a flag, a path, a file's contents."""
+    """A mistake the user can fix, said in one line; status: the exit status, 2 for a usage mistake."""
 
     def __init__(self, message, status=1):
         super().__init__(message)
@@ -48,18 +44,13 @@ def say(line):
 
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
-    """The handler of an entry point. A UserError becomes `prog: error: message` on stderr (`error:
-    message` without a prog) and SystemExit(its status); one of `errors` (a config dataclass's ValueError)
-    the same with status 2; `status`, when given, overrides both. Ctrl-C or a Stopped signal becomes
-    SystemExit(128 + the signal's number), after the line `stopped` ({signal}: its name) if given."""
+    """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
+    SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number."""
     try:
         yield
-    except UserError as e:
+    except (UserError, *errors) as e:
         say(f"{prog}: error: {e}" if prog else f"error: {e}")
-        raise SystemExit(status or e.status) from None
-    except errors as e:
-        say(f"{prog}: error: {e}" if prog else f"error: {e}")
-        raise SystemExit(status or 2) from None
+        raise SystemExit(status or getattr(e, "status", 2)) from None
     except KeyboardInterrupt as e:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we say it: a traceback
@@ -70,10 +61,9 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
 
 
 class StopSignals:
-    """While active, SIGINT (Ctrl-C) and SIGTERM ask to stop, or stop at once. request=True: the first of
-    either only sets `received` (its name), for a loop to finish its step, save and return; a second Ctrl-C
-    raises Stopped. request=False: each raises Stopped, SIGTERM as Ctrl-C (its default would end the process
-    with no cleanup). Handlers are restored on exit; outside the main thread the signals keep their own."""
+    """While active, SIGINT and SIGTERM ask to stop (request=True: the first sets `received`, for a loop to
+    finish its step and save; a second Ctrl-C raises Stopped) or stop at once (request=False: Stopped, as
+    SIGTERM's default would end the process with no cleanup). Only in the main thread."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -96,8 +86,6 @@ class StopSignals:
 
 
 def exit_status(stopped):
-    """0 for a run that finished; for one a signal stopped (after saving), 128 + the signal's number, so that
-    no caller mistakes it for a finished one. stopped: the signal's name, or None."""
-    if stopped is None:
-        return 0
-    return 128 + getattr(signal, stopped, signal.SIGTERM)  # "a signal to another rank": torchrun's SIGTERM
+    """0 for a finished run, 128 + the signal's number for one a signal stopped (its name, or None)."""
+    # "a signal to another rank" is no signal name: torchrun stops this rank with SIGTERM
+    return 0 if stopped is None else 128 + getattr(signal, stopped, signal.SIGTERM)

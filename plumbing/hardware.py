@@ -1,9 +1,7 @@
 """
-What a script runs on: the device, the precision, how fast that hardware can go (for MFU), and how much memory
-it has left.
-
-Every entry point (train.py, sample.py, eval_length.py, perf.bench) resolves `--device` and `--dtype` here,
-so `auto` means the same thing everywhere: cuda, then mps, then cpu; bfloat16 on CUDA, float32 elsewhere.
+What a script runs on: the device, the precision, the hardware's peak speed (for MFU) and its free memory.
+Every entry point resolves --device and --dtype here: auto is cuda, then mps, then cpu; bfloat16 on CUDA,
+float32 elsewhere.
 """
 
 import os
@@ -18,9 +16,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N, mps"
 
-# Dense (no sparsity) bf16 tensor-core peak FLOP/s per GPU from NVIDIA's data sheets, fp16 for the GPUs without
-# bf16 (V100, T4); matched against torch.cuda.get_device_name, first match wins. MFU (PaLM, Chowdhery et al.
-# 2022, appendix B) is the model FLOPs achieved over this peak.
+# Dense bf16 tensor-core peak FLOP/s per GPU from NVIDIA's data sheets (fp16 for V100, T4), matched against
+# torch.cuda.get_device_name, first match wins. MFU (PaLM, Chowdhery et al. 2022, appendix B) is the model
+# FLOPs achieved over this peak.
 PEAK_FLOPS = (
     (r"\bH200\b.*\bNVL\b", 835e12),
     (r"\bH200\b", 989e12),
@@ -38,32 +36,25 @@ PEAK_FLOPS = (
 
 
 def check_device_name(device):
-    """ValueError unless device is one of DEVICE_CHOICES (checked when flags are parsed, before any work)."""
+    """ValueError unless device is one of DEVICE_CHOICES (checked when flags are parsed)."""
     if not DEVICE_PATTERN.fullmatch(device):
         raise ValueError(f"device={device!r} is not a device; choose from {DEVICE_CHOICES}")
 
 
 def check_device(device):
     """A usage UserError (status 2) if this machine lacks the device asked for."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            f"device={device!r} but torch.cuda.is_available() is False; try --device=auto or cpu", status=2
-        )
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise UserError(
-            "device='mps' but torch.backends.mps.is_available() is False; try --device=auto or cpu", status=2
-        )
+    backends = {"cuda": ("torch.cuda", torch.cuda), "mps": ("torch.backends.mps", torch.backends.mps)}
+    name, backend = backends.get(device.split(":")[0], (None, None))
+    if backend and not backend.is_available():
+        raise UserError(f"device={device!r} but {name}.is_available() is False; try --device=auto or cpu", 2)
 
 
 def resolve_device(device):
-    """`auto` -> cuda, then mps, then cpu; any other name as given."""
     if device != "auto":
         return device
     if torch.cuda.is_available():
         return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def resolve_dtype(dtype, device_type):
@@ -75,8 +66,7 @@ def resolve_dtype(dtype, device_type):
 
 
 def precision(cfg):
-    """(autocast context, GradScaler) for cfg.dtype on cfg.device, both resolved (any config with those two
-    fields: TrainConfig, a benchmark's); float32 runs without autocast."""
+    """(autocast context, GradScaler) for cfg.dtype on cfg.device, both resolved; float32: no autocast."""
     device_type, dtype = cfg.device.split(":")[0], cfg.dtype
     if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
         torch.set_float32_matmul_precision("high")
@@ -86,9 +76,8 @@ def precision(cfg):
 
 
 def available_memory(device):
-    """Bytes that can still be allocated on device, or None where unknown. CUDA: the free memory plus what
-    torch's caching allocator holds unused. Elsewhere (MPS shares it) the host's: /proc/meminfo's MemAvailable
-    (free memory plus the page cache the kernel can drop), else the free pages sysconf reports."""
+    """Bytes still allocatable on device, or None: CUDA's free memory plus what torch's allocator
+    holds unused; elsewhere the host's (/proc/meminfo's MemAvailable, else sysconf)."""
     if str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -104,7 +93,7 @@ def available_memory(device):
 
 
 def format_bytes(n):
-    """1234567 -> '1.2 MB' (powers of 1000, as disk and memory sizes are printed by df and free -H)."""
+    """1234567 -> '1.2 MB' (powers of 1000, as df and free -H print sizes)."""
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
         if n < 1000 or unit == "PB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -112,10 +101,8 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """A UserError (one line) if the bytes estimated in parts ({what they hold: bytes}) exceed what device has
-    available now: refused before the allocation, where the kernel would kill the process without a word. The
-    message names the parts of at least 1% of the total. Nothing is refused where the available memory is
-    unknown."""
+    """A UserError if the bytes in parts ({what: bytes}) exceed what device has available: refused
+    before the allocation, where the kernel would kill the process without a word."""
     needed, available = sum(parts.values()), available_memory(device)
     if available is None or needed <= available:
         return
@@ -136,31 +123,25 @@ def synchronize(device):
 
 
 def flops_per_token(model):
-    """Training FLOPs per token, as nanoGPT's estimate_mfu after PaLM (Chowdhery et al. 2022), appendix B: 6N
-    for the matmuls with the N weights (2 FLOPs per weight forward, 4 backward), plus 12 * L * H * Q * T for
-    attention's two matmuls, q k^T and p v, over T keys in each of L layers and H heads of size Q (the causal
-    mask's skipped half is not discounted, as in PaLM). N leaves out the learned position table, a lookup and
-    no matmul, but keeps the token embedding, which is also the output head."""
+    """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N
+    (the position table, a lookup, left out) plus 12 * L * H * Q * T for attention's q k^T and p v."""
     n = model.num_params() - sum(p.numel() for p in model.transformer.wpe.parameters())
     c = model.config
     return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
 
 
 def peak_flops_of(gpu_name):
-    """The dense bf16 peak FLOP/s of the GPU called gpu_name (torch.cuda.get_device_name), None if not in
-    PEAK_FLOPS."""
+    """The peak FLOP/s of the GPU called gpu_name, None if not in PEAK_FLOPS."""
     return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, gpu_name)), None)
 
 
 def peak_flops(device):
-    """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then the log shows no
-    MFU."""
+    """The device's peak FLOP/s for MFU, or None (CPU, MPS, an unknown GPU): then no MFU is logged."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
 
 
 def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
-    """A step's speed as logged and benchmarked: ms per step, tokens/s, model TFLOP/s, and MFU where the peak
-    is known (the model FLOPs achieved over the peak of all devices together)."""
+    """A step's ms, tokens/s, model TFLOP/s, and MFU (over all devices' peak) where the peak is known."""
     metrics = {
         "ms_per_iter": step_seconds * 1e3,
         "tokens_per_sec": tokens_per_step / step_seconds,

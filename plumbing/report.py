@@ -1,6 +1,6 @@
 """
-What a training run reports: its header, a line per log_interval steps with speed and time left, and the
-same figures to Weights & Biases when asked. And the markdown tables the measuring scripts print.
+What a training run reports: its header, a line per log_interval steps with speed and time left, and the same
+figures to Weights & Biases when asked. And the markdown tables the measuring scripts print.
 """
 
 import time
@@ -35,17 +35,14 @@ class StepClock:
         self.train_seconds += now - self.window_start
         self.window_start, self.window_steps = now, 0
         per_step = self.train_seconds / (steps_done - self.start_iter)
-        left = (self.cfg.max_iters - steps_done) * per_step + evals_left(
-            steps_done, self.cfg
-        ) * self.eval_seconds
-        return step_seconds, left
+        evals = evals_left(steps_done, self.cfg) * self.eval_seconds
+        return step_seconds, (self.cfg.max_iters - steps_done) * per_step + evals
 
 
 def evals_left(step, cfg):
     """How many evaluations remain after `step` steps: multiples of eval_interval, plus the final one."""
     regular = cfg.max_iters // cfg.eval_interval - step // cfg.eval_interval
-    final = 1 if cfg.max_iters % cfg.eval_interval and step < cfg.max_iters else 0
-    return regular + final
+    return regular + (1 if cfg.max_iters % cfg.eval_interval and step < cfg.max_iters else 0)
 
 
 def format_seconds(seconds):
@@ -57,8 +54,7 @@ def format_seconds(seconds):
 
 
 def fmt(value, spec, missing=""):
-    """value formatted by spec (format's mini-language: ".4f", ",.0f"), `missing` for None: a table's or CSV's
-    cell."""
+    """A table's or CSV's cell: value formatted by spec (".4f", ",.0f"), `missing` for None."""
     return missing if value is None else format(value, spec)
 
 
@@ -83,9 +79,8 @@ def header_line(run, one_per_process):
     cfg, procs = run.cfg, run.procs
     split = f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
     if procs.launched:
-        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches" + (
-            " (one per process: --grad_accum not given)" if one_per_process else ""
-        )
+        given = " (one per process: --grad_accum not given)" if one_per_process else ""
+        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches{given}"
     compiled = " compiled" if cfg.compile else ""
     return (
         f"{cfg.dataset} ({run.meta['vocab_size']} tokens) | pos={run.model_config.pos} | "
@@ -96,25 +91,21 @@ def header_line(run, one_per_process):
 
 @contextmanager
 def wandb_logging(run):
-    """A Weights & Biases run on rank 0 while the block runs (None elsewhere or without --wandb), finished
-    with exit code 0, or 1 if the block raised; a resumed run (plumbing.resume.Run) continues its id."""
+    """A Weights & Biases run on rank 0 while the block runs (else None), finished with exit code 0, or
+    1 if the block raised; a resumed run continues its id."""
     cfg, p = run.cfg, run.progress
     if not (cfg.wandb and run.procs.master):
         yield None
         return
     import wandb  # only when asked for: optional, and slow to import
 
-    config = (
-        asdict(cfg)
-        | asdict(run.model_config)
-        | {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
-    )
+    extra = {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
     wandb_run = wandb.init(
         project=cfg.wandb_project,
         name=cfg.wandb_run_name or Path(cfg.out_dir).name,
         id=p.wandb_run_id,
         resume="allow" if p.wandb_run_id else None,
-        config=config,
+        config=asdict(cfg) | asdict(run.model_config) | extra,
     )
     p.wandb_run_id = wandb_run.id
     finished = False

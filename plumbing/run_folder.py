@@ -1,10 +1,6 @@
 """
-A run's folder: one run at a time, and never a finished run replaced without asking (train.py).
-
-    own_folder(out_dir, resume, overwrite, procs, device)   the context a run trains in: out_dir locked by rank 0,
-                                                            checked that the run may start there
-    lock_folder(out_dir)        out_dir/train.lock, created atomically; a stale one (its process gone) taken over
-    check_may_start(out_dir, resume, overwrite)   a UserError for a folder holding a run, unless asked
+A run's folder (train.py): one run at a time, locked by out_dir/train.lock (created atomically; a stale one,
+its process gone, taken over), and never a run replaced without --resume or --overwrite.
 """
 
 import json
@@ -25,8 +21,7 @@ LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being wri
 
 
 def process_start(pid):
-    """When process pid started, in clock ticks since boot (Linux /proc), or None where that cannot be read: a
-    pid the kernel gave again to another process after the lock's owner died has another start."""
+    """When process pid started (Linux /proc), or None: a pid reused by another process has another start."""
     with suppress(OSError, IndexError):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, after the name
     return None
@@ -45,10 +40,9 @@ def lock_record():
 
 def read_lock(path):
     """The lock file's text, or None when there is none."""
-    try:
+    with suppress(FileNotFoundError):
         return path.read_text()
-    except FileNotFoundError:
-        return None
+    return None
 
 
 def parse_lock(text):
@@ -60,6 +54,8 @@ def parse_lock(text):
 
 
 def describe_holder(held):
+    if held is None:
+        return "unreadable"
     return (
         f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: "
         f"{held.get('command', 'an unknown command')}"
@@ -67,8 +63,8 @@ def describe_holder(held):
 
 
 def holder_alive(held, path):
-    """Whether the process a lock names may still run. A process on another machine (a shared filesystem) cannot
-    be checked from here, nor can one outside POSIX: assumed alive, so never two runs in one folder."""
+    """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot
+    be checked: assumed alive, so never two runs in one folder."""
     if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
         with suppress(FileNotFoundError):
             return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS
@@ -86,8 +82,8 @@ def holder_alive(held, path):
 
 
 def remove_stale_lock(path, text):
-    """Remove the lock whose text was judged stale, unless another process took it over meanwhile: the file is
-    moved aside first (one rename, which only one process wins) and put back if it is no longer the stale one."""
+    """Remove the stale lock unless another process took it over meanwhile: moved aside first (one
+    rename, which only one process wins) and put back if it is no longer the stale one."""
     aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.stale")
     try:
         os.rename(path, aside)
@@ -100,8 +96,8 @@ def remove_stale_lock(path, text):
 
 
 def take_lock(path):
-    """Create the lock (O_CREAT | O_EXCL: exactly one process can) -> (its text, a note if a stale one was
-    taken over). A live holder is a one-line UserError naming it."""
+    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if a stale one was taken
+    over); a live holder is a UserError naming it."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record())
@@ -119,10 +115,7 @@ def take_lock(path):
                     f"another --out_dir (if it is no longer running, delete {path})"
                 ) from None
             remove_stale_lock(path, held_text)
-            note = (
-                f"note: took over {path}, left by a run that no longer runs "
-                f"({describe_holder(held) if held else 'unreadable'})"
-            )
+            note = f"note: took over {path}, left by a run that no longer runs ({describe_holder(held)})"
             continue
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -132,27 +125,19 @@ def take_lock(path):
 
 @contextmanager
 def lock_folder(out_dir, log=print):
-    """Own out_dir while the block runs: a second run in it is refused in one line naming this one. The lock is
-    removed on every way out (the end, an error, a stop by signal, a second Ctrl-C); a kill -9 leaves it behind,
-    and the next run sees that its process is gone and takes it over. A folder made here and left empty (the run
-    failed before writing anything) is removed too."""
+    """Own out_dir while the block runs; the lock is removed on every way out but kill -9 (the next run
+    sees its process gone and takes it over), and so is a folder made here and left empty."""
     folder = Path(out_dir)
     made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
+    path, text = folder / LOCK_NAME, None
     try:
         text, note = take_lock(path)
-    except BaseException:
-        if made:
-            with suppress(OSError):
-                folder.rmdir()
-        raise
-    if note:
-        log(note)
-    try:
+        if note:
+            log(note)
         yield path
     finally:
-        if read_lock(path) == text:
+        if text is not None and read_lock(path) == text:
             path.unlink(missing_ok=True)
         if made:
             with suppress(OSError):  # not empty: the run wrote something, which stays
@@ -160,8 +145,7 @@ def lock_folder(out_dir, log=print):
 
 
 def describe_run(out_dir):
-    """(what out_dir holds, what --resume does with it), e.g. ('a finished run (step 300 of 300)', 'with a larger
-    --max_iters trains it further') or ('a run stopped at step 120 of 2000', 'continues it'), for the refusal."""
+    """(what out_dir holds, what --resume does with it), for the refusal."""
     path = Path(out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
@@ -174,8 +158,7 @@ def describe_run(out_dir):
 
 
 def check_may_start(out_dir, resume, overwrite):
-    """Refuse (one line) to start a new run in a folder that holds one, unless asked: --resume continues it,
-    --overwrite starts again and replaces it. -> a note when --overwrite is about to replace one, else None."""
+    """Refuse a new run in a folder holding one unless --resume or --overwrite (-> a note)."""
     if resume or not any((Path(out_dir) / name).is_file() for name in ("ckpt.pt", "best.pt")):
         return None
     run, resuming = describe_run(out_dir)
@@ -188,8 +171,7 @@ def check_may_start(out_dir, resume, overwrite):
 
 
 def check_out_dir(out_dir):
-    """A file where the run's folder belongs (a checkpoint given for its folder) is a one-line error naming the
-    folder to give instead."""
+    """A file given for the run's folder (a checkpoint) is an error naming the folder to give instead."""
     if Path(out_dir).is_file():
         raise ValueError(
             f"--out_dir={out_dir} is a file: give the folder that holds the run, "
@@ -199,8 +181,7 @@ def check_out_dir(out_dir):
 
 @contextmanager
 def own_folder(out_dir, resume, overwrite, procs, device):
-    """Rank 0 locks out_dir for the run and checks that it may start there (one run per folder; a folder holding
-    a run needs --resume or --overwrite); every rank learns the outcome, so that a refusal stops all together."""
+    """Rank 0 locks out_dir and checks the run may start there; a refusal stops every rank together."""
     with ExitStack() as held:
         refusal, note = None, None
         if procs.master:

@@ -1,15 +1,8 @@
 """
-Trained models for the demos, the figures and the extrapolation study, made the way the README tells a user:
-`python train.py --pos=X ...` run from the repository root, its progress shown, into the folder train.py picks.
-So the runs a user already made with `python train.py --pos=X` are used, not trained again.
-
-    model_dirs(schemes, checkpoints=None)  -> {pos: folder}: from --checkpoints as given, else the README's runs
-    ensure_trained(commands)               -> each command's out_dir, holding its finished run
-    decide(plan)                           -> what to do with what a command's out_dir holds
-
-What a folder holds decides: nothing, train; a finished run of the command's settings, reuse it; the same run
-stopped before its max_iters (Ctrl-C, a crash), continue it with --resume; a run of other settings, stop with
-one line. A user's run is never overwritten (the study's --retrain asks for it).
+Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
+--pos=X ...` from the repository root), so the runs a user already made are used, not trained again: an empty
+folder is trained, a finished run of the command's settings reused, the same run stopped early continued with
+--resume, a run of other settings refused (the study's --retrain replaces it).
 """
 
 import dataclasses
@@ -25,7 +18,7 @@ from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
-# train.py's reading of its own flags, defaults and --config (entry points never import each other): the
+# train.py's own reading of its flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command
 PLAN_CODE = (
     "import dataclasses, json, sys, train\n"
@@ -35,22 +28,9 @@ PLAN_CODE = (
     "        cfg, model = train.parse_args(args)\n"
     "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n"
 )
-# Settings that say where and how a run ran rather than what it trained, or that train.py fills in as it starts
-# (auto devices and dtypes, vocab_size from the dataset)
-NOT_COMPARED = (
-    "out_dir",
-    "resume",
-    "overwrite",
-    "device",
-    "dtype",
-    "compile",
-    "grad_accum",
-    "log_interval",
-    "wandb",
-    "wandb_project",
-    "wandb_run_name",
-    "vocab_size",
-)
+# Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
+NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")
+NOT_COMPARED += ("wandb", "wandb_project", "wandb_run_name", "vocab_size")
 EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
 
 
@@ -77,12 +57,12 @@ class Plan:
         m, steps = self.model_config, self.train_config["max_iters"]
         layers = f"{m['n_layer']} layer{'s' if m['n_layer'] > 1 else ''}"
         start = f" from {self.train_config['init_from']}" if self.train_config.get("init_from") else ""
-        return f"a pos={m['pos']} model ({layers} x {m['n_embd']} dims, T = {m['block_size']}, {steps} steps){start}"
+        shape = f"{layers} x {m['n_embd']} dims, T = {m['block_size']}, {steps} steps"
+        return f"a pos={m['pos']} model ({shape}){start}"
 
 
 def run_python(args, **kwargs):
-    """`python args...` from the repository root, as a user types it, its output shown (unless kwargs capture
-    it). A failure is a UserError."""
+    """`python args...` from the repository root, its output shown; a failure is a UserError."""
     sys.stdout.flush()  # what we printed comes before the command's output
     done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
     if done.returncode:
@@ -104,34 +84,27 @@ def plan(commands):
 
 
 def differences(saved, wanted):
-    """The settings in which a checkpoint's config (saved) differs from the planned one, as 'name saved, not
-    wanted'; '' when it is the same run. A setting the checkpoint lacks is newer than the train.py that wrote it."""
-    return "; ".join(
+    """'name saved, not wanted' for each setting a checkpoint (saved) has otherwise than planned."""
+    return [
         f"{name} {saved[name]}, not {value}"
         for name, value in wanted.items()
         if name not in NOT_COMPARED and name in saved and saved[name] != value
-    )
+    ]
 
 
 def decide(plan, elsewhere="move it away"):
-    """What a command's out_dir calls for: ("train", None) when it holds no run, ("reuse", step) for the
-    command's finished run, ("resume", step) for the same run stopped before its max_iters. A run of other
-    settings is a UserError naming the folder (and `elsewhere`, where else the caller can look)."""
+    """("train", None) for no run in the command's out_dir, ("reuse", step) for its finished run, ("resume",
+    step) for the same run stopped early; a run of other settings is a UserError."""
     path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
     if not path.is_file():
         return "train", None
     ckpt = load_checkpoint(path, mmap=True)
-    changed = "; ".join(
-        filter(
-            None,
-            (
-                differences(ckpt.get("model_config", {}), plan.model_config),
-                differences(ckpt.get("train_config", {}), plan.train_config),
-            ),
-        )
-    )
+    changed = differences(ckpt.get("model_config", {}), plan.model_config)
+    changed += differences(ckpt.get("train_config", {}), plan.train_config)
     if changed:
-        raise UserError(f"{plan.out_dir} holds another run than `{plan.command}` ({changed}): {elsewhere}")
+        raise UserError(
+            f"{plan.out_dir} holds another run than `{plan.command}` ({'; '.join(changed)}): {elsewhere}"
+        )
     return ("reuse" if run_finished(ckpt) else "resume"), ckpt["iter_num"]
 
 
@@ -146,8 +119,8 @@ def announcement(plan, action, step, duration):
 
 
 def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print):
-    """Make each train.py command's out_dir hold its finished run: reuse it, continue it, or train it (always,
-    with retrain, replacing what is there), announcing each run before it starts. -> the out_dirs, absolute"""
+    """Make each train.py command's out_dir hold its finished run: reuse, continue or train it
+    (retrain: always, replacing it) -> the out_dirs, absolute"""
     plans = plan(commands)
     actions = [("overwrite", None) if retrain else decide(p, elsewhere) for p in plans]
     for p, (action, _) in zip(plans, actions):
@@ -157,9 +130,7 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
     for i, (p, action, step) in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {announcement(p, action, step, duration)}")
         started = time.perf_counter()
-        run_python(
-            ["train.py", *p.args, *EXTRA_FLAGS[action]]
-        )  # a run stopped early exits with 1, 130 or 143
+        run_python(["train.py", *p.args, *EXTRA_FLAGS[action]])
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
     return [ROOT / p.out_dir for p in plans]
 
@@ -177,8 +148,7 @@ def find_checkpoint(pos, checkpoints):
 
 
 def model_dirs(schemes, checkpoints=None, log=print):
-    """{pos: checkpoint folder} for each scheme: from `checkpoints` as they are when given, else the README's
-    runs (`python train.py --pos=X`, in out/shakespeare_char_X), trained first where missing or unfinished."""
+    """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
     folders = ensure_trained(

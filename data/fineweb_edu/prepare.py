@@ -2,18 +2,13 @@
 FineWeb-Edu (its 10B-token sample) as GPT-2 BPE tokens: the web-scale corpus for GPU runs.
 
     pip install datasets
-    python -m data.fineweb_edu.prepare                            # the whole sample: ~10B tokens, ~20 GB
-    python -m data.fineweb_edu.prepare --max_tokens 1000000000    # the first ~1B train tokens, for shorter runs
+    python -m data.fineweb_edu.prepare                          # the whole sample: ~10B tokens, ~20 GB
+    python -m data.fineweb_edu.prepare --max_tokens 1000000000  # the first ~1B train tokens, for shorter runs
 
-Why FineWeb-Edu rather than nanoGPT's OpenWebText: on the Hugging Face Hub OpenWebText is a loading script,
-which `datasets` 4 refuses ("Dataset scripts are no longer supported", nanoGPT issue #633), and pinning an old
-`datasets` drags old pyarrow and numpy along. FineWeb-Edu is plain parquet that any `datasets` streams, and it
-is the corpus of llm.c's and nanochat's GPT-2 runs, so there are published loss curves to compare with.
-
-The documents are streamed (no download cache of tens of GB), tokenized in worker processes, each followed by
-<|endoftext|> (id 50256) so the model sees where documents end, and appended to val.bin and train.bin as uint16
-(GPT-2's 50257 ids fit). Whole documents from the start of the stream go to val until it holds --val_tokens,
-the rest to train, so the two never share a document.
+Not nanoGPT's OpenWebText: on the Hugging Face Hub that is a loading script, which `datasets` 4 refuses.
+FineWeb-Edu is plain parquet, and the corpus of llm.c's and nanochat's GPT-2 runs, whose loss curves are
+published. Documents are streamed, tokenized in worker processes, each followed by <|endoftext|>, and appended
+as uint16: whole documents from the start of the stream to val until it holds --val_tokens, the rest to train.
 """
 
 import argparse
@@ -26,19 +21,8 @@ from itertools import islice
 import numpy as np
 from tqdm import tqdm
 
-from data.common import (
-    REPLACE_HELP,
-    GPT2Tokenizer,
-    complete_meta,
-    dataset_dir,
-    dtype_for_vocab,
-    exit_on_user_error,
-    gpt2_encoding,
-    refuse_existing,
-    save_meta,
-    staged_dataset,
-    summarize,
-)
+from data import common
+from data.common import GPT2Tokenizer, gpt2_encoding
 from plumbing.errors import UserError
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
@@ -51,29 +35,20 @@ def tokenize_docs(docs: list) -> list:
     return [np.array(enc.encode_ordinary(doc) + [enc.eot_token], dtype=np.uint16) for doc in docs]
 
 
-def _batched(iterable, n: int):
-    it = iter(iterable)
-    while batch := list(islice(it, n)):
-        yield batch
-
-
 def _leave_signals_to_the_parent():
-    # Ctrl-C reaches the whole process group: the workers ignore it and finish their task while the parent
-    # stops and cleans up; SIGTERM gets back its default, not the parent's handler inherited through fork
+    # Ctrl-C reaches the whole process group: workers ignore it while the parent stops and cleans up; SIGTERM
+    # gets back its default, not the parent's handler inherited through fork
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
-    """Yield tokenize_docs' arrays in document order, from num_proc processes.
-
-    At most 2 * num_proc tasks are in flight: Pool.imap would read the whole stream into memory ahead of the
-    workers, as its feeder thread never waits.
-    """
+    """Yield tokenize_docs' arrays in document order, from num_proc processes, at most 2 * num_proc tasks in
+    flight (Pool.imap would read the whole stream into memory ahead of the workers)."""
+    docs, pending = iter(docs), deque()
     with ProcessPoolExecutor(num_proc, initializer=_leave_signals_to_the_parent) as pool:
-        pending = deque()
         try:
-            for batch in _batched(docs, docs_per_task):
+            while batch := list(islice(docs, docs_per_task)):
                 pending.append(pool.submit(tokenize_docs, batch))
                 if len(pending) >= 2 * num_proc:
                     yield from pending.popleft().result()
@@ -85,31 +60,16 @@ def tokenize_in_order(docs, num_proc: int, docs_per_task: int = 64):
 
 
 def write_token_dataset(
-    out_dir,
-    docs,
-    val_tokens: int,
-    max_tokens=None,
-    num_proc: int = 1,
-    docs_per_task: int = 64,
-    total_tokens=None,
-    replace: bool = False,
+    out_dir, docs, val_tokens, max_tokens=None, num_proc=1, docs_per_task=64, total_tokens=None, replace=False
 ) -> dict:
-    """Tokenize an iterable of document strings and write them as a GPT-2 dataset in out_dir; return the meta.
-
-    Whole documents go to val.bin until it holds at least val_tokens tokens, then to train.bin until it holds
-    at least max_tokens (None: until docs run out). Files appear only when all is written (staged_dataset).
-    total_tokens, if known, gives the progress bar an ETA. A dataset already in out_dir is a UserError unless
-    replace.
-    """
+    """Tokenize document strings into a GPT-2 dataset in out_dir; return the meta. Whole documents go to val
+    until it holds val_tokens, then train until it holds max_tokens (None: all). total_tokens: for the ETA."""
     tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
-    assert dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
+    assert common.dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
-    with staged_dataset(out_dir, replace) as tmp:
-        with (
-            open(tmp["train.bin"], "wb") as train_f,
-            open(tmp["val.bin"], "wb") as val_f,
-            tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}") as bar,
-        ):
+    with common.staged_dataset(out_dir, replace) as tmp:
+        bar = tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}")
+        with open(tmp["train.bin"], "wb") as train_f, open(tmp["val.bin"], "wb") as val_f, bar:
             files = {"train": train_f, "val": val_f}
             for ids in tokenize_in_order(docs, num_proc, docs_per_task):
                 split = "val" if counts["val"] < val_tokens else "train"
@@ -118,8 +78,8 @@ def write_token_dataset(
                 files[split].write(ids.tobytes())
                 counts[split] += len(ids)
                 bar.update(len(ids))
-        meta = complete_meta(tok_meta, counts["train"], counts["val"])
-        save_meta(tmp["meta.json"], meta)
+        meta = common.complete_meta(tok_meta, counts["train"], counts["val"])
+        common.save_meta(tmp["meta.json"], meta)
     return meta
 
 
@@ -138,38 +98,23 @@ def main(argv=None):
         prog="python -m data.fineweb_edu.prepare",
         description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.",
     )
-    parser.add_argument(
-        "--max_tokens", type=int, default=None, help="stop once train holds this many tokens (default: all)"
-    )
-    parser.add_argument(
-        "--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val"
-    )
-    parser.add_argument(
-        "--num_proc",
-        type=int,
-        default=max(1, (os.cpu_count() or 2) - 1),
-        help="tokenizer processes (default: all cores but the one reading the stream)",
-    )
-    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    add = parser.add_argument
+    add("--max_tokens", type=int, help="stop once train holds this many tokens (default: all)")
+    add("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")
+    cores = max(1, (os.cpu_count() or 2) - 1)
+    add("--num_proc", type=int, default=cores, help="tokenizer processes (default: all cores but one)")
+    add("--replace", action="store_true", help=common.REPLACE_HELP)
     args = parser.parse_args(argv)
-    out_dir = dataset_dir("fineweb_edu")
+    out_dir = common.dataset_dir("fineweb_edu")
     total = args.val_tokens + (args.max_tokens if args.max_tokens is not None else SAMPLE_TOKENS)
-    with exit_on_user_error():
-        refuse_existing(out_dir, args.replace)  # before connecting to the Hub
+    with common.exit_on_user_error():
+        common.refuse_existing(out_dir, args.replace)  # before connecting to the Hub
+        docs = stream_documents()
         meta = write_token_dataset(
-            out_dir,
-            stream_documents(),
-            args.val_tokens,
-            args.max_tokens,
-            args.num_proc,
-            total_tokens=total,
-            replace=args.replace,
+            out_dir, docs, args.val_tokens, args.max_tokens, args.num_proc, 64, total, args.replace
         )
-    print(summarize(out_dir, meta))
+    print(common.summarize(out_dir, meta))
 
 
 if __name__ == "__main__":
     main()
-
-# Expected output: not measured here (this machine has no internet). The sample holds about 10B GPT-2 tokens,
-# so the whole run writes about 20 GB: val.bin ~20 MB (10M tokens), train.bin the rest.

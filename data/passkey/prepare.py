@@ -1,14 +1,13 @@
 """
-The passkey retrieval dataset (data/passkey/task.py), in the repository's format with its own 38-character
-vocabulary: samples of exactly block_size + 1 characters, one after another, so that train.py's windows
-(meta.json's sample_length) each hold one whole sample.
+The passkey retrieval dataset (data/passkey/task.py) with its own 38-character vocabulary: samples of exactly
+block_size + 1 characters, so that train.py's windows (meta.json's sample_length) each hold one whole sample.
 
     python -m data.passkey.prepare                          # data/passkey: T = 64, for configs/passkey.toml
     python -m data.passkey.prepare --block_size 256         # data/passkey_ctx256: for fine-tuning at 256
     python train.py --config configs/passkey.toml --pos=alibi
 
-Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each from its own
-random stream, so nothing the evaluator asks for was ever trained on.
+Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each split from its
+own random stream.
 """
 
 import argparse
@@ -25,21 +24,14 @@ TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,00
 def prepare(
     out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
 ):
-    """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written. train.py
-    calls prepare(data/passkey) itself on first use, as for the Shakespeare datasets (data.common.EMBEDDED)."""
+    """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written."""
     length = block_size + 1  # a window of block_size inputs and their block_size next-token targets
     splits = {}
     for i, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
-    meta = {
-        "tokenizer": "char",
-        "vocab_size": len(CHARS),
-        "chars": CHARS,
-        "sample_length": length,
-        "generator": generator_settings(),
-    }
+    meta = CharTokenizer(CHARS).to_meta() | {"sample_length": length, "generator": generator_settings()}
     out_dir = out_dir or dataset_dir(default_name(block_size))
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 
@@ -49,14 +41,13 @@ def main(argv=None):
         prog="python -m data.passkey.prepare",
         description="Make data/passkey (or data/passkey_ctxN) for retrieval training.",
     )
-    parser.add_argument("--block_size", type=int, default=64, help="the context the samples fill (T)")
-    parser.add_argument(
-        "--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seeds the keys, markers and filler")
-    parser.add_argument("--train_samples", type=int, default=TRAIN_SAMPLES)
-    parser.add_argument("--val_samples", type=int, default=VAL_SAMPLES)
-    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    add = parser.add_argument
+    add("--block_size", type=int, default=64, help="the context the samples fill (T)")
+    add("--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)")
+    add("--seed", type=int, default=0, help="seeds the keys, markers and filler")
+    add("--train_samples", type=int, default=TRAIN_SAMPLES)
+    add("--val_samples", type=int, default=VAL_SAMPLES)
+    add("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     for flag in ("block_size", "train_samples", "val_samples"):
         if getattr(args, flag) < 1:
@@ -68,16 +59,12 @@ def main(argv=None):
             f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
             f"{KEY_CHARACTERS} characters), got {args.block_size}"
         )
+    out_dir = dataset_dir(args.name or default_name(args.block_size))
     with exit_on_user_error():
         meta = prepare(
-            dataset_dir(args.name or default_name(args.block_size)),
-            args.replace,
-            args.block_size,
-            args.seed,
-            args.train_samples,
-            args.val_samples,
+            out_dir, args.replace, args.block_size, args.seed, args.train_samples, args.val_samples
         )
-    print(summarize(dataset_dir(args.name or default_name(args.block_size)), meta))
+    print(summarize(out_dir, meta))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,17 @@
 """
 The passkey task (Mohtashami & Jaggi 2023, "Landmark Attention"), at character level: a 5-digit key is stated
-once inside filler and asked for at the end. Loss past the trained length cannot tell whether a model uses what
-lies far back (a model that reads only the last few dozen characters keeps a flat loss); retrieving the key can.
+once inside filler and asked for at the end. Loss past the trained length cannot tell whether a model uses
+what lies far back; retrieving the key can.
 
     k3v9qa0e2xk3v9qa0e2xk3v#48213.9qa0e2xk3v9qa0e2xk3v9qa0e2xk3v9qa#48213
                            ^^^^^^^ the statement                    ^ the question, then the answer
 
-The question repeats the statement's marker, #, so that answering is in-context copying: find the earlier # and
-copy the five digits after it (an induction head, Olsson et al. 2022). The filler is a random segment of 4 to 16
-letters and digits, repeated: copying it is the same skill, asked at every position, and with digits in it the
-model learns to copy digits long before it meets its first key. With filler that gives nothing to copy (random
-letters, or a fixed sentence as in the paper), the default 4-layer model stayed at chance on the key for
-thousands of steps: one key is 5 of 65 tokens, too sparse a signal to grow an induction head from. The segment's
-first occurrence cannot be predicted, so shorter segments leave more of each sample to copy: with 8 to 32
-characters sinusoidal never learned to copy in 3,000 steps, with 4 to 16 it retrieves inside T after about 1,000
-(docs/extrapolation.md).
-
-Evaluation keys are apart from training keys: a fixed hash puts one key in ten (EVAL_KEYS_ONE_IN) in the
-evaluation set, and train.bin never states one of them; val.bin and the retrieval evaluator use only those, and
-the evaluator draws its filler from its own random stream.
+Answering is in-context copying: find the earlier # and copy the five digits after it (an induction head,
+Olsson et al. 2022). The filler, a random segment of 4 to 16 letters and digits repeated, asks for the same
+skill at every position; with filler that gives nothing to copy, the default model stayed at chance on the key
+for thousands of steps (one key is too sparse a signal), and with 8 to 32 characters sinusoidal never learned
+to copy in 3,000 steps (docs/extrapolation.md). A fixed hash puts one key in ten in the evaluation set, which
+train.bin never states; val.bin and the retrieval evaluator use only those.
 """
 
 import string
@@ -36,13 +29,13 @@ KEY_CHARACTERS = 2 * (1 + KEY_DIGITS) + 1  # the statement #ddddd. and the quest
 
 
 def default_name(block_size):
-    """The dataset folder under data/ for samples of block_size + 1: passkey for T = 64, else passkey_ctx{T}."""
+    """The dataset folder under data/: passkey for T = 64, else passkey_ctx{T}."""
     return "passkey" if block_size == 64 else f"passkey_ctx{block_size}"
 
 
 def is_eval_key(key):
-    """Whether a key (0 .. 99999) belongs to the evaluation keys: Knuth's multiplicative hash, so the split says
-    nothing about the digits (a rule such as 'last digit 7' would be learned, and fail on evaluation)."""
+    """Whether a key (0 .. 99999) is an evaluation key: Knuth's multiplicative hash, so the split says nothing
+    about the digits (a rule such as 'last digit 7' would be learned)."""
     return (key * 2654435761) % 2**32 < 2**32 // EVAL_KEYS_ONE_IN
 
 
@@ -62,7 +55,7 @@ def draw_filler(rng, n):
 
 
 def filler_length(length):
-    """How many filler characters a sample of `length` characters has; ValueError when the key does not fit."""
+    """The filler characters of a sample of `length` characters; ValueError when the key does not fit."""
     if length < KEY_CHARACTERS:
         raise ValueError(
             f"a sample of {length} characters cannot hold a statement and its question "
@@ -73,17 +66,15 @@ def filler_length(length):
 
 @dataclass(frozen=True)
 class Sample:
-    text: (
-        str  # filler with the statement inside, then the question and the answer: exactly `length` characters
-    )
+    text: str  # filler with the statement inside, then the question and the answer: `length` characters
     key: str  # the answer, the text's last KEY_DIGITS characters
     statement_start: int  # index of the statement's marker: the number of filler characters before it
     answer_start: int  # index of the answer's first digit
 
 
 def passkey_sample(rng, length, depth, split):
-    """A sample of exactly `length` characters whose key is stated after round(depth x filler) characters of filler
-    (depth 0: first; 1: right before the question) and asked for at the end."""
+    """A sample of exactly `length` characters whose key is stated after round(depth x filler) characters of
+    filler (depth 0: first; 1: right before the question) and asked for at the end."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     n = filler_length(length)
@@ -108,9 +99,8 @@ def generator_settings():
 
 
 def outdated(meta, data_dir):
-    """(why, the prepare command that makes it again) for a passkey dataset made with other settings than today's,
-    else None (for other data too): meta's "generator" records them; before it did, the filler's segments were 8 to
-    32 characters. data.common.load_meta asks, and words the refusal."""
+    """(why, the prepare command that makes it again) for a passkey dataset made with other settings than
+    today's, else None (for other data too). Without meta's "generator", the filler segments were 8 to 32."""
     recorded = meta.get("generator")
     if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
         return None  # not passkey samples
@@ -122,7 +112,7 @@ def outdated(meta, data_dir):
     if name != default_name(block_size):
         command += f" --name {name}"
     why = (
-        f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now {SEGMENT[0]} to "
-        f"{SEGMENT[1]}"
+        f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now "
+        f"{SEGMENT[0]} to {SEGMENT[1]}"
     )
     return why, command

@@ -1,14 +1,10 @@
 """
-Make a dataset from your own UTF-8 text file.
+Make a dataset from your own UTF-8 text file: val is the end of the text, as in nanoGPT's shakespeare_char.
 
-    python -m data.text.prepare --input mybook.txt                    # -> data/mybook, one token per character
+    python -m data.text.prepare --input mybook.txt          # -> data/mybook, one token per character
     python -m data.text.prepare --input mybook.txt --tokenizer gpt2 --name mybook_gpt2
     python -m data.text.prepare --input mybook2.txt --name mybook --replace  # a name in use needs --replace
     python train.py --dataset mybook
-
-The text is cut at (1 - val_fraction) of its characters and each part encoded, so val is the end of the
-text, as in nanoGPT's shakespeare_char. With --tokenizer char the vocabulary is the sorted set of the file's
-characters. The Shakespeare datasets are the same preparation (data.common.prepare_file) on a fixed input.
 """
 
 import argparse
@@ -22,26 +18,23 @@ def main(argv=None):
         prog="python -m data.text.prepare",
         description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.",
     )
-    parser.add_argument("--input", required=True, help="the UTF-8 text file")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--input", required=True, help="the UTF-8 text file")
+    add(
         "--tokenizer",
         choices=TOKENIZERS,
         default="char",
-        help="char: one token per character, vocabulary from the file; gpt2: GPT-2 BPE (tiktoken)",
+        help="char: one token per character; gpt2: GPT-2 BPE",
     )
-    parser.add_argument(
-        "--name", help="dataset name, the folder under data/ (default: the file name without suffix)"
-    )
-    parser.add_argument(
-        "--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val"
-    )
-    parser.add_argument(
+    add("--name", help="dataset name, the folder under data/ (default: the file name without suffix)")
+    add("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
+    add(
         "--block_size",
         type=int,
         default=64,
-        help="the context length you will train with: each split needs at least block_size + 1 tokens",
+        help="the context you will train with: each split needs T + 1 tokens",
     )
-    parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
+    add("--replace", action="store_true", help=REPLACE_HELP)
     args = parser.parse_args(argv)
     name = args.name or Path(args.input).stem
     if Path(name).name != name or name in ("", ".", ".."):

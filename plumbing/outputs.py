@@ -1,13 +1,14 @@
 """
-Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's --json):
-checked before the work, written all at once after it.
+Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's
+--json): checked before the work, written all at once after it.
 
     check_outputs({"csv": cfg.csv, "plot": cfg.plot}, inputs=[checkpoint])   # before hours of evaluation
     write_output("csv", cfg.csv, lambda tmp: tmp.write_text(text))             # after it, atomically
 
-A file where a folder is expected, a read-only folder or a full disk is found by writing a temporary file where
-the output will go, so it stops the script in one line before the work, not with a traceback after it. An output
-is written to a temporary file and renamed into place: one that fails midway leaves the file it replaces whole.
+A file where a folder is expected, a read-only folder or a full disk is found by writing a temporary file
+where the output will go, so it stops the script in one line before the work, not with a traceback after
+it. An output is written to a temporary file and renamed into place: one that fails midway leaves the file
+it replaces whole.
 """
 
 import os
@@ -22,7 +23,8 @@ PROBE_BYTES = 4096  # a full disk still creates an empty file: the probe must ta
 def check_outputs(outputs, inputs=()):
     """UserError (one line, naming the flag) unless every output path in outputs ({flag: path or None}) can be
     written: its folder made (as the write will), a temporary file written, flushed to disk and removed there.
-    Two outputs naming one file, or an output naming one of the inputs (a checkpoint read), are refused too."""
+    Two outputs naming one file, or an output naming one of the inputs (a checkpoint read), are refused
+    too."""
     given = [(flag, Path(path)) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(given):
         if any(same_file(source, path) for source in inputs):
@@ -70,7 +72,8 @@ def unwritable(flag, path, error):
 
 
 def write_output(flag, path, write):
-    """replace_atomically(path, write), a failure (the disk filled up during the work) a one-line UserError."""
+    """replace_atomically(path, write), a failure (the disk filled up during the work) a one-line
+    UserError."""
     try:
         return replace_atomically(path, write)
     except OSError as e:

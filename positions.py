@@ -91,13 +91,10 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     require(not (interval and layers is not None), f"{both}: give one of them")
     if layers is not None:
         items = [item.strip() for item in layers.split(",")]
-        valid = all(item.isdigit() and int(item) < n_layer for item in items) and len(set(items)) == len(
-            items
-        )
-        indices = (
-            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated, each once"
-        )
-        require(valid, f"nope_layers={layers!r}: {indices}")
+        once = len(set(items)) == len(items)
+        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
+        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
+        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
         skipped = [int(item) for item in items]
     elif interval:
         every = "1 would skip RoPE in every layer: that is pos=none"

@@ -53,12 +53,11 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             if t == n_prompt + max_new_tokens - 1:
                 break
             if crop is not None and t + 1 > crop:
-                # the table is full: the window slides, every position in it changes, and it runs again from 0
-                tokens, position = out[:, t + 1 - crop : t + 1], torch.arange(crop, device=idx.device)
-                logits = decode_step(model, tokens, position)
+                # the table is full: the window slides, every position in it changes: no cache, from 0
+                logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
             else:
                 logits = step(model, idx_next, position)  # decode: one token against the cache
-            position = position[-1:] + 1
+                position = position + 1
     return out
 
 

@@ -19,7 +19,8 @@ from course.exercises import EXERCISES, by_id
 from course.grade import check_copy, grade, graded_by, report_lines
 from course.make import CLASSROOM, counted, make_copy
 from course.source import SourceError
-from plumbing.cli import RunError, UsageError, one_line_errors, parse_flags, parse_list
+from plumbing.cli import one_line_errors, parse_flags, parse_list
+from plumbing.errors import UserError
 
 COMMANDS = "make OUT_DIR [--only=IDS] [--classroom], grade [DIR] [--only=IDS] or check DIR"
 
@@ -64,7 +65,7 @@ def make(argv):
     with one_line_errors("course make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
-    with one_line_errors("course make", status=1, errors=(RunError, SourceError, OSError)):
+    with one_line_errors("course make", status=1, errors=(SourceError, OSError)):
         with one_line_errors("course make"):
             notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
     print(
@@ -115,8 +116,8 @@ def grade_command(argv):
         if cfg.only is not None:
             exercises = chosen(cfg.only)
         if unknown := [e for e in default or [] if e not in by_id()]:
-            raise UsageError(
-                f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again"
+            raise UserError(
+                f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again", 2
             )
     verdicts, _ = grade(cfg.dir, exercises)
     print("\n".join(report_lines(verdicts)))
@@ -130,7 +131,7 @@ def main(argv=None):
         return 0
     with one_line_errors("course"):
         if not argv or argv[0] not in ("make", "grade", "check"):
-            raise UsageError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""))
+            raise UserError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""), 2)
     return {"make": make, "grade": grade_command, "check": check}[argv[0]](argv[1:])
 
 

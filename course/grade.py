@@ -13,7 +13,7 @@ from pathlib import Path
 
 from course.exercises import by_id
 from course.make import MARKER, ROOT, counted, read_marker, solution_leaks, strip_sections
-from plumbing.cli import UsageError
+from plumbing.errors import UserError
 
 TIME_LIMIT = 900  # seconds for the whole run: a student's endless loop should not hang the grader
 
@@ -28,18 +28,19 @@ class Verdict:
 
 def graded_by(directory):
     """The exercise ids a directory is graded on by default: a copy's stripped ones, or all of them in this
-    repository; anything else is a UsageError."""
+    repository; anything else is a usage UserError."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise UsageError(f"{directory} is not a folder")
+        raise UserError(f"{directory} is not a folder", 2)
     marker = read_marker(directory)
     if marker is not None:
         return marker.get("exercises", [])
     if directory.resolve() == ROOT:
         return None  # all
-    raise UsageError(
+    raise UserError(
         f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
-        "with python -m course make OUT_DIR"
+        "with python -m course make OUT_DIR",
+        2,
     )
 
 
@@ -128,8 +129,8 @@ def check_copy(directory):
     body, no page keeps an instructors' section. -> (verdicts, [problems])"""
     marker = read_marker(directory)
     if marker is None:
-        raise UsageError(
-            f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make"
+        raise UserError(
+            f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make", 2
         )
     exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
     leaks = solution_leaks(directory, exercises)

@@ -30,7 +30,7 @@ from course.source import (
     stub_line,
     telling_lines,
 )
-from plumbing.cli import RunError, UsageError
+from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".course.json"  # in a copy's root: the exercises stripped there
@@ -79,9 +79,9 @@ def tracked_files(source):
     try:
         listed = subprocess.run(["git", "-C", str(source), "ls-files", "-z"], capture_output=True, text=True)
     except FileNotFoundError:
-        raise RunError("git is not installed: the copy is made of the files git tracks") from None
+        raise UserError("git is not installed: the copy is made of the files git tracks") from None
     if listed.returncode != 0:
-        raise RunError(f"{source} is not a git checkout: the copy is made of the files git tracks")
+        raise UserError(f"{source} is not a git checkout: the copy is made of the files git tracks")
     return [name for name in listed.stdout.split("\0") if name and (source / name).is_file()]
 
 
@@ -96,13 +96,13 @@ def check_table(source, exercises):
     anchors = lesson_anchors((source / LESSON).read_text())
     for exercise in exercises:
         if exercise.section not in anchors:
-            raise RunError(f"{exercise.id}: section {exercise.section!r} is no heading of {LESSON}")
+            raise UserError(f"{exercise.id}: section {exercise.section!r} is no heading of {LESSON}")
         for spec in exercise.functions:
             module, qualname = split_function(spec)
             try:
                 body_lines((source / module_path(module)).read_text(), qualname)
             except (OSError, SourceError) as e:
-                raise RunError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
+                raise UserError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
 
 
 def stripped_sources(source, exercises):
@@ -254,11 +254,12 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
     configuration too. -> Notes"""
     out_dir, source = Path(out_dir), Path(source)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UsageError(f"{out_dir} exists and is not an empty folder: give a new or empty one")
+        raise UserError(f"{out_dir} exists and is not an empty folder: give a new or empty one", 2)
     if out_dir.resolve().is_relative_to(source.resolve()):
-        raise UsageError(
+        raise UserError(
             f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
-            "give a folder outside it"
+            "give a folder outside it",
+            2,
         )
     check_table(source, exercises)
     files = tracked_files(source)
@@ -304,7 +305,7 @@ def read_marker(directory):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not the marker python -m course make writes ({e})") from None
+        raise UserError(f"{path}: not the marker python -m course make writes ({e})", 2) from None
 
 
 def solution_leaks(directory, exercises, source=ROOT):

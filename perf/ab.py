@@ -37,7 +37,8 @@ import torch.nn.functional as F
 import model as current
 import positions
 from generation import generate_cached
-from plumbing.cli import UsageError, one_line_errors, parse_flags, parse_list
+from plumbing.cli import one_line_errors, parse_flags, parse_list
+from plumbing.errors import UserError
 from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,21 +64,21 @@ class ABConfig:
 
     def __post_init__(self):
         if (self.against is None) == (not self.module_free):
-            raise UsageError("give exactly one of --against=REV and --module_free")
+            raise UserError("give exactly one of --against=REV and --module_free", 2)
         if self.module_free and self.measure != "decode":
-            raise UsageError("--module_free measures decoding only (--measure=decode)")
+            raise UserError("--module_free measures decoding only (--measure=decode)", 2)
         if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
-            raise UsageError(
-                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
+            raise UserError(
+                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none", 2
             )
         if self.against == NANOGPT and self.measure != "train":
-            raise UsageError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache")
+            raise UserError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache", 2)
         if self.against == NANOGPT and self.schemes != ("learned",):
-            raise UsageError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned")
+            raise UserError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned", 2)
         if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
-            raise UsageError("--nanogpt_gelu is for --against=nanogpt's reference; give --against=nanogpt")
+            raise UserError("--nanogpt_gelu is for --against=nanogpt's reference; give --against=nanogpt", 2)
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
-            raise UsageError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0")
+            raise UserError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0", 2)
 
     @property
     def schemes(self):
@@ -106,7 +107,9 @@ def module_at(revision, path, imports=None, required=False):
     shown = subprocess.run(git, capture_output=True, text=True)
     if shown.returncode != 0:
         if required:
-            raise UsageError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})")
+            raise UserError(
+                f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2
+            )
         return None
     name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)

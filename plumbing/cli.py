@@ -28,18 +28,11 @@ from dataclasses import MISSING, fields
 
 from plumbing.errors import UserError, one_line_errors  # noqa: F401 (one_line_errors: the handler)
 
-RunError = UserError  # the name perf/ab.py and course/ catch and raise it by
-
-
-def UsageError(message):  # noqa: N802 (raised as the exception it makes, by perf/ab.py and course/)
-    """A bad flag, value or config file: a UserError with exit status 2."""
-    return UserError(message, status=2)
-
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         # argparse would print the whole usage block; raise so the caller prints one line
-        raise UsageError(message)
+        raise UserError(message, 2)
 
 
 # -----------------------------------------------------------------------------
@@ -157,16 +150,16 @@ def build_parser(prog, description, sections, defaults, choices, positional):
 
 
 def read_toml(path):
-    """The table in a TOML file; a missing or malformed file is a UsageError."""
+    """The table in a TOML file; a missing or malformed file is a usage UserError."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except OSError as e:
-        raise UsageError(f"--config {path}: {e.strerror}") from None
+        raise UserError(f"--config {path}: {e.strerror}", 2) from None
     except UnicodeDecodeError:  # before TOMLDecodeError, a ValueError too that would not name the file
-        raise UsageError(f"--config {path}: not UTF-8 text, as a TOML file must be") from None
+        raise UserError(f"--config {path}: not UTF-8 text, as a TOML file must be", 2) from None
     except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+        raise UserError(f"--config {path}: not valid TOML: {e}", 2) from None
 
 
 def read_config_file(parser, path, valid, foreign_keys=False):
@@ -176,16 +169,16 @@ def read_config_file(parser, path, valid, foreign_keys=False):
     if foreign_keys:
         table = {key: value for key, value in table.items() if key in valid}
     elif unknown:
-        raise UsageError(
-            f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}"
+        raise UserError(
+            f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}", 2
         )
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
-            raise UsageError(f"{path}: {key} must be a string, number or boolean, got {value!r}")
+            raise UserError(f"{path}: {key} must be a string, number or boolean, got {value!r}", 2)
     try:  # through the flags' own converters and choices, so a file can't hold what a flag couldn't
         return vars(parser.parse_args([f"--{key}={value}" for key, value in table.items()]))
     except UserError as e:
-        raise UsageError(f"{path}: {e}") from None
+        raise UserError(f"{path}: {e}", 2) from None
 
 
 def explain(message, valid):
@@ -214,7 +207,7 @@ def parse_flags(
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
-            raise UsageError(explain(str(e), [f"--{name}" for name in ["config", *valid]])) from None
+            raise UserError(explain(str(e), [f"--{name}" for name in ["config", *valid]]), 2) from None
         from_files = {}
         if "config" in flags and "config" not in names:
             # files hold flags only: checked by a parser without the positionals

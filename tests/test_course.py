@@ -52,7 +52,7 @@ from course.source import (
     split_lines,
     stub_line,
 )
-from plumbing.cli import RunError
+from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def student(tmp_path_factory):
     made once for the module."""
     try:
         tracked_files(ROOT)
-    except RunError as e:
+    except UserError as e:
         pytest.skip(f"a copy is made of the files git tracks: {e}")
     copy = tmp_path_factory.mktemp("course") / "student"
     return copy, make_copy(copy, EXERCISES, classroom=True)

@@ -29,7 +29,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 from plumbing.memory import generation_bytes
-from positions import ROPE_SCALINGS, default_rope_factor
+from positions import ROPE_SCALINGS, default_rope_factor, require
 
 
 @dataclass
@@ -80,8 +80,7 @@ class SampleConfig:
             ),
         ]
         for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+            require(ok, message)
         check_device_name(self.device)
 
 

@@ -39,7 +39,7 @@ from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
-from positions import POS_SCHEMES, ROPE_SCALINGS
+from positions import POS_SCHEMES, ROPE_SCALINGS, require
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
 # macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
@@ -92,29 +92,23 @@ class TrainConfig:
         v = vars(self)
         at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr")
         for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            check(v[n] is None or v[n] >= 1, f"{n} must be a positive integer, got {v[n]}")
+            require(v[n] is None or v[n] >= 1, f"{n} must be a positive integer, got {v[n]}")
         for n in (*at_least_0, "seed"):
-            check(v[n] >= 0, f"{n} must be >= 0, got {v[n]}")
+            require(v[n] >= 0, f"{n} must be >= 0, got {v[n]}")
         for n in ("beta1", "beta2"):
-            check(0.0 <= v[n] < 1.0, f"{n} must be in [0, 1), got {v[n]}")
+            require(0.0 <= v[n] < 1.0, f"{n} must be in [0, 1), got {v[n]}")
         for n in ("out_dir", "init_from"):  # an unset shell variable (--out_dir=$OUT) must not mean "here"
             empty = f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME"
-            check(v[n] is None or v[n].strip(), empty)
-        check(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+            require(v[n] is None or v[n].strip(), empty)
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
-        check(self.min_lr <= self.learning_rate, too_high)
+        require(self.min_lr <= self.learning_rate, too_high)
         dtypes = ", ".join(hardware.DTYPES)
-        check(self.dtype in hardware.DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {dtypes}")
-        check(self.wandb_project.strip(), "wandb_project must not be empty")
+        require(self.dtype in hardware.DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {dtypes}")
+        require(self.wandb_project.strip(), "wandb_project must not be empty")
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
-        check(not (self.resume and self.overwrite), both)
+        require(not (self.resume and self.overwrite), both)
         hardware.check_device_name(self.device)
-
-
-def check(ok, message):
-    """A config check: a one-line ValueError unless ok."""
-    if not ok:
-        raise ValueError(message)
 
 
 def parse_args(argv=None):

@@ -268,7 +268,7 @@ def estimate_loss(model, sampler, eval_iters, autocast):
     return losses
 
 
-def evaluate(run, wandb_run):
+def evaluate(run, wandb_run, signals):
     """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints."""
     p, cfg = run.progress, run.cfg
     run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
@@ -283,7 +283,8 @@ def evaluate(run, wandb_run):
     improved = val_loss < p.best_val_loss
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
-    resume.write_checkpoints(run, improved)
+    with signals.deferred():  # a second Ctrl-C now stops the script once the file is whole
+        resume.write_checkpoints(run, improved)
     best = (
         f"and {run.best_path.name} (best)"
         if improved
@@ -338,12 +339,13 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
                 if due and not (cfg.resume and it == start_iter):  # evaluated before it was saved
                     with clock.evaluation():
-                        evals.append(evaluate(run, wandb_run))
+                        evals.append(evaluate(run, wandb_run, signals))
                 if it >= cfg.max_iters:
                     break
                 if stop:
                     if p.saved_iter != it:
-                        resume.write_checkpoints(run, improved=False)
+                        with signals.deferred():
+                            resume.write_checkpoints(run, improved=False)
                     stopped = signals.received or "a signal to another rank"
                     saved = f"saved {run.ckpt_path}; to continue, run {resume_command}"
                     procs.log(f"stopped by {stopped} after step {it}: {saved}")
@@ -377,7 +379,7 @@ def main(argv=None):
     """Parse flags, join torchrun's processes if launched by it, train: -> train()'s summary. A UserError
     is one line and its status; a second Ctrl-C stops at once, status 130 (the last checkpoint is whole)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    interrupted = "train.py: interrupted: stopped at once, without a final checkpoint (the last one is whole)"
+    interrupted = "train.py: interrupted: stopped at once (the last checkpoint written is whole)"
     with one_line_errors("train.py", stopped=interrupted):
         cfg, model_config = parse_args(argv)
         with processes(cfg) as procs:

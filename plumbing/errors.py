@@ -69,11 +69,27 @@ class StopSignals:
 
     def __init__(self, request=True):
         self.request, self.received, self.previous = request, None, {}
+        self.deferring, self.pending = False, None
 
     def _handle(self, signum, frame):
         if not self.request or (self.received and signum == signal.SIGINT):
+            if self.deferring:  # inside deferred(): it stops when the block ends
+                self.pending = signum
+                return
             raise Stopped(signum)
         self.received = self.received or signal.Signals(signum).name  # a flag: printing here could re-enter
+
+    @contextmanager
+    def deferred(self):
+        """A block no signal may cut (a checkpoint being written): one that would stop the script stops it
+        as soon as the block ends, so the file is whole."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending is not None:
+            raise Stopped(self.pending)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -1,0 +1,30 @@
+"""The one signal mechanism: a second Ctrl-C never cuts a checkpoint being written (StopSignals.deferred), it
+stops the script as soon as the file is whole."""
+
+import os
+import signal
+
+import pytest
+
+from plumbing.errors import Stopped, StopSignals
+
+
+def test_a_second_ctrl_c_inside_a_deferred_block_stops_only_after_it():
+    """The first Ctrl-C asks to stop; the second, arriving mid-write, lets the write finish, then raises."""
+    finished = []
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signals.received == "SIGINT"
+        with pytest.raises(Stopped):
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this thread
+                finished.append("the whole write")
+    assert finished == ["the whole write"]
+
+
+def test_a_deferred_block_without_a_second_signal_raises_nothing():
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        with signals.deferred():
+            pass
+    assert signals.received == "SIGINT"

@@ -107,9 +107,8 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
         GPT.attention_mask built; input_pos: the positions of x when decoding against self.kv_cache."""
         B, T, C = x.size()
-        qkv = (
-            self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        )  # (3, B, nh, T, hs)
+        hs = C // self.n_head
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
             q, k = apply_rope(qkv[:2], *rope).unbind(0)
             v = qkv[2]
@@ -123,9 +122,7 @@ class CausalSelfAttention(nn.Module):
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
         y = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # re-assemble the heads side by side
-        return (
-            self.resid_dropout(y) if self.training else y
-        )  # eval: no call to the identity (decoding is per op)
+        return self.resid_dropout(y) if self.training else y  # eval: no call to the identity, per token
 
 
 class MLP(nn.Module):

@@ -62,8 +62,7 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
 
 
 def decode_step(model, idx, input_pos):
-    """Tokens idx (B, T) at positions input_pos (T,) against the model's KV caches. -> the last logits (B,
-    V)"""
+    """Tokens idx (B, T) at positions input_pos (T,) against the model's KV caches. -> logits (B, V)"""
     return model(idx, input_pos=input_pos)[0][:, -1]
 
 

@@ -329,6 +329,10 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         run = start_run(cfg, model_config, procs)
         p = run.progress
         procs.log(header_line(run, one_per_process))
+        if cfg.lr_decay_iters > cfg.max_iters:  # a preset's schedule cut short by --max_iters
+            end = f"the run ends at lr {get_lr(cfg.max_iters - 1, cfg):.3g}, above min_lr={cfg.min_lr:g}"
+            procs.log(f"note: lr_decay_iters={cfg.lr_decay_iters} > max_iters={cfg.max_iters}: {end}; "
+                      f"--lr_decay_iters={cfg.max_iters} decays within the run")  # fmt: skip
         flops_per_step = hardware.flops_per_token(run.model) * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)
         start_iter, clock = p.iter_num, StepClock(cfg, p.iter_num)

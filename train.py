@@ -330,7 +330,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         p = run.progress
         procs.log(header_line(run, one_per_process))
         if cfg.lr_decay_iters > cfg.max_iters:  # a preset's schedule cut short by --max_iters
-            end = f"the run ends at lr {get_lr(cfg.max_iters - 1, cfg):.3g}, before its decay to min_lr={cfg.min_lr:g}"
+            final_lr = get_lr(cfg.max_iters - 1, cfg)
+            end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
             procs.log(f"note: lr_decay_iters={cfg.lr_decay_iters} > max_iters={cfg.max_iters}: {end}; "
                       f"--lr_decay_iters={cfg.max_iters} decays within the run")  # fmt: skip
         flops_per_step = hardware.flops_per_token(run.model) * run.tokens_per_step

@@ -104,7 +104,9 @@ def main(argv=None):
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
         else:
-            folders = model_dirs(list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos], cfg.checkpoints)
+            schemes = list(POS_SCHEMES) if cfg.pos == "all" else [cfg.pos]
+            other = "--checkpoint=DIR (one trained run) or --checkpoints=DIR (a folder of runs)"
+            folders = model_dirs(schemes, cfg.checkpoints, other=other)
         results = {}
         for folder in folders.values():
             model, tokenizer, ckpt = instruments.load(folder, dtype)

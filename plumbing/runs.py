@@ -147,14 +147,15 @@ def find_checkpoint(pos, checkpoints):
     )
 
 
-def model_dirs(schemes, checkpoints=None, log=print):
-    """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first."""
+def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a folder of runs)"):
+    """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first; other:
+    the flags a demo offers instead, named when an out_dir holds another run."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
     folders = ensure_trained(
         [[f"--pos={pos}"] for pos in schemes],
         DEFAULT_DURATION,
-        elsewhere="move it away, or give a folder of trained runs with --checkpoints",
+        elsewhere=f"move it away, or give {other}",
         log=log,
     )
     return dict(zip(schemes, folders))

@@ -246,3 +246,21 @@ def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refuse
         message = str(error.value)
         assert message.startswith(f"{finished} holds another run") and words in message, message
         assert "\n" not in message and message.endswith("move it away")
+
+
+@pytest.mark.parametrize("demo", ["permutation", "probe"])
+def test_a_demo_blocked_by_another_run_names_the_flags_it_offers_instead(demo, monkeypatch, capsys):
+    """An out_dir holding a run of other settings: the refusal names what that demo takes instead, and only
+    that (demo.permutation has --checkpoint=DIR, demo.probe only --checkpoints=DIR)."""
+
+    def another_run(plan, elsewhere):
+        raise UserError(f"{plan.out_dir} holds another run than `{plan.command}`: {elsewhere}")
+
+    monkeypatch.setattr(runs, "decide", another_run)
+    module = __import__(f"demo.{demo}", fromlist=["main"])
+    with pytest.raises(SystemExit) as stopped:
+        module.main([])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err.count("\n") == 1, err
+    assert "--checkpoints=DIR (a folder of runs)" in err
+    assert ("--checkpoint=DIR (one trained run)" in err) == (demo == "permutation"), err

@@ -39,3 +39,12 @@ def skip_without_gpt2():
     reason = gpt2_unavailable_reason()
     if reason:
         pytest.skip(reason)
+
+
+# A two-step run of a one-layer model (block_size TINY_BLOCK): the checkpoints several tests sample from
+TINY_BLOCK = 16
+TINY_RUN = [
+    *("--n_layer=1", "--n_head=2", "--n_embd=16", f"--block_size={TINY_BLOCK}", "--batch_size=4"),
+    *("--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu"),
+    "--compile=false",
+]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import error_line
+from helpers import TINY_BLOCK, TINY_RUN, error_line
 
 import eval_length
 import train
@@ -15,20 +15,8 @@ from measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from positions import POS_SCHEMES, ROPE_SCALINGS
 
-BLOCK = 16
-TINY = [
-    "--n_layer=1",
-    "--n_head=2",
-    "--n_embd=16",
-    f"--block_size={BLOCK}",
-    "--batch_size=4",
-    "--max_iters=2",
-    "--eval_interval=2",
-    "--eval_iters=1",
-    "--log_interval=1",
-    "--device=cpu",
-    "--compile=false",
-]
+BLOCK = TINY_BLOCK
+TINY = TINY_RUN
 LENGTHS = "0.5,1,2,4"  # 8, 16, 32 and 64 tokens at T = 16
 WINDOWS = 3
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import error_line, skip_without_gpt2
+from helpers import TINY_BLOCK, TINY_RUN, error_line, skip_without_gpt2
 
 import sample
 import train
@@ -14,20 +14,8 @@ from data.common import CharTokenizer, get_tokenizer
 from measure import losses
 from positions import POS_SCHEMES
 
-BLOCK = 16
-TINY = [
-    "--n_layer=1",
-    "--n_head=2",
-    "--n_embd=16",
-    f"--block_size={BLOCK}",
-    "--batch_size=4",
-    "--max_iters=2",
-    "--eval_interval=2",
-    "--eval_iters=1",
-    "--log_interval=1",
-    "--device=cpu",
-    "--compile=false",
-]
+BLOCK = TINY_BLOCK
+TINY = TINY_RUN
 
 
 @pytest.fixture(scope="module")

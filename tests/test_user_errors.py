@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_RUN
 
 import eval_length
 import sample
@@ -28,19 +29,7 @@ from plumbing.memory import generation_bytes, kv_cache_bytes, position_table_byt
 from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--n_layer=1",
-    "--n_head=2",
-    "--n_embd=16",
-    "--block_size=16",
-    "--batch_size=4",
-    "--max_iters=2",
-    "--eval_interval=2",
-    "--eval_iters=1",
-    "--log_interval=1",
-    "--device=cpu",
-    "--compile=false",
-]
+TINY = TINY_RUN
 TINY_BENCH = [
     "--n_layer=1",
     "--n_head=2",

@@ -196,3 +196,29 @@ def test_bad_factors_are_a_one_line_error_naming_the_field(case, fields, message
 def test_longrope_settings_without_longrope_are_refused():
     with pytest.raises(ValueError, match="LongRoPE's settings, and this model has rope_scaling='yarn'"):
         tiny_config(rope_scaling="yarn", rope_short_factor=[1.0] * 4)
+
+
+# -----------------------------------------------------------------------------
+# The KV cache across the switch
+
+
+@pytest.mark.parametrize("n_prompt", [5, 16, 20])
+def test_cached_decoding_equals_the_full_forward_across_the_switch(monkeypatch, n_prompt):
+    """Generation re-rotates its cached keys when the sequence passes T (it runs the tokens so far again,
+    as transformers does): every step's logits equal the full forward of the sequence so far, short factors
+    up to T tokens and long ones past it, whether the prompt is shorter than T, T long, or longer."""
+    import generation
+
+    rng = random.Random(7)
+    model = GPT(longrope_config(random_factors(rng, 4, 1.5), random_factors(rng, 4, 8.0), rope_keep_first=2))
+    model.eval()
+    seen = []
+    monkeypatch.setattr(
+        generation, "sample_next", lambda logits, *a: seen.append(logits) or logits.argmax(-1, True)
+    )
+    prompt = torch.randint(0, 13, (2, n_prompt), generator=torch.Generator().manual_seed(0))
+    out = generation.generate_cached(model, prompt, 30, temperature=0)
+    with torch.no_grad():
+        for t, logits in zip(range(n_prompt, n_prompt + 30), seen):
+            torch.testing.assert_close(logits, model(out[:, :t])[0][:, -1], rtol=0, atol=1e-5, msg=f"t={t}")
+    assert len(seen) == 30 and not model.transformer.wpe.long_context  # reset for the next caller

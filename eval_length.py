@@ -226,7 +226,7 @@ def label(source, method):
         return method
     if source.config.get("rope_scaling"):
         return f"{method} x{source.config['rope_factor']:g} (as trained)"
-    return f"{method} (s = L/T)"
+    return "longrope (--rope_factors)" if method == LONGROPE else f"{method} (s = L/T)"
 
 
 def same_as_plain(source, method, length):

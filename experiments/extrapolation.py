@@ -212,11 +212,12 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
 
 
-def search_longrope(cfg, checkpoint, seed, *flags):
-    """python -m experiments.longrope on a checkpoint, once: its factors file's folder is reused after."""
-    out = Path(f"{checkpoint}_longrope_{'short' if '--short' in flags else flags[0].split('=')[1]}")
+def search_longrope(cfg, checkpoint, seed, name, *flags):
+    """python -m experiments.longrope on a checkpoint into {checkpoint}_longrope_{name}, once: a folder with
+    its factors file is reused."""
+    out = Path(f"{checkpoint}_longrope_{name}")
     if not (ROOT / out / "factors.json").is_file():
-        quick = ["--population=4", "--generations=2", "--windows=2"] if cfg.quick else []
+        quick = ["--population=4", "--parents=2", "--generations=2", "--windows=2"] if cfg.quick else []
         run_python(
             ["-m", "experiments.longrope", checkpoint, *flags, f"--seed={seed}", f"--out={out}", *quick]
         )
@@ -229,13 +230,13 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     for short-context recovery, at T; each search's factors put on the fine-tuned weights by a run of 0
     steps. -> (the 4 T factors file, the three new checkpoints)"""
     source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
-    factors = search_longrope(cfg, source, seed, f"--factor={EXTENSION}")
+    factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
     tuned = fine_tune_dir(source, long, LONGROPE)
     command = [f"--init_from={source}", f"--block_size={long}", f"--rope_factors={factors}"]
     train_runs(cfg, [[*command, *fine_tune_flags, f"--out_dir={tuned}"]])
     applied = []
-    for flags, name in (((f"--factor={2 * EXTENSION}",), "x8"), (("--short",), "short")):
-        searched = search_longrope(cfg, tuned, seed, *flags)
+    for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
+        searched = search_longrope(cfg, tuned, seed, name, flag)
         applied.append(f"{tuned}_{name}")
         zero = [f"--init_from={tuned}", f"--rope_factors={searched}", "--max_iters=0", "--eval_iters=1"]
         train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]])

@@ -97,9 +97,10 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
     """LongRoPE's evolution: seeds, then mutations of them up to cfg.population; each generation the best
     cfg.parents survive (elitism: the best never gets worse) and breed half mutations, half crossovers.
     fitness(candidate) -> loss, lower is better, each candidate measured once. -> (best, history)"""
-    population = list(dict.fromkeys(seeds))
+    seeds = list(dict.fromkeys(seeds))  # each once
+    population = list(seeds)
     while len(population) < cfg.population:
-        population.append(mutate(population[rng.integers(len(seeds))], rng, cfg.mutation, top))
+        population.append(mutate(seeds[rng.integers(len(seeds))], rng, cfg.mutation, top))
     scores, history = {}, []
     for generation in range(cfg.generations):
         started = time.perf_counter()

@@ -49,7 +49,7 @@ def toy_fitness(candidate):
 
 def test_evolution_keeps_its_best_and_repeats_for_a_seed():
     cfg = longrope.SearchConfig(checkpoint="-", factor=8, population=10, generations=8, parents=3)
-    seeds = [((8.0,) * 4, 0), ((1.0, 1.0, 1.0, 1.0), 0)]
+    seeds = [((8.0,) * 4, 0), ((1.0, 1.0, 1.0, 1.0), 0), ((8.0,) * 4, 0)]  # a seed given twice counts once
     runs = [longrope.evolve(toy_fitness, seeds, cfg, 16.0, np.random.default_rng(5), log=lambda _: None)]
     runs.append(longrope.evolve(toy_fitness, seeds, cfg, 16.0, np.random.default_rng(5), log=lambda _: None))
     (best, history), again = runs

@@ -201,8 +201,9 @@ def write_outputs(out, best, history, config, T, s, short):
     for name, value in longrope_baselines(head_dim, config["rope_base"], s, T).items():
         ax.plot(value.numpy(), label=name, linestyle="--")
     ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
     ax.set(
-        yscale="log",
         xlabel="pair i (fast -> slow)",
         ylabel="lambda_i = theta_i / theta'_i",
         title=f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}",

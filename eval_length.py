@@ -185,8 +185,7 @@ def open_source(name, dataset=None, task="loss"):
     if dataset is None:
         raise UserError(f"{path}: records no training dataset; say which with --dataset")
     tokens = validation_tokens(dataset)
-    if "meta" in ckpt:
-        check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
+    check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
     return Source(name, path, ckpt, tokens)
 
 

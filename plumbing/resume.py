@@ -250,7 +250,7 @@ def resize_position_table(table, n_pos):
 
 def saved_model_config(out_dir, names):
     """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
-    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
+    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 

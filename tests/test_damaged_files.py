@@ -1,0 +1,124 @@
+"""A damaged checkpoint or meta.json is one line naming what is wrong, in every entry point that opens it.
+
+Each table below spoils a file a different way (an entry missing or of another type, weights that are not
+finite, a dataset's meta.json without a field its generator needs) and runs it through the real entry points,
+main(argv) in-process: every case must end in one line on stderr (`NAME.py: error: ...`), a non-zero exit
+status and no traceback, or in the right result. Tiny models on CPU; no mocks.
+"""
+
+import math
+
+import pytest
+import torch
+from helpers import TINY_RUN, error_line
+
+import eval_length
+import sample
+import train
+from plumbing.checkpoint import load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished two-step run's ckpt.pt, loaded: the checkpoint each case spoils a copy of."""
+    out_dir = tmp_path_factory.mktemp("finished")
+    train.main([*TINY_RUN, f"--out_dir={out_dir}"])
+    return torch.load(out_dir / "ckpt.pt", weights_only=True)
+
+
+def nan_weights(ckpt):
+    ckpt["model"]["transformer.h.0.attn.c_attn.weight"][0, 0] = math.nan
+
+
+def set_entry(path, value):
+    """A change to one entry of the checkpoint dict, path like "rng/0/python"."""
+
+    def change(ckpt):
+        *parents, last = path.split("/")
+        for key in parents:
+            ckpt = ckpt[int(key)] if isinstance(ckpt, list) else ckpt[key]
+        if value is DELETE:
+            del ckpt[last]
+        else:
+            ckpt[int(last) if isinstance(ckpt, list) else last] = value
+
+    return change
+
+
+DELETE = object()
+# (case, train.py --init_from's exit status, how the checkpoint is spoilt, words the error must hold): the
+# status is 2 where reading --init_from's model settings with the flags finds it, 1 where loading it does
+DAMAGED_CHECKPOINTS = [
+    ("no meta", 1, set_entry("meta", DELETE), "no meta entry"),
+    ("meta None", 2, set_entry("meta", None), "meta is None, not a dict"),
+    ("meta without a tokenizer", 1, set_entry("meta/tokenizer", DELETE), "its meta names no vocabulary"),
+    ("model_config a list", 2, set_entry("model_config", [1, 2]), "model_config is a list, not a dict"),
+    ("model_config without block_size", 2, set_entry("model_config/block_size", DELETE), "has no block_size"),
+    ("n_head a string", 2, set_entry("model_config/n_head", "2"), "model_config.n_head is '2', not an int"),
+    ("n_head zero", 2, set_entry("model_config/n_head", 0), "model_config: n_head must be a positive"),
+    ("unknown model field", 2, set_entry("model_config/n_experts", 8), "unknown fields n_experts"),
+    ("model a list", 2, set_entry("model", []), "model is a list, not a dict"),
+    (
+        "a weight a string",
+        2,
+        set_entry("model/lm_head.weight", "w"),
+        "model.lm_head.weight is 'w', not a Tensor",
+    ),
+    ("rng a string", 2, set_entry("rng", "state"), "rng is 'state', not a non-empty list"),
+    ("python rng cut short", 2, set_entry("rng/0/python", [3, [1, 2], None]), "rng[0].python is a list"),
+    ("empty sampler", 2, set_entry("sampler", {}), "sampler has no train, eval"),
+    ("iter_num a string", 2, set_entry("iter_num", "2"), "iter_num is '2', not an int"),
+    (
+        "best_val_loss None",
+        2,
+        set_entry("best_val_loss", None),
+        "best_val_loss is None, not a float or an int",
+    ),
+    ("max_iters a string", 2, set_entry("train_config/max_iters", "2"), "train_config.max_iters is '2'"),
+    ("optimizer None", 2, set_entry("optimizer", None), "optimizer is None, not a dict"),
+    ("finished a string", 2, set_entry("finished", "yes"), "finished is 'yes', not a bool"),
+    (
+        "NaN weights",
+        1,
+        nan_weights,
+        "weights that are not finite (NaN or inf) in transformer.h.0.attn.c_attn",
+    ),
+]
+EVAL = ["--lengths=1", "--max_windows=1", "--device=cpu", "--progress=false"]
+
+
+@pytest.mark.parametrize(
+    "case, init_status, spoil, words", DAMAGED_CHECKPOINTS, ids=[c[0] for c in DAMAGED_CHECKPOINTS]
+)
+def test_a_damaged_checkpoint_is_one_line_in_every_entry_point(
+    tmp_path, capsys, finished, case, init_status, spoil, words
+):
+    """sample.py, eval_length.py, train.py --init_from and --resume each refuse the spoilt file in one line
+    naming the entry, and the run folder is left as it was."""
+    ckpt = torch.load(_saved(finished, tmp_path / "whole.pt"), weights_only=True)  # a deep copy
+    spoil(ckpt)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    torch.save(ckpt, out_dir / "ckpt.pt")
+    before = (out_dir / "ckpt.pt").read_bytes()
+    runs = [
+        (sample, [f"--out_dir={out_dir}", "--max_new_tokens=4", "--stream=off"], 1),
+        (eval_length, [str(out_dir), *EVAL], 1),
+        (train, [*TINY_RUN, f"--init_from={out_dir}", f"--out_dir={tmp_path / 'new'}"], init_status),
+        (train, [*TINY_RUN, f"--out_dir={out_dir}", "--resume", "--max_iters=3"], 1),
+    ]
+    for script, argv, status in runs:
+        err = error_line(capsys, script, argv, status)
+        assert "ckpt.pt" in err and words in err, (script.__name__, err)
+    assert (out_dir / "ckpt.pt").read_bytes() == before and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
+
+
+def _saved(ckpt, path):
+    torch.save(ckpt, path)
+    return path
+
+
+def test_the_schema_accepts_what_train_py_writes(finished, tmp_path):
+    """The schema is no stricter than train.py: its own checkpoint loads whole."""
+    assert load_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()

@@ -154,7 +154,12 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
-    ckpt = load_checkpoint(path, map_location=train_config.device)
+    try:
+        ckpt = load_checkpoint(path, map_location=train_config.device)
+    except UserError as e:
+        raise UserError(
+            f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
+        ) from None
     changes = check_resumable(path, ckpt, train_config, model_config, meta)
     if len(ckpt["rng"]) != world_size:
         changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")

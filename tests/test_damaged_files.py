@@ -6,7 +6,11 @@ main(argv) in-process: every case must end in one line on stderr (`NAME.py: erro
 status and no traceback, or in the right result. Tiny models on CPU; no mocks.
 """
 
+import json
 import math
+import os
+import shutil
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ import eval_length
 import sample
 import train
 from plumbing.checkpoint import load_checkpoint
+from plumbing.run_folder import lock_record
+from plumbing.runs import ensure_trained
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +128,69 @@ def _saved(ckpt, path):
 def test_the_schema_accepts_what_train_py_writes(finished, tmp_path):
     """The schema is no stricter than train.py: its own checkpoint loads whole."""
     assert load_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()
+
+
+# -----------------------------------------------------------------------------
+# an out_dir holding what train.py cannot continue: the way out is --overwrite or another folder
+
+
+class Shell:
+    """Unpickled, it would run a shell command: what a malicious checkpoint carries."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def sampling_only(ckpt):
+    return {key: ckpt[key] for key in ("model", "model_config", "meta")}
+
+
+FOREIGN_CHECKPOINTS = [  # (case, what out_dir/ckpt.pt holds, given the finished run's checkpoint)
+    ("unreadable", lambda ckpt: b"\x00not a checkpoint"),
+    ("GPT-2's state dict", lambda ckpt: OrderedDict({"wte.weight": torch.zeros(4, 2)})),
+    ("nanoGPT's", lambda ckpt: {"model": ckpt["model"], "model_args": {"n_layer": 1}, "iter_num": 2}),
+    ("malicious", lambda ckpt: {**ckpt, "meta": Shell()}),
+    ("sampling only", sampling_only),
+    ("damaged", lambda ckpt: {**ckpt, "rng": "state"}),
+]
+
+
+@pytest.mark.parametrize("case, contents", FOREIGN_CHECKPOINTS, ids=[c[0] for c in FOREIGN_CHECKPOINTS])
+def test_a_folder_whose_checkpoint_cannot_be_continued_is_refused_without_advising_resume(
+    tmp_path, capsys, finished, case, contents
+):
+    """train.py in a folder whose ckpt.pt is unreadable, foreign, malicious, damaged or cannot be resumed says
+    why, and offers --overwrite or another --out_dir, never --resume, which cannot work there; --resume itself
+    says the same way out."""
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    held = contents(finished)
+    if isinstance(held, bytes):
+        (out_dir / "ckpt.pt").write_bytes(held)
+    else:
+        torch.save(held, out_dir / "ckpt.pt")
+    before = (out_dir / "ckpt.pt").read_bytes()
+    err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={out_dir}"], 1)
+    assert "cannot be continued (" in err and "--overwrite starts again" in err and "--resume" not in err, err
+    err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={out_dir}", "--resume"], 1)
+    assert "another --out_dir" in err, err
+    assert (out_dir / "ckpt.pt").read_bytes() == before
+
+
+def test_a_copied_run_is_finished_not_in_use_and_a_copied_study_is_the_same_runs(tmp_path, capsys):
+    """A run folder copied with the lock of a run still going (cp -r while it trains) is not in use: its lock
+    names another folder. A study's runs copied together, a fine-tune's --init_from pointing into them, are
+    reused as finished, not refused as other runs."""
+    source, copy = tmp_path / "study", tmp_path / "copy"
+    base = [*TINY_RUN, f"--out_dir={source / 'base'}"]
+    tune = [*TINY_RUN, f"--init_from={source / 'base'}", "--block_size=32", f"--out_dir={source / 'tune'}"]
+    for argv in (base, tune):
+        train.main(argv)
+    (source / "base" / "train.lock").write_text(json.dumps(lock_record(source / "base")))  # this live process
+    shutil.copytree(source, copy)
+    err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={copy / 'base'}"], 1)
+    assert f"{copy / 'base'} holds a finished run (step 2 of 2)" in err, err
+    commands = [[a.replace(str(source), str(copy)) for a in argv] for argv in (base, tune)]
+    logged = []
+    assert ensure_trained(commands, log=logged.append) == [copy / "base", copy / "tune"]
+    assert all(line.startswith("using ") and line.endswith(", finished") for line in logged), logged

@@ -77,6 +77,12 @@ def _check_meta(meta, where) -> None:
     one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
     if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
         raise bad("a char dataset needs chars: a list of vocab_size single characters")
+    generator = meta.get("generator")
+    named = isinstance(generator, dict) and generator.get("name") in GENERATED
+    if generator is not None and not (named and _ints(generator.get("filler_segment", [1, 1]), 2)):
+        raise bad(f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}")
+    if generator is not None and "sample_length" not in meta:
+        raise bad("a generated dataset needs sample_length, the length of each of its samples")
     if "sample_length" in meta:
         check_int("sample_length", 2)
         for split in SPLITS:
@@ -85,6 +91,10 @@ def _check_meta(meta, where) -> None:
                     f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
                     f"sample_length {meta['sample_length']}"
                 )
+
+
+def _ints(value, n):
+    return isinstance(value, list) and len(value) == n and all(type(x) is int for x in value)
 
 
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:

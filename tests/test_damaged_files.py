@@ -12,6 +12,7 @@ import os
 import shutil
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 from helpers import TINY_RUN, error_line
@@ -19,6 +20,8 @@ from helpers import TINY_RUN, error_line
 import eval_length
 import sample
 import train
+from data.common import DATA_ROOT, ensure_prepared, load_meta
+from perf import bench
 from plumbing.checkpoint import load_checkpoint
 from plumbing.run_folder import lock_record
 from plumbing.runs import ensure_trained
@@ -194,3 +197,56 @@ def test_a_copied_run_is_finished_not_in_use_and_a_copied_study_is_the_same_runs
     logged = []
     assert ensure_trained(commands, log=logged.append) == [copy / "base", copy / "tune"]
     assert all(line.startswith("using ") and line.endswith(", finished") for line in logged), logged
+
+
+# -----------------------------------------------------------------------------
+# a damaged meta.json
+
+
+@pytest.fixture
+def dataset():
+    """A char dataset data/<name> written by hand from shakespeare_char's vocabulary, for a test to spoil its
+    meta.json; removed after it."""
+    name = f"test_damaged_files_{os.getpid()}"
+    folder = DATA_ROOT / name
+    folder.mkdir()
+    meta = load_meta(ensure_prepared("shakespeare_char"))
+    ids = (np.arange(200) % meta["vocab_size"]).astype(np.uint16)
+    for split in ("train", "val"):
+        ids.tofile(folder / f"{split}.bin")
+    yield name, folder, {**meta, "train_tokens": 200, "val_tokens": 200}
+    shutil.rmtree(folder)
+
+
+DAMAGED_META = [  # (case, a change to meta.json's fields, words the error must hold)
+    ("generator a string", {"generator": "passkey"}, "generator must name one of passkey"),
+    (
+        "generator of no name",
+        {"generator": {"filler_segment": [4, 16]}, "sample_length": 20},
+        "generator must",
+    ),
+    ("generator without sample_length", {"generator": {"name": "passkey"}}, "needs sample_length"),
+    (
+        "filler a string",
+        {"generator": {"name": "passkey", "filler_segment": "4-16"}, "sample_length": 20},
+        "generator must",
+    ),
+    ("vocab_size a string", {"vocab_size": "65"}, "vocab_size must be an int >= 1, got '65'"),
+    ("chars cut short", {"chars": ["a"]}, "a char dataset needs chars"),
+]
+
+
+@pytest.mark.parametrize("case, change, words", DAMAGED_META, ids=[c[0] for c in DAMAGED_META])
+def test_a_damaged_meta_json_is_one_line_in_every_entry_point(tmp_path, capsys, dataset, case, change, words):
+    """train.py, eval_length.py and perf.bench on a dataset whose meta.json is damaged: one line naming the
+    file and the field, the dataset as it was."""
+    name, folder, meta = dataset
+    (folder / "meta.json").write_text(json.dumps(meta | change))
+    runs = [
+        (train, [*TINY_RUN, f"--dataset={name}", f"--out_dir={tmp_path / 'run'}"]),
+        (bench, [f"--dataset={name}", "--device=cpu"]),
+    ]
+    for script, argv in runs:
+        err = error_line(capsys, script, argv, 1)
+        assert f"{folder / 'meta.json'}: " in err and words in err, err
+    assert json.loads((folder / "meta.json").read_text()) == meta | change

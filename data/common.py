@@ -26,6 +26,7 @@ import tiktoken
 import torch
 
 from plumbing.errors import StopSignals, UserError, one_line_errors
+from plumbing.outputs import no_space, space_error
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
@@ -210,7 +211,7 @@ def remove_leftovers(parent) -> None:
 
 
 @contextmanager
-def staged_dataset(out_dir, replace: bool = False):
+def staged_dataset(out_dir, replace: bool = False, needed=None):
     """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
     out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
     move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses."""
@@ -222,7 +223,13 @@ def staged_dataset(out_dir, replace: bool = False):
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed process whose pid was ours
     staging.mkdir()
     try:
-        yield {name: staging / name for name in FILES}
+        try:
+            yield {name: staging / name for name in FILES}
+        except OSError as e:
+            if not (full := space_error(e)):
+                raise
+            kept = f"{out_dir} is as it was" if out_dir.exists() else "no dataset was half-written"
+            raise no_space(full, out_dir, needed, kept) from None
         if not out_dir.exists():
             os.rename(staging, out_dir)
         else:
@@ -248,9 +255,11 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
             raise ValueError(
                 f"{split} ids must lie in [0, {meta['vocab_size']}), found {ids.min()}..{ids.max()}"
             )
-    with staged_dataset(out_dir, replace) as tmp:
+    needed = sum(ids.size for ids in splits.values()) * np.dtype(meta["dtype"]).itemsize
+    with staged_dataset(out_dir, replace, needed) as tmp:
         for split, ids in splits.items():
-            ids.astype(meta["dtype"]).tofile(tmp[f"{split}.bin"])
+            with open(tmp[f"{split}.bin"], "wb") as f:  # not ndarray.tofile, whose errors carry no errno
+                f.write(ids.astype(meta["dtype"]).data)
         save_meta(tmp["meta.json"], meta)
     return meta
 

@@ -25,7 +25,6 @@ import pickletools
 import re
 import shutil
 import typing
-import uuid
 import warnings
 import zipfile
 from contextlib import suppress
@@ -37,6 +36,7 @@ import torch
 from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 from plumbing.errors import UserError
+from plumbing.outputs import replace_atomically
 from positions import ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
@@ -48,40 +48,22 @@ SAFE_GLOBAL = re.compile(r"torch\._utils _rebuild_\w+|torch \w+Storage|collectio
 # Writing: atomically, so that a crash never leaves a half-written checkpoint in place of a good one
 
 
-def temporary_path(path):
-    # hidden and unique; remove_unfinished_writes finds those a kill -9 left behind
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def replace_atomically(path, write):
-    """write(tmp) fills a temporary file beside path, which then os.replace()s it (atomic) and the folder is
-    fsynced (POSIX): a crash or a full disk midway leaves the previous file whole."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if os.name == "posix":
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return path
-
-
 def save_checkpoint(obj, path):
     def write(tmp):
         with open(tmp, "xb") as f:  # not tempfile.mkstemp, whose files are 0600 whatever the umask
-            torch.save(obj, f)
+            torch.save(obj, f)  # to a file object: a failed write's OSError (ENOSPC ...) is its __context__
             f.flush()
             os.fsync(f.fileno())
 
-    return replace_atomically(path, write)
+    return replace_atomically(path, write, needed=tensor_bytes(obj))
+
+
+def tensor_bytes(obj):
+    """The bytes of the tensors in obj (nested dicts and lists): about the size of its checkpoint file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(map(tensor_bytes, values))
 
 
 def link_checkpoint(source, path):

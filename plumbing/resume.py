@@ -194,12 +194,14 @@ def write_checkpoints(run, improved):
     """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (to gather the RNG
     states); rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
+    if run.procs.master:
+        try:
+            save_checkpoint(training_state(run, rng), run.ckpt_path)
+            if improved:
+                link_checkpoint(run.ckpt_path, run.best_path)
+        except UserError as e:  # no space left: the files on disk are whole
+            raise UserError(f"{e}; training stopped: {kept_checkpoint(run)}") from None
     run.progress.saved_iter = run.progress.iter_num
-    if not run.procs.master:
-        return
-    save_checkpoint(training_state(run, rng), run.ckpt_path)
-    if improved:
-        link_checkpoint(run.ckpt_path, run.best_path)
 
 
 def kept_checkpoint(run):

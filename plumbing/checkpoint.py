@@ -93,10 +93,10 @@ def remove_unfinished_writes(out_dir):
 # Reading: weights_only, every failure one line
 
 
-def load_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
-    """The checkpoint dict at path, read with weights_only=True (unpickling objects could run code), checked
-    against SCHEMA: every failure is a UserError naming the path. mmap=True reads a tensor from disk only
-    when used; vocabulary=False leaves the meta's vocabulary unchecked (for a caller reading model_config)."""
+def load_checkpoint(path, map_location="cpu", mmap=False):
+    """The checkpoint dict at path, read with weights_only=True (unpickling objects could run code): every
+    failure is a UserError naming the path. mmap=True reads a tensor from disk only when used. What an entry
+    point opens goes through open_checkpoint, which checks it against SCHEMA too."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
@@ -115,6 +115,18 @@ def load_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # e.g. "Unsupported operand 110"
         cause = detail.group(1) if detail else f"{type(e).__name__}: {first_line(e)}"
         raise UserError(f"{path}: truncated or corrupt checkpoint ({cause})") from None
+    missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
+    if missing:
+        raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
+    if isinstance(ckpt["model_config"], dict):
+        ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
+    return ckpt
+
+
+def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
+    """load_checkpoint, then check_checkpoint: the one way an entry point opens a checkpoint file.
+    vocabulary=False leaves the meta's vocabulary unchecked (for a caller reading only model_config)."""
+    ckpt = load_checkpoint(path, map_location, mmap)
     check_checkpoint(path, ckpt, vocabulary)
     return ckpt
 
@@ -219,13 +231,8 @@ def model_config_error(model_config):
 
 
 def check_checkpoint(path, ckpt, vocabulary=True):
-    """UserError (one line naming the entry) unless ckpt is a dict with the entries sampling needs and every
-    entry it has fits SCHEMA; model_config gets the fields it predates (with_rope_variants)."""
-    missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
-    if missing:
-        raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
-    if isinstance(ckpt["model_config"], dict):
-        ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
+    """UserError (one line naming the entry) unless ckpt (load_checkpoint's) has the entries sampling needs
+    and every entry it has fits SCHEMA."""
     settings = ckpt.get("train_config", {})
     error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
     error = error or model_config_error(ckpt["model_config"])
@@ -391,7 +398,7 @@ def open_model(
     `source` (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
     llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's."""
     path = checkpoint_path(source)
-    ckpt = ckpt or load_checkpoint(path, mmap=True)
+    ckpt = ckpt or open_checkpoint(path, mmap=True)
     scaling = {}
     if rope_scaling is not None:
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)

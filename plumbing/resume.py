@@ -19,8 +19,8 @@ from plumbing.checkpoint import (
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
-    load_checkpoint,
     load_weights,
+    open_checkpoint,
     run_folder,
     save_checkpoint,
 )
@@ -155,7 +155,7 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
     try:
-        ckpt = load_checkpoint(path, map_location=train_config.device)
+        ckpt = open_checkpoint(path, map_location=train_config.device)
     except UserError as e:
         raise UserError(
             f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
@@ -257,7 +257,7 @@ def resize_position_table(table, n_pos):
 
 def saved_model_config(out_dir, names):
     """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
-    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
+    saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
@@ -289,7 +289,7 @@ def init_model_from(out_dir, model, meta, dataset):
     """Load the checkpoint in out_dir into model, whose config may differ from it only in INIT_KNOBS.
     -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path, mmap=True)
+    ckpt = open_checkpoint(path, mmap=True)
     check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):

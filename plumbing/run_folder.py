@@ -13,7 +13,7 @@ import uuid
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from plumbing.checkpoint import load_checkpoint, run_finished
+from plumbing.checkpoint import open_checkpoint, run_finished
 from plumbing.errors import UserError
 from plumbing.resume import RESUME_KEYS
 
@@ -154,7 +154,7 @@ def describe_run(out_dir):
     """(what out_dir holds, what --resume does with it: None where it cannot), for the refusal."""
     path = Path(out_dir) / "ckpt.pt"
     try:
-        ckpt = load_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
+        ckpt = open_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
     except UserError as e:  # unreadable, damaged, foreign (GPT-2's, nanoGPT's) or malicious
         return f"a checkpoint that cannot be continued ({e})", None
     if missing := [key for key in RESUME_KEYS if key not in ckpt]:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_finished
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def decide(plan, elsewhere="move it away"):
     path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
     if not path.is_file():
         return "train", None
-    ckpt = load_checkpoint(path, mmap=True)
+    ckpt = open_checkpoint(path, mmap=True)
     changed = differences(ckpt.get("model_config", {}), plan.model_config)
     changed += differences(ckpt.get("train_config", {}), plan.train_config | {"out_dir": plan.out_dir})
     if changed:

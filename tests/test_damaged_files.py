@@ -22,7 +22,7 @@ import sample
 import train
 from data.common import DATA_ROOT, ensure_prepared, load_meta
 from perf import bench
-from plumbing.checkpoint import load_checkpoint
+from plumbing.checkpoint import open_checkpoint
 from plumbing.run_folder import lock_record
 from plumbing.runs import ensure_trained
 
@@ -130,7 +130,7 @@ def _saved(ckpt, path):
 
 def test_the_schema_accepts_what_train_py_writes(finished, tmp_path):
     """The schema is no stricter than train.py: its own checkpoint loads whole."""
-    assert load_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()
+    assert open_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()
 
 
 # -----------------------------------------------------------------------------

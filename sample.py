@@ -213,7 +213,14 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
         cfg = replace(cfg, **dict.fromkeys(rope_flags))
-    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    try:
+        prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    except UserError as e:  # say the prompt was the default one, not the user's
+        if cfg.start != SampleConfig.start:
+            raise
+        raise UserError(
+            f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
+        ) from None
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size

@@ -11,7 +11,6 @@ JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A datas
 data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
 """
 
-import argparse
 import importlib
 import json
 import os
@@ -25,6 +24,7 @@ import numpy as np
 import tiktoken
 import torch
 
+from plumbing.cli import ArgumentParser
 from plumbing.errors import StopSignals, UserError, one_line_errors
 from plumbing.outputs import no_space, space_error
 
@@ -43,6 +43,11 @@ REPLACE_HELP = (
 
 def dataset_dir(name: str) -> Path:
     return DATA_ROOT / name
+
+
+def bad_dataset_name(name) -> bool:
+    """Whether name is no plain folder name under data/: empty, hidden (.x, ..), or a path."""
+    return not name or Path(name).name != name or name.startswith(".") or "\\" in name
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -283,11 +288,10 @@ def exit_on_user_error():
 
 def prepare_main(name, description, prepare, argv=None):
     """main() of a prepare.py whose only flag is --replace: prepare(replace=...) writes data/<name>."""
-    parser = argparse.ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
+    parser = ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
-    args = parser.parse_args(argv)
     with exit_on_user_error():
-        meta = prepare(replace=args.replace)
+        meta = prepare(replace=parser.parse_args(argv).replace)
     print(summarize(dataset_dir(name), meta))
 
 
@@ -309,7 +313,7 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     """The folder of dataset `name`, prepared first if EMBEDDED and none of its files are there."""
     data_dir = Path(data_root) / name
-    if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
+    if bad_dataset_name(name) or not data_dir.is_dir():
         raise UserError(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
             f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}"
@@ -424,6 +428,11 @@ def read_text(path) -> str:
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
+        if data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50:  # a BOM, or ASCII as UTF-16
+            raise UserError(
+                f"{path} is UTF-16 text, not UTF-8: convert it, e.g. iconv -f utf-16 -t utf-8 {path.name} > "
+                f"{path.stem}.utf8.txt"
+            ) from None
         raise UserError(
             f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
             f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt"

@@ -28,11 +28,17 @@ from plumbing.runs import ensure_trained
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished two-step run's ckpt.pt, loaded: the checkpoint each case spoils a copy of."""
-    out_dir = tmp_path_factory.mktemp("finished")
+def finished_dir(tmp_path_factory):
+    """A finished two-step run, study/base: copy it before changing anything."""
+    out_dir = tmp_path_factory.mktemp("finished") / "study" / "base"
     train.main([*TINY_RUN, f"--out_dir={out_dir}"])
-    return torch.load(out_dir / "ckpt.pt", weights_only=True)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def finished(finished_dir):
+    """Its ckpt.pt, loaded: the checkpoint each case spoils a copy of."""
+    return torch.load(finished_dir / "ckpt.pt", weights_only=True)
 
 
 def nan_weights(ckpt):
@@ -60,7 +66,6 @@ DELETE = object()
 DAMAGED_CHECKPOINTS = [
     ("no meta", 1, set_entry("meta", DELETE), "no meta entry"),
     ("meta None", 2, set_entry("meta", None), "meta is None, not a dict"),
-    ("meta without a tokenizer", 1, set_entry("meta/tokenizer", DELETE), "its meta names no vocabulary"),
     ("model_config a list", 2, set_entry("model_config", [1, 2]), "model_config is a list, not a dict"),
     ("model_config without block_size", 2, set_entry("model_config/block_size", DELETE), "has no block_size"),
     ("n_head a string", 2, set_entry("model_config/n_head", "2"), "model_config.n_head is '2', not an int"),
@@ -77,15 +82,7 @@ DAMAGED_CHECKPOINTS = [
     ("python rng cut short", 2, set_entry("rng/0/python", [3, [1, 2], None]), "rng[0].python is a list"),
     ("empty sampler", 2, set_entry("sampler", {}), "sampler has no train, eval"),
     ("iter_num a string", 2, set_entry("iter_num", "2"), "iter_num is '2', not an int"),
-    (
-        "best_val_loss None",
-        2,
-        set_entry("best_val_loss", None),
-        "best_val_loss is None, not a float or an int",
-    ),
     ("max_iters a string", 2, set_entry("train_config/max_iters", "2"), "train_config.max_iters is '2'"),
-    ("optimizer None", 2, set_entry("optimizer", None), "optimizer is None, not a dict"),
-    ("finished a string", 2, set_entry("finished", "yes"), "finished is 'yes', not a bool"),
     (
         "NaN weights",
         1,
@@ -180,15 +177,17 @@ def test_a_folder_whose_checkpoint_cannot_be_continued_is_refused_without_advisi
     assert (out_dir / "ckpt.pt").read_bytes() == before
 
 
-def test_a_copied_run_is_finished_not_in_use_and_a_copied_study_is_the_same_runs(tmp_path, capsys):
+def test_a_copied_run_is_finished_not_in_use_and_a_copied_study_is_the_same_runs(
+    tmp_path, capsys, finished_dir
+):
     """A run folder copied with the lock of a run still going (cp -r while it trains) is not in use: its lock
     names another folder. A study's runs copied together, a fine-tune's --init_from pointing into them, are
     reused as finished, not refused as other runs."""
     source, copy = tmp_path / "study", tmp_path / "copy"
+    shutil.copytree(finished_dir, source / "base")
     base = [*TINY_RUN, f"--out_dir={source / 'base'}"]
     tune = [*TINY_RUN, f"--init_from={source / 'base'}", "--block_size=32", f"--out_dir={source / 'tune'}"]
-    for argv in (base, tune):
-        train.main(argv)
+    train.main(tune)
     (source / "base" / "train.lock").write_text(json.dumps(lock_record(source / "base")))  # this live process
     shutil.copytree(source, copy)
     err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={copy / 'base'}"], 1)

@@ -5,6 +5,7 @@ case runs through the real entry point, main(argv) in-process."""
 
 import json
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -14,18 +15,27 @@ import course.__main__ as course_main
 import eval_length
 import sample
 import train
-from data.common import DATA_ROOT
+from data.common import DATA_ROOT, ensure_prepared, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
+from model import GPT, GPTConfig
 
 HUGE_SEED = str(2**64)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """{name: path}: a finished tiny run, a UTF-16 text, a student copy whose marker is a list."""
+    """{name: path}: a tiny untrained run on a vocabulary without a newline, a UTF-16 text, a student copy
+    whose marker is a list."""
     folder = tmp_path_factory.mktemp("hostile")
-    train.main([*TINY_RUN, f"--out_dir={folder / 'run'}"])
+    meta = load_meta(ensure_prepared("shakespeare_char"))
+    meta["chars"] = ["\u00e9" if c == "\n" else c for c in meta["chars"]]
+    config = GPTConfig(block_size=16, vocab_size=meta["vocab_size"], n_layer=1, n_head=2, n_embd=16)
+    (folder / "run").mkdir()
+    torch.save(
+        {"model": GPT(config).state_dict(), "model_config": asdict(config), "meta": meta},
+        folder / "run" / "ckpt.pt",
+    )
     (folder / "utf16.txt").write_bytes(("to be or not to be\n" * 100).encode("utf-16"))
     (folder / "copy").mkdir()
     (folder / "copy" / ".course.json").write_text(json.dumps(["ex1"]))
@@ -90,16 +100,11 @@ def test_wandb_without_a_login_is_one_line_before_any_work(tmp_path, capsys, mon
     assert not (tmp_path / "run").exists()
 
 
-def test_the_default_prompt_outside_the_vocabulary_is_named_as_the_default(files, tmp_path, capsys):
+def test_the_default_prompt_outside_the_vocabulary_is_named_as_the_default(files, capsys):
     """On a checkpoint whose vocabulary has no newline, sample.py without --start says that its default
     prompt, a newline, is not in the vocabulary: not that the user's prompt holds unknown characters."""
-    ckpt = torch.load(files["run"] / "ckpt.pt", weights_only=True)
-    chars = ckpt["meta"]["chars"]
-    ckpt["meta"]["chars"] = ["\u00e9" if c == "\n" else c for c in chars]
-    (tmp_path / "run").mkdir()
-    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
     with pytest.raises(SystemExit) as exit_info:
-        sample.main([f"--out_dir={tmp_path / 'run'}", "--max_new_tokens=4"])
+        sample.main([f"--out_dir={files['run']}", "--max_new_tokens=4"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "the default prompt, a newline, is not in" in err, err
     assert "give --start" in err and err.count("\n") == 0, err

@@ -84,8 +84,9 @@ def _check_meta(meta, where) -> None:
     if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
         raise bad("a char dataset needs chars: a list of vocab_size single characters")
     generator = meta.get("generator")
-    named = isinstance(generator, dict) and generator.get("name") in GENERATED
-    if generator is not None and not (named and _ints(generator.get("filler_segment", [1, 1]), 2)):
+    segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
+    settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
+    if generator is not None and not (settings and generator.get("name") in GENERATED):
         raise bad(f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}")
     if generator is not None and "sample_length" not in meta:
         raise bad("a generated dataset needs sample_length, the length of each of its samples")
@@ -97,10 +98,6 @@ def _check_meta(meta, where) -> None:
                     f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
                     f"sample_length {meta['sample_length']}"
                 )
-
-
-def _ints(value, n):
-    return isinstance(value, list) and len(value) == n and all(type(x) is int for x in value)
 
 
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
@@ -219,7 +216,8 @@ def remove_leftovers(parent) -> None:
 def staged_dataset(out_dir, replace: bool = False, needed=None):
     """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
     out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
-    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses."""
+    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses. A write
+    that finds no space left (needing about `needed` bytes) is one line (plumbing.outputs.no_space)."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -228,19 +226,18 @@ def staged_dataset(out_dir, replace: bool = False, needed=None):
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed process whose pid was ours
     staging.mkdir()
     try:
-        try:
-            yield {name: staging / name for name in FILES}
-        except OSError as e:
-            if not (full := space_error(e)):
-                raise
-            kept = f"{out_dir} is as it was" if out_dir.exists() else "no dataset was half-written"
-            raise no_space(full, out_dir, needed, kept) from None
+        yield {name: staging / name for name in FILES}
         if not out_dir.exists():
             os.rename(staging, out_dir)
         else:
             (out_dir / "meta.json").unlink(missing_ok=True)
             for name in FILES:
                 os.replace(staging / name, out_dir / name)
+    except OSError as e:
+        if not (full := space_error(e)):
+            raise
+        kept = f"{out_dir} is as it was" if out_dir.exists() else "no dataset was half-written"
+        raise no_space(full, out_dir, needed, kept) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -428,14 +425,17 @@ def read_text(path) -> str:
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
-        if data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50:  # a BOM, or ASCII as UTF-16
-            raise UserError(
-                f"{path} is UTF-16 text, not UTF-8: convert it, e.g. iconv -f utf-16 -t utf-8 {path.name} > "
-                f"{path.stem}.utf8.txt"
-            ) from None
+        utf16 = (
+            data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50
+        )  # a BOM, or ASCII as UTF-16
+        what = (
+            "UTF-16 text, not UTF-8"
+            if utf16
+            else f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        )
         raise UserError(
-            f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
-            f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt"
+            f"{path} is {what}: save it as UTF-8, e.g. iconv -f {'utf-16' if utf16 else 'latin1'} -t utf-8 "
+            f"{path.name} > {path.stem}.utf8.txt"
         ) from None
     if not text:
         raise UserError(f"{path} is empty: pass a file with some text in it")

@@ -151,10 +151,18 @@ def is_int(value):
 PYTHON_RNG = Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
     isinstance(v[1], (list, tuple)) and len(v[1]) == 625 and all(map(is_int, [v[0], *v[1]])))  # fmt: skip
 SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
+
+
+def tensor_of(what, shape, dtype):
+    return Check(what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype)
+
+
+NUMPY_KEY = tensor_of("624 int64s", (624,), torch.int64)
+TORCH_RNG = tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8)
 RNG = {  # plumbing.resume.rng_state
     "python": PYTHON_RNG,
-    "numpy": {"bit_generator": str, "key": torch.Tensor, "pos": int, "has_gauss": int, "gauss": (float, int)},
-    "torch": torch.Tensor,
+    "numpy": {"bit_generator": str, "key": NUMPY_KEY, "pos": int, "has_gauss": int, "gauss": (float, int)},
+    "torch": TORCH_RNG,
     "cuda": (torch.Tensor, NONE),
 }
 SCHEMA = {

@@ -221,7 +221,7 @@ def restore_training(run, path, ckpt):
     for group, fresh in zip(run.optimizer.param_groups, settings):
         group.update(fresh)
     if ckpt["scaler"] and run.scaler.is_enabled():
-        run.scaler.load_state_dict(ckpt["scaler"])
+        load_weights(path, run.scaler, ckpt["scaler"])
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
         sampler.load_state_dict(ckpt["sampler"]["train"])
     run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])

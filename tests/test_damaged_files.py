@@ -80,6 +80,12 @@ DAMAGED_CHECKPOINTS = [
     ),
     ("rng a string", 2, set_entry("rng", "state"), "rng is 'state', not a non-empty list"),
     ("python rng cut short", 2, set_entry("rng/0/python", [3, [1, 2], None]), "rng[0].python is a list"),
+    (
+        "torch rng cut short",
+        2,
+        set_entry("rng/0/torch", torch.zeros(3, dtype=torch.uint8)),
+        "rng[0].torch is",
+    ),
     ("empty sampler", 2, set_entry("sampler", {}), "sampler has no train, eval"),
     ("iter_num a string", 2, set_entry("iter_num", "2"), "iter_num is '2', not an int"),
     ("max_iters a string", 2, set_entry("train_config/max_iters", "2"), "train_config.max_iters is '2'"),

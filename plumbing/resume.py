@@ -15,7 +15,6 @@ import torch
 
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
-    check_meta,
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
@@ -130,7 +129,6 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
         )
-    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
     if changes := model_differences(saved, wanted, MODEL_KNOBS):
@@ -290,7 +288,6 @@ def init_model_from(out_dir, model, meta, dataset):
     -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
     ckpt = open_checkpoint(path, mmap=True)
-    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise UserError(

@@ -35,7 +35,7 @@ from measure.instruments import pyplot
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
-from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
+from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, open_checkpoint, open_model
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
@@ -184,15 +184,14 @@ def open_source(name, dataset=None, task="loss"):
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
-    ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
+    ckpt = open_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
     if task == "passkey":  # makes its own samples (measure/retrieval.py)
         return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
         raise UserError(f"{path}: records no training dataset; say which with --dataset")
     tokens = validation_tokens(dataset)
-    if "meta" in ckpt:
-        check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
+    check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
     return Source(name, path, ckpt, tokens)
 
 

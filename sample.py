@@ -24,7 +24,7 @@ from data.common import get_tokenizer
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
@@ -220,18 +220,20 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
     else:  # mapped, not read: load() moves the weights to device
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)
+        checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        rope_flags = (
-            "rope_scaling",
-            "rope_factor",
-            "rope_low_freq_factor",
-            "rope_high_freq_factor",
-            "rope_factors",
-        )
+        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+        rope_flags += ("rope_factors",)
         cfg = replace(cfg, **dict.fromkeys(rope_flags))
-    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    try:
+        prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    except UserError as e:  # say the prompt was the default one, not the user's
+        if cfg.start != SampleConfig.start:
+            raise
+        raise UserError(
+            f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
+        ) from None
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size

@@ -18,7 +18,6 @@ loop itself, and main(). The machinery is in plumbing/ (resume.py: checkpoints a
 cli.py, errors.py, distributed.py, hardware.py, report.py) and data/common.py (batches).
 """
 
-import importlib.util
 import math
 import signal
 import sys
@@ -36,7 +35,7 @@ from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
-from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
+from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
@@ -325,8 +324,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start, procs = time.perf_counter(), procs or Processes()
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: data can take hours
-        raise UserError("--wandb needs the wandb package: pip install wandb")
+    if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
+        raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):

@@ -145,7 +145,8 @@ def crossing_marker(block_size):
 class Streamer:
     """Prints sample 0 as its tokens arrive, marker in place: mark_trained_length's text. Each call decodes
     only the tokens not printed yet (O(n), not O(n^2)); a BPE token ending inside a multi-byte character is
-    held back until the character is complete."""
+    held back until the character is complete, or until close(), which prints what is held back as
+    mark_trained_length decodes it (an unfinished character as U+FFFD)."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size
@@ -161,6 +162,10 @@ class Streamer:
         text = self.tokenizer.decode(self.pending)
         if not text.endswith("\ufffd"):
             self._print(text)
+
+    def close(self):
+        if self.pending:
+            self._print(self.tokenizer.decode(self.pending))
 
     def _print(self, text):
         print(text, end="", flush=True)
@@ -179,6 +184,8 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     if cfg.kv_cache:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
         out = generate_cached(model, idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
+        if on_token is not None:
+            on_token.close()
     else:
         out = model.generate(idx, max_new_tokens, **sampling)
     synchronize(device)

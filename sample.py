@@ -27,8 +27,8 @@ from model import GPT2_MODELS
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
-from plumbing.memory import generation_bytes
+from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
+from plumbing.memory import check_generation_memory
 from positions import ROPE_SCALINGS, default_rope_factor, require
 
 
@@ -228,15 +228,10 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3)
     batch, n_prompt = cfg.num_samples, len(prompt_ids)
-    needed = generation_bytes(
-        loaded.model.config, batch, n_prompt, max_new_tokens, cfg.max_context, cfg.kv_cache
-    )
-    what = f"generating {max_new_tokens:,} tokens in a batch of {batch}"
-    check_memory(
-        needed,
-        device,
-        what,
-        "lower --max_new_tokens or --num_samples, or bound the context with --max_context",
+    advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
+    config = loaded.model.config
+    check_generation_memory(
+        config, batch, n_prompt, max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache
     )
     return loaded, cfg, prompt_ids, max_new_tokens
 

@@ -39,6 +39,7 @@ import positions
 from generation import generate_cached
 from plumbing.cli import one_line_errors, parse_flags, parse_list
 from plumbing.errors import UserError
+from plumbing.memory import check_generation_memory
 from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,8 @@ class ABConfig:
     nanogpt_gelu: str = "exact"  # --against=nanogpt's GELU: exact (nanoGPT's) or tanh (GPT-2's, this tree's)
 
     def __post_init__(self):
+        if self.against is not None and not self.against.strip():  # git show :path would read the index
+            raise UserError("--against is empty: give a git revision, or nanogpt", 2)
         if (self.against is None) == (not self.module_free):
             raise UserError("give exactly one of --against=REV and --module_free", 2)
         if self.module_free and self.measure != "decode":
@@ -379,6 +382,9 @@ def main(argv=None):
     values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices=choices)
     with one_line_errors(PROG):
         cfg = ABConfig(**values)
+        if cfg.measure == "decode":  # a KV cache for new_tokens
+            config = current.GPTConfig(**RECIPE, pos="rope")
+            check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
         old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -414,4 +420,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors(PROG, errors=()):  # Ctrl-C while measuring: status 130, no traceback
+        main()

@@ -53,11 +53,11 @@ def activation_bytes(config, batch):
     return batch * T * per_token * 4
 
 
-def training_bytes(config, batch, micro_steps):
-    """{what: bytes} a training run of a model of config allocates, float32, before any step is taken: the
-    weights, their gradients and AdamW's two moments (4 x the weights in all), the fixed position table,
-    one micro-batch's activations (activation_bytes; each micro-step's backward frees them) and the
-    micro_steps batch streams."""
+def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
+    """{what: bytes} a training run of a model of config allocates, float32: the weights, their gradients and
+    AdamW's two moments (4 x the weights in all), the fixed position table, one micro-batch's activations
+    (activation_bytes; each micro-step's backward frees them) and micro_steps batch streams of per_stream
+    bytes each."""
     weights = parameter_count(config) * 4
     return {
         "weights": weights,
@@ -65,14 +65,15 @@ def training_bytes(config, batch, micro_steps):
         "AdamW state": 2 * weights,
         "position table": table_bytes(config, config.block_size),
         "activations": activation_bytes(config, batch),
-        "batch streams": micro_steps * SAMPLER_BYTES,
+        "batch streams": micro_steps * per_stream,
     }
 
 
-def check_training_memory(config, batch, micro_steps, device, copies=1):
+def check_training_memory(config, batch, micro_steps, device, copies=1, per_stream=SAMPLER_BYTES):
     """A one-line UserError before the model is built if training it (training_bytes, times `copies` models
     resident at once) would not fit in the memory device has, naming what to lower for the largest part."""
-    parts = {what: copies * size for what, size in training_bytes(config, batch, micro_steps).items()}
+    parts = training_bytes(config, batch, micro_steps, per_stream)
+    parts = {what: copies * size for what, size in parts.items()}
     largest = max(parts, key=parts.get)
     advice = TRAINING_ADVICE.get(largest, TRAINING_ADVICE["weights"])
     millions = parameter_count(config) / 1e6
@@ -144,3 +145,36 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
         "tokens": batch * total * 8,
         **max(passes, key=lambda parts: sum(parts.values())),
     }
+
+
+def passkey_dataset_bytes(block_size, train_samples, val_samples):
+    """{what: bytes} data.passkey.prepare holds at its peak: both splits' ids as int64, and while a split is
+    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a
+    string); within 6% of tracemalloc's peak at block_size 64 and 1000 (tests/test_memory_checks.py)."""
+    length, largest = block_size + 1, max(train_samples, val_samples)
+    return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
+
+
+def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
+                            cached=True, weights=False):  # fmt: skip
+    """A one-line UserError before generating if generation_bytes (and with weights=True the model's
+    float32 weights, for a caller that has not built it yet) would not fit in the memory device has."""
+    parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
+    if weights:
+        parts["weights"] = parameter_count(config) * 4
+    check_memory(parts, device, f"generating {max_new_tokens:,} tokens in a batch of {batch}", advice)
+
+
+def check_benchmark_memory(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
+    """perf.bench's runs, each model of configs checked before any is built: training (`copies` trainers
+    resident at once, each holding grad_accum random (x, y) batches), then generating new_tokens from a
+    one-token prompt with the KV cache, and with the reference sampler up to reference_max_tokens (0: all)."""
+    advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
+    reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
+    for config in configs:
+        if copies:
+            per_stream = 2 * batch * config.block_size * 8  # an int64 (x, y) pair
+            check_training_memory(config, batch, grad_accum, device, copies, per_stream)
+        for n, cached in ((new_tokens, True), (reference_tokens, False)):
+            if n:
+                check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)

@@ -17,6 +17,8 @@ import numpy as np
 
 from data.common import REPLACE_HELP, CharTokenizer, dataset_dir, exit_on_user_error, summarize, write_dataset
 from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_settings, training_sample
+from plumbing.hardware import check_memory
+from plumbing.memory import passkey_dataset_bytes
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
 
@@ -61,6 +63,9 @@ def main(argv=None):
         )
     out_dir = dataset_dir(args.name or default_name(args.block_size))
     with exit_on_user_error():
+        parts = passkey_dataset_bytes(args.block_size, args.train_samples, args.val_samples)
+        what = f"{args.train_samples + args.val_samples:,} samples of {args.block_size + 1:,} characters"
+        check_memory(parts, "cpu", what, "lower --train_samples, --val_samples or --block_size")
         meta = prepare(
             out_dir, args.replace, args.block_size, args.seed, args.train_samples, args.val_samples
         )

@@ -2,8 +2,8 @@
 Memory, estimated from the shapes before anything is allocated, so that a request that cannot fit is refused
 in one line (train.py, sample.py, eval_length.py, perf/, measure/, data.passkey.prepare) instead of being
 killed without a word or left allocating for hours: the tensors that stay allocated and the largest transient
-of a step; not a table's float64 copy while it is built. tests/test_memory_checks.py holds each estimate
-against what the code allocates.
+of a step; not a table's float64 copy while it is built. tests/test_memory_checks.py, test_long_prompt.py and
+test_user_errors.py hold the estimates against what the code allocates.
 """
 
 import torch
@@ -54,7 +54,8 @@ def activation_bytes(config, batch):
 
 
 def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
-    """{what: bytes} a training run of a model of config allocates, float32: the weights, their gradients and
+    """{what: bytes} a training run of a model of config allocates, in float32 (an upper bound under bf16
+    autocast, which halves part of the activations): the weights, their gradients and
     AdamW's two moments (4 x the weights in all), the fixed position table, one micro-batch's activations
     (activation_bytes; each micro-step's backward frees them) and micro_steps batch streams of per_stream
     bytes each."""
@@ -150,7 +151,7 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
 def passkey_dataset_bytes(block_size, train_samples, val_samples):
     """{what: bytes} data.passkey.prepare holds at its peak: both splits' ids as int64, and while a split is
     built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a
-    string); within 6% of tracemalloc's peak at block_size 64 and 1000 (tests/test_memory_checks.py)."""
+    string): tracemalloc's peak was 94-95% of it at block_size 64 and 1000 (20,000 and 2,000 samples)."""
     length, largest = block_size + 1, max(train_samples, val_samples)
     return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
 

@@ -47,6 +47,7 @@ def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.backends.backend_agg  # noqa: F401 (now: an import Ctrl-C cuts fails as an ImportError)
     import matplotlib.pyplot as plt
 
     return plt

@@ -35,7 +35,7 @@ import torch
 from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 from plumbing.errors import UserError
-from positions import ROPE_VARIANTS
+from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
@@ -275,11 +275,18 @@ def pretrained_checkpoint(name):
 
 
 def open_model(
-    source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None, llama3_factors=(None, None)
+    source,
+    device="cpu",
+    ckpt=None,
+    rope_scaling=None,
+    rope_factor=None,
+    llama3_factors=(None, None),
+    longrope=None,
 ):
     """(model in eval mode on device, tokenizer or None without a meta, checkpoint dict) of the checkpoint in
     `source` (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
-    llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's."""
+    llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's; longrope: the
+    settings of a --rope_factors file (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
     ckpt = ckpt or load_checkpoint(path, mmap=True)
     if "meta" in ckpt:
@@ -289,7 +296,10 @@ def open_model(
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
         if rope_scaling != "llama3":  # llama3's frequency factors mean nothing to another method
             scaling |= {name: ROPE_VARIANTS[name] for name in LLAMA3_FACTORS}
+        if rope_scaling != LONGROPE:  # nor LongRoPE's factors
+            scaling |= {name: ROPE_VARIANTS[name] for name in LONGROPE_FIELDS}
     scaling |= {name: value for name, value in zip(LLAMA3_FACTORS, llama3_factors) if value is not None}
+    scaling |= longrope or {}
     model = build_model(path, ckpt, **scaling).to(device).eval()
     return model, get_tokenizer(ckpt["meta"]) if "meta" in ckpt else None, ckpt
 

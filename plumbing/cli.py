@@ -20,6 +20,7 @@ if sys.version_info < (3, 11):  # noqa: UP036
 import argparse
 import difflib
 import inspect
+import json
 import math
 import re
 import tomllib
@@ -216,3 +217,49 @@ def parse_flags(
             for path in flags.pop("config"):
                 from_files |= read_config_file(file_parser, path, valid, foreign_keys)
     return values | from_files | flags
+
+
+# LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat
+ROPE_FACTORS_KEYS = ("type", "rope_type", "factor", "short_factor", "long_factor",
+                     "original_max_position_embeddings", "attention_factor", "keep_first")  # fmt: skip
+
+
+def read_rope_factors(path):
+    """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
+    short_factor and long_factor are required; GPTConfig then checks their count (one per rotated pair) and
+    values (>= 1)."""
+    where = f"--rope_factors {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except OSError as e:
+        raise UserError(f"{where}: {e.strerror}", 2) from None
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise UserError(f"{where}: not a JSON file ({e})", 2) from None
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: a JSON object of {', '.join(ROPE_FACTORS_KEYS)}", 2)
+    if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:
+        raise UserError(
+            f"{where}: unknown key {', '.join(unknown)}; valid keys: {', '.join(ROPE_FACTORS_KEYS)}", 2
+        )
+    if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
+        raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
+    kind = table.get("type", table.get("rope_type", "longrope"))
+    if kind not in ("longrope", "su"):  # "su": Phi-3's first name for it
+        raise UserError(f"{where}: type {kind!r} is not longrope", 2)
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(table[key], list) or not all(number(v) for v in table[key]):
+            raise UserError(f"{where}: {key} must be a list of numbers, got {table[key]!r}", 2)
+    fields_of = dict(short_factor="rope_short_factor", long_factor="rope_long_factor", factor="rope_factor",
+                     original_max_position_embeddings="rope_original_len",
+                     attention_factor="rope_attention_factor", keep_first="rope_keep_first")  # fmt: skip
+    for key in ("factor", "attention_factor", "original_max_position_embeddings", "keep_first"):
+        whole = key in ("original_max_position_embeddings", "keep_first")
+        value = table.get(key)
+        if value is not None and not (number(value) and (not whole or isinstance(value, int))):
+            raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
+    settings = {
+        fields_of[key]: value for key, value in table.items() if key in fields_of and value is not None
+    }
+    return settings | dict(rope_scaling="longrope")

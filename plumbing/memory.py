@@ -135,7 +135,7 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     n_pos = n_run + max_new_tokens - 1
     n_pos = n_pos if crop is None else min(n_pos, crop)
     window = max_context if crop is None else None
-    chunk = prefill_chunk(config.block_size, n_run, window)
+    chunk = prefill_chunk(config.block_size, window)
     slots = GPT.cache_size(n_pos, window, chunk)
     passes = [forward_bytes(config, batch, min(chunk, n_run), cached=True, n_keys=min(n_run, slots))]
     if crop is not None and total - 1 > crop:  # learned's full table: each token reruns its window

@@ -25,6 +25,7 @@ from plumbing.checkpoint import (
     save_checkpoint,
 )
 from plumbing.errors import UserError
+from positions import LONGROPE_FIELDS
 
 # Resuming needs these beyond what sampling needs
 RESUME_KEYS = tuple(
@@ -231,7 +232,8 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS, "dropout")
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS,
+              *LONGROPE_FIELDS, "dropout")  # fmt: skip
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 

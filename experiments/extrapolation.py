@@ -155,7 +155,7 @@ def check_lengths(cfg, block_size):
 
 def check_results(cfg):
     """Before any run trains: a file can be written in the --results folder (not a file, writable)."""
-    check_outputs({"results": ROOT / cfg.results / f"{TASKS[cfg.task].name}_table.md"})
+    check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})
 
 
 def parse_args(argv=None):

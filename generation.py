@@ -16,9 +16,9 @@ from model import sample_next
 @torch.no_grad()
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
                     on_token=None, compile=False, backend=None):  # fmt: skip
-    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks
-    of max_context tokens with a window), then each new token attends to the cached keys and values (decode).
-    on_token(next_ids (B, 1)) is called per token.
+    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks:
+    prefill_chunk), then each new token attends to the cached keys and values (decode). on_token(next_ids
+    (B, 1)) is called per token.
 
     Positions count on past block_size, but with a position table (learned): once it is full the window of
     its last max_len tokens slides, positions restart inside it, and each token reruns the window (as generate
@@ -33,7 +33,7 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     n_pos = prompt.size(1) + max_new_tokens - 1  # positions that get a key: the last token is never run
     n_pos = n_pos if crop is None else min(n_pos, crop)
     window = max_context if crop is None else None
-    chunk = window or prompt.size(1)  # the prompt's tokens per call: with a window, a chunk fits its ring
+    chunk = prefill_chunk(model.config.block_size, window)
     model.setup_cache(B, n_pos, window, chunk)
     out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
     out[:, :n_prompt] = idx
@@ -67,6 +67,13 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                 position = position + 1
     rope.long_context = False
     return out
+
+
+def prefill_chunk(block_size, window=None):
+    """The prompt's tokens per prefill call: with a window its length, so that a chunk fits the ring of
+    window + chunk - 1 slots; else block_size, so that a long prompt's attention mask is block_size x the
+    keys so far, never n_prompt x n_prompt (plumbing/memory.py estimates it)."""
+    return window or block_size
 
 
 def prefill(model, tokens, chunk):

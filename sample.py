@@ -27,8 +27,8 @@ from model import GPT2_MODELS
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
-from plumbing.memory import generation_bytes
+from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
+from plumbing.memory import check_generation_memory
 from positions import ROPE_SCALING_CHOICES, default_rope_factor, require
 
 
@@ -157,7 +157,8 @@ def crossing_marker(block_size):
 class Streamer:
     """Prints sample 0 as its tokens arrive, marker in place: mark_trained_length's text. Each call decodes
     only the tokens not printed yet (O(n), not O(n^2)); a BPE token ending inside a multi-byte character is
-    held back until the character is complete."""
+    held back until the character is complete, or until close(), which prints what is held back as
+    mark_trained_length decodes it (an unfinished character as U+FFFD)."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size
@@ -173,6 +174,10 @@ class Streamer:
         text = self.tokenizer.decode(self.pending)
         if not text.endswith("\ufffd"):
             self._print(text)
+
+    def close(self):
+        if self.pending:
+            self._print(self.tokenizer.decode(self.pending))
 
     def _print(self, text):
         print(text, end="", flush=True)
@@ -191,6 +196,8 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     if cfg.kv_cache:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
         out = generate_cached(model, idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
+        if on_token is not None:
+            on_token.close()
     else:
         out = model.generate(idx, max_new_tokens, **sampling)
     synchronize(device)
@@ -242,15 +249,10 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     longrope = read_rope_factors(cfg.rope_factors) if cfg.rope_factors else None
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     batch, n_prompt = cfg.num_samples, len(prompt_ids)
-    needed = generation_bytes(
-        loaded.model.config, batch, n_prompt, max_new_tokens, cfg.max_context, cfg.kv_cache
-    )
-    what = f"generating {max_new_tokens:,} tokens in a batch of {batch}"
-    check_memory(
-        needed,
-        device,
-        what,
-        "lower --max_new_tokens or --num_samples, or bound the context with --max_context",
+    advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
+    config = loaded.model.config
+    check_generation_memory(
+        config, batch, n_prompt, max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache
     )
     return loaded, cfg, prompt_ids, max_new_tokens
 

@@ -35,6 +35,7 @@ from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
+from plumbing.memory import check_training_memory
 from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
@@ -189,6 +190,7 @@ def prepare_data(dataset, procs):
 def build_run(cfg, model_config, meta, data_dir, procs):
     """A fresh Run: the model, its compiled / DDP wrappers, the optimizer, this rank's batch streams."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
+    check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
     device_type = cfg.device.split(":")[0]
     autocast, scaler = hardware.precision(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)

@@ -299,9 +299,8 @@ def figure_extrapolation(out, csv_path, **_):
 
 def make(cfg, log=print):
     """Make the figures named in cfg; -> the paths written."""
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    names = cfg.names()
+    out, names = Path(cfg.out), cfg.names()
+    instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
     folders = {}
     if any(name in NEEDS_MODELS for name in names):
         started = time.perf_counter()

@@ -88,22 +88,22 @@ def draw(results, path):
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
     fig.tight_layout()
-    instruments.save_figure(fig, path)
+    instruments.save_figure(fig, path, "figure")
 
 
 def main(argv=None):
     with one_line_errors("demo/probe.py"):
         cfg = parse_args(argv)
+        drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
         instruments.use_one_thread()
         results = run_probes(cfg)
-    for target in TARGETS:
-        print()
-        print(table(results, target))
-    if cfg.figure:
-        try:
+        for target in TARGETS:
+            print()
+            print(table(results, target))
+        if drawing:
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")
-        except ImportError:
+        elif cfg.figure:
             note = "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn"
             print(note, file=sys.stderr)
     return results

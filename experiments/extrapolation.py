@@ -27,6 +27,7 @@ trains them again), so the README's `python train.py --pos=X` runs serve as the 
 
 import csv
 import importlib.util
+import math
 import platform
 import statistics
 import subprocess
@@ -39,10 +40,11 @@ from pathlib import Path
 import torch
 
 from data.common import load_meta
-from data.passkey.task import default_name
+from data.passkey.task import default_name, filler_length
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
+from plumbing.outputs import check_outputs
 from plumbing.report import markdown_table
 from plumbing.resume import fine_tune_dir
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
@@ -128,14 +130,32 @@ class StudyConfig:
 
 
 def multiples_of(lengths):
-    """'0.5,1,2x' -> [0.5, 1.0, 2.0]; a ValueError unless every one is a positive number"""
+    """'0.5,1,2x' -> [0.5, 1.0, 2.0]; a ValueError unless every one is a positive finite number"""
     try:
         multiples = [float(x.strip().lower().removesuffix("x")) for x in lengths.split(",")]
     except ValueError:
         multiples = [0]
-    if min(multiples) <= 0:
+    if not all(0 < m < math.inf for m in multiples):  # nan too
         raise ValueError(f"lengths must be positive multiples of T such as 0.5,1,2x, got {lengths!r}")
     return multiples
+
+
+def check_lengths(cfg, block_size):
+    """Before any run trains: every length is at least a token at the base T, and for passkey leaves room
+    for the key and its question (data/passkey/task.py), as eval_length.py will require."""
+    for m in multiples_of(cfg.lengths):
+        n = round(m * block_size)
+        try:
+            require(n >= 1, f"{m:g} x T = {m * block_size:g} tokens at T = {block_size}: less than one")
+            if cfg.task == "passkey":
+                filler_length(n + 1)  # n inputs, and the key's last digit as their last target
+        except ValueError as e:
+            raise UserError(f"--lengths={cfg.lengths}: {e}; choose longer lengths", 2) from None
+
+
+def check_results(cfg):
+    """Before any run trains: a file can be written in the --results folder (not a file, writable)."""
+    check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})
 
 
 def parse_args(argv=None):
@@ -369,7 +389,9 @@ def merge_csv(paths, out_path):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        return run_study(parse_args(argv), argv)
+        cfg = parse_args(argv)
+        check_results(cfg)
+        return run_study(cfg, argv)
 
 
 def run_study(cfg, argv):
@@ -378,6 +400,7 @@ def run_study(cfg, argv):
     results = ROOT / cfg.results
     preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN.split() if cfg.quick else [])]])[0]
     dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
+    check_lengths(cfg, block_size)
     long_dataset = dataset
     if cfg.task == "passkey":
         if default_name(block_size) != dataset:  # checked before anything is prepared

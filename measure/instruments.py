@@ -6,6 +6,7 @@ position module hands it; "no mask" is an additive mask of zeros in place of the
 tests/test_demo.py checks each instrument against the model's own output.
 """
 
+import importlib.util
 import inspect
 import math
 import os
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 from measure.losses import validation_tokens
 from model import CausalSelfAttention
 from plumbing.checkpoint import open_model
-from plumbing.outputs import replace_atomically
+from plumbing.errors import UserError
+from plumbing.outputs import check_outputs, write_output
 from positions import apply_rope, causal_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,16 +47,41 @@ def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.backends.backend_agg  # noqa: F401 (now: an import Ctrl-C cuts fails as an ImportError)
     import matplotlib.pyplot as plt
 
     return plt
 
 
-def save_figure(fig, path, dpi=110):
-    """The same figure gives the same bytes: no software version or date in the PNG's metadata. Written
-    atomically; a full disk is one line (plumbing.outputs)."""
-    kind = Path(path).suffix[1:] or "png"
-    replace_atomically(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=dpi, metadata={"Software": None}))
+def figure_format(path, flag):
+    """The image format of a figure written to path: its extension's, png without one (written to path as
+    given, no extension added); a usage UserError for one matplotlib cannot write (a checkpoint's .pt)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        names = ", ".join("." + name for name in sorted(formats))
+        raise UserError(f"--{flag}={path}: matplotlib writes no .{suffix} file; give one of {names}", 2)
+    return suffix or "png"
+
+
+def check_figure_paths(flag, paths):
+    """Before the work: every figure path has a format matplotlib writes and can be written (a folder, a file
+    in the way, an unwritable place: one line). -> False, checking nothing, where matplotlib is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
+    for path in paths:
+        figure_format(path, flag)
+        check_outputs({flag: path})
+    return True
+
+
+def save_figure(fig, path, flag="out", dpi=110):
+    """Written whole or not at all (plumbing.outputs.write_output), to path exactly. The same figure gives the
+    same bytes: no software version or date in a PNG's metadata."""
+    fmt = figure_format(path, flag)
+    metadata = {"Software": None} if fmt == "png" else None
+    write_output(flag, path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=metadata))
     pyplot().close(fig)
     return path
 

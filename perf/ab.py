@@ -39,6 +39,7 @@ import positions
 from generation import generate_cached
 from plumbing.cli import one_line_errors, parse_flags, parse_list
 from plumbing.errors import UserError
+from plumbing.memory import check_generation_memory
 from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -379,6 +380,9 @@ def main(argv=None):
     values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices=choices)
     with one_line_errors(PROG):
         cfg = ABConfig(**values)
+        if cfg.measure == "decode":  # a KV cache for new_tokens
+            config = current.GPTConfig(**RECIPE, pos="rope")
+            check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
         old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -414,4 +418,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors(PROG, errors=()):  # Ctrl-C while measuring: status 130, no traceback
+        main()

@@ -33,7 +33,7 @@ import torch
 from data.common import available_datasets, dataset_dir, load_meta
 from generation import generate_cached
 from model import GPT, GPTConfig
-from plumbing import hardware
+from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
@@ -410,6 +410,12 @@ def print_report(report, cfg):
 def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
     check_outputs({"json": cfg.json})  # before minutes of benchmarking
+    copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
+    new_tokens = max(cfg.gen_multiples, default=0) * cfg.block_size
+    configs = [model_config(cfg, pos) for pos in cfg.schemes]
+    memory.check_benchmark_memory(
+        configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
+    )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)

@@ -1,13 +1,86 @@
 """
 Memory, estimated from the shapes before anything is allocated, so that a request that cannot fit is refused
-in one line (sample.py, eval_length.py, measure/) instead of being killed without a word: the tensors that
-stay allocated and the largest transient of a step; not the activations inside a block, nor a table's
-float64 copy while it is built.
+in one line (train.py, sample.py, eval_length.py, perf/, measure/, data.passkey.prepare) instead of being
+killed without a word or left allocating for hours: the tensors that stay allocated and the largest transient
+of a step; not a table's float64 copy while it is built. tests/test_memory_checks.py, test_long_prompt.py and
+test_user_errors.py hold the estimates against what the code allocates.
 """
 
 import torch
 
+from generation import prefill_chunk
 from model import GPT
+from plumbing.hardware import check_memory
+
+# bytes of one training batch stream (data.common.BatchSampler: its torch.Generator, meta and paths), measured
+# as 3.2 kB of resident memory per sampler over 20,000 of them
+SAMPLER_BYTES = 4096
+# what to lower for each part of training_bytes, named as train.py's and perf.bench's flags
+TRAINING_ADVICE = {
+    "weights": "--n_layer or --n_embd",
+    "activations": "--batch_size, --block_size or --n_layer",
+    "position table": "--block_size",
+    "batch streams": "--grad_accum",
+}
+
+
+def parameter_count(config):
+    """Parameters of GPT(config), from the shapes: the tied token embedding, learned's table, per layer q, k,
+    v and the output projection (4 C^2), the MLP (8 C^2) and two LayerNorms, then the final LayerNorm; with
+    bias=True a bias beside each Linear and LayerNorm weight."""
+    C, bias = config.n_embd, config.bias
+    per_layer = 12 * C * C + 2 * C + bias * (9 * C + 2 * C)
+    learned = config.block_size * C if config.pos == "learned" else 0
+    return config.vocab_size * C + learned + config.n_layer * per_layer + C + bias * C
+
+
+def table_bytes(config, n_pos):
+    """Bytes of the float32 position table covering n_pos positions: n_embd per position for sinusoidal,
+    rotary_dim for RoPE (cos and sin, half of it each), none for the other schemes."""
+    return n_pos * {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0) * 4
+
+
+def activation_bytes(config, batch):
+    """Bytes the autograd graph of one training forward over `batch` x block_size tokens keeps for backward,
+    float32: about 20 x n_embd per token and layer (LayerNorm inputs and outputs, q, k, v and their rotated
+    copies, attention's output, the MLP's 4 C hidden layer before and after GELU, residuals), twice the
+    logits (they and the cross-entropy's log-softmax), and with dropout its masks and the attention weights
+    the math attention path keeps for it (n_head x block_size per token and layer, twice)."""
+    T, C, L = config.block_size, config.n_embd, config.n_layer
+    per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
+    if config.dropout > 0:
+        per_token += L * (2 * C + 2 * config.n_head * T)
+    return batch * T * per_token * 4
+
+
+def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
+    """{what: bytes} a training run of a model of config allocates, in float32 (an upper bound under bf16
+    autocast, which halves part of the activations): the weights, their gradients and
+    AdamW's two moments (4 x the weights in all), the fixed position table, one micro-batch's activations
+    (activation_bytes; each micro-step's backward frees them) and micro_steps batch streams of per_stream
+    bytes each."""
+    weights = parameter_count(config) * 4
+    return {
+        "weights": weights,
+        "gradients": weights,
+        "AdamW state": 2 * weights,
+        "position table": table_bytes(config, config.block_size),
+        "activations": activation_bytes(config, batch),
+        "batch streams": micro_steps * per_stream,
+    }
+
+
+def check_training_memory(config, batch, micro_steps, device, copies=1, per_stream=SAMPLER_BYTES):
+    """A one-line UserError before the model is built if training it (training_bytes, times `copies` models
+    resident at once) would not fit in the memory device has, naming what to lower for the largest part."""
+    parts = training_bytes(config, batch, micro_steps, per_stream)
+    parts = {what: copies * size for what, size in parts.items()}
+    largest = max(parts, key=parts.get)
+    advice = TRAINING_ADVICE.get(largest, TRAINING_ADVICE["weights"])
+    millions = parameter_count(config) / 1e6
+    what = f"training {copies} x " if copies > 1 else "training "
+    what += f"{millions:,.1f}M parameters in batches of {batch} x {config.block_size} tokens"
+    check_memory(parts, device, what, f"lower {advice}")
 
 
 def kv_cache_bytes(config, batch, n_slots, dtype=torch.float32):
@@ -21,34 +94,32 @@ def position_table_bytes(config, n_pos):
     positions (wpe.reserve): n_embd per position for sinusoidal, rotary_dim for RoPE (cos and sin, half of
     it each), at least twice the rows it had, as reserve grows it; 0 for the schemes without one and within
     block_size."""
-    per_position = {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0)
-    if n_pos <= config.block_size:
-        return 0
-    return max(n_pos, 2 * config.block_size) * per_position * torch.float32.itemsize
+    return 0 if n_pos <= config.block_size else table_bytes(config, max(n_pos, 2 * config.block_size))
 
 
-def forward_bytes(config, batch, length, cached=False):
-    """{what: bytes} of the largest tensors one float32 forward pass over `length` tokens (attending to as
-    many keys) makes: the logits, batch x length x vocab_size; the MLP's hidden layer before and after
-    GELU, 2 x batch x length x 4 n_embd; and the mask GPT.attention_mask builds where it builds one (ALiBi,
-    or several tokens into a KV cache): length x length int64 distances, a bool mask and float32 scores
-    biases, n_head of them for ALiBi."""
+def forward_bytes(config, batch, length, cached=False, n_keys=None):
+    """{what: bytes} of the largest tensors one float32 forward pass over `length` tokens (attending to
+    n_keys keys, by default as many) makes: the logits, batch x length x vocab_size; the MLP's hidden layer
+    before and after GELU, 2 x batch x length x 4 n_embd; and the mask GPT.attention_mask builds where it
+    builds one (ALiBi, or several tokens into a KV cache): length x n_keys int64 distances, a bool mask and
+    float32 score biases, n_head of them for ALiBi."""
     parts = {
         "logits": batch * length * config.vocab_size * 4,
         "activations": 2 * batch * length * 4 * config.n_embd * 4,
     }
     if config.pos == "alibi" or (cached and length > 1):
         heads = config.n_head if config.pos == "alibi" else 1
-        parts["attention mask"] = length * length * (8 + 1 + 2 * heads * 4)
+        parts["attention mask"] = length * (n_keys or length) * (8 + 1 + 2 * heads * 4)
     return parts
 
 
 def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, cached=True):
     """{what: bytes} that generate_cached (cached=False: GPT.generate, the reference) allocates beyond the
     weights to append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position
-    table grown to the last position, the int64 token buffer and the largest forward pass (forward_bytes),
-    cropped as the sampler crops (learned past its table, max_context). sample.py checks it against the
-    available memory before generating."""
+    table grown to the last position, the int64 token buffer and the largest forward pass (forward_bytes):
+    a prefill chunk (generation.prefill_chunk) against the keys cached by its end, or learned's window
+    rerun once its table is full; cropped as the sampler crops (learned past its table, max_context).
+    sample.py checks it against the available memory before generating."""
     total = n_prompt + max_new_tokens
     learned = config.block_size if config.pos == "learned" else None
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
@@ -60,13 +131,51 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
             **forward_bytes(config, batch, longest),
         }
     crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
-    n_pos = min(n_prompt, crop or n_prompt) + max_new_tokens - 1
+    n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
+    n_pos = n_run + max_new_tokens - 1
     n_pos = n_pos if crop is None else min(n_pos, crop)
     window = max_context if crop is None else None
-    longest = n_prompt if crop is None else min(crop, total - 1)  # the prefill, or learned's sliding window
+    chunk = prefill_chunk(config.block_size, window)
+    slots = GPT.cache_size(n_pos, window, chunk)
+    passes = [forward_bytes(config, batch, min(chunk, n_run), cached=True, n_keys=min(n_run, slots))]
+    if crop is not None and total - 1 > crop:  # learned's full table: each token reruns its window
+        passes.append(forward_bytes(config, batch, crop))
     return {
-        "KV cache": kv_cache_bytes(config, batch, GPT.cache_size(n_pos, window, window)),
+        "KV cache": kv_cache_bytes(config, batch, slots),
         "position table": position_table_bytes(config, n_pos),
         "tokens": batch * total * 8,
-        **forward_bytes(config, batch, longest, cached=True),
+        **max(passes, key=lambda parts: sum(parts.values())),
     }
+
+
+def passkey_dataset_bytes(block_size, train_samples, val_samples):
+    """{what: bytes} data.passkey.prepare holds at its peak: both splits' ids as int64, and while a split is
+    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a
+    string): tracemalloc's peak was 94-95% of it at block_size 64 and 1000 (20,000 and 2,000 samples)."""
+    length, largest = block_size + 1, max(train_samples, val_samples)
+    return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
+
+
+def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
+                            cached=True, weights=False):  # fmt: skip
+    """A one-line UserError before generating if generation_bytes (and with weights=True the model's
+    float32 weights, for a caller that has not built it yet) would not fit in the memory device has."""
+    parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
+    if weights:
+        parts["weights"] = parameter_count(config) * 4
+    check_memory(parts, device, f"generating {max_new_tokens:,} tokens in a batch of {batch}", advice)
+
+
+def check_benchmark_memory(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
+    """perf.bench's runs, each model of configs checked before any is built: training (`copies` trainers
+    resident at once, each holding grad_accum random (x, y) batches), then generating new_tokens from a
+    one-token prompt with the KV cache, and with the reference sampler up to reference_max_tokens (0: all)."""
+    advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
+    reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
+    for config in configs:
+        if copies:
+            per_stream = 2 * batch * config.block_size * 8  # an int64 (x, y) pair
+            check_training_memory(config, batch, grad_accum, device, copies, per_stream)
+        for n, cached in ((new_tokens, True), (reference_tokens, False)):
+            if n:
+                check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)

@@ -28,6 +28,7 @@ from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_set
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory, format_bytes
+from plumbing.memory import passkey_dataset_bytes
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
 
@@ -47,16 +48,16 @@ def prepare(
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 
 
-def check_size(tokens):
-    """Refuse, before hours of drawing, a dataset of `tokens` characters that memory or the disk cannot hold:
-    while written it takes a character and two int64 copies of its id per token; on disk, a uint16 each."""
-    what = f"{tokens:,} tokens of passkey samples"
-    check_memory({"their text and ids": 17 * tokens}, "cpu", what, "ask for fewer --train_samples")
+def check_size(block_size, train_samples, val_samples):
+    """Refuse, before hours of drawing, a dataset that memory (plumbing.memory's estimate) or the disk (a
+    uint16 per token) cannot hold."""
+    tokens = (train_samples + val_samples) * (block_size + 1)
+    what = f"{train_samples + val_samples:,} samples of {block_size + 1:,} characters"
+    advice = "lower --train_samples, --val_samples or --block_size"
+    check_memory(passkey_dataset_bytes(block_size, train_samples, val_samples), "cpu", what, advice)
     if 2 * tokens > (free := shutil.disk_usage(DATA_ROOT).free):
-        raise UserError(
-            f"{what} take {format_bytes(2 * tokens)} on disk but {DATA_ROOT} has {format_bytes(free)} free; "
-            "ask for fewer --train_samples"
-        )
+        raise UserError(f"{what} take {format_bytes(2 * tokens)} on disk but {DATA_ROOT} has "
+                        f"{format_bytes(free)} free; {advice}")  # fmt: skip
 
 
 def main(argv=None):
@@ -84,7 +85,7 @@ def main(argv=None):
                 f"{KEY_CHARACTERS} characters), got {args.block_size}"
             )
         check_seed("seed", args.seed)
-        check_size((args.train_samples + args.val_samples) * (args.block_size + 1))
+        check_size(args.block_size, args.train_samples, args.val_samples)
         out_dir = dataset_dir(args.name or default_name(args.block_size))
         meta = prepare(
             out_dir, args.replace, args.block_size, args.seed, args.train_samples, args.val_samples

@@ -1,0 +1,64 @@
+"""The study and the figure scripts check every flag and output path before the first training step or the
+first computation: one line, a non-zero status, nothing trained or computed."""
+
+import pytest
+
+from demo import figures, probe
+from experiments import extrapolation
+from perf import ab
+
+
+def never(what):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} ran: the flag should have been refused first")
+
+    return refuse
+
+
+@pytest.fixture
+def places(tmp_path):
+    """{name: path}: a file, a path under it, a folder, and /proc (where no file can be made)."""
+    (tmp_path / "file").write_text("x")
+    return {"file": tmp_path / "file", "under": tmp_path / "file" / "sub", "dir": tmp_path, "proc": "/proc"}
+
+
+STUDY = ["--quick", "--out_root={dir}/study"]
+CASES = [
+    (extrapolation, [*STUDY, "--lengths=nan"], 2, "lengths must be positive"),
+    (extrapolation, [*STUDY, "--lengths=1,inf"], 2, "lengths must be positive"),
+    (extrapolation, [*STUDY, "--lengths=1e-9"], 2, "less than one; choose longer lengths"),
+    (extrapolation, [*STUDY, "--task=passkey", "--lengths=0.1"], 2, "cannot hold a statement"),
+    (extrapolation, [*STUDY, "--results={file}"], 1, "--results=", "is a file, not a folder"),
+    (extrapolation, [*STUDY, "--results={under}"], 1, "is a file, not a folder"),
+    (extrapolation, [*STUDY, "--results={proc}"], 1, "cannot write there"),
+    (probe, ["--checkpoints={dir}", "--figure={dir}"], 1, "--figure=", "is a folder"),
+    (probe, ["--checkpoints={dir}", "--figure={proc}/probe.png"], 1, "cannot write there"),
+    (probe, ["--checkpoints={dir}", "--figure={under}/probe.png"], 1, "is a file, not a folder"),
+    (probe, ["--checkpoints={dir}", "--figure={dir}/probe.xyz"], 2, "matplotlib writes no .xyz file"),
+    (probe, ["--checkpoints={dir}", "--figure={dir}/rope/ckpt.pt"], 2, "matplotlib writes no .pt file"),
+    (figures, ["--checkpoints={dir}", "--out={file}"], 1, "--out=", "is a file, not a folder"),
+    (figures, ["--checkpoints={dir}", "--out={proc}"], 1, "cannot write there"),
+    (figures, ["--checkpoints={dir}", "--out={under}"], 1, "is a file, not a folder"),
+    (ab, ["--against="], 2, "--against: is empty"),  # git show :path would read the index
+]
+
+
+@pytest.mark.parametrize("script, argv, status, words", [(s, a, c, w) for s, a, c, *w in CASES])
+def test_a_bad_flag_or_output_is_one_line_before_any_work(
+    script, argv, status, words, places, capsys, monkeypatch
+):
+    """No run trained (plumbing.runs.ensure_trained), no model probed or drawn, no revision loaded."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(extrapolation, "ensure_trained", never("training"))
+    monkeypatch.setattr(probe, "run_probes", never("the probes"))
+    monkeypatch.setattr(figures, "model_dirs", never("finding the models"))
+    monkeypatch.setattr(figures, "figure_sinusoidal", never("a figure"))
+    monkeypatch.setattr(ab, "side_at", never("git show"))
+    files = lambda: sorted(path for path in places["dir"].rglob("*") if path.is_file())
+    before = files()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([arg.format(**places) for arg in argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == status and "\n" not in err and "Traceback" not in err, err
+    assert "error: " in err and all(word in err for word in words), err
+    assert files() == before  # no file written or left behind (a folder may be made, as the write will)

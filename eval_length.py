@@ -35,6 +35,7 @@ from measure.instruments import pyplot
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
+from plumbing import hardware
 from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -67,6 +68,7 @@ class EvalConfig:
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
     positions_csv: str | None = None  # write the mean loss at every position to this CSV file
     plot: str | None = None  # draw loss by position and loss against length into this image file
@@ -85,6 +87,7 @@ class EvalConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
+        hardware.check_threads(self.threads)
         if self.plot:
             plot_format(self.plot)
 
@@ -556,6 +559,7 @@ def main(argv=None):
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
+        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
         outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
         check_outputs(outputs, inputs=[source.path for source in sources])

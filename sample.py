@@ -14,6 +14,7 @@ and reports each one's speed and validation loss inside vs beyond the trained le
 not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from data.common import get_tokenizer
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
+from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -45,6 +47,7 @@ class SampleConfig:
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     seed: int = 1337  # same seed, same settings: same text
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
@@ -82,6 +85,7 @@ class SampleConfig:
         for ok, message in checks:
             require(ok, message)
         check_device_name(self.device)
+        hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None):
@@ -296,6 +300,7 @@ def main(argv=None):
         cfg = parse_args(argv)
         device = resolve_device(cfg.device)
         check_device(device)
+        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
             return compare(cfg, device)

@@ -74,7 +74,7 @@ class BenchConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
-    threads: int | None = None  # torch.set_num_threads; None: torch's default
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
     json: str | None = None  # write every figure, the machine and the command line to this file
@@ -84,7 +84,8 @@ class BenchConfig:
         dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")
         if self.vocab_size is None:
             self.vocab_size = dataset_vocab
-        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1, threads=1)
+        hardware.check_threads(self.threads)
+        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
         for name, low in (minimums | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -411,9 +412,8 @@ def print_report(report, cfg):
 def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
     check_outputs({"json": cfg.json})  # before minutes of benchmarking
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)
+    log(hardware.use_threads(cfg.threads, cfg.device))
     report = new_report(cfg, argv, *device_peak(cfg))
 
     def save():  # rewritten after each scheme, atomically: a run killed while writing keeps what it had

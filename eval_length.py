@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
@@ -41,7 +40,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import fmt, markdown_table
+from plumbing.report import fmt, markdown_table, progress_bar
 from positions import ROPE_SCALINGS, default_rope_factor, position_limit
 
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
@@ -294,7 +293,7 @@ def summarize(losses, length, block_size):
 def measure_plan(plan, total, unit, cfg, device, measure):
     """{(name, method, L): measure(source, L, model, bar)} over the plan, under one progress bar."""
     results = {}
-    bar = tqdm(total=total, unit=unit, disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(total, unit, "evaluating", enabled=cfg.progress)
     with bar:
         for source, method, n in plan:
             bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)

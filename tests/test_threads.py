@@ -1,20 +1,22 @@
 """CPU threads: every entry point chooses them in one function (plumbing.hardware.use_threads), says what it
 chose in its first lines, and --threads overrides the choice; a training run slowed far below its own fastest
-step says so once, with the likely cause."""
+step says so once, with the likely cause; progress off a terminal is a few plain lines, not a bar."""
 
+import io
 import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import TINY_RUN, error_line
+from tqdm import tqdm
 
 import eval_length
 import sample
 import train
 from perf import ab, bench
 from plumbing import hardware
-from plumbing.report import SLOWDOWN, StepClock
+from plumbing.report import SLOWDOWN, StepClock, progress_bar
 
 
 @pytest.fixture
@@ -94,3 +96,26 @@ def test_steps_far_slower_than_the_fastest_get_one_note_with_the_cause(threads_r
 
 def test_steps_at_an_uneven_but_steady_pace_get_no_note():
     assert run_steps([0.1, 0.2] * 20, 10) == [None] * 4
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_few_plain_lines_when_not_on_a_terminal():
+    """eval_length.py's and data/fineweb_edu/prepare.py's progress: off a terminal (a log, a pipe), one whole
+    line per quarter, never a bar redrawn with carriage returns; on a terminal, tqdm's bar."""
+    log = io.StringIO()
+    with progress_bar(1000, "tok", "tokenizing", file=log) as bar:
+        for _ in range(100):
+            bar.update(10)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 4, lines
+    assert lines[-1].startswith("tokenizing: 1,000/1,000 (100%) tok"), lines
+    silent = io.StringIO()
+    with progress_bar(10, "tok", file=silent, enabled=False) as bar:
+        bar.update(10)
+    assert silent.getvalue() == ""
+    with progress_bar(10, "tok", file=Terminal()) as bar:
+        assert isinstance(bar, tqdm)

@@ -503,34 +503,35 @@ def bucketed(positions, bucket):
 
 
 def plot(path, rows, bucket=1):
-    """Two panels: the loss at each position (per bucket) at each row's longest length, a vertical line at
-    each T; and the loss against L on a log2 axis."""
+    """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
+    longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
+    (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
     plt = pyplot()
     checkpoints = dict.fromkeys(row.checkpoint for row in rows)
-    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(checkpoints)}
-    fig, (by_position, by_length) = plt.subplots(1, 2, figsize=(16, 6))
-    for row in rows:
-        measured = [m for m in row.measures.values() if m.loss is not None]
-        if not measured:
-            continue
-        style = dict(color=colors[row.checkpoint], linestyle=LINESTYLES[row.scaling])
-        style["label"] = f"{Path(row.checkpoint).name}: {row.label}"
-        longest = max(measured, key=lambda m: m.length)
-        by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
-        lengths, losses = [m.length for m in measured], [m.loss for m in measured]
-        by_length.plot(lengths, losses, marker="o", markersize=3, **style)
-    for T in sorted({row.block_size for row in rows}):
-        by_position.axvline(T, color="grey", linewidth=0.8)
-        by_position.annotate(f" T = {T}", (T, 0.01), xycoords=("data", "axes fraction"), fontsize=8)
-    per = "position" if bucket == 1 else f"bucket of {bucket} positions"
-    by_position.set(xlabel=f"position (one point per {per})", ylabel="validation loss")
-    by_position.set_title("loss by position, at each row's longest length")
-    by_length.set_xscale("log", base=2)
-    by_length.set(xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens")
-    by_length.set_title("loss against length")
-    handles, labels = by_length.get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0, 0.74, 1))
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7, frameon=False)
+    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(dict.fromkeys(LINESTYLES))}
+    columns = len(checkpoints)
+    fig, axes = plt.subplots(2, columns, figsize=(4.2 * columns + 1, 7.5), squeeze=False, sharey="row")
+    for column, checkpoint in enumerate(checkpoints):
+        by_position, by_length = axes[:, column]
+        for row in (row for row in rows if row.checkpoint == checkpoint):
+            measured = [m for m in row.measures.values() if m.loss is not None]
+            if not measured:
+                continue
+            style = dict(color=colors[row.scaling], linestyle=LINESTYLES[row.scaling], label=row.label)
+            longest = max(measured, key=lambda m: m.length)
+            by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
+            lengths, losses = [m.length for m in measured], [m.loss for m in measured]
+            by_length.plot(lengths, losses, marker="o", markersize=3, **style)
+            by_position.axvline(row.block_size, color="grey", linewidth=0.8)
+        by_position.set_title(Path(checkpoint).name, fontsize=10)
+        per = "position" if bucket == 1 else f"bucket of {bucket} positions"
+        by_position.set_xlabel(f"position (one point per {per}; grey: T)", fontsize=8)
+        by_length.set_xscale("log", base=2)
+        by_length.set_xlabel("L (tokens, log2)", fontsize=8)
+        by_length.legend(fontsize=7, frameon=False)
+    axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
+    axes[1, 0].set_ylabel("mean validation loss over L tokens")
+    fig.tight_layout()
     save_plot(fig, path)
 
 
@@ -558,13 +559,13 @@ def main(argv=None):
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
-        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
         outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
         check_outputs(outputs, inputs=[source.path for source in sources])
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
+        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)  # the checks passed: work starts
         if cfg.task == "passkey":
             depths = parse_depths(cfg.depths)
             rows = evaluate_passkey(sources, lengths, depths, cfg, device)

@@ -14,7 +14,6 @@ and reports each one's speed and validation loss inside vs beyond the trained le
 not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -238,10 +237,11 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
-def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
-    """Generate and print cfg.num_samples continuations of prompt_ids. -> (samples, tokens/s)"""
+def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threads=None):
+    """Generate and print cfg.num_samples continuations of prompt_ids (threads: a line to print under the
+    model's). -> (samples, tokens/s)"""
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
-    print(describe(loaded.model))
+    print(describe(loaded.model) + (f"\n{threads}" if threads else ""))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
         limit = loaded.model.max_len
         pos = loaded.model.config.pos
@@ -263,9 +263,11 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 # Comparing checkpoints (the losses come from measure/losses.py, shared with eval_length.py)
 
 
-def compare(cfg, device):
+def compare(cfg, device, threads=None):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
-    RoPE ones only), then a summary table."""
+    RoPE ones only), then a summary table; threads: a line to print first."""
+    if threads:
+        print(threads)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
@@ -300,13 +302,13 @@ def main(argv=None):
         cfg = parse_args(argv)
         device = resolve_device(cfg.device)
         check_device(device)
-        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)
+        threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
-            return compare(cfg, device)
+            return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
-        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream)
+        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """
 How fast each position scheme trains and generates on this machine, all in one process so that the ratios
-between schemes are fair. On 2 CPU cores the default run takes about 3-5 minutes, --quick about 1 minute.
+between schemes are fair. On 2 idle CPU cores the default run takes about 4 minutes, --quick under one; on
+busy cores 2-3x longer (--quick: 106 s at load average 9).
 
-    python -m perf.bench --quick                           # a one-minute figure: 10 steps, 256 new tokens
+    python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
@@ -46,7 +47,7 @@ from positions import POS_SCHEMES
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
-QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[4], repeats=3, matmul_size=1024)
+QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
 SAMPLERS = ("cached", "reference", "compiled")
 TRAIN_MS = ("ms_per_step", "step_ms_min", "step_ms_max")
 UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figure is noise-bound
@@ -55,7 +56,7 @@ UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figur
 @dataclass
 class BenchConfig:
     pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
-    quick: bool = False  # a one-minute run: 10 training steps, 4 x block_size new tokens, 3 repeats each
+    quick: bool = False  # a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens
     # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
     vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
@@ -417,7 +418,7 @@ def warnings(report, cfg):
         notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
     load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
     if cfg.device == "cpu" and load is not None and load + threads > cores + 0.5:
-        notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores with {threads} threads "
+        notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
                      "here; other processes slow these figures and make them noisy")  # fmt: skip
     return notes
 

@@ -57,8 +57,8 @@ def check_threads(threads):
 
 def auto_threads(cores, load):
     """The CPU threads auto picks: the cores that other processes leave free (cores minus the 1-minute load
-    average, rounded), at least 1. Measured on 2 cores (docs/perf.md, Threads): beside one busy process a
-    second thread makes each step 3-4x slower, where on idle cores it makes it only ~1.3x faster."""
+    average, rounded), at least 1. Measured on 2 cores (docs/perf.md, Threads): beside other processes a
+    second thread made each training step 5.7-12.7x slower, where on idle cores it is worth at most ~1.4x."""
     return max(1, min(cores, round(cores - load)))
 
 

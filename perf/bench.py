@@ -177,12 +177,10 @@ def cpu_matmul_flops(size, repeats=5):
 
 def peak_memory_mb(device, reset=False):
     """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
+    if device.startswith("cuda") and reset:
+        return torch.cuda.reset_peak_memory_stats(device)
     if device.startswith("cuda"):
-        return (
-            torch.cuda.reset_peak_memory_stats(device)
-            if reset
-            else torch.cuda.max_memory_allocated(device) / 2**20
-        )
+        return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return None if reset else rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
@@ -443,9 +441,8 @@ def print_report(report, cfg):
 def device_peak(cfg):
     """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
     if cfg.device == "cpu":
-        return cpu_matmul_flops(
-            cfg.matmul_size
-        ), f"float32 {cfg.matmul_size}^2 torch.mm, measured in this run"
+        size = cfg.matmul_size
+        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
     if cfg.device.startswith("cuda"):
         return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     return None, "unknown on this device"

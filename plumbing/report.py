@@ -60,7 +60,7 @@ class StepClock:
         return (
             f"note: steps take {step_seconds * 1e3:.0f} ms, {step_seconds / self.fastest:.1f}x this run's "
             f"fastest step ({self.fastest * 1e3:.0f} ms): likely other processes share the CPU ({load}, "
-            f"{threads} threads here){fix}"
+            f"threads={threads} here){fix}"
         )
 
 

@@ -64,6 +64,9 @@ class StepClock:
         )
 
 
+PLAIN_EVERY_S = 60.0  # PlainProgress's lines without a total: one per this many seconds
+
+
 class PlainProgress:
     """tqdm's update / set_postfix_str / with, as a few whole lines: at each quarter of total (without one,
     every PLAIN_EVERY_S seconds) and at the end; file None: silent."""
@@ -98,9 +101,6 @@ class PlainProgress:
     def __exit__(self, *exc):
         if self.quarter < 4 and self.done:  # the last line says where it ended
             self.say()
-
-
-PLAIN_EVERY_S = 60.0
 
 
 def progress_bar(total, unit, desc=None, enabled=True, file=None):

@@ -35,13 +35,13 @@ from measure.losses import validation_tokens, window_bytes, window_losses, windo
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
 from plumbing import hardware
-from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
-from plumbing.cli import parse_flags
+from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, open_checkpoint, open_model
+from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table, progress_bar
-from positions import ROPE_SCALINGS, default_rope_factor, position_limit
+from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor, position_limit
 
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
 CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
@@ -51,7 +51,7 @@ TASKS = ("loss", "passkey")
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
 LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
-LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2))}
+LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2)), "longrope": (0, (1, 1))}
 
 
 @dataclass
@@ -63,6 +63,7 @@ class EvalConfig:
     trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
     passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
     rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions at s = L/T
+    rope_factors: str | None = None  # longrope's per-pair factors (JSON): a longrope row for RoPE checkpoints
     max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
@@ -87,13 +88,18 @@ class EvalConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
         hardware.check_threads(self.threads)
+        if self.rope_factors and LONGROPE not in self.rope_scalings:
+            self.rope_scalings = [*self.rope_scalings, LONGROPE]
+        if LONGROPE in self.rope_scalings and not self.rope_factors:
+            raise ValueError("--rope_scalings=longrope takes its factors from --rope_factors=FILE")
+        self.longrope = read_rope_factors(self.rope_factors) if self.rope_factors else None
         if self.plot:
             plot_format(self.plot)
 
 
 def parse_args(argv=None):
     """Flags (and --config) -> EvalConfig; a bad flag or value exits with status 2 and one line."""
-    choices = {"rope_scalings": ROPE_SCALINGS, "task": TASKS}
+    choices = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}
     sections = [("evaluation", EvalConfig, None)]
     values = parse_flags(
         argv, "eval_length.py", __doc__, sections, choices=choices, positional=("checkpoints",)
@@ -180,15 +186,14 @@ def open_source(name, dataset=None, task="loss"):
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
-    ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
+    ckpt = open_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
     if task == "passkey":  # makes its own samples (measure/retrieval.py)
         return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
         raise UserError(f"{path}: records no training dataset; say which with --dataset")
     tokens = validation_tokens(dataset)
-    if "meta" in ckpt:
-        check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
+    check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
     return Source(name, path, ckpt, tokens)
 
 
@@ -202,12 +207,13 @@ def lengths_for(source, lengths):
     return resolved
 
 
-def model_for(source, method, length, device):
+def model_for(source, method, length, device, longrope=None):
     """The model of a row at `length` tokens: the checkpoint as recorded (plain, window, or its own
     extension), or a RoPE extension at its default factor s = max(1, L / T)."""
-    if method in ROPE_SCALINGS and not source.config.get("rope_scaling"):
+    if method in ROPE_SCALING_CHOICES and not source.config.get("rope_scaling"):
         factor = default_rope_factor(length, source.block_size)
-        return open_model(source.path, device, source.ckpt, rope_scaling=method, rope_factor=factor)[0]
+        longrope = longrope if method == LONGROPE else None
+        return open_model(source.path, device, source.ckpt, method, factor, longrope=longrope)[0]
     return open_model(source.path, device, source.ckpt)[0]
 
 
@@ -221,7 +227,7 @@ def label(source, method):
         return method
     if source.config.get("rope_scaling"):
         return f"{method} x{source.config['rope_factor']:g} (as trained)"
-    return f"{method} (s = L/T)"
+    return "longrope (--rope_factors)" if method == LONGROPE else f"{method} (s = L/T)"
 
 
 def same_as_plain(source, method, length):
@@ -297,7 +303,8 @@ def measure_plan(plan, total, unit, cfg, device, measure):
     with bar:
         for source, method, n in plan:
             bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
-            results[source.name, method, n] = measure(source, n, model_for(source, method, n, device), bar)
+            model = model_for(source, method, n, device, cfg.longrope)
+            results[source.name, method, n] = measure(source, n, model, bar)
     return results
 
 

@@ -40,11 +40,14 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     step = compile_decode_step(model, backend) if compile else decode_step
     # Eager steps run under inference_mode (no autograd bookkeeping; `out` and the tables, made before, stay
     # ordinary tensors); a compiled one under no_grad (inference_mode has CUDA-graph bugs: pytorch#135892).
+    # LongRoPE turns every position with its long factors once the sequence passes its original length: then
+    # the cached keys are rotated anew, the tokens so far run again (as transformers does, PR #33129)
+    rope = model.transformer.wpe
+    switch = rope.original_len if model.config.rope_scaling == "longrope" else None
     with contextlib.nullcontext() if compile else torch.inference_mode():
-        for start in range(0, prompt.size(1), chunk):  # prefill
-            positions = torch.arange(start, min(start + chunk, prompt.size(1)), device=idx.device)
-            logits = decode_step(model, prompt[:, positions], positions)
-        position = positions[-1:] + 1
+        rope.long_context = switch is not None and prompt.size(1) > switch
+        logits = prefill(model, prompt, chunk)
+        position = torch.tensor([prompt.size(1)], device=idx.device)
         for t in range(n_prompt, n_prompt + max_new_tokens):
             idx_next = sample_next(logits, temperature, top_k, top_p)
             out[:, t : t + 1] = idx_next
@@ -55,10 +58,23 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             if crop is not None and t + 1 > crop:
                 # the table is full: the window slides, every position in it changes: no cache, from 0
                 logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
+            elif t == switch and not rope.long_context:
+                rope.long_context = True
+                logits = prefill(model, out[:, : t + 1], chunk)
+                position = position + 1
             else:
                 logits = step(model, idx_next, position)  # decode: one token against the cache
                 position = position + 1
+    rope.long_context = False
     return out
+
+
+def prefill(model, tokens, chunk):
+    """Tokens (B, T) at positions 0 .. T - 1 through the KV caches, chunk per call. -> the last logits"""
+    for start in range(0, tokens.size(1), chunk):
+        positions = torch.arange(start, min(start + chunk, tokens.size(1)), device=tokens.device)
+        logits = decode_step(model, tokens[:, positions], positions)
+    return logits
 
 
 def decode_step(model, idx, input_pos):

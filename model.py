@@ -45,6 +45,11 @@ class GPTConfig:
     rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first (partial_rotary_factor)
     nope_interval: int = 0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none
     nope_layers: str | None = None  # or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7
+    # longrope: theta_i divided by a factor per pair, the short ones up to rope_original_len, the long past it
+    rope_short_factor: list[float] | None = None  # longrope's factors at lengths <= rope_original_len
+    rope_long_factor: list[float] | None = None  # longrope's factors past it (--rope_factors=FILE gives both)
+    rope_attention_factor: float | None = None  # longrope's cos/sin scale; None: sqrt(1 + ln s / ln T)
+    rope_keep_first: int = 0  # longrope's n-hat: positions below it keep plain RoPE's rotation
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):

@@ -19,10 +19,17 @@ import torch
 import torch.nn as nn
 
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
+LONGROPE = (
+    "longrope"  # a factor per frequency pair, given (a Phi-3 config) or searched (experiments.longrope)
+)
+ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
+LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
 ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
-                                      nope_interval=0, nope_layers=None))  # fmt: skip
+                                      nope_interval=0, nope_layers=None, rope_short_factor=None,
+                                      rope_long_factor=None, rope_attention_factor=None,
+                                      rope_keep_first=0))  # fmt: skip
 
 
 def require(ok, message):
@@ -33,7 +40,7 @@ def require(ok, message):
 
 def check_position_config(c):
     """The position fields of a GPTConfig c (by name), each a one-line ValueError naming what is valid."""
-    schemes, scalings = ", ".join(POS_SCHEMES), ", ".join(ROPE_SCALINGS)
+    schemes, scalings = ", ".join(POS_SCHEMES), ", ".join(ROPE_SCALING_CHOICES)
     require(c.pos in POS_SCHEMES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
     head_dim = c.n_embd // c.n_head
     odd = c.pos == "rope" and c.rope_fraction == 1.0 and head_dim % 2
@@ -43,7 +50,7 @@ def check_position_config(c):
     require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
     other = c.rope_scaling is not None and c.pos != "rope"
     require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
-    known = c.rope_scaling in (None, *ROPE_SCALINGS)
+    known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
     require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
     require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
     length = c.rope_original_len
@@ -74,7 +81,30 @@ def check_rope_variants(c, head_dim):
     power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
     few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
     require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
+    check_longrope(c, rotary // 2)
     nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
+
+
+def check_longrope(c, n_pairs):
+    """LongRoPE's settings: a short and a long factor per rotated pair (n_pairs), each finite and >= 1, given
+    with rope_scaling=longrope and only then; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
+    given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
+    if c.rope_scaling != LONGROPE:
+        named = ", ".join(given)
+        require(
+            not given, f"{named}: LongRoPE's settings, and this model has rope_scaling={c.rope_scaling!r}"
+        )
+        return
+    for name in LONGROPE_FIELDS[:2]:
+        factors = getattr(c, name)
+        require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
+        count = f"{name} has {len(factors)} factors: this model rotates {n_pairs} pairs, one factor each"
+        require(len(factors) == n_pairs, count)
+        valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
+        require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+    scale = c.rope_attention_factor
+    require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
+    require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
 
 
 def rotary_dim(head_dim, fraction=1.0):
@@ -176,7 +206,8 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
 
 
 def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_len=None, seq_len=None,
-                     low_freq_factor=1.0, high_freq_factor=4.0):  # fmt: skip
+                     low_freq_factor=1.0, high_freq_factor=4.0, short_factor=None, long_factor=None,
+                     attention_factor=None):  # fmt: skip
     """RoPE's rope_inv_freq(d, base) over the d dimensions it rotates (int(head_dim * rope_fraction)),
     optionally rescaled to run a model trained on original_len = T tokens at s = factor times that.
     -> (inv_freq float32, attention_scale)
@@ -187,14 +218,19 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
                  keep theta_i), cos and sin times 0.1 ln(s) + 1 (q.k times its square). Worked: d = 8, T = 64,
                  s = 4: theta' = (1, 0.0625, 0.0025, 0.00025), scale 1.1386
         llama3   Llama 3.1's llama3_inv_freq, its blend bounded by low_freq_factor and high_freq_factor
-                 (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1"""
-    if scaling not in (None, *ROPE_SCALINGS):
-        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+                 (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1
+        longrope LongRoPE (Ding et al. 2024; Phi-3): theta_i / lambda_i, a factor per pair, short_factor while
+                 seq_len <= T, long_factor past it; scale attention_factor, by default longrope_scale(s, T).
+                 As transformers' _compute_longrope_parameters"""
+    if scaling not in (None, *ROPE_SCALING_CHOICES):
+        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALING_CHOICES)}")
     if factor < 1.0:
         raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
-    if scaling in ("dynamic", "yarn", "llama3") and original_len is None:
+    if scaling in ("dynamic", "yarn", "llama3", LONGROPE) and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
+    if scaling == LONGROPE and (short_factor is None or long_factor is None):
+        raise ValueError("longrope rope scaling needs short_factor and long_factor, one per rotated pair")
     d, s = head_dim, factor
     theta = rope_inv_freq(d, base)
     attention_scale = 1.0
@@ -213,7 +249,27 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
         attention_scale = 0.1 * math.log(s) + 1.0
     elif scaling == "llama3":
         theta = llama3_inv_freq(theta, s, low_freq_factor, high_freq_factor, original_len)
+    elif scaling == LONGROPE:
+        long = seq_len is not None and seq_len > original_len
+        theta = theta / torch.tensor(long_factor if long else short_factor, dtype=torch.float64)
+        attention_scale = longrope_scale(s, original_len) if attention_factor is None else attention_factor
     return theta.float(), attention_scale
+
+
+def longrope_scale(factor, original_len):
+    """LongRoPE's default attention factor (Phi-3's "su" scaling): sqrt(1 + ln s / ln T) for s > 1, else 1.
+    Worked: Phi-3-mini-128k, s = 131072 / 4096 = 32, T = 4096: sqrt(1 + 3.466 / 8.318) = 1.1902."""
+    return math.sqrt(1 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
+
+
+def longrope_baselines(head_dim, base, factor, original_len):
+    """The per-pair factors lambda_i = theta_i / theta'_i of the formula scalings at s = factor, LongRoPE's
+    search's starting points and its figure's references: {"linear": s for every pair, "ntk", "yarn",
+    "llama3": from their frequencies}. -> {name: (d/2,) float64}"""
+    theta = rope_inv_freq(head_dim, base)
+    scaled = {name: rope_frequencies(head_dim, base, name, factor, original_len)[0].double()
+              for name in ("linear", "ntk", "yarn", "llama3")}  # fmt: skip
+    return {name: (theta / value).clamp(min=1.0) for name, value in scaled.items()}
 
 
 def default_rope_factor(length, original_len):
@@ -387,7 +443,10 @@ class RotaryPositions(NoPositions):
     block_size positions, extended on demand. A context extension rescales against the length first trained
     on: rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size.
     With rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over
-    those alone (transformers' partial_rotary_factor)."""
+    those alone (transformers' partial_rotary_factor). LongRoPE tabulates its short and its long factors and
+    turns every position with the long ones once a sequence passes the original length (as transformers:
+    long_context marks a sequence that will, for a KV cache); its first rope_keep_first positions (n-hat) keep
+    plain RoPE's rotation (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -395,17 +454,33 @@ class RotaryPositions(NoPositions):
         self.scaling, self.factor = config.rope_scaling, config.rope_factor
         self.original_len = config.rope_original_len or config.block_size
         self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
+        self.longrope = config.rope_short_factor, config.rope_long_factor, config.rope_attention_factor
+        self.keep_first, self.long_context = config.rope_keep_first, False
         self._tabulate(config.block_size)
 
     def _cos_sin(self, positions, seq_len):
-        scaling = (self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors)
+        scaling = (
+            self.scaling,
+            self.factor,
+            self.original_len,
+            seq_len,
+            *self.llama3_factors,
+            *self.longrope,
+        )
         inv_freq, scale = rope_frequencies(self.dim, self.base, *scaling)
         return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
 
     def _tabulate(self, n_pos, device=None):
-        cos, sin = self._cos_sin(torch.arange(n_pos, device=device), seq_len=self.original_len)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        positions = torch.arange(n_pos, device=device)
+        tables = dict(zip(("cos", "sin"), self._cos_sin(positions, seq_len=self.original_len)))
+        if self.scaling == LONGROPE:
+            tables |= zip(("long_cos", "long_sin"), self._cos_sin(positions, seq_len=self.original_len + 1))
+            first = positions[: self.keep_first]
+            plain = rope_cos_sin(first, rope_frequencies(self.dim, self.base)[0].to(device))
+            for name, table in tables.items():
+                table[: len(first)] = plain[name.endswith("sin")]
+        for name, table in tables.items():
+            self.register_buffer(name, table, persistent=False)
 
     def reserve(self, n_pos):
         if n_pos > self.cos.size(0):  # past the cached length: only when generating beyond block_size
@@ -417,6 +492,10 @@ class RotaryPositions(NoPositions):
             seq_len = int(positions[-1]) + 1
             if seq_len > self.original_len:
                 return self._cos_sin(positions, seq_len)
+        if self.scaling == LONGROPE:  # a tensor condition, so that a compiled decode step holds both
+            long = (positions[-1] >= self.original_len) | self.long_context
+            cos = torch.where(long, self.long_cos[positions], self.cos[positions])
+            return cos, torch.where(long, self.long_sin[positions], self.sin[positions])
         return self.cos[positions], self.sin[positions]
 
 

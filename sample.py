@@ -25,12 +25,12 @@ from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
 from plumbing import hardware
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
-from plumbing.cli import parse_flags
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
+from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device, synchronize
 from plumbing.memory import generation_bytes
-from positions import ROPE_SCALINGS, default_rope_factor, require
+from positions import ROPE_SCALING_CHOICES, default_rope_factor, require
 
 
 @dataclass
@@ -50,15 +50,22 @@ class SampleConfig:
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
-    rope_scaling: str | None = None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3
+    rope_scaling: str | None = (
+        None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3 | longrope
+    )
     rope_factor: float | None = None  # its factor s; default: the generated length over block_size
     rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
+    rope_factors: str | None = (
+        None  # longrope's per-pair factors, a JSON file (experiments.longrope writes one)
+    )
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
         if self.top_k == 0:
             self.top_k = None
+        if self.rope_factors and self.rope_scaling is None:
+            self.rope_scaling = "longrope"
         at_least_1 = lambda v: v is None or v >= 1
         llama3 = "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give "
         llama3 += "--rope_scaling=llama3"
@@ -77,6 +84,10 @@ class SampleConfig:
                 llama3,
             ),
             (
+                (self.rope_scaling == "longrope") == bool(self.rope_factors),
+                "--rope_scaling=longrope takes its factors from --rope_factors=FILE, and only it",
+            ),
+            (
                 self.kv_cache or not self.compile,
                 "--compile compiles the KV-cached decode step: drop --kv_cache=off",
             ),
@@ -90,7 +101,7 @@ class SampleConfig:
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a bad flag exits with status 2 and one line, a bad value is a
     ValueError that main's handler says in one line with status 2, as train.py's."""
-    choices = {"rope_scaling": ROPE_SCALINGS, "init_from": GPT2_MODELS}
+    choices = {"rope_scaling": ROPE_SCALING_CHOICES, "init_from": GPT2_MODELS}
     return SampleConfig(
         **parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)], choices=choices)
     )
@@ -118,11 +129,12 @@ class Loaded:
     checkpoint: dict  # the checkpoint's configs, meta and progress; not its tensors, which the model holds
 
 
-def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None)):
+def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None),
+         longrope=None):  # fmt: skip
     """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension: the
     opener's arguments (plumbing.checkpoint.open_model); checkpoint: out_dir's, if the caller loaded it."""
     model, tokenizer, checkpoint = open_model(
-        out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors
+        out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors, longrope
     )
     # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
@@ -211,18 +223,27 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
     else:  # mapped, not read: load() moves the weights to device
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)
+        checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+        rope_flags += ("rope_factors",)
         cfg = replace(cfg, **dict.fromkeys(rope_flags))
-    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    try:
+        prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    except UserError as e:  # say the prompt was the default one, not the user's
+        if cfg.start != SampleConfig.start:
+            raise
+        raise UserError(
+            f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
+        ) from None
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3)
+    longrope = read_rope_factors(cfg.rope_factors) if cfg.rope_factors else None
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     batch, n_prompt = cfg.num_samples, len(prompt_ids)
     needed = generation_bytes(
         loaded.model.config, batch, n_prompt, max_new_tokens, cfg.max_context, cfg.kv_cache

@@ -18,7 +18,6 @@ loop itself, and main(). The machinery is in plumbing/ (resume.py: checkpoints a
 cli.py, errors.py, distributed.py, hardware.py, report.py) and data/common.py (batches).
 """
 
-import importlib.util
 import math
 import signal
 import sys
@@ -33,13 +32,13 @@ from data.common import BatchSampler, ensure_prepared, load_meta
 from model import GPT, GPTConfig
 from plumbing import hardware, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import parse_flags
+from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
-from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
+from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
-from positions import POS_SCHEMES, ROPE_SCALINGS, require
+from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
 # macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
@@ -86,6 +85,8 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
+    # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
+    rope_factors: str | None = None
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
@@ -120,15 +121,17 @@ def parse_args(argv=None):
     ValueError or a usage UserError, which main's handler says in one line with status 2 too."""
     model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
-    choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALINGS}
+    choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
+    longrope = read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {}
+    values |= longrope
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         try:
             saved = resume.saved_model_config(values["init_from"], model_flags)
         except UserError as e:  # --init_from names no checkpoint it can read: a bad flag
             raise UserError(str(e), status=2) from None
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices) | longrope
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
@@ -323,8 +326,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start, procs = time.perf_counter(), procs or Processes()
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: data can take hours
-        raise UserError("--wandb needs the wandb package: pip install wandb")
+    if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
+        raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
     threads = hardware.use_threads(cfg.threads, cfg.device)

@@ -6,6 +6,7 @@ The length-extrapolation study of docs/extrapolation.md in one command: train, f
     python -m experiments.extrapolation --task passkey    # passkey retrieval against length (data/passkey)
     python -m experiments.extrapolation --config configs/shakespeare_char.toml   # the GPU recipe, T = 256
     python -m experiments.extrapolation --quick           # every step once, tiny: a smoke run
+    python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
 
 It runs `python train.py` and `python eval_length.py` as a user would (each command printed first):
   1. the five schemes with the task's preset (train.py's defaults for loss, configs/passkey.toml for
@@ -16,7 +17,10 @@ It runs `python train.py` and `python eval_length.py` as a user would (each comm
      RoPE extension without fine-tuning and learned's sliding window
   4. under --results: {name}.csv, {name}.png (the first seed's figure) and {name}_table.md (each seed's
      table, mean and spread over seeds, and which orderings hold in every seed); name is extrapolation
-     (loss) or retrieval (passkey).
+     (loss) or retrieval (passkey), followed by the schemes when --schemes names a subset, and _longrope.
+With --longrope, per seed (longrope_runs): LongRoPE's factors searched for the rope run at 4 T (python -m
+experiments.longrope; its zero-shot row), a fine-tune at 4 T with them, and from that fine-tune factors
+searched at 8 T (progressive extension) and at T (short-context recovery), each on the fine-tuned weights.
 A finished run of the same command is reused and one stopped early continued (plumbing/runs.py; --retrain
 trains them again), so the README's `python train.py --pos=X` runs serve as the first seed.
 """
@@ -28,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,7 +46,7 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.report import markdown_table
 from plumbing.resume import fine_tune_dir
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
-from positions import POS_SCHEMES
+from positions import LONGROPE, POS_SCHEMES, require
 
 PROG = "experiments/extrapolation.py"
 EXTENSION = 4  # the fine-tunes' context: 4 x T
@@ -99,6 +103,8 @@ class StudyConfig:
     trials: int = 50  # passkey: samples per length and depth
     device: str = "auto"  # passed to train.py and eval_length.py
     extra: bool = False  # also train and evaluate EXTRA_RUNS (partial RoPE, RoPE skipping every 4th layer)
+    schemes: list[str] = field(default_factory=lambda: [*POS_SCHEMES])  # the base runs' schemes
+    longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
 
     def __post_init__(self):
@@ -111,6 +117,8 @@ class StudyConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.config is not None and not (ROOT / self.config).is_file():
             raise ValueError(f"config {self.config!r}: no such file; the presets are in configs/")
+        require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
+        require(not self.longrope or "rope" in self.schemes, "--longrope extends rope: keep it in --schemes")
         self.lengths = self.lengths or TASKS[self.task].lengths
         multiples_of(self.lengths)  # checks them
         subfolder = "" if self.config in (None, TASKS[self.task].preset) else Path(self.config).stem
@@ -131,12 +139,20 @@ def multiples_of(lengths):
 
 
 def parse_args(argv=None):
-    values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)], choices={"task": tuple(TASKS)})
+    choices = {"task": tuple(TASKS), "schemes": POS_SCHEMES}
+    values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)], choices=choices)
     return StudyConfig(**values)
 
 
 # -----------------------------------------------------------------------------
 # The runs
+
+
+def results_name(cfg):
+    """extrapolation or retrieval, named further for a subset of the schemes or with LongRoPE's runs (the
+    full study's files are never overwritten by a part of it): extrapolation_rope_longrope."""
+    subset = [] if cfg.schemes == list(POS_SCHEMES) else cfg.schemes
+    return "_".join([TASKS[cfg.task].name, *subset, *(["longrope"] if cfg.longrope else [])])
 
 
 def seeds(cfg):
@@ -148,7 +164,7 @@ def base_runs(cfg):
     training under its own preset), and EXTRA_RUNS with --extra."""
     task = TASKS[cfg.task]
     longer = dict(task.longer) if cfg.config == task.preset else {}
-    runs = [(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES]
+    runs = [(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES if pos in cfg.schemes]
     return runs + (list(EXTRA_RUNS) if cfg.extra else [])
 
 
@@ -186,14 +202,45 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     data = [] if long_dataset == dataset else [f"--dataset={long_dataset}"]
     rest = [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}", f"--seed={seed}"]
     commands, out_dirs = [], []
-    for pos, scaling in FINE_TUNES:
+    for pos, scaling in [(pos, scaling) for pos, scaling in FINE_TUNES if pos in cfg.schemes]:
         source = base_dir(cfg, dataset, pos, seed)
         out_dirs.append(fine_tune_dir(source, long, scaling))
         scale = [f"--rope_scaling={scaling}", f"--rope_factor={EXTENSION}"] if scaling else []
         commands.append([f"--init_from={source}", f"--block_size={long}", *data, *scale, *schedule, *rest])
         commands[-1] += [f"--device={cfg.device}", f"--out_dir={out_dirs[-1]}"]
     train_runs(cfg, commands)
-    return out_dirs
+    return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
+
+
+def search_longrope(cfg, checkpoint, seed, name, *flags):
+    """python -m experiments.longrope on a checkpoint into {checkpoint}_longrope_{name}, once: a folder with
+    its factors file is reused."""
+    out = Path(f"{checkpoint}_longrope_{name}")
+    if not (ROOT / out / "factors.json").is_file():
+        quick = ["--population=4", "--parents=2", "--generations=2", "--windows=2"] if cfg.quick else []
+        run_python(
+            ["-m", "experiments.longrope", checkpoint, *flags, f"--seed={seed}", f"--out={out}", *quick]
+        )
+    return f"{out}/factors.json"
+
+
+def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
+    """LongRoPE, progressive as the paper's: factors searched for the rope run at 4 T (zero-shot: its factors
+    file, evaluated on the rope run), a fine-tune at 4 T with them, factors searched from that at 8 T and,
+    for short-context recovery, at T; each search's factors put on the fine-tuned weights by a run of 0
+    steps. -> (the 4 T factors file, the three new checkpoints)"""
+    source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
+    factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
+    tuned = fine_tune_dir(source, long, LONGROPE)
+    command = [f"--init_from={source}", f"--block_size={long}", f"--rope_factors={factors}"]
+    train_runs(cfg, [[*command, *fine_tune_flags, f"--out_dir={tuned}"]])
+    applied = []
+    for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
+        searched = search_longrope(cfg, tuned, seed, name, flag)
+        applied.append(f"{tuned}_{name}")
+        zero = [f"--init_from={tuned}", f"--rope_factors={searched}", "--max_iters=0", "--eval_iters=1"]
+        train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]])
+    return factors, [tuned, *applied]
 
 
 def ensure_passkey_data(block_size):
@@ -206,7 +253,7 @@ def ensure_passkey_data(block_size):
     return name
 
 
-def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure):
+def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure, rope_factors=None):
     """eval_length.py on one seed's checkpoints at the same token counts. -> its table"""
     lengths = ",".join(f"{round(m * block_size)}t" for m in multiples_of(cfg.lengths))
     plot = []
@@ -220,6 +267,7 @@ def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure):
         amount = f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}"
     command = ["eval_length.py", *out_dirs, *TASKS[cfg.task].eval_flags, "--lengths", lengths, amount]
     command += [f"--device={cfg.device}", "--csv", csv_path, *plot]
+    command += [f"--rope_factors={rope_factors}"] if rope_factors else []
     print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
     return run_python(command, stdout=subprocess.PIPE, text=True).stdout
 
@@ -326,7 +374,6 @@ def main(argv=None):
 
 def run_study(cfg, argv):
     """Train, fine-tune and evaluate every run of the study, write its tables. -> wall time in seconds"""
-    task = TASKS[cfg.task]
     start = time.perf_counter()
     results = ROOT / cfg.results
     preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN.split() if cfg.quick else [])]])[0]
@@ -342,19 +389,22 @@ def run_study(cfg, argv):
         long_dataset = ensure_passkey_data(EXTENSION * block_size)
     duration = DEFAULT_DURATION if cfg.task == "loss" and cfg.config is None else None
     train_runs(cfg, base_commands(cfg, dataset), duration)
-    runs = {
-        seed: [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)]
-        + fine_tune(cfg, dataset, long_dataset, block_size, seed)
-        for seed in seeds(cfg)
-    }
+    runs, factors = {}, {}
+    for seed in seeds(cfg):
+        tuned, fine_tune_flags = fine_tune(cfg, dataset, long_dataset, block_size, seed)
+        runs[seed] = [base_dir(cfg, dataset, name, seed) for name, _ in base_runs(cfg)] + tuned
+        if cfg.longrope:
+            factors[seed], more = longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags)
+            runs[seed] += more
+    name = results_name(cfg)
     tables, per_seed, csvs = [], [], []
     for i, seed in enumerate(seeds(cfg)):
-        csvs.append(ROOT / cfg.out_root / f"{task.name}_seed{seed}.csv")
-        figure = results / f"{task.name}.png" if i == 0 else None
-        table = evaluate(cfg, block_size, runs[seed], seed, csvs[-1], figure)
+        csvs.append(ROOT / cfg.out_root / f"{name}_seed{seed}.csv")
+        figure = results / f"{name}.png" if i == 0 else None
+        table = evaluate(cfg, block_size, runs[seed], seed, csvs[-1], figure, factors.get(seed))
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
         per_seed.append(seed_cells(cfg.task, read_csv(csvs[-1]), seed))
-    merge_csv(csvs, results / f"{task.name}.csv")
+    merge_csv(csvs, results / f"{name}.csv")
     seconds = time.perf_counter() - start
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     footer = (
@@ -366,8 +416,8 @@ def run_study(cfg, argv):
     )
     text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{task.name}_table.md").write_text(text + "\n", encoding="utf-8")
-    wrote = f"{cfg.results}/{task.name}.csv, {task.name}.png (if matplotlib) and {task.name}_table.md"
+    (results / f"{name}_table.md").write_text(text + "\n", encoding="utf-8")
+    wrote = f"{cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md"
     print(f"\n{text}\nwrote {wrote}")
     return seconds
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from measure.losses import validation_tokens
 from model import CausalSelfAttention
 from plumbing.checkpoint import open_model
+from plumbing.outputs import replace_atomically
 from positions import apply_rope, causal_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +51,10 @@ def pyplot():
 
 
 def save_figure(fig, path, dpi=110):
-    """The same figure gives the same bytes: no software version or date in the PNG's metadata."""
-    fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    """The same figure gives the same bytes: no software version or date in the PNG's metadata. Written
+    atomically; a full disk is one line (plumbing.outputs)."""
+    kind = Path(path).suffix[1:] or "png"
+    replace_atomically(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=dpi, metadata={"Software": None}))
     pyplot().close(fig)
     return path
 

@@ -39,7 +39,7 @@ from generation import generate_cached
 from model import GPT, GPTConfig
 from plumbing import hardware
 from plumbing.cli import parse_flags, parse_list
-from plumbing.errors import UserError, one_line_errors
+from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
@@ -127,10 +127,9 @@ def vocab_size_of(dataset):
     if dataset not in available_datasets():
         names = ", ".join(available_datasets())
         raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {names}")
-    try:
-        return load_meta(dataset_dir(dataset))["vocab_size"]
-    except (OSError, UserError):
+    if not (dataset_dir(dataset) / "meta.json").exists():  # not prepared yet; a damaged one is an error
         return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
+    return load_meta(dataset_dir(dataset))["vocab_size"]
 
 
 def parse_args(argv=None):

@@ -20,6 +20,7 @@ if sys.version_info < (3, 11):  # noqa: UP036
 import argparse
 import difflib
 import inspect
+import json
 import math
 import re
 import tomllib
@@ -91,7 +92,25 @@ def flag_kind(annotation):
     convert = {bool: parse_bool, int: parse_int, float: parse_float}.get(kind, str)
     if type(None) not in args:
         return kind, convert, False
-    return kind, lambda text: None if text.lower() == "none" else convert(text), False
+    return kind, lambda text: None if text.lower() == "none" else convert(not_empty(text)), False
+
+
+def not_empty(text):
+    # `--lengths=` would be taken for the default: say so instead
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty (an unset shell variable?): give a value or leave the flag out"
+        )
+    return text
+
+
+SEED_RANGE = range(2**63)  # what torch, numpy and Python all take (torch.manual_seed: 64 bits, numpy: >= 0)
+
+
+def check_seed(name, value):
+    """A usage UserError unless a seed (the flag `name`) lies in SEED_RANGE."""
+    if value is not None and value not in SEED_RANGE:
+        raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
 def field_comments(config_class):
@@ -150,10 +169,11 @@ def build_parser(prog, description, sections, defaults, choices, positional):
 
 
 def read_toml(path):
-    """The table in a TOML file; a missing or malformed file is a usage UserError."""
+    """The table in a TOML file (skipping a UTF-8 byte-order mark, as some Windows editors write one); a
+    missing or malformed file is a usage UserError."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            return tomllib.loads(f.read().decode("utf-8-sig"))
     except OSError as e:
         raise UserError(f"--config {path}: {e.strerror}", 2) from None
     except UnicodeDecodeError:  # before TOMLDecodeError, a ValueError too that would not name the file
@@ -215,4 +235,53 @@ def parse_flags(
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
             for path in flags.pop("config"):
                 from_files |= read_config_file(file_parser, path, valid, foreign_keys)
-    return values | from_files | flags
+        values |= from_files | flags
+        for name in [name for name in values if name == "seed" or name.endswith("_seed")]:
+            check_seed(name, values[name])
+    return values
+
+
+# LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat
+ROPE_FACTORS_KEYS = ("type", "rope_type", "factor", "short_factor", "long_factor",
+                     "original_max_position_embeddings", "attention_factor", "keep_first")  # fmt: skip
+
+
+def read_rope_factors(path):
+    """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
+    short_factor and long_factor are required; GPTConfig then checks their count (one per rotated pair) and
+    values (>= 1)."""
+    where = f"--rope_factors {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except OSError as e:
+        raise UserError(f"{where}: {e.strerror}", 2) from None
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise UserError(f"{where}: not a JSON file ({e})", 2) from None
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: a JSON object of {', '.join(ROPE_FACTORS_KEYS)}", 2)
+    if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:
+        raise UserError(
+            f"{where}: unknown key {', '.join(unknown)}; valid keys: {', '.join(ROPE_FACTORS_KEYS)}", 2
+        )
+    if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
+        raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
+    kind = table.get("type", table.get("rope_type", "longrope"))
+    if kind not in ("longrope", "su"):  # "su": Phi-3's first name for it
+        raise UserError(f"{where}: type {kind!r} is not longrope", 2)
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(table[key], list) or not all(number(v) for v in table[key]):
+            raise UserError(f"{where}: {key} must be a list of numbers, got {table[key]!r}", 2)
+    fields_of = dict(short_factor="rope_short_factor", long_factor="rope_long_factor", factor="rope_factor",
+                     original_max_position_embeddings="rope_original_len",
+                     attention_factor="rope_attention_factor", keep_first="rope_keep_first")  # fmt: skip
+    for key in ("factor", "attention_factor", "original_max_position_embeddings", "keep_first"):
+        whole = key in ("original_max_position_embeddings", "keep_first")
+        value = table.get(key)
+        if value is not None and not (number(value) and (not whole or isinstance(value, int))):
+            raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
+    settings = {
+        fields_of[key]: value for key, value in table.items() if key in fields_of and value is not None
+    }
+    return settings | dict(rope_scaling="longrope")

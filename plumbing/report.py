@@ -3,12 +3,15 @@ What a training run reports: its header, a line per log_interval steps with spee
 figures to Weights & Biases when asked. And what the measuring scripts print: markdown tables, progress.
 """
 
+import importlib.util
+import netrc
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -162,6 +165,20 @@ def header_line(run, one_per_process):
         f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
         f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps"
     )
+
+
+def wandb_problem():
+    """Why --wandb cannot log (not installed, or not logged in: wandb.init would fail or prompt mid-run), or
+    None. Logged in: an API key in WANDB_API_KEY or ~/.netrc (`wandb login` writes it); offline needs none."""
+    if importlib.util.find_spec("wandb") is None:
+        return "--wandb needs the wandb package: pip install wandb"
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return None
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    with suppress(OSError, netrc.NetrcParseError):
+        if netrc.netrc().authenticators(host):
+            return None
+    return "--wandb: not logged in to Weights & Biases: run `wandb login` once, or set WANDB_MODE=offline"
 
 
 @contextmanager

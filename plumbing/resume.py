@@ -15,16 +15,16 @@ import torch
 
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
-    check_meta,
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
-    load_checkpoint,
     load_weights,
+    open_checkpoint,
     run_folder,
     save_checkpoint,
 )
 from plumbing.errors import UserError
+from positions import LONGROPE_FIELDS
 
 # Resuming needs these beyond what sampling needs
 RESUME_KEYS = tuple(
@@ -130,7 +130,6 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
         )
-    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
     if changes := model_differences(saved, wanted, MODEL_KNOBS):
@@ -154,7 +153,12 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
-    ckpt = load_checkpoint(path, map_location=train_config.device)
+    try:
+        ckpt = open_checkpoint(path, map_location=train_config.device)
+    except UserError as e:
+        raise UserError(
+            f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
+        ) from None
     changes = check_resumable(path, ckpt, train_config, model_config, meta)
     if len(ckpt["rng"]) != world_size:
         changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")
@@ -189,12 +193,14 @@ def write_checkpoints(run, improved):
     """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (to gather the RNG
     states); rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
+    if run.procs.master:
+        try:
+            save_checkpoint(training_state(run, rng), run.ckpt_path)
+            if improved:
+                link_checkpoint(run.ckpt_path, run.best_path)
+        except UserError as e:  # no space left: the files on disk are whole
+            raise UserError(f"{e}; training stopped: {kept_checkpoint(run)}") from None
     run.progress.saved_iter = run.progress.iter_num
-    if not run.procs.master:
-        return
-    save_checkpoint(training_state(run, rng), run.ckpt_path)
-    if improved:
-        link_checkpoint(run.ckpt_path, run.best_path)
 
 
 def kept_checkpoint(run):
@@ -214,7 +220,7 @@ def restore_training(run, path, ckpt):
     for group, fresh in zip(run.optimizer.param_groups, settings):
         group.update(fresh)
     if ckpt["scaler"] and run.scaler.is_enabled():
-        run.scaler.load_state_dict(ckpt["scaler"])
+        load_weights(path, run.scaler, ckpt["scaler"])
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
         sampler.load_state_dict(ckpt["sampler"]["train"])
     run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
@@ -231,7 +237,8 @@ def restore_training(run, path, ckpt):
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
 
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS, "dropout")
+INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS,
+              *LONGROPE_FIELDS, "dropout")  # fmt: skip
 POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
 
 
@@ -250,7 +257,7 @@ def resize_position_table(table, n_pos):
 
 def saved_model_config(out_dir, names):
     """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
-    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
+    saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
@@ -282,8 +289,7 @@ def init_model_from(out_dir, model, meta, dataset):
     """Load the checkpoint in out_dir into model, whose config may differ from it only in INIT_KNOBS.
     -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path, mmap=True)
-    check_meta(path, ckpt)
+    ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise UserError(

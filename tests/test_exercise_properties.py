@@ -591,6 +591,25 @@ def test_yarn_blends_theta_by_its_ramp_and_scales_attention(given_parts, seed):
     near(scale, 0.1 * math.log(s) + 1, 1e-12, f"yarn's attention scale at factor {s:.4g}")
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_longrope_divides_theta_by_the_short_or_long_factors(given_parts, seed):
+    """LongRoPE: theta_i / short_i while the length is at most T (or not given), theta_i / long_i past it; the
+    attention scale as given, else sqrt(1 + ln s / ln T); no factors is a ValueError."""
+    d, base, s, T = shapes(seed)
+    rng = random.Random(seed)
+    short = sorted(rng.uniform(1.0, 2.0) for _ in range(d // 2))
+    long = sorted(rng.uniform(1.0, 2.0 * s) for _ in range(d // 2))
+    factors = dict(short_factor=short, long_factor=long)
+    for L, divisors in ((None, short), (T, short), (T + 1, long), (int(s * T), long)):
+        inv_freq, scale = rope_frequencies(d, base, "longrope", s, T, L, **factors)
+        expected = given_theta(d, base) / torch.tensor(divisors, dtype=torch.float64)
+        close(inv_freq.double(), expected, f"longrope at L = {L}, T = {T}", rtol=1e-6, atol=0)
+        near(scale, math.sqrt(1 + math.log(s) / math.log(T)), 1e-12, f"longrope's scale at s = {s:.4g}")
+    assert rope_frequencies(d, base, "longrope", s, T, T + 1, **factors, attention_factor=1.3)[1] == 1.3
+    with pytest.raises(ValueError):
+        rope_frequencies(d, base, "longrope", s, T, T + 1)
+
+
 def test_rope_frequencies_refuse_what_they_cannot_extend(given_parts):
     """An unknown scaling, a factor below 1, and dynamic or yarn without the lengths they need: ValueError."""
     for kwargs in (

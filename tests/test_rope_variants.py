@@ -485,5 +485,9 @@ def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
         rope_fraction=1.0,
         nope_interval=0,
         nope_layers=None,
+        rope_short_factor=None,
+        rope_long_factor=None,
+        rope_attention_factor=None,
+        rope_keep_first=0,
     )
     assert GPTConfig(**config).rope_layers == (True,) and GPTConfig(**config).rotary_dim == 8

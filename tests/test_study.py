@@ -109,3 +109,36 @@ def test_study_flag_errors_are_one_line(capsys, argv, words):
     )
     for word in words:
         assert word in err
+
+
+def test_longrope_study_searches_fine_tunes_and_extends_progressively_through_train_pys_parser(monkeypatch):
+    """--longrope per seed: factors searched for the rope run at 4 T, a fine-tune at 4 T with them, then from
+    it factors searched at 8 T and at T, each put on the fine-tuned weights by a 0-step run; the results
+    under a name of their own."""
+    cfg = study.parse_args(["--schemes=rope", "--longrope", "--seeds=2"])
+    assert study.results_name(cfg) == "extrapolation_rope_longrope"
+    assert [name for name, _ in study.base_runs(cfg)] == ["rope"]
+    searches, commands = [], []
+    monkeypatch.setattr(study, "run_python", lambda args, **kw: searches.append(args))
+    monkeypatch.setattr(study, "train_runs", lambda cfg, more, duration=None: commands.extend(more))
+    factors, runs = study.longrope_runs(cfg, "shakespeare_char", 64, 1338, ["--max_iters=200", "--seed=1338"])
+    source = "out/shakespeare_char_rope_seed1338"
+    tuned = f"{source}_ctx256_longrope"
+    assert factors == f"{source}_longrope_x4/factors.json"
+    assert runs == [tuned, f"{tuned}_x8", f"{tuned}_short"]
+    assert [search[:4] for search in searches] == [
+        ["-m", "experiments.longrope", source, "--factor=4"],
+        ["-m", "experiments.longrope", tuned, "--factor=8"],
+        ["-m", "experiments.longrope", tuned, "--short"],
+    ]
+    ft, x8, short = commands
+    assert {
+        f"--init_from={source}",
+        "--block_size=256",
+        f"--rope_factors={factors}",
+        "--max_iters=200",
+    } <= set(ft)
+    assert ft[-1] == f"--out_dir={tuned}"
+    for applied, name in ((x8, "x8"), (short, "short")):
+        assert {f"--init_from={tuned}", "--max_iters=0", f"--out_dir={tuned}_{name}"} <= set(applied)
+        assert f"--rope_factors={tuned}_longrope_{name}/factors.json" in applied

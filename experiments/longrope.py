@@ -1,0 +1,253 @@
+"""
+LongRoPE's search (Ding et al. 2024, section 3.2, Algorithm 1): a rescale factor lambda_i per RoPE frequency
+pair (theta_i / lambda_i) and n-hat, the first positions left at plain RoPE, found by evolution for a trained
+checkpoint at s times its original length, where PI, NTK, YaRN and llama3 each give a formula.
+
+    python -m experiments.longrope out/shakespeare_char_rope --factor 4            # ~4 min on 2 CPU cores
+    python train.py --init_from=out/shakespeare_char_rope --block_size=256 \\
+        --rope_factors=out/shakespeare_char_rope_longrope_x4/factors.json          # fine-tune with them
+    python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --factor 8  # progressive
+    python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --short     # short ones, at T
+
+Fitness: the mean validation loss over --windows fixed windows of s x T tokens (the paper: perplexity on long
+documents). The constraints, as the paper's: 1 <= lambda_0 <= lambda_1 <= ... (a slower pair is never
+interpolated less than a faster one), n-hat in N_HATS. Population: PI's, NTK's and YaRN's factors (and the
+checkpoint's own, scaled to s, when it has them), then mutations of them; each generation keeps the best
+--parents, and breeds mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and
+crossovers (each factor from either parent). The authors' search (population 64, 40 generations, mutation
+0.3 per dimension) evaluates 7B models on GPUs; 16 x 12 here runs a 0.8M model on 2 cores in minutes.
+The same seed gives the same search. Writes, under --out ({checkpoint folder}_longrope_x{s}, or _short):
+factors.json (--rope_factors for train.py, sample.py and eval_length.py), fitness.csv and factors.png.
+"""
+
+import csv
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from measure.instruments import pyplot, save_figure
+from measure.losses import validation_tokens, window_losses, window_starts
+from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, run_folder
+from plumbing.cli import parse_flags
+from plumbing.errors import UserError, one_line_errors
+from positions import LONGROPE, longrope_baselines, require
+
+PROG = "python -m experiments.longrope"
+N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
+SIGMA = 0.25  # a mutation's step in ln(lambda): about x1.28 or /1.28
+TOP = 2.0  # no factor above TOP x s: a pair slowed more than that turns less than it did over T
+
+
+@dataclass
+class SearchConfig:
+    checkpoint: str  # a RoPE run's folder or checkpoint file
+    factor: float = 4.0  # s: the search's length is s x the original length T (long factors)
+    short: bool = False  # search the short factors at L = T instead (the paper's short-context recovery)
+    population: int = 16  # candidates per generation (the paper: 64)
+    generations: int = 12  # (the paper: 40)
+    parents: int = 4  # the best kept each generation, which breed the rest
+    mutation: float = 0.3  # probability that a mutation changes each factor, and n-hat (the paper: 0.3)
+    windows: int = 8  # validation windows of L tokens per fitness
+    seed: int = 0
+    out: str | None = None  # output folder; None: beside the checkpoint's folder
+    device: str = "cpu"
+
+    def __post_init__(self):
+        require(self.factor > 1 or self.short, f"factor must be > 1 (the extension), got {self.factor}")
+        for name in ("population", "generations", "parents", "windows"):
+            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        require(
+            self.parents < self.population, f"parents={self.parents} must be < population={self.population}"
+        )
+        require(0 <= self.mutation <= 1, f"mutation must be in [0, 1], got {self.mutation}")
+
+
+# -----------------------------------------------------------------------------
+# The search: candidates (factors, n_hat), the constraints, mutation and crossover
+
+
+def constrain(factors, top):
+    """The nearest valid factors: each in [1, top], then non-decreasing from the fastest pair (a running
+    maximum), as the paper constrains lambda."""
+    return tuple(np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, top)).tolist())
+
+
+def mutate(candidate, rng, probability, top, n_hats=N_HATS):
+    factors, n_hat = candidate
+    changed = rng.random(len(factors)) < probability
+    steps = np.exp(rng.normal(0.0, SIGMA, len(factors)))
+    factors = np.where(changed, np.asarray(factors) * steps, factors)
+    if rng.random() < probability:  # n-hat to a neighbouring choice
+        i = n_hats.index(n_hat) + rng.choice((-1, 1))
+        n_hat = n_hats[min(max(i, 0), len(n_hats) - 1)]
+    return constrain(factors, top), n_hat
+
+
+def crossover(a, b, rng, top):
+    from_a = rng.random(len(a[0])) < 0.5
+    factors = np.where(from_a, a[0], b[0])
+    return constrain(factors, top), a[1] if rng.random() < 0.5 else b[1]
+
+
+def evolve(fitness, seeds, cfg, top, rng, log=print):
+    """LongRoPE's evolution: seeds, then mutations of them up to cfg.population; each generation the best
+    cfg.parents survive (elitism: the best never gets worse) and breed half mutations, half crossovers.
+    fitness(candidate) -> loss, lower is better, each candidate measured once. -> (best, history)"""
+    seeds = list(dict.fromkeys(seeds))  # each once
+    population = list(seeds)
+    while len(population) < cfg.population:
+        population.append(mutate(seeds[rng.integers(len(seeds))], rng, cfg.mutation, top))
+    scores, history = {}, []
+    for generation in range(cfg.generations):
+        started = time.perf_counter()
+        for candidate in population:
+            if candidate not in scores:
+                scores[candidate] = fitness(candidate)
+        ranked = sorted(population, key=scores.get)
+        losses = [scores[c] for c in population]
+        history.append(
+            dict(
+                generation=generation,
+                best=scores[ranked[0]],
+                mean=float(np.mean(losses)),
+                worst=max(losses),
+                n_hat=ranked[0][1],
+            )
+        )
+        log(
+            f"generation {generation + 1}/{cfg.generations}: best loss {scores[ranked[0]]:.4f} (n-hat "
+            f"{ranked[0][1]}), mean {np.mean(losses):.4f}, {time.perf_counter() - started:.0f} s"
+        )
+        parents = ranked[: cfg.parents]
+        children = []
+        while len(parents) + len(children) < cfg.population:
+            a, b = (parents[i] for i in rng.choice(len(parents), 2, replace=len(parents) < 2))
+            child = mutate(a, rng, cfg.mutation, top) if len(children) % 2 else crossover(a, b, rng, top)
+            children.append(child)
+        population = parents + children
+    return min(scores, key=scores.get), history
+
+
+# -----------------------------------------------------------------------------
+# Fitness on a checkpoint, and the outputs
+
+
+def search_setup(cfg):
+    """(the checkpoint's path, ckpt, model config, original length T, length L, starting factors)."""
+    path = checkpoint_path(cfg.checkpoint)
+    ckpt = load_checkpoint(path, mmap=True)
+    config = ckpt["model_config"]
+    require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
+    T = config.get("rope_original_len") or config["block_size"]
+    length = T if cfg.short else round(cfg.factor * T)
+    head_dim = config["n_embd"] // config["n_head"]
+    rotary = int(head_dim * config.get("rope_fraction", 1.0))
+    s = config["rope_factor"] if cfg.short else cfg.factor
+    if cfg.short:
+        seeds = [(tuple([1.0] * (rotary // 2)), 0)]
+    else:
+        seeds = [
+            (constrain(f.tolist(), TOP * s), 0)
+            for f in longrope_baselines(rotary, config["rope_base"], s, T).values()
+        ]
+    if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
+        own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
+        scale = 1.0 if cfg.short else s / config["rope_factor"]
+        n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
+        seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
+    return path, ckpt, config, T, length, s, seeds
+
+
+def settings(config, candidate, short, s):
+    """The checkpoint's model with candidate's factors as its long (or short) ones: open_model's longrope."""
+    n_pairs = len(candidate[0])
+    own = config.get("rope_scaling") == LONGROPE
+    kept = "rope_long_factor" if short else "rope_short_factor"
+    other = config[kept] if own else [1.0] * n_pairs
+    searched = "rope_short_factor" if short else "rope_long_factor"
+    return {
+        "rope_scaling": LONGROPE,
+        "rope_factor": s,
+        kept: list(other),
+        searched: list(candidate[0]),
+        "rope_keep_first": candidate[1],
+    }
+
+
+def write_outputs(out, best, history, config, T, s, short):
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = settings(config, best, short, s)
+    factors = {
+        "type": "longrope",
+        "short_factor": chosen["rope_short_factor"],
+        "long_factor": chosen["rope_long_factor"],
+        "original_max_position_embeddings": T,
+        "factor": s,
+        "keep_first": best[1],
+    }
+    lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
+    (out / "factors.json").write_text(f"{{\n{lines}\n}}\n")  # a key per line, a list on one
+    with open(out / "fitness.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    head_dim = 2 * len(best[0])
+    for name, value in longrope_baselines(head_dim, config["rope_base"], s, T).items():
+        ax.plot(value.numpy(), label=name, linestyle="--")
+    ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    ax.set(
+        xlabel="pair i (fast -> slow)",
+        ylabel="lambda_i = theta_i / theta'_i",
+        title=f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}",
+    )
+    ax.legend()
+    save_figure(fig, out / "factors.png")
+    plt.close(fig)
+
+
+def main(argv=None):
+    with one_line_errors(PROG):
+        values = parse_flags(
+            argv, PROG, __doc__, [("search", SearchConfig, None)], positional=("checkpoint",)
+        )
+        cfg = SearchConfig(**values)
+        path, ckpt, config, T, length, s, seeds = search_setup(cfg)
+        folder = run_folder(cfg.checkpoint)
+        out = Path(cfg.out or f"{folder}_longrope_{'short' if cfg.short else f'x{s:g}'}")
+        if (out / "factors.json").exists():
+            raise UserError(f"{out}/factors.json exists: give another --out, or move it away", 2)
+        dataset = (ckpt.get("train_config") or {}).get("dataset")
+        require(dataset, f"{path}: no train_config.dataset: the search measures loss on its validation split")
+        tokens = validation_tokens(dataset)
+        starts = window_starts(len(tokens), length, cfg.windows)
+        torch.manual_seed(cfg.seed)
+
+        @torch.no_grad()
+        def fitness(candidate):
+            model = open_model(path, cfg.device, ckpt, longrope=settings(config, candidate, cfg.short, s))[0]
+            return window_losses(model, tokens, length, starts, len(starts), cfg.device).mean().item()
+
+        print(
+            f"searching {'short' if cfg.short else 'long'} factors for {path} at L = {length} tokens "
+            f"(T = {T}, s = {s:g}): {cfg.population} candidates x {cfg.generations} generations"
+        )
+        started = time.perf_counter()
+        best, history = evolve(fitness, seeds, cfg, TOP * max(s, 1.0), np.random.default_rng(cfg.seed))
+        write_outputs(out, best, history, config, T, s, cfg.short)
+        first = history[0]["best"]
+        print(
+            f"best loss {history[-1]['best']:.4f} (initial population's best {first:.4f}), n-hat {best[1]}, "
+            f"in {time.perf_counter() - started:.0f} s: {out}/factors.json, fitness.csv, factors.png"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -84,6 +84,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
     rope_factors: str | None = None
@@ -111,6 +112,7 @@ class TrainConfig:
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
         require(not (self.resume and self.overwrite), both)
         hardware.check_device_name(self.device)
+        hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None):
@@ -330,10 +332,12 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
+    threads = hardware.use_threads(cfg.threads, cfg.device)
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         run = start_run(cfg, model_config, procs)
         p = run.progress
         procs.log(header_line(run, one_per_process))
+        procs.log(threads)
         if cfg.lr_decay_iters > cfg.max_iters:  # a preset's schedule cut short by --max_iters
             final_lr = get_lr(cfg.max_iters - 1, cfg)
             end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
@@ -371,6 +375,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                     tokens = run.tokens_per_step
                     metrics = hardware.speed(step_seconds, tokens, flops_per_step, peak, procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
+                    if note := clock.slowdown(step_seconds):
+                        procs.log(note)
                     if wandb_run:
                         logged = {"loss": loss, "lr": lr} | metrics
                         wandb_run.log({f"train/{k}": v for k, v in logged.items()}, step=it + 1)

@@ -59,7 +59,7 @@ QUICK_FINE_TUNE = ("--eval_iters=1", "--log_interval=2")
 @dataclass
 class StudyConfig:
     seeds: int = 1  # fine-tuning seeds per setting: 1337, 1338, ...; the base is trained once (seed 1337)
-    base_iters: int = 500  # the base's steps (configs/passkey.toml: rope retrieves every key in T by ~500)
+    base_iters: int = 900  # the base's steps, its learning rate decayed over them (retrieval is learned late)
     max_iters: int = 150  # fine-tuning steps at 4 T
     learning_rate: float = 1e-3  # fine-tuning peak learning rate, the same for every setting (as LongLoRA)
     batch_size: int = 4  # fine-tuning sequences per step, each 4 T tokens long

@@ -123,3 +123,12 @@ def test_a_group_that_does_not_fit_is_a_one_line_error(capsys, tmp_path, flags, 
 def test_s2_group_defaults_to_a_quarter_of_block_size():
     cfg, _ = train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"])
     assert cfg.s2_group == 4
+
+
+def test_the_lessons_figure_shows_the_pattern_the_code_applies():
+    """docs/figures/s2_attn.png is drawn from experiments.longlora.visibility, read off the attention itself:
+    it equals the brute-force pattern."""
+    from experiments.longlora import visibility
+
+    assert torch.equal(visibility(2, 16, 4), visible(2, 16, 4))
+    assert torch.equal(visibility(4, 24, 6), visible(4, 24, 6))

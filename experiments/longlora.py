@@ -2,7 +2,7 @@
 LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
 T to 4 T in five settings, what each costs and what each keeps, in one command.
 
-    python -m experiments.longlora --seeds 3     # ~40 min on one busy core
+    python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
 It runs `python train.py` and `python eval_length.py` as a user would (each command printed first):

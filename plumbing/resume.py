@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from finetune import lora
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
     check_same_vocabulary,
@@ -173,7 +174,7 @@ def training_state(run, rng):
     """A run's checkpoint dict (plumbing/checkpoint.py); rng: every rank's rng_state."""
     p = run.progress
     return {
-        "model": run.model.state_dict(),
+        **lora.checkpoint_entries(run.model),  # "model": plain weights (LoRA merged); "lora" if adapted
         "model_config": asdict(run.model_config),
         "train_config": asdict(run.cfg),
         "iter_num": p.iter_num,
@@ -213,7 +214,7 @@ def kept_checkpoint(run):
 def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it; the random generators last, as building the
     model drew from them."""
-    load_weights(path, run.model, ckpt["model"])
+    load_weights(path, run.model, lora.resume_state(path, ckpt, run.model))
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
     # keep the moments, take this run's betas and weight decay (and fused on this device)

@@ -45,7 +45,18 @@ def say(line):
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
-    SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number."""
+    SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number. A Ctrl-C that
+    strikes inside a callback Python ignores exceptions in (an import lock's, a weakref's) is sent again."""
+    previous_hook = sys.unraisablehook
+
+    def redeliver(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            signum = getattr(unraisable.exc_value, "signum", signal.SIGINT)  # sent from outside this hook:
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()  # a signal here would be lost too
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = redeliver
     try:
         yield
     except (UserError, *errors) as e:
@@ -58,6 +69,8 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
         if stopped:
             say(stopped.format(signal=signal.Signals(signum).name))
         raise SystemExit(128 + signum) from None
+    finally:
+        sys.unraisablehook = previous_hook
 
 
 class StopSignals:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
@@ -35,12 +34,13 @@ from measure.instruments import pyplot
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
-from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, load_checkpoint, open_model
+from plumbing import hardware
+from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, open_checkpoint, open_model
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import fmt, markdown_table
+from plumbing.report import fmt, markdown_table, progress_bar
 from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor, position_limit
 
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
@@ -68,6 +68,7 @@ class EvalConfig:
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
     positions_csv: str | None = None  # write the mean loss at every position to this CSV file
     plot: str | None = None  # draw loss by position and loss against length into this image file
@@ -86,6 +87,7 @@ class EvalConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
+        hardware.check_threads(self.threads)
         if self.rope_factors and LONGROPE not in self.rope_scalings:
             self.rope_scalings = [*self.rope_scalings, LONGROPE]
         if LONGROPE in self.rope_scalings and not self.rope_factors:
@@ -184,15 +186,14 @@ def open_source(name, dataset=None, task="loss"):
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
     path = given if given.is_file() else checkpoint_path(given)
-    ckpt = load_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
+    ckpt = open_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
     if task == "passkey":  # makes its own samples (measure/retrieval.py)
         return Source(name, path, ckpt, None)
     dataset = dataset or ckpt.get("train_config", {}).get("dataset")
     if dataset is None:
         raise UserError(f"{path}: records no training dataset; say which with --dataset")
     tokens = validation_tokens(dataset)
-    if "meta" in ckpt:
-        check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
+    check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
     return Source(name, path, ckpt, tokens)
 
 
@@ -298,7 +299,7 @@ def summarize(losses, length, block_size):
 def measure_plan(plan, total, unit, cfg, device, measure):
     """{(name, method, L): measure(source, L, model, bar)} over the plan, under one progress bar."""
     results = {}
-    bar = tqdm(total=total, unit=unit, disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(total, unit, "evaluating", enabled=cfg.progress)
     with bar:
         for source, method, n in plan:
             bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
@@ -509,34 +510,35 @@ def bucketed(positions, bucket):
 
 
 def plot(path, rows, bucket=1):
-    """Two panels: the loss at each position (per bucket) at each row's longest length, a vertical line at
-    each T; and the loss against L on a log2 axis."""
+    """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
+    longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
+    (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
     plt = pyplot()
     checkpoints = dict.fromkeys(row.checkpoint for row in rows)
-    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(checkpoints)}
-    fig, (by_position, by_length) = plt.subplots(1, 2, figsize=(16, 6))
-    for row in rows:
-        measured = [m for m in row.measures.values() if m.loss is not None]
-        if not measured:
-            continue
-        style = dict(color=colors[row.checkpoint], linestyle=LINESTYLES[row.scaling])
-        style["label"] = f"{Path(row.checkpoint).name}: {row.label}"
-        longest = max(measured, key=lambda m: m.length)
-        by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
-        lengths, losses = [m.length for m in measured], [m.loss for m in measured]
-        by_length.plot(lengths, losses, marker="o", markersize=3, **style)
-    for T in sorted({row.block_size for row in rows}):
-        by_position.axvline(T, color="grey", linewidth=0.8)
-        by_position.annotate(f" T = {T}", (T, 0.01), xycoords=("data", "axes fraction"), fontsize=8)
-    per = "position" if bucket == 1 else f"bucket of {bucket} positions"
-    by_position.set(xlabel=f"position (one point per {per})", ylabel="validation loss")
-    by_position.set_title("loss by position, at each row's longest length")
-    by_length.set_xscale("log", base=2)
-    by_length.set(xlabel="L (tokens, log2)", ylabel="mean validation loss over L tokens")
-    by_length.set_title("loss against length")
-    handles, labels = by_length.get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0, 0.74, 1))
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7, frameon=False)
+    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(dict.fromkeys(LINESTYLES))}
+    columns = len(checkpoints)
+    fig, axes = plt.subplots(2, columns, figsize=(4.2 * columns + 1, 7.5), squeeze=False, sharey="row")
+    for column, checkpoint in enumerate(checkpoints):
+        by_position, by_length = axes[:, column]
+        for row in (row for row in rows if row.checkpoint == checkpoint):
+            measured = [m for m in row.measures.values() if m.loss is not None]
+            if not measured:
+                continue
+            style = dict(color=colors[row.scaling], linestyle=LINESTYLES[row.scaling], label=row.label)
+            longest = max(measured, key=lambda m: m.length)
+            by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
+            lengths, losses = [m.length for m in measured], [m.loss for m in measured]
+            by_length.plot(lengths, losses, marker="o", markersize=3, **style)
+            by_position.axvline(row.block_size, color="grey", linewidth=0.8)
+        by_position.set_title(Path(checkpoint).name, fontsize=10)
+        per = "position" if bucket == 1 else f"bucket of {bucket} positions"
+        by_position.set_xlabel(f"position (one point per {per}; grey: T)", fontsize=8)
+        by_length.set_xscale("log", base=2)
+        by_length.set_xlabel("L (tokens, log2)", fontsize=8)
+        by_length.legend(fontsize=7, frameon=False)
+    axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
+    axes[1, 0].set_ylabel("mean validation loss over L tokens")
+    fig.tight_layout()
     save_plot(fig, path)
 
 
@@ -570,6 +572,7 @@ def main(argv=None):
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
+        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)  # the checks passed: work starts
         if cfg.task == "passkey":
             depths = parse_depths(cfg.depths)
             rows = evaluate_passkey(sources, lengths, depths, cfg, device)

@@ -24,7 +24,8 @@ from data.common import get_tokenizer
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, pretrained_checkpoint
+from plumbing import hardware
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
@@ -45,6 +46,7 @@ class SampleConfig:
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     seed: int = 1337  # same seed, same settings: same text
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
@@ -93,6 +95,7 @@ class SampleConfig:
         for ok, message in checks:
             require(ok, message)
         check_device_name(self.device)
+        hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None):
@@ -227,18 +230,20 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
     else:  # mapped, not read: load() moves the weights to device
-        checkpoint = load_checkpoint(checkpoint_path(out_dir), mmap=True)
+        checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        rope_flags = (
-            "rope_scaling",
-            "rope_factor",
-            "rope_low_freq_factor",
-            "rope_high_freq_factor",
-            "rope_factors",
-        )
+        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+        rope_flags += ("rope_factors",)
         cfg = replace(cfg, **dict.fromkeys(rope_flags))
-    prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    try:
+        prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
+    except UserError as e:  # say the prompt was the default one, not the user's
+        if cfg.start != SampleConfig.start:
+            raise
+        raise UserError(
+            f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
+        ) from None
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
@@ -255,10 +260,11 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
-def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
-    """Generate and print cfg.num_samples continuations of prompt_ids. -> (samples, tokens/s)"""
+def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threads=None):
+    """Generate and print cfg.num_samples continuations of prompt_ids (threads: a line to print under the
+    model's). -> (samples, tokens/s)"""
     block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
-    print(describe(loaded.model))
+    print(describe(loaded.model) + (f"\n{threads}" if threads else ""))
     if loaded.model.max_len is not None and total_len > loaded.model.max_len:
         limit = loaded.model.max_len
         pos = loaded.model.config.pos
@@ -280,9 +286,11 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
 # Comparing checkpoints (the losses come from measure/losses.py, shared with eval_length.py)
 
 
-def compare(cfg, device):
+def compare(cfg, device, threads=None):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
-    RoPE ones only), then a summary table."""
+    RoPE ones only), then a summary table; threads: a line to print first."""
+    if threads:
+        print(threads)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
@@ -317,12 +325,13 @@ def main(argv=None):
         cfg = parse_args(argv)
         device = resolve_device(cfg.device)
         check_device(device)
+        threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
-            return compare(cfg, device)
+            return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
-        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream)
+        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ loop itself, and main(). The machinery is in plumbing/ (resume.py: checkpoints a
 cli.py, errors.py, distributed.py, hardware.py, report.py) and data/common.py (batches).
 """
 
-import importlib.util
 import math
 import signal
 import sys
@@ -30,6 +29,7 @@ from types import MappingProxyType
 import torch
 
 from data.common import BatchSampler, ensure_prepared, load_meta
+from finetune import lora, s2
 from model import GPT, GPTConfig
 from plumbing import hardware, resume
 from plumbing.checkpoint import remove_unfinished_writes
@@ -37,7 +37,7 @@ from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
-from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging
+from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
@@ -85,9 +85,17 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
     rope_factors: str | None = None
+    # long-context fine-tuning as LongLoRA's (Chen et al. 2024; finetune/): S²-Attn in training, LoRA
+    s2_attn: bool = False  # train with S²-Attn: attention within groups, half the heads shifted by half one
+    s2_group: int | None = None  # S²-Attn's group in tokens; None: block_size / 4
+    lora_rank: int = 0  # LoRA adapters of this rank on attention's c_attn and c_proj, rest frozen; 0: none
+    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
+    lora_dropout: float = 0.05  # dropout on the adapters' input
+    lora_train: str | None = None  # with LoRA also train: embed, norm or embed,norm (LongLoRA's LoRA+)
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
@@ -112,6 +120,9 @@ class TrainConfig:
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
         require(not (self.resume and self.overwrite), both)
         hardware.check_device_name(self.device)
+        hardware.check_threads(self.threads)
+        lora.check_flags(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_train)
+        require(self.s2_attn or self.s2_group is None, "--s2_group needs --s2_attn")
 
 
 def parse_args(argv=None):
@@ -135,6 +146,8 @@ def parse_args(argv=None):
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
+    if cfg.s2_attn:
+        cfg.s2_group = s2.group_size(cfg.s2_group, model_config.block_size, model_config.n_head)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
     hardware.check_device(cfg.device)
     check_torchrun_device(cfg.device)
@@ -189,13 +202,21 @@ def prepare_data(dataset, procs):
 
 
 def build_run(cfg, model_config, meta, data_dir, procs):
-    """A fresh Run: the model, its compiled / DDP wrappers, the optimizer, this rank's batch streams."""
+    """A fresh Run: the model (--init_from's weights, S²-Attn, LoRA), its compiled / DDP wrappers, the
+    optimizer, this rank's batch streams."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
     device_type = cfg.device.split(":")[0]
     autocast, scaler = hardware.precision(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = GPT(model_config).to(cfg.device)
+    if cfg.init_from and not cfg.resume:  # context extension: the weights of a trained run, a fresh optimizer
+        note = resume.init_model_from(cfg.init_from, model, meta, cfg.dataset)
+        procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
+    s2.use_s2_attn(model, cfg.s2_group)
+    if cfg.lora_rank:  # before the optimizer and the DDP wrapper, which take the trained parameters
+        lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_train)
+        procs.log(lora.describe(model))
     betas = (cfg.beta1, cfg.beta2)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type)
     compiled = torch.compile(model) if cfg.compile else model
@@ -211,7 +232,8 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 
 def start_run(cfg, model_config, procs):
-    """The Run: built fresh, continued from out_dir/ckpt.pt (--resume) or from another's (--init_from)."""
+    """The Run: built fresh (from another's weights with --init_from, in build_run) or continued from
+    out_dir/ckpt.pt (--resume)."""
     data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
@@ -222,9 +244,6 @@ def start_run(cfg, model_config, procs):
         best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
         procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
         resume.restore_training(run, path, ckpt)
-    elif cfg.init_from:  # context extension: the weights of a trained run, a fresh optimizer and schedule
-        note = resume.init_model_from(cfg.init_from, run.model, run.meta, cfg.dataset)
-        procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
     if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
         procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
     return run
@@ -327,14 +346,16 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start, procs = time.perf_counter(), procs or Processes()
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:  # before any work: data can take hours
-        raise UserError("--wandb needs the wandb package: pip install wandb")
+    if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
+        raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
+    threads = hardware.use_threads(cfg.threads, cfg.device)
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         run = start_run(cfg, model_config, procs)
         p = run.progress
         procs.log(header_line(run, one_per_process))
+        procs.log(threads)
         if cfg.lr_decay_iters > cfg.max_iters:  # a preset's schedule cut short by --max_iters
             final_lr = get_lr(cfg.max_iters - 1, cfg)
             end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
@@ -372,6 +393,8 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                     tokens = run.tokens_per_step
                     metrics = hardware.speed(step_seconds, tokens, flops_per_step, peak, procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
+                    if note := clock.slowdown(step_seconds):
+                        procs.log(note)
                     if wandb_run:
                         logged = {"loss": loss, "lr": lr} | metrics
                         wandb_run.log({f"train/{k}": v for k, v in logged.items()}, step=it + 1)

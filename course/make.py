@@ -303,9 +303,14 @@ def read_marker(directory):
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        marker = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: not the marker python -m course make writes ({e})", 2) from None
+    exercises = marker.get("exercises", []) if isinstance(marker, dict) else None
+    if not (isinstance(exercises, list) and all(isinstance(e, str) for e in exercises)):
+        what = "its exercises are not a list of ids" if isinstance(marker, dict) else "not a JSON object"
+        raise UserError(f"{path}: not the marker python -m course make writes ({what})", 2)
+    return marker
 
 
 def solution_leaks(directory, exercises, source=ROOT):

@@ -11,7 +11,6 @@ JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A datas
 data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
 """
 
-import argparse
 import importlib
 import json
 import os
@@ -25,7 +24,9 @@ import numpy as np
 import tiktoken
 import torch
 
+from plumbing.cli import ArgumentParser
 from plumbing.errors import StopSignals, UserError, one_line_errors
+from plumbing.outputs import no_space, space_error
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
@@ -42,6 +43,11 @@ REPLACE_HELP = (
 
 def dataset_dir(name: str) -> Path:
     return DATA_ROOT / name
+
+
+def bad_dataset_name(name) -> bool:
+    """Whether name is no plain folder name under data/: empty, hidden (.x, ..), or a path."""
+    return not name or Path(name).name != name or name.startswith(".") or "\\" in name
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -77,6 +83,13 @@ def _check_meta(meta, where) -> None:
     one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
     if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
         raise bad("a char dataset needs chars: a list of vocab_size single characters")
+    generator = meta.get("generator")
+    segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
+    settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
+    if generator is not None and not (settings and generator.get("name") in GENERATED):
+        raise bad(f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}")
+    if generator is not None and "sample_length" not in meta:
+        raise bad("a generated dataset needs sample_length, the length of each of its samples")
     if "sample_length" in meta:
         check_int("sample_length", 2)
         for split in SPLITS:
@@ -200,10 +213,11 @@ def remove_leftovers(parent) -> None:
 
 
 @contextmanager
-def staged_dataset(out_dir, replace: bool = False):
+def staged_dataset(out_dir, replace: bool = False, needed=None):
     """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
     out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
-    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses."""
+    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses. A write
+    that finds no space left (needing about `needed` bytes) is one line (plumbing.outputs.no_space)."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -219,6 +233,11 @@ def staged_dataset(out_dir, replace: bool = False):
             (out_dir / "meta.json").unlink(missing_ok=True)
             for name in FILES:
                 os.replace(staging / name, out_dir / name)
+    except OSError as e:
+        if not (full := space_error(e)):
+            raise
+        kept = f"{out_dir} is as it was" if out_dir.exists() else "no dataset was half-written"
+        raise no_space(full, out_dir, needed, kept) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -238,9 +257,11 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
             raise ValueError(
                 f"{split} ids must lie in [0, {meta['vocab_size']}), found {ids.min()}..{ids.max()}"
             )
-    with staged_dataset(out_dir, replace) as tmp:
+    needed = sum(ids.size for ids in splits.values()) * np.dtype(meta["dtype"]).itemsize
+    with staged_dataset(out_dir, replace, needed) as tmp:
         for split, ids in splits.items():
-            ids.astype(meta["dtype"]).tofile(tmp[f"{split}.bin"])
+            with open(tmp[f"{split}.bin"], "wb") as f:  # not ndarray.tofile, whose errors carry no errno
+                f.write(ids.astype(meta["dtype"]).data)
         save_meta(tmp["meta.json"], meta)
     return meta
 
@@ -264,11 +285,10 @@ def exit_on_user_error():
 
 def prepare_main(name, description, prepare, argv=None):
     """main() of a prepare.py whose only flag is --replace: prepare(replace=...) writes data/<name>."""
-    parser = argparse.ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
+    parser = ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
-    args = parser.parse_args(argv)
     with exit_on_user_error():
-        meta = prepare(replace=args.replace)
+        meta = prepare(replace=parser.parse_args(argv).replace)
     print(summarize(dataset_dir(name), meta))
 
 
@@ -290,7 +310,7 @@ def available_datasets(data_root=DATA_ROOT) -> list:
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     """The folder of dataset `name`, prepared first if EMBEDDED and none of its files are there."""
     data_dir = Path(data_root) / name
-    if not name or Path(name).name != name or name.startswith(".") or not data_dir.is_dir():
+    if bad_dataset_name(name) or not data_dir.is_dir():
         raise UserError(
             f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
             f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}"
@@ -405,9 +425,17 @@ def read_text(path) -> str:
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
+        utf16 = (
+            data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50
+        )  # a BOM, or ASCII as UTF-16
+        what = (
+            "UTF-16 text, not UTF-8"
+            if utf16
+            else f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        )
         raise UserError(
-            f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
-            f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt"
+            f"{path} is {what}: save it as UTF-8, e.g. iconv -f {'utf-16' if utf16 else 'latin1'} -t utf-8 "
+            f"{path.name} > {path.stem}.utf8.txt"
         ) from None
     if not text:
         raise UserError(f"{path} is empty: pass a file with some text in it")

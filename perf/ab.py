@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import model as current
 import positions
 from generation import generate_cached
+from plumbing import hardware
 from plumbing.cli import one_line_errors, parse_flags, parse_list
 from plumbing.errors import UserError
 from plumbing.memory import check_generation_memory
@@ -60,12 +61,10 @@ class ABConfig:
     new_tokens: int = 1024  # tokens generated per decoding run: 16 x block_size
     steps: int = 10  # optimizer steps per training round
     rounds: int = 5  # rounds of each side, alternated
-    threads: int = 0  # torch threads; 0 leaves torch's default
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     nanogpt_gelu: str = "exact"  # --against=nanogpt's GELU: exact (nanoGPT's) or tanh (GPT-2's, this tree's)
 
     def __post_init__(self):
-        if self.against is not None and not self.against.strip():  # git show :path would read the index
-            raise UserError("--against is empty: give a git revision, or nanogpt", 2)
         if (self.against is None) == (not self.module_free):
             raise UserError("give exactly one of --against=REV and --module_free", 2)
         if self.module_free and self.measure != "decode":
@@ -80,8 +79,9 @@ class ABConfig:
             raise UserError("--against=nanogpt: nanoGPT has learned positions only; give --pos=learned", 2)
         if self.nanogpt_gelu != "exact" and self.against != NANOGPT:
             raise UserError("--nanogpt_gelu is for --against=nanogpt's reference; give --against=nanogpt", 2)
-        if self.new_tokens < 2 or min(self.steps, self.rounds) < 1 or self.threads < 0:
-            raise UserError("--new_tokens must be >= 2, --steps and --rounds >= 1, --threads >= 0", 2)
+        if self.new_tokens < 2 or min(self.steps, self.rounds) < 1:
+            raise UserError("--new_tokens must be >= 2, --steps and --rounds >= 1", 2)
+        hardware.check_threads(self.threads)
 
     @property
     def schemes(self):
@@ -386,8 +386,7 @@ def main(argv=None):
             config = current.GPTConfig(**RECIPE, pos="rope")
             check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
         old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    print(hardware.use_threads(cfg.threads, "cpu"))
     if cfg.module_free:
         side_a = "module-free loop"
     elif cfg.against == NANOGPT:

@@ -1,7 +1,9 @@
 """
 How fast each position scheme trains and generates on this machine, all in one process so that the ratios
-between schemes are fair.
+between schemes are fair. On 2 idle CPU cores the default run takes about 4 minutes, --quick under one; on
+busy cores 2-3x longer (--quick: 106 s at load average 9).
 
+    python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
@@ -10,8 +12,10 @@ between schemes are fair.
 Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention) and the share
 of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU); compile time apart.
 Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
-float32, each checked to give the reference's tokens. Memory: peak allocated per scheme on CUDA, else the
-process's max RSS so far. --config FILE.toml takes a training preset's keys that are flags here.
+float32, each checked to give the reference's tokens. Every figure is the median over its repeats, with the
+min and max beside it; a loud note says when their spread or the machine's load makes them unreliable.
+Memory: peak allocated per scheme on CUDA, else the process's max RSS so far. --config FILE.toml takes a
+training preset's keys that are flags here.
 """
 
 import hashlib
@@ -35,7 +39,7 @@ from generation import generate_cached
 from model import GPT, GPTConfig
 from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list
-from plumbing.errors import UserError, one_line_errors
+from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
@@ -43,11 +47,16 @@ from positions import POS_SCHEMES
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
+QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
+SAMPLERS = ("cached", "reference", "compiled")
+TRAIN_MS = ("ms_per_step", "step_ms_min", "step_ms_max")
+UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figure is noise-bound
 
 
 @dataclass
 class BenchConfig:
     pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
+    quick: bool = False  # a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens
     # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
     vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
@@ -74,21 +83,21 @@ class BenchConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
-    threads: int | None = None  # torch.set_num_threads; None: torch's default
+    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
     json: str | None = None  # write every figure, the machine and the command line to this file
 
     def __post_init__(self):
-        # a bad dataset name is refused even if unused
-        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")
-        if self.vocab_size is None:
-            self.vocab_size = dataset_vocab
-        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1, threads=1)
+        if self.quick:
+            vars(self).update(QUICK)
+        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")  # a bad name is refused if unused
+        self.vocab_size = dataset_vocab if self.vocab_size is None else self.vocab_size
+        hardware.check_threads(self.threads)
+        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
         for name, low in (minimums | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
             raise ValueError(
                 f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
@@ -118,17 +127,15 @@ def vocab_size_of(dataset):
     if dataset not in available_datasets():
         names = ", ".join(available_datasets())
         raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {names}")
-    try:
-        return load_meta(dataset_dir(dataset))["vocab_size"]
-    except (OSError, UserError):
+    if not (dataset_dir(dataset) / "meta.json").exists():  # not prepared yet; a damaged one is an error
         return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
+    return load_meta(dataset_dir(dataset))["vocab_size"]
 
 
 def parse_args(argv=None):
     """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig."""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
-    values = parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True)
-    cfg = BenchConfig(**values)
+    cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
     hardware.check_device(hardware.resolve_device(cfg.device))
     return cfg
 
@@ -136,11 +143,11 @@ def parse_args(argv=None):
 def resolve(cfg):
     """cfg with every `auto` and None replaced by what this run uses."""
     device = hardware.resolve_device(cfg.device)
-    device_type = device.split(":")[0]
-    compile_ = (device_type == "cuda") if cfg.compile is None else cfg.compile
-    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    on_cpu = device.split(":")[0] == "cpu"
+    compile_ = (device.split(":")[0] == "cuda") if cfg.compile is None else cfg.compile
     compile_decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
-    rounds = cfg.rounds or (3 if device_type == "cpu" and cfg.train_steps >= 3 else 1)
+    rounds = cfg.rounds or (3 if on_cpu and cfg.train_steps >= 3 else 1)
+    dtype = hardware.resolve_dtype(cfg.dtype, device.split(":")[0])
     return replace(
         cfg, device=device, dtype=dtype, compile=compile_, compile_decode=compile_decode, rounds=rounds
     )
@@ -155,6 +162,11 @@ def timed(fn, device):
     return time.perf_counter() - start, out
 
 
+def spread(values, scale=1.0):
+    """{median, min, max} of values times scale (for a rate: the reciprocals of the seconds)."""
+    return {k: f(values) * scale for k, f in (("median", statistics.median), ("min", min), ("max", max))}
+
+
 def cpu_matmul_flops(size, repeats=5):
     """FLOP/s of a float32 size^2 torch.mm (2 size^3 FLOPs), median of repeats: the CPU's practical peak."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -162,17 +174,14 @@ def cpu_matmul_flops(size, repeats=5):
     return 2 * size**3 / statistics.median(timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(repeats))
 
 
-def reset_peak_memory(device):
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mb(device):
-    """CUDA: peak allocated since reset_peak_memory. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
+def peak_memory_mb(device, reset=False):
+    """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
+    if device.startswith("cuda") and reset:
+        return torch.cuda.reset_peak_memory_stats(device)
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    return None if reset else rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
 def source():
@@ -190,15 +199,12 @@ def source():
 
 
 def machine(device):
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
+        **dict(platform=platform.platform(), processor=platform.processor() or platform.machine()),
+        **dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=load, gpu=gpu),
+        **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
     }
 
 
@@ -233,22 +239,17 @@ class Trainer:
         return loss.detach()
 
     def results(self, peak, memory_mb):
-        median = statistics.median(self.step_seconds)
+        ms = spread(self.step_seconds, 1e3)
         tokens = self.cfg.batch_size * self.cfg.block_size * self.cfg.grad_accum
         per_token = hardware.flops_per_token(self.model)
         first = self.warmup_seconds[0] if self.warmup_seconds else None
+        compile_s = max(0.0, first - ms["median"] / 1e3) if self.cfg.compile and first is not None else None
         return {
-            "ms_per_step": median * 1e3,
-            "step_ms_min": min(self.step_seconds) * 1e3,
-            "step_ms_max": max(self.step_seconds) * 1e3,
-            "timed_steps": len(self.step_seconds),
-            "tokens_per_step": tokens,
-            "first_step_s": first,
-            "compile_s": max(0.0, first - median) if self.cfg.compile and first is not None else None,
-            "flops_per_token": per_token,
-            "params": self.model.num_params(),
+            **dict(ms_per_step=ms["median"], step_ms_min=ms["min"], step_ms_max=ms["max"]),
+            **dict(timed_steps=len(self.step_seconds), tokens_per_step=tokens, first_step_s=first),
+            **dict(compile_s=compile_s, flops_per_token=per_token, params=self.model.num_params()),
             "peak_memory_mb": memory_mb,
-            **hardware.speed(median, tokens, per_token * tokens, peak),
+            **hardware.speed(ms["median"] / 1e3, tokens, per_token * tokens, peak),
         }
 
 
@@ -257,23 +258,22 @@ def bench_training(cfg, peak, results, log, save):
     cfg.rounds rounds over every scheme (a new order each round): a change in machine load reaches all."""
     trainers, schemes = {}, cfg.schemes
     steps, extra = divmod(cfg.train_steps, cfg.rounds)
-    per_round = [steps + (r < extra) for r in range(cfg.rounds)]
-    for r, n in enumerate(per_round):
+    for r in range(cfg.rounds):
         for pos in schemes[r % len(schemes) :] + schemes[: r % len(schemes)]:
             if pos not in trainers:
                 if cfg.compile and not trainers:  # so that TORCH_LOGS=recompiles shows only real recompiles
                     torch.compiler.reset()
-                reset_peak_memory(cfg.device)
+                peak_memory_mb(cfg.device, reset=True)
                 trainers[pos] = t = Trainer(cfg, pos)
                 t.warmup_seconds = [timed(t.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
-            for _ in range(n):  # n >= 1: rounds <= train_steps
+            for _ in range(steps + (r < extra)):  # >= 1: rounds <= train_steps
                 seconds, loss = timed(trainers[pos].step, cfg.device)
                 trainers[pos].step_seconds.append(seconds)
             if not math.isfinite(loss.item()):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
-            if r == len(per_round) - 1:
-                results[pos] = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
-                log(f"trained {pos}: {results[pos]['ms_per_step']:.1f} ms/step")
+            if r == cfg.rounds - 1:
+                results[pos] = t = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
+                log(f"trained {pos}: {with_range(*(t[k] for k in TRAIN_MS), '.1f')} ms/step")
                 save()
     for pos in schemes:  # in the order asked
         results[pos] = results.pop(pos)
@@ -284,12 +284,13 @@ def bench_training(cfg, peak, results, log, save):
 
 
 def time_sampler(sampler, prompt, n, cfg):
-    """(tokens/s as the median over up to cfg.repeats runs, the tokens of the last run)."""
+    """({median, min, max} tokens/s over up to cfg.repeats runs, the tokens of the last run)."""
     seconds = []
     while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
         s, out = timed(lambda: sampler(prompt, n), cfg.device)
         seconds.append(s)
-    return n / statistics.median(seconds), out
+    rates = spread([1 / s for s in seconds], n)
+    return rates, out
 
 
 def same_prefix(tokens, reference):
@@ -299,54 +300,80 @@ def same_prefix(tokens, reference):
 
 
 def bench_generation(cfg, pos, log):
-    """[figures per length] for one scheme."""
+    """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max]."""
     torch.manual_seed(cfg.seed)
     model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
-    cached = lambda idx, n: generate_cached(model, idx, n, temperature=0)
-    reference = lambda idx, n: model.generate(idx, n, temperature=0)
-    compiled = lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True)
-    for sampler in (cached, reference):
-        sampler(prompt, 8)  # warm-up
+    samplers = {
+        "cached": lambda idx, n: generate_cached(model, idx, n, temperature=0),
+        "reference": lambda idx, n: model.generate(idx, n, temperature=0),
+        "compiled": lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True),
+    }
+    for name in SAMPLERS[:2]:
+        samplers[name](prompt, 8)  # warm-up
     rows, longest_reference = [], None
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
-        row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
-        row["cached_tok_s"], cached_out = time_sampler(cached, prompt, n, cfg)
-        row["reference_tok_s"] = row["speedup"] = None
-        if cfg.reference_max_tokens and n > cfg.reference_max_tokens:
-            row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
-        else:
-            row["reference_tok_s"], reference_out = time_sampler(reference, prompt, n, cfg)
-            row["speedup"] = row["cached_tok_s"] / row["reference_tok_s"]
-            if longest_reference is None or reference_out.size(1) > longest_reference.size(1):
-                longest_reference = reference_out
-        row["compiled_tok_s"] = row["compile_s"] = row["compiled_matches"] = None
-        if cfg.compile_decode:
-            # each length is a new cache size and graph: reset, or a run hits torch.compile's recompile limit
-            torch.compiler.reset()
-            first, _ = timed(lambda n=n: compiled(prompt, n), cfg.device)  # compiles: not timed
-            row["compiled_tok_s"], compiled_out = time_sampler(compiled, prompt, n, cfg)
+        row, outs = {"new_tokens": n, "multiple": multiple, "reference": None}, {}  # reference: why skipped
+        skip = cfg.reference_max_tokens and n > cfg.reference_max_tokens
+        for name in SAMPLERS:
+            row[f"{name}_tok_s"] = row[f"{name}_tok_s_range"] = None
+            if name == "reference" and skip:
+                row["reference"] = (
+                    f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
+                )
+                continue
+            if name == "compiled":
+                if not cfg.compile_decode:
+                    continue
+                # each length is a new cache size and graph: reset, or a run hits the recompile limit
+                torch.compiler.reset()
+                first, _ = timed(lambda n=n: samplers["compiled"](prompt, n), cfg.device)  # compiles: untimed
+            rates, outs[name] = time_sampler(samplers[name], prompt, n, cfg)
+            row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = rates["median"], [rates["min"], rates["max"]]
+        row["speedup"] = row["reference_tok_s"] and row["cached_tok_s"] / row["reference_tok_s"]
+        if "reference" in outs and (
+            longest_reference is None or outs["reference"].size(1) > longest_reference.size(1)
+        ):
+            longest_reference = outs["reference"]
+        row["compile_s"] = row["compiled_matches"] = None
+        if "compiled" in outs:
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
-            row["compiled_matches"] = same_prefix(compiled_out, cached_out)
+            row["compiled_matches"] = same_prefix(outs["compiled"], outs["cached"])
         checked = longest_reference is not None
-        row["cached_matches_reference"] = same_prefix(cached_out, longest_reference) if checked else None
+        row["cached_matches_reference"] = same_prefix(outs["cached"], longest_reference) if checked else None
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
 
 
+# -----------------------------------------------------------------------------
+# The report
+
+
+def with_range(median, low, high, spec):
+    """'42.5 (40.1-47.0)': a median and the min-max of its repeats; '-' for None."""
+    return "-" if median is None else f"{median:{spec}} ({low:{spec}}-{high:{spec}})"
+
+
 def training_table(train):
     learned = train.get("learned", {}).get("ms_per_step")
-    columns = "pos|params|ms/step|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
+    columns = (
+        "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
+    )
     rows = []
     for pos, t in train.items():
         ratio, share = learned and t["ms_per_step"] / learned, t.get("mfu")
-        cells = [pos, f"{t['params']:,}", f"{t['ms_per_step']:.1f}", fmt(ratio, ".2f", "-")]
-        cells += [f"{t['tokens_per_sec']:,.0f}", fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}"]
-        cells += [f"{t['tflops']:.3g}", fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"]
-        rows.append(cells)
+        ms = with_range(t["ms_per_step"], t["step_ms_min"], t["step_ms_max"], ".1f")
+        cells = [pos, f"{t['params']:,}", ms, fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
+        cells += [fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}"]
+        rows.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
     return markdown_table(columns.split("|"), rows)
+
+
+def rate_cell(row, name, missing):
+    rate = row[f"{name}_tok_s"]
+    return with_range(rate, *row[f"{name}_tok_s_range"], ",.0f") if rate else missing
 
 
 def generation_table(generation, compiled_note):
@@ -357,40 +384,40 @@ def generation_table(generation, compiled_note):
             matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
-            cells = [pos, str(row["new_tokens"]), f"{row['cached_tok_s']:,.0f}"]
-            cells += [fmt(row["reference_tok_s"], ",.0f", "skipped"), speedup]
-            cells += [fmt(row["compiled_tok_s"], ",.0f", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"]
-            rows.append(cells)
+            cells = [
+                pos,
+                str(row["new_tokens"]),
+                rate_cell(row, "cached", "-"),
+                rate_cell(row, "reference", "skipped"),
+                speedup,
+            ]
+            rows.append(
+                cells + [rate_cell(row, "compiled", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"]
+            )
     return markdown_table(columns.split("|"), rows)
 
 
-def device_peak(cfg):
-    """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
-    if cfg.device == "cpu":
-        size = cfg.matmul_size
-        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
-    if cfg.device.startswith("cuda"):
-        return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
-    return None, "unknown on this device"
-
-
-def new_report(cfg, argv, peak, peak_source):
-    on_cuda = cfg.device.startswith("cuda")
-    return {
-        "command": shlex.join(["python", "-m", "perf.bench", *argv]),
-        "date": datetime.now(UTC).isoformat(),
-        "machine": machine(cfg.device),
-        "source": source(),
-        "config": asdict(cfg),
-        "peak_flops": peak,
-        "peak_source": peak_source,
-        "memory": "CUDA max_memory_allocated per scheme and phase"
-        if on_cuda
-        else "process max RSS so far (a high-water mark, not per scheme)",
-        "compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)",
-        "training": {},
-        "generation": {},
-    }
+def warnings(report, cfg):
+    """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
+    processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
+    notes, m = [], report["machine"]
+    figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
+    for pos, g in report["generation"].items():
+        for row in g["rows"]:
+            for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
+                figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
+    wide = [
+        f"{pos} {what} {high / low:.1f}x"
+        for pos, what, low, high in figures
+        if high > UNRELIABLE_SPREAD * low
+    ]
+    if wide:
+        notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
+    load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
+    if cfg.device == "cpu" and load is not None and load + threads > cores + 0.5:
+        notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
+                     "here; other processes slow these figures and make them noisy")  # fmt: skip
+    return notes
 
 
 def print_report(report, cfg):
@@ -406,6 +433,18 @@ def print_report(report, cfg):
         print(training_table(report["training"]) + "\n")
     if report["generation"]:
         print(generation_table(report["generation"], "-" if cfg.compile_decode else "off"))
+    for note in report["warnings"]:
+        print(f"\n!!! UNRELIABLE: {note}")
+
+
+def device_peak(cfg):
+    """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
+    if cfg.device == "cpu":
+        size = cfg.matmul_size
+        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
+    if cfg.device.startswith("cuda"):
+        return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
+    return None, "unknown on this device"
 
 
 def run(cfg, argv):
@@ -417,22 +456,36 @@ def run(cfg, argv):
     memory.check_benchmark_memory(
         configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
     )
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)
-    report = new_report(cfg, argv, *device_peak(cfg))
+    log(hardware.use_threads(cfg.threads, cfg.device))
+    on_cuda = cfg.device.startswith("cuda")
+    report = {
+        "command": shlex.join(["python", "-m", "perf.bench", *argv]),
+        "date": datetime.now(UTC).isoformat(),
+    }
+    report |= {"machine": machine(cfg.device), "source": source(), "config": asdict(cfg)}
+    report |= dict(zip(("peak_flops", "peak_source"), device_peak(cfg)))
+    report["memory"] = (
+        "CUDA max_memory_allocated per scheme and phase"
+        if on_cuda
+        else "process max RSS so far (a high-water mark, not per scheme)"
+    )
+    report |= {"compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)"}
+    report |= {"training": {}, "generation": {}, "warnings": []}
 
     def save():  # rewritten after each scheme, atomically: a run killed while writing keeps what it had
+        report["warnings"] = warnings(report, cfg)
         if cfg.json:
             write_output("json", cfg.json, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
 
     if cfg.train_steps:
         bench_training(cfg, report["peak_flops"], report["training"], log, save)
     for pos in cfg.schemes if cfg.gen_multiples else ():
-        reset_peak_memory(cfg.device)
+        peak_memory_mb(cfg.device, reset=True)
         rows = bench_generation(cfg, pos, log)
         report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
         save()  # a run cut short by a timeout keeps what it measured
+    save()
     print_report(report, cfg)
     return report
 

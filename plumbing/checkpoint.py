@@ -17,13 +17,14 @@ Only tensors and plain data, so it is read with torch.load(weights_only=True). S
 model_config and meta; resuming needs the rest.
 """
 
+import dataclasses
 import io
 import os
 import pickle
 import pickletools
 import re
 import shutil
-import uuid
+import typing
 import warnings
 import zipfile
 from contextlib import suppress
@@ -35,6 +36,7 @@ import torch
 from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 from plumbing.errors import UserError
+from plumbing.outputs import replace_atomically
 from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
@@ -46,40 +48,22 @@ SAFE_GLOBAL = re.compile(r"torch\._utils _rebuild_\w+|torch \w+Storage|collectio
 # Writing: atomically, so that a crash never leaves a half-written checkpoint in place of a good one
 
 
-def temporary_path(path):
-    # hidden and unique; remove_unfinished_writes finds those a kill -9 left behind
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def replace_atomically(path, write):
-    """write(tmp) fills a temporary file beside path, which then os.replace()s it (atomic) and the folder is
-    fsynced (POSIX): a crash or a full disk midway leaves the previous file whole."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if os.name == "posix":
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return path
-
-
 def save_checkpoint(obj, path):
     def write(tmp):
         with open(tmp, "xb") as f:  # not tempfile.mkstemp, whose files are 0600 whatever the umask
-            torch.save(obj, f)
+            torch.save(obj, f)  # to a file object: a failed write's OSError (ENOSPC ...) is its __context__
             f.flush()
             os.fsync(f.fileno())
 
-    return replace_atomically(path, write)
+    return replace_atomically(path, write, needed=tensor_bytes(obj))
+
+
+def tensor_bytes(obj):
+    """The bytes of the tensors in obj (nested dicts and lists): about the size of its checkpoint file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(map(tensor_bytes, values))
 
 
 def link_checkpoint(source, path):
@@ -111,7 +95,8 @@ def remove_unfinished_writes(out_dir):
 
 def load_checkpoint(path, map_location="cpu", mmap=False):
     """The checkpoint dict at path, read with weights_only=True (unpickling objects could run code): every
-    failure is a UserError naming the path. mmap=True reads a tensor from disk only when used."""
+    failure is a UserError naming the path. mmap=True reads a tensor from disk only when used. What an entry
+    point opens goes through open_checkpoint, which checks it against SCHEMA too."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
@@ -136,6 +121,138 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     if isinstance(ckpt["model_config"], dict):
         ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
     return ckpt
+
+
+def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
+    """load_checkpoint, then check_checkpoint: the one way an entry point opens a checkpoint file.
+    vocabulary=False leaves the meta's vocabulary unchecked (for a caller reading only model_config)."""
+    ckpt = load_checkpoint(path, map_location, mmap)
+    check_checkpoint(path, ckpt, vocabulary)
+    return ckpt
+
+
+# -----------------------------------------------------------------------------
+# The schema: what each entry holds, checked when a file is opened (its weights' values: load_weights)
+
+NONE = type(None)
+
+
+class Check(typing.NamedTuple):
+    """A schema entry no type says: `what` it must be, and whether a value is one."""
+
+    what: str
+    fits: typing.Callable
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+PYTHON_RNG = Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
+    isinstance(v[1], (list, tuple)) and len(v[1]) == 625 and all(map(is_int, [v[0], *v[1]])))  # fmt: skip
+SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
+
+
+def tensor_of(what, shape, dtype):
+    return Check(what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype)
+
+
+NUMPY_KEY = tensor_of("624 int64s", (624,), torch.int64)
+TORCH_RNG = tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8)
+RNG = {  # plumbing.resume.rng_state
+    "python": PYTHON_RNG,
+    "numpy": {"bit_generator": str, "key": NUMPY_KEY, "pos": int, "has_gauss": int, "gauss": (float, int)},
+    "torch": TORCH_RNG,
+    "cuda": (torch.Tensor, NONE),
+}
+SCHEMA = {
+    "model": {str: torch.Tensor},  # {str: spec}: a dict of any keys, each value a spec
+    "model_config": dict,  # and each field as GPTConfig types it: model_config_error
+    "meta": dict,  # and a vocabulary: check_meta
+    "train_config": {str: (str, int, float, bool, NONE)},
+    "iter_num": int,
+    "best_val_loss": (float, int),
+    "best_iter": (int, NONE),
+    "optimizer": {"state": dict, "param_groups": list},
+    "scaler": dict,
+    "sampler": {"train": SAMPLER, "eval": SAMPLER},
+    "rng": [RNG],  # one per rank
+    "wandb_run_id": (str, NONE),
+    "finished": bool,
+}
+TRAIN_CONFIG = {"max_iters": int, "dataset": str}  # the train_config fields read besides comparing them
+# GPTConfig's fields every checkpoint has (the later ones default: with_rope_variants)
+MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ROPE_VARIANTS]
+
+
+def shown(value):
+    text = repr(value) if isinstance(value, (str, int, float, bool, NONE)) else a_type(type(value))
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def schema_error(value, spec, name):
+    """How value departs from spec ('name is ..., not ...'), or None. spec: a type or tuple of types (an int
+    is a float, a bool no int); {key: spec}, a dict with those keys ({str: spec}: any keys); [spec], a
+    non-empty list of them; a Check."""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{name} is {shown(value)}, not a dict"
+        spec = dict.fromkeys(value, spec[str]) if str in spec else spec
+        if missing := [key for key in spec if key not in value]:
+            return f"{name} has no {', '.join(missing)}"
+        inner = ((value[k], s, f"{name}.{k}" if name else k) for k, s in spec.items())
+        return next((e for v, s, n in inner if (e := schema_error(v, s, n))), None)
+    if isinstance(spec, list):
+        if not isinstance(value, (list, tuple)) or not value:
+            return f"{name} is {shown(value)}, not a non-empty list"
+        return next((e for i, v in enumerate(value) if (e := schema_error(v, spec[0], f"{name}[{i}]"))), None)
+    if isinstance(spec, Check):
+        return None if spec.fits(value) else f"{name} is {shown(value)}, not {spec.what}"
+    types = spec if isinstance(spec, tuple) else (spec,)
+    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
+        return None
+    if float in types and is_int(value):
+        return None
+    return f"{name} is {shown(value)}, not {' or '.join(map(a_type, types))}"
+
+
+def a_type(kind):
+    return "None" if kind is NONE else f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
+
+
+def model_config_error(model_config):
+    """How a checkpoint's model_config departs from GPTConfig's fields and their types and checks, or None."""
+    hints = typing.get_type_hints(GPTConfig)
+    if missing := [name for name in MODEL_FIELDS if name not in model_config]:
+        return f"model_config has no {', '.join(missing)}"
+    if unknown := [name for name in model_config if name not in hints]:
+        return f"model_config has unknown fields {', '.join(map(str, unknown))}"
+    for name, value in model_config.items():
+        types = tuple(typing.get_origin(t) or t for t in typing.get_args(hints[name])) or hints[name]
+        if error := schema_error(value, types, f"model_config.{name}"):  # list[float]: a list
+            return error
+    try:
+        GPTConfig(**model_config)
+    except ValueError as e:
+        return f"model_config: {e}"
+    return None
+
+
+def check_checkpoint(path, ckpt, vocabulary=True):
+    """UserError (one line naming the entry) unless ckpt (load_checkpoint's) has the entries sampling needs
+    and every entry it has fits SCHEMA."""
+    settings = ckpt.get("train_config", {})
+    error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
+    error = error or model_config_error(ckpt["model_config"])
+    error = error or schema_error(
+        settings, {k: TRAIN_CONFIG[k] for k in TRAIN_CONFIG if k in settings}, "train_config"
+    )
+    if error:
+        raise UserError(
+            f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
+        )
+    if vocabulary:
+        check_meta(path, ckpt)
 
 
 def with_rope_variants(model_config):
@@ -224,10 +341,6 @@ def mismatched_tensors(module, state_dict, shown=3):
     if not isinstance(state_dict, dict):
         return f"a {type(state_dict).__name__} where a state dict of tensors belongs"
     expected = module.state_dict()
-
-    def some(names):
-        return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-
     shapes = [
         f"{name} {tuple(getattr(value, 'shape', ()))} where the model has {tuple(expected[name].shape)}"
         for name, value in state_dict.items()
@@ -238,7 +351,12 @@ def mismatched_tensors(module, state_dict, shown=3):
         ("unexpected", [name for name in state_dict if name not in expected]),
         ("mis-shaped", shapes),
     )
-    return "; ".join(f"{what} {some(names)}" for what, names in kinds if names)
+    return "; ".join(f"{what} {some(names, shown)}" for what, names in kinds if names)
+
+
+def some(names, shown=3):
+    """The first `shown` names, and how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def load_weights(path, module, state_dict):
@@ -250,6 +368,13 @@ def load_weights(path, module, state_dict):
         raise UserError(
             f"{path}: its {type(module).__name__} state does not fit ({detail or first_line(e)})"
         ) from None
+    if isinstance(module, torch.nn.Module):  # after loading: checked where they live, on the device
+        tensors = module.state_dict().items()
+        if bad := [name for name, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]:
+            raise UserError(
+                f"{path}: weights that are not finite (NaN or inf) in {some(bad)}: a model that diverged "
+                "or a damaged file; use another checkpoint"
+            )
 
 
 def build_model(path, ckpt, **overrides):
@@ -283,14 +408,12 @@ def open_model(
     llama3_factors=(None, None),
     longrope=None,
 ):
-    """(model in eval mode on device, tokenizer or None without a meta, checkpoint dict) of the checkpoint in
+    """(model in eval mode on device, tokenizer, checkpoint dict) of the checkpoint in
     `source` (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
     llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's; longrope: the
     settings of a --rope_factors file (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
-    ckpt = ckpt or load_checkpoint(path, mmap=True)
-    if "meta" in ckpt:
-        check_meta(path, ckpt)
+    ckpt = ckpt or open_checkpoint(path, mmap=True)
     scaling = {}
     if rope_scaling is not None:
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
@@ -301,7 +424,7 @@ def open_model(
     scaling |= {name: value for name, value in zip(LLAMA3_FACTORS, llama3_factors) if value is not None}
     scaling |= longrope or {}
     model = build_model(path, ckpt, **scaling).to(device).eval()
-    return model, get_tokenizer(ckpt["meta"]) if "meta" in ckpt else None, ckpt
+    return model, get_tokenizer(ckpt["meta"]), ckpt
 
 
 def vocabulary(meta):

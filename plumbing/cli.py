@@ -92,7 +92,25 @@ def flag_kind(annotation):
     convert = {bool: parse_bool, int: parse_int, float: parse_float}.get(kind, str)
     if type(None) not in args:
         return kind, convert, False
-    return kind, lambda text: None if text.lower() == "none" else convert(text), False
+    return kind, lambda text: None if text.lower() == "none" else convert(not_empty(text)), False
+
+
+def not_empty(text):
+    # `--lengths=` would be taken for the default: say so instead
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty (an unset shell variable?): give a value or leave the flag out"
+        )
+    return text
+
+
+SEED_RANGE = range(2**63)  # what torch, numpy and Python all take (torch.manual_seed: 64 bits, numpy: >= 0)
+
+
+def check_seed(name, value):
+    """A usage UserError unless a seed (the flag `name`) lies in SEED_RANGE."""
+    if value is not None and value not in SEED_RANGE:
+        raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
 def field_comments(config_class):
@@ -151,10 +169,11 @@ def build_parser(prog, description, sections, defaults, choices, positional):
 
 
 def read_toml(path):
-    """The table in a TOML file; a missing or malformed file is a usage UserError."""
+    """The table in a TOML file (skipping a UTF-8 byte-order mark, as some Windows editors write one); a
+    missing or malformed file is a usage UserError."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            return tomllib.loads(f.read().decode("utf-8-sig"))
     except OSError as e:
         raise UserError(f"--config {path}: {e.strerror}", 2) from None
     except UnicodeDecodeError:  # before TOMLDecodeError, a ValueError too that would not name the file
@@ -216,7 +235,10 @@ def parse_flags(
             file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
             for path in flags.pop("config"):
                 from_files |= read_config_file(file_parser, path, valid, foreign_keys)
-    return values | from_files | flags
+        values |= from_files | flags
+        for name in [name for name in values if name == "seed" or name.endswith("_seed")]:
+            check_seed(name, values[name])
+    return values
 
 
 # LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat

@@ -1,7 +1,7 @@
 """
-What a script runs on: the device, the precision, the hardware's peak speed (for MFU) and its free memory.
-Every entry point resolves --device and --dtype here: auto is cuda, then mps, then cpu; bfloat16 on CUDA,
-float32 elsewhere.
+What a script runs on: the device, the precision, the CPU threads, the hardware's peak speed (for MFU) and
+its free memory. Every entry point resolves --device, --dtype and --threads here: auto is cuda, then mps, then
+cpu; bfloat16 on CUDA, float32 elsewhere; threads as use_threads says.
 """
 
 import os
@@ -47,6 +47,36 @@ def check_device(device):
     name, backend = backends.get(device.split(":")[0], (None, None))
     if backend and not backend.is_available():
         raise UserError(f"device={device!r} but {name}.is_available() is False; try --device=auto or cpu", 2)
+
+
+def check_threads(threads):
+    """ValueError unless threads (a --threads value) is auto or a whole number >= 1."""
+    if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        raise ValueError(f"threads={threads!r}: give auto or a number of threads >= 1, e.g. --threads=1")
+
+
+def auto_threads(cores, load):
+    """The CPU threads auto picks: the cores that other processes leave free (cores minus the 1-minute load
+    average, rounded), at least 1. Measured on 2 cores (docs/perf.md, Threads): beside other processes a
+    second thread made each training step 5.7-12.7x slower, where on idle cores it is worth at most ~1.4x."""
+    return max(1, min(cores, round(cores - load)))
+
+
+def use_threads(threads, device):
+    """Set torch's intra-op CPU threads from --threads (auto or a number) -> the line saying what was chosen
+    and why, for the run's first lines. auto keeps OMP_NUM_THREADS where it is set, and torch's default off
+    the CPU; on a CPU it takes auto_threads."""
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if threads != "auto":
+        n, why = int(threads), "--threads"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    elif not str(device).startswith("cpu"):
+        n, why = torch.get_num_threads(), f"torch's default on {device}"
+    else:
+        n, why = auto_threads(cores, load), "auto: the cores other processes leave free"
+    torch.set_num_threads(n)
+    return f"threads: {n} of {cores} cores ({why}; load average {load:.1f}); --threads=N sets them"
 
 
 def resolve_device(device):

@@ -8,14 +8,74 @@ Files a script writes its results to (eval_length.py's --csv, --positions_csv an
 A file where a folder is expected, a read-only folder or a full disk is found by writing a temporary file
 where the output will go, so it stops the script in one line before the work, not with a traceback after
 it. An output is written to a temporary file and renamed into place: one that fails midway leaves the file
-it replaces whole.
+it replaces whole, and one that fails for lack of space says so in one line (checkpoints and datasets too).
 """
 
+import errno
 import os
+import shutil
+import uuid
 from pathlib import Path
 
-from plumbing.checkpoint import replace_atomically, temporary_path
 from plumbing.errors import UserError
+from plumbing.hardware import format_bytes
+
+
+def temporary_path(path):
+    # hidden and unique; remove_unfinished_writes finds those a kill -9 left behind
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def replace_atomically(path, write, needed=None):
+    """write(tmp) fills a temporary file beside path, which then os.replace()s it (atomic) and the folder is
+    fsynced (POSIX): a crash or a full disk midway leaves the previous file whole. A write that fails for lack
+    of space is a UserError saying so (no_space); needed: about how many bytes the file takes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if full := space_error(e):
+            kept = f"the previous {path.name} is whole" if path.exists() else ""
+            raise no_space(full, path, needed, kept) from None
+        raise
+    if os.name == "posix":
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return path
+
+
+NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))  # disk full, ulimit -f, quota
+
+
+def space_error(error):
+    """The OSError that refused a write for lack of space (NO_SPACE): error, or one it was raised from
+    (torch.save raises a RuntimeError from it); else None."""
+    while error is not None and not (isinstance(error, OSError) and error.errno in NO_SPACE):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def no_space(error, path, needed=None, kept=""):
+    """The one-line UserError for a write of path that space_error refused: why, how much space it needs and
+    has there, and what is kept whole."""
+    folder = next((p for p in Path(path).parents if p.exists()), Path("."))
+    space = [
+        f"needs about {format_bytes(needed)}" if needed else "",
+        f"{format_bytes(shutil.disk_usage(folder).free)} free",
+    ]
+    space, kept = ", ".join(filter(None, space)), f"; {kept}" if kept else ""
+    return UserError(
+        f"could not write {path}: {error.strerror} ({space}){kept}; free some space (or raise ulimit -f) and "
+        "run it again, or write elsewhere"
+    )
+
 
 PROBE_BYTES = 4096  # a full disk still creates an empty file: the probe must take a block
 

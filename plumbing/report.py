@@ -1,42 +1,120 @@
 """
 What a training run reports: its header, a line per log_interval steps with speed and time left, and the same
-figures to Weights & Biases when asked. And the markdown tables the measuring scripts print.
+figures to Weights & Biases when asked. And what the measuring scripts print: markdown tables, progress.
 """
 
+import importlib.util
+import netrc
+import os
+import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+SLOWDOWN = 2.5  # log windows this many times slower per step than the fastest step get one note in the log
 
 
 class StepClock:
-    """Wall time of the steps between two log lines, evaluations left out, and the time the run has left."""
+    """Wall time of the steps between two log lines, evaluations left out, the time the run has left, and
+    one note when the steps run far slower than the fastest single step this run has taken: the rate of this
+    machine with the cores to itself. clock: the seconds to read (a fake one in the tests)."""
 
-    def __init__(self, cfg, start_iter):
-        self.cfg, self.start_iter = cfg, start_iter
+    def __init__(self, cfg, start_iter, clock=time.perf_counter):
+        self.cfg, self.start_iter, self.clock = cfg, start_iter, clock
         self.train_seconds, self.eval_seconds = 0.0, 0.0  # in steps so far, and in the last evaluation
-        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.window_start, self.window_steps = clock(), 0
+        self.last_step, self.fastest, self.noted = self.window_start, None, False  # the end of the last step
 
     @contextmanager
     def evaluation(self):
-        start = time.perf_counter()
+        start = self.clock()
         self.train_seconds += start - self.window_start
         yield
-        self.eval_seconds = time.perf_counter() - start
-        self.window_start, self.window_steps = time.perf_counter(), 0  # keep evaluation out of ms/iter
+        self.eval_seconds = self.clock() - start
+        self.window_start, self.window_steps = self.clock(), 0  # keep evaluation out of ms/iter
+        self.last_step = self.window_start
 
     def step(self):
-        self.window_steps += 1
+        now = self.clock()
+        self.fastest = min(self.fastest or now - self.last_step, now - self.last_step)
+        self.window_steps, self.last_step = self.window_steps + 1, now
 
     def lap(self, steps_done):
         """(seconds per step since the last lap, seconds left). Call it after the device was waited for."""
-        now = time.perf_counter()
+        now = self.clock()
         step_seconds = (now - self.window_start) / self.window_steps
         self.train_seconds += now - self.window_start
         self.window_start, self.window_steps = now, 0
         per_step = self.train_seconds / (steps_done - self.start_iter)
         evals = evals_left(steps_done, self.cfg) * self.eval_seconds
         return step_seconds, (self.cfg.max_iters - steps_done) * per_step + evals
+
+    def slowdown(self, step_seconds):
+        """The note, once per run, when a window's seconds per step exceed SLOWDOWN x the fastest step."""
+        if self.noted or not self.fastest or step_seconds < SLOWDOWN * self.fastest:
+            return None
+        self.noted, threads, cores = True, torch.get_num_threads(), os.cpu_count()
+        load = f"load average {os.getloadavg()[0]:.1f} on {cores} cores" if hasattr(os, "getloadavg") else ""
+        fix = "; --threads=1 keeps this run's threads off the others' cores" if threads > 1 else ""
+        return (
+            f"note: steps take {step_seconds * 1e3:.0f} ms, {step_seconds / self.fastest:.1f}x this run's "
+            f"fastest step ({self.fastest * 1e3:.0f} ms): likely other processes share the CPU ({load}, "
+            f"threads={threads} here){fix}"
+        )
+
+
+PLAIN_EVERY_S = 60.0  # PlainProgress's lines without a total: one per this many seconds
+
+
+class PlainProgress:
+    """tqdm's update / set_postfix_str / with, as a few whole lines: at each quarter of total (without one,
+    every PLAIN_EVERY_S seconds) and at the end; file None: silent."""
+
+    def __init__(self, total, unit, desc, file):
+        self.total, self.unit, self.desc, self.file = total, unit, desc or "progress", file
+        self.done, self.postfix, self.start, self.printed, self.quarter = 0, "", time.perf_counter(), 0.0, 0
+
+    def update(self, n=1):
+        self.done += n
+        elapsed = time.perf_counter() - self.start
+        quarter = 4 * self.done // self.total if self.total else 0
+        if quarter > self.quarter or (not self.total and elapsed - self.printed >= PLAIN_EVERY_S):
+            self.quarter, self.printed = quarter, elapsed
+            self.say()
+
+    def say(self):
+        if self.file is not None:
+            of = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
+            postfix = f", {self.postfix}" if self.postfix else ""
+            elapsed = format_seconds(time.perf_counter() - self.start)
+            print(
+                f"{self.desc}: {self.done:,}{of} {self.unit}{postfix}, {elapsed}", file=self.file, flush=True
+            )
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfix = text
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.quarter < 4 and self.done:  # the last line says where it ended
+            self.say()
+
+
+def progress_bar(total, unit, desc=None, enabled=True, file=None):
+    """A tqdm bar on a terminal; where `file` (stderr) is not one (a log file, a pipe, CI), a PlainProgress
+    that writes a few whole lines instead of a bar redrawn in place."""
+    file = file or sys.stderr
+    if enabled and file.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit=unit, desc=desc, unit_scale=True, file=file, dynamic_ncols=True)
+    return PlainProgress(total, unit, desc, file if enabled else None)
 
 
 def evals_left(step, cfg):
@@ -87,6 +165,20 @@ def header_line(run, one_per_process):
         f"{run.model.num_params() / 1e6:.2f}M parameters | {cfg.device} {cfg.dtype}{compiled} | "
         f"{run.tokens_per_step:,} tokens/step{split} | {cfg.max_iters} steps"
     )
+
+
+def wandb_problem():
+    """Why --wandb cannot log (not installed, or not logged in: wandb.init would fail or prompt mid-run), or
+    None. Logged in: an API key in WANDB_API_KEY or ~/.netrc (`wandb login` writes it); offline needs none."""
+    if importlib.util.find_spec("wandb") is None:
+        return "--wandb needs the wandb package: pip install wandb"
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return None
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    with suppress(OSError, netrc.NetrcParseError):
+        if netrc.netrc().authenticators(host):
+            return None
+    return "--wandb: not logged in to Weights & Biases: run `wandb login` once, or set WANDB_MODE=offline"
 
 
 @contextmanager

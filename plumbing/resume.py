@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from finetune import lora
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
-    check_meta,
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
-    load_checkpoint,
     load_weights,
+    open_checkpoint,
     run_folder,
     save_checkpoint,
 )
@@ -131,7 +131,6 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
         )
-    check_meta(path, ckpt)
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
     saved, wanted = ckpt["model_config"], asdict(model_config)
     if changes := model_differences(saved, wanted, MODEL_KNOBS):
@@ -155,7 +154,12 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
-    ckpt = load_checkpoint(path, map_location=train_config.device)
+    try:
+        ckpt = open_checkpoint(path, map_location=train_config.device)
+    except UserError as e:
+        raise UserError(
+            f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
+        ) from None
     changes = check_resumable(path, ckpt, train_config, model_config, meta)
     if len(ckpt["rng"]) != world_size:
         changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")
@@ -170,7 +174,7 @@ def training_state(run, rng):
     """A run's checkpoint dict (plumbing/checkpoint.py); rng: every rank's rng_state."""
     p = run.progress
     return {
-        "model": run.model.state_dict(),
+        **lora.checkpoint_entries(run.model),  # "model": plain weights (LoRA merged); "lora" if adapted
         "model_config": asdict(run.model_config),
         "train_config": asdict(run.cfg),
         "iter_num": p.iter_num,
@@ -190,12 +194,14 @@ def write_checkpoints(run, improved):
     """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (to gather the RNG
     states); rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
+    if run.procs.master:
+        try:
+            save_checkpoint(training_state(run, rng), run.ckpt_path)
+            if improved:
+                link_checkpoint(run.ckpt_path, run.best_path)
+        except UserError as e:  # no space left: the files on disk are whole
+            raise UserError(f"{e}; training stopped: {kept_checkpoint(run)}") from None
     run.progress.saved_iter = run.progress.iter_num
-    if not run.procs.master:
-        return
-    save_checkpoint(training_state(run, rng), run.ckpt_path)
-    if improved:
-        link_checkpoint(run.ckpt_path, run.best_path)
 
 
 def kept_checkpoint(run):
@@ -208,14 +214,14 @@ def kept_checkpoint(run):
 def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it; the random generators last, as building the
     model drew from them."""
-    load_weights(path, run.model, ckpt["model"])
+    load_weights(path, run.model, lora.resume_state(path, ckpt, run.model))
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
     # keep the moments, take this run's betas and weight decay (and fused on this device)
     for group, fresh in zip(run.optimizer.param_groups, settings):
         group.update(fresh)
     if ckpt["scaler"] and run.scaler.is_enabled():
-        run.scaler.load_state_dict(ckpt["scaler"])
+        load_weights(path, run.scaler, ckpt["scaler"])
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
         sampler.load_state_dict(ckpt["sampler"]["train"])
     run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
@@ -252,7 +258,7 @@ def resize_position_table(table, n_pos):
 
 def saved_model_config(out_dir, names):
     """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
-    saved = load_checkpoint(checkpoint_path(out_dir), mmap=True)["model_config"]
+    saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
     return {name: value for name, value in saved.items() if name in names}
 
 
@@ -284,8 +290,7 @@ def init_model_from(out_dir, model, meta, dataset):
     """Load the checkpoint in out_dir into model, whose config may differ from it only in INIT_KNOBS.
     -> a note for the log when a learned table was resized."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path, mmap=True)
-    check_meta(path, ckpt)
+    ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
     if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
         raise UserError(

@@ -13,8 +13,9 @@ import uuid
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from plumbing.checkpoint import load_checkpoint, run_finished
+from plumbing.checkpoint import open_checkpoint, run_finished
 from plumbing.errors import UserError
+from plumbing.resume import RESUME_KEYS
 
 LOCK_NAME = "train.lock"
 LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being written, not a crashed run's
@@ -27,9 +28,11 @@ def process_start(pid):
     return None
 
 
-def lock_record():
-    """What the lock says of this process: enough for the refusal to name it, and to tell a stale lock."""
+def lock_record(folder):
+    """What the lock says of this process: enough for the refusal to name it, and to tell a stale lock (one
+    whose process is gone, or one copied with its folder: the folder's inode is another)."""
     return {
+        "folder_inode": os.stat(folder).st_ino,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -64,10 +67,13 @@ def describe_holder(held):
 
 def holder_alive(held, path):
     """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot
-    be checked: assumed alive, so never two runs in one folder."""
+    be checked: assumed alive, so never two runs in one folder. A lock copied from another folder (cp -r of a
+    run, or of a study's runs) holds none: its process runs, if at all, in the folder it was copied from."""
     if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
         with suppress(FileNotFoundError):
             return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS
+        return False
+    if held.get("folder_inode") not in (None, path.parent.stat().st_ino):
         return False
     if held.get("host") != socket.gethostname() or os.name != "posix":
         return True
@@ -100,7 +106,7 @@ def take_lock(path):
     over); a live holder is a UserError naming it."""
     note = None
     for _ in range(10):
-        text = json.dumps(lock_record())
+        text = json.dumps(lock_record(path.parent))
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -145,12 +151,14 @@ def lock_folder(out_dir, log=print):
 
 
 def describe_run(out_dir):
-    """(what out_dir holds, what --resume does with it), for the refusal."""
+    """(what out_dir holds, what --resume does with it: None where it cannot), for the refusal."""
     path = Path(out_dir) / "ckpt.pt"
     try:
-        ckpt = load_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
-    except UserError:
-        return "a run (its checkpoint cannot be read)", "continues it"
+        ckpt = open_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
+    except UserError as e:  # unreadable, damaged, foreign (GPT-2's, nanoGPT's) or malicious
+        return f"a checkpoint that cannot be continued ({e})", None
+    if missing := [key for key in RESUME_KEYS if key not in ckpt]:
+        return f"a checkpoint that cannot be continued (it has no {', '.join(missing)})", None
     step = f"step {ckpt.get('iter_num')} of {(ckpt.get('train_config') or {}).get('max_iters')}"
     if run_finished(ckpt):
         return f"a finished run ({step})", "with a larger --max_iters trains it further"
@@ -164,9 +172,10 @@ def check_may_start(out_dir, resume, overwrite):
     run, resuming = describe_run(out_dir)
     if overwrite:
         return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
+    resuming = f"--resume {resuming}, " if resuming else ""
     raise UserError(
-        f"{out_dir} holds {run}: --resume {resuming}, --overwrite starts again and replaces it (or "
-        "give another --out_dir)"
+        f"{out_dir} holds {run}: {resuming}--overwrite starts again and replaces it (or give another "
+        "--out_dir)"
     )
 
 

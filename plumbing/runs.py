@@ -7,13 +7,14 @@ folder is trained, a finished run of the command's settings reused, the same run
 
 import dataclasses
 import json
+import os
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_finished
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,12 +85,20 @@ def plan(commands):
 
 
 def differences(saved, wanted):
-    """'name saved, not wanted' for each setting a checkpoint (saved) has otherwise than planned."""
+    """'name saved, not wanted' for each setting a checkpoint (saved) has otherwise than planned; init_from is
+    compared as a path from out_dir, so that runs copied together (a study's out_root) are the same runs."""
+    saved, wanted = relative_init_from(saved), relative_init_from(wanted)
     return [
         f"{name} {saved[name]}, not {value}"
         for name, value in wanted.items()
         if name not in NOT_COMPARED and name in saved and saved[name] != value
     ]
+
+
+def relative_init_from(config):
+    if not (config.get("init_from") and config.get("out_dir")):
+        return config
+    return config | {"init_from": os.path.relpath(config["init_from"], config["out_dir"])}
 
 
 def decide(plan, elsewhere="move it away"):
@@ -98,14 +107,14 @@ def decide(plan, elsewhere="move it away"):
     path = ROOT / plan.out_dir / "ckpt.pt"  # the latest state: best.pt may be an earlier step
     if not path.is_file():
         return "train", None
-    ckpt = load_checkpoint(path, mmap=True)
+    ckpt = open_checkpoint(path, mmap=True)
     changed = differences(ckpt.get("model_config", {}), plan.model_config)
-    changed += differences(ckpt.get("train_config", {}), plan.train_config)
+    changed += differences(ckpt.get("train_config", {}), plan.train_config | {"out_dir": plan.out_dir})
     if changed:
         raise UserError(
             f"{plan.out_dir} holds another run than `{plan.command}` ({'; '.join(changed)}): {elsewhere}"
         )
-    return ("reuse" if run_finished(ckpt) else "resume"), ckpt["iter_num"]
+    return ("reuse" if run_finished(ckpt) else "resume"), ckpt.get("iter_num", 0)
 
 
 def announcement(plan, action, step, duration):

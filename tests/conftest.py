@@ -2,6 +2,7 @@
 tests that grade each course exercise its marker (course/exercises.py: `python -m pytest -m ex3
 --strict-markers`)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,8 +15,10 @@ sys.path.insert(0, str(ROOT))
 from course.exercises import EXERCISES  # noqa: E402  (needs the root on sys.path)
 
 # The suite runs thousands of tiny ops: extra intra-op threads only add synchronisation, and on a busy
-# machine their spin-waits make a 30 ms generation take seconds.
+# machine their spin-waits make a 30 ms generation take seconds. The scripts' --threads=auto keeps
+# OMP_NUM_THREADS, in this process and the scripts the tests start.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config):

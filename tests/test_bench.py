@@ -107,6 +107,40 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
     } <= set(row)
 
 
+def test_every_figure_comes_with_the_min_and_max_of_its_repeats(tiny_report):
+    report, _ = tiny_report
+    for t in report["training"].values():
+        assert t["step_ms_min"] <= t["ms_per_step"] <= t["step_ms_max"]
+    for g in report["generation"].values():
+        for row in g["rows"]:
+            for name in ("cached", "reference"):
+                low, high = row[f"{name}_tok_s_range"]
+                assert 0 < low <= row[f"{name}_tok_s"] <= high
+    assert isinstance(report["warnings"], list)
+
+
+def test_a_wide_spread_or_a_busy_machine_is_called_unreliable():
+    """The loud note: a figure whose repeats spread by more than UNRELIABLE_SPREAD (max/min), and a CPU run
+    whose threads plus the load average exceed the cores; a steady figure on an idle machine gets none."""
+    cfg = bench.BenchConfig(device="cpu")
+    machine = {"load_average": 0.1, "cpu_count": 2, "torch_threads": 1}
+    steady = {"step_ms_min": 40.0, "step_ms_max": 44.0}
+    rows = [{"new_tokens": 64, "cached_tok_s_range": [100.0, 400.0], "reference_tok_s_range": None}]
+    rows[0]["compiled_tok_s_range"] = None
+    report = {"machine": machine, "training": {"rope": steady}, "generation": {"alibi": {"rows": rows}}}
+    (spread,) = bench.warnings(report, cfg)
+    assert "alibi cached tok/s at 64 4.0x" in spread and "rope" not in spread
+    busy = {"machine": machine | {"load_average": 1.9}, "training": {"rope": steady}, "generation": {}}
+    assert "busy: load average 1.9 on 2 cores" in bench.warnings(busy, cfg)[0]
+    quiet = {"machine": machine, "training": {"rope": steady}, "generation": {}}
+    assert bench.warnings(quiet, cfg) == []
+
+
+def test_quick_sets_a_short_run():
+    cfg = bench.BenchConfig(quick=True, train_steps=500)
+    assert {name: getattr(cfg, name) for name in bench.QUICK} == bench.QUICK
+
+
 def test_several_schemes_are_measured_in_the_order_given():
     """--pos=a,b,c: only those, in that order (a run cut short by a timeout keeps the first ones), training
     and generation alike."""

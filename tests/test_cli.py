@@ -39,6 +39,7 @@ SHARED_MODULES = (
     "positions",
     "plumbing.*",
     "measure.*",
+    "finetune.*",
     "data.common",
     "data.passkey.task",
     "course.*",

@@ -39,7 +39,7 @@ CASES = [
     (figures, ["--checkpoints={dir}", "--out={file}"], 1, "--out=", "is a file, not a folder"),
     (figures, ["--checkpoints={dir}", "--out={proc}"], 1, "cannot write there"),
     (figures, ["--checkpoints={dir}", "--out={under}"], 1, "is a file, not a folder"),
-    (ab, ["--against="], 2, "--against is empty"),
+    (ab, ["--against="], 2, "--against: is empty"),  # git show :path would read the index
 ]
 
 

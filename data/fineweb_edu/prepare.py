@@ -19,11 +19,11 @@ from concurrent.futures import ProcessPoolExecutor
 from itertools import islice
 
 import numpy as np
-from tqdm import tqdm
 
 from data import common
 from data.common import GPT2Tokenizer, gpt2_encoding
 from plumbing.errors import UserError
+from plumbing.report import progress_bar
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens; sets the progress bar's ETA
@@ -68,7 +68,7 @@ def write_token_dataset(
     assert common.dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
     with common.staged_dataset(out_dir, replace) as tmp:
-        bar = tqdm(total=total_tokens, unit="tok", unit_scale=True, desc=f"tokenizing into {out_dir}")
+        bar = progress_bar(total_tokens, "tok", desc=f"tokenizing into {out_dir}")
         with open(tmp["train.bin"], "wb") as train_f, open(tmp["val.bin"], "wb") as val_f, bar:
             files = {"train": train_f, "val": val_f}
             for ids in tokenize_in_order(docs, num_proc, docs_per_task):

@@ -10,14 +10,24 @@ Train samples use the training keys, val samples the evaluation keys (task.is_ev
 own random stream.
 """
 
-import argparse
-from pathlib import Path
+import shutil
 
 import numpy as np
 
-from data.common import REPLACE_HELP, CharTokenizer, dataset_dir, exit_on_user_error, summarize, write_dataset
+from data.common import (
+    DATA_ROOT,
+    REPLACE_HELP,
+    CharTokenizer,
+    bad_dataset_name,
+    dataset_dir,
+    exit_on_user_error,
+    summarize,
+    write_dataset,
+)
 from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_settings, training_sample
-from plumbing.hardware import check_memory
+from plumbing.cli import ArgumentParser, check_seed
+from plumbing.errors import UserError
+from plumbing.hardware import check_memory, format_bytes
 from plumbing.memory import passkey_dataset_bytes
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
@@ -38,8 +48,20 @@ def prepare(
     return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
 
 
+def check_size(block_size, train_samples, val_samples):
+    """Refuse, before hours of drawing, a dataset that memory (plumbing.memory's estimate) or the disk (a
+    uint16 per token) cannot hold."""
+    tokens = (train_samples + val_samples) * (block_size + 1)
+    what = f"{train_samples + val_samples:,} samples of {block_size + 1:,} characters"
+    advice = "lower --train_samples, --val_samples or --block_size"
+    check_memory(passkey_dataset_bytes(block_size, train_samples, val_samples), "cpu", what, advice)
+    if 2 * tokens > (free := shutil.disk_usage(DATA_ROOT).free):
+        raise UserError(f"{what} take {format_bytes(2 * tokens)} on disk but {DATA_ROOT} has "
+                        f"{format_bytes(free)} free; {advice}")  # fmt: skip
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # its errors one line, status 2
         prog="python -m data.passkey.prepare",
         description="Make data/passkey (or data/passkey_ctxN) for retrieval training.",
     )
@@ -50,22 +72,21 @@ def main(argv=None):
     add("--train_samples", type=int, default=TRAIN_SAMPLES)
     add("--val_samples", type=int, default=VAL_SAMPLES)
     add("--replace", action="store_true", help=REPLACE_HELP)
-    args = parser.parse_args(argv)
-    for flag in ("block_size", "train_samples", "val_samples"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-    if args.name is not None and (Path(args.name).name != args.name or args.name in ("", ".", "..")):
-        parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
-    if args.block_size + 1 < KEY_CHARACTERS:
-        parser.error(
-            f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
-            f"{KEY_CHARACTERS} characters), got {args.block_size}"
-        )
-    out_dir = dataset_dir(args.name or default_name(args.block_size))
     with exit_on_user_error():
-        parts = passkey_dataset_bytes(args.block_size, args.train_samples, args.val_samples)
-        what = f"{args.train_samples + args.val_samples:,} samples of {args.block_size + 1:,} characters"
-        check_memory(parts, "cpu", what, "lower --train_samples, --val_samples or --block_size")
+        args = parser.parse_args(argv)
+        for flag in ("block_size", "train_samples", "val_samples"):
+            if getattr(args, flag) < 1:
+                parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+        if args.name is not None and bad_dataset_name(args.name):
+            parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
+        if args.block_size + 1 < KEY_CHARACTERS:
+            parser.error(
+                f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
+                f"{KEY_CHARACTERS} characters), got {args.block_size}"
+            )
+        check_seed("seed", args.seed)
+        check_size(args.block_size, args.train_samples, args.val_samples)
+        out_dir = dataset_dir(args.name or default_name(args.block_size))
         meta = prepare(
             out_dir, args.replace, args.block_size, args.seed, args.train_samples, args.val_samples
         )

@@ -7,14 +7,22 @@ Make a dataset from your own UTF-8 text file: val is the end of the text, as in 
     python train.py --dataset mybook
 """
 
-import argparse
 from pathlib import Path
 
-from data.common import REPLACE_HELP, TOKENIZERS, dataset_dir, exit_on_user_error, prepare_file, summarize
+from data.common import (
+    REPLACE_HELP,
+    TOKENIZERS,
+    bad_dataset_name,
+    dataset_dir,
+    exit_on_user_error,
+    prepare_file,
+    summarize,
+)
+from plumbing.cli import ArgumentParser
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # its errors one line, status 2
         prog="python -m data.text.prepare",
         description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.",
     )
@@ -35,11 +43,11 @@ def main(argv=None):
         help="the context you will train with: each split needs T + 1 tokens",
     )
     add("--replace", action="store_true", help=REPLACE_HELP)
-    args = parser.parse_args(argv)
-    name = args.name or Path(args.input).stem
-    if Path(name).name != name or name in ("", ".", ".."):
-        parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
     with exit_on_user_error():
+        args = parser.parse_args(argv)
+        name = Path(args.input).stem if args.name is None else args.name
+        if bad_dataset_name(name):
+            parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
         meta = prepare_file(
             args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size, args.replace
         )

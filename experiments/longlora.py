@@ -1,0 +1,372 @@
+"""
+LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
+T to 4 T in five settings, what each costs and what each keeps, in one command.
+
+    python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
+    python -m experiments.longlora --quick       # every step once, tiny: a smoke run
+
+It runs `python train.py` and `python eval_length.py` as a user would (each command printed first):
+  1. the base: rope on data/passkey (configs/passkey.toml, T = 64) for --base_iters steps, into
+     {out_root}/passkey_rope (a finished run is reused, plumbing/runs.py)
+  2. per seed, SETTINGS' five fine-tunes from it to 4 T on data/passkey_ctx256 (train.py --init_from): full
+     attention and full parameters (the plain --init_from), then --s2_attn and/or --lora_rank as named
+  3. eval_length.py on the base and the fine-tunes: passkey retrieval and validation loss at 1, 2, 4, 8 T
+     (RoPE as trained, no extension at inference)
+  4. the cost of a step of each setting, here in this process on random tokens (one thread): time (median
+     of --bench_steps), attention FLOPs (hardware.flops_per_token's attention term, keys T or the group),
+     peak memory estimated from the shapes (training_bytes) and trained parameters
+  5. under --results: longlora.csv (every seed's cells) and longlora_table.md (cost, then mean and spread
+     over seeds, and the orderings that hold in every seed).
+"""
+
+import csv
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from data.passkey.task import default_name
+from finetune import lora, s2
+from measure.instruments import pyplot, save_figure
+from model import GPT, GPTConfig, shifted_sparse_attention
+from plumbing.cli import parse_flags
+from plumbing.errors import one_line_errors
+from plumbing.report import markdown_table
+from plumbing.runs import ROOT, ensure_trained, run_python
+
+PROG = "experiments/longlora.py"
+T, EXTENSION, FIRST_SEED = 64, 4, 1337
+LENGTHS = (1, 2, 4, 8)  # evaluation lengths, multiples of T
+COST_LENGTHS = (EXTENSION * T, 4 * EXTENSION * T)  # the fine-tunes' length, and 4 times it for the trend
+# (name, S²-Attn, LoRA flags): the five settings of the issue, LongLoRA's Table 2 columns and more
+SETTINGS = (
+    ("full", False, ()),
+    ("s2", True, ()),
+    ("s2_lora", True, ("--lora_rank=8",)),
+    ("s2_lora_embed_norm", True, ("--lora_rank=8", "--lora_train=embed,norm")),
+    ("lora", False, ("--lora_rank=8",)),
+)
+MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
+QUICK_BASE = ("--n_layer=2", "--n_head=2", "--n_embd=32", "--eval_iters=2", "--batch_size=4")
+QUICK_FINE_TUNE = ("--eval_iters=1", "--log_interval=2")
+
+
+@dataclass
+class StudyConfig:
+    seeds: int = 1  # fine-tuning seeds per setting: 1337, 1338, ...; the base is trained once (seed 1337)
+    base_iters: int = 900  # the base's steps, its learning rate decayed over them (retrieval is learned late)
+    max_iters: int = 150  # fine-tuning steps at 4 T
+    learning_rate: float = 1e-3  # fine-tuning peak learning rate, the same for every setting (as LongLoRA)
+    batch_size: int = 4  # fine-tuning sequences per step, each 4 T tokens long
+    trials: int = 20  # passkey: samples per length and depth
+    max_windows: int = 16  # loss: evaluation windows per length
+    bench_steps: int = 5  # timed steps per setting (after one untimed)
+    out_root: str | None = None  # None: out/longlora (out/longlora_quick with --quick)
+    results: str | None = None  # None: docs (out_root with --quick)
+    quick: bool = False  # smoke run: a small model, a few steps, a few samples
+    figure_only: bool = False  # only draw docs/figures/s2_attn.png, S²-Attn's pattern
+
+    def __post_init__(self):
+        for name in (
+            "seeds",
+            "base_iters",
+            "max_iters",
+            "batch_size",
+            "trials",
+            "max_windows",
+            "bench_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.quick:
+            self.base_iters, self.max_iters, self.trials, self.max_windows, self.bench_steps = 10, 4, 2, 2, 1
+        self.out_root = self.out_root or ("out/longlora_quick" if self.quick else "out/longlora")
+        self.results = self.results or (self.out_root if self.quick else "docs")
+
+
+def seeds(cfg):
+    return [FIRST_SEED + i for i in range(cfg.seeds)]
+
+
+# -----------------------------------------------------------------------------
+# The runs
+
+
+def train_base(cfg):
+    steps = [f"--max_iters={cfg.base_iters}", f"--lr_decay_iters={cfg.base_iters}"]
+    quick = [*QUICK_BASE, "--eval_interval=10"] if cfg.quick else []
+    base = f"{cfg.out_root}/passkey_rope"
+    flags = [
+        "--config=configs/passkey.toml",
+        "--pos=rope",
+        *steps,
+        f"--out_dir={base}",
+        f"--seed={FIRST_SEED}",
+    ]
+    ensure_trained([[*flags, "--device=cpu", *quick]])
+    return base
+
+
+def fine_tune_dir(cfg, name, seed):
+    return f"{cfg.out_root}/passkey_rope_ctx{EXTENSION * T}_{name}_seed{seed}"
+
+
+def fine_tune(cfg, base, seed):
+    """The five fine-tunes of one seed. -> their folders"""
+    steps, tenth = cfg.max_iters, max(1, cfg.max_iters // 10)
+    schedule = [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
+    schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
+    schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
+    commands = []
+    for name, s2_attn, lora_flags in SETTINGS:
+        command = [
+            f"--init_from={base}",
+            f"--block_size={EXTENSION * T}",
+            f"--dataset={default_name(EXTENSION * T)}",
+        ]
+        command += [
+            *schedule,
+            *(["--s2_attn"] if s2_attn else []),
+            *lora_flags,
+            f"--seed={seed}",
+            "--device=cpu",
+        ]
+        commands.append(
+            [*command, f"--out_dir={fine_tune_dir(cfg, name, seed)}", *(QUICK_FINE_TUNE if cfg.quick else ())]
+        )
+    ensure_trained(commands)
+    return [fine_tune_dir(cfg, name, seed) for name, *_ in SETTINGS]
+
+
+def evaluate(cfg, runs, task, csv_path):
+    """eval_length.py on the runs (RoPE as trained, no extension at inference). -> its CSV's rows"""
+    lengths = ",".join(f"{m * T}t" for m in LENGTHS)
+    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
+    command = ["eval_length.py", *runs, f"--task={task}", "--lengths", lengths, amount, "--rope_scalings"]
+    data = [] if task == "passkey" else [f"--dataset={default_name(EXTENSION * T)}"]  # one split for all
+    command += [*data, "--device=cpu", "--progress=false", "--csv", csv_path]
+    print(f"\n$ python {' '.join(map(str, command))}")
+    run_python(command)
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+# -----------------------------------------------------------------------------
+# The cost of a step, from the shapes and timed here
+
+
+def training_bytes(config, batch, keys, trained, total):
+    """{what: bytes} a float32 training step holds at its peak, estimated from the shapes: the weights, the
+    gradients and AdamW's two moments of the trained parameters, and what the backward pass keeps per
+    layer: about 16 activations of batch x block_size x n_embd (LayerNorm inputs, q k v, attention output,
+    the MLP's 4 n_embd twice, ...) and the attention probabilities, batch x n_head x block_size x keys
+    (keys: block_size, or S²-Attn's group); and the logits with their gradient. A LoRA adapter's small
+    activations are left out."""
+    T, C = config.block_size, config.n_embd
+    per_layer = 16 * batch * T * C + batch * config.n_head * T * keys
+    return {
+        "weights": 4 * total,
+        "gradients and AdamW moments": 3 * 4 * trained,
+        "activations": 4 * config.n_layer * per_layer,
+        "logits": 2 * 4 * batch * T * config.vocab_size,
+    }
+
+
+def step_cost(cfg, length, name, s2_attn, lora_flags):
+    """{trained, attention FLOPs, peak MiB, ms per step} of one setting: a fresh model of block_size
+    `length`, timed over bench_steps AdamW steps on random tokens after one untimed."""
+    torch.manual_seed(0)
+    quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
+    config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
+    model = GPT(config)
+    group = s2.group_size(None, config.block_size, config.n_head) if s2_attn else None
+    s2.use_s2_attn(model, group)
+    if lora_flags:
+        train = "embed,norm" if any("lora_train" in f for f in lora_flags) else None
+        lora.add_adapters(model, 8, 16.0, 0.05, train)
+    optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
+    x = torch.randint(0, config.vocab_size, (cfg.batch_size, config.block_size))
+    times = []
+    for _ in range(cfg.bench_steps + 1):
+        start = time.perf_counter()
+        model(x, x)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    trained, total = lora.trained_params(model)
+    keys = group or config.block_size
+    tokens = cfg.batch_size * config.block_size
+    return {
+        "setting": name,
+        "tokens": length,
+        "trained params": trained,
+        "attention GFLOPs/step": 12 * config.n_layer * config.n_embd * keys * tokens / 1e9,
+        "peak MiB (est.)": sum(training_bytes(config, cfg.batch_size, keys, trained, total).values()) / 2**20,
+        "ms/step": 1000 * statistics.median(times[1:]),
+    }
+
+
+def visibility(n_head, length, group):
+    """(nh, length, length) bools: which key each query of each head reads under S²-Attn, from the code
+    itself: zero queries (uniform weights over the visible keys) and one-hot values."""
+    q = torch.zeros(1, n_head, length, length, dtype=torch.float64)
+    v = torch.eye(length, dtype=torch.float64).expand(1, n_head, length, length)
+    return shifted_sparse_attention(q, q, v, group)[0] > 0
+
+
+def draw_pattern(path, length=16, group=4):
+    """docs/figures/s2_attn.png: who sees whom in an unshifted head, a shifted head, and both together."""
+    seen = visibility(2, length, group).float()
+    causal = torch.ones(length, length).tril()
+    panels = [
+        (f"heads 0 .. nh/2-1: groups of {group}", seen[0]),
+        (f"heads nh/2 .. nh-1: shifted by {group // 2}", seen[1]),
+        ("one layer, both halves (causal: light)", 0.25 * causal + 0.75 * seen.amax(0)),
+    ]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.6))
+    for ax, (title, image) in zip(axes, panels):
+        ax.imshow(image, cmap="Blues", vmin=0, vmax=1)
+        ax.set(title=title, xlabel="key position", ylabel="query position")
+        for edge in range(group, length, group):
+            ax.axhline(edge - 0.5, color="grey", lw=0.5), ax.axvline(edge - 0.5, color="grey", lw=0.5)
+    fig.suptitle(f"S²-Attn, T = {length}, G = {group}: the last shifted group is two pieces, no wrap")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_figure(fig, path)
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+
+def cells(rows, task, names):
+    """{(setting, length): value}: passkey accuracy pooled over depths, or the mean loss; names: {checkpoint
+    folder's name: setting}."""
+    found = {}
+    for r in rows:
+        key = (names[Path(r["checkpoint"]).name], int(r["length"]))
+        if task == "passkey" and int(r["trials"]):
+            correct, trials = found.get(key, (0, 0))
+            found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+        elif task == "loss" and r["loss"]:
+            found[key] = float(r["loss"])
+    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+
+
+def spread(values, percent):
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else None
+    if percent:
+        return f"{mean:.0%}" + (f" ± {100 * sd:.0f}" if sd is not None else "")
+    return f"{mean:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
+
+
+def ordering(per_seed, length, higher):
+    """The fine-tunes at one length ranked by their mean, best first: '>' where every seed agrees, '~' not."""
+    values = {name: [c[(name, length)] for c in per_seed] for name, *_ in SETTINGS}
+    ranked = sorted(values, key=lambda n: statistics.fmean(values[n]), reverse=higher)
+    text = ranked[0]
+    for a, b in zip(ranked, ranked[1:]):
+        holds = all((x > y) if higher else (x < y) for x, y in zip(values[a], values[b]))
+        text += f" {('>' if higher else '<') if holds else '~'} {b}"
+    return text
+
+
+def quality_table(per_seed, task):
+    names = ["base", *(name for name, *_ in SETTINGS)]
+    lengths = [m * T for m in LENGTHS]
+    rows = [
+        [
+            name,
+            *(
+                spread(
+                    [c[(name, n)] for c in per_seed if (name, n) in c] or [float("nan")], task == "passkey"
+                )
+                for n in lengths
+            ),
+        ]
+        for name in names
+    ]
+    head = ["setting", *(f"{n} ({n // T} T)" for n in lengths)]
+    text = [markdown_table(head, rows), ""]
+    if len(per_seed) > 1:
+        text += [f"- {n} tokens: {ordering(per_seed, n, task == 'passkey')}" for n in lengths]
+    return "\n".join(text)
+
+
+def main(argv=None):
+    with one_line_errors(PROG):
+        values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)])
+        return run_study(StudyConfig(**values), argv)
+
+
+def run_study(cfg, argv):
+    start = time.perf_counter()
+    figure = draw_pattern(ROOT / cfg.results / "figures" / "s2_attn.png")
+    print(f"wrote {figure}")
+    if cfg.figure_only:
+        return None
+    for length in (T, EXTENSION * T):
+        if not (ROOT / "data" / default_name(length) / "meta.json").is_file():
+            run_python(["-m", "data.passkey.prepare", f"--block_size={length}"])
+    base = train_base(cfg)
+    runs = {seed: fine_tune(cfg, base, seed) for seed in seeds(cfg)}
+    per_task, records = {}, []
+    for task in ("passkey", "loss"):
+        per_task[task] = []
+        for seed in seeds(cfg):
+            csv_path = ROOT / cfg.out_root / f"longlora_{task}_seed{seed}.csv"
+            rows = evaluate(cfg, [base, *runs[seed]], task, csv_path)
+            names = dict(
+                zip([Path(d).name for d in (base, *runs[seed])], ["base", *(n for n, *_ in SETTINGS)])
+            )
+            per_task[task].append(cells(rows, task, names))
+            records += [(task, seed, name, n, v) for (name, n), v in per_task[task][-1].items()]
+    torch.set_num_threads(1)
+    cost = [step_cost(cfg, n, *setting) for n in COST_LENGTHS for setting in SETTINGS]
+    head = list(cost[0])
+    fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
+    cost_table = markdown_table(head, [[fmt(c[k]) for k in head] for c in cost])
+    results = ROOT / cfg.results
+    results.mkdir(parents=True, exist_ok=True)
+    with open(results / "longlora.csv", "w", encoding="utf-8") as f:
+        f.write(
+            "task,seed,setting,length,value\n"
+            + "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
+        )
+    listed = ", ".join(map(str, seeds(cfg)))
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = " ".join(["python -m experiments.longlora", *(argv or sys.argv[1:])])
+    footer = (
+        f"Measured {when} by `{command}`: torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}; wall time {(time.perf_counter() - start) / 60:.1f} min"
+        + (" (--quick: the numbers mean nothing)." if cfg.quick else ".")
+    )
+    text = "\n\n".join(
+        [
+            f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
+            f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
+            cost_table,
+            f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
+            quality_table(per_task["passkey"], "passkey"),
+            f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "
+            f"(mean ± sd over seeds {listed}):",
+            quality_table(per_task["loss"], "loss"),
+            footer,
+        ]
+    )
+    (results / "longlora_table.md").write_text(text + "\n", encoding="utf-8")
+    print(f"\n{text}\nwrote {cfg.results}/longlora.csv and longlora_table.md")
+    return cost, per_task
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""
+LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention projections
+(c_attn, holding q, k and v, and c_proj), every base weight frozen, and optionally the embeddings and the
+LayerNorms trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long
+context).
+Written here, not with peft, so that the model stays a plain GPT with no new dependency, and so that the
+checkpoint holds the merged weights under GPT-2's names, which sample.py, eval_length.py and --init_from read
+as any other; the adapters and the unmerged base weights go beside them ("lora") for an exact --resume.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from plumbing.errors import UserError
+from positions import require
+
+TARGETS = ("attn.c_attn", "attn.c_proj")  # the adapted Linears of each block
+# --lora_train's choices: embed, the token embedding (tied to lm_head) and a learned position table; norm,
+# every LayerNorm
+TRAINABLE = ("embed", "norm")
+SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
+
+
+class LoRALinear(nn.Module):
+    """base(x) + (alpha / rank) * B A dropout(x): base frozen, A (rank, in) Kaiming-uniform as nn.Linear's
+    (peft's), B (out, rank) zero, so at step 0 the output is the base's exactly."""
+
+    def __init__(self, base, rank, alpha, dropout=0.0):
+        super().__init__()
+        self.base, self.rank, self.alpha, self.scale = base, rank, alpha, alpha / rank
+        like = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **like))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **like))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.base(x) + self.scale * (self.dropout(x) @ self.lora_A.t() @ self.lora_B.t())
+
+    def merged_weight(self):
+        """W + (alpha / rank) B A: the plain Linear's weight that computes the same function (in eval)."""
+        return (self.base.weight + self.scale * self.lora_B @ self.lora_A).detach()
+
+
+def check_flags(rank, alpha, dropout, train):
+    """train.py's LoRA flags, each a one-line ValueError. -> --lora_train as a tuple"""
+    require(rank >= 0, f"lora_rank must be >= 0 (0: no LoRA), got {rank}")
+    require(alpha > 0, f"lora_alpha must be > 0, got {alpha}")
+    require(0.0 <= dropout < 1.0, f"lora_dropout must be in [0, 1), got {dropout}")
+    names = tuple(name.strip() for name in (train or "").split(",") if name.strip())
+    for name in names:
+        require(name in TRAINABLE, f"--lora_train: {name!r} is not one of {', '.join(TRAINABLE)}")
+    require(rank or not names, "--lora_train names what LoRA also trains: it needs --lora_rank")
+    return names
+
+
+def add_adapters(model, rank, alpha, dropout=0.0, train=None):
+    """Freeze every weight of model (a GPT), wrap each block's TARGETS in a LoRALinear, and train its
+    adapters plus what `train` names (check_flags). -> model"""
+    train = check_flags(rank, alpha, dropout, train)
+    model.requires_grad_(False)
+    for block in model.transformer.h:
+        for target in TARGETS:
+            parent, name = target.split(".")
+            module = getattr(block, parent)
+            adapter = LoRALinear(getattr(module, name), rank, alpha, dropout).train(model.training)
+            setattr(module, name, adapter)
+    if "embed" in train:  # wte is lm_head (tied); learned's table is the position embedding
+        model.transformer.wte.requires_grad_(True)
+        model.transformer.wpe.requires_grad_(True)
+    if "norm" in train:
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.requires_grad_(True)
+    model.lora = dict(rank=rank, alpha=alpha, train=",".join(train))
+    return model
+
+
+def trained_params(model):
+    """(trained, total) parameter counts, a tied weight once."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def describe(model):
+    trained, total = trained_params(model)
+    lora = getattr(model, "lora", None)
+    what = "full fine-tuning" if lora is None else "LoRA rank {rank}, alpha {alpha:g}".format(**lora)
+    also = f" + {lora['train']}" if lora and lora["train"] else ""
+    return f"{what}{also}: training {trained:,} of {total:,} parameters ({trained / total:.1%})"
+
+
+def adapters(model):
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def checkpoint_entries(model):
+    """{"model": the plain GPT's state dict} for a checkpoint: with adapters, each adapted Linear merged
+    under its own name, and "lora": the settings and the adapted layers' exact tensors (A, B, base weight
+    and bias), which resume_state puts back."""
+    state = model.state_dict()
+    found = adapters(model)
+    if not found:
+        return {"model": state}
+    prefixes = tuple(f"{name}." for name in found)
+    plain = {key: value for key, value in state.items() if not key.startswith(prefixes)}
+    for name, module in found.items():
+        plain[f"{name}.weight"] = module.merged_weight()
+        if module.base.bias is not None:
+            plain[f"{name}.bias"] = module.base.bias.detach()
+    exact = {key: value for key, value in state.items() if key.startswith(prefixes)}
+    return {"model": plain, "lora": model.lora | {"state": exact}}
+
+
+def resume_state(path, ckpt, model):
+    """The state dict that puts model (with adapters, or not, as the resumed run asks) back where the
+    checkpoint left it; a UserError when the run and the checkpoint differ in SETTINGS."""
+    saved, wanted = ckpt.get("lora"), getattr(model, "lora", None)
+    settings = lambda lora: (
+        "no LoRA" if lora is None else "rank {rank}, alpha {alpha:g}, train {train!r}".format(**lora)
+    )
+    if (saved is None) != (wanted is None) or any(saved[k] != wanted[k] for k in SETTINGS if saved):
+        raise UserError(
+            f"refusing to resume {path}: it was trained with {settings(saved)}, this run asks for "
+            f"{settings(wanted)}; pass the checkpoint's --lora_rank, --lora_alpha and --lora_train"
+        )
+    if saved is None:
+        return ckpt["model"]
+    prefixes = tuple(f"{name}." for name in adapters(model))
+    return {k: v for k, v in ckpt["model"].items() if not k.startswith(prefixes)} | saved["state"]

@@ -1,0 +1,114 @@
+"""LoRA (finetune/lora.py): adapters start as the identity, merge exactly, leave frozen weights without
+gradients, and through train.py write plain checkpoints and resume bit for bit."""
+
+import pytest
+import torch
+from helpers import TINY_BLOCK, TINY_RUN, train_error_line
+
+import train
+from finetune import lora
+from model import GPT, GPTConfig
+from plumbing.checkpoint import build_model, load_checkpoint
+
+CONFIG = GPTConfig(pos="rope", block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+
+
+def same(a, b):
+    """Equal, tensors bit for bit, through nested dicts and lists."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def adapted(train_what=None, seed=0):
+    torch.manual_seed(seed)
+    base = GPT(CONFIG).double().eval()
+    model = GPT(CONFIG).double().eval()
+    model.load_state_dict(base.state_dict())
+    return base, lora.add_adapters(model, rank=4, alpha=8.0, dropout=0.1, train=train_what)
+
+
+def test_at_step_0_the_adapted_model_gives_the_base_models_logits_exactly():
+    base, model = adapted()
+    x = torch.randint(0, 11, (2, 16))
+    assert torch.equal(model(x)[0], base(x)[0])
+
+
+def test_merged_weights_compute_what_the_adapters_do():
+    """B set to random values: the checkpoint's plain state dict, loaded into a GPT, gives the same logits."""
+    _, model = adapted()
+    with torch.no_grad():
+        for module in lora.adapters(model).values():
+            module.lora_B.normal_()
+    plain = GPT(CONFIG).double().eval()
+    plain.load_state_dict(lora.checkpoint_entries(model)["model"])
+    x = torch.randint(0, 11, (2, 16))
+    torch.testing.assert_close(plain(x)[0], model(x)[0], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(plain(x)[0], adapted()[0](x)[0])  # the adapters changed something
+
+
+@pytest.mark.parametrize("train_what", [None, "embed,norm"])
+def test_only_adapters_and_what_lora_train_names_get_gradients(train_what):
+    _, model = adapted(train_what)
+    model.train()
+    x = torch.randint(0, 11, (2, 16))
+    model(x, x)[1].backward()
+    for name, p in model.named_parameters():
+        expect = "lora_" in name
+        expect |= train_what is not None and ("wte" in name or "ln_" in name)
+        assert (p.grad is not None) == expect == p.requires_grad, name
+    trained, total = lora.trained_params(model)
+    adapters = 2 * 4 * (16 + 48 + 16 + 16)  # per layer: c_attn (16 -> 48) and c_proj (16 -> 16), rank 4
+    extra = 11 * 16 + 5 * 2 * 16 if train_what else 0  # wte; 5 LayerNorms, weight and bias
+    assert trained == adapters + extra and total == GPT(CONFIG).num_params() + adapters
+
+
+def test_bad_lora_flags_are_one_line_errors(capsys, tmp_path):
+    err = train_error_line(
+        capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=ffn"], 2
+    )
+    assert "'ffn' is not one of embed, norm" in err
+    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_train=norm"], 2)
+    assert "needs --lora_rank" in err
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("base")
+    train.main([*TINY_RUN, f"--out_dir={out_dir}"])
+    return out_dir
+
+
+def fine_tune_flags(base_run, out_dir, steps):
+    long = 2 * TINY_BLOCK
+    return [
+        *TINY_RUN,
+        *(f"--init_from={base_run}", f"--block_size={long}", f"--out_dir={out_dir}", f"--max_iters={steps}"),
+        *("--s2_attn", "--lora_rank=2", "--lora_dropout=0.1", "--lora_train=embed,norm", "--dropout=0.1"),
+        *("--lr_decay_iters=4", "--warmup_iters=1", "--learning_rate=1e-2"),
+    ]
+
+
+def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint(tmp_path, base_run, capsys):
+    """4 steps of S²-Attn + LoRA + embed/norm at 2 T in one go, and 2 steps then --resume for 2 more: the
+    same losses, evaluations and checkpoint, bit for bit; the checkpoint's "model" is a plain GPT's."""
+    whole = train.main(fine_tune_flags(base_run, tmp_path / "whole", 4))
+    assert "LoRA rank 2, alpha 16 + embed,norm: training" in capsys.readouterr().out
+    first = train.main(fine_tune_flags(base_run, tmp_path / "halves", 2))
+    second = train.main([*fine_tune_flags(base_run, tmp_path / "halves", 4), "--resume"])
+    assert {**first["losses"], **second["losses"]} == whole["losses"]
+    assert first["evals"] + second["evals"] == whole["evals"]
+    a, b = load_checkpoint(tmp_path / "halves" / "ckpt.pt"), load_checkpoint(tmp_path / "whole" / "ckpt.pt")
+    for key in ("model", "lora", "optimizer"):
+        assert same(a[key], b[key]), key
+    assert a["train_config"]["s2_group"] == 2 * TINY_BLOCK // 4
+    model = build_model("ckpt.pt", a)  # what sample.py and eval_length.py open
+    assert not any(isinstance(m, lora.LoRALinear) for m in model.modules())
+
+
+def test_resuming_with_other_lora_settings_is_refused(capsys, tmp_path, base_run):
+    train.main(fine_tune_flags(base_run, tmp_path, 2))
+    err = train_error_line(capsys, [*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"], 1)
+    assert "trained with rank 2, alpha 16, train 'embed,norm'" in err and "rank 3" in err

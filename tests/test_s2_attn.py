@@ -1,0 +1,134 @@
+"""S²-Attn (model.shifted_sparse_attention): LongLoRA's grouped training attention, causal and without its
+released code's wrap-around leak; full attention outside training."""
+
+import pytest
+import torch
+from helpers import TINY_RUN, train_error_line
+
+import train
+from model import GPT, GPTConfig, s2_mask, shifted_sparse_attention
+
+
+def visible(n_head, T, group):
+    """(nh, T, T) bools by brute force: query t of head h sees key s when s <= t and both lie in the same
+    group: groups [0, G), [G, 2G), ... for the first half of the heads; [0, G/2), [G/2, 3G/2), ..., the last
+    [T - G/2, T) for the second half (groups shifted by G/2, never wrapping)."""
+    t = torch.arange(T)
+    plain = t // group
+    shifted = torch.div(t - group // 2, group, rounding_mode="floor")  # -1 for the first G/2 tokens
+    ids = [plain if h < n_head // 2 else shifted for h in range(n_head)]
+    return torch.stack([(g[:, None] == g[None, :]) & (t[:, None] >= t[None, :]) for g in ids])
+
+
+def reference(q, k, v, group, bias=None):
+    """Softmax attention under visible(), one score at a time in float64."""
+    allowed = visible(q.size(1), q.size(2), group)
+    scores = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5 + (0 if bias is None else bias)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_s2_attn_is_per_group_causal_attention_with_half_the_heads_shifted(seed):
+    """At random sizes, shifted_sparse_attention equals attention restricted by the brute-force visibility."""
+    g = torch.Generator().manual_seed(seed)
+    n_head = 2 * int(torch.randint(1, 4, (), generator=g))
+    group = 2 * int(torch.randint(1, 5, (), generator=g))
+    T = group * int(torch.randint(1, 6, (), generator=g))
+    q, k, v = torch.randn(3, 2, n_head, T, 4, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, group), reference(q, k, v, group))
+
+
+def test_s2_attn_adds_a_distance_bias_such_as_alibis_in_every_group():
+    """ALiBi's mask (bias by distance, -inf above the diagonal) enters through its first G x G block."""
+    from positions import attention_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 4, 16, 8, generator=g, dtype=torch.float64)
+    pos = torch.arange(16)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)[:, None, None]
+    bias = -slopes * (pos[:, None] - pos[None, :]).clamp(min=0)
+    mask = attention_mask(pos, pos, bias[None])
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, 4, mask), reference(q, k, v, 4, bias))
+
+
+def test_no_token_sees_a_later_one_across_the_wrap():
+    """Perturbing the tokens after t leaves output t unchanged, in every head: the last shifted group (the
+    sequence's end, then its start) is two causal pieces, not the wrap LongLoRA's code lets leak."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 1, 4, 16, 8, generator=g, dtype=torch.float64)
+    y = shifted_sparse_attention(q, k, v, 8)
+    for t in range(15):
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, t + 1 :] += torch.randn(k2[:, :, t + 1 :].shape, generator=g, dtype=torch.float64)
+        v2[:, :, t + 1 :] += torch.randn(v2[:, :, t + 1 :].shape, generator=g, dtype=torch.float64)
+        assert torch.equal(shifted_sparse_attention(q, k2, v2, 8)[:, :, : t + 1], y[:, :, : t + 1]), t
+
+
+def test_unshifted_heads_see_their_group_only_and_shifted_heads_cross_its_border():
+    """Who sees whom, from gradients: output t of an unshifted head depends on the values of its own group's
+    tokens <= t only; the shifted heads are the only ones whose output at a group's start depends on the
+    previous group."""
+    T, G = 16, 8
+    q, k = torch.randn(2, 1, 2, T, 4, dtype=torch.float64)
+    v = torch.randn(1, 2, T, 4, dtype=torch.float64, requires_grad=True)
+    for h in range(2):
+        for t in range(T):
+            (grad,) = torch.autograd.grad(shifted_sparse_attention(q, k, v, G)[0, h, t].sum(), v)
+            sees = grad[0, h].abs().sum(-1) > 0
+            assert torch.equal(sees, visible(2, T, G)[h, t]), (h, t)
+    # token G (the second group's first) sees token G - 1 (the first group's last) through head 1 only
+    assert visible(2, T, G)[:, G, G - 1].tolist() == [False, True]
+
+
+def test_s2_mask_blocks_the_wrapped_groups_halves_from_each_other():
+    mask = s2_mask(2, 8, 4).view(2, 2, 4, 4)
+    assert torch.isinf(mask[1, -1, 2:, :2]).all() and (mask[1, -1, 2:, 2:].tril() == 0).all()
+    assert torch.equal(mask[0, -1], mask[1, 0])  # every other group: causal only
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
+def test_model_uses_s2_attn_in_training_only(pos):
+    """With s2_group set, eval mode (train.py's evaluation, sample.py, eval_length.py) is full attention,
+    bit for bit; training mode differs, and is causal."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(pos=pos, block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11))
+    x = torch.randint(0, 11, (2, 16))
+    model.eval()
+    full = model(x)[0]
+    for block in model.transformer.h:
+        block.attn.s2_group = 4
+    assert torch.equal(model(x)[0], full)
+    model.train()
+    s2 = model(x)[0]
+    assert not torch.allclose(s2, full)
+    x2 = x.clone()
+    x2[:, 9:] = (x2[:, 9:] + 1) % 11
+    assert torch.equal(model(x2)[0][:, :9], s2[:, :9])
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--s2_attn", "--s2_group=6"], "s2_group=6 must divide block_size=16"),
+        (["--s2_attn", "--s2_group=3"], "must be even"),
+        (["--s2_group=4"], "--s2_group needs --s2_attn"),
+        (["--s2_attn", "--n_head=1"], "n_head"),
+    ],
+)
+def test_a_group_that_does_not_fit_is_a_one_line_error(capsys, tmp_path, flags, words):
+    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", *flags], 2)
+    assert words in err
+
+
+def test_s2_group_defaults_to_a_quarter_of_block_size():
+    cfg, _ = train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"])
+    assert cfg.s2_group == 4
+
+
+def test_the_lessons_figure_shows_the_pattern_the_code_applies():
+    """docs/figures/s2_attn.png is drawn from experiments.longlora.visibility, read off the attention itself:
+    it equals the brute-force pattern."""
+    from experiments.longlora import visibility
+
+    assert torch.equal(visibility(2, 16, 4), visible(2, 16, 4))
+    assert torch.equal(visibility(4, 24, 6), visible(4, 24, 6))

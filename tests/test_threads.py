@@ -1,0 +1,121 @@
+"""CPU threads: every entry point chooses them in one function (plumbing.hardware.use_threads), says what it
+chose in its first lines, and --threads overrides the choice; a training run slowed far below its own fastest
+step says so once, with the likely cause; progress off a terminal is a few plain lines, not a bar."""
+
+import io
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import TINY_RUN, error_line
+from tqdm import tqdm
+
+import eval_length
+import sample
+import train
+from perf import ab, bench
+from plumbing import hardware
+from plumbing.report import SLOWDOWN, StepClock, progress_bar
+
+
+@pytest.fixture
+def threads_restored():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_thread_count_given_is_applied_and_reported(threads_restored):
+    line = hardware.use_threads("2", "cpu")
+    assert torch.get_num_threads() == 2 and line.startswith(
+        f"threads: 2 of {os.cpu_count()} cores (--threads;"
+    )
+
+
+def test_auto_keeps_omp_num_threads_where_set(monkeypatch, threads_restored):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    assert "(OMP_NUM_THREADS" in hardware.use_threads("auto", "cpu") and torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize(
+    "cores, load, threads", [(2, 0.0, 2), (2, 0.3, 2), (2, 1.0, 1), (2, 4.5, 1), (16, 3.2, 13), (1, 0.0, 1)]
+)
+def test_auto_takes_the_cores_other_processes_leave_free(monkeypatch, threads_restored, cores, load, threads):
+    """Without OMP_NUM_THREADS, on a CPU: cores minus the 1-minute load average, rounded, at least one."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: setattr(torch, "_threads_set", n))
+    line = hardware.use_threads("auto", "cpu")
+    assert torch._threads_set == threads and line.startswith(f"threads: {threads} of {cores} cores (auto")
+    assert f"load average {load:.1f}" in line
+
+
+@pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])
+def test_a_bad_thread_count_is_one_line_naming_the_choices(capsys, script):
+    argv = ["--threads=0", *{eval_length: ["out/x"], ab: ["--module_free"]}.get(script, [])]
+    if script is ab:  # perf.ab's prog is its module name
+        with pytest.raises(SystemExit, match="2"):
+            ab.main(argv)
+        err = capsys.readouterr().err.strip()
+    else:
+        err = error_line(capsys, script, argv, 2)
+    assert "threads='0': give auto or a number of threads >= 1" in err and "\n" not in err, err
+
+
+def test_train_says_its_threads_in_its_first_lines_and_the_flag_sets_them(capsys, tmp_path, threads_restored):
+    torch.set_num_threads(2)
+    train.main([*TINY_RUN, f"--out_dir={tmp_path}", "--threads=1"])
+    first_lines = capsys.readouterr().out.splitlines()[:3]
+    assert any(line.startswith("threads: 1 of ") for line in first_lines), first_lines
+    assert torch.get_num_threads() == 1
+
+
+def run_steps(step_seconds, log_interval):
+    """A StepClock on a fake clock through steps taking step_seconds each -> the slowdown note of each lap."""
+    now = [0.0]
+    clock = StepClock(SimpleNamespace(max_iters=len(step_seconds), eval_interval=1000), 0, lambda: now[0])
+    notes = []
+    for step, seconds in enumerate(step_seconds, 1):
+        now[0] += seconds
+        clock.step()
+        if step % log_interval == 0:
+            notes.append(clock.slowdown(clock.lap(step)[0]))
+    return notes
+
+
+def test_steps_far_slower_than_the_fastest_get_one_note_with_the_cause(threads_restored):
+    torch.set_num_threads(2)
+    notes = run_steps([0.1] * 4 + [0.1 * SLOWDOWN * 1.2] * 8, 4)
+    assert notes[0] is None and notes[2] is None, notes  # the slow windows are noted once
+    assert notes[1].startswith("note: steps take 300 ms, 3.0x this run's fastest step (100 ms)"), notes
+    assert "other processes" in notes[1] and "--threads=1" in notes[1]
+
+
+def test_steps_at_an_uneven_but_steady_pace_get_no_note():
+    assert run_steps([0.1, 0.2] * 20, 10) == [None] * 4
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_few_plain_lines_when_not_on_a_terminal():
+    """eval_length.py's and data/fineweb_edu/prepare.py's progress: off a terminal (a log, a pipe), one whole
+    line per quarter, never a bar redrawn with carriage returns; on a terminal, tqdm's bar."""
+    log = io.StringIO()
+    with progress_bar(1000, "tok", "tokenizing", file=log) as bar:
+        for _ in range(100):
+            bar.update(10)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 4, lines
+    assert lines[-1].startswith("tokenizing: 1,000/1,000 (100%) tok"), lines
+    silent = io.StringIO()
+    with progress_bar(10, "tok", file=silent, enabled=False) as bar:
+        bar.update(10)
+    assert silent.getvalue() == ""
+    with progress_bar(10, "tok", file=Terminal()) as bar:
+        assert isinstance(bar, tqdm)

@@ -44,7 +44,7 @@ from data.passkey.task import default_name, filler_length
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.outputs import check_outputs
+from plumbing.outputs import check_outputs, write_output
 from plumbing.report import markdown_table
 from plumbing.resume import fine_tune_dir
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
@@ -379,12 +379,15 @@ def summary(cfg, per_seed, block_size):
 def merge_csv(paths, out_path):
     """The seeds' CSVs as one file, one header."""
     records = [record for path in paths for record in read_csv(path)]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "w", newline="", encoding="utf-8") as out:
-        if records:
-            writer = csv.DictWriter(out, fieldnames=list(records[0]))
-            writer.writeheader()
-            writer.writerows(records)
+
+    def write(tmp):
+        with open(tmp, "w", newline="", encoding="utf-8") as out:
+            if records:
+                writer = csv.DictWriter(out, fieldnames=list(records[0]))
+                writer.writeheader()
+                writer.writerows(records)
+
+    write_output("results", out_path, write)
 
 
 def main(argv=None):
@@ -439,7 +442,9 @@ def run_study(cfg, argv):
     )
     text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{name}_table.md").write_text(text + "\n", encoding="utf-8")
+    write_output(
+        "results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8")
+    )
     wrote = f"{cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md"
     print(f"\n{text}\nwrote {wrote}")
     return seconds

@@ -20,7 +20,6 @@ for learned, which has no positions past T, a sliding window of up to T tokens (
 
 import csv
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -572,7 +571,7 @@ def main(argv=None):
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
-        print(hardware.use_threads(cfg.threads, device), file=sys.stderr)  # the checks passed: work starts
+        print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
         if cfg.task == "passkey":
             depths = parse_depths(cfg.depths)
             rows = evaluate_passkey(sources, lengths, depths, cfg, device)

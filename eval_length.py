@@ -178,6 +178,13 @@ class Source:
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
 
+def scalings_for(source, cfg):
+    """The RoPE extensions applied to source: a --rope_factors file that names its original length only to
+    a checkpoint trained at that length (factors searched for T = 64 mean nothing to a model of T = 256)."""
+    original = (cfg.longrope or {}).get("rope_original_len")
+    return [m for m in cfg.rope_scalings if m != LONGROPE or original in (None, source.block_size)]
+
+
 def open_source(name, dataset=None, task="loss"):
     """A checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for a
     missing path, a file that is no checkpoint, or a dataset whose token ids mean something else."""
@@ -240,7 +247,7 @@ def planned(sources, lengths, cfg, reference=True):
     reference each checkpoint's own row at L = T, the loss ratios' reference."""
     for source in sources:
         asked = sorted(set(lengths_for(source, lengths).values()))
-        for i, method in enumerate(source.methods(cfg.rope_scalings)):
+        for i, method in enumerate(source.methods(scalings_for(source, cfg))):
             for n in sorted({*asked, source.block_size}) if i == 0 and reference else asked:
                 if available(source, method, n) and not same_as_plain(source, method, n):
                     yield source, method, n
@@ -312,7 +319,7 @@ def make_rows(sources, lengths, cfg, results, missing, reference=False):
     it is not available missing(L)."""
     rows = []
     for source in sources:
-        methods = source.methods(cfg.rope_scalings)
+        methods = source.methods(scalings_for(source, cfg))
         ratio_to = results[source.name, methods[0], source.block_size].loss if reference else None
         for method in methods:
             measures = {}

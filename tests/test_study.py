@@ -111,18 +111,18 @@ def test_study_flag_errors_are_one_line(capsys, argv, words):
         assert word in err
 
 
-def test_longrope_study_searches_fine_tunes_and_extends_progressively_through_train_pys_parser(monkeypatch):
+def test_longrope_study_searches_fine_tunes_and_extends_progressively(monkeypatch, tmp_path):
     """--longrope per seed: factors searched for the rope run at 4 T, a fine-tune at 4 T with them, then from
     it factors searched at 8 T and at T, each put on the fine-tuned weights by a 0-step run; the results
     under a name of their own."""
-    cfg = study.parse_args(["--schemes=rope", "--longrope", "--seeds=2"])
+    cfg = study.parse_args(["--schemes=rope", "--longrope", "--seeds=2", f"--out_root={tmp_path}"])
     assert study.results_name(cfg) == "extrapolation_rope_longrope"
     assert [name for name, _ in study.base_runs(cfg)] == ["rope"]
     searches, commands = [], []
     monkeypatch.setattr(study, "run_python", lambda args, **kw: searches.append(args))
     monkeypatch.setattr(study, "train_runs", lambda cfg, more, duration=None: commands.extend(more))
     factors, runs = study.longrope_runs(cfg, "shakespeare_char", 64, 1338, ["--max_iters=200", "--seed=1338"])
-    source = "out/shakespeare_char_rope_seed1338"
+    source = f"{tmp_path}/shakespeare_char_rope_seed1338"  # no search there yet: each one runs
     tuned = f"{source}_ctx256_longrope"
     assert factors == f"{source}_longrope_x4/factors.json"
     assert runs == [tuned, f"{tuned}_x8", f"{tuned}_short"]

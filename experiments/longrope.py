@@ -137,7 +137,7 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
 
 
 def search_setup(cfg):
-    """(the checkpoint's path, ckpt, model config, original length T, length L, starting factors)."""
+    """(the checkpoint's path, ckpt, model config, original length T, length L, factor s, seed candidates)."""
     path = checkpoint_path(cfg.checkpoint)
     ckpt = load_checkpoint(path, mmap=True)
     config = ckpt["model_config"]
@@ -228,7 +228,6 @@ def main(argv=None):
         require(dataset, f"{path}: no train_config.dataset: the search measures loss on its validation split")
         tokens = validation_tokens(dataset)
         starts = window_starts(len(tokens), length, cfg.windows)
-        torch.manual_seed(cfg.seed)
 
         @torch.no_grad()
         def fitness(candidate):

@@ -16,17 +16,13 @@ from model import sample_next
 @torch.no_grad()
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
                     on_token=None, compile=False, backend=None):  # fmt: skip
-    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks:
-    prefill_chunk), then each new token attends to the cached keys and values (decode). on_token(next_ids
-    (B, 1)) is called per token.
-
-    Positions count on past block_size, but with a position table (learned): once it is full the window of
-    its last max_len tokens slides, positions restart inside it, and each token reruns the window (as generate
-    does). Two settings differ from generate by design (README.md): max_context is a sliding attention window
-    over absolute positions here (each token sees the max_context latest), where generate reruns the last
-    max_context tokens from position 0; and with dynamic NTK a key stays rotated for the length at which it
-    was cached (as transformers does). compile=True runs each decode step through torch.compile (backend:
-    torch.compile's, e.g. "eager"; inductor by default, which needs a C++ compiler on a CPU)."""
+    """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks),
+    then each new token attends to the cached keys and values (decode); on_token(next_ids (B, 1)) per token.
+    Positions count on past block_size; with a position table (learned) the window of its last max_len tokens
+    slides once it is full, each token rerunning it from position 0 (as generate does). By design (README.md)
+    max_context is a sliding window over absolute positions here, where generate reruns the last max_context
+    tokens from position 0; and with dynamic NTK a key stays rotated for the length at which it was cached (as
+    transformers). compile: each decode step through torch.compile (backend: torch.compile's)."""
     B, n_prompt = idx.shape
     crop = None if model.max_len is None else min(model.max_len, max_context or model.max_len)
     prompt = idx if crop is None else idx[:, -crop:]
@@ -38,10 +34,9 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
     out[:, :n_prompt] = idx
     step = compile_decode_step(model, backend) if compile else decode_step
-    # Eager steps run under inference_mode (no autograd bookkeeping; `out` and the tables, made before, stay
-    # ordinary tensors); a compiled one under no_grad (inference_mode has CUDA-graph bugs: pytorch#135892).
-    # LongRoPE turns every position with its long factors once the sequence passes its original length: then
-    # the cached keys are rotated anew, the tokens so far run again (as transformers does, PR #33129)
+    # Eager steps under inference_mode, a compiled one under no_grad (CUDA-graph bugs: pytorch#135892).
+    # LongRoPE turns every position with its long factors once the sequence passes its original length: the
+    # tokens so far then run again, their cached keys rotated anew (as transformers does, PR #33129)
     rope = model.transformer.wpe
     switch = rope.original_len if model.config.rope_scaling == "longrope" else None
     with contextlib.nullcontext() if compile else torch.inference_mode():

@@ -1,8 +1,7 @@
 """
-Position encodings: how a GPT knows where each token is. Every scheme and every RoPE context extension
-lives here; model.py calls them through one interface. Top to bottom: the schemes' names and the checks of a
-config's position fields; the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the
-masks); the modules that apply them, each in one place:
+Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here,
+top to bottom: the checks of a config's position fields; the pure functions (tables, frequencies, the
+rotation, ALiBi's slopes and bias, the masks); the modules model.py calls through one interface:
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
@@ -20,16 +19,14 @@ import torch.nn as nn
 
 POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
-LONGROPE = (
-    "longrope"  # a factor per frequency pair, given (a Phi-3 config) or searched (experiments.longrope)
-)
+LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
 LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0,
-                                      nope_interval=0, nope_layers=None, rope_short_factor=None,
-                                      rope_long_factor=None, rope_attention_factor=None,
-                                      rope_keep_first=0))  # fmt: skip
+ROPE_VARIANTS = MappingProxyType(dict(
+    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
+    rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
+))  # fmt: skip
 
 
 def require(ok, message):
@@ -65,10 +62,8 @@ def check_rope_variants(c, head_dim):
     only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
     require(not changed or c.pos == "rope", only)
     llama3 = ", ".join(f"{name}={getattr(c, name)}" for name in changed if name.endswith("_freq_factor"))
-    advice = "give rope_scaling=llama3, or leave them at 1 and 4"
-    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
-    wrong += f"; {advice}"
-    require(not llama3 or c.rope_scaling == "llama3", wrong)
+    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}; give "
+    require(not llama3 or c.rope_scaling == "llama3", wrong + "rope_scaling=llama3, or leave them at 1 and 4")
     check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
     share = "the share of each head's dimensions RoPE rotates"
     require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] ({share}), got {c.rope_fraction}")
@@ -90,11 +85,8 @@ def check_longrope(c, n_pairs):
     with rope_scaling=longrope and only then; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
     given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
     if c.rope_scaling != LONGROPE:
-        named = ", ".join(given)
-        require(
-            not given, f"{named}: LongRoPE's settings, and this model has rope_scaling={c.rope_scaling!r}"
-        )
-        return
+        named = f"{', '.join(given)}: LongRoPE's settings"
+        return require(not given, f"{named}, and this model has rope_scaling={c.rope_scaling!r}")
     for name in LONGROPE_FIELDS[:2]:
         factors = getattr(c, name)
         require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
@@ -292,10 +284,9 @@ def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
 
 def apply_rope(x, cos, sin):
     """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the dimensions
-    rotated. Pairs are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the
-    same rotation up to a fixed permutation of the head dimensions (tests/test_positions.py). Computed in
-    cos's dtype, cast back. Partial rotation (d < head_dim, transformers' partial_rotary_factor): the first d
-    dimensions turn, and the rest pass unchanged, carrying no position."""
+    rotated (d < head_dim: the rest pass unchanged, transformers' partial_rotary_factor). Pairs are halves
+    (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to a fixed
+    permutation of the head dimensions (tests/test_positions.py). Computed in cos's dtype, cast back."""
     d = 2 * cos.size(-1)
     if d < x.size(-1):
         return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
@@ -354,9 +345,8 @@ def cached_key_positions(end, size):
 
 
 def attention_mask(query_pos, key_pos, bias=None, window=None):
-    """The additive mask attention gets where SDPA's is_causal cannot serve (a score bias, a KV cache): 0
-    where causal_mask lets query i see key j, -inf elsewhere, plus the scheme's bias (ALiBi's -m_h (i - j)).
-    -> (1, n_head or 1, n_query, n_key), float32"""
+    """The additive mask where SDPA's is_causal cannot serve (a score bias, a KV cache): 0 where causal_mask
+    lets query i see key j, -inf elsewhere, plus the scheme's bias. -> (1, n_head or 1, n_query, n_key)"""
     visible = causal_mask(query_pos, key_pos, window)[None, None]
     return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
 
@@ -402,18 +392,16 @@ class LearnedPositions(nn.Embedding):
         self.max_len = config.block_size
 
     def reserve(self, n_pos):
-        """Called before any layer runs with the length about to be reached (GPT.forward; GPT.setup_cache
-        once for all of generation's steps). No row was trained past block_size - 1: a longer n_pos is refused
-        here, in the ValueError the README quotes, not as an index error mid-forward (on a GPU, an assert)."""
+        """Before any layer runs: no row was trained past block_size - 1, so a longer n_pos is refused here in
+        one line, not as an index error mid-forward (on a GPU, an assert)."""
         if n_pos > self.max_len:
             past = f"pos=learned has no embedding past position {self.max_len - 1}"
             raise ValueError(f"sequence length {n_pos} exceeds block_size={self.max_len}: {past}; "
                              "sinusoidal, rope, alibi and none run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
-        """tok_emb plus the table's rows at `positions`, looked up (nn.Embedding's forward), not the first T
-        rows sliced: positions are absolute, and with a KV cache they go on where the cache left off."""
-        return tok_emb + super().forward(positions)  # the rows of the table at these positions
+        # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
+        return tok_emb + super().forward(positions)
 
     rotation, score_bias = NoPositions.rotation, NoPositions.score_bias  # neither: it acts at the embedding
 
@@ -439,14 +427,12 @@ class SinusoidalPositions(NoPositions):
 
 
 class RotaryPositions(NoPositions):
-    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. float32 cos/sin tabulated for
-    block_size positions, extended on demand. A context extension rescales against the length first trained
-    on: rope_original_len after a fine-tune (transformers' original_max_position_embeddings), else block_size.
-    With rope_fraction < 1 the tables cover the rotary_dim dimensions that turn, their frequencies spread over
-    those alone (transformers' partial_rotary_factor). LongRoPE tabulates its short and its long factors and
-    turns every position with the long ones once a sequence passes the original length (as transformers:
-    long_context marks a sequence that will, for a KV cache); its first rope_keep_first positions (n-hat) keep
-    plain RoPE's rotation (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
+    """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. cos/sin tabulated for block_size
+    positions, extended on demand, over the rotary_dim dimensions that turn. A context extension rescales
+    against the length first trained on: rope_original_len after a fine-tune, else block_size. LongRoPE
+    tabulates short and long factors and turns every position with the long ones once a sequence passes the
+    original length (long_context: a KV-cached sequence that will), the first rope_keep_first (n-hat)
+    with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
     def __init__(self, config):
         super().__init__(config)

@@ -14,6 +14,7 @@ and reports each one's speed and validation loss inside vs beyond the trained le
 not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,15 +51,11 @@ class SampleConfig:
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
-    rope_scaling: str | None = (
-        None  # RoPE context extension: linear | ntk | dynamic | yarn | llama3 | longrope
-    )
+    rope_scaling: str | None = None  # RoPE extension: linear | ntk | dynamic | yarn | llama3 | longrope
     rope_factor: float | None = None  # its factor s; default: the generated length over block_size
     rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
-    rope_factors: str | None = (
-        None  # longrope's per-pair factors, a JSON file (experiments.longrope writes one)
-    )
+    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (experiments.longrope)
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
@@ -66,41 +63,27 @@ class SampleConfig:
             self.top_k = None
         if self.rope_factors and self.rope_scaling is None:
             self.rope_scaling = "longrope"
-        at_least_1 = lambda v: v is None or v >= 1
-        llama3 = "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give "
-        llama3 += "--rope_scaling=llama3"
-        checks = [
-            (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
-            (at_least_1(self.max_new_tokens), f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-            (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (at_least_1(self.top_k), f"top_k must be >= 0, got {self.top_k}"),
-            (self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (at_least_1(self.max_context), f"max_context must be >= 1, got {self.max_context}"),
-            (at_least_1(self.rope_factor), f"rope_factor must be >= 1, got {self.rope_factor}"),
-            (self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling"),
-            (
-                self.rope_scaling == "llama3"
-                or self.rope_low_freq_factor is self.rope_high_freq_factor is None,
-                llama3,
-            ),
-            (
-                (self.rope_scaling == "longrope") == bool(self.rope_factors),
-                "--rope_scaling=longrope takes its factors from --rope_factors=FILE, and only it",
-            ),
-            (
-                self.kv_cache or not self.compile,
-                "--compile compiles the KV-cached decode step: drop --kv_cache=off",
-            ),
-        ]
-        for ok, message in checks:
-            require(ok, message)
+        for name in ("num_samples", "max_new_tokens", "top_k", "max_context", "rope_factor"):
+            at_least = 0 if name == "top_k" else 1  # top_k=0 was read as None above
+            value = getattr(self, name)
+            require(value is None or value >= 1, f"{name} must be >= {at_least}, got {value}")
+        require(self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        require(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        require(self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling")
+        blend = "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give "
+        blend += "--rope_scaling=llama3"
+        unset = self.rope_low_freq_factor is self.rope_high_freq_factor is None
+        require(unset or self.rope_scaling == "llama3", blend)
+        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE, and only it"
+        require((self.rope_scaling == "longrope") == bool(self.rope_factors), factors)
+        cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
+        require(self.kv_cache or not self.compile, cache)
         check_device_name(self.device)
         hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> SampleConfig; a bad flag exits with status 2 and one line, a bad value is a
-    ValueError that main's handler says in one line with status 2, as train.py's."""
+    """Flags (and --config) -> SampleConfig; a bad flag or value is one line and status 2, as in train.py."""
     choices = {"rope_scaling": ROPE_SCALING_CHOICES, "init_from": GPT2_MODELS}
     return SampleConfig(
         **parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)], choices=choices)
@@ -131,12 +114,11 @@ class Loaded:
 
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None),
          longrope=None):  # fmt: skip
-    """The model train.py saved in out_dir (eval mode, on device), optionally with a RoPE extension: the
-    opener's arguments (plumbing.checkpoint.open_model); checkpoint: out_dir's, if the caller loaded it."""
+    """The model in out_dir, eval mode, through the one opener (plumbing.checkpoint.open_model, whose
+    arguments these are); the checkpoint's weights and optimizer state are not kept beside the model's."""
     model, tokenizer, checkpoint = open_model(
         out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors, longrope
     )
-    # the weights now live in the model: the checkpoint's copy (and its optimizer state) is not kept beside it
     info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
     return Loaded(model, tokenizer, info)
 
@@ -158,10 +140,8 @@ def crossing_marker(block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, marker in place: mark_trained_length's text. Each call decodes
-    only the tokens not printed yet (O(n), not O(n^2)); a BPE token ending inside a multi-byte character is
-    held back until the character is complete, or until close(), which prints what is held back as
-    mark_trained_length decodes it (an unfinished character as U+FFFD)."""
+    """Prints sample 0 as its tokens arrive, as mark_trained_length would. Each call decodes only the tokens
+    not printed yet; a token ending inside a multi-byte character is held back until whole (or close)."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
         self.tokenizer, self.block_size = tokenizer, block_size
@@ -192,17 +172,15 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     model = loaded.model
     torch.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
-    sampling = dict(
-        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, max_context=cfg.max_context
-    )
+    sampling = {name: getattr(cfg, name) for name in ("temperature", "top_k", "top_p", "max_context")}
     start = time.perf_counter()
-    if cfg.kv_cache:
+    if not cfg.kv_cache:
+        out = model.generate(idx, max_new_tokens, **sampling)
+    else:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
         out = generate_cached(model, idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
-        if on_token is not None:
+        if on_token:
             on_token.close()
-    else:
-        out = model.generate(idx, max_new_tokens, **sampling)
     synchronize(device)
     seconds = time.perf_counter() - start
     return out.tolist(), cfg.num_samples * max_new_tokens / seconds
@@ -223,18 +201,22 @@ def describe(model):
 
 
 def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
-    """The model of out_dir (or a GPT2_MODELS name), with --rope_scaling applied, and what to generate from
-    it, cfg.start being the prompt's text (main reads a FILE:). -> (Loaded, cfg, prompt ids, max_new_tokens).
-    The checkpoint, weights included, is let go on return: the weights then live once, in the model (GPT-2
-    XL's 6 GB not kept twice). A generation that would not fit in the memory left is refused here, first."""
+    """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
+    -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
+    the weights live once, in the model. A generation that would not fit in memory is refused here, first."""
     if out_dir in GPT2_MODELS:
         checkpoint = pretrained_checkpoint(out_dir)
-    else:  # mapped, not read: load() moves the weights to device
+    else:
         checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
-        rope_flags += ("rope_factors",)
+        rope_flags = (
+            "rope_scaling",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+            "rope_factors",
+        )
         cfg = replace(cfg, **dict.fromkeys(rope_flags))
     try:
         prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
@@ -251,30 +233,25 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
     longrope = read_rope_factors(cfg.rope_factors) if cfg.rope_factors else None
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
-    batch, n_prompt = cfg.num_samples, len(prompt_ids)
     advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
-    config = loaded.model.config
-    check_generation_memory(
-        config, batch, n_prompt, max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache
-    )
+    sizes = (cfg.num_samples, len(prompt_ids), max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache)
+    check_generation_memory(loaded.model.config, *sizes)
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
 def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threads=None):
     """Generate and print cfg.num_samples continuations of prompt_ids (threads: a line to print under the
     model's). -> (samples, tokens/s)"""
-    block_size, total_len = loaded.model.config.block_size, len(prompt_ids) + max_new_tokens
-    print(describe(loaded.model) + (f"\n{threads}" if threads else ""))
-    if loaded.model.max_len is not None and total_len > loaded.model.max_len:
-        limit = loaded.model.max_len
-        pos = loaded.model.config.pos
-        print(f"note: pos={pos} has no positions past {limit}: from there on the model sees only the last "
-              f"{limit} tokens (the context is cropped)")  # fmt: skip
+    model, total_len = loaded.model, len(prompt_ids) + max_new_tokens
+    print(describe(model) + (f"\n{threads}" if threads else ""))
+    if (limit := model.max_len) is not None and total_len > limit:
+        print(f"note: pos={model.config.pos} has no positions past {limit}: from there on the model sees "
+              f"only the last {limit} tokens (the context is cropped)")  # fmt: skip
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
     for ids in samples:
         if not stream:
-            print(mark_trained_length(loaded.tokenizer, ids, block_size), end="")
+            print(mark_trained_length(loaded.tokenizer, ids, model.config.block_size), end="")
         print("\n" + "-" * 60)
     how = "KV cache" if cfg.kv_cache else "no cache"
     how = "compiled KV cache, compile time included" if cfg.compile else how
@@ -299,9 +276,7 @@ def compare(cfg, device, threads=None):
         # measured before generating: windows that would not fit in memory stop it before the work, not after
         dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
         losses = inside_vs_beyond_loss(loaded.model, dataset, device, length)
-        _, tokens_per_second = print_samples(
-            loaded, cfg_here, prompt_ids, max_new_tokens, device, stream=False
-        )
+        _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, False)
         rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model at a time
     print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows "
           "of the generated length;\na scheme with a position table (learned) sees the last T tokens past it,"
@@ -309,12 +284,9 @@ def compare(cfg, device, threads=None):
     header = f"{'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
     print(f"{'checkpoint':<34} {header}")
     for out_dir, c, tokens_per_second, losses, _ in rows:
-        inside, beyond = losses if losses else (float("nan"), float("nan"))
-        scaling = c.rope_scaling or "-"
-        print(
-            f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling:<10} {tokens_per_second:>9.1f} "
-            f"{inside:>9.4f} {beyond:>9.4f}"
-        )
+        inside, beyond = losses or (math.nan, math.nan)
+        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {c.rope_scaling or '-':<10} "
+              f"{tokens_per_second:>9.1f} {inside:>9.4f} {beyond:>9.4f}")  # fmt: skip
     return rows
 
 

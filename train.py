@@ -9,13 +9,10 @@ Train a GPT on one dataset with one position scheme. Every experiment in this re
     python train.py --resume                               # the same command plus --resume continues the run
     python train.py --overwrite                            # starts again in a folder that holds a run
 
-Settings, lowest priority first: the TrainConfig defaults and MODEL_DEFAULTS (nanoGPT's CPU recipe), the TOML
-file given with --config, then flags. Every field of TrainConfig and GPTConfig is a flag, `--x=v` or `--x v`
-(`python train.py --help` lists them), but vocab_size, which comes from the dataset.
-
-Read top to bottom: the config, the run (data, model, optimizer), one step, evaluation, then train(), the
-loop itself, and main(). The machinery is in plumbing/ (resume.py: checkpoints and --init_from; run_folder.py,
-cli.py, errors.py, distributed.py, hardware.py, report.py) and data/common.py (batches).
+Settings, lowest priority first: TrainConfig's defaults and MODEL_DEFAULTS, the TOML file given with --config,
+then flags: every field of TrainConfig and GPTConfig but vocab_size (`python train.py --help` lists them).
+Read top to bottom: the config, the run (data, model, optimizer), one step, evaluation, the loop (train) and
+main. The machinery is in plumbing/ (checkpoints, resume, the run folder, flags, DDP) and data/common.py.
 """
 
 import math
@@ -126,16 +123,13 @@ class TrainConfig:
 
 
 def parse_args(argv=None):
-    """Flags (and --config) -> (TrainConfig, GPTConfig); vocab_size is GPTConfig's default until train() reads
-    the dataset. With --init_from the model settings not given default to that checkpoint's, and out_dir to a
-    folder beside it. A bad flag exits with status 2 and one line naming the valid choices; a bad value is a
-    ValueError or a usage UserError, which main's handler says in one line with status 2 too."""
+    """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset. With --init_from the
+    model settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
     model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
-    longrope = read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {}
-    values |= longrope
+    values |= (longrope := read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {})
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         try:
             saved = resume.saved_model_config(values["init_from"], model_flags)
@@ -164,15 +158,16 @@ def format_out_dir(template, dataset, pos):
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):
-    """Replace every `auto` and None in cfg by what this run uses, so the checkpoint records it. device, when
-    given, overrides cfg.device (torchrun's cuda:LOCAL_RANK); grad_accum=None: one micro-batch per process."""
+    """cfg with every `auto` and None replaced by what this run uses, so the checkpoint records it; device:
+    torchrun's cuda:LOCAL_RANK, if given. grad_accum=None: one micro-batch per process."""
     device = device or hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
-    grad_accum = world_size if cfg.grad_accum is None else cfg.grad_accum
-    compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
-    out_dir = format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
-    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
-    return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
+    return replace(
+        cfg, device=device, dtype=hardware.resolve_dtype(cfg.dtype, device_type),
+        grad_accum=world_size if cfg.grad_accum is None else cfg.grad_accum,
+        compile=(device_type == "cuda") if cfg.compile is None else cfg.compile,
+        out_dir=format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos),
+    )  # fmt: skip
 
 
 def get_lr(it, cfg):
@@ -191,8 +186,8 @@ def get_lr(it, cfg):
 
 
 def prepare_data(dataset, procs):
-    """The dataset's folder and meta, the embedded datasets prepared on first use by rank 0; then every rank
-    looks for it, so all meet an error (a UserError saying how to make the dataset) together."""
+    """The dataset's folder and meta, an embedded dataset prepared on first use by rank 0; then every rank
+    looks, so all meet a missing dataset's error together."""
     if procs.master:
         with suppress(UserError):
             ensure_prepared(dataset)
@@ -202,8 +197,8 @@ def prepare_data(dataset, procs):
 
 
 def build_run(cfg, model_config, meta, data_dir, procs):
-    """A fresh Run: the model (--init_from's weights, S²-Attn, LoRA), its compiled / DDP wrappers, the
-    optimizer, this rank's batch streams."""
+    """A fresh Run: the model (--init_from's weights, S²-Attn, LoRA), compiled and DDP-wrapped, the optimizer,
+    this rank's batch streams."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
     device_type = cfg.device.split(":")[0]
@@ -232,8 +227,7 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 
 def start_run(cfg, model_config, procs):
-    """The Run: built fresh (from another's weights with --init_from, in build_run) or continued from
-    out_dir/ckpt.pt (--resume)."""
+    """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
     data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
@@ -310,12 +304,8 @@ def evaluate(run, wandb_run, signals):
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     with signals.deferred():  # a second Ctrl-C now stops the script once the file is whole
         resume.write_checkpoints(run, improved)
-    best = (
-        f"and {run.best_path.name} (best)"
-        if improved
-        else f"(best {p.best_val_loss:.4f} at step {p.best_iter})"
-    )
-    saved = f"saved {run.ckpt_path} {best}"
+    best = f"(best {p.best_val_loss:.4f} at step {p.best_iter})"
+    saved = f"saved {run.ckpt_path} {f'and {run.best_path.name} (best)' if improved else best}"
     run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
     if wandb_run:
         wandb_run.log({"eval/train_loss": train_loss, "eval/val_loss": val_loss}, step=p.iter_num)
@@ -330,10 +320,11 @@ def check_finite(run, loss, step, last):
     if math.isfinite(loss):
         return
     last_good = (
-        "no finite loss before it" if last is None else f"last good loss {last:.4f} at step {step - 1}"
+        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
     )
-    advice = "a lower --learning_rate may help, with --resume to continue from it"
-    advice = f"{resume.kept_checkpoint(run)}; {advice}"
+    advice = (
+        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
+    )
     raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
 
 

@@ -78,9 +78,7 @@ class GPTConfig:
 
 class KVCache(nn.Module):
     """One attention layer's keys (after RoPE: a key's position never changes) and values, allocated once and
-    written in place, as gpt-fast's: position p lives in slot p % size, so with a sliding window the buffer
-    is a ring. Which position each slot holds follows from how many were written
-    (positions.cached_key_positions)."""
+    written in place, as gpt-fast's: position p in slot p % size, a ring with a sliding window."""
 
     def __init__(self, batch, n_head, size, head_dim, dtype, device, ring=False):
         super().__init__()
@@ -90,8 +88,7 @@ class KVCache(nn.Module):
         self.ring = ring  # False: a slot for every position, so position p is slot p
 
     def update(self, input_pos, k, v, n_keys):
-        """Write the (B, nh, T, hs) keys and values of positions input_pos (T,). -> the keys and values of the
-        first n_keys slots, those the mask covers"""
+        """Write the (B, nh, T, hs) keys and values at positions input_pos (T,). -> the first n_keys slots'"""
         slots = input_pos % self.k.size(2) if self.ring else input_pos
         self.k.index_copy_(2, slots, k)
         self.v.index_copy_(2, slots, v)
@@ -198,12 +195,10 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     @property
-    def max_len(self):
-        """The longest input the position scheme encodes (block_size for learned), None if unbounded."""
+    def max_len(self):  # the longest input the position scheme encodes (learned: block_size), or None
         return self.transformer.wpe.max_len
 
-    def num_params(self):
-        """Trainable parameters, the tied embedding counted once."""
+    def num_params(self):  # the tied embedding counted once
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, input_pos=None):
@@ -264,8 +259,7 @@ class GPT(nn.Module):
         self.cache_window = window
 
     @staticmethod
-    def cache_size(max_len, window=None, chunk=1):
-        """Slots per layer of setup_cache's KV caches."""
+    def cache_size(max_len, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
         return max_len if window is None else min(max_len, window + chunk - 1)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
@@ -287,8 +281,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf_gpt2(cls, hf_model):
-        """This model with the weights of a transformers GPT2LMHeadModel already built or loaded (works
-        offline)."""
+        """This model with the weights of a transformers GPT2LMHeadModel already loaded (works offline)."""
         config, state_dict = gpt2_weights_from_hf(hf_model)
         model = cls(config)
         model.load_state_dict(state_dict)

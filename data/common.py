@@ -1,14 +1,9 @@
 """
-The one on-disk format every dataset is written in, and what train.py and sample.py read it with.
-
-    data/<name>/train.bin, val.bin   flat arrays of token ids: uint16 when the vocabulary fits in 2**16 ids,
-                                     uint32 otherwise (ndarray.tofile, read back with np.memmap)
-    data/<name>/meta.json            {"tokenizer": "char"|"gpt2", "vocab_size", "dtype", "train_tokens",
-                                      "val_tokens", "chars" (char only), "sample_length" (fixed-length
-                                      samples), "generator" (generated data: its data/ module and settings)}
-
-JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A dataset is written into
-data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
+The one on-disk format every dataset is written in (data/README.md), and what train.py and sample.py read it
+with: data/<name>/train.bin and val.bin, flat arrays of token ids (uint16 when the vocabulary fits in 2**16
+ids, else uint32; read back with np.memmap), and meta.json, the fields _check_meta checks. JSON, not nanoGPT's
+meta.pkl: reading a dataset never runs code from it. A dataset is written into data/.<name>.tmp-<pid>/ and
+moved into place when complete, never over one already there without --replace.
 """
 
 import importlib
@@ -54,7 +49,8 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 
 # meta.json -------------------------------------------------------------------
 def _check_meta(meta, where) -> None:
-    """Raise ValueError unless meta has the fields of the format described at the top of this file."""
+    """Raise ValueError unless meta holds meta.json's fields (data/README.md): tokenizer, vocab_size, dtype,
+    train_tokens, val_tokens; chars for char; sample_length, and generator, for fixed-length samples."""
 
     def require(ok, why):
         if not ok:
@@ -126,8 +122,7 @@ def _prepare_command(data_dir: Path) -> str:
 
 
 def load_meta(data_dir) -> dict:
-    """data_dir/meta.json, checked; a UserError, when missing, damaged or made by an outdated generator,
-    saying how to make the dataset."""
+    """data_dir/meta.json, checked; a UserError, when missing, damaged or outdated, saying how to redo it."""
     data_dir = Path(data_dir)
     path, again = data_dir / "meta.json", _prepare_command(data_dir)
     if not data_dir.is_dir():
@@ -184,10 +179,9 @@ def remove_leftovers(parent) -> None:
 
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False, needed=None):
-    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
-    out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
-    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses. A write
-    that finds no space left (needing about `needed` bytes) is one line (plumbing.outputs.no_space)."""
+    """Yield {file name: path} in a staging folder beside out_dir to write; move them into out_dir if the
+    block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir they move meta.json
+    last, so a stop in between leaves a folder load_meta refuses. No space left (`needed` bytes): one line."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -222,11 +216,10 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
                 f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
             )
     meta = complete_meta(meta, splits["train"].size, splits["val"].size)
+    vocab = meta["vocab_size"]
     for split, ids in splits.items():
-        if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
-            raise ValueError(
-                f"{split} ids must lie in [0, {meta['vocab_size']}), found {ids.min()}..{ids.max()}"
-            )
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"{split} ids must lie in [0, {vocab}), found {ids.min()}..{ids.max()}")
     needed = sum(ids.size for ids in splits.values()) * np.dtype(meta["dtype"]).itemsize
     with staged_dataset(out_dir, replace, needed) as tmp:
         for split, ids in splits.items():
@@ -265,13 +258,8 @@ def prepare_main(name, description, prepare, argv=None):
 # finding datasets ------------------------------------------------------------
 def available_datasets(data_root=DATA_ROOT) -> list:
     """Folders that hold a dataset, or a prepare.py that makes one (not data/text), but no staging folders."""
-    return sorted(
-        p.name
-        for p in Path(data_root).iterdir()
-        if p.is_dir()
-        and not p.name.startswith(".")
-        and ((p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text"))
-    )
+    makes = lambda p: (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")
+    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and p.name[0] != "." and makes(p))
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
@@ -317,8 +305,7 @@ class CharTokenizer:
 
     def __init__(self, chars):
         self.chars = list(chars)
-        self.vocab_size = len(self.chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.vocab_size, self.stoi = len(self.chars), {c: i for i, c in enumerate(self.chars)}
 
     def encode(self, text: str) -> list:
         if unknown := set(text).difference(self.stoi):
@@ -471,12 +458,6 @@ class BatchSampler:
     With meta.json's sample_length, windows start where a sample starts."""
 
     def __init__(self, data_dir, block_size, batch_size, device="cpu", seed=0, rank=0):
-        if min(block_size, batch_size) < 1:
-            raise ValueError(
-                f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}"
-            )
-        if min(seed, rank) < 0:
-            raise ValueError(f"seed and rank must be non-negative, got {seed} and {rank}")
         self.data_dir, self.block_size, self.batch_size = Path(data_dir), block_size, batch_size
         self.device, self.seed, self.rank = torch.device(device), seed, rank
         meta = load_meta(self.data_dir)

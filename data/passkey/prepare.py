@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 
 from data import common
-from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_settings, training_sample
+from data.passkey.task import CHARS, GENERATOR, KEY_CHARACTERS, default_name, training_sample
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory, format_bytes
@@ -34,7 +34,7 @@ def prepare(
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits.append(np.array(tokenizer.encode(text), dtype=np.int64))
-    meta = tokenizer.to_meta() | {"sample_length": length, "generator": generator_settings()}
+    meta = tokenizer.to_meta() | {"sample_length": length, "generator": dict(GENERATOR)}
     out_dir = out_dir or common.dataset_dir(default_name(block_size))
     return common.write_dataset(out_dir, *splits, meta, replace)
 

@@ -25,6 +25,7 @@ KEY_DIGITS = 5
 SEGMENT = (4, 16)  # the filler repeats a random segment of this many characters (bounds included)
 EVAL_KEYS_ONE_IN = 10
 KEY_CHARACTERS = 2 * (1 + KEY_DIGITS) + 1  # the statement #ddddd. and the question #ddddd
+GENERATOR = {"name": "passkey", "filler_segment": list(SEGMENT)}  # meta.json's record, checked by outdated
 
 
 def default_name(block_size):
@@ -88,11 +89,6 @@ def eval_sample(rng, length, depth):
 def training_sample(rng, length, split):
     """A training (or val) sample: the key at a uniformly random depth."""
     return passkey_sample(rng, length, float(rng.random()), split)
-
-
-def generator_settings():
-    """What meta.json records of how the samples were made, checked on every load (outdated)."""
-    return {"name": "passkey", "filler_segment": list(SEGMENT)}
 
 
 def outdated(meta, data_dir):

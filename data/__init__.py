@@ -1,2 +1,1 @@
-"""Datasets: one prepare.py per dataset (python -m data.NAME.prepare), all writing the format read by
-data/common.py."""
+"""Datasets: one prepare.py per dataset (python -m data.NAME.prepare), all writing data/common.py's format."""

@@ -1,14 +1,9 @@
 """
-The one on-disk format every dataset is written in, and what train.py and sample.py read it with.
-
-    data/<name>/train.bin, val.bin   flat arrays of token ids: uint16 when the vocabulary fits in 2**16 ids,
-                                     uint32 otherwise (ndarray.tofile, read back with np.memmap)
-    data/<name>/meta.json            {"tokenizer": "char"|"gpt2", "vocab_size", "dtype", "train_tokens",
-                                      "val_tokens", "chars" (char only), "sample_length" (fixed-length
-                                      samples), "generator" (generated data: its data/ module and settings)}
-
-JSON, not nanoGPT's meta.pkl: reading a dataset never runs code from it. A dataset is written into
-data/.<name>.tmp-<pid>/ and moved into place when complete, never over one already there without --replace.
+The one on-disk format every dataset is written in (data/README.md), and what train.py and sample.py read it
+with: data/<name>/train.bin and val.bin, flat arrays of token ids (uint16 when the vocabulary fits in 2**16
+ids, else uint32; read back with np.memmap), and meta.json, the fields _check_meta checks. JSON, not nanoGPT's
+meta.pkl: reading a dataset never runs code from it. A dataset is written into data/.<name>.tmp-<pid>/ and
+moved into place when complete, never over one already there without --replace.
 """
 
 import importlib
@@ -32,10 +27,8 @@ DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
 FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved into place last
 TOKENIZERS = ("char", "gpt2")
-# Datasets ensure_prepared builds on first use, offline (GPT-2 BPE still needs tiktoken's cached files)
-EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")
-# Datasets drawn by a generator (data/NAME/task.py defines outdated(meta, data_dir))
-GENERATED = ("passkey",)
+EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")  # built by ensure_prepared on first use, offline
+GENERATED = ("passkey",)  # drawn by a generator: data/NAME/task.py defines outdated(meta, data_dir)
 REPLACE_HELP = (
     "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
 )
@@ -54,60 +47,50 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
-# -----------------------------------------------------------------------------
-# meta.json
-
-
+# meta.json -------------------------------------------------------------------
 def _check_meta(meta, where) -> None:
-    """Raise ValueError unless meta has the fields of the format described at the top of this file."""
+    """Raise ValueError unless meta holds meta.json's fields (data/README.md): tokenizer, vocab_size, dtype,
+    train_tokens, val_tokens; chars for char; sample_length, and generator, for fixed-length samples."""
 
-    def bad(why):
-        return ValueError(f"{where}: {why}")
+    def require(ok, why):
+        if not ok:
+            raise ValueError(f"{where}: {why}")
 
-    def check_int(key, minimum):
+    def require_int(key, minimum):
         value = meta.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+        require(type(value) is int and value >= minimum, f"{key} must be an int >= {minimum}, got {value!r}")
 
-    if not isinstance(meta, dict):
-        raise bad("meta must be a JSON object")
-    if meta.get("tokenizer") not in TOKENIZERS:
-        raise bad(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {meta.get('tokenizer')!r}")
+    require(isinstance(meta, dict), "meta must be a JSON object")
+    tokenizer, dtype, chars, generator = map(meta.get, ("tokenizer", "dtype", "chars", "generator"))
+    require(tokenizer in TOKENIZERS, f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
     for key in ("vocab_size", "train_tokens", "val_tokens"):
-        check_int(key, 1 if key == "vocab_size" else 0)
-    if meta.get("dtype") not in ("uint16", "uint32"):
-        raise bad(f"dtype must be uint16 or uint32, got {meta.get('dtype')!r}")
-    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
-        raise bad(f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']}")
-    chars = meta.get("chars")
+        require_int(key, 1 if key == "vocab_size" else 0)
+    require(dtype in ("uint16", "uint32"), f"dtype must be uint16 or uint32, got {dtype!r}")
+    vocab_size = meta["vocab_size"]
+    require(vocab_size <= np.iinfo(dtype).max + 1, f"vocab_size {vocab_size} does not fit in {dtype}")
     one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
-    if meta["tokenizer"] == "char" and not (one_char_each and len(chars) == meta["vocab_size"]):
-        raise bad("a char dataset needs chars: a list of vocab_size single characters")
-    generator = meta.get("generator")
-    segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
-    settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
-    if generator is not None and not (settings and generator.get("name") in GENERATED):
-        raise bad(f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}")
-    if generator is not None and "sample_length" not in meta:
-        raise bad("a generated dataset needs sample_length, the length of each of its samples")
+    ok = tokenizer != "char" or (one_char_each and len(chars) == vocab_size)
+    require(ok, "a char dataset needs chars: a list of vocab_size single characters")
+    if generator is not None:
+        segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
+        settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
+        why = f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}"
+        require(settings and generator.get("name") in GENERATED, why)
+        why = "a generated dataset needs sample_length, the length of each of its samples"
+        require("sample_length" in meta, why)
     if "sample_length" in meta:
-        check_int("sample_length", 2)
+        require_int("sample_length", 2)
         for split in SPLITS:
-            if meta[f"{split}_tokens"] % meta["sample_length"]:
-                raise bad(
-                    f"{split}_tokens ({meta[f'{split}_tokens']}) is not a whole number of samples of "
-                    f"sample_length {meta['sample_length']}"
-                )
+            tokens, length = meta[f"{split}_tokens"], meta["sample_length"]
+            why = f"{split}_tokens ({tokens}) is not a whole number of samples of sample_length {length}"
+            require(tokens % length == 0, why)
 
 
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
-    if not isinstance(meta.get("vocab_size"), int):
-        raise ValueError(f"meta needs an int vocab_size, got {meta.get('vocab_size')!r}")
-    vocab_size = meta["vocab_size"]
-    full = dict(
-        tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype_for_vocab(vocab_size).name
-    )
+    vocab_size = meta.get("vocab_size")
+    dtype = dtype_for_vocab(vocab_size).name if isinstance(vocab_size, int) else None
+    full = dict(tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype)
     full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
     full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
     _check_meta(full, "meta")
@@ -139,54 +122,38 @@ def _prepare_command(data_dir: Path) -> str:
 
 
 def load_meta(data_dir) -> dict:
-    """data_dir/meta.json, checked; a UserError, when missing or damaged, saying how to make the dataset."""
+    """data_dir/meta.json, checked; a UserError, when missing, damaged or outdated, saying how to redo it."""
     data_dir = Path(data_dir)
-    path, again = data_dir / "meta.json", _prepare_command(Path(data_dir))
+    path, again = data_dir / "meta.json", _prepare_command(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"no dataset at {data_dir} (no such folder): prepare it with {again}")
     if not path.exists():
         raise UserError(f"{path} not found: prepare the dataset with {again}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
+        _check_meta(meta, path)
     except OSError as e:
         raise UserError(f"{path} cannot be read ({e.strerror}): check it, or re-run {again}") from None
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}): re-run {again}") from None
-    try:
-        _check_meta(meta, path)
     except ValueError as e:
         raise UserError(f"{e}: re-run {again}") from None
-    _check_generated(meta, data_dir)
+    for name in [meta["generator"]["name"]] if meta.get("generator") else GENERATED:
+        if stale := importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir):
+            raise UserError(
+                f"{data_dir} {stale[0]}: make it again with {_from_root(stale[1])} --replace (runs trained "
+                f"on it keep their checkpoints)"
+            )
     return meta
 
 
-def _check_generated(meta, data_dir: Path) -> None:
-    """UserError if a generated dataset was made with other settings than its generator's today."""
-    recorded = meta.get("generator")
-    named = isinstance(recorded, dict) and recorded.get("name") in GENERATED
-    for name in [recorded["name"]] if named else GENERATED:
-        stale = importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir)
-        if stale:
-            why, command = stale
-            raise UserError(
-                f"{data_dir} {why}: make it again with {_from_root(command)} --replace (runs trained "
-                f"on it keep their checkpoints)"
-            )
-
-
-# -----------------------------------------------------------------------------
-# writing a dataset
-
-TEMPORARY = re.compile(r"\..+\.tmp-(?P<pid>\d+)")  # data/.<name>.tmp-<pid>, a preparation's staging folder
-
-
+# writing a dataset -----------------------------------------------------------
 def refuse_existing(out_dir, replace: bool = False) -> None:
     """UserError if out_dir holds a dataset (any of FILES) and replace is false: none replaced by accident."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file, not a dataset folder: move it away, or choose another name")
-    found = dataset_files(out_dir)
-    if found and not replace:
+    if (found := dataset_files(out_dir)) and not replace:
         # data.text's --name; a dataset with its own prepare.py has a fixed folder
         other_name = "" if (out_dir / "prepare.py").is_file() else ", or choose another --name"
         raise UserError(
@@ -197,27 +164,24 @@ def refuse_existing(out_dir, replace: bool = False) -> None:
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's
-        pass
+    except OSError as e:  # PermissionError: it exists, as another user's
+        return not isinstance(e, ProcessLookupError)
     return True
 
 
 def remove_leftovers(parent) -> None:
     """Delete the staging folders in parent whose process is gone (killed with -9, a power cut)."""
     for path in Path(parent).glob(".*.tmp-*"):
-        match = TEMPORARY.fullmatch(path.name)
-        if match and path.is_dir() and not _running(int(match["pid"])):
+        match = re.fullmatch(r"\..+\.tmp-(\d+)", path.name)
+        if match and path.is_dir() and not _running(int(match[1])):
             shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False, needed=None):
-    """Yield {file name: path} in a staging folder beside out_dir for the caller to write; move them into
-    out_dir if the block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir files
-    move one by one, meta.json last, so a stop in between leaves a folder that load_meta refuses. A write
-    that finds no space left (needing about `needed` bytes) is one line (plumbing.outputs.no_space)."""
+    """Yield {file name: path} in a staging folder beside out_dir to write; move them into out_dir if the
+    block ends without error, else (Ctrl-C too) delete them. Into an existing out_dir they move meta.json
+    last, so a stop in between leaves a folder load_meta refuses. No space left (`needed` bytes): one line."""
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -251,12 +215,11 @@ def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False
             raise ValueError(
                 f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
             )
-    meta = complete_meta(meta, len(splits["train"]), len(splits["val"]))
+    meta = complete_meta(meta, splits["train"].size, splits["val"].size)
+    vocab = meta["vocab_size"]
     for split, ids in splits.items():
-        if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
-            raise ValueError(
-                f"{split} ids must lie in [0, {meta['vocab_size']}), found {ids.min()}..{ids.max()}"
-            )
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"{split} ids must lie in [0, {vocab}), found {ids.min()}..{ids.max()}")
     needed = sum(ids.size for ids in splits.values()) * np.dtype(meta["dtype"]).itemsize
     with staged_dataset(out_dir, replace, needed) as tmp:
         for split, ids in splits.items():
@@ -292,19 +255,11 @@ def prepare_main(name, description, prepare, argv=None):
     print(summarize(dataset_dir(name), meta))
 
 
-# -----------------------------------------------------------------------------
-# finding datasets
-
-
+# finding datasets ------------------------------------------------------------
 def available_datasets(data_root=DATA_ROOT) -> list:
     """Folders that hold a dataset, or a prepare.py that makes one (not data/text), but no staging folders."""
-    return sorted(
-        p.name
-        for p in Path(data_root).iterdir()
-        if p.is_dir()
-        and not p.name.startswith(".")
-        and ((p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text"))
-    )
+    makes = lambda p: (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")
+    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and p.name[0] != "." and makes(p))
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
@@ -330,10 +285,7 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     return data_dir
 
 
-# -----------------------------------------------------------------------------
-# tokenizers
-
-
+# tokenizers ------------------------------------------------------------------
 @cache
 def gpt2_encoding():
     """tiktoken's GPT-2 BPE, loaded once per process."""
@@ -346,10 +298,6 @@ def gpt2_encoding():
         ) from e
 
 
-def _as_list(ids) -> list:
-    return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
-
-
 class CharTokenizer:
     """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
 
@@ -357,12 +305,10 @@ class CharTokenizer:
 
     def __init__(self, chars):
         self.chars = list(chars)
-        self.vocab_size = len(self.chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.vocab_size, self.stoi = len(self.chars), {c: i for i, c in enumerate(self.chars)}
 
     def encode(self, text: str) -> list:
-        unknown = set(text).difference(self.stoi)
-        if unknown:
+        if unknown := set(text).difference(self.stoi):
             shown = ", ".join(repr(c) for c in sorted(unknown, key=text.index))  # in order of appearance
             raise UserError(
                 f"characters not in the vocabulary: {shown} "
@@ -371,9 +317,8 @@ class CharTokenizer:
         return [self.stoi[c] for c in text]
 
     def decode(self, ids) -> str:
-        ids = _as_list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]  # a negative id would index from the end
-        if bad:
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
+        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:  # a negative id would index from the end
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
 
@@ -397,7 +342,7 @@ class GPT2Tokenizer:
         return self.enc.encode_ordinary(text)
 
     def decode(self, ids) -> str:
-        return self.enc.decode(_as_list(ids))
+        return self.enc.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
 
     def to_meta(self) -> dict:
         return {"tokenizer": self.name, "vocab_size": self.vocab_size}
@@ -412,10 +357,7 @@ def get_tokenizer(meta: dict):
     raise ValueError(f"unknown tokenizer {meta.get('tokenizer')!r}: expected one of {', '.join(TOKENIZERS)}")
 
 
-# -----------------------------------------------------------------------------
-# a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input)
-
-
+# a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input) ---
 def read_text(path) -> str:
     """The text of a UTF-8 file, or an error that says what to do about it."""
     path = Path(path)
@@ -425,17 +367,11 @@ def read_text(path) -> str:
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first
     except UnicodeDecodeError as e:
-        utf16 = (
-            data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50
-        )  # a BOM, or ASCII as UTF-16
-        what = (
-            "UTF-16 text, not UTF-8"
-            if utf16
-            else f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
-        )
+        utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[1:200:2].count(0) > 50  # BOM, or ASCII
+        what = f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
         raise UserError(
-            f"{path} is {what}: save it as UTF-8, e.g. iconv -f {'utf-16' if utf16 else 'latin1'} -t utf-8 "
-            f"{path.name} > {path.stem}.utf8.txt"
+            f"{path} is {'UTF-16 text, not UTF-8' if utf16 else what}: save it as UTF-8, e.g. iconv -f "
+            f"{'utf-16' if utf16 else 'latin1'} -t utf-8 {path.name} > {path.stem}.utf8.txt"
         ) from None
     if not text:
         raise UserError(f"{path} is empty: pass a file with some text in it")
@@ -467,9 +403,7 @@ def prepare_file(input_path, out_dir=None, tokenizer="char", val_fraction=0.1, b
     return write_dataset(out_dir, splits["train"], splits["val"], tok.to_meta(), replace)
 
 
-# -----------------------------------------------------------------------------
-# reading a split, checked
-
+# reading a split, checked ----------------------------------------------------
 FULL_ID_SCAN_BYTES = 1 << 30  # up to 1 GiB of tokens every id is checked: a second or two, once per process
 ID_SCAN_CHUNK, ID_SCAN_CHUNKS = 1 << 20, 64  # past it, 64 chunks of 1M tokens from start to end
 
@@ -492,14 +426,14 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
     """UserError unless data_dir/<split>.bin holds the tokens meta.json counts, only ids below vocab_size
     (else a device-side assert at whatever step first draws one), and at least block_size + 1 tokens."""
     data_dir, dtype, tokens = Path(data_dir), np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
-    path = data_dir / f"{split}.bin"
+    path, again = data_dir / f"{split}.bin", _prepare_command(data_dir)
     if not path.is_file():
-        raise UserError(f"{path} not found: prepare the dataset with {_prepare_command(data_dir)}")
+        raise UserError(f"{path} not found: prepare the dataset with {again}")
     stat = path.stat()
     if stat.st_size != tokens * dtype.itemsize:
         raise UserError(
             f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
-            f"({tokens * dtype.itemsize} bytes): re-run {_prepare_command(data_dir)}"
+            f"({tokens * dtype.itemsize} bytes): re-run {again}"
         )
     vocab_size = meta["vocab_size"]
     if vocab_size <= np.iinfo(dtype).max:  # else the dtype cannot hold an id past the vocabulary
@@ -507,7 +441,7 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
         if largest >= vocab_size:
             raise UserError(
                 f"{path} holds token id {largest}, outside meta.json's vocabulary of {vocab_size} ids "
-                f"(0..{vocab_size - 1}): the files disagree; re-run {_prepare_command(data_dir)}"
+                f"(0..{vocab_size - 1}): the files disagree; re-run {again}"
             )
     if block_size is not None and tokens < block_size + 1:
         raise UserError(
@@ -516,10 +450,7 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
         )
 
 
-# -----------------------------------------------------------------------------
-# batches
-
-
+# batches ---------------------------------------------------------------------
 class BatchSampler:
     """Random (x, y) windows of a split, as nanoGPT's get_batch, through a memmap re-opened per batch (one
     kept open leaks memory). Each batch's draw is seeded by (seed, rank, split, batch number): ranks differ,
@@ -527,16 +458,8 @@ class BatchSampler:
     With meta.json's sample_length, windows start where a sample starts."""
 
     def __init__(self, data_dir, block_size, batch_size, device="cpu", seed=0, rank=0):
-        if block_size < 1 or batch_size < 1:
-            raise ValueError(
-                f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}"
-            )
-        if seed < 0 or rank < 0:
-            raise ValueError(f"seed and rank must be non-negative, got {seed} and {rank}")
-        self.data_dir = Path(data_dir)
-        self.block_size, self.batch_size = block_size, batch_size
-        self.device = torch.device(device)
-        self.seed, self.rank = seed, rank
+        self.data_dir, self.block_size, self.batch_size = Path(data_dir), block_size, batch_size
+        self.device, self.seed, self.rank = torch.device(device), seed, rank
         meta = load_meta(self.data_dir)
         self.dtype = np.dtype(meta["dtype"])
         self.sample_length = meta.get("sample_length", 1)  # 1: a window may start at any token
@@ -545,16 +468,13 @@ class BatchSampler:
         self.batches = dict.fromkeys(SPLITS, 0)  # batches drawn so far, per split
         self.generator = torch.Generator()
 
-    def _batch_seed(self, split: str) -> int:
-        # SeedSequence hashes the whole tuple: nearby ones (seed 0 rank 1, seed 1 rank 0) give unrelated draws
-        key = [self.seed, self.rank, SPLITS.index(split), self.batches[split]]
-        hi, lo = np.random.SeedSequence(key).generate_state(2)
-        return int(hi) << 32 | int(lo)
-
     def get_batch(self, split: str):
         if split not in self.batches:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        self.generator.manual_seed(self._batch_seed(split))
+        # SeedSequence hashes the whole tuple: nearby ones (seed 0 rank 1, seed 1 rank 0) give unrelated draws
+        key = [self.seed, self.rank, SPLITS.index(split), self.batches[split]]
+        hi, lo = np.random.SeedSequence(key).generate_state(2)
+        self.generator.manual_seed(int(hi) << 32 | int(lo))
         self.batches[split] += 1
         data = np.memmap(self.data_dir / f"{split}.bin", dtype=self.dtype, mode="r")
         T = self.block_size

@@ -21,7 +21,6 @@ from itertools import islice
 import numpy as np
 
 from data import common
-from data.common import GPT2Tokenizer, gpt2_encoding
 from plumbing.errors import UserError
 from plumbing.report import progress_bar
 
@@ -31,7 +30,7 @@ SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens
 
 def tokenize_docs(docs: list) -> list:
     """Each document's GPT-2 ids followed by <|endoftext|>, as uint16 arrays (runs in a worker process)."""
-    enc = gpt2_encoding()
+    enc = common.gpt2_encoding()
     return [np.array(enc.encode_ordinary(doc) + [enc.eot_token], dtype=np.uint16) for doc in docs]
 
 
@@ -64,7 +63,7 @@ def write_token_dataset(
 ) -> dict:
     """Tokenize document strings into a GPT-2 dataset in out_dir; return the meta. Whole documents go to val
     until it holds val_tokens, then train until it holds max_tokens (None: all). total_tokens: for the ETA."""
-    tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
+    tok_meta = common.GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
     assert common.dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
     with common.staged_dataset(out_dir, replace) as tmp:
@@ -94,10 +93,8 @@ def stream_documents():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m data.fineweb_edu.prepare",
-        description="Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens.",
-    )
+    description = "Prepare data/fineweb_edu: FineWeb-Edu sample-10BT as GPT-2 tokens."
+    parser = argparse.ArgumentParser(prog="python -m data.fineweb_edu.prepare", description=description)
     add = parser.add_argument
     add("--max_tokens", type=int, help="stop once train holds this many tokens (default: all)")
     add("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")

@@ -14,17 +14,8 @@ import shutil
 
 import numpy as np
 
-from data.common import (
-    DATA_ROOT,
-    REPLACE_HELP,
-    CharTokenizer,
-    bad_dataset_name,
-    dataset_dir,
-    exit_on_user_error,
-    summarize,
-    write_dataset,
-)
-from data.passkey.task import CHARS, KEY_CHARACTERS, default_name, generator_settings, training_sample
+from data import common
+from data.passkey.task import CHARS, GENERATOR, KEY_CHARACTERS, default_name, training_sample
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory, format_bytes
@@ -37,60 +28,51 @@ def prepare(
     out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
 ):
     """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written."""
-    length = block_size + 1  # a window of block_size inputs and their block_size next-token targets
-    splits = {}
-    for i, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+    length, tokenizer = block_size + 1, common.CharTokenizer(CHARS)  # block_size inputs and their targets
+    splits = []
+    for i, (split, count) in enumerate(zip(common.SPLITS, (train_samples, val_samples))):
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
-        splits[split] = np.array(CharTokenizer(CHARS).encode(text), dtype=np.int64)
-    meta = CharTokenizer(CHARS).to_meta() | {"sample_length": length, "generator": generator_settings()}
-    out_dir = out_dir or dataset_dir(default_name(block_size))
-    return write_dataset(out_dir, splits["train"], splits["val"], meta, replace=replace)
-
-
-def check_size(block_size, train_samples, val_samples):
-    """Refuse, before hours of drawing, a dataset that memory (plumbing.memory's estimate) or the disk (a
-    uint16 per token) cannot hold."""
-    tokens = (train_samples + val_samples) * (block_size + 1)
-    what = f"{train_samples + val_samples:,} samples of {block_size + 1:,} characters"
-    advice = "lower --train_samples, --val_samples or --block_size"
-    check_memory(passkey_dataset_bytes(block_size, train_samples, val_samples), "cpu", what, advice)
-    if 2 * tokens > (free := shutil.disk_usage(DATA_ROOT).free):
-        raise UserError(f"{what} take {format_bytes(2 * tokens)} on disk but {DATA_ROOT} has "
-                        f"{format_bytes(free)} free; {advice}")  # fmt: skip
+        splits.append(np.array(tokenizer.encode(text), dtype=np.int64))
+    meta = tokenizer.to_meta() | {"sample_length": length, "generator": dict(GENERATOR)}
+    out_dir = out_dir or common.dataset_dir(default_name(block_size))
+    return common.write_dataset(out_dir, *splits, meta, replace)
 
 
 def main(argv=None):
-    parser = ArgumentParser(  # its errors one line, status 2
-        prog="python -m data.passkey.prepare",
-        description="Make data/passkey (or data/passkey_ctxN) for retrieval training.",
-    )
+    description = "Make data/passkey (or data/passkey_ctxN) for retrieval training."
+    parser = ArgumentParser(prog="python -m data.passkey.prepare", description=description)  # errors: 1 line
     add = parser.add_argument
     add("--block_size", type=int, default=64, help="the context the samples fill (T)")
     add("--name", help="dataset folder under data/ (default: passkey, or passkey_ctxN for T = N)")
     add("--seed", type=int, default=0, help="seeds the keys, markers and filler")
     add("--train_samples", type=int, default=TRAIN_SAMPLES)
     add("--val_samples", type=int, default=VAL_SAMPLES)
-    add("--replace", action="store_true", help=REPLACE_HELP)
-    with exit_on_user_error():
+    add("--replace", action="store_true", help=common.REPLACE_HELP)
+    with common.exit_on_user_error():
         args = parser.parse_args(argv)
+        T, n_train, n_val = args.block_size, args.train_samples, args.val_samples
         for flag in ("block_size", "train_samples", "val_samples"):
             if getattr(args, flag) < 1:
                 parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-        if args.name is not None and bad_dataset_name(args.name):
+        if args.name is not None and common.bad_dataset_name(args.name):
             parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
-        if args.block_size + 1 < KEY_CHARACTERS:
+        if T + 1 < KEY_CHARACTERS:
             parser.error(
                 f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
-                f"{KEY_CHARACTERS} characters), got {args.block_size}"
+                f"{KEY_CHARACTERS} characters), got {T}"
             )
         check_seed("seed", args.seed)
-        check_size(args.block_size, args.train_samples, args.val_samples)
-        out_dir = dataset_dir(args.name or default_name(args.block_size))
-        meta = prepare(
-            out_dir, args.replace, args.block_size, args.seed, args.train_samples, args.val_samples
-        )
-    print(summarize(out_dir, meta))
+        # refused before hours of drawing: what memory (plumbing.memory) or disk (uint16 ids) cannot hold
+        what = f"{n_train + n_val:,} samples of {T + 1:,} characters"
+        advice = "lower --train_samples, --val_samples or --block_size"
+        check_memory(passkey_dataset_bytes(T, n_train, n_val), "cpu", what, advice)
+        if (size := 2 * (n_train + n_val) * (T + 1)) > (free := shutil.disk_usage(common.DATA_ROOT).free):
+            raise UserError(f"{what} take {format_bytes(size)} on disk but {common.DATA_ROOT} has "
+                            f"{format_bytes(free)} free; {advice}")  # fmt: skip
+        out_dir = common.dataset_dir(args.name or default_name(T))
+        meta = prepare(out_dir, args.replace, T, args.seed, n_train, n_val)
+    print(common.summarize(out_dir, meta))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ what lies far back; retrieving the key can.
 
 Answering is in-context copying: find the earlier # and copy the five digits after it (an induction head,
 Olsson et al. 2022). The filler, a random segment of 4 to 16 letters and digits repeated, asks for the same
-skill at every position; with filler that gives nothing to copy, the default model stayed at chance on the key
-for thousands of steps (one key is too sparse a signal), and with 8 to 32 characters sinusoidal never learned
-to copy in 3,000 steps (docs/extrapolation.md). A fixed hash puts one key in ten in the evaluation set, which
-train.bin never states; val.bin and the retrieval evaluator use only those.
+skill at every position, since one key is too sparse a signal to learn copying from (docs/extrapolation.md
+says why 4 to 16). A fixed hash puts one key in ten in the evaluation set, which train.bin never states;
+val.bin and the retrieval evaluator use only those.
 """
 
 import string
@@ -26,6 +25,7 @@ KEY_DIGITS = 5
 SEGMENT = (4, 16)  # the filler repeats a random segment of this many characters (bounds included)
 EVAL_KEYS_ONE_IN = 10
 KEY_CHARACTERS = 2 * (1 + KEY_DIGITS) + 1  # the statement #ddddd. and the question #ddddd
+GENERATOR = {"name": "passkey", "filler_segment": list(SEGMENT)}  # meta.json's record, checked by outdated
 
 
 def default_name(block_size):
@@ -41,11 +41,9 @@ def is_eval_key(key):
 
 def draw_key(rng, split):
     """A random 5-digit key (leading zeros kept) from the training or the evaluation keys."""
-    want_eval = split != "train"
-    while True:
-        key = int(rng.integers(10**KEY_DIGITS))
-        if is_eval_key(key) == want_eval:
-            return f"{key:0{KEY_DIGITS}d}"
+    while is_eval_key(key := int(rng.integers(10**KEY_DIGITS))) != (split != "train"):
+        pass  # drawn again: about one key in ten is an evaluation key
+    return f"{key:0{KEY_DIGITS}d}"
 
 
 def draw_filler(rng, n):
@@ -93,26 +91,15 @@ def training_sample(rng, length, split):
     return passkey_sample(rng, length, float(rng.random()), split)
 
 
-def generator_settings():
-    """What meta.json records of how the samples were made, checked on every load (outdated)."""
-    return {"name": "passkey", "filler_segment": list(SEGMENT)}
-
-
 def outdated(meta, data_dir):
     """(why, the prepare command that makes it again) for a passkey dataset made with other settings than
     today's, else None (for other data too). Without meta's "generator", the filler segments were 8 to 32."""
     recorded = meta.get("generator")
     if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
         return None  # not passkey samples
-    was = (recorded or {}).get("filler_segment", [8, 32])
-    if was == list(SEGMENT):
+    if (was := (recorded or {}).get("filler_segment", [8, 32])) == list(SEGMENT):
         return None
     block_size, name = meta["sample_length"] - 1, Path(data_dir).name
-    command = f"python -m data.passkey.prepare --block_size {block_size}"
-    if name != default_name(block_size):
-        command += f" --name {name}"
-    why = (
-        f"was made with filler segments of {was[0]} to {was[1]} characters, the task's are now "
-        f"{SEGMENT[0]} to {SEGMENT[1]}"
-    )
-    return why, command
+    rename = "" if name == default_name(block_size) else f" --name {name}"
+    why = "was made with filler segments of {} to {} characters, the task's are now {} to {}"
+    return why.format(*was, *SEGMENT), f"python -m data.passkey.prepare --block_size {block_size}{rename}"

@@ -11,18 +11,16 @@ TIKTOKEN_CACHE_DIR at a folder holding its cached files. train.py prepares this 
 
 from data.common import DATA_ROOT, dataset_dir, prepare_file, prepare_main
 
-INPUT = DATA_ROOT / "shakespeare_char" / "input.txt"
-
 
 def prepare(out_dir=None, replace: bool = False) -> dict:
     """Write Tiny Shakespeare's GPT-2 tokens to out_dir (default data/shakespeare); return the meta."""
-    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare"), "gpt2", 0.1, replace=replace)
+    out_dir = out_dir or dataset_dir("shakespeare")
+    return prepare_file(DATA_ROOT / "shakespeare_char" / "input.txt", out_dir, "gpt2", replace=replace)
 
 
 def main(argv=None):
-    prepare_main(
-        "shakespeare", "Prepare data/shakespeare from data/shakespeare_char/input.txt.", prepare, argv
-    )
+    description = "Prepare data/shakespeare from data/shakespeare_char/input.txt."
+    prepare_main("shakespeare", description, prepare, argv)
 
 
 if __name__ == "__main__":

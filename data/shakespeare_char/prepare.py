@@ -9,16 +9,13 @@ input.txt here is the repo's one copy of the corpus (data/shakespeare reads it t
 dataset by itself on first use (data.common.ensure_prepared).
 """
 
-from pathlib import Path
-
-from data.common import dataset_dir, prepare_file, prepare_main
-
-INPUT = Path(__file__).with_name("input.txt")
+from data.common import DATA_ROOT, dataset_dir, prepare_file, prepare_main
 
 
 def prepare(out_dir=None, replace: bool = False) -> dict:
     """Write Tiny Shakespeare's characters to out_dir (default data/shakespeare_char); return the meta."""
-    return prepare_file(INPUT, out_dir or dataset_dir("shakespeare_char"), "char", 0.1, replace=replace)
+    out_dir = out_dir or dataset_dir("shakespeare_char")
+    return prepare_file(DATA_ROOT / "shakespeare_char" / "input.txt", out_dir, "char", replace=replace)
 
 
 def main(argv=None):

@@ -9,49 +9,32 @@ Make a dataset from your own UTF-8 text file: val is the end of the text, as in 
 
 from pathlib import Path
 
-from data.common import (
-    REPLACE_HELP,
-    TOKENIZERS,
-    bad_dataset_name,
-    dataset_dir,
-    exit_on_user_error,
-    prepare_file,
-    summarize,
-)
+from data import common
 from plumbing.cli import ArgumentParser
 
 
 def main(argv=None):
-    parser = ArgumentParser(  # its errors one line, status 2
-        prog="python -m data.text.prepare",
-        description="Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file.",
-    )
+    description = "Make data/NAME/{train,val}.bin and meta.json from a UTF-8 text file."
+    parser = ArgumentParser(prog="python -m data.text.prepare", description=description)  # errors: 1 line
     add = parser.add_argument
     add("--input", required=True, help="the UTF-8 text file")
-    add(
-        "--tokenizer",
-        choices=TOKENIZERS,
-        default="char",
-        help="char: one token per character; gpt2: GPT-2 BPE",
-    )
+    tokenizer_help = "char: one token per character; gpt2: GPT-2 BPE"
+    add("--tokenizer", choices=common.TOKENIZERS, default="char", help=tokenizer_help)
     add("--name", help="dataset name, the folder under data/ (default: the file name without suffix)")
     add("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
-    add(
-        "--block_size",
-        type=int,
-        default=64,
-        help="the context you will train with: each split needs T + 1 tokens",
-    )
-    add("--replace", action="store_true", help=REPLACE_HELP)
-    with exit_on_user_error():
+    block_help = "the context you will train with: each split needs T + 1 tokens"
+    add("--block_size", type=int, default=64, help=block_help)
+    add("--replace", action="store_true", help=common.REPLACE_HELP)
+    with common.exit_on_user_error():
         args = parser.parse_args(argv)
         name = Path(args.input).stem if args.name is None else args.name
-        if bad_dataset_name(name):
+        if common.bad_dataset_name(name):
             parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
-        meta = prepare_file(
-            args.input, dataset_dir(name), args.tokenizer, args.val_fraction, args.block_size, args.replace
+        out_dir = common.dataset_dir(name)
+        meta = common.prepare_file(
+            args.input, out_dir, args.tokenizer, args.val_fraction, args.block_size, args.replace
         )
-    print(summarize(dataset_dir(name), meta))
+    print(common.summarize(out_dir, meta))
     print(f"train on it with --dataset {name}")
 
 

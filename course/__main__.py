@@ -1,5 +1,4 @@
-"""
-Course mode: exercises cut from this repository's own code, graded by the lesson's own tests.
+"""Course mode: exercises cut from this repository's own code, graded by the lesson's own tests.
 
     python -m course make OUT_DIR                   # a student copy: every exercise's bodies become stubs
     python -m course make OUT_DIR --only=ex1,ex3    # only these exercises
@@ -8,9 +7,7 @@ Course mode: exercises cut from this repository's own code, graded by the lesson
     python -m course make OUT_DIR --classroom       # and .github/classroom/autograding.json, a test each
     python -m course check OUT_DIR                  # before handing it out: every exercise not started, no
                                                     # solution quoted, no instructors' section; exit 0 when so
-
-The exercises: course/exercises.toml; docs/exercises.md describes them, for students and instructors.
-"""
+The exercises: course/exercises.toml, described in docs/exercises.md."""
 
 import sys
 from dataclasses import dataclass

@@ -1,5 +1,4 @@
-"""
-Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
+"""Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
 
     python -m demo.figures                                  # all (the README's five runs, trained if missing)
     python -m demo.figures --only=sinusoidal,rope_decay     # a subset (these two need no model)
@@ -12,10 +11,8 @@ Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, determinist
     extrapolation   loss against length from docs/extrapolation.csv (the extrapolation study), if it exists
     probe           linear probes for position, per layer and scheme (python -m demo.probe --figure)
 
-Models come from --checkpoints, or are the README's runs `python train.py --pos=X` in out/shakespeare_char_X,
-those missing trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same checkpoints give the
-same PNG bytes.
-"""
+The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
+checkpoints give the same PNG bytes."""
 
 import csv
 import math

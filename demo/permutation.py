@@ -1,5 +1,4 @@
-"""
-Who bit whom? Feed "dog bites man" and "man bites dog" through a trained model of each position scheme and
+"""Who bit whom? Feed "dog bites man" and "man bites dog" through a trained model of each position scheme and
 compare the hidden states, layer by layer, up to the swap.
 
     python -m demo.permutation                        # all five schemes, with the causal mask
@@ -9,8 +8,7 @@ compare the hidden states, layer by layer, up to the swap.
 Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped words / over the tokens that
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
 section 1); any position scheme, or the causal mask alone, makes them differ. The models are the README's
-runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint.
-"""
+runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint."""
 
 import sys
 from dataclasses import dataclass

@@ -1,6 +1,5 @@
-"""
-Where does position live? Linear probes read each token's position from the hidden states of a trained model
-of each scheme, layer by layer.
+"""Where does position live? Linear probes read each token's position from the hidden states of a trained
+model of each scheme, layer by layer.
 
     python -m demo.probe                          # the README's runs, out/shakespeare_char_<pos>
     python -m demo.probe --checkpoints=DIR        # or the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
@@ -9,8 +8,7 @@ of each scheme, layer by layer.
 Targets: each token's position in the window, and its distance back to the latest newline. Least squares with
 a small ridge, fit on half the validation windows and scored (R^2) on the other half, after the embedding and
 every block; beside each, the same probe on shuffled targets. NoPE is probed again without its causal mask:
-attention then sees a set, and position has no way in (lesson section 1).
-"""
+attention then sees a set, and position has no way in (lesson section 1)."""
 
 import sys
 from dataclasses import dataclass

@@ -29,8 +29,7 @@ def graded_by(directory):
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory} is not a folder", 2)
-    marker = read_marker(directory)
-    if marker is not None:
+    if (marker := read_marker(directory)) is not None:
         return marker.get("exercises", [])
     if directory.resolve() == ROOT:
         return None
@@ -113,8 +112,7 @@ def grade(directory, exercises, calls=False):
 def check_copy(directory):
     """Before handing a copy out: each exercise fails on its own stub (not started), no file quotes a stripped
     body, no page keeps an instructors' section. -> (verdicts, [problems])"""
-    marker = read_marker(directory)
-    if marker is None:
+    if (marker := read_marker(directory)) is None:
         raise UserError(
             f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make", 2
         )

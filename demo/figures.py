@@ -295,9 +295,8 @@ def main(argv=None):
         for name in names:
             started = time.perf_counter()
             torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
-            paths = globals()[f"figure_{name}"](
-                out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints
-            )
+            figure = globals()[f"figure_{name}"]
+            paths = figure(out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
             for path in paths:
                 print(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
             written += paths

@@ -7,8 +7,7 @@ compare the hidden states, layer by layer, up to the swap.
 
 Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped words / over the tokens that
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
-section 1); any position scheme, or the causal mask alone, makes them differ. The models are the README's
-runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint."""
+section 1); any position scheme, or the causal mask alone, makes them differ."""
 
 import sys
 from dataclasses import dataclass

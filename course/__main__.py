@@ -1,5 +1,4 @@
-"""
-Course mode: exercises cut from this repository's own code, graded by the lesson's own tests.
+"""Course mode: exercises cut from this repository's own code, graded by the lesson's own tests.
 
     python -m course make OUT_DIR                   # a student copy: every exercise's bodies become stubs
     python -m course make OUT_DIR --only=ex1,ex3    # only these exercises
@@ -8,9 +7,7 @@ Course mode: exercises cut from this repository's own code, graded by the lesson
     python -m course make OUT_DIR --classroom       # and .github/classroom/autograding.json, a test each
     python -m course check OUT_DIR                  # before handing it out: every exercise not started, no
                                                     # solution quoted, no instructors' section; exit 0 when so
-
-The exercises are course/exercises.py's table; docs/exercises.md describes them, for students and instructors.
-"""
+The exercises: course/exercises.toml, described in docs/exercises.md."""
 
 import sys
 from dataclasses import dataclass
@@ -49,24 +46,13 @@ def chosen(text, everything=None):
     return [e for e in EXERCISES if e.id in ids]
 
 
-def names_a_folder(argv):
-    """Whether grade's argv gives DIR (optional, where parse_flags' positionals are required)."""
-    values = iter(argv)
-    for arg in values:
-        if arg in ("--only", "--config"):
-            next(values, None)  # `--only ex3`: the next word is the value, not DIR
-        elif not arg.startswith("-"):
-            return True
-    return False
-
-
 def make(argv):
     values = parse_flags(argv, "course make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
     with one_line_errors("course make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
     with one_line_errors("course make", status=1, errors=(SourceError, OSError)):
-        with one_line_errors("course make"):
+        with one_line_errors("course make"):  # a UserError keeps its own status
             notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
     print(
         f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
@@ -84,8 +70,7 @@ def make(argv):
     print("for students: " + "; ".join(f"{c['page']} ({c['why']})" for c in notes.rewritten))
     if cfg.classroom:
         print(f"GitHub Classroom: {CLASSROOM}, one test per exercise")
-    print(f"check it: python -m course check {cfg.out_dir}")
-    print(f"grade it: python -m course grade {cfg.out_dir}")
+    print(f"check it: python -m course check {cfg.out_dir}\ngrade it: python -m course grade {cfg.out_dir}")
     return 0
 
 
@@ -99,15 +84,19 @@ def check(argv):
     if problems:
         print("not ready to hand out:\n" + "\n".join(f"  {problem}" for problem in problems))
         return 1
-    print(
-        f"ready to hand out: {counted(len(verdicts), 'exercise')} not started, no solution quoted, "
-        "no instructors' section"
-    )
+    n = counted(len(verdicts), "exercise")
+    print(f"ready to hand out: {n} not started, no solution quoted, no instructors' section")
     return 0
 
 
 def grade_command(argv):
-    positional = ("dir",) if names_a_folder(argv) else ()
+    values, folder = iter(argv), False  # DIR is optional, where parse_flags' positionals are required
+    for arg in values:
+        if arg in ("--only", "--config"):
+            next(values, None)  # `--only ex3`: the next word is the value, not DIR
+        elif not arg.startswith("-"):
+            folder = True
+    positional = ("dir",) if folder else ()
     values = parse_flags(argv, "course grade", __doc__, [("grade", GradeConfig, None)], positional=positional)
     with one_line_errors("course grade"):
         cfg = GradeConfig(**values)

@@ -1,8 +1,5 @@
-"""
-python -m course grade [DIR]: each exercise graded by its own tests, in a student copy or in this repository.
-One pytest run, `-m "ex1 or ex2 ..." --strict-markers` over the files of the chosen exercises' tests;
-course/plugin.py reports each test's outcome and marker.
-"""
+"""python -m course grade [DIR]: each exercise graded by its own tests, in a student copy or this repository:
+one pytest run, `-m "ex1 or ex2 ..." --strict-markers`, course/plugin.py reporting each test's outcome."""
 
 import json
 import subprocess
@@ -27,16 +24,15 @@ class Verdict:
 
 
 def graded_by(directory):
-    """The exercise ids a directory is graded on by default: a copy's stripped ones, or all of them in this
+    """The exercise ids a directory is graded on by default: a copy's stripped ones, or None (all) in this
     repository; anything else is a usage UserError."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory} is not a folder", 2)
-    marker = read_marker(directory)
-    if marker is not None:
+    if (marker := read_marker(directory)) is not None:
         return marker.get("exercises", [])
     if directory.resolve() == ROOT:
-        return None  # all
+        return None
     raise UserError(
         f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
         "with python -m course make OUT_DIR",
@@ -48,8 +44,52 @@ def failure(message):
     return {"tests": {}, "errors": [{"node": "", "message": message}]}
 
 
-def run_tests(directory, exercises, calls=False):
-    """Run the exercises' tests in `directory` in one pytest process. -> (report, exit status, last line)"""
+def verdict(exercise, results):
+    """Passed when each node id the exercise names ran, at least one test passed and none failed."""
+    tests = {node: test for node, test in results["tests"].items() if exercise.id in test["exercises"]}
+    files = {node.split("::")[0] for node in exercise.tests}
+    broken = [e for e in results["errors"] if e["node"].split("::")[0] in files or not e["node"]]
+    missing = [n for n in exercise.tests if not any(t == n or t.startswith(f"{n}[") for t in tests)]
+    failing = [(node, t) for node, t in tests.items() if t["outcome"] in ("failed", "error")]
+    detail = ""
+    if broken:
+        detail = f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}"
+    elif missing:
+        detail = f"no test {missing[0]} (course/exercises.py names it)"
+    elif failing:
+        node, test = failing[0]
+        stub = test["message"].startswith("NotImplementedError: exercise")
+        detail = ("" if stub else f"{node.split('::')[-1]}: ") + test["message"]
+    elif not any(t["outcome"] == "passed" for t in tests.values()):
+        detail = "every test was skipped"
+    return Verdict(exercise, not detail, 0 if broken else len(tests), detail)
+
+
+def not_started(verdict):
+    """Failed on its own stub: nothing of it written yet."""
+    return verdict.detail == f"NotImplementedError: {verdict.exercise.stub_message}"
+
+
+def report_lines(verdicts):
+    """One line per exercise, then a total ("all 3 exercises pass", "1 of 3 exercises passes"). Under an
+    exercise begun and failing: its hints, for what the test's message leaves unsaid."""
+    width = max(len(v.exercise.title) for v in verdicts)
+    lines = []
+    for v in verdicts:
+        status = f"passed ({counted(v.n_tests, 'test')})" if v.passed else f"failed: {v.detail}"
+        lines.append(f"{v.exercise.id:<5} {v.exercise.title:<{width}}  {status}")
+        if not v.passed and not not_started(v):
+            lines += [f"      hint: {hint}" for hint in v.exercise.hints]
+    n, total = sum(v.passed for v in verdicts), len(verdicts)
+    everything = f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
+    some = f"{n} of {counted(total, 'exercise')} {'passes' if 1 in (n, total) else 'pass'}"
+    return lines + [everything if n == total else some]
+
+
+def grade(directory, exercises, calls=False):
+    """Run the exercises' tests in `directory` in one pytest process. -> (verdicts in the order given, the
+    plugin's raw report)"""
+    directory = Path(directory).resolve()
     files = sorted({node.split("::")[0] for exercise in exercises for node in exercise.tests})
     selection = " or ".join(exercise.id for exercise in exercises)
     with tempfile.TemporaryDirectory() as scratch:
@@ -60,75 +100,19 @@ def run_tests(directory, exercises, calls=False):
         command += [f"--course-report={report}", *(["--course-calls"] if calls else [])]
         try:
             done = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=TIME_LIMIT)
+            results = json.loads(report.read_text()) if report.is_file() else {"tests": {}, "errors": []}
         except subprocess.TimeoutExpired:
-            return failure(f"the tests ran past {TIME_LIMIT} s"), None, ""
+            done, results = None, failure(f"the tests ran past {TIME_LIMIT} s")
+    if done and done.returncode not in (0, 1) and not results["errors"] and not results["tests"]:
         printed = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        results = json.loads(report.read_text()) if report.is_file() else {"tests": {}, "errors": []}
-    return results, done.returncode, printed[-1] if printed else ""
-
-
-def verdict(exercise, results):
-    """Passed when each node id the exercise names ran, at least one test passed and none failed."""
-    tests = {node: test for node, test in results["tests"].items() if exercise.id in test["exercises"]}
-    files = {node.split("::")[0] for node in exercise.tests}
-    broken = [e for e in results["errors"] if e["node"].split("::")[0] in files or not e["node"]]
-    if broken:
-        return Verdict(
-            exercise, False, 0, f"{broken[0]['node'] or 'pytest'} did not load: {broken[0]['message']}"
-        )
-    missing = [n for n in exercise.tests if not any(t == n or t.startswith(f"{n}[") for t in tests)]
-    failing = [(node, t) for node, t in tests.items() if t["outcome"] in ("failed", "error")]
-    detail = ""
-    if missing:
-        detail = f"no test {missing[0]} (course/exercises.py names it)"
-    elif failing:
-        node, test = failing[0]
-        stub = test["message"].startswith("NotImplementedError: exercise")
-        detail = ("" if stub else f"{node.split('::')[-1]}: ") + test["message"]
-    elif not any(t["outcome"] == "passed" for t in tests.values()):
-        detail = "every test was skipped"
-    return Verdict(exercise, not detail, len(tests), detail)
-
-
-def total_line(passed, total):
-    """ "all 3 exercises pass", "1 exercise passes", "0 of 1 exercise passes", "1 of 3 exercises passes"."""
-    if passed == total:
-        return f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
-    return f"{passed} of {counted(total, 'exercise')} {'passes' if 1 in (passed, total) else 'pass'}"
-
-
-def not_started(verdict):
-    """Failed on its own stub: nothing of it written yet."""
-    return verdict.detail == f"NotImplementedError: {verdict.exercise.stub_message}"
-
-
-def report_lines(verdicts):
-    """One line per exercise, then a total. Under an exercise begun and failing: its hints, for what the
-    test's message (got, expected, tolerance, dtype) leaves unsaid."""
-    width = max(len(v.exercise.title) for v in verdicts)
-    lines = []
-    for v in verdicts:
-        head = f"{v.exercise.id:<5} {v.exercise.title:<{width}}"
-        passed = f"passed ({counted(v.n_tests, 'test')})"
-        lines.append(f"{head}  {passed}" if v.passed else f"{head}  failed: {v.detail}")
-        if not v.passed and not not_started(v):
-            lines += [f"      hint: {hint}" for hint in v.exercise.hints]
-    return lines + [total_line(sum(v.passed for v in verdicts), len(verdicts))]
-
-
-def grade(directory, exercises, calls=False):
-    """-> (verdicts, the raw report) for the exercises, in the order given."""
-    results, status, last = run_tests(Path(directory).resolve(), exercises, calls)
-    if status not in (0, 1, None) and not results["errors"] and not results["tests"]:
-        results = failure(f"pytest stopped (exit {status}): {last}")
+        results = failure(f"pytest stopped (exit {done.returncode}): {printed[-1] if printed else ''}")
     return [verdict(exercise, results) for exercise in exercises], results
 
 
 def check_copy(directory):
     """Before handing a copy out: each exercise fails on its own stub (not started), no file quotes a stripped
     body, no page keeps an instructors' section. -> (verdicts, [problems])"""
-    marker = read_marker(directory)
-    if marker is None:
+    if (marker := read_marker(directory)) is None:
         raise UserError(
             f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make", 2
         )
@@ -138,8 +122,9 @@ def check_copy(directory):
     for page in sorted(Path(directory).rglob("*.md")):
         name = page.relative_to(directory)
         if not any(part.startswith(".") for part in name.parts):  # not a .venv
-            headings = strip_sections(page.read_text())[1]
-            problems += [f"{name}: an instructors' section, {heading!r}" for heading in headings]
+            problems += [
+                f"{name}: an instructors' section, {h!r}" for h in strip_sections(page.read_text())[1]
+            ]
     verdicts, _ = grade(directory, exercises)
     problems += [
         f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"

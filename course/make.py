@@ -1,14 +1,7 @@
-"""
-python -m course make OUT_DIR: a student copy of this repository. The files git tracks are copied, and in each
-chosen exercise's functions the body after the docstring becomes the exercise's stub, cut from the syntax tree
-(course/source.py): the solution carries no markers.
-
-No file of the copy may quote a stripped body (course/source.py's telling lines): a docs page that does has
-the passage replaced by a note, a test file that does and grades no exercise is left out, any other file is
-copied and reported, to be fixed at the source. .course.json records this and what was stripped (how
-`python -m course grade` tells a copy). The copy's README.md is course/student_README.md followed by the
-repository's README, and no page keeps a section meant for instructors (INSTRUCTORS).
-"""
+"""python -m course make OUT_DIR: a student copy of the files git tracks, each chosen exercise's bodies (after
+the docstring) cut from the syntax tree (course/source.py) to its stub. No file of the copy quotes a stripped
+body (a docs passage becomes a note, an ungraded test file is left out, anything else is reported); no page
+keeps an instructors' section; .course.json records it all."""
 
 import json
 import os
@@ -21,15 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course.exercises import EXERCISES, LESSON
-from course.source import (
-    SourceError,
-    body_lines,
-    body_span,
-    replace_bodies,
-    split_lines,
-    stub_line,
-    telling_lines,
-)
+from course.source import SourceError, body_span, replace_bodies, split_lines, stub_line, telling_lines
 from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +30,7 @@ SETUP = (
     "python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && "
     "python -m pip install -q -r requirements.txt"
 )
+FENCE = re.compile(r"\s*(```|~~~)")
 
 
 @dataclass
@@ -70,8 +56,8 @@ def module_path(module):
 
 
 def split_function(spec):
-    module, _, qualname = spec.partition(":")
-    return module, qualname
+    """ "module:qualname" -> (module, qualname)"""
+    return spec.partition(":")[::2]
 
 
 def tracked_files(source):
@@ -100,31 +86,34 @@ def check_table(source, exercises):
         for spec in exercise.functions:
             module, qualname = split_function(spec)
             try:
-                body_lines((source / module_path(module)).read_text(), qualname)
+                body_span((source / module_path(module)).read_text(), qualname)
             except (OSError, SourceError) as e:
                 raise UserError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
 
 
 def stripped_sources(source, exercises):
-    """-> ({module path: its text with stubs for bodies}, {"module:qualname": the body's lines})"""
-    stubs, texts, bodies = {}, {}, {}
+    """-> ({module path: its text with stubs for bodies}, {telling line: "exercise N (module:function)"})"""
+    stubs, texts, bodies, telling = {}, {}, {}, {}
     for exercise in exercises:
         for spec in exercise.functions:
             module, qualname = split_function(spec)
             stubs.setdefault(module, {})[qualname] = exercise.stub_message
     for module, messages in stubs.items():
         text = (source / module_path(module)).read_text()
-        replaced = {}
         for qualname, message in messages.items():
             start, end, indent = body_span(text, qualname)
             bodies[f"{module}:{qualname}"] = split_lines(text)[start:end]
-            replaced[qualname] = [stub_line(indent, message)]
-        texts[module_path(module)] = replace_bodies(text, replaced)
-    return texts, bodies
+            messages[qualname] = [stub_line(indent, message)]
+        texts[module_path(module)] = replace_bodies(text, messages)
+    for exercise in exercises:
+        for spec in exercise.functions:
+            for line in telling_lines(bodies[spec]):
+                telling.setdefault(line, f"exercise {exercise.number} ({spec})")
+    return texts, telling
 
 
 def quoting(text, telling):
-    """What `text` quotes of the telling lines ({line of code: "exercise N (module:function)"}), or None."""
+    """What `text` quotes of the telling lines ({line of code: what}), or None."""
     flat = " ".join(text.split())
     return next((what for line, what in telling.items() if line in flat), None)
 
@@ -140,9 +129,8 @@ def scrub_page(text, telling):
     lines = split_lines(text)
     changes, out, i = [], [], 0
     while i < len(lines):
-        fence = re.match(r"\s*(```|~~~)", lines[i])
         end = i + 1
-        if fence:
+        if fence := FENCE.match(lines[i]):
             while end < len(lines) and not lines[end].lstrip().startswith(fence.group(1)):
                 end += 1
             end = min(end + 1, len(lines))
@@ -161,8 +149,7 @@ def strip_sections(text, headings=INSTRUCTORS):
     out, removed, level, fence = [], [], None, None
     for line in split_lines(text):
         heading = None if fence else re.match(r"(#+)\s+(.*?)\s*$", line)
-        marker = re.match(r"\s*(```|~~~)", line)
-        if marker:
+        if marker := FENCE.match(line):
             fence = None if fence == marker.group(1) else fence or marker.group(1)
         if heading:
             if level is not None and len(heading.group(1)) <= level:
@@ -186,12 +173,8 @@ def student_readme(exercises, readme):
         section = f"[{e.section.split('-')[0]}]({LESSON}#{e.section})"
         rows.append(f"| {e.id} | {e.title} | {functions} | {section} | {e.difficulty} | {e.minutes} min |")
     n_functions = counted(sum(len(e.functions) for e in exercises), "function")
-    text = (
-        STUDENT_README.read_text()
-        .replace("{{functions}}", n_functions)
-        .replace("{{exercises}}", "\n".join(rows))
-    )
-    return text + strip_sections(readme)[0]
+    text = STUDENT_README.read_text().replace("{{functions}}", n_functions)
+    return text.replace("{{exercises}}", "\n".join(rows)) + strip_sections(readme)[0]
 
 
 def classroom_config(exercises):
@@ -204,28 +187,6 @@ def classroom_config(exercises):
     return {"tests": tests}
 
 
-def for_students(source, files, exercises, texts, notes):
-    """The README made the student one, and the instructors' sections left out of every page (into texts)."""
-    for name in (name for name in files if name.endswith(".md")):
-        text, removed = strip_sections((source / name).read_text())
-        if name == "README.md":
-            texts[Path(name)] = student_readme(exercises, (source / name).read_text())
-            notes.rewritten.append({"page": name, "why": "the student README, then the repository's"})
-        elif removed:
-            texts[Path(name)] = text
-            notes.rewritten.append({"page": name, "why": "left out: " + ", ".join(removed)})
-
-
-def telling_lines_of(exercises, bodies):
-    """{telling line: "exercise N (module:function)"} of the stripped bodies."""
-    telling = {}
-    for exercise in exercises:
-        for spec in exercise.functions:
-            for line in telling_lines(bodies[spec]):
-                telling.setdefault(line, f"exercise {exercise.number} ({spec})")
-    return telling
-
-
 def handle_quotes(source, files, telling, texts, notes):
     """Scrub the docs pages, leave out the ungraded test files, and report any other file that quotes a
     stripped body. Fills texts (what to write instead) and notes. -> the files to copy"""
@@ -234,17 +195,15 @@ def handle_quotes(source, files, telling, texts, notes):
     for name in files:
         text = texts.get(Path(name)) or ((source / name).read_text() if name.endswith((".md", ".py")) else "")
         found = quotes(text, telling)
+        why = [{"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found]
         if found and name.endswith(".md"):
             texts[Path(name)], changes = scrub_page(text, telling)
-            notes.pages_changed += [{"page": name, "line": line, "why": why} for line, why in changes]
+            notes.pages_changed += [{"page": name, "line": n, "why": reason} for n, reason in changes]
         elif found and name.startswith("tests/test_") and name not in graded:
-            line, what = found[0]
-            notes.left_out.append({"page": name, "line": line, "why": f"quotes the solution of {what}"})
+            notes.left_out.append(why[0])
             continue
-        elif found:
-            notes.leaks += [
-                {"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found
-            ]
+        else:
+            notes.leaks += why
         kept.append(name)
     return kept
 
@@ -263,10 +222,17 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
         )
     check_table(source, exercises)
     files = tracked_files(source)
-    texts, bodies = stripped_sources(source, exercises)
+    texts, telling = stripped_sources(source, exercises)
     notes = Notes(functions=[spec for e in exercises for spec in e.functions])
-    for_students(source, files, exercises, texts, notes)
-    files = handle_quotes(source, files, telling_lines_of(exercises, bodies), texts, notes)
+    for name in (name for name in files if name.endswith(".md")):  # the pages as students get them
+        text, removed = strip_sections((source / name).read_text())
+        if name == "README.md":
+            texts[Path(name)] = student_readme(exercises, (source / name).read_text())
+            notes.rewritten.append({"page": name, "why": "the student README, then the repository's"})
+        elif removed:
+            texts[Path(name)] = text
+            notes.rewritten.append({"page": name, "why": "left out: " + ", ".join(removed)})
+    files = handle_quotes(source, files, telling, texts, notes)
     notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
@@ -283,11 +249,11 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
                 shutil.copymode(source / name, target)
             else:
                 shutil.copy2(source / name, target, follow_symlinks=False)
-        marker = {"exercises": [e.id for e in exercises]} | asdict(notes)
-        (building / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-        if classroom:
-            (building / CLASSROOM).parent.mkdir(parents=True, exist_ok=True)
-            (building / CLASSROOM).write_text(json.dumps(classroom_config(exercises), indent=1) + "\n")
+        written = {MARKER: {"exercises": [e.id for e in exercises]} | asdict(notes)}
+        written |= {CLASSROOM: classroom_config(exercises)} if classroom else {}
+        for name, value in written.items():
+            (building / name).parent.mkdir(parents=True, exist_ok=True)
+            (building / name).write_text(json.dumps(value, indent=1) + "\n")
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.replace(building, out_dir)
@@ -315,7 +281,7 @@ def read_marker(directory):
 
 def solution_leaks(directory, exercises, source=ROOT):
     """[(file, line, what)] of the files of a copy that quote a stripped body."""
-    telling = telling_lines_of(exercises, stripped_sources(source, exercises)[1])
+    telling = stripped_sources(source, exercises)[1]
     return [
         (path.relative_to(directory).as_posix(), line, what)
         for path in sorted(Path(directory).rglob("*"))

@@ -1,9 +1,7 @@
-"""
-The pytest plugin behind `python -m course grade`: `-p course.plugin --course-report=FILE` writes each test's
-outcome, first line of failure and exercise marker to FILE (JSON), and the modules that failed to import.
---course-calls also records (sys.settrace) which exercise functions each test calls: an exercise's tests must
-call its functions and no other exercise's, so that one body put back passes exactly that exercise.
-"""
+"""The pytest plugin behind `python -m course grade`: `--course-report=FILE` writes each test's outcome, first
+line of failure and exercise marker, and each module that failed to import, to FILE (JSON). --course-calls
+also records (sys.settrace) which exercise functions each test calls: so that one body put back passes
+exactly its exercise, an exercise's tests call its functions and no other exercise's."""
 
 import importlib
 import inspect
@@ -16,6 +14,8 @@ import pytest
 
 from course.exercises import EXERCISES
 
+CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("course")
@@ -25,11 +25,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if path := config.getoption("course_report"):
-        recorder = Recorder(Path(path), config.getoption("course_calls"))
-        config.pluginmanager.register(recorder, "course-recorder")
-
-
-CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
+        config.pluginmanager.register(
+            Recorder(Path(path), config.getoption("course_calls")), "course-recorder"
+        )
 
 
 def first_line(report):
@@ -44,20 +42,16 @@ def first_line(report):
         text = str(report.longrepr)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines and lines[0].endswith(CLOSE):
-        numbers = [line for line in lines[1:] if line.startswith(("Greatest", "Mismatched"))]
-        return "; ".join([lines[0], *numbers])
+        return "; ".join(
+            [lines[0], *(line for line in lines[1:] if line.startswith(("Greatest", "Mismatched")))]
+        )
     return lines[0] if lines else ""
 
 
-def exercise_functions():
-    """{code object: "module:qualname"} of every function in the table, as imported now."""
-    codes = {}
-    for exercise in EXERCISES:
-        for spec in exercise.functions:
-            module, qualname = spec.split(":")
-            function = reduce(getattr, qualname.split("."), importlib.import_module(module))
-            codes[inspect.unwrap(function).__code__] = spec
-    return codes
+def code(spec):
+    """The code object of "module:qualname", as imported now."""
+    module, qualname = spec.split(":")
+    return inspect.unwrap(reduce(getattr, qualname.split("."), importlib.import_module(module))).__code__
 
 
 class Recorder:
@@ -76,7 +70,7 @@ class Recorder:
         self.tests[item.nodeid] = {"exercises": markers, "outcome": "passed", "message": "", "calls": []}
         if not self.calls:
             return (yield)
-        self.codes = self.codes or exercise_functions()
+        self.codes = self.codes or {code(spec): spec for e in EXERCISES for spec in e.functions}
         called = set()
 
         def trace(frame, event, arg):  # 'call' events only: returning None asks for no line events

@@ -1,8 +1,6 @@
-"""
-Function bodies in a module's source, found by qualname ("LearnedPositions.reserve") in its syntax tree:
-where a body starts (after its docstring) and ends, to replace it with a stub (python -m course make) or put
-a solved one back. Lines are replaced whole, so everything else stays byte for byte.
-"""
+"""Function bodies found by qualname ("LearnedPositions.reserve") in a module's syntax tree: where a body
+starts (after its docstring) and ends, to replace it by a stub or put a solved one back. Lines are replaced
+whole, so everything else stays byte for byte."""
 
 import ast
 import io
@@ -16,20 +14,19 @@ class SourceError(Exception):
 
 
 def split_lines(text):
-    """Lines with their endings, as the syntax tree counts them (files here end lines with \\n)."""
+    """Lines with their endings, as the syntax tree counts them."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
 def find_function(tree, qualname):
     """The def of `qualname` ("f", "Class.method") among the module's top-level statements."""
-    body, node, names = tree.body, None, qualname.split(".")
+    node, names = tree, qualname.split(".")
     for depth, name in enumerate(names):
         last = depth == len(names) - 1
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef) if last else (ast.ClassDef,)
-        node = next((n for n in body if isinstance(n, kinds) and n.name == name), None)
+        node = next((n for n in node.body if isinstance(n, kinds) and n.name == name), None)
         if node is None:
             raise SourceError(f"no {'function' if last else 'class'} {name!r} on the way to {qualname}")
-        body = node.body
     return node
 
 
@@ -75,10 +72,8 @@ def body_lines(text, qualname):
 
 def replace_bodies(text, bodies):
     """The source with the body of each qualname in `bodies` replaced by its lines (ending in newlines)."""
+    # from the end, so that the spans before keep their line numbers (defs in classes never nest)
     spans = sorted(((*body_span(text, q)[:2], q) for q in bodies), reverse=True)
-    for (_, end, q), (next_start, _, other) in zip(spans[1:], spans):
-        if end > next_start:
-            raise SourceError(f"{q} and {other} overlap: one is inside the other")
     lines = split_lines(text)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"  # so that a body replaced at the very end still ends its line
@@ -91,13 +86,9 @@ def stub_line(indent, message):
     return f"{indent}raise NotImplementedError({json.dumps(message)})\n"
 
 
-TELLING = 24  # characters of code: a line that long quoted elsewhere gives a body away
-
-
-def telling_lines(lines, shortest=TELLING):
-    """The body's lines of code (comments dropped, spaces collapsed) long enough that one quoted gives the
-    body away: `return x` is everywhere, `x1 * cos - x2 * sin` is not. Whole lines only: a test restating a
-    formula as its expected value quotes the docstring's maths, not the code."""
+def telling_lines(lines, shortest=24):
+    """The body's lines of code (comments dropped, spaces collapsed) long enough that one quoted elsewhere
+    gives the body away: `return x` is everywhere, `x1 * cos - x2 * sin` is not."""
     code = []
     for line in lines:
         try:

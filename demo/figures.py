@@ -1,5 +1,4 @@
-"""
-Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
+"""Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
 
     python -m demo.figures                                  # all (the README's five runs, trained if missing)
     python -m demo.figures --only=sinusoidal,rope_decay     # a subset (these two need no model)
@@ -12,10 +11,8 @@ Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, determinist
     extrapolation   loss against length from docs/extrapolation.csv (the extrapolation study), if it exists
     probe           linear probes for position, per layer and scheme (python -m demo.probe --figure)
 
-Models come from --checkpoints, or are the README's runs `python train.py --pos=X` in out/shakespeare_char_X,
-those missing trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same checkpoints give the
-same PNG bytes.
-"""
+The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
+checkpoints give the same PNG bytes."""
 
 import csv
 import math
@@ -35,6 +32,7 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
+SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
 
 
 @dataclass
@@ -46,8 +44,7 @@ class FiguresConfig:
 
     def __post_init__(self):
         names = self.names()
-        unknown = [name for name in names if name not in FIGURES]
-        if unknown or not names:
+        if (unknown := [name for name in names if name not in FIGURES]) or not names:
             raise ValueError(
                 f"--only={self.only!r}: unknown figure {', '.join(map(repr, unknown))}; "
                 f"choose from {', '.join(FIGURES)}"
@@ -55,11 +52,6 @@ class FiguresConfig:
 
     def names(self):
         return list(FIGURES) if self.only is None else [n.strip() for n in self.only.split(",") if n.strip()]
-
-
-def parse_args(argv=None):
-    values = parse_flags(argv, "demo/figures.py", __doc__, [("figures", FiguresConfig, None)])
-    return FiguresConfig(**values)
 
 
 def sinusoidal_wavelengths(dim, base=10000.0):
@@ -70,15 +62,11 @@ def sinusoidal_wavelengths(dim, base=10000.0):
 def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     plt = instruments.pyplot()
     fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
-    table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64)
-    image = ax_table.imshow(
-        table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest"
-    )
-    ax_table.set_xlabel("channel (2i: sin, 2i + 1: cos)")
-    ax_table.set_ylabel("position p")
+    table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64).numpy()
+    image = ax_table.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    ax_table.set(xlabel="channel (2i: sin, 2i + 1: cos)", ylabel="position p")
     ax_table.set_title(f"PE[p, channel], d = {dim}: fast pairs on the left, slow on the right")
     fig.colorbar(image, ax=ax_table, fraction=0.04)
-
     wavelength = sinusoidal_wavelengths(dim)
     ax_wave.semilogy(wavelength.numpy(), color="C0")
     for length, label in ((64, "T = 64 (our models)"), (1024, "T = 1024 (GPT-2)")):
@@ -87,8 +75,7 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     for i, offset, ha in ((0, (8, 6), "left"), (dim // 2 - 1, (-8, -14), "right")):
         w = wavelength[i].item()
         ax_wave.annotate(f"{w:,.1f}", (i, w), textcoords="offset points", xytext=offset, ha=ha)
-    ax_wave.set_xlabel("pair i")
-    ax_wave.set_ylabel("wavelength 2 pi 10000^(2i/d) (tokens)")
+    ax_wave.set(xlabel="pair i", ylabel="wavelength 2 pi 10000^(2i/d) (tokens)")
     ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
     ax_wave.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -117,11 +104,9 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
     plt = instruments.pyplot()
     distances = torch.arange(max_distance + 1)
     inv_freq = rope_frequencies(head_dim)[0].double()
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, n_pairs, head_dim, dtype=torch.float64, generator=g)
+    q, k = torch.randn(2, n_pairs, head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     same = rope_scores(q, q, distances, inv_freq) / (q * q).sum(-1, keepdim=True)  # q = k, relative to m = 0
     independent = rope_scores(q, k, distances, inv_freq) / (q.norm(dim=-1) * k.norm(dim=-1))[:, None]
-
     fig, (ax_bound, ax_random) = plt.subplots(1, 2, figsize=(12, 4.3), sharex=True)
     ax_bound.plot(distances, rope_decay_bound(distances, head_dim))
     ax_bound.set_title(f"Su et al. 3.4.3: the bound (1/(d/2)) sum_j |S_j|, d = {head_dim}, base 10^4")
@@ -140,14 +125,7 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
     return [instruments.save_figure(fig, out / "rope_decay.png")]
 
 
-# -----------------------------------------------------------------------------
 # Figures of trained models, on the same prompt: the first validation window
-
-
-def lower_triangle(matrix):
-    """The scores a causal query can use; the masked future as NaN (drawn blank)."""
-    positions = torch.arange(matrix.size(-1))
-    return matrix.masked_fill(~causal_mask(positions, positions), float("nan"))
 
 
 def figure_qk_terms(out, folders, head=0, **_):
@@ -158,8 +136,9 @@ def figure_qk_terms(out, folders, head=0, **_):
     terms = instruments.qk_terms(model, idx, head)
     terms["sum = q k^T"] = sum(terms.values())
     fig, axes = plt.subplots(1, 5, figsize=(20, 4.6), layout="constrained")
+    positions = torch.arange(idx.size(-1))
     for ax, (name, term) in zip(axes, terms.items()):
-        visible = lower_triangle(term)
+        visible = term.masked_fill(~causal_mask(positions, positions), float("nan"))  # the future: blank
         limit = visible.nan_to_num().abs().max().item()
         image = ax.imshow(visible.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
         ax.set_title(f"{name}\n(std {visible[~visible.isnan()].std().item():.2f})")
@@ -212,15 +191,15 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     fig.tight_layout()
     paths = [instruments.save_figure(fig, out / "attention.png")]
 
-    T = next(iter(profiles.values()))[0].numel()
-    positions = torch.arange(T)
+    positions = torch.arange(next(iter(profiles.values()))[0].numel())
     uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # 1/(i + 1) for j <= i
-    baseline = attention_by_distance(uniform).numpy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
         for pos, profile in profiles.items():
             ax.semilogy(profile[layer].numpy(), label=pos)
-        ax.semilogy(baseline, color="grey", linestyle="--", label="uniform over j <= i")
+        ax.semilogy(
+            attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i"
+        )
         ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
         ax.set_xlabel("distance i - j (tokens)")
         ax.grid(alpha=0.3, which="both")
@@ -235,9 +214,6 @@ def figure_probe(out, checkpoints=None, **_):
     given = [f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else []
     run_python(["-m", "demo.probe", f"--figure={out.resolve() / 'probe.png'}", *given])
     return [out / "probe.png"]
-
-
-SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
 
 
 def read_extrapolation(path):
@@ -287,8 +263,7 @@ def figure_extrapolation(out, csv_path, **_):
         for block_size in sorted(block_sizes):
             ax.axvline(block_size, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (tokens); dashed: trained length")
-        ax.set_title(title)
+        ax.set(xlabel="evaluation length (tokens); dashed: trained length", title=title)
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("cross-entropy (nats/token)")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7)
@@ -297,37 +272,35 @@ def figure_extrapolation(out, csv_path, **_):
     return [instruments.save_figure(fig, out / "extrapolation.png")]
 
 
-def make(cfg, log=print):
-    """Make the figures named in cfg; -> the paths written."""
-    out, names = Path(cfg.out), cfg.names()
-    instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
-    folders = {}
-    if any(name in NEEDS_MODELS for name in names):
-        started = time.perf_counter()
-        folders = model_dirs(POS_SCHEMES, cfg.checkpoints, log)
-        shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
-        log(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
-    written = []
-    for name in names:
-        started = time.perf_counter()
-        torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
-        make_figure = globals()[f"figure_{name}"]
-        paths = make_figure(out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
-        for path in paths:
-            log(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
-        written += paths
-    return written
-
-
 def main(argv=None):
+    """Make the figures --only names; -> the paths written."""
     with one_line_errors("demo/figures.py"):
-        cfg = parse_args(argv)
+        cfg = FiguresConfig(
+            **parse_flags(argv, "demo/figures.py", __doc__, [("figures", FiguresConfig, None)])
+        )
         instruments.use_one_thread()
         try:
             instruments.pyplot()
         except ImportError:
             raise UserError("matplotlib is not installed: pip install matplotlib") from None
-        return make(cfg)
+        out, names = Path(cfg.out), cfg.names()
+        instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
+        folders = {}
+        if any(name in NEEDS_MODELS for name in names):
+            started = time.perf_counter()
+            folders = model_dirs(POS_SCHEMES, cfg.checkpoints, print)
+            shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
+            print(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
+        written = []
+        for name in names:
+            started = time.perf_counter()
+            torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
+            figure = globals()[f"figure_{name}"]
+            paths = figure(out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
+            for path in paths:
+                print(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
+            written += paths
+        return written
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""
-Who bit whom? Feed "dog bites man" and "man bites dog" through a trained model of each position scheme and
+"""Who bit whom? Feed "dog bites man" and "man bites dog" through a trained model of each position scheme and
 compare the hidden states, layer by layer, up to the swap.
 
     python -m demo.permutation                        # all five schemes, with the causal mask
@@ -8,9 +7,7 @@ compare the hidden states, layer by layer, up to the swap.
 
 Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped words / over the tokens that
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
-section 1); any position scheme, or the causal mask alone, makes them differ. The models are the README's
-runs in out/shakespeare_char_X (trained first where missing), those in --checkpoints DIR, or --checkpoint.
-"""
+section 1); any position scheme, or the causal mask alone, makes them differ."""
 
 import sys
 from dataclasses import dataclass
@@ -24,6 +21,7 @@ from plumbing.runs import model_dirs
 from positions import POS_SCHEMES
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # below it, "same up to the swap": rounding only
 
 
 @dataclass
@@ -45,8 +43,9 @@ class PermutationConfig:
 
 def parse_args(argv=None):
     choices = {"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)}
-    sections = [("demo", PermutationConfig, None)]
-    values = parse_flags(argv, "demo/permutation.py", __doc__, sections, choices=choices)
+    values = parse_flags(
+        argv, "demo/permutation.py", __doc__, [("demo", PermutationConfig, None)], choices=choices
+    )
     return PermutationConfig(**values)
 
 
@@ -69,38 +68,31 @@ def compare(model, tokenizer, sentence, mask=True):
     return rows, tokenizer.decode(original.tolist()), tokenizer.decode(original[perm].tolist())
 
 
-def verdict(rows, dtype):
-    worst = max(max(r) for r in rows)
-    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
-    return "same up to the swap" if worst < tolerance else "different"
-
-
-def number(value):
-    return f"{value:.1e}" if value else "0"  # an exact 0 as 0: the states are bit-for-bit equal
-
-
-def report(results, cfg, dtype):
+def report(results, cfg):
     """results: {label: (rows, text, swapped)} -> the printed table, one column pair per model."""
-    labels = list(results)
-    _, text, swapped = results[labels[0]]
+    number = lambda value: f"{value:.1e}" if value else "0"  # an exact 0 as 0: bit-for-bit equal states
+    _, text, swapped = next(iter(results.values()))
+    columns = [[f"{number(a)} / {number(b)}" for a, b in rows] for rows, _, _ in results.values()]
+    same = lambda rows: max(max(r) for r in rows) < TOLERANCE[cfg.dtype]
+    verdicts = "".join(
+        f"{'same up to the swap' if same(rows) else 'different':>22}" for rows, _, _ in results.values()
+    )
     mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
-    columns = [[f"{number(a)} / {number(b)}" for a, b in results[label][0]] for label in labels]
-    verdicts = "".join(f"{verdict(results[label][0], dtype):>22}" for label in labels)
-    lines = [
-        f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
-        "each cell: over the swapped words / over the tokens between them, which stay put",
-        "",
-        *instruments.state_table(labels, columns, 22),
-        f"{'':<10}{verdicts}",
-    ]
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
+            "each cell: over the swapped words / over the tokens between them, which stay put",
+            "",
+            *instruments.state_table(list(results), columns, 22),
+            f"{'':<10}{verdicts}",
+        ]
+    )
 
 
 def main(argv=None):
     with one_line_errors("demo/permutation.py"):
         cfg = parse_args(argv)
         instruments.use_one_thread()
-        dtype = DTYPES[cfg.dtype]
         if cfg.checkpoint:
             folders = {None: cfg.checkpoint}
         else:
@@ -109,11 +101,10 @@ def main(argv=None):
             folders = model_dirs(schemes, cfg.checkpoints, other=other)
         results = {}
         for folder in folders.values():
-            model, tokenizer, ckpt = instruments.load(folder, dtype)
+            model, tokenizer, ckpt = instruments.load(folder, DTYPES[cfg.dtype])
             print(f"pos={model.config.pos:<11} {instruments.describe(folder, ckpt)}")
             results[model.config.pos] = compare(model, tokenizer, cfg.sentence, mask=not cfg.no_mask)
-    print()
-    print(report(results, cfg, dtype))
+    print(f"\n{report(results, cfg)}")
     return results
 
 

@@ -1,17 +1,14 @@
-"""
-Where does position live? Linear probes read each token's position from the hidden states of a trained model
-of each scheme, layer by layer.
+"""Where does position live? Linear probes read each token's position from the hidden states of a trained
+model of each scheme, layer by layer.
 
     python -m demo.probe                          # the README's runs, out/shakespeare_char_<pos>
     python -m demo.probe --checkpoints=DIR        # or the runs in DIR/<pos> or DIR/shakespeare_char_<pos>
     python -m demo.probe --figure=docs/figures/probe.png
 
-Two targets per token: its position in the window, and its distance back to the latest newline (left out where
-the window shows none). Least squares with a small ridge, fit on the first half of the validation windows and
-scored (R^2) on the second, on the embedding output and after every block; beside each, the same probe on
-shuffled targets (what it finds in noise). NoPE is probed again without its causal mask: attention then sees a
-set, and position has no way in (lesson section 1).
-"""
+Targets: each token's position in the window, and its distance back to the latest newline. Least squares with
+a small ridge, fit on half the validation windows and scored (R^2) on the other half, after the embedding and
+every block; beside each, the same probe on shuffled targets. NoPE is probed again without its causal mask:
+attention then sees a set, and position has no way in (lesson section 1)."""
 
 import sys
 from dataclasses import dataclass
@@ -40,11 +37,6 @@ class ProbeConfig:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
 
 
-def parse_args(argv=None):
-    values = parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)])
-    return ProbeConfig(**values)
-
-
 def run_probes(cfg, log=print):
     """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
     results = {}
@@ -53,11 +45,9 @@ def run_probes(cfg, log=print):
         log(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
         windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
-        results[pos] = instruments.probe_positions(model, windows, newline, mask=True, ridge=cfg.ridge)
-        if pos == "none":
-            results[NOPE_UNMASKED] = instruments.probe_positions(
-                model, windows, newline, mask=False, ridge=cfg.ridge
-            )
+        masks = {pos: True} | ({NOPE_UNMASKED: False} if pos == "none" else {})  # NoPE unmasked too
+        for label, mask in masks.items():
+            results[label] = instruments.probe_positions(model, windows, newline, mask=mask, ridge=cfg.ridge)
     return results
 
 
@@ -93,19 +83,18 @@ def draw(results, path):
 
 def main(argv=None):
     with one_line_errors("demo/probe.py"):
-        cfg = parse_args(argv)
+        cfg = ProbeConfig(**parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)]))
         drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
         instruments.use_one_thread()
         results = run_probes(cfg)
         for target in TARGETS:
-            print()
-            print(table(results, target))
+            print(f"\n{table(results, target)}")
         if drawing:
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")
         elif cfg.figure:
-            note = "demo/probe.py: matplotlib is not installed (pip install matplotlib): no figure drawn"
-            print(note, file=sys.stderr)
+            note = "matplotlib is not installed (pip install matplotlib): no figure drawn"
+            print(f"demo/probe.py: {note}", file=sys.stderr)
     return results
 
 

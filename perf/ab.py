@@ -24,11 +24,9 @@ import subprocess
 import sys
 import time
 import types
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -45,9 +43,7 @@ from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m perf.ab"
-MEASURES = ("decode", "train")
 RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0)
-TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
 NANOGPT = "nanogpt"  # --against's reserved word
 NANOGPT_GELUS = ("exact", "tanh")  # nanoGPT's erf GELU, or GPT-2's (this tree's) tanh one
 
@@ -70,9 +66,10 @@ class ABConfig:
         if self.module_free and self.measure != "decode":
             raise UserError("--module_free measures decoding only (--measure=decode)", 2)
         if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
-            raise UserError(
-                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none", 2
+            message = (
+                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
             )
+            raise UserError(message, 2)
         if self.against == NANOGPT and self.measure != "train":
             raise UserError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache", 2)
         if self.against == NANOGPT and self.schemes != ("learned",):
@@ -93,13 +90,7 @@ def recipe_model(module, pos):
     return module.GPT(module.GPTConfig(**RECIPE, pos=pos))
 
 
-class Side(NamedTuple):
-    """One side of a comparison: a model module and its generate_cached(model, idx, max_new_tokens, ...)."""
-
-    module: types.ModuleType
-    generate: Callable
-
-
+Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
 THIS_TREE = Side(current, generate_cached)
 
 
@@ -108,16 +99,14 @@ def module_at(revision, path, imports=None, required=False):
     module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
     git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
     shown = subprocess.run(git, capture_output=True, text=True)
+    if shown.returncode != 0 and required:
+        raise UserError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2)
     if shown.returncode != 0:
-        if required:
-            raise UserError(
-                f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2
-            )
         return None
     name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)
     imports = imports or {}
-    saved = {name: sys.modules[name] for name in imports}  # model and positions: imported above
+    saved = {key: sys.modules[key] for key in imports}  # model and positions: imported above
     sys.modules.update(imports)
     try:
         exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
@@ -156,9 +145,11 @@ def module_free_generate(model, n_new, logits=None):
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
-        bias = None
-        if cfg.pos == "alibi":
-            bias = positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
+        bias = (
+            positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
+            if cfg.pos == "alibi"
+            else None
+        )
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
             if rope is None:
@@ -185,17 +176,14 @@ def module_free_matches_or_exit(pos, model, n_new):
     """The module-free loop's logits at every step must be the model's forward's, to 1e-4 of their scale.
     Checked on a copy with 10x larger matrices: at GPT-2's initialisation attention is so flat that leaving
     RoPE or ALiBi out moves the logits by 1e-6 only."""
-    sharp = copy.deepcopy(model)
+    sharp, logits = copy.deepcopy(model), []
     with torch.no_grad():
-        for weight in sharp.parameters():
-            if weight.dim() == 2:
-                weight.mul_(10.0)
-    logits = []
+        for weight in (weight for weight in sharp.parameters() if weight.dim() == 2):
+            weight.mul_(10.0)
     tokens = module_free_generate(sharp, n_new, logits)
     with torch.inference_mode():
         expected = sharp(torch.cat([torch.zeros(1, 1, dtype=torch.long), tokens[:, :-1]], dim=1))[0]
-    error = (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max()
-    if not error < 1e-4:
+    if not (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max() < 1e-4:
         raise SystemExit(f"{PROG}: {pos}: the module-free loop's logits are not the model's; nothing timed")
 
 
@@ -215,29 +203,24 @@ class SplitAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.size()
-        q, k, v = (
-            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2)
-        )
+        heads = lambda t: t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q, k, v = (heads(t) for t in self.c_attn(x).split(C, 2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class ReferenceBlock(nn.Module):
-    """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)), the MLP c_fc, GELU, c_proj, dropout."""
 
     def __init__(self, config, gelu):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
-        self.attn = SplitAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
-        self.mlp = nn.Sequential(  # c_fc, GELU, c_proj, dropout
-            OrderedDict(
-                c_fc=nn.Linear(config.n_embd, 4 * config.n_embd, bias=False),
-                gelu=nn.GELU(approximate="none" if gelu == "exact" else "tanh"),
-                c_proj=nn.Linear(4 * config.n_embd, config.n_embd, bias=False),
-                dropout=nn.Dropout(config.dropout),
-            )
-        )
+        C = config.n_embd
+        self.ln_1, self.attn = nn.LayerNorm(C, bias=False), SplitAttention(config)
+        self.ln_2 = nn.LayerNorm(C, bias=False)
+        c_fc, c_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+        gelu = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
+        mlp = dict(c_fc=c_fc, gelu=gelu, c_proj=c_proj, dropout=nn.Dropout(config.dropout))
+        self.mlp = nn.Sequential(OrderedDict(mlp))
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -250,16 +233,13 @@ class NanoGPTStructured(nn.Module):
 
     def __init__(self, config, gelu="exact"):
         super().__init__()
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=False),
-            )
+        C, h = config.n_embd, nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)])
+        wte, wpe = nn.Embedding(config.vocab_size, C), nn.Embedding(config.block_size, C)
+        modules = dict(
+            wte=wte, wpe=wpe, drop=nn.Dropout(config.dropout), h=h, ln_f=nn.LayerNorm(C, bias=False)
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
     def forward(self, idx, targets=None):
@@ -283,7 +263,7 @@ def nanogpt_structured(model, gelu):
 
 @torch.no_grad()
 def nanogpt_matches_or_exit(model, x, y):
-    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5.
+    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5; it says so, and
     -> (max |logit change|, |loss change|) that the exact GELU makes."""
     logits, loss = model.train()(x, y)
     change = {}
@@ -295,28 +275,16 @@ def nanogpt_matches_or_exit(model, x, y):
             f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
             f"and loss (off by {change['tanh'][0]:.2e} and {change['tanh'][1]:.2e}); nothing timed"
         )
+    print(
+        "checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; "
+        f"the exact GELU moves them by up to {change['exact'][0]:.1e} and {change['exact'][1]:.1e}"
+    )
     return change["exact"]
 
 
-def checked_nanogpt_structured(model, gelu):
-    logit_change, loss_change = nanogpt_matches_or_exit(model, *training_batch())
-    print(
-        "checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; "
-        f"the exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}"
-    )
-    return nanogpt_structured(model, gelu)
-
-
-def cached_sampler(side, model, n_new):
-    """A function generating n_new greedy tokens from token 0 with the side's KV cache (-> the new tokens)."""
-    prompt = torch.zeros(1, 1, dtype=torch.long)
-    return lambda: side.generate(model.eval(), prompt, n_new, temperature=0)[:, 1:]
-
-
 def training_batch():
-    """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
-    generator = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=generator)
+    """The CPU recipe's batch (12 x 64) of random tokens, the same one every call -> inputs, targets."""
+    batch = torch.randint(0, 65, (12, 65), generator=torch.Generator().manual_seed(0))
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
 
 
@@ -348,16 +316,19 @@ def alternate(runs, rounds):
 
 
 def compare_decoding(cfg, old_side):
-    """[(pos, side A tok/s, this tree's tok/s)]."""
-    rows = []
+    """[(pos, side A tok/s, this tree's tok/s)], both sides' greedy tokens from token 0 checked alike."""
+    prompt, rows = torch.zeros(1, 1, dtype=torch.long), []
+    cached = lambda side, model: (
+        lambda: side.generate(model.eval(), prompt, cfg.new_tokens, temperature=0)[:, 1:]
+    )
     for pos in cfg.schemes:
         model = recipe_model(current, pos)
         if cfg.module_free:
             module_free_matches_or_exit(pos, model, cfg.new_tokens)
             side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
         else:
-            side_a = cached_sampler(old_side, recipe_model(old_side.module, pos), cfg.new_tokens)
-        samplers = {"a": side_a, "b": cached_sampler(THIS_TREE, model, cfg.new_tokens)}
+            side_a = cached(old_side, recipe_model(old_side.module, pos))
+        samplers = {"a": side_a, "b": cached(THIS_TREE, model)}
         if not torch.equal(side_a(), samplers["b"]()):
             raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
@@ -378,7 +349,7 @@ def compare_training(cfg, side_a_model):
 
 
 def main(argv=None):
-    choices = {"measure": MEASURES, "nanogpt_gelu": NANOGPT_GELUS}
+    choices = {"measure": ("decode", "train"), "nanogpt_gelu": NANOGPT_GELUS}
     values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices=choices)
     with one_line_errors(PROG):
         cfg = ABConfig(**values)
@@ -387,12 +358,9 @@ def main(argv=None):
             check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
         old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
     print(hardware.use_threads(cfg.threads, "cpu"))
-    if cfg.module_free:
-        side_a = "module-free loop"
-    elif cfg.against == NANOGPT:
+    side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
+    if cfg.against == NANOGPT:
         side_a = f"nanoGPT-structured model ({cfg.nanogpt_gelu} GELU)"
-    else:
-        side_a = f"model.py at {cfg.against}"
     work = (
         f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
     )
@@ -405,10 +373,13 @@ def main(argv=None):
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
-        if cfg.against == NANOGPT:
-            side_a_model = lambda pos, model: checked_nanogpt_structured(model, cfg.nanogpt_gelu)
-        else:
-            side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
+
+        def side_a_model(pos, model):
+            if cfg.against != NANOGPT:
+                return recipe_model(old_side.module, pos)
+            nanogpt_matches_or_exit(model, *training_batch())  # this tree's network with the tanh GELU first
+            return nanogpt_structured(model, cfg.nanogpt_gelu)
+
         rows = compare_training(cfg, side_a_model)
         learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
         ms = lambda row, i: f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")

@@ -13,8 +13,7 @@ of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on C
 Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
 float32, each checked to give the reference's tokens. Every figure is the median of its repeats, with their
 min and max; a loud note says when their spread or the machine's load makes them unreliable. Memory: peak
-allocated per scheme on CUDA, else the process's max RSS. --config FILE.toml takes a training preset's keys
-that are flags here.
+allocated per scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's flags.
 """
 
 import hashlib
@@ -30,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 
@@ -44,7 +44,6 @@ from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
-GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
 SAMPLERS = ("cached", "reference", "compiled")
@@ -68,7 +67,7 @@ class BenchConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
     warmup_steps: int = 3  # untimed first steps, reported as compile time; 0: none
-    # Rounds let a change in load reach every scheme alike; one round on CUDA keeps one model resident at a time.
+    # Rounds let a change in load reach every scheme alike; on CUDA one round holds one model at a time.
     rounds: int | None = None  # steps alternate between schemes in this many rounds; None: 3 on CPU, else 1
     gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size
     repeats: int = 3  # timed runs per generation figure, the median reported
@@ -85,14 +84,14 @@ class BenchConfig:
     def __post_init__(self):
         if self.quick:
             vars(self).update(QUICK)
-        name = self.dataset or "shakespeare_char"  # a bad name is refused even with --vocab_size
-        if name not in available_datasets():
+        data = self.dataset or "shakespeare_char"  # a bad name is refused even with --vocab_size
+        if data not in available_datasets():
             names = ", ".join(available_datasets())
-            raise ValueError(f"dataset={name!r} is not a dataset here; choose one of {names}")
-        if (dataset_dir(name) / "meta.json").exists():  # as train.py; a damaged one is an error
-            vocab = load_meta(dataset_dir(name))["vocab_size"]
-        else:  # not prepared yet
-            vocab = 65 if name == "shakespeare_char" else GPT2_VOCAB
+            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {names}")
+        if (dataset_dir(data) / "meta.json").exists():  # train.py's vocabulary; a damaged one is an error
+            vocab = load_meta(dataset_dir(data))["vocab_size"]
+        else:  # not prepared yet: 65 characters, or GPT-2's tokenizer
+            vocab = 65 if data == "shakespeare_char" else 50257
         self.vocab_size = vocab if self.vocab_size is None else self.vocab_size
         hardware.check_threads(self.threads)
         lows = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
@@ -100,16 +99,14 @@ class BenchConfig:
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
-            raise ValueError(
-                f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
-            )
+            message = f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
+            raise ValueError(message)
         if any(m < 1 for m in self.gen_multiples):
             raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
         hardware.check_device_name(self.device)
         if self.dtype not in hardware.DTYPES:  # a BenchConfig built in code skips the flag's choices
-            raise ValueError(
-                f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(hardware.DTYPES)}"
-            )
+            choices = ", ".join(hardware.DTYPES)
+            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
         for pos in self.schemes:  # GPTConfig's own checks (n_embd % n_head, ...)
             model_config(self, pos)
 
@@ -158,27 +155,23 @@ def spread(values, scale=1.0):
 def peak_memory_mb(device, reset=False):
     """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
     if device.startswith("cuda"):
-        return (
-            torch.cuda.reset_peak_memory_stats(device)
-            if reset
-            else torch.cuda.max_memory_allocated(device) / 2**20
-        )
+        cuda = torch.cuda
+        return cuda.reset_peak_memory_stats(device) if reset else cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return None if reset else rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
 def source():
     """Which code was measured: the git commit, the files changed since, and model.py's hash."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = Path(__file__).resolve().parents[1]
     git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
     try:
         commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "-uno")
     except OSError:  # no git
         commit, changed = None, ""
-    with open(os.path.join(root, "model.py"), "rb") as f:
-        model_sha1 = hashlib.sha1(f.read()).hexdigest()
+    sha1 = hashlib.sha1((root / "model.py").read_bytes()).hexdigest()
     changes = [line[3:] for line in changed.splitlines()]
-    return {"git_commit": commit, "uncommitted_changes": changes, "model_py_sha1": model_sha1}
+    return {"git_commit": commit, "uncommitted_changes": changes, "model_py_sha1": sha1}
 
 
 def machine(device):
@@ -193,7 +186,7 @@ def machine(device):
 
 class Trainer:
     """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py. The
-    warm-up steps run first, untimed; the first of them compiles."""
+    untimed warm-up steps run first; the first of them compiles."""
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
@@ -219,17 +212,14 @@ class Trainer:
         return loss.detach()
 
     def results(self, peak, memory_mb):
-        ms, cfg, first = spread(self.step_seconds, 1e3), self.cfg, self.first
-        tokens, per_token = (
-            cfg.batch_size * cfg.block_size * cfg.grad_accum,
-            hardware.flops_per_token(self.model),
-        )
+        ms, cfg, first, model = spread(self.step_seconds, 1e3), self.cfg, self.first, self.model
+        tokens, per_token = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
         compile_s = max(0.0, first - ms["median"] / 1e3) if cfg.compile and first is not None else None
         return {
             **dict(ms_per_step=ms["median"], step_ms_min=ms["min"], step_ms_max=ms["max"]),
             **dict(timed_steps=len(self.step_seconds), tokens_per_step=tokens, first_step_s=first),
-            **dict(compile_s=compile_s, flops_per_token=per_token, params=self.model.num_params()),
-            **dict(peak_memory_mb=memory_mb),
+            **dict(compile_s=compile_s, flops_per_token=per_token, params=model.num_params()),
+            "peak_memory_mb": memory_mb,
             **hardware.speed(ms["median"] / 1e3, tokens, per_token * tokens, peak),
         }
 
@@ -253,9 +243,7 @@ def bench_training(cfg, peak, results, log, save):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
             if r == cfg.rounds - 1:
                 results[pos] = t = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
-                log(
-                    f"trained {pos}: {with_range(t['ms_per_step'], t['step_ms_min'], t['step_ms_max'], '.1f')} ms/step"
-                )
+                log(f"trained {pos}: {ms_range(t)} ms/step")
                 save()
     for pos in schemes:  # in the order asked
         results[pos] = results.pop(pos)
@@ -263,7 +251,7 @@ def bench_training(cfg, peak, results, log, save):
 
 def bench_generation(cfg, pos, log):
     """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
-    Each sampler's tokens are checked against the cached one's or the longest reference's so far."""
+    The cached tokens are checked against the longest reference's so far, the compiled against the cached."""
     torch.manual_seed(cfg.seed)
     model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
@@ -273,26 +261,18 @@ def bench_generation(cfg, pos, log):
         "compiled": lambda n: generate_cached(model, prompt, n, temperature=0, compile=True),
     }
     samplers["cached"](8), samplers["reference"](8)  # warm-up
-    same_prefix = lambda a, b: bool(
-        torch.equal(a[:, : b.size(1)], b[:, : a.size(1)])
-    )  # the shorter of the two
-    rows, longest = [], None
+    same_prefix = lambda a, b: bool(torch.equal(a[:, : b.size(1)], b[:, : a.size(1)]))  # up to the shorter
+    rows, longest, limit = [], None, cfg.reference_max_tokens
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
-        row, outs = {"new_tokens": n, "multiple": multiple, "reference": None}, {}  # reference: why skipped
-        for name in SAMPLERS:
-            row[f"{name}_tok_s"] = row[f"{name}_tok_s_range"] = None
-            if name == "reference" and cfg.reference_max_tokens and n > cfg.reference_max_tokens:
-                row["reference"] = (
-                    f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
-                )
-                continue
-            if name == "compiled" and not cfg.compile_decode:
-                continue
+        row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
+        row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
+        if limit and n > limit:
+            row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={limit}"
+        outs, skip = {}, {"reference": row["reference"], "compiled": not cfg.compile_decode}
+        for name in (name for name in SAMPLERS if not skip.get(name)):
             sample = lambda name=name, n=n: samplers[name](n)
-            if (
-                name == "compiled"
-            ):  # each length is a new cache size and graph: reset, or hit the recompile limit
+            if name == "compiled":  # a new cache size and graph per length: reset, or hit the recompile limit
                 torch.compiler.reset()
                 first, _ = timed(sample, cfg.device)  # compiles: untimed
             seconds = []  # up to cfg.repeats runs, fewer once they took REPEAT_BUDGET_S
@@ -314,58 +294,49 @@ def bench_generation(cfg, pos, log):
     return rows
 
 
-def with_range(median, low, high, spec):
-    """'42.5 (40.1-47.0)': a median and the min-max of its repeats; '-' for None."""
-    return "-" if median is None else f"{median:{spec}} ({low:{spec}}-{high:{spec}})"
+def with_range(median, bounds, spec, missing="-"):
+    """'42.5 (40.1-47.0)': a median and the (min, max) of its repeats; `missing` for None."""
+    return missing if median is None else f"{median:{spec}} ({bounds[0]:{spec}}-{bounds[1]:{spec}})"
+
+
+ms_range = lambda t: with_range(t["ms_per_step"], (t["step_ms_min"], t["step_ms_max"]), ".1f")
 
 
 def tables(report, compiled_note):
-    """The training table and the generation table of the report, as markdown ('' for an empty one)."""
-    learned = report["training"].get("learned", {}).get("ms_per_step")
-    train = []
+    """The report's training table and generation table, in markdown ('' for an empty one)."""
+    learned, train, generate = report["training"].get("learned", {}).get("ms_per_step"), [], []
     for pos, t in report["training"].items():
-        ms = with_range(t["ms_per_step"], t["step_ms_min"], t["step_ms_max"], ".1f")
         ratio, share = learned and t["ms_per_step"] / learned, t.get("mfu")
-        cells = [pos, f"{t['params']:,}", ms, fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
+        cells = [pos, f"{t['params']:,}", ms_range(t), fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
         cells += [fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}"]
         train.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
-    rate = lambda row, name, missing: (
-        with_range(row[f"{name}_tok_s"], *row[f"{name}_tok_s_range"], ",.0f")
-        if row[f"{name}_tok_s"]
-        else missing
-    )
-    generate = []
+    head = "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
+    train = markdown_table(head.split("|"), train) if train else ""
+    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", compiled_note))}  # no rate
     for pos, g in report["generation"].items():
-        for row in g["rows"]:
-            matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
+        for r in g["rows"]:
+            cached, reference, compiled = (
+                with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()
+            )
+            matches = [m for m in (r["cached_matches_reference"], r["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
-            speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
-            cells = [pos, str(row["new_tokens"]), rate(row, "cached", "-"), rate(row, "reference", "skipped")]
-            cells += [speedup, rate(row, "compiled", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"]
-            generate.append(cells)
-    columns = (
-        "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
-    )
-    columns += ";pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
-    return [
-        markdown_table(c.split("|"), r) if r else "" for c, r in zip(columns.split(";"), (train, generate))
-    ]
+            speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
+            cells = [pos, str(r["new_tokens"]), cached, reference, speedup, compiled, same]
+            generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
+    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
+    return train, markdown_table(head.split("|"), generate) if generate else ""
 
 
 def warnings(report, cfg):
     """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
     processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
-    notes, m = [], report["machine"]
+    notes, m, limit = [], report["machine"], UNRELIABLE_SPREAD
     figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
     for pos, g in report["generation"].items():
         for row in g["rows"]:
             for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
                 figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
-    wide = [
-        f"{pos} {what} {high / low:.1f}x"
-        for pos, what, low, high in figures
-        if high > UNRELIABLE_SPREAD * low
-    ]
+    wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
     if wide:
         notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
     load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
@@ -386,14 +357,10 @@ def run(cfg, argv):
     )
     log = lambda message: print(message, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
-    report = {
-        "command": shlex.join(["python", "-m", "perf.bench", *argv]),
-        "date": datetime.now(UTC).isoformat(),
-    }
-    report |= {"machine": machine(cfg.device), "source": source(), "config": asdict(cfg)}
-    if (
-        cfg.device == "cpu"
-    ):  # the CPU's practical peak: a float32 size^2 torch.mm (2 size^3 FLOPs), median of 5
+    command = shlex.join(["python", "-m", "perf.bench", *argv])
+    report = {"command": command, "date": datetime.now(UTC).isoformat(), "machine": machine(cfg.device)}
+    report |= {"source": source(), "config": asdict(cfg)}
+    if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
         size = cfg.matmul_size
         a, b = torch.randn(size, size), torch.randn(size, size)
         torch.mm(a, b)  # warm-up
@@ -403,13 +370,10 @@ def run(cfg, argv):
         peak = hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
     else:
         peak = None, "unknown on this device"
-    on_cuda = cfg.device.startswith("cuda")
     report |= dict(zip(("peak_flops", "peak_source"), peak))
-    report["memory"] = (
-        "CUDA max_memory_allocated per scheme and phase"
-        if on_cuda
-        else "process max RSS so far (a high-water mark, not per scheme)"
-    )
+    report["memory"] = "CUDA max_memory_allocated per scheme and phase"
+    if not cfg.device.startswith("cuda"):
+        report["memory"] = "process max RSS so far (a high-water mark, not per scheme)"
     report |= {"compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)"}
     report |= {"training": {}, "generation": {}, "warnings": []}
 

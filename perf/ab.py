@@ -1,7 +1,6 @@
 """
-A/B ratios for the model (model.py, positions.py, generation.py): both sides in one process, alternated,
-medians (machine drift reaches both alike), on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64,
-vocabulary 65, bias off) with random weights.
+A/B ratios for the model (model.py, positions.py, generation.py) on nanoGPT's CPU recipe (4 layers, 4 heads,
+128 dims, context 64, vocabulary 65, bias off, random weights): both sides alternated in one process, medians.
 
     python -m perf.ab --against=5af28a4                  # decoding: model.py at a git revision vs this tree
     python -m perf.ab --against=e752f8b --measure=train  # training steps, the same comparison
@@ -9,13 +8,11 @@ vocabulary 65, bias off) with random weights.
     python -m perf.ab --against=nanogpt --measure=train --pos=learned   # nanoGPT's structure vs this tree
 
 --against=REV loads REV's model.py (with its positions.py and generation.py) from git beside this tree's.
---measure=decode: tokens/s of greedy decoding from one token, both sides checked to give the same tokens;
---measure=train: ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved.
---module_free: the same transformer as a plain loop of torch functions over the model's weights, checked
-against the model's logits: how much of a decode step is Python and nn.Module overhead.
---against=nanogpt (a reserved word): nanoGPT's structure, written below (split q, k, v; exact GELU), with
-this tree's weights, training only; --nanogpt_gelu=tanh makes it this tree's network written another way,
-which it must match to 1e-5 before anything is timed.
+Decoding: tokens/s of greedy decoding from one token, both sides checked to give the same tokens. Training:
+ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved. --module_free: the
+transformer as a plain loop of torch functions over the model's weights, checked against its logits: how
+much of a decode step is Python and nn.Module overhead. --against=nanogpt: nanoGPT's structure (split q, k,
+v; exact GELU) with this tree's weights; with --nanogpt_gelu=tanh it must match this tree's network to 1e-5.
 """
 
 import copy
@@ -66,10 +63,8 @@ class ABConfig:
         if self.module_free and self.measure != "decode":
             raise UserError("--module_free measures decoding only (--measure=decode)", 2)
         if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
-            message = (
-                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
-            )
-            raise UserError(message, 2)
+            why = "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
+            raise UserError(why, 2)
         if self.against == NANOGPT and self.measure != "train":
             raise UserError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache", 2)
         if self.against == NANOGPT and self.schemes != ("learned",):
@@ -140,15 +135,13 @@ def module_free_generate(model, n_new, logits=None):
     keys = [torch.zeros(B, n_head, n_new, C // n_head) for _ in layers]
     values = [torch.zeros_like(k) for k in keys]
     token, slot, out = torch.zeros(B, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), []
-    for t in range(n_new):
+    for n in range(1, n_new + 1):  # n: the keys so far
         x = F.embedding(token, wte)
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
         bias = (
-            positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
-            if cfg.pos == "alibi"
-            else None
+            positions.alibi_bias_at(pos.slopes, slot, torch.arange(n))[None] if cfg.pos == "alibi" else None
         )
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
@@ -158,9 +151,7 @@ def module_free_generate(model, n_new, logits=None):
                 q, k, v = (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
-            y = F.scaled_dot_product_attention(
-                q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias
-            )
+            y = F.scaled_dot_product_attention(q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=bias)
             x = x + F.linear(y.view(B, 1, C), proj)
             x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln_2), fc), approximate="tanh"), fc_proj)
         step_logits = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1]
@@ -203,8 +194,9 @@ class SplitAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.size()
-        heads = lambda t: t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q, k, v = (heads(t) for t in self.c_attn(x).split(C, 2))
+        q, k, v = (
+            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
@@ -229,18 +221,20 @@ class ReferenceBlock(nn.Module):
 
 class NanoGPTStructured(nn.Module):
     """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu:
-    one of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
+    one of NANOGPT_GELUS. The weights: those of `model`, this tree's GPT(pos=learned, bias=False), copied."""
 
-    def __init__(self, config, gelu="exact"):
+    def __init__(self, model, gelu="exact"):
         super().__init__()
-        C, h = config.n_embd, nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)])
+        config, C = model.config, model.config.n_embd
         wte, wpe = nn.Embedding(config.vocab_size, C), nn.Embedding(config.block_size, C)
-        modules = dict(
-            wte=wte, wpe=wpe, drop=nn.Dropout(config.dropout), h=h, ln_f=nn.LayerNorm(C, bias=False)
+        h = nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)])
+        ln_f = nn.LayerNorm(C, bias=False)
+        self.transformer = nn.ModuleDict(
+            dict(wte=wte, wpe=wpe, drop=nn.Dropout(config.dropout), h=h, ln_f=ln_f)
         )
-        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
+        self.load_state_dict(model.state_dict())
 
     def forward(self, idx, targets=None):
         """idx: (B, T) -> logits (B, T, vocab_size), and with targets the mean cross-entropy."""
@@ -254,11 +248,7 @@ class NanoGPTStructured(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
-def nanogpt_structured(model, gelu):
-    """The reference with the weights of `model` (this tree's GPT(pos=learned)): copied, not shared."""
-    reference = NanoGPTStructured(model.config, gelu)
-    reference.load_state_dict(model.state_dict())
-    return reference
+nanogpt_structured = NanoGPTStructured  # (this tree's model, gelu) -> the reference
 
 
 @torch.no_grad()
@@ -317,30 +307,31 @@ def alternate(runs, rounds):
 
 def compare_decoding(cfg, old_side):
     """[(pos, side A tok/s, this tree's tok/s)], both sides' greedy tokens from token 0 checked alike."""
-    prompt, rows = torch.zeros(1, 1, dtype=torch.long), []
-    cached = lambda side, model: (
-        lambda: side.generate(model.eval(), prompt, cfg.new_tokens, temperature=0)[:, 1:]
-    )
+    prompt, rows, n = torch.zeros(1, 1, dtype=torch.long), [], cfg.new_tokens
+    cached = lambda side, model: lambda: side.generate(model.eval(), prompt, n, temperature=0)[:, 1:]
     for pos in cfg.schemes:
         model = recipe_model(current, pos)
         if cfg.module_free:
-            module_free_matches_or_exit(pos, model, cfg.new_tokens)
-            side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
+            module_free_matches_or_exit(pos, model, n)
+            side_a = lambda m=model: module_free_generate(m, n)
         else:
             side_a = cached(old_side, recipe_model(old_side.module, pos))
         samplers = {"a": side_a, "b": cached(THIS_TREE, model)}
         if not torch.equal(side_a(), samplers["b"]()):
             raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
-        rows.append((pos, cfg.new_tokens / seconds["a"], cfg.new_tokens / seconds["b"]))
+        rows.append((pos, n / seconds["a"], n / seconds["b"]))
     return rows
 
 
-def compare_training(cfg, side_a_model):
-    """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round.
-    side_a_model(pos, this tree's model) -> side A's model for that scheme."""
+def compare_training(cfg, old_side):
+    """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
     models = {("b", pos): recipe_model(current, pos) for pos in cfg.schemes}
-    models = {("a", pos): side_a_model(pos, models["b", pos]) for pos in cfg.schemes} | models
+    if cfg.against == NANOGPT:  # checked to be this tree's network with the tanh GELU first
+        nanogpt_matches_or_exit(models["b", "learned"], *training_batch())
+        models = {("a", "learned"): nanogpt_structured(models["b", "learned"], cfg.nanogpt_gelu)} | models
+    else:
+        models = {("a", pos): recipe_model(old_side.module, pos) for pos in cfg.schemes} | models
     runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
@@ -361,26 +352,17 @@ def main(argv=None):
     side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
     if cfg.against == NANOGPT:
         side_a = f"nanoGPT-structured model ({cfg.nanogpt_gelu} GELU)"
-    work = (
-        f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
-    )
+    decode = cfg.measure == "decode"
+    work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
         f"median of {cfg.rounds} alternated runs"
     )
-    if cfg.measure == "decode":
-        rows = compare_decoding(cfg, old_side)
+    rows = (compare_decoding if decode else compare_training)(cfg, old_side)
+    if decode:
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
-
-        def side_a_model(pos, model):
-            if cfg.against != NANOGPT:
-                return recipe_model(old_side.module, pos)
-            nanogpt_matches_or_exit(model, *training_batch())  # this tree's network with the tanh GELU first
-            return nanogpt_structured(model, cfg.nanogpt_gelu)
-
-        rows = compare_training(cfg, side_a_model)
         learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
         ms = lambda row, i: f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]

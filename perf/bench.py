@@ -8,12 +8,12 @@ between schemes are fair. On 2 idle CPU cores the default run takes about 4 minu
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention) and the share
-of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU); compile time apart.
-Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
-float32, each checked to give the reference's tokens. Every figure is the median of its repeats, with their
-min and max; a loud note says when their spread or the machine's load makes them unreliable. Memory: peak
-allocated per scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's flags.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), the share of
+the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU) and the compile time apart.
+Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy, each
+checked to give the reference's tokens. Every figure is the median of its repeats with their min and max; a
+loud note says when their spread or the machine's load makes them unreliable. Memory: peak allocated per
+scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's keys that are flags here.
 """
 
 import hashlib
@@ -54,7 +54,6 @@ UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figur
 class BenchConfig:
     pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
     quick: bool = False  # a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens
-    # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
     vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
     dataset: str | None = None  # whose vocabulary to use: its meta.json, else GPT-2's 50257
@@ -67,7 +66,6 @@ class BenchConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
     warmup_steps: int = 3  # untimed first steps, reported as compile time; 0: none
-    # Rounds let a change in load reach every scheme alike; on CUDA one round holds one model at a time.
     rounds: int | None = None  # steps alternate between schemes in this many rounds; None: 3 on CPU, else 1
     gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size
     repeats: int = 3  # timed runs per generation figure, the median reported
@@ -120,20 +118,16 @@ def model_config(cfg, pos):
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig."""
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig, every `auto` and
+    None replaced by what this run uses."""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
     cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
-    hardware.check_device(hardware.resolve_device(cfg.device))
-    return cfg
-
-
-def resolve(cfg):
-    """cfg with every `auto` and None replaced by what this run uses."""
     device = hardware.resolve_device(cfg.device)
+    hardware.check_device(device)
     kind = device.split(":")[0]
     compile_ = kind == "cuda" if cfg.compile is None else cfg.compile
     decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
-    rounds = cfg.rounds or (3 if kind == "cpu" and cfg.train_steps >= 3 else 1)
+    rounds = cfg.rounds or (3 if kind == "cpu" and cfg.train_steps >= 3 else 1)  # CUDA: one model at a time
     dtype = hardware.resolve_dtype(cfg.dtype, kind)
     return replace(cfg, device=device, dtype=dtype, compile=compile_, compile_decode=decode, rounds=rounds)
 
@@ -161,8 +155,16 @@ def peak_memory_mb(device, reset=False):
     return None if reset else rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
-def source():
-    """Which code was measured: the git commit, the files changed since, and model.py's hash."""
+def machine_and_source(device):
+    """The machine (platform, torch, the 1-minute load average) and the code measured (the git commit, the
+    files changed since, model.py's hash)."""
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    machine = {
+        **dict(platform=platform.platform(), processor=platform.processor() or platform.machine()),
+        **dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=load, gpu=gpu),
+        **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
+    }
     root = Path(__file__).resolve().parents[1]
     git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
     try:
@@ -170,18 +172,8 @@ def source():
     except OSError:  # no git
         commit, changed = None, ""
     sha1 = hashlib.sha1((root / "model.py").read_bytes()).hexdigest()
-    changes = [line[3:] for line in changed.splitlines()]
-    return {"git_commit": commit, "uncommitted_changes": changes, "model_py_sha1": sha1}
-
-
-def machine(device):
-    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {
-        **dict(platform=platform.platform(), processor=platform.processor() or platform.machine()),
-        **dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=load, gpu=gpu),
-        **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
-    }
+    source = {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed.splitlines()]}
+    return {"machine": machine, "source": source | {"model_py_sha1": sha1}}
 
 
 class Trainer:
@@ -358,8 +350,8 @@ def run(cfg, argv):
     log = lambda message: print(message, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
     command = shlex.join(["python", "-m", "perf.bench", *argv])
-    report = {"command": command, "date": datetime.now(UTC).isoformat(), "machine": machine(cfg.device)}
-    report |= {"source": source(), "config": asdict(cfg)}
+    report = {"command": command, "date": datetime.now(UTC).isoformat(), **machine_and_source(cfg.device)}
+    report["config"] = asdict(cfg)
     if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
         size = cfg.matmul_size
         a, b = torch.randn(size, size), torch.randn(size, size)
@@ -411,7 +403,7 @@ def main(argv=None):
     """Run the benchmark; -> the report dict (also written to --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with one_line_errors("bench.py"):
-        return run(resolve(parse_args(argv)), argv)
+        return run(parse_args(argv), argv)
 
 
 if __name__ == "__main__":

@@ -256,10 +256,8 @@ def nanogpt_matches_or_exit(model, x, y):
     """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5; it says so, and
     -> (max |logit change|, |loss change|) that the exact GELU makes."""
     logits, loss = model.train()(x, y)
-    change = {}
-    for gelu in NANOGPT_GELUS:
-        out_logits, out_loss = nanogpt_structured(model, gelu).train()(x, y)
-        change[gelu] = ((out_logits - logits).abs().max().item(), (out_loss - loss).abs().item())
+    outs = {gelu: nanogpt_structured(model, gelu).train()(x, y) for gelu in NANOGPT_GELUS}
+    change = {g: ((o[0] - logits).abs().max().item(), (o[1] - loss).abs().item()) for g, o in outs.items()}
     if not all(c <= 1e-5 for c in change["tanh"]):  # NaN fails too
         raise SystemExit(
             f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "

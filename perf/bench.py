@@ -86,10 +86,9 @@ class BenchConfig:
         if data not in available_datasets():
             names = ", ".join(available_datasets())
             raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {names}")
-        if (dataset_dir(data) / "meta.json").exists():  # train.py's vocabulary; a damaged one is an error
-            vocab = load_meta(dataset_dir(data))["vocab_size"]
-        else:  # not prepared yet: 65 characters, or GPT-2's tokenizer
-            vocab = 65 if data == "shakespeare_char" else 50257
+        unprepared = 65 if data == "shakespeare_char" else 50257  # its characters, or GPT-2's tokenizer
+        meta = dataset_dir(data) / "meta.json"  # train.py's vocabulary; a damaged one is an error
+        vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared
         self.vocab_size = vocab if self.vocab_size is None else self.vocab_size
         hardware.check_threads(self.threads)
         lows = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)

@@ -306,13 +306,11 @@ def tables(report, compiled_note):
     missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", compiled_note))}  # no rate
     for pos, g in report["generation"].items():
         for r in g["rows"]:
-            cached, reference, compiled = (
-                with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()
-            )
+            rates = [with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()]
             matches = [m for m in (r["cached_matches_reference"], r["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
-            cells = [pos, str(r["new_tokens"]), cached, reference, speedup, compiled, same]
+            cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, rates[2], same]
             generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
     head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
     return train, markdown_table(head.split("|"), generate) if generate else ""

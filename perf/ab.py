@@ -1,7 +1,6 @@
 """
-A/B ratios for the model (model.py, positions.py, generation.py): both sides in one process, alternated,
-medians (machine drift reaches both alike), on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64,
-vocabulary 65, bias off) with random weights.
+A/B ratios for the model (model.py, positions.py, generation.py) on nanoGPT's CPU recipe (4 layers, 4 heads,
+128 dims, context 64, vocabulary 65, bias off, random weights): both sides alternated in one process, medians.
 
     python -m perf.ab --against=5af28a4                  # decoding: model.py at a git revision vs this tree
     python -m perf.ab --against=e752f8b --measure=train  # training steps, the same comparison
@@ -9,13 +8,11 @@ vocabulary 65, bias off) with random weights.
     python -m perf.ab --against=nanogpt --measure=train --pos=learned   # nanoGPT's structure vs this tree
 
 --against=REV loads REV's model.py (with its positions.py and generation.py) from git beside this tree's.
---measure=decode: tokens/s of greedy decoding from one token, both sides checked to give the same tokens;
---measure=train: ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved.
---module_free: the same transformer as a plain loop of torch functions over the model's weights, checked
-against the model's logits: how much of a decode step is Python and nn.Module overhead.
---against=nanogpt (a reserved word): nanoGPT's structure, written below (split q, k, v; exact GELU), with
-this tree's weights, training only; --nanogpt_gelu=tanh makes it this tree's network written another way,
-which it must match to 1e-5 before anything is timed.
+Decoding: tokens/s of greedy decoding from one token, both sides checked to give the same tokens. Training:
+ms per optimizer step on 12 x 64 random tokens, every scheme of both sides interleaved. --module_free: the
+transformer as a plain loop of torch functions over the model's weights, checked against its logits: how
+much of a decode step is Python and nn.Module overhead. --against=nanogpt: nanoGPT's structure (split q, k,
+v; exact GELU) with this tree's weights; with --nanogpt_gelu=tanh it must match this tree's network to 1e-5.
 """
 
 import copy
@@ -24,11 +21,9 @@ import subprocess
 import sys
 import time
 import types
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -45,9 +40,7 @@ from plumbing.report import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m perf.ab"
-MEASURES = ("decode", "train")
 RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0)
-TRAIN_BATCH = (12, 64)  # the CPU recipe's batch_size x block_size
 NANOGPT = "nanogpt"  # --against's reserved word
 NANOGPT_GELUS = ("exact", "tanh")  # nanoGPT's erf GELU, or GPT-2's (this tree's) tanh one
 
@@ -70,9 +63,8 @@ class ABConfig:
         if self.module_free and self.measure != "decode":
             raise UserError("--module_free measures decoding only (--measure=decode)", 2)
         if "learned" in self.schemes and self.module_free:  # self.schemes checks the names too
-            raise UserError(
-                "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none", 2
-            )
+            why = "--module_free writes out no learned table: give --pos among sinusoidal, rope, alibi, none"
+            raise UserError(why, 2)
         if self.against == NANOGPT and self.measure != "train":
             raise UserError("--against=nanogpt: training only (--measure=train); nanoGPT has no KV cache", 2)
         if self.against == NANOGPT and self.schemes != ("learned",):
@@ -93,13 +85,7 @@ def recipe_model(module, pos):
     return module.GPT(module.GPTConfig(**RECIPE, pos=pos))
 
 
-class Side(NamedTuple):
-    """One side of a comparison: a model module and its generate_cached(model, idx, max_new_tokens, ...)."""
-
-    module: types.ModuleType
-    generate: Callable
-
-
+Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
 THIS_TREE = Side(current, generate_cached)
 
 
@@ -108,16 +94,14 @@ def module_at(revision, path, imports=None, required=False):
     module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
     git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
     shown = subprocess.run(git, capture_output=True, text=True)
+    if shown.returncode != 0 and required:
+        raise UserError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2)
     if shown.returncode != 0:
-        if required:
-            raise UserError(
-                f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2
-            )
         return None
     name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)
     imports = imports or {}
-    saved = {name: sys.modules[name] for name in imports}  # model and positions: imported above
+    saved = {key: sys.modules[key] for key in imports}  # model and positions: imported above
     sys.modules.update(imports)
     try:
         exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
@@ -151,14 +135,14 @@ def module_free_generate(model, n_new, logits=None):
     keys = [torch.zeros(B, n_head, n_new, C // n_head) for _ in layers]
     values = [torch.zeros_like(k) for k in keys]
     token, slot, out = torch.zeros(B, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), []
-    for t in range(n_new):
+    for n in range(1, n_new + 1):  # n: the keys so far
         x = F.embedding(token, wte)
         if cfg.pos == "sinusoidal":
             x = x * pos.token_scale + pos.table[slot]
         rope = (pos.cos[slot], pos.sin[slot]) if cfg.pos == "rope" else None
-        bias = None
-        if cfg.pos == "alibi":
-            bias = positions.alibi_bias_at(pos.slopes, slot, torch.arange(t + 1))[None]
+        bias = (
+            positions.alibi_bias_at(pos.slopes, slot, torch.arange(n))[None] if cfg.pos == "alibi" else None
+        )
         for (ln_1, attn, proj, ln_2, fc, fc_proj), k_cache, v_cache in zip(layers, keys, values):
             qkv = F.linear(F.layer_norm(x, (C,), ln_1), attn).view(B, 3, n_head, 1, C // n_head)
             if rope is None:
@@ -167,9 +151,7 @@ def module_free_generate(model, n_new, logits=None):
                 q, k, v = (*positions.apply_rope(qkv[:, :2], *rope).unbind(1), qkv[:, 2])
             k_cache.index_copy_(2, slot, k)
             v_cache.index_copy_(2, slot, v)
-            y = F.scaled_dot_product_attention(
-                q, k_cache[:, :, : t + 1], v_cache[:, :, : t + 1], attn_mask=bias
-            )
+            y = F.scaled_dot_product_attention(q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=bias)
             x = x + F.linear(y.view(B, 1, C), proj)
             x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln_2), fc), approximate="tanh"), fc_proj)
         step_logits = F.linear(F.layer_norm(x, (C,), ln_f), wte)[:, -1]
@@ -185,17 +167,14 @@ def module_free_matches_or_exit(pos, model, n_new):
     """The module-free loop's logits at every step must be the model's forward's, to 1e-4 of their scale.
     Checked on a copy with 10x larger matrices: at GPT-2's initialisation attention is so flat that leaving
     RoPE or ALiBi out moves the logits by 1e-6 only."""
-    sharp = copy.deepcopy(model)
+    sharp, logits = copy.deepcopy(model), []
     with torch.no_grad():
-        for weight in sharp.parameters():
-            if weight.dim() == 2:
-                weight.mul_(10.0)
-    logits = []
+        for weight in (weight for weight in sharp.parameters() if weight.dim() == 2):
+            weight.mul_(10.0)
     tokens = module_free_generate(sharp, n_new, logits)
     with torch.inference_mode():
         expected = sharp(torch.cat([torch.zeros(1, 1, dtype=torch.long), tokens[:, :-1]], dim=1))[0]
-    error = (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max()
-    if not error < 1e-4:
+    if not (torch.stack(logits, dim=1) - expected).abs().max() / expected.abs().max() < 1e-4:
         raise SystemExit(f"{PROG}: {pos}: the module-free loop's logits are not the model's; nothing timed")
 
 
@@ -223,21 +202,17 @@ class SplitAttention(nn.Module):
 
 
 class ReferenceBlock(nn.Module):
-    """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)), the MLP c_fc, GELU, c_proj, dropout."""
 
     def __init__(self, config, gelu):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
-        self.attn = SplitAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
-        self.mlp = nn.Sequential(  # c_fc, GELU, c_proj, dropout
-            OrderedDict(
-                c_fc=nn.Linear(config.n_embd, 4 * config.n_embd, bias=False),
-                gelu=nn.GELU(approximate="none" if gelu == "exact" else "tanh"),
-                c_proj=nn.Linear(4 * config.n_embd, config.n_embd, bias=False),
-                dropout=nn.Dropout(config.dropout),
-            )
-        )
+        C = config.n_embd
+        self.ln_1, self.attn = nn.LayerNorm(C, bias=False), SplitAttention(config)
+        self.ln_2 = nn.LayerNorm(C, bias=False)
+        c_fc, c_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+        gelu = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
+        mlp = dict(c_fc=c_fc, gelu=gelu, c_proj=c_proj, dropout=nn.Dropout(config.dropout))
+        self.mlp = nn.Sequential(OrderedDict(mlp))
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -246,21 +221,20 @@ class ReferenceBlock(nn.Module):
 
 class NanoGPTStructured(nn.Module):
     """Token plus learned position embedding, the blocks, a final LayerNorm, the lm_head tied to wte; gelu:
-    one of NANOGPT_GELUS. Weights: this tree's GPT(pos=learned, bias=False)'s, by load_state_dict."""
+    one of NANOGPT_GELUS. The weights: those of `model`, this tree's GPT(pos=learned, bias=False), copied."""
 
-    def __init__(self, config, gelu="exact"):
+    def __init__(self, model, gelu="exact"):
         super().__init__()
+        config, C = model.config, model.config.n_embd
+        wte, wpe = nn.Embedding(config.vocab_size, C), nn.Embedding(config.block_size, C)
+        h = nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)])
+        ln_f = nn.LayerNorm(C, bias=False)
         self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([ReferenceBlock(config, gelu) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=False),
-            )
+            dict(wte=wte, wpe=wpe, drop=nn.Dropout(config.dropout), h=h, ln_f=ln_f)
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
+        self.load_state_dict(model.state_dict())
 
     def forward(self, idx, targets=None):
         """idx: (B, T) -> logits (B, T, vocab_size), and with targets the mean cross-entropy."""
@@ -274,49 +248,31 @@ class NanoGPTStructured(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
-def nanogpt_structured(model, gelu):
-    """The reference with the weights of `model` (this tree's GPT(pos=learned)): copied, not shared."""
-    reference = NanoGPTStructured(model.config, gelu)
-    reference.load_state_dict(model.state_dict())
-    return reference
+nanogpt_structured = NanoGPTStructured  # (this tree's model, gelu) -> the reference
 
 
 @torch.no_grad()
 def nanogpt_matches_or_exit(model, x, y):
-    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5.
+    """The tanh-GELU reference must give this tree's logits and loss on (x, y) to 1e-5; it says so, and
     -> (max |logit change|, |loss change|) that the exact GELU makes."""
     logits, loss = model.train()(x, y)
-    change = {}
-    for gelu in NANOGPT_GELUS:
-        out_logits, out_loss = nanogpt_structured(model, gelu).train()(x, y)
-        change[gelu] = ((out_logits - logits).abs().max().item(), (out_loss - loss).abs().item())
+    outs = {gelu: nanogpt_structured(model, gelu).train()(x, y) for gelu in NANOGPT_GELUS}
+    change = {g: ((o[0] - logits).abs().max().item(), (o[1] - loss).abs().item()) for g, o in outs.items()}
     if not all(c <= 1e-5 for c in change["tanh"]):  # NaN fails too
         raise SystemExit(
             f"{PROG}: the nanoGPT-structured model with the tanh GELU does not give this tree's logits "
             f"and loss (off by {change['tanh'][0]:.2e} and {change['tanh'][1]:.2e}); nothing timed"
         )
+    print(
+        "checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; "
+        f"the exact GELU moves them by up to {change['exact'][0]:.1e} and {change['exact'][1]:.1e}"
+    )
     return change["exact"]
 
 
-def checked_nanogpt_structured(model, gelu):
-    logit_change, loss_change = nanogpt_matches_or_exit(model, *training_batch())
-    print(
-        "checked: with the tanh GELU the nanoGPT-structured model gives this tree's logits and loss to 1e-5; "
-        f"the exact GELU moves them by up to {logit_change:.1e} and {loss_change:.1e}"
-    )
-    return nanogpt_structured(model, gelu)
-
-
-def cached_sampler(side, model, n_new):
-    """A function generating n_new greedy tokens from token 0 with the side's KV cache (-> the new tokens)."""
-    prompt = torch.zeros(1, 1, dtype=torch.long)
-    return lambda: side.generate(model.eval(), prompt, n_new, temperature=0)[:, 1:]
-
-
 def training_batch():
-    """The CPU recipe's batch of random tokens (the same one every call) -> inputs, targets."""
-    generator = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, 65, (TRAIN_BATCH[0], TRAIN_BATCH[1] + 1), generator=generator)
+    """The CPU recipe's batch (12 x 64) of random tokens, the same one every call -> inputs, targets."""
+    batch = torch.randint(0, 65, (12, 65), generator=torch.Generator().manual_seed(0))
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
 
 
@@ -348,28 +304,32 @@ def alternate(runs, rounds):
 
 
 def compare_decoding(cfg, old_side):
-    """[(pos, side A tok/s, this tree's tok/s)]."""
-    rows = []
+    """[(pos, side A tok/s, this tree's tok/s)], both sides' greedy tokens from token 0 checked alike."""
+    prompt, rows, n = torch.zeros(1, 1, dtype=torch.long), [], cfg.new_tokens
+    cached = lambda side, model: lambda: side.generate(model.eval(), prompt, n, temperature=0)[:, 1:]
     for pos in cfg.schemes:
         model = recipe_model(current, pos)
         if cfg.module_free:
-            module_free_matches_or_exit(pos, model, cfg.new_tokens)
-            side_a = lambda m=model: module_free_generate(m, cfg.new_tokens)
+            module_free_matches_or_exit(pos, model, n)
+            side_a = lambda m=model: module_free_generate(m, n)
         else:
-            side_a = cached_sampler(old_side, recipe_model(old_side.module, pos), cfg.new_tokens)
-        samplers = {"a": side_a, "b": cached_sampler(THIS_TREE, model, cfg.new_tokens)}
+            side_a = cached(old_side, recipe_model(old_side.module, pos))
+        samplers = {"a": side_a, "b": cached(THIS_TREE, model)}
         if not torch.equal(side_a(), samplers["b"]()):
             raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
-        rows.append((pos, cfg.new_tokens / seconds["a"], cfg.new_tokens / seconds["b"]))
+        rows.append((pos, n / seconds["a"], n / seconds["b"]))
     return rows
 
 
-def compare_training(cfg, side_a_model):
-    """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round.
-    side_a_model(pos, this tree's model) -> side A's model for that scheme."""
+def compare_training(cfg, old_side):
+    """[(pos, side A ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
     models = {("b", pos): recipe_model(current, pos) for pos in cfg.schemes}
-    models = {("a", pos): side_a_model(pos, models["b", pos]) for pos in cfg.schemes} | models
+    if cfg.against == NANOGPT:  # checked to be this tree's network with the tanh GELU first
+        nanogpt_matches_or_exit(models["b", "learned"], *training_batch())
+        models = {("a", "learned"): nanogpt_structured(models["b", "learned"], cfg.nanogpt_gelu)} | models
+    else:
+        models = {("a", pos): recipe_model(old_side.module, pos) for pos in cfg.schemes} | models
     runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
@@ -378,7 +338,7 @@ def compare_training(cfg, side_a_model):
 
 
 def main(argv=None):
-    choices = {"measure": MEASURES, "nanogpt_gelu": NANOGPT_GELUS}
+    choices = {"measure": ("decode", "train"), "nanogpt_gelu": NANOGPT_GELUS}
     values = parse_flags(argv, PROG, __doc__, [("comparison", ABConfig, None)], choices=choices)
     with one_line_errors(PROG):
         cfg = ABConfig(**values)
@@ -387,29 +347,20 @@ def main(argv=None):
             check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
         old_side = side_at(cfg.against) if cfg.against not in (None, NANOGPT) else None
     print(hardware.use_threads(cfg.threads, "cpu"))
-    if cfg.module_free:
-        side_a = "module-free loop"
-    elif cfg.against == NANOGPT:
+    side_a = "module-free loop" if cfg.module_free else f"model.py at {cfg.against}"
+    if cfg.against == NANOGPT:
         side_a = f"nanoGPT-structured model ({cfg.nanogpt_gelu} GELU)"
-    else:
-        side_a = f"model.py at {cfg.against}"
-    work = (
-        f"{cfg.new_tokens} new tokens" if cfg.measure == "decode" else f"{cfg.steps} steps of 12 x 64 tokens"
-    )
+    decode = cfg.measure == "decode"
+    work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
         f"median of {cfg.rounds} alternated runs"
     )
-    if cfg.measure == "decode":
-        rows = compare_decoding(cfg, old_side)
+    rows = (compare_decoding if decode else compare_training)(cfg, old_side)
+    if decode:
         columns = ["pos", f"{side_a} tok/s", "this tree tok/s", "this tree's speed-up"]
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
-        if cfg.against == NANOGPT:
-            side_a_model = lambda pos, model: checked_nanogpt_structured(model, cfg.nanogpt_gelu)
-        else:
-            side_a_model = lambda pos, model: recipe_model(old_side.module, pos)
-        rows = compare_training(cfg, side_a_model)
         learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
         ms = lambda row, i: f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")
         columns = ["pos", f"{side_a} ms/step", "this tree ms/step", "this tree's speed-up"]

@@ -1,7 +1,6 @@
 """
 How fast each position scheme trains and generates on this machine, all in one process so that the ratios
-between schemes are fair. On 2 idle CPU cores the default run takes about 4 minutes, --quick under one; on
-busy cores 2-3x longer (--quick: 106 s at load average 9).
+between schemes are fair. On 2 idle CPU cores the default run takes about 4 minutes, --quick under one.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
@@ -9,13 +8,12 @@ busy cores 2-3x longer (--quick: 106 s at load average 9).
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention) and the share
-of the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU); compile time apart.
-Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy in
-float32, each checked to give the reference's tokens. Every figure is the median over its repeats, with the
-min and max beside it; a loud note says when their spread or the machine's load makes them unreliable.
-Memory: peak allocated per scheme on CUDA, else the process's max RSS so far. --config FILE.toml takes a
-training preset's keys that are flags here.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), the share of
+the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU) and the compile time apart.
+Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy, each
+checked to give the reference's tokens. Every figure is the median of its repeats with their min and max; a
+loud note says when their spread or the machine's load makes them unreliable. Memory: peak allocated per
+scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's keys that are flags here.
 """
 
 import hashlib
@@ -31,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 
@@ -45,11 +44,9 @@ from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
 
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
-GPT2_VOCAB = 50257  # the tokenizer of every dataset here but shakespeare_char
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
 SAMPLERS = ("cached", "reference", "compiled")
-TRAIN_MS = ("ms_per_step", "step_ms_min", "step_ms_max")
 UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figure is noise-bound
 
 
@@ -57,7 +54,6 @@ UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figur
 class BenchConfig:
     pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
     quick: bool = False  # a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens
-    # the model: nanoGPT's CPU recipe (configs/cpu_recipe.toml), random weights
     block_size: int = 64  # training context T; generation lengths are multiples of it
     vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
     dataset: str | None = None  # whose vocabulary to use: its meta.json, else GPT-2's 50257
@@ -66,20 +62,15 @@ class BenchConfig:
     n_embd: int = 128  # model width
     dropout: float = 0.0  # dropout in training steps
     bias: bool = False  # biases in Linear and LayerNorm
-    # training
     batch_size: int = 12  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
     warmup_steps: int = 3  # untimed first steps, reported as compile time; 0: none
-    # Rounds let a change in the machine's load reach every scheme alike; on CUDA one round keeps one model
-    # resident at a time, so each scheme's peak memory is its own.
     rounds: int | None = None  # steps alternate between schemes in this many rounds; None: 3 on CPU, else 1
-    # generation (--gen_multiples with no value: none)
     gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size
     repeats: int = 3  # timed runs per generation figure, the median reported
     reference_max_tokens: int = 1024  # skip the O(n^2) uncached reference past this many new tokens; 0: never
     compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
-    # system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
@@ -91,24 +82,28 @@ class BenchConfig:
     def __post_init__(self):
         if self.quick:
             vars(self).update(QUICK)
-        dataset_vocab = vocab_size_of(self.dataset or "shakespeare_char")  # a bad name is refused if unused
-        self.vocab_size = dataset_vocab if self.vocab_size is None else self.vocab_size
+        data = self.dataset or "shakespeare_char"  # a bad name is refused even with --vocab_size
+        if data not in available_datasets():
+            names = ", ".join(available_datasets())
+            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {names}")
+        unprepared = 65 if data == "shakespeare_char" else 50257  # its characters, or GPT-2's tokenizer
+        meta = dataset_dir(data) / "meta.json"  # train.py's vocabulary; a damaged one is an error
+        vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared
+        self.vocab_size = vocab if self.vocab_size is None else self.vocab_size
         hardware.check_threads(self.threads)
-        minimums = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
-        for name, low in (minimums | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
+        lows = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
+        for name, low in (lows | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
-            raise ValueError(
-                f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
-            )
+            message = f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
+            raise ValueError(message)
         if any(m < 1 for m in self.gen_multiples):
             raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
         hardware.check_device_name(self.device)
         if self.dtype not in hardware.DTYPES:  # a BenchConfig built in code skips the flag's choices
-            raise ValueError(
-                f"dtype={self.dtype!r} is not a dtype; choose one of {', '.join(hardware.DTYPES)}"
-            )
+            choices = ", ".join(hardware.DTYPES)
+            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
         for pos in self.schemes:  # GPTConfig's own checks (n_embd % n_head, ...)
             model_config(self, pos)
 
@@ -121,36 +116,19 @@ def model_config(cfg, pos):
     return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, pos=pos)
 
 
-def vocab_size_of(dataset):
-    """The vocabulary train.py would use: the dataset's meta.json if prepared, else GPT-2's (65 characters for
-    shakespeare_char)."""
-    if dataset not in available_datasets():
-        names = ", ".join(available_datasets())
-        raise ValueError(f"dataset={dataset!r} is not a dataset here; choose one of {names}")
-    if not (dataset_dir(dataset) / "meta.json").exists():  # not prepared yet; a damaged one is an error
-        return 65 if dataset == "shakespeare_char" else GPT2_VOCAB
-    return load_meta(dataset_dir(dataset))["vocab_size"]
-
-
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig."""
+    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig, every `auto` and
+    None replaced by what this run uses."""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
     cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
-    hardware.check_device(hardware.resolve_device(cfg.device))
-    return cfg
-
-
-def resolve(cfg):
-    """cfg with every `auto` and None replaced by what this run uses."""
     device = hardware.resolve_device(cfg.device)
-    on_cpu = device.split(":")[0] == "cpu"
-    compile_ = (device.split(":")[0] == "cuda") if cfg.compile is None else cfg.compile
-    compile_decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
-    rounds = cfg.rounds or (3 if on_cpu and cfg.train_steps >= 3 else 1)
-    dtype = hardware.resolve_dtype(cfg.dtype, device.split(":")[0])
-    return replace(
-        cfg, device=device, dtype=dtype, compile=compile_, compile_decode=compile_decode, rounds=rounds
-    )
+    hardware.check_device(device)
+    kind = device.split(":")[0]
+    compile_ = kind == "cuda" if cfg.compile is None else cfg.compile
+    decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
+    rounds = cfg.rounds or (3 if kind == "cpu" and cfg.train_steps >= 3 else 1)  # CUDA: one model at a time
+    dtype = hardware.resolve_dtype(cfg.dtype, kind)
+    return replace(cfg, device=device, dtype=dtype, compile=compile_, compile_decode=decode, rounds=rounds)
 
 
 def timed(fn, device):
@@ -167,64 +145,50 @@ def spread(values, scale=1.0):
     return {k: f(values) * scale for k, f in (("median", statistics.median), ("min", min), ("max", max))}
 
 
-def cpu_matmul_flops(size, repeats=5):
-    """FLOP/s of a float32 size^2 torch.mm (2 size^3 FLOPs), median of repeats: the CPU's practical peak."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    return 2 * size**3 / statistics.median(timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(repeats))
-
-
 def peak_memory_mb(device, reset=False):
     """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
-    if device.startswith("cuda") and reset:
-        return torch.cuda.reset_peak_memory_stats(device)
     if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        cuda = torch.cuda
+        return cuda.reset_peak_memory_stats(device) if reset else cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return None if reset else rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
-def source():
-    """Which code was measured: the git commit, the files changed since, and model.py's hash."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def machine_and_source(device):
+    """The machine (platform, torch, the 1-minute load average) and the code measured (the git commit, the
+    files changed since, model.py's hash)."""
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    machine = {
+        **dict(platform=platform.platform(), processor=platform.processor() or platform.machine()),
+        **dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=load, gpu=gpu),
+        **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
+    }
+    root = Path(__file__).resolve().parents[1]
     git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
     try:
         commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "-uno")
     except OSError:  # no git
         commit, changed = None, ""
-    with open(os.path.join(root, "model.py"), "rb") as f:
-        model_sha1 = hashlib.sha1(f.read()).hexdigest()
-    changes = [line[3:] for line in changed.splitlines()]
-    return {"git_commit": commit, "uncommitted_changes": changes, "model_py_sha1": model_sha1}
-
-
-def machine(device):
-    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {
-        **dict(platform=platform.platform(), processor=platform.processor() or platform.machine()),
-        **dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=load, gpu=gpu),
-        **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
-    }
-
-
-# -----------------------------------------------------------------------------
-# Training
+    sha1 = hashlib.sha1((root / "model.py").read_bytes()).hexdigest()
+    source = {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed.splitlines()]}
+    return {"machine": machine, "source": source | {"model_py_sha1": sha1}}
 
 
 class Trainer:
-    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py."""
+    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py. The
+    untimed warm-up steps run first; the first of them compiles."""
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
-        self.cfg = cfg
-        self.model = GPT(model_config(cfg, pos)).to(cfg.device)
+        self.cfg, self.model = cfg, GPT(model_config(cfg, pos)).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
         self.autocast, self.scaler = hardware.precision(cfg)
         batch = lambda: torch.randint(cfg.vocab_size, (cfg.batch_size, cfg.block_size), device=cfg.device)
         self.batches = [(batch(), batch()) for _ in range(cfg.grad_accum)]
-        self.step_seconds, self.warmup_seconds = [], []  # warm-up steps: the first compiles
+        warmup = [timed(self.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
+        self.first, self.step_seconds = warmup[0] if warmup else None, []
 
     def step(self):
         for x, y in self.batches:
@@ -239,15 +203,13 @@ class Trainer:
         return loss.detach()
 
     def results(self, peak, memory_mb):
-        ms = spread(self.step_seconds, 1e3)
-        tokens = self.cfg.batch_size * self.cfg.block_size * self.cfg.grad_accum
-        per_token = hardware.flops_per_token(self.model)
-        first = self.warmup_seconds[0] if self.warmup_seconds else None
-        compile_s = max(0.0, first - ms["median"] / 1e3) if self.cfg.compile and first is not None else None
+        ms, cfg, first, model = spread(self.step_seconds, 1e3), self.cfg, self.first, self.model
+        tokens, per_token = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
+        compile_s = max(0.0, first - ms["median"] / 1e3) if cfg.compile and first is not None else None
         return {
             **dict(ms_per_step=ms["median"], step_ms_min=ms["min"], step_ms_max=ms["max"]),
             **dict(timed_steps=len(self.step_seconds), tokens_per_step=tokens, first_step_s=first),
-            **dict(compile_s=compile_s, flops_per_token=per_token, params=self.model.num_params()),
+            **dict(compile_s=compile_s, flops_per_token=per_token, params=model.num_params()),
             "peak_memory_mb": memory_mb,
             **hardware.speed(ms["median"] / 1e3, tokens, per_token * tokens, peak),
         }
@@ -264,8 +226,7 @@ def bench_training(cfg, peak, results, log, save):
                 if cfg.compile and not trainers:  # so that TORCH_LOGS=recompiles shows only real recompiles
                     torch.compiler.reset()
                 peak_memory_mb(cfg.device, reset=True)
-                trainers[pos] = t = Trainer(cfg, pos)
-                t.warmup_seconds = [timed(t.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
+                trainers[pos] = Trainer(cfg, pos)
             for _ in range(steps + (r < extra)):  # >= 1: rounds <= train_steps
                 seconds, loss = timed(trainers[pos].step, cfg.device)
                 trainers[pos].step_seconds.append(seconds)
@@ -273,144 +234,98 @@ def bench_training(cfg, peak, results, log, save):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
             if r == cfg.rounds - 1:
                 results[pos] = t = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
-                log(f"trained {pos}: {with_range(*(t[k] for k in TRAIN_MS), '.1f')} ms/step")
+                log(f"trained {pos}: {ms_range(t)} ms/step")
                 save()
     for pos in schemes:  # in the order asked
         results[pos] = results.pop(pos)
 
 
-# -----------------------------------------------------------------------------
-# Generation
-
-
-def time_sampler(sampler, prompt, n, cfg):
-    """({median, min, max} tokens/s over up to cfg.repeats runs, the tokens of the last run)."""
-    seconds = []
-    while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
-        s, out = timed(lambda: sampler(prompt, n), cfg.device)
-        seconds.append(s)
-    rates = spread([1 / s for s in seconds], n)
-    return rates, out
-
-
-def same_prefix(tokens, reference):
-    """Whether the shorter of two greedy generations from the same prompt is a prefix of the longer one."""
-    n = min(tokens.size(1), reference.size(1))
-    return bool(torch.equal(tokens[:, :n], reference[:, :n]))
-
-
 def bench_generation(cfg, pos, log):
-    """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max]."""
+    """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
+    The cached tokens are checked against the longest reference's so far, the compiled against the cached."""
     torch.manual_seed(cfg.seed)
     model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     samplers = {
-        "cached": lambda idx, n: generate_cached(model, idx, n, temperature=0),
-        "reference": lambda idx, n: model.generate(idx, n, temperature=0),
-        "compiled": lambda idx, n: generate_cached(model, idx, n, temperature=0, compile=True),
+        "cached": lambda n: generate_cached(model, prompt, n, temperature=0),
+        "reference": lambda n: model.generate(prompt, n, temperature=0),
+        "compiled": lambda n: generate_cached(model, prompt, n, temperature=0, compile=True),
     }
-    for name in SAMPLERS[:2]:
-        samplers[name](prompt, 8)  # warm-up
-    rows, longest_reference = [], None
+    samplers["cached"](8), samplers["reference"](8)  # warm-up
+    same_prefix = lambda a, b: bool(torch.equal(a[:, : b.size(1)], b[:, : a.size(1)]))  # up to the shorter
+    rows, longest, limit = [], None, cfg.reference_max_tokens
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
-        row, outs = {"new_tokens": n, "multiple": multiple, "reference": None}, {}  # reference: why skipped
-        skip = cfg.reference_max_tokens and n > cfg.reference_max_tokens
-        for name in SAMPLERS:
-            row[f"{name}_tok_s"] = row[f"{name}_tok_s_range"] = None
-            if name == "reference" and skip:
-                row["reference"] = (
-                    f"skipped: {n} new tokens > --reference_max_tokens={cfg.reference_max_tokens}"
-                )
-                continue
-            if name == "compiled":
-                if not cfg.compile_decode:
-                    continue
-                # each length is a new cache size and graph: reset, or a run hits the recompile limit
+        row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
+        row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
+        if limit and n > limit:
+            row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={limit}"
+        outs, skip = {}, {"reference": row["reference"], "compiled": not cfg.compile_decode}
+        for name in (name for name in SAMPLERS if not skip.get(name)):
+            sample = lambda name=name, n=n: samplers[name](n)
+            if name == "compiled":  # a new cache size and graph per length: reset, or hit the recompile limit
                 torch.compiler.reset()
-                first, _ = timed(lambda n=n: samplers["compiled"](prompt, n), cfg.device)  # compiles: untimed
-            rates, outs[name] = time_sampler(samplers[name], prompt, n, cfg)
+                first, _ = timed(sample, cfg.device)  # compiles: untimed
+            seconds = []  # up to cfg.repeats runs, fewer once they took REPEAT_BUDGET_S
+            while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
+                s, outs[name] = timed(sample, cfg.device)
+                seconds.append(s)
+            rates = spread([1 / s for s in seconds], n)
             row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = rates["median"], [rates["min"], rates["max"]]
         row["speedup"] = row["reference_tok_s"] and row["cached_tok_s"] / row["reference_tok_s"]
-        if "reference" in outs and (
-            longest_reference is None or outs["reference"].size(1) > longest_reference.size(1)
-        ):
-            longest_reference = outs["reference"]
+        if "reference" in outs and (longest is None or outs["reference"].size(1) > longest.size(1)):
+            longest = outs["reference"]
         row["compile_s"] = row["compiled_matches"] = None
         if "compiled" in outs:
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
             row["compiled_matches"] = same_prefix(outs["compiled"], outs["cached"])
-        checked = longest_reference is not None
-        row["cached_matches_reference"] = same_prefix(outs["cached"], longest_reference) if checked else None
+        row["cached_matches_reference"] = None if longest is None else same_prefix(outs["cached"], longest)
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
 
 
-# -----------------------------------------------------------------------------
-# The report
+def with_range(median, bounds, spec, missing="-"):
+    """'42.5 (40.1-47.0)': a median and the (min, max) of its repeats; `missing` for None."""
+    return missing if median is None else f"{median:{spec}} ({bounds[0]:{spec}}-{bounds[1]:{spec}})"
 
 
-def with_range(median, low, high, spec):
-    """'42.5 (40.1-47.0)': a median and the min-max of its repeats; '-' for None."""
-    return "-" if median is None else f"{median:{spec}} ({low:{spec}}-{high:{spec}})"
+ms_range = lambda t: with_range(t["ms_per_step"], (t["step_ms_min"], t["step_ms_max"]), ".1f")
 
 
-def training_table(train):
-    learned = train.get("learned", {}).get("ms_per_step")
-    columns = (
-        "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
-    )
-    rows = []
-    for pos, t in train.items():
+def tables(report, compiled_note):
+    """The report's training table and generation table, in markdown ('' for an empty one)."""
+    learned, train, generate = report["training"].get("learned", {}).get("ms_per_step"), [], []
+    for pos, t in report["training"].items():
         ratio, share = learned and t["ms_per_step"] / learned, t.get("mfu")
-        ms = with_range(t["ms_per_step"], t["step_ms_min"], t["step_ms_max"], ".1f")
-        cells = [pos, f"{t['params']:,}", ms, fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
+        cells = [pos, f"{t['params']:,}", ms_range(t), fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
         cells += [fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}"]
-        rows.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
-    return markdown_table(columns.split("|"), rows)
-
-
-def rate_cell(row, name, missing):
-    rate = row[f"{name}_tok_s"]
-    return with_range(rate, *row[f"{name}_tok_s_range"], ",.0f") if rate else missing
-
-
-def generation_table(generation, compiled_note):
-    columns = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
-    rows = []
-    for pos, g in generation.items():
-        for row in g["rows"]:
-            matches = [m for m in (row["cached_matches_reference"], row["compiled_matches"]) if m is not None]
+        train.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
+    head = "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
+    train = markdown_table(head.split("|"), train) if train else ""
+    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", compiled_note))}  # no rate
+    for pos, g in report["generation"].items():
+        for r in g["rows"]:
+            rates = [with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()]
+            matches = [m for m in (r["cached_matches_reference"], r["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
-            speedup = fmt(row["speedup"], ".1f", "-") + ("x" if row["speedup"] else "")
-            cells = [
-                pos,
-                str(row["new_tokens"]),
-                rate_cell(row, "cached", "-"),
-                rate_cell(row, "reference", "skipped"),
-                speedup,
-            ]
-            rows.append(
-                cells + [rate_cell(row, "compiled", compiled_note), same, f"{g['peak_memory_mb']:,.0f}"]
-            )
-    return markdown_table(columns.split("|"), rows)
+            speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
+            cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, rates[2], same]
+            generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
+    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
+    return train, markdown_table(head.split("|"), generate) if generate else ""
 
 
 def warnings(report, cfg):
     """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
     processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
-    notes, m = [], report["machine"]
+    notes, m, limit = [], report["machine"], UNRELIABLE_SPREAD
     figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
     for pos, g in report["generation"].items():
         for row in g["rows"]:
             for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
                 figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
-    wide = [
-        f"{pos} {what} {high / low:.1f}x"
-        for pos, what, low, high in figures
-        if high > UNRELIABLE_SPREAD * low
-    ]
+    wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
     if wide:
         notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
     load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
@@ -418,33 +333,6 @@ def warnings(report, cfg):
         notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
                      "here; other processes slow these figures and make them noisy")  # fmt: skip
     return notes
-
-
-def print_report(report, cfg):
-    gpu = report["machine"]["gpu"]
-    print(
-        f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
-        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
-        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
-        f"memory: {report['memory']}; "
-        f"compiled decoding: {report['compiled_decoding']}{'' if cfg.compile_decode else ' (off)'}\n"
-    )
-    if report["training"]:
-        print(training_table(report["training"]) + "\n")
-    if report["generation"]:
-        print(generation_table(report["generation"], "-" if cfg.compile_decode else "off"))
-    for note in report["warnings"]:
-        print(f"\n!!! UNRELIABLE: {note}")
-
-
-def device_peak(cfg):
-    """(peak FLOP/s for the share of peak, where it comes from); None on a device without a known peak."""
-    if cfg.device == "cpu":
-        size = cfg.matmul_size
-        return cpu_matmul_flops(size), f"float32 {size}^2 torch.mm, measured in this run"
-    if cfg.device.startswith("cuda"):
-        return hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
-    return None, "unknown on this device"
 
 
 def run(cfg, argv):
@@ -458,18 +346,23 @@ def run(cfg, argv):
     )
     log = lambda message: print(message, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
-    on_cuda = cfg.device.startswith("cuda")
-    report = {
-        "command": shlex.join(["python", "-m", "perf.bench", *argv]),
-        "date": datetime.now(UTC).isoformat(),
-    }
-    report |= {"machine": machine(cfg.device), "source": source(), "config": asdict(cfg)}
-    report |= dict(zip(("peak_flops", "peak_source"), device_peak(cfg)))
-    report["memory"] = (
-        "CUDA max_memory_allocated per scheme and phase"
-        if on_cuda
-        else "process max RSS so far (a high-water mark, not per scheme)"
-    )
+    command = shlex.join(["python", "-m", "perf.bench", *argv])
+    report = {"command": command, "date": datetime.now(UTC).isoformat(), **machine_and_source(cfg.device)}
+    report["config"] = asdict(cfg)
+    if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
+        size = cfg.matmul_size
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)  # warm-up
+        seconds = statistics.median(timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(5))
+        peak = 2 * size**3 / seconds, f"float32 {size}^2 torch.mm, measured in this run"
+    elif cfg.device.startswith("cuda"):
+        peak = hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
+    else:
+        peak = None, "unknown on this device"
+    report |= dict(zip(("peak_flops", "peak_source"), peak))
+    report["memory"] = "CUDA max_memory_allocated per scheme and phase"
+    if not cfg.device.startswith("cuda"):
+        report["memory"] = "process max RSS so far (a high-water mark, not per scheme)"
     report |= {"compiled_decoding": "generate_cached(model, idx, n, temperature=0, compile=True)"}
     report |= {"training": {}, "generation": {}, "warnings": []}
 
@@ -486,7 +379,20 @@ def run(cfg, argv):
         report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
         save()  # a run cut short by a timeout keeps what it measured
     save()
-    print_report(report, cfg)
+    gpu, compiled = report["machine"]["gpu"], "" if cfg.compile_decode else " (off)"
+    print(
+        f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
+        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
+        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+        f"memory: {report['memory']}; compiled decoding: {report['compiled_decoding']}{compiled}\n"
+    )
+    train, generate = tables(report, "-" if cfg.compile_decode else "off")
+    if train:
+        print(train + "\n")
+    if generate:
+        print(generate)
+    for note in report["warnings"]:
+        print(f"\n!!! UNRELIABLE: {note}")
     return report
 
 
@@ -494,7 +400,7 @@ def main(argv=None):
     """Run the benchmark; -> the report dict (also written to --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with one_line_errors("bench.py"):
-        return run(resolve(parse_args(argv)), argv)
+        return run(parse_args(argv), argv)
 
 
 if __name__ == "__main__":

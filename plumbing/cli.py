@@ -1,9 +1,8 @@
 """
-Command-line flags for every script, from its config dataclasses: one syntax, one kind of error.
-
-Each dataclass field is a flag `--name=value` (or `--name value`), its help the comment after the field.
-`--config FILE.toml` reads the same settings from TOML files (data, never executed), in order; flags override
-them. A mistake stops the script before any work with exit status 2 and one line naming what is valid.
+Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or `--name
+value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML files
+(data, never executed), in order, under the flags. A mistake stops the script before any work with exit
+status 2 and one line naming what is valid.
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
     with one_line_errors("sample.py"):        # each entry point's main, once
@@ -39,22 +38,6 @@ BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("fal
 EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 
 
-def converter(kind):
-    """argparse's type for bool (any case: `--compile=False` as nanoGPT writes it), int or float (finite, as
-    every range check lets a NaN through; `--dropout=0` is 0.0)."""
-
-    def convert(text):
-        try:
-            value = BOOLEANS[text.lower()] if kind is bool else kind(text)
-        except (KeyError, ValueError):
-            raise argparse.ArgumentTypeError(f"expected {EXPECTED[kind]}, got {text!r}") from None
-        if kind is float and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        return value
-
-    return convert
-
-
 def parse_list(name, text, choices, everything=None):
     """A comma-separated value naming some of `choices`, each once -> tuple; `everything` names all."""
     if everything is not None and text == everything:
@@ -70,23 +53,34 @@ def parse_list(name, text, choices, everything=None):
 
 
 def flag_kind(annotation):
-    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None."""
+    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None. A
+    bool is true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it); a float is
+    finite (a NaN passes every range check); an optional value is `none`, or not empty (`--lengths=`, from an
+    unset shell variable, would be taken for the default)."""
+    is_list = typing.get_origin(annotation) is list
+    if is_list:
+        annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is list:
-        return flag_kind(args[0])[:2] + (True,)
-    kind = next((t for t in args if t is not type(None)), annotation)
-    convert = converter(kind) if kind in EXPECTED else str
-    if type(None) not in args:
-        return kind, convert, False
+    kind, optional = next((t for t in args if t is not type(None)), annotation), type(None) in args
 
-    def optional(text):  # `--lengths=` would be taken for the default: say so instead
-        if not text.strip():
+    def convert(text):
+        if optional and not text.strip():
             raise argparse.ArgumentTypeError(
                 "is empty (an unset shell variable?): give a value or leave the flag out"
             )
-        return None if text.lower() == "none" else convert(text)
+        if optional and text.lower() == "none":
+            return None
+        if kind not in EXPECTED:
+            return text
+        try:
+            value = BOOLEANS[text.lower()] if kind is bool else kind(text)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {EXPECTED[kind]}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return value
 
-    return kind, optional, False
+    return kind, convert, is_list
 
 
 def check_seed(name, value):
@@ -95,10 +89,8 @@ def check_seed(name, value):
         raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
-def build_parser(
-    prog, description, sections, defaults, choices, positional, config_flag=False, for_files=False
-):
-    """One flag per field (for_files: but the positional ones), and --config with config_flag; defaults
+def build_parser(prog, description, sections, defaults, choices, positional, with_config=False, files=False):
+    """One flag per field (files: but the positional ones), and --config with with_config; defaults
     SUPPRESSed so that parsing sees only what was given, to layer flags over the config files."""
     parser = ArgumentParser(
         prog=prog,
@@ -107,7 +99,7 @@ def build_parser(
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    if config_flag:
+    if with_config:
         help_text = "read settings from a TOML file (several: in order, each overriding the ones before)"
         parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
@@ -118,7 +110,7 @@ def build_parser(
         except (OSError, TypeError):
             comments = {}
         for name, annotation in typing.get_type_hints(config_class).items():
-            if (names is not None and name not in names) or (for_files and name in positional):
+            if (names is not None and name not in names) or (files and name in positional):
                 continue
             kind, convert, is_list = flag_kind(annotation)
             valid = choices.get(name)
@@ -175,7 +167,7 @@ def parse_flags(
     values |= dict(defaults or {})
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
-    parser = build_parser(prog, description, sections, values, choices or {}, positional, config_flag=files)
+    parser = build_parser(prog, description, sections, values, choices or {}, positional, with_config=files)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
@@ -190,7 +182,7 @@ def parse_flags(
             raise UserError(message, 2) from None
         if files and "config" in flags:  # files hold flags only: checked by a parser without the positionals
             file_parser = build_parser(
-                prog, description, sections, values, choices or {}, positional, for_files=True
+                prog, description, sections, values, choices or {}, positional, files=True
             )
             for path in flags.pop("config"):
                 values |= read_config_file(file_parser, path, valid, foreign_keys)

@@ -34,18 +34,13 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def say(line):
-    """A line on stderr; under torchrun only rank 0's, as every rank meets a UserError at the same point."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
-
-
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
     SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number. A Ctrl-C that
     strikes inside a callback Python ignores exceptions in (an import lock's, a weakref's) is sent again."""
-    previous_hook = sys.unraisablehook
+    # under torchrun every rank meets a UserError at the same point: rank 0 alone says it
+    previous_hook, master = sys.unraisablehook, os.environ.get("RANK", "0") == "0"
 
     def redeliver(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -58,14 +53,15 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     try:
         yield
     except (UserError, *errors) as e:
-        say(f"{prog}: error: {e}" if prog else f"error: {e}")
+        if master:
+            print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(status or getattr(e, "status", 2)) from None
     except KeyboardInterrupt as e:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we say it: a traceback
         signum = getattr(e, "signum", signal.SIGINT)
-        if stopped:
-            say(stopped.format(signal=signal.Signals(signum).name))
+        if stopped and master:
+            print(stopped.format(signal=signal.Signals(signum).name), file=sys.stderr, flush=True)
         raise SystemExit(128 + signum) from None
     finally:
         sys.unraisablehook = previous_hook

@@ -6,7 +6,7 @@ import netrc
 import os
 import sys
 import time
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlparse
@@ -65,7 +65,7 @@ class StepClock:
         )
 
 
-class PlainProgress:
+class PlainProgress(AbstractContextManager):
     """tqdm's update / set_postfix_str / with, as a few whole lines: at each quarter of total (without one,
     every minute) and at the end; file None: silent."""
 
@@ -92,9 +92,6 @@ class PlainProgress:
 
     def set_postfix_str(self, text, refresh=True):
         self.postfix = text
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         if self.quarter < 4 and self.done:  # the last line says where it ended

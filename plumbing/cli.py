@@ -157,7 +157,7 @@ def parse_flags(
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
     (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all). A mistake exits
     with status 2 and one line naming the valid choices."""
-    names, values = [], {}
+    names, values, choices = [], {}, choices or {}
     for _, config_class, only in sections:
         for f in fields(config_class):
             if only is None or f.name in only:
@@ -167,7 +167,7 @@ def parse_flags(
     values |= dict(defaults or {})
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
-    parser = build_parser(prog, description, sections, values, choices or {}, positional, with_config=files)
+    parser = build_parser(prog, description, sections, values, choices, positional, with_config=files)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
@@ -176,14 +176,11 @@ def parse_flags(
             if message.startswith("unrecognized arguments"):  # name the valid flags, and guess the one meant
                 typo = message.split(":", 1)[1].split()[0].split("=")[0]
                 guess = difflib.get_close_matches(typo, given, n=1, cutoff=0.7)
-                message += (
-                    f" (did you mean {guess[0]}?)" if guess else ""
-                ) + f"; valid flags: {' '.join(given)}"
+                hint = f" (did you mean {guess[0]}?)" if guess else ""
+                message += f"{hint}; valid flags: {' '.join(given)}"
             raise UserError(message, 2) from None
         if files and "config" in flags:  # files hold flags only: checked by a parser without the positionals
-            file_parser = build_parser(
-                prog, description, sections, values, choices or {}, positional, files=True
-            )
+            file_parser = build_parser(prog, description, sections, values, choices, positional, files=True)
             for path in flags.pop("config"):
                 values |= read_config_file(file_parser, path, valid, foreign_keys)
         values |= flags

@@ -110,8 +110,7 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     total = n_prompt + max_new_tokens
     learned = config.block_size if config.pos == "learned" else None
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
-        crop = min([n for n in (learned, max_context) if n is not None], default=None)
-        longest = total - 1 if crop is None else min(crop, total - 1)
+        longest = min(n for n in (learned, max_context, total - 1) if n is not None)
         return {
             "tokens": 2 * batch * total * 8,
             "position table": position_table_bytes(config, longest),
@@ -119,8 +118,7 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
         }
     crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
     n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
-    n_pos = n_run + max_new_tokens - 1
-    n_pos = n_pos if crop is None else min(n_pos, crop)
+    n_pos = min(n_run + max_new_tokens - 1, crop or total)
     window = max_context if crop is None else None
     chunk = prefill_chunk(config.block_size, window)
     slots = GPT.cache_size(n_pos, window, chunk)

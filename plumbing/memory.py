@@ -35,10 +35,9 @@ def table_bytes(config, n_pos):
 
 def activation_bytes(config, batch):
     """What one float32 training forward over batch x block_size tokens keeps for backward: about 20 x n_embd
-    per token and layer (LayerNorms' inputs and outputs, q, k, v and their rotated copies, attention's
-    output, the MLP's 4 C hidden layer before and after GELU, residuals), twice the logits (and their
-    log-softmax), and with dropout its masks and math attention's weights (n_head x block_size per token and
-    layer, twice)."""
+    per token and layer (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the
+    MLP's 4 C hidden layer before and after GELU, residuals), twice the logits (and their log-softmax), and
+    with dropout its masks and math attention's weights (n_head x block_size per token and layer, twice)."""
     T, C, L = config.block_size, config.n_embd, config.n_layer
     per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
     if config.dropout > 0:
@@ -64,14 +63,11 @@ def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
 def check_training_memory(config, batch, micro_steps, device, copies=1, per_stream=SAMPLER_BYTES):
     """A one-line UserError before the model is built if training it (`copies` models resident at once)
     would not fit in device's memory, naming what to lower for the largest part."""
-    parts = {
-        what: copies * size for what, size in training_bytes(config, batch, micro_steps, per_stream).items()
-    }
+    parts = training_bytes(config, batch, micro_steps, per_stream)
+    parts = {what: copies * size for what, size in parts.items()}
     advice = TRAINING_ADVICE.get(max(parts, key=parts.get), TRAINING_ADVICE["weights"])
-    what = f"training {copies} x " if copies > 1 else "training "
-    what += (
-        f"{parameter_count(config) / 1e6:,.1f}M parameters in batches of {batch} x {config.block_size} tokens"
-    )
+    times, millions = f"{copies} x " if copies > 1 else "", parameter_count(config) / 1e6
+    what = f"training {times}{millions:,.1f}M parameters in batches of {batch} x {config.block_size} tokens"
     check_memory(parts, device, what, f"lower {advice}")
 
 

@@ -1,10 +1,8 @@
 """
-Command-line flags for every script, from its config dataclasses: one syntax, one kind of error.
-
-Each field of a config dataclass is a flag `--name=value` (or `--name value`), its help text the comment after
-the field. `--config FILE.toml` reads the same settings from TOML files (data, never executed), in the order
-given, and flags override them. A mistake (an unknown flag, an abbreviation, a bad or non-finite value, an
-unknown key in a file) stops the script before any work with exit status 2 and one line naming what is valid.
+Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or `--name
+value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML files
+(data, never executed), in order, under the flags. A mistake stops the script before any work with exit
+status 2 and one line naming what is valid.
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
     with one_line_errors("sample.py"):        # each entry point's main, once
@@ -27,7 +25,7 @@ import tomllib
 import typing
 from dataclasses import MISSING, fields
 
-from plumbing.errors import UserError, one_line_errors  # noqa: F401 (one_line_errors: the handler)
+from plumbing.errors import UserError, one_line_errors
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -36,37 +34,8 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message, 2)
 
 
-# -----------------------------------------------------------------------------
-# Values
-
 BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
-
-
-def parse_bool(text):
-    """true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it)."""
-    if text.lower() not in BOOLEANS:
-        raise argparse.ArgumentTypeError(
-            f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}"
-        )
-    return BOOLEANS[text.lower()]
-
-
-def parse_int(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def parse_float(text):
-    # float, not int: `--dropout=0` is 0.0; nan and inf are refused, as every range check lets a NaN through
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 
 
 def parse_list(name, text, choices, everything=None):
@@ -84,61 +53,45 @@ def parse_list(name, text, choices, everything=None):
 
 
 def flag_kind(annotation):
-    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None."""
+    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None. A
+    bool is true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it); a float is
+    finite (a NaN passes every range check); an optional value is `none`, or not empty (`--lengths=`, from an
+    unset shell variable, would be taken for the default)."""
+    is_list = typing.get_origin(annotation) is list
+    if is_list:
+        annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is list:
-        return flag_kind(args[0])[:2] + (True,)
-    kind = next((t for t in args if t is not type(None)), annotation)
-    convert = {bool: parse_bool, int: parse_int, float: parse_float}.get(kind, str)
-    if type(None) not in args:
-        return kind, convert, False
-    return kind, lambda text: None if text.lower() == "none" else convert(not_empty(text)), False
+    kind, optional = next((t for t in args if t is not type(None)), annotation), type(None) in args
 
+    def convert(text):
+        if optional and not text.strip():
+            raise argparse.ArgumentTypeError(
+                "is empty (an unset shell variable?): give a value or leave the flag out"
+            )
+        if optional and text.lower() == "none":
+            return None
+        if kind not in EXPECTED:
+            return text
+        try:
+            value = BOOLEANS[text.lower()] if kind is bool else kind(text)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {EXPECTED[kind]}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return value
 
-def not_empty(text):
-    # `--lengths=` would be taken for the default: say so instead
-    if not text.strip():
-        raise argparse.ArgumentTypeError(
-            "is empty (an unset shell variable?): give a value or leave the flag out"
-        )
-    return text
-
-
-SEED_RANGE = range(2**63)  # what torch, numpy and Python all take (torch.manual_seed: 64 bits, numpy: >= 0)
+    return kind, convert, is_list
 
 
 def check_seed(name, value):
-    """A usage UserError unless a seed (the flag `name`) lies in SEED_RANGE."""
-    if value is not None and value not in SEED_RANGE:
+    """A usage UserError unless a seed (the flag `name`) is one torch, numpy and Python all take."""
+    if value is not None and value not in range(2**63):
         raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
-def field_comments(config_class):
-    """{field: the comment after it} from the class's source: the --help text."""
-    try:
-        source = inspect.getsource(config_class)
-    except (OSError, TypeError):  # no source (a frozen app): flags without help
-        return {}
-    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", source, re.MULTILINE))
-
-
-def field_defaults(config_class):
-    """{field: default} of the fields that have one."""
-    given = [f for f in fields(config_class) if f.default is not MISSING or f.default_factory is not MISSING]
-    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in given}
-
-
-# -----------------------------------------------------------------------------
-# Flags and config files
-
-
-def field_names(sections):
-    return [name for _, cls, names in sections for name in (names or [f.name for f in fields(cls)])]
-
-
-def build_parser(prog, description, sections, defaults, choices, positional):
-    """One flag per field (sections: (title, dataclass, field names or None)), defaults SUPPRESSed so
-    that parsing sees only what was given, to layer flags over the config files."""
+def build_parser(prog, description, sections, defaults, choices, positional, with_config=False, files=False):
+    """One flag per field (files: but the positional ones), and --config with with_config; defaults
+    SUPPRESSed so that parsing sees only what was given, to layer flags over the config files."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
@@ -146,14 +99,18 @@ def build_parser(prog, description, sections, defaults, choices, positional):
         allow_abbrev=False,  # --n_lay=2 is a typo, not --n_layer
         argument_default=argparse.SUPPRESS,
     )
-    if "config" not in field_names(sections):  # a script whose own setting is called config has no files
+    if with_config:
         help_text = "read settings from a TOML file (several: in order, each overriding the ones before)"
         parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
-        comments = field_comments(config_class)
+        try:  # the comment after each field is its --help (none without source: a frozen app)
+            source = inspect.getsource(config_class)
+            comments = dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", source, re.MULTILINE))
+        except (OSError, TypeError):
+            comments = {}
         for name, annotation in typing.get_type_hints(config_class).items():
-            if names is not None and name not in names:
+            if (names is not None and name not in names) or (files and name in positional):
                 continue
             kind, convert, is_list = flag_kind(annotation)
             valid = choices.get(name)
@@ -168,30 +125,23 @@ def build_parser(prog, description, sections, defaults, choices, positional):
     return parser
 
 
-def read_toml(path):
-    """The table in a TOML file (skipping a UTF-8 byte-order mark, as some Windows editors write one); a
-    missing or malformed file is a usage UserError."""
+def read_config_file(parser, path, valid, foreign_keys):
+    """A TOML file's settings (past a UTF-8 byte-order mark, as some Windows editors write), checked by the
+    flags' parser; foreign_keys: ignore keys that are no flag."""
     try:
         with open(path, "rb") as f:
-            return tomllib.loads(f.read().decode("utf-8-sig"))
+            table = tomllib.loads(f.read().decode("utf-8-sig"))
     except OSError as e:
         raise UserError(f"--config {path}: {e.strerror}", 2) from None
-    except UnicodeDecodeError:  # before TOMLDecodeError, a ValueError too that would not name the file
+    except UnicodeDecodeError:
         raise UserError(f"--config {path}: not UTF-8 text, as a TOML file must be", 2) from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"--config {path}: not valid TOML: {e}", 2) from None
-
-
-def read_config_file(parser, path, valid, foreign_keys=False):
-    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
-    table = read_toml(path)
-    unknown = [key for key in table if key not in valid]
-    if foreign_keys:
-        table = {key: value for key, value in table.items() if key in valid}
-    elif unknown:
+    if not foreign_keys and (unknown := [key for key in table if key not in valid]):
         raise UserError(
             f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}", 2
         )
+    table = {key: value for key, value in table.items() if key in valid}
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
             raise UserError(f"{path}: {key} must be a string, number or boolean, got {value!r}", 2)
@@ -201,55 +151,57 @@ def read_config_file(parser, path, valid, foreign_keys=False):
         raise UserError(f"{path}: {e}", 2) from None
 
 
-def explain(message, valid):
-    """Add the valid flags to argparse's `unrecognized arguments` (and a guess at the one meant)."""
-    if not message.startswith("unrecognized arguments"):
-        return message
-    given = message.split(":", 1)[1].split()[0].split("=")[0]
-    guess = difflib.get_close_matches(given, valid, n=1, cutoff=0.7)
-    hint = f" (did you mean {guess[0]}?)" if guess else ""
-    return f"{message}{hint}; valid flags: {' '.join(valid)}"
-
-
 def parse_flags(
     argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
 ):
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
-    (sys.argv[1:] when None). A mistake exits with status 2 and one line naming the valid choices."""
-    values = {}
-    for _, config_class, names in sections:
-        values |= {k: v for k, v in field_defaults(config_class).items() if names is None or k in names}
+    (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all). A mistake exits
+    with status 2 and one line naming the valid choices."""
+    names, values, choices = [], {}, choices or {}
+    for _, config_class, only in sections:
+        for f in fields(config_class):
+            if only is None or f.name in only:
+                names.append(f.name)
+                if f.default is not MISSING or f.default_factory is not MISSING:
+                    values[f.name] = f.default if f.default is not MISSING else f.default_factory()
     values |= dict(defaults or {})
-    parser = build_parser(prog, description, sections, values, choices or {}, positional)
-    names = field_names(sections)
     valid = [name for name in names if name not in positional]
+    files = "config" not in names  # a script whose own setting is called config has no files
+    parser = build_parser(prog, description, sections, values, choices, positional, with_config=files)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
-            raise UserError(explain(str(e), [f"--{name}" for name in ["config", *valid]]), 2) from None
-        from_files = {}
-        if "config" in flags and "config" not in names:
-            # files hold flags only: checked by a parser without the positionals
-            file_sections = [(title, config_class, valid) for title, config_class, _ in sections]
-            file_parser = build_parser(prog, description, file_sections, values, choices or {}, ())
+            message, given = str(e), [f"--{name}" for name in ["config", *valid]]
+            if message.startswith("unrecognized arguments"):  # name the valid flags, and guess the one meant
+                typo = message.split(":", 1)[1].split()[0].split("=")[0]
+                guess = difflib.get_close_matches(typo, given, n=1, cutoff=0.7)
+                hint = f" (did you mean {guess[0]}?)" if guess else ""
+                message += f"{hint}; valid flags: {' '.join(given)}"
+            raise UserError(message, 2) from None
+        if files and "config" in flags:  # files hold flags only: checked by a parser without the positionals
+            file_parser = build_parser(prog, description, sections, values, choices, positional, files=True)
             for path in flags.pop("config"):
-                from_files |= read_config_file(file_parser, path, valid, foreign_keys)
-        values |= from_files | flags
-        for name in [name for name in values if name == "seed" or name.endswith("_seed")]:
-            check_seed(name, values[name])
+                values |= read_config_file(file_parser, path, valid, foreign_keys)
+        values |= flags
+        for name in values:
+            if name == "seed" or name.endswith("_seed"):
+                check_seed(name, values[name])
     return values
 
 
-# LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat
-ROPE_FACTORS_KEYS = ("type", "rope_type", "factor", "short_factor", "long_factor",
-                     "original_max_position_embeddings", "attention_factor", "keep_first")  # fmt: skip
+# LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat,
+# as the GPTConfig fields they set
+ROPE_FACTORS_FIELDS = dict(
+    factor="rope_factor", short_factor="rope_short_factor", long_factor="rope_long_factor",
+    original_max_position_embeddings="rope_original_len", attention_factor="rope_attention_factor",
+    keep_first="rope_keep_first")  # fmt: skip
+ROPE_FACTORS_KEYS = ("type", "rope_type", *ROPE_FACTORS_FIELDS)
 
 
 def read_rope_factors(path):
     """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
-    short_factor and long_factor are required; GPTConfig then checks their count (one per rotated pair) and
-    values (>= 1)."""
+    short_factor and long_factor are required; GPTConfig checks their count and values."""
     where = f"--rope_factors {path}"
     try:
         with open(path, encoding="utf-8") as f:
@@ -271,17 +223,13 @@ def read_rope_factors(path):
         raise UserError(f"{where}: type {kind!r} is not longrope", 2)
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     for key in ("short_factor", "long_factor"):
-        if not isinstance(table[key], list) or not all(number(v) for v in table[key]):
+        if not isinstance(table[key], list) or not all(map(number, table[key])):
             raise UserError(f"{where}: {key} must be a list of numbers, got {table[key]!r}", 2)
-    fields_of = dict(short_factor="rope_short_factor", long_factor="rope_long_factor", factor="rope_factor",
-                     original_max_position_embeddings="rope_original_len",
-                     attention_factor="rope_attention_factor", keep_first="rope_keep_first")  # fmt: skip
     for key in ("factor", "attention_factor", "original_max_position_embeddings", "keep_first"):
-        whole = key in ("original_max_position_embeddings", "keep_first")
-        value = table.get(key)
+        whole, value = key in ("original_max_position_embeddings", "keep_first"), table.get(key)
         if value is not None and not (number(value) and (not whole or isinstance(value, int))):
             raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
     settings = {
-        fields_of[key]: value for key, value in table.items() if key in fields_of and value is not None
+        ROPE_FACTORS_FIELDS[k]: v for k, v in table.items() if k in ROPE_FACTORS_FIELDS and v is not None
     }
     return settings | dict(rope_scaling="longrope")

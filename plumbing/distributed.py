@@ -1,8 +1,6 @@
-"""
-Processes: one, or one per GPU under torchrun. Every process trains a replica (DistributedDataParallel, nccl
-on CUDA, gloo on CPU); rank 0 alone logs, evaluates and writes checkpoints. Without torchrun, Processes()
-describes the single process and every collective is a no-op, so train.py has one code path.
-"""
+"""Processes: one, or one per GPU under torchrun, each training a replica (DistributedDataParallel, nccl on
+CUDA, gloo on CPU); rank 0 alone logs, evaluates and writes checkpoints. Without torchrun every collective is
+a no-op, so train.py has one code path."""
 
 import gc
 import inspect
@@ -43,7 +41,7 @@ class Processes:
             dist.barrier()
 
     def agree(self, loss, stop, device):
-        """(mean loss over all processes, whether any was asked to stop), the same on every rank."""
+        """(mean loss over all processes, whether any was asked to stop), on every rank."""
         if not self.launched:
             return loss.item(), stop
         summed = torch.stack([loss.float(), torch.tensor(float(stop), device=device)])
@@ -69,10 +67,8 @@ class Processes:
 
     def resume_command(self, argv, resuming):
         """The command that continues this run: the same launcher and flags (argv), plus --resume."""
-        launcher = "python train.py"
-        if self.launched:
-            launcher = f"torchrun --standalone --nproc_per_node={self.world_size} train.py"
-        return " ".join([launcher, shlex.join([*argv, *([] if resuming else ["--resume"])])])
+        launcher = f"torchrun --standalone --nproc_per_node={self.world_size}" if self.launched else "python"
+        return f"{launcher} train.py {shlex.join([*argv, *([] if resuming else ['--resume'])])}"
 
 
 def launched_by_torchrun():
@@ -91,8 +87,7 @@ def start_processes(cfg):
         return Processes()
     rank, local_rank, world_size = (int(os.environ[name]) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     device = resolve_device(cfg.device)
-    # ranks waiting while rank 0 evaluates and writes a GPT-2-sized checkpoint must not time out
-    timeout = timedelta(minutes=30)
+    timeout = timedelta(minutes=30)  # for the ranks waiting while rank 0 writes a GPT-2-sized checkpoint
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"  # one GPU per process, whatever cuda:N the flags named
         torch.cuda.set_device(device)
@@ -105,15 +100,13 @@ def start_processes(cfg):
 @contextmanager
 def processes(cfg):
     """The Processes of this run, ended together after the block (cleanly unless an unexpected error)."""
-    procs, clean = start_processes(cfg), False
+    procs = start_processes(cfg)
     try:
         yield procs
-        clean = True
-    except UserError:
-        clean = True
+    except BaseException as e:
+        end_processes(procs, isinstance(e, UserError))
         raise
-    finally:
-        end_processes(procs, clean)
+    end_processes(procs, True)
 
 
 def end_processes(procs, clean):
@@ -139,11 +132,10 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DDP under torchrun, with no buffer broadcast: ours (RoPE's cos/sin, ALiBi's slopes)
-    are the same on every rank."""
+    """module in DDP under torchrun, with no buffer broadcast: ours (RoPE's cos/sin, ALiBi's slopes) are the
+    same on every rank."""
     if not procs.launched:
         return module
-    device_ids = [procs.local_rank] if device_type == "cuda" else None
     params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-    return DDP(module, device_ids=device_ids, **{no_sync: False})
+    return DDP(module, device_ids=[procs.local_rank] if device_type == "cuda" else None, **{no_sync: False})

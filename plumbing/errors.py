@@ -4,13 +4,11 @@ How a script stops: one exception type, one handler per entry point, one signal 
     raise UserError(f"{path}: no such checkpoint file")           # one line, exit status 1
     raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
     with one_line_errors("train.py"):                             # around each entry point's main, once
-        ...
-    with StopSignals() as signals:                                # Ctrl-C / SIGTERM ask a loop to stop
-        ... signals.received ...
+    with StopSignals() as signals:                                # Ctrl-C / SIGTERM: signals.received
 
-A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal either asks a
-loop to stop (StopSignals()) or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing
-temporary files and locks) before the handler exits with 128 + the signal's number.
+A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
+stop, or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing temporary files and locks)
+before the handler exits with 128 + the signal's number.
 """
 
 import os
@@ -36,18 +34,13 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def say(line):
-    """A line on stderr; under torchrun only rank 0's, as every rank meets a UserError at the same point."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
-
-
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
     SystemExit(its status, 2, or `status`); Ctrl-C or Stopped becomes 128 + the signal's number. A Ctrl-C that
     strikes inside a callback Python ignores exceptions in (an import lock's, a weakref's) is sent again."""
-    previous_hook = sys.unraisablehook
+    # under torchrun every rank meets a UserError at the same point: rank 0 alone says it
+    previous_hook, master = sys.unraisablehook, os.environ.get("RANK", "0") == "0"
 
     def redeliver(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -60,25 +53,24 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     try:
         yield
     except (UserError, *errors) as e:
-        say(f"{prog}: error: {e}" if prog else f"error: {e}")
+        if master:
+            print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(status or getattr(e, "status", 2)) from None
     except KeyboardInterrupt as e:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we say it: a traceback
         signum = getattr(e, "signum", signal.SIGINT)
-        if stopped:
-            say(stopped.format(signal=signal.Signals(signum).name))
+        if stopped and master:
+            print(stopped.format(signal=signal.Signals(signum).name), file=sys.stderr, flush=True)
         raise SystemExit(128 + signum) from None
     finally:
         sys.unraisablehook = previous_hook
 
 
 class StopSignals:
-    """While active, SIGINT and SIGTERM ask to stop (request=True: the first sets `received`, for a loop to
-    finish its step and save; a second Ctrl-C raises Stopped) or stop at once (request=False: Stopped, as
-    SIGTERM's default would end the process with no cleanup). Only in the main thread."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    """While active (in the main thread), SIGINT and SIGTERM ask to stop (request=True: the first sets
+    `received`, for a loop to finish its step and save; a second Ctrl-C raises Stopped) or stop at once
+    (request=False: Stopped, where SIGTERM's default would end the process with no cleanup)."""
 
     def __init__(self, request=True):
         self.request, self.received, self.previous = request, None, {}
@@ -106,7 +98,7 @@ class StopSignals:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc):
@@ -115,6 +107,6 @@ class StopSignals:
 
 
 def exit_status(stopped):
-    """0 for a finished run, 128 + the signal's number for one a signal stopped (its name, or None)."""
-    # "a signal to another rank" is no signal name: torchrun stops this rank with SIGTERM
+    """0 for a finished run, 128 + the signal's number for one a signal stopped (its name, or None); "a signal
+    to another rank" is no name: torchrun stops this rank with SIGTERM."""
     return 0 if stopped is None else 128 + getattr(signal, stopped, signal.SIGTERM)

@@ -1,44 +1,31 @@
-"""
-What a script runs on: the device, the precision, the CPU threads, the hardware's peak speed (for MFU) and
-its free memory. Every entry point resolves --device, --dtype and --threads here: auto is cuda, then mps, then
-cpu; bfloat16 on CUDA, float32 elsewhere; threads as use_threads says.
-"""
+"""What a script runs on: the device (auto: cuda, then mps, then cpu), the precision (auto: bfloat16 on CUDA,
+float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU) and its free memory."""
 
 import os
 import re
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import torch
 
 from plumbing.errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N, mps"
 
 # Dense bf16 tensor-core peak FLOP/s per GPU from NVIDIA's data sheets (fp16 for V100, T4), matched against
-# torch.cuda.get_device_name, first match wins. MFU (PaLM, Chowdhery et al. 2022, appendix B) is the model
-# FLOPs achieved over this peak.
+# torch.cuda.get_device_name, first match wins (H100 alone: SXM). MFU (PaLM, Chowdhery et al. 2022, appendix
+# B) is the model FLOPs achieved over this peak.
 PEAK_FLOPS = (
-    (r"\bH200\b.*\bNVL\b", 835e12),
-    (r"\bH200\b", 989e12),
-    (r"\bH100\b.*\bPCIe\b", 756e12),
-    (r"\bH100\b.*\bNVL\b", 835e12),
-    (r"\bH100\b", 989e12),  # SXM
-    (r"\bB200\b", 2250e12),
-    (r"\bA100\b", 312e12),
-    (r"\bL40S\b", 362e12),
-    (r"\bL4\b", 121e12),
-    (r"\bA10\b", 125e12),
-    (r"\bV100\b", 125e12),
+    (r"\bH200\b.*\bNVL\b", 835e12), (r"\bH200\b", 989e12), (r"\bH100\b.*\bPCIe\b", 756e12),
+    (r"\bH100\b.*\bNVL\b", 835e12), (r"\bH100\b", 989e12), (r"\bB200\b", 2250e12), (r"\bA100\b", 312e12),
+    (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12), (r"\bV100\b", 125e12),
     (r"\bT4\b", 65e12),
-)
+)  # fmt: skip
 
 
 def check_device_name(device):
-    """ValueError unless device is one of DEVICE_CHOICES (checked when flags are parsed)."""
-    if not DEVICE_PATTERN.fullmatch(device):
-        raise ValueError(f"device={device!r} is not a device; choose from {DEVICE_CHOICES}")
+    """ValueError unless device is auto, cpu, cuda, cuda:N or mps (checked when flags are parsed)."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise ValueError(f"device={device!r} is not a device; choose from auto, cpu, cuda, cuda:N, mps")
 
 
 def check_device(device):
@@ -55,17 +42,11 @@ def check_threads(threads):
         raise ValueError(f"threads={threads!r}: give auto or a number of threads >= 1, e.g. --threads=1")
 
 
-def auto_threads(cores, load):
-    """The CPU threads auto picks: the cores that other processes leave free (cores minus the 1-minute load
-    average, rounded), at least 1. Measured on 2 cores (docs/perf.md, Threads): beside other processes a
-    second thread made each training step 5.7-12.7x slower, where on idle cores it is worth at most ~1.4x."""
-    return max(1, min(cores, round(cores - load)))
-
-
 def use_threads(threads, device):
-    """Set torch's intra-op CPU threads from --threads (auto or a number) -> the line saying what was chosen
-    and why, for the run's first lines. auto keeps OMP_NUM_THREADS where it is set, and torch's default off
-    the CPU; on a CPU it takes auto_threads."""
+    """Set torch's intra-op CPU threads from --threads -> the line saying what was chosen and why. auto keeps
+    OMP_NUM_THREADS where set, and torch's default off the CPU; on a CPU it takes the cores other processes
+    leave free (cores minus the 1-minute load average, rounded, at least 1), as a thread beside another
+    process's slows both far more than it gains on idle cores (docs/perf.md, Threads)."""
     cores, load = os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if threads != "auto":
         n, why = int(threads), "--threads"
@@ -74,7 +55,7 @@ def use_threads(threads, device):
     elif not str(device).startswith("cpu"):
         n, why = torch.get_num_threads(), f"torch's default on {device}"
     else:
-        n, why = auto_threads(cores, load), "auto: the cores other processes leave free"
+        n, why = max(1, min(cores, round(cores - load))), "auto: the cores other processes leave free"
     torch.set_num_threads(n)
     return f"threads: {n} of {cores} cores ({why}; load average {load:.1f}); --threads=N sets them"
 
@@ -82,9 +63,7 @@ def use_threads(threads, device):
 def resolve_device(device):
     if device != "auto":
         return device
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def resolve_dtype(dtype, device_type):
@@ -106,20 +85,16 @@ def precision(cfg):
 
 
 def available_memory(device):
-    """Bytes still allocatable on device, or None: CUDA's free memory plus what torch's allocator
-    holds unused; elsewhere the host's (/proc/meminfo's MemAvailable, else sysconf)."""
+    """Bytes still allocatable on device, or None: CUDA's free memory plus what torch's allocator holds
+    unused; elsewhere the host's (/proc/meminfo's MemAvailable, else sysconf)."""
     if str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        pass
-    try:
+    with suppress(OSError, StopIteration, ValueError), open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    with suppress(AttributeError, OSError, ValueError):  # no sysconf (Windows), or not this name (macOS)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or not this name (macOS)
-        return None
+    return None
 
 
 def format_bytes(n):
@@ -131,8 +106,8 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """A UserError if the bytes in parts ({what: bytes}) exceed what device has available: refused
-    before the allocation, where the kernel would kill the process without a word."""
+    """A UserError if the bytes in parts ({what: bytes}) exceed what device has available: refused before
+    the allocation, where the kernel would kill the process without a word."""
     needed, available = sum(parts.values()), available_memory(device)
     if available is None or needed <= available:
         return
@@ -161,22 +136,18 @@ def flops_per_token(model):
 
 
 def peak_flops_of(gpu_name):
-    """The peak FLOP/s of the GPU called gpu_name, None if not in PEAK_FLOPS."""
     return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, gpu_name)), None)
 
 
 def peak_flops(device):
-    """The device's peak FLOP/s for MFU, or None (CPU, MPS, an unknown GPU): then no MFU is logged."""
+    """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then no MFU logged."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
 
 
 def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
     """A step's ms, tokens/s, model TFLOP/s, and MFU (over all devices' peak) where the peak is known."""
-    metrics = {
-        "ms_per_iter": step_seconds * 1e3,
-        "tokens_per_sec": tokens_per_step / step_seconds,
-        "tflops": flops_per_step / step_seconds / 1e12,
-    }
-    if peak:
-        metrics["mfu"] = flops_per_step / step_seconds / (peak * n_devices)
-    return metrics
+    flops = flops_per_step / step_seconds
+    metrics = dict(
+        ms_per_iter=step_seconds * 1e3, tokens_per_sec=tokens_per_step / step_seconds, tflops=flops / 1e12
+    )
+    return metrics | (dict(mfu=flops / (peak * n_devices)) if peak else {})

@@ -1,9 +1,7 @@
 """
 Memory, estimated from the shapes before anything is allocated, so that a request that cannot fit is refused
-in one line (train.py, sample.py, eval_length.py, perf/, measure/, data.passkey.prepare) instead of being
-killed without a word or left allocating for hours: the tensors that stay allocated and the largest transient
-of a step; not a table's float64 copy while it is built. tests/test_memory_checks.py, test_long_prompt.py and
-test_user_errors.py hold the estimates against what the code allocates.
+in one line instead of being killed without a word or left allocating for hours: the tensors that stay
+allocated and the largest transient of a step. The tests hold the estimates against what the code allocates.
 """
 
 import torch
@@ -12,22 +10,17 @@ from generation import prefill_chunk
 from model import GPT
 from plumbing.hardware import check_memory
 
-# bytes of one training batch stream (data.common.BatchSampler: its torch.Generator, meta and paths), measured
-# as 3.2 kB of resident memory per sampler over 20,000 of them
-SAMPLER_BYTES = 4096
+SAMPLER_BYTES = 4096  # one training batch stream (data.common.BatchSampler: its torch.Generator, meta, paths)
 # what to lower for each part of training_bytes, named as train.py's and perf.bench's flags
 TRAINING_ADVICE = {
-    "weights": "--n_layer or --n_embd",
-    "activations": "--batch_size, --block_size or --n_layer",
-    "position table": "--block_size",
-    "batch streams": "--grad_accum",
-}
+    "weights": "--n_layer or --n_embd", "activations": "--batch_size, --block_size or --n_layer",
+    "position table": "--block_size", "batch streams": "--grad_accum"}  # fmt: skip
 
 
 def parameter_count(config):
-    """Parameters of GPT(config), from the shapes: the tied token embedding, learned's table, per layer q, k,
-    v and the output projection (4 C^2), the MLP (8 C^2) and two LayerNorms, then the final LayerNorm; with
-    bias=True a bias beside each Linear and LayerNorm weight."""
+    """Parameters of GPT(config): the tied token embedding, learned's table, per layer q, k, v and the output
+    projection (4 C^2), the MLP (8 C^2) and two LayerNorms, then the final LayerNorm; bias=True adds a bias
+    beside each Linear and LayerNorm weight."""
     C, bias = config.n_embd, config.bias
     per_layer = 12 * C * C + 2 * C + bias * (9 * C + 2 * C)
     learned = config.block_size * C if config.pos == "learned" else 0
@@ -35,17 +28,16 @@ def parameter_count(config):
 
 
 def table_bytes(config, n_pos):
-    """Bytes of the float32 position table covering n_pos positions: n_embd per position for sinusoidal,
-    rotary_dim for RoPE (cos and sin, half of it each), none for the other schemes."""
+    """The float32 position table over n_pos positions: n_embd per position for sinusoidal, rotary_dim for
+    RoPE (cos and sin, half of it each), none for the other schemes."""
     return n_pos * {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0) * 4
 
 
 def activation_bytes(config, batch):
-    """Bytes the autograd graph of one training forward over `batch` x block_size tokens keeps for backward,
-    float32: about 20 x n_embd per token and layer (LayerNorm inputs and outputs, q, k, v and their rotated
-    copies, attention's output, the MLP's 4 C hidden layer before and after GELU, residuals), twice the
-    logits (they and the cross-entropy's log-softmax), and with dropout its masks and the attention weights
-    the math attention path keeps for it (n_head x block_size per token and layer, twice)."""
+    """What one float32 training forward over batch x block_size tokens keeps for backward: about 20 x n_embd
+    per token and layer (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the
+    MLP's 4 C hidden layer before and after GELU, residuals), twice the logits (and their log-softmax), and
+    with dropout its masks and math attention's weights (n_head x block_size per token and layer, twice)."""
     T, C, L = config.block_size, config.n_embd, config.n_layer
     per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
     if config.dropout > 0:
@@ -54,11 +46,9 @@ def activation_bytes(config, batch):
 
 
 def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
-    """{what: bytes} a training run of a model of config allocates, in float32 (an upper bound under bf16
-    autocast, which halves part of the activations): the weights, their gradients and
-    AdamW's two moments (4 x the weights in all), the fixed position table, one micro-batch's activations
-    (activation_bytes; each micro-step's backward frees them) and micro_steps batch streams of per_stream
-    bytes each."""
+    """{what: bytes} training a model of config allocates, in float32 (an upper bound under bf16 autocast):
+    the weights, their gradients, AdamW's two moments, the position table, one micro-batch's activations (each
+    micro-step's backward frees them) and micro_steps batch streams of per_stream bytes."""
     weights = parameter_count(config) * 4
     return {
         "weights": weights,
@@ -71,38 +61,33 @@ def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
 
 
 def check_training_memory(config, batch, micro_steps, device, copies=1, per_stream=SAMPLER_BYTES):
-    """A one-line UserError before the model is built if training it (training_bytes, times `copies` models
-    resident at once) would not fit in the memory device has, naming what to lower for the largest part."""
+    """A one-line UserError before the model is built if training it (`copies` models resident at once)
+    would not fit in device's memory, naming what to lower for the largest part."""
     parts = training_bytes(config, batch, micro_steps, per_stream)
     parts = {what: copies * size for what, size in parts.items()}
-    largest = max(parts, key=parts.get)
-    advice = TRAINING_ADVICE.get(largest, TRAINING_ADVICE["weights"])
-    millions = parameter_count(config) / 1e6
-    what = f"training {copies} x " if copies > 1 else "training "
-    what += f"{millions:,.1f}M parameters in batches of {batch} x {config.block_size} tokens"
+    advice = TRAINING_ADVICE.get(max(parts, key=parts.get), TRAINING_ADVICE["weights"])
+    times, millions = f"{copies} x " if copies > 1 else "", parameter_count(config) / 1e6
+    what = f"training {times}{millions:,.1f}M parameters in batches of {batch} x {config.block_size} tokens"
     check_memory(parts, device, what, f"lower {advice}")
 
 
 def kv_cache_bytes(config, batch, n_slots, dtype=torch.float32):
-    """Bytes of the KV caches of a model of config (a GPTConfig) with n_slots slots for `batch` rows: keys and
-    values, 2 x n_layer x batch x n_head x n_slots x head_dim elements of dtype."""
+    """Keys and values of n_slots slots for `batch` rows: 2 x n_layer x batch x n_head x n_slots x head_dim
+    elements of dtype."""
     return 2 * config.n_layer * batch * config.n_head * n_slots * config.head_dim * dtype.itemsize
 
 
 def position_table_bytes(config, n_pos):
-    """Bytes of the float32 table a model of config, fresh (its table covers block_size), grows to cover n_pos
-    positions (wpe.reserve): n_embd per position for sinusoidal, rotary_dim for RoPE (cos and sin, half of
-    it each), at least twice the rows it had, as reserve grows it; 0 for the schemes without one and within
-    block_size."""
+    """The table a fresh model (covering block_size) grows to cover n_pos positions (wpe.reserve, at least
+    doubling): 0 within block_size."""
     return 0 if n_pos <= config.block_size else table_bytes(config, max(n_pos, 2 * config.block_size))
 
 
 def forward_bytes(config, batch, length, cached=False, n_keys=None):
-    """{what: bytes} of the largest tensors one float32 forward pass over `length` tokens (attending to
-    n_keys keys, by default as many) makes: the logits, batch x length x vocab_size; the MLP's hidden layer
-    before and after GELU, 2 x batch x length x 4 n_embd; and the mask GPT.attention_mask builds where it
-    builds one (ALiBi, or several tokens into a KV cache): length x n_keys int64 distances, a bool mask and
-    float32 score biases, n_head of them for ALiBi."""
+    """{what: bytes} of the largest tensors of one float32 forward over `length` tokens (attending to n_keys
+    keys, by default as many): the logits, the MLP's hidden layer before and after GELU, and the mask
+    GPT.attention_mask builds for ALiBi or several tokens into a KV cache (length x n_keys int64 distances, a
+    bool mask and float32 score biases, n_head of them for ALiBi)."""
     parts = {
         "logits": batch * length * config.vocab_size * 4,
         "activations": 2 * batch * length * 4 * config.n_embd * 4,
@@ -114,17 +99,14 @@ def forward_bytes(config, batch, length, cached=False, n_keys=None):
 
 
 def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, cached=True):
-    """{what: bytes} that generate_cached (cached=False: GPT.generate, the reference) allocates beyond the
-    weights to append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position
-    table grown to the last position, the int64 token buffer and the largest forward pass (forward_bytes):
-    a prefill chunk (generation.prefill_chunk) against the keys cached by its end, or learned's window
-    rerun once its table is full; cropped as the sampler crops (learned past its table, max_context).
-    sample.py checks it against the available memory before generating."""
+    """{what: bytes} generate_cached (cached=False: GPT.generate, the reference) allocates beyond the weights
+    to append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position table grown to
+    the last position, the int64 tokens and the largest forward pass: a prefill chunk against the keys cached
+    by its end, or learned's window rerun once its table is full; cropped as the sampler crops."""
     total = n_prompt + max_new_tokens
     learned = config.block_size if config.pos == "learned" else None
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
-        crop = min([n for n in (learned, max_context) if n is not None], default=None)
-        longest = total - 1 if crop is None else min(crop, total - 1)
+        longest = min(n for n in (learned, max_context, total - 1) if n is not None)
         return {
             "tokens": 2 * batch * total * 8,
             "position table": position_table_bytes(config, longest),
@@ -132,8 +114,7 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
         }
     crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
     n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
-    n_pos = n_run + max_new_tokens - 1
-    n_pos = n_pos if crop is None else min(n_pos, crop)
+    n_pos = min(n_run + max_new_tokens - 1, crop or total)
     window = max_context if crop is None else None
     chunk = prefill_chunk(config.block_size, window)
     slots = GPT.cache_size(n_pos, window, chunk)
@@ -150,16 +131,15 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
 
 def passkey_dataset_bytes(block_size, train_samples, val_samples):
     """{what: bytes} data.passkey.prepare holds at its peak: both splits' ids as int64, and while a split is
-    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a
-    string): tracemalloc's peak was 94-95% of it at block_size 64 and 1000 (20,000 and 2,000 samples)."""
+    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a string)."""
     length, largest = block_size + 1, max(train_samples, val_samples)
     return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
 
 
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
-    """A one-line UserError before generating if generation_bytes (and with weights=True the model's
-    float32 weights, for a caller that has not built it yet) would not fit in the memory device has."""
+    """A one-line UserError before generating if generation_bytes (weights=True: and the float32 weights, for
+    a caller that has not built the model yet) would not fit in device's memory."""
     parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
     if weights:
         parts["weights"] = parameter_count(config) * 4
@@ -167,15 +147,16 @@ def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, adv
 
 
 def check_benchmark_memory(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
-    """perf.bench's runs, each model of configs checked before any is built: training (`copies` trainers
-    resident at once, each holding grad_accum random (x, y) batches), then generating new_tokens from a
-    one-token prompt with the KV cache, and with the reference sampler up to reference_max_tokens (0: all)."""
+    """perf.bench's runs, each model checked before any is built: training (`copies` trainers at once, each
+    holding grad_accum int64 (x, y) batches), then generating new_tokens from a one-token prompt with the KV
+    cache, and with the reference sampler up to reference_max_tokens (0: all)."""
     advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
     reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
     for config in configs:
         if copies:
-            per_stream = 2 * batch * config.block_size * 8  # an int64 (x, y) pair
-            check_training_memory(config, batch, grad_accum, device, copies, per_stream)
+            check_training_memory(
+                config, batch, grad_accum, device, copies, 2 * batch * config.block_size * 8
+            )
         for n, cached in ((new_tokens, True), (reference_tokens, False)):
             if n:
                 check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)

@@ -1,14 +1,12 @@
-"""
-What a training run reports: its header, a line per log_interval steps with speed and time left, and the same
-figures to Weights & Biases when asked. And what the measuring scripts print: markdown tables, progress.
-"""
+"""What a training run reports (its header, a line per log_interval steps with speed and time left, the same
+figures to Weights & Biases when asked) and what the measuring scripts print: markdown tables, progress."""
 
 import importlib.util
 import netrc
 import os
 import sys
 import time
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,9 +17,8 @@ SLOWDOWN = 2.5  # log windows this many times slower per step than the fastest s
 
 
 class StepClock:
-    """Wall time of the steps between two log lines, evaluations left out, the time the run has left, and
-    one note when the steps run far slower than the fastest single step this run has taken: the rate of this
-    machine with the cores to itself. clock: the seconds to read (a fake one in the tests)."""
+    """Wall time of the steps between two log lines (evaluations left out), the time the run has left, and one
+    note when steps run far slower than this run's fastest: the machine's rate with the cores to itself."""
 
     def __init__(self, cfg, start_iter, clock=time.perf_counter):
         self.cfg, self.start_iter, self.clock = cfg, start_iter, clock
@@ -45,13 +42,14 @@ class StepClock:
 
     def lap(self, steps_done):
         """(seconds per step since the last lap, seconds left). Call it after the device was waited for."""
-        now = self.clock()
+        now, end, every = self.clock(), self.cfg.max_iters, self.cfg.eval_interval
         step_seconds = (now - self.window_start) / self.window_steps
         self.train_seconds += now - self.window_start
         self.window_start, self.window_steps = now, 0
         per_step = self.train_seconds / (steps_done - self.start_iter)
-        evals = evals_left(steps_done, self.cfg) * self.eval_seconds
-        return step_seconds, (self.cfg.max_iters - steps_done) * per_step + evals
+        # the evaluations left: at the multiples of eval_interval, and the final one
+        evals = end // every - steps_done // every + (1 if end % every and steps_done < end else 0)
+        return step_seconds, (end - steps_done) * per_step + evals * self.eval_seconds
 
     def slowdown(self, step_seconds):
         """The note, once per run, when a window's seconds per step exceed SLOWDOWN x the fastest step."""
@@ -67,12 +65,9 @@ class StepClock:
         )
 
 
-PLAIN_EVERY_S = 60.0  # PlainProgress's lines without a total: one per this many seconds
-
-
-class PlainProgress:
+class PlainProgress(AbstractContextManager):
     """tqdm's update / set_postfix_str / with, as a few whole lines: at each quarter of total (without one,
-    every PLAIN_EVERY_S seconds) and at the end; file None: silent."""
+    every minute) and at the end; file None: silent."""
 
     def __init__(self, total, unit, desc, file):
         self.total, self.unit, self.desc, self.file = total, unit, desc or "progress", file
@@ -82,7 +77,7 @@ class PlainProgress:
         self.done += n
         elapsed = time.perf_counter() - self.start
         quarter = 4 * self.done // self.total if self.total else 0
-        if quarter > self.quarter or (not self.total and elapsed - self.printed >= PLAIN_EVERY_S):
+        if quarter > self.quarter or (not self.total and elapsed - self.printed >= 60):
             self.quarter, self.printed = quarter, elapsed
             self.say()
 
@@ -98,9 +93,6 @@ class PlainProgress:
     def set_postfix_str(self, text, refresh=True):
         self.postfix = text
 
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc):
         if self.quarter < 4 and self.done:  # the last line says where it ended
             self.say()
@@ -115,12 +107,6 @@ def progress_bar(total, unit, desc=None, enabled=True, file=None):
 
         return tqdm(total=total, unit=unit, desc=desc, unit_scale=True, file=file, dynamic_ncols=True)
     return PlainProgress(total, unit, desc, file if enabled else None)
-
-
-def evals_left(step, cfg):
-    """How many evaluations remain after `step` steps: multiples of eval_interval, plus the final one."""
-    regular = cfg.max_iters // cfg.eval_interval - step // cfg.eval_interval
-    return regular + (1 if cfg.max_iters % cfg.eval_interval and step < cfg.max_iters else 0)
 
 
 def format_seconds(seconds):
@@ -183,8 +169,8 @@ def wandb_problem():
 
 @contextmanager
 def wandb_logging(run):
-    """A Weights & Biases run on rank 0 while the block runs (else None), finished with exit code 0, or
-    1 if the block raised; a resumed run continues its id."""
+    """A Weights & Biases run on rank 0 while the block runs (else None), finished with exit code 0, or 1 if
+    the block raised; a resumed run continues its id."""
     cfg, p = run.cfg, run.progress
     if not (cfg.wandb and run.procs.master):
         yield None
@@ -200,9 +186,9 @@ def wandb_logging(run):
         config=asdict(cfg) | asdict(run.model_config) | extra,
     )
     p.wandb_run_id = wandb_run.id
-    finished = False
     try:
         yield wandb_run
-        finished = True
-    finally:
-        wandb_run.finish(exit_code=0 if finished else 1)
+    except BaseException:
+        wandb_run.finish(exit_code=1)
+        raise
+    wandb_run.finish(exit_code=0)

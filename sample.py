@@ -17,7 +17,6 @@ not fit in the memory left is refused in one line before it allocates. Ctrl-C st
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
@@ -27,7 +26,7 @@ from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 
 from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
-from plumbing.cli import parse_flags, read_rope_factors
+from plumbing.cli import parse_flags, read_prompt, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
@@ -88,21 +87,6 @@ def parse_args(argv=None):
     return SampleConfig(
         **parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)], choices=choices)
     )
-
-
-def read_prompt(start):
-    """--start is the prompt itself, or FILE:path to a UTF-8 file holding it."""
-    if not start.startswith("FILE:"):
-        return start
-    path = Path(start[len("FILE:") :])
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"prompt file {path} does not exist") from None
-    except OSError as e:  # a folder, a file we may not read
-        raise UserError(f"prompt file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"prompt file {path} is not UTF-8 text") from None
 
 
 @dataclass

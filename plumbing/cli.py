@@ -199,6 +199,22 @@ ROPE_FACTORS_FIELDS = dict(
 ROPE_FACTORS_KEYS = ("type", "rope_type", *ROPE_FACTORS_FIELDS)
 
 
+def read_prompt(start):
+    """sample.py's --start: the prompt itself, or FILE:path to a UTF-8 file holding it."""
+    if not start.startswith("FILE:"):
+        return start
+    path = start.removeprefix("FILE:")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"prompt file {path} does not exist") from None
+    except OSError as e:  # a folder, a file we may not read
+        raise UserError(f"prompt file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"prompt file {path} is not UTF-8 text") from None
+
+
 def read_rope_factors(path):
     """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
     short_factor and long_factor are required; GPTConfig checks their count and values."""

@@ -17,7 +17,6 @@ import warnings
 import zipfile
 from collections import namedtuple
 from contextlib import suppress
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -53,7 +52,8 @@ def tensor_bytes(obj):
 
 
 def link_checkpoint(source, path):
-    """Make path a hard link to source (a copy where links fail), atomically; save_checkpoint replaces it."""
+    """Make path a hard link to source (a copy where links fail), atomically; the next
+    save_checkpoint(source) writes a new file and leaves this one alone."""
 
     def write(tmp):
         try:
@@ -304,10 +304,8 @@ def run_finished(ckpt):
 # Opening a run's model
 def checkpoint_path(out_dir):
     """out_dir's best.pt, else its ckpt.pt; a checkpoint file given instead of its folder is that file."""
-    if Path(out_dir).is_file():
-        return Path(out_dir)
-    best = Path(out_dir) / "best.pt"
-    return best if best.is_file() else Path(out_dir) / "ckpt.pt"
+    out_dir, best = Path(out_dir), Path(out_dir) / "best.pt"
+    return out_dir if out_dir.is_file() else best if best.is_file() else out_dir / "ckpt.pt"
 
 
 def run_folder(path):
@@ -368,7 +366,7 @@ def pretrained_checkpoint(name):
     except (ImportError, OSError, RuntimeError) as e:
         raise UserError(f"--init_from={name}: {first_line(e)}") from None
     meta = {"tokenizer": "gpt2", "vocab_size": config.vocab_size}
-    return {"model": state_dict, "model_config": asdict(config), "meta": meta}
+    return {"model": state_dict, "model_config": dataclasses.asdict(config), "meta": meta}
 
 
 def open_model(

@@ -29,7 +29,7 @@ from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
-SAFE_GLOBAL = re.compile(r"torch\._utils _rebuild_\w+|torch \w+Storage|collections OrderedDict")
+SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
 
 
 # Writing: atomically, so that a crash never leaves a half-written checkpoint in place of a good one
@@ -96,8 +96,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # e.g. "Unsupported operand 110"
         cause = detail.group(1) if detail else f"{type(e).__name__}: {first_line(e)}"
         raise UserError(f"{path}: truncated or corrupt checkpoint ({cause})") from None
-    missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
-    if missing:
+    if missing := [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]:
         raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
     if isinstance(ckpt["model_config"], dict):
         ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
@@ -137,14 +136,12 @@ def refused_globals(path, error):
         while stream.tell() < len(data):
             for op, arg, _ in pickletools.genops(stream):
                 if op.name == "GLOBAL":
-                    named.append(arg)
+                    named.append(arg.replace(" ", "."))
                 elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    named.append(" ".join(strings[-2:]))
+                    named.append(".".join(strings[-2:]))
                 if isinstance(arg, str):
                     strings.append(arg)
-    return ", ".join(
-        dict.fromkeys(name.replace(" ", ".") for name in named if not SAFE_GLOBAL.fullmatch(name))
-    )
+    return ", ".join(dict.fromkeys(name for name in named if not SAFE_GLOBAL.fullmatch(name)))
 
 
 def first_line(error):
@@ -218,9 +215,8 @@ def schema_error(value, spec, name):
     if isinstance(spec, Check):
         return None if spec.fits(value) else f"{name} is {shown(value)}, not {spec.what}"
     types = spec if isinstance(spec, tuple) else (spec,)
-    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
-        return None
-    if float in types and type(value) is int:
+    fits = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+    if fits or float in types and type(value) is int:
         return None
     return f"{name} is {shown(value)}, not {' or '.join(map(a_type, types))}"
 

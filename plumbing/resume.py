@@ -178,9 +178,8 @@ def write_checkpoints(run, improved):
 
 def kept_checkpoint(run):
     """What an error that stops training says of the checkpoint on disk."""
-    if run.progress.saved_iter is None:
-        return "no checkpoint was written"
-    return f"{run.ckpt_path} (step {run.progress.saved_iter}) was kept"
+    saved = run.progress.saved_iter
+    return "no checkpoint was written" if saved is None else f"{run.ckpt_path} (step {saved}) was kept"
 
 
 def restore_training(run, path, ckpt):

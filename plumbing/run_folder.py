@@ -90,8 +90,7 @@ def remove_stale_lock(path, text):
 
 
 def take_lock(path):
-    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if a stale one was taken
-    over); a live holder is a UserError naming it."""
+    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if it took a stale one over)."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record(path.parent))
@@ -173,9 +172,9 @@ def check_may_start(out_dir, resume, overwrite):
 def check_out_dir(out_dir):
     """A file given for the run's folder (a checkpoint) is an error naming the folder to give instead."""
     if Path(out_dir).is_file():
+        folder = Path(out_dir).parent
         raise ValueError(
-            f"--out_dir={out_dir} is a file: give the folder that holds the run, "
-            f"--out_dir={Path(out_dir).parent}"
+            f"--out_dir={out_dir} is a file: give the folder that holds the run, --out_dir={folder}"
         )
 
 

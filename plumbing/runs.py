@@ -156,10 +156,5 @@ def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a
     the flags a demo offers instead, named when an out_dir holds another run."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
-    folders = ensure_trained(
-        [[f"--pos={pos}"] for pos in schemes],
-        DEFAULT_DURATION,
-        elsewhere=f"move it away, or give {other}",
-        log=log,
-    )
-    return dict(zip(schemes, folders))
+    commands, elsewhere = [[f"--pos={pos}"] for pos in schemes], f"move it away, or give {other}"
+    return dict(zip(schemes, ensure_trained(commands, DEFAULT_DURATION, elsewhere=elsewhere, log=log)))

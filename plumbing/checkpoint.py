@@ -246,7 +246,7 @@ def with_rope_variants(model_config):
 
 
 def check_meta(path, ckpt):
-    """Refuse a checkpoint whose meta cannot say what its token ids mean."""
+    """Refuse a checkpoint (its model_config checked) whose meta cannot say what its token ids mean."""
     meta = ckpt.get("meta")
     if not isinstance(meta, dict):
         raise UserError(
@@ -265,8 +265,7 @@ def check_meta(path, ckpt):
             f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the {vocab_size} characters "
             "its token ids stand for"
         )
-    model_vocab = ckpt["model_config"].get("vocab_size") if isinstance(ckpt["model_config"], dict) else None
-    if model_vocab is not None and model_vocab != vocab_size:
+    if (model_vocab := ckpt["model_config"]["vocab_size"]) != vocab_size:  # model_config checked: an int
         raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
 
 

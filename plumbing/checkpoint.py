@@ -52,7 +52,7 @@ def tensor_bytes(obj):
 
 
 def link_checkpoint(source, path):
-    """Make path a hard link to source (a copy where links fail), atomically; the next
+    """Make path a hard link to source, atomically (a copy where the filesystem has no hard links); the next
     save_checkpoint(source) writes a new file and leaves this one alone."""
 
     def write(tmp):

@@ -28,7 +28,7 @@ from positions import LONGROPE_FIELDS
 # Resuming needs these beyond what sampling needs (SCHEMA's order)
 RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "finished")]
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
-NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields: nothing of the run continued
+NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
 
 @dataclass
@@ -255,7 +255,8 @@ def init_from_settings(values, saved):
 
 
 def init_model_from(out_dir, model, meta, dataset):
-    """Load out_dir's checkpoint into model (its config may differ in INIT_KNOBS) -> a note if resized."""
+    """Load out_dir's checkpoint into model, whose config may differ from it only in INIT_KNOBS -> a note for
+    the log when a learned position table was resized."""
     path = checkpoint_path(out_dir)
     ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")

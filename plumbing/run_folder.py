@@ -172,9 +172,9 @@ def check_may_start(out_dir, resume, overwrite):
 def check_out_dir(out_dir):
     """A file given for the run's folder (a checkpoint) is an error naming the folder to give instead."""
     if Path(out_dir).is_file():
-        folder = Path(out_dir).parent
         raise ValueError(
-            f"--out_dir={out_dir} is a file: give the folder that holds the run, --out_dir={folder}"
+            f"--out_dir={out_dir} is a file: give the folder that holds the run, "
+            f"--out_dir={Path(out_dir).parent}"
         )
 
 

@@ -152,12 +152,9 @@ def first_line(error):
 # The schema: what each entry holds, checked when a file is opened (its weights' values: load_weights)
 NONE = type(None)
 Check = namedtuple("Check", "what fits")  # a spec no type says: `what` a value must be, and a test of one
-
-
-def tensor_of(what, shape, dtype):
-    return Check(what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype)
-
-
+tensor_of = lambda what, shape, dtype: Check(
+    what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
+)
 SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
 RNG = {  # plumbing.resume.rng_state
     "python": Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and

@@ -16,6 +16,9 @@ from pathlib import Path
 from plumbing.errors import UserError
 from plumbing.hardware import format_bytes
 
+NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))  # disk full, ulimit -f, quota
+PROBE_BYTES = 4096  # a full disk still creates an empty file: check_outputs' probe must take a block
+
 
 def temporary_path(path):  # hidden and unique; remove_unfinished_writes finds those a kill -9 left
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -45,9 +48,6 @@ def replace_atomically(path, write, needed=None):
     return path
 
 
-NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))  # disk full, ulimit -f, quota
-
-
 def space_error(error):
     """The OSError (error or one it was raised from, as torch.save's RuntimeError) of NO_SPACE, else None."""
     while error is not None and not (isinstance(error, OSError) and error.errno in NO_SPACE):
@@ -64,9 +64,6 @@ def no_space(error, path, needed=None, kept=""):
         f"could not write {path}: {error.strerror} ({space}){f'; {kept}' if kept else ''}; free some space "
         "(or raise ulimit -f) and run it again, or write elsewhere"
     )
-
-
-PROBE_BYTES = 4096  # a full disk still creates an empty file: the probe must take a block
 
 
 def check_outputs(outputs, inputs=()):

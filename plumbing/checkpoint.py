@@ -1,20 +1,8 @@
 """
-Checkpoints: written atomically, read safely, opened as a model (open_model). Resuming: plumbing/resume.py.
-
-train.py writes {out_dir}/ckpt.pt (the latest state) at every evaluation and, when the validation loss
-improved, best.pt (a hard link to the same file). Both hold one plain dict:
-    model          state_dict of the uncompiled GPT (without the `_orig_mod.` prefix torch.compile adds)
-    model_config   dataclasses.asdict(GPTConfig) (fields a file predates: with_rope_variants)
-    train_config   dataclasses.asdict(TrainConfig) as run (device, dtype, compile and out_dir resolved)
-    iter_num, best_val_loss, best_iter   steps taken, best validation loss so far and its step
-    meta           the dataset's meta (tokenizer, vocabulary): sampling needs nothing but this file
-    optimizer, scaler   AdamW's and the float16 GradScaler's state_dicts (scaler: {} unless float16)
-    sampler        {"train", "eval"}: batches drawn per split (BatchSampler.state_dict)
-    rng            per rank, the random generators' states: python, numpy, torch, cuda (None on CPU)
-    wandb_run_id   the Weights & Biases run continued on --resume (None without --wandb)
-    finished       whether the run had completed its max_iters (older files: see run_finished)
-Only tensors and plain data, so it is read with torch.load(weights_only=True). Sampling needs only model,
-model_config and meta; resuming needs the rest.
+Checkpoints: written atomically, read with torch.load(weights_only=True), checked against SCHEMA (tensors and
+plain data; docs/training.md), opened as a model (open_model). train.py writes {out_dir}/ckpt.pt, the latest
+state, at every evaluation, and best.pt (a hard link to it) when the validation loss improved. Sampling needs
+only model, model_config and meta; resuming (plumbing/resume.py) the rest.
 """
 
 import dataclasses
@@ -27,8 +15,8 @@ import shutil
 import typing
 import warnings
 import zipfile
+from collections import namedtuple
 from contextlib import suppress
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -41,13 +29,10 @@ from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
-SAFE_GLOBAL = re.compile(r"torch\._utils _rebuild_\w+|torch \w+Storage|collections OrderedDict")
+SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
 
 
-# -----------------------------------------------------------------------------
 # Writing: atomically, so that a crash never leaves a half-written checkpoint in place of a good one
-
-
 def save_checkpoint(obj, path):
     def write(tmp):
         with open(tmp, "xb") as f:  # not tempfile.mkstemp, whose files are 0600 whatever the umask
@@ -67,7 +52,7 @@ def tensor_bytes(obj):
 
 
 def link_checkpoint(source, path):
-    """Make path a hard link to source, atomically (a copy where the filesystem has no hard links). The next
+    """Make path a hard link to source, atomically (a copy where the filesystem has no hard links); the next
     save_checkpoint(source) writes a new file and leaves this one alone."""
 
     def write(tmp):
@@ -89,14 +74,10 @@ def remove_unfinished_writes(out_dir):
     return len(leftovers)
 
 
-# -----------------------------------------------------------------------------
 # Reading: weights_only, every failure one line
-
-
 def load_checkpoint(path, map_location="cpu", mmap=False):
-    """The checkpoint dict at path, read with weights_only=True (unpickling objects could run code): every
-    failure is a UserError naming the path. mmap=True reads a tensor from disk only when used. What an entry
-    point opens goes through open_checkpoint, which checks it against SCHEMA too."""
+    """The checkpoint dict at path (weights_only: unpickling objects could run code), every failure a
+    UserError naming the path; mmap=True reads a tensor from disk only when used."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
@@ -115,8 +96,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # e.g. "Unsupported operand 110"
         cause = detail.group(1) if detail else f"{type(e).__name__}: {first_line(e)}"
         raise UserError(f"{path}: truncated or corrupt checkpoint ({cause})") from None
-    missing = [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]
-    if missing:
+    if missing := [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]:
         raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
     if isinstance(ckpt["model_config"], dict):
         ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
@@ -124,61 +104,80 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
 
 
 def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
-    """load_checkpoint, then check_checkpoint: the one way an entry point opens a checkpoint file.
-    vocabulary=False leaves the meta's vocabulary unchecked (for a caller reading only model_config)."""
+    """load_checkpoint, then a UserError naming the first entry that departs from SCHEMA: the one way an
+    entry point opens a checkpoint. vocabulary=False: meta's vocabulary unchecked (to read model_config)."""
     ckpt = load_checkpoint(path, map_location, mmap)
-    check_checkpoint(path, ckpt, vocabulary)
+    settings = ckpt.get("train_config", {})
+    error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
+    error = error or model_config_error(ckpt["model_config"])
+    read = {key: TRAIN_CONFIG[key] for key in TRAIN_CONFIG if key in settings}
+    if error := error or schema_error(settings, read, "train_config"):
+        raise UserError(
+            f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
+        )
+    if vocabulary:
+        check_meta(path, ckpt)
     return ckpt
 
 
-# -----------------------------------------------------------------------------
+def refused_globals(path, error):
+    """The 'module.name's a file pickles that weights_only refused ('' if none): from torch's message, else
+    (torch stopped earlier, e.g. at protocol 4's FRAME) from the opcodes, which pickletools decodes without
+    running anything (zip format: its data.pkl). A STACK_GLOBAL's names: the two strings pushed before it."""
+    if named := re.findall(r"GLOBAL ([\w.]+)", str(error)):
+        return ", ".join(dict.fromkeys(named))
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            data = b"".join(z.read(name) for name in z.namelist() if name.endswith("data.pkl"))
+    else:
+        data = Path(path).read_bytes()
+    stream, strings = io.BytesIO(data), []
+    with suppress(Exception):  # a damaged stream: what was read so far
+        while stream.tell() < len(data):
+            for op, arg, _ in pickletools.genops(stream):
+                if op.name == "GLOBAL":
+                    named.append(arg.replace(" ", "."))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    named.append(".".join(strings[-2:]))
+                if isinstance(arg, str):
+                    strings.append(arg)
+    return ", ".join(dict.fromkeys(name for name in named if not SAFE_GLOBAL.fullmatch(name)))
+
+
+def first_line(error):
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "no details"
+
+
 # The schema: what each entry holds, checked when a file is opened (its weights' values: load_weights)
-
 NONE = type(None)
-
-
-class Check(typing.NamedTuple):
-    """A schema entry no type says: `what` it must be, and whether a value is one."""
-
-    what: str
-    fits: typing.Callable
-
-
-def is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-PYTHON_RNG = Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
-    isinstance(v[1], (list, tuple)) and len(v[1]) == 625 and all(map(is_int, [v[0], *v[1]])))  # fmt: skip
+Check = namedtuple("Check", "what fits")  # a spec no type says: `what` a value must be, and a test of one
+tensor_of = lambda what, shape, dtype: Check(
+    what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
+)
 SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
-
-
-def tensor_of(what, shape, dtype):
-    return Check(what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype)
-
-
-NUMPY_KEY = tensor_of("624 int64s", (624,), torch.int64)
-TORCH_RNG = tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8)
 RNG = {  # plumbing.resume.rng_state
-    "python": PYTHON_RNG,
-    "numpy": {"bit_generator": str, "key": NUMPY_KEY, "pos": int, "has_gauss": int, "gauss": (float, int)},
-    "torch": TORCH_RNG,
+    "python": Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
+        isinstance(v[1], (list, tuple)) and len(v[1]) == 625 and all(type(x) is int for x in [v[0], *v[1]])),
+    "numpy": {"bit_generator": str, "key": tensor_of("624 int64s", (624,), torch.int64), "pos": int,
+              "has_gauss": int, "gauss": (float, int)},
+    "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
     "cuda": (torch.Tensor, NONE),
-}
+}  # fmt: skip
 SCHEMA = {
-    "model": {str: torch.Tensor},  # {str: spec}: a dict of any keys, each value a spec
-    "model_config": dict,  # and each field as GPTConfig types it: model_config_error
-    "meta": dict,  # and a vocabulary: check_meta
-    "train_config": {str: (str, int, float, bool, NONE)},
-    "iter_num": int,
+    "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
+    "model_config": dict,  # asdict(GPTConfig), each field as GPTConfig types it: model_config_error
+    "meta": dict,  # the dataset's tokenizer and vocabulary (check_meta): sampling needs nothing but this file
+    "train_config": {str: (str, int, float, bool, NONE)},  # asdict(TrainConfig) as run, device etc. resolved
+    "iter_num": int,  # steps taken, the best validation loss so far and its step
     "best_val_loss": (float, int),
     "best_iter": (int, NONE),
-    "optimizer": {"state": dict, "param_groups": list},
-    "scaler": dict,
-    "sampler": {"train": SAMPLER, "eval": SAMPLER},
+    "optimizer": {"state": dict, "param_groups": list},  # AdamW's state_dict
+    "scaler": dict,  # the float16 GradScaler's state_dict ({} unless float16)
+    "sampler": {"train": SAMPLER, "eval": SAMPLER},  # batches drawn per split
     "rng": [RNG],  # one per rank
-    "wandb_run_id": (str, NONE),
-    "finished": bool,
+    "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
+    "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
 }
 TRAIN_CONFIG = {"max_iters": int, "dataset": str}  # the train_config fields read besides comparing them
 # GPTConfig's fields every checkpoint has (the later ones default: with_rope_variants)
@@ -188,6 +187,10 @@ MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in R
 def shown(value):
     text = repr(value) if isinstance(value, (str, int, float, bool, NONE)) else a_type(type(value))
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def a_type(kind):
+    return "None" if kind is NONE else f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
 
 
 def schema_error(value, spec, name):
@@ -209,15 +212,10 @@ def schema_error(value, spec, name):
     if isinstance(spec, Check):
         return None if spec.fits(value) else f"{name} is {shown(value)}, not {spec.what}"
     types = spec if isinstance(spec, tuple) else (spec,)
-    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
-        return None
-    if float in types and is_int(value):
+    fits = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+    if fits or float in types and type(value) is int:
         return None
     return f"{name} is {shown(value)}, not {' or '.join(map(a_type, types))}"
-
-
-def a_type(kind):
-    return "None" if kind is NONE else f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
 
 
 def model_config_error(model_config):
@@ -238,80 +236,14 @@ def model_config_error(model_config):
     return None
 
 
-def check_checkpoint(path, ckpt, vocabulary=True):
-    """UserError (one line naming the entry) unless ckpt (load_checkpoint's) has the entries sampling needs
-    and every entry it has fits SCHEMA."""
-    settings = ckpt.get("train_config", {})
-    error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
-    error = error or model_config_error(ckpt["model_config"])
-    error = error or schema_error(
-        settings, {k: TRAIN_CONFIG[k] for k in TRAIN_CONFIG if k in settings}, "train_config"
-    )
-    if error:
-        raise UserError(
-            f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
-        )
-    if vocabulary:
-        check_meta(path, ckpt)
-
-
 def with_rope_variants(model_config):
     """model_config with the RoPE variants' fields it predates at plain RoPE's values (the model its code
     built), so that resuming or --init_from does not refuse a missing field against its default."""
     return model_config | {name: plain for name, plain in ROPE_VARIANTS.items() if name not in model_config}
 
 
-def first_line(error):
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else "no details"
-
-
-def refused_globals(path, error):
-    """The classes and functions a file pickles that weights_only refused, as 'module.name' ('' if none):
-    from torch's message ("GLOBAL posix.system"), else (torch stopped earlier, e.g. at protocol 4's FRAME)
-    from the pickle's opcodes, which pickletools decodes without running anything."""
-    named = re.findall(r"GLOBAL ([\w.]+)", str(error))
-    if not named:
-        named = [name.replace(" ", ".") for name in pickled_globals(path) if not SAFE_GLOBAL.fullmatch(name)]
-    return ", ".join(dict.fromkeys(named))
-
-
-def pickled_globals(path):
-    """Every 'module name' a pickle file references (zip format: its data.pkl; older: the pickles one after
-    another). A STACK_GLOBAL's names are the two strings pushed just before it."""
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            data = b"".join(z.read(name) for name in z.namelist() if name.endswith("data.pkl"))
-    else:
-        data = Path(path).read_bytes()
-    stream, found, strings = io.BytesIO(data), [], []
-    with suppress(Exception):  # a damaged stream: what was read so far
-        while stream.tell() < len(data):
-            for op, arg, _ in pickletools.genops(stream):
-                if op.name == "GLOBAL":
-                    found.append(arg)
-                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    found.append(" ".join(strings[-2:]))
-                if isinstance(arg, str):
-                    strings.append(arg)
-    return found
-
-
-def checkpoint_path(out_dir):
-    """out_dir's best.pt, else its ckpt.pt; a checkpoint file given instead of its folder is that file."""
-    if Path(out_dir).is_file():
-        return Path(out_dir)
-    best = Path(out_dir) / "best.pt"
-    return best if best.is_file() else Path(out_dir) / "ckpt.pt"
-
-
-def run_folder(path):
-    """The folder of a run given as its folder or as one of its checkpoint files."""
-    return Path(path).parent if Path(path).is_file() else Path(path)
-
-
 def check_meta(path, ckpt):
-    """Refuse a checkpoint whose meta cannot say what its token ids mean."""
+    """Refuse a checkpoint (its model_config checked) whose meta cannot say what its token ids mean."""
     meta = ckpt.get("meta")
     if not isinstance(meta, dict):
         raise UserError(
@@ -330,56 +262,87 @@ def check_meta(path, ckpt):
             f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the {vocab_size} characters "
             "its token ids stand for"
         )
-    model_vocab = ckpt["model_config"].get("vocab_size") if isinstance(ckpt["model_config"], dict) else None
-    if model_vocab is not None and model_vocab != vocab_size:
+    if (model_vocab := ckpt["model_config"]["vocab_size"]) != vocab_size:  # model_config checked: an int
         raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
 
 
-def mismatched_tensors(module, state_dict, shown=3):
-    """The missing, unexpected and mis-shaped tensors of state_dict against module (the first `shown` of
-    each), in one line."""
-    if not isinstance(state_dict, dict):
-        return f"a {type(state_dict).__name__} where a state dict of tensors belongs"
-    expected = module.state_dict()
-    shapes = [
-        f"{name} {tuple(getattr(value, 'shape', ()))} where the model has {tuple(expected[name].shape)}"
-        for name, value in state_dict.items()
-        if name in expected and getattr(value, "shape", None) != expected[name].shape
-    ]
-    kinds = (
-        ("missing", [name for name in expected if name not in state_dict]),
-        ("unexpected", [name for name in state_dict if name not in expected]),
-        ("mis-shaped", shapes),
-    )
-    return "; ".join(f"{what} {some(names, shown)}" for what, names in kinds if names)
+def vocabulary(meta):
+    """What token ids mean: the tokenizer, the vocabulary size and, for char, the characters."""
+    return meta.get("tokenizer"), meta.get("vocab_size"), meta.get("chars")
 
 
-def some(names, shown=3):
-    """The first `shown` names, and how many more."""
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
+    """Refuse to `action` ("resume", "initialise from") a checkpoint on a dataset of other token ids."""
+    if vocabulary(ckpt_meta) != vocabulary(meta):
+        chars = " (same size, other characters)" if vocabulary(ckpt_meta)[:2] == vocabulary(meta)[:2] else ""
+        trained, has = (
+            f"a {m.get('tokenizer')} vocabulary of {m.get('vocab_size')} tokens" for m in (ckpt_meta, meta)
+        )
+        raise UserError(
+            f"refusing to {action} {path}: it was trained on {trained} and --dataset={dataset} has "
+            f"{has}{chars}; use a dataset with the checkpoint's vocabulary, or start a new run with another "
+            "--out_dir"
+        )
+
+
+def run_finished(ckpt):
+    """Whether a checkpoint's run completed its max_iters (older files, without `finished`: by their step)."""
+    if "finished" in ckpt:
+        return bool(ckpt["finished"])
+    max_iters = (ckpt.get("train_config") or {}).get("max_iters")
+    return max_iters is not None and ckpt.get("iter_num", -1) >= max_iters
+
+
+# Opening a run's model
+def checkpoint_path(out_dir):
+    """out_dir's best.pt, else its ckpt.pt; a checkpoint file given instead of its folder is that file."""
+    out_dir, best = Path(out_dir), Path(out_dir) / "best.pt"
+    return out_dir if out_dir.is_file() else best if best.is_file() else out_dir / "ckpt.pt"
+
+
+def run_folder(path):
+    """The folder of a run given as its folder or as one of its checkpoint files."""
+    return Path(path).parent if Path(path).is_file() else Path(path)
+
+
+def some(names):
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def load_weights(path, module, state_dict):
-    """module.load_state_dict, a mismatch a one-line UserError naming the tensors that do not fit."""
+    """module.load_state_dict, a mismatch a UserError naming the tensors that do not fit; a model's weights
+    then checked finite where they live, on the device."""
     try:
         module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        detail = mismatched_tensors(module, state_dict) if isinstance(module, torch.nn.Module) else ""
+        detail, model = "", isinstance(module, torch.nn.Module)
+        if model and not isinstance(state_dict, dict):
+            detail = f"a {type(state_dict).__name__} where a state dict of tensors belongs"
+        elif model:
+            expected = module.state_dict()
+            kinds = {
+                "missing": [n for n in expected if n not in state_dict],
+                "unexpected": [n for n in state_dict if n not in expected],
+                "mis-shaped": [
+                    f"{n} {tuple(getattr(v, 'shape', ()))} where the model has {tuple(expected[n].shape)}"
+                    for n, v in state_dict.items()
+                    if n in expected and getattr(v, "shape", None) != expected[n].shape
+                ],
+            }
+            detail = "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names)
         raise UserError(
             f"{path}: its {type(module).__name__} state does not fit ({detail or first_line(e)})"
         ) from None
-    if isinstance(module, torch.nn.Module):  # after loading: checked where they live, on the device
-        tensors = module.state_dict().items()
-        if bad := [name for name, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]:
-            raise UserError(
-                f"{path}: weights that are not finite (NaN or inf) in {some(bad)}: a model that diverged "
-                "or a damaged file; use another checkpoint"
-            )
+    tensors = module.state_dict().items() if isinstance(module, torch.nn.Module) else {}
+    if bad := [name for name, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]:
+        raise UserError(
+            f"{path}: weights that are not finite (NaN or inf) in {some(bad)}: a model that diverged "
+            "or a damaged file; use another checkpoint"
+        )
 
 
 def build_model(path, ckpt, **overrides):
-    """The GPT of a loaded checkpoint, with model settings overridden (e.g. rope_scaling); a setting the model
-    refuses is a one-line UserError."""
+    """The GPT of a loaded checkpoint, settings overridden (e.g. rope_scaling); one refused a UserError."""
     try:
         model = GPT(GPTConfig(**(ckpt["model_config"] | overrides)))
     except (TypeError, ValueError) as e:
@@ -389,27 +352,20 @@ def build_model(path, ckpt, **overrides):
 
 
 def pretrained_checkpoint(name):
-    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's model, model_config and
-    meta."""
+    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's three entries."""
     try:
         config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
         raise UserError(f"--init_from={name}: {first_line(e)}") from None
     meta = {"tokenizer": "gpt2", "vocab_size": config.vocab_size}
-    return {"model": state_dict, "model_config": asdict(config), "meta": meta}
+    return {"model": state_dict, "model_config": dataclasses.asdict(config), "meta": meta}
 
 
 def open_model(
-    source,
-    device="cpu",
-    ckpt=None,
-    rope_scaling=None,
-    rope_factor=None,
-    llama3_factors=(None, None),
-    longrope=None,
+    source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None
 ):
-    """(model in eval mode on device, tokenizer, checkpoint dict) of the checkpoint in
-    `source` (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
+    """(model in eval mode on device, tokenizer, checkpoint dict) of the checkpoint in `source`
+    (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
     llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's; longrope: the
     settings of a --rope_factors file (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
@@ -425,32 +381,3 @@ def open_model(
     scaling |= longrope or {}
     model = build_model(path, ckpt, **scaling).to(device).eval()
     return model, get_tokenizer(ckpt["meta"]), ckpt
-
-
-def vocabulary(meta):
-    """What token ids mean: the tokenizer, the vocabulary size and, for char, the characters."""
-    return meta.get("tokenizer"), meta.get("vocab_size"), meta.get("chars")
-
-
-def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
-    """Refuse to `action` ("resume", "initialise from") a checkpoint on a dataset whose token ids mean
-    something else."""
-    if vocabulary(ckpt_meta) != vocabulary(meta):
-        chars = " (same size, other characters)" if vocabulary(ckpt_meta)[:2] == vocabulary(meta)[:2] else ""
-        described = [
-            f"a {m.get('tokenizer')} vocabulary of {m.get('vocab_size')} tokens" for m in (ckpt_meta, meta)
-        ]
-        raise UserError(
-            f"refusing to {action} {path}: it was trained on {described[0]} and --dataset={dataset} has "
-            f"{described[1]}{chars}; use a dataset with the checkpoint's vocabulary, or start a new run with "
-            "another --out_dir"
-        )
-
-
-def run_finished(ckpt):
-    """Whether a checkpoint's run completed its max_iters (False for one a signal, crash or NaN stopped);
-    files without the `finished` key are judged by their step."""
-    if "finished" in ckpt:
-        return bool(ckpt["finished"])
-    max_iters = (ckpt.get("train_config") or {}).get("max_iters")
-    return max_iters is not None and ckpt.get("iter_num", -1) >= max_iters

@@ -1,35 +1,32 @@
 """
 Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's
---json): checked before the work, written all at once after it.
-
-    check_outputs({"csv": cfg.csv, "plot": cfg.plot}, inputs=[checkpoint])   # before hours of evaluation
-    write_output("csv", cfg.csv, lambda tmp: tmp.write_text(text))             # after it, atomically
-
-A file where a folder is expected, a read-only folder or a full disk is found by writing a temporary file
-where the output will go, so it stops the script in one line before the work, not with a traceback after
-it. An output is written to a temporary file and renamed into place: one that fails midway leaves the file
-it replaces whole, and one that fails for lack of space says so in one line (checkpoints and datasets too).
+--json): checked before the work (check_outputs: a file where a folder belongs, a read-only folder or a full
+disk is one line then, not a traceback after hours), written all at once after it (write_output), to a
+temporary file renamed into place (replace_atomically, checkpoints and datasets too): a write that fails
+midway leaves the file it replaces whole, and one that fails for lack of space says so in one line.
 """
 
 import errno
 import os
 import shutil
 import uuid
+from contextlib import suppress
 from pathlib import Path
 
 from plumbing.errors import UserError
 from plumbing.hardware import format_bytes
 
+NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))  # disk full, ulimit -f, quota
+PROBE_BYTES = 4096  # a full disk still creates an empty file: check_outputs' probe must take a block
 
-def temporary_path(path):
-    # hidden and unique; remove_unfinished_writes finds those a kill -9 left behind
+
+def temporary_path(path):  # hidden and unique; remove_unfinished_writes finds those a kill -9 left
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
 def replace_atomically(path, write, needed=None):
     """write(tmp) fills a temporary file beside path, which then os.replace()s it (atomic) and the folder is
-    fsynced (POSIX): a crash or a full disk midway leaves the previous file whole. A write that fails for lack
-    of space is a UserError saying so (no_space); needed: about how many bytes the file takes."""
+    fsynced (POSIX). A write that fails for lack of space is a UserError (no_space; needed: its bytes)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
@@ -51,60 +48,43 @@ def replace_atomically(path, write, needed=None):
     return path
 
 
-NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))  # disk full, ulimit -f, quota
-
-
 def space_error(error):
-    """The OSError that refused a write for lack of space (NO_SPACE): error, or one it was raised from
-    (torch.save raises a RuntimeError from it); else None."""
+    """The OSError (error or one it was raised from, as torch.save's RuntimeError) of NO_SPACE, else None."""
     while error is not None and not (isinstance(error, OSError) and error.errno in NO_SPACE):
         error = error.__cause__ or error.__context__
     return error
 
 
 def no_space(error, path, needed=None, kept=""):
-    """The one-line UserError for a write of path that space_error refused: why, how much space it needs and
-    has there, and what is kept whole."""
+    """The UserError for a write that space_error refused: why, the space it needs and has, what is kept."""
     folder = next((p for p in Path(path).parents if p.exists()), Path("."))
-    space = [
-        f"needs about {format_bytes(needed)}" if needed else "",
-        f"{format_bytes(shutil.disk_usage(folder).free)} free",
-    ]
-    space, kept = ", ".join(filter(None, space)), f"; {kept}" if kept else ""
+    free = f"{format_bytes(shutil.disk_usage(folder).free)} free"
+    space = f"needs about {format_bytes(needed)}, {free}" if needed else free
     return UserError(
-        f"could not write {path}: {error.strerror} ({space}){kept}; free some space (or raise ulimit -f) and "
-        "run it again, or write elsewhere"
+        f"could not write {path}: {error.strerror} ({space}){f'; {kept}' if kept else ''}; free some space "
+        "(or raise ulimit -f) and run it again, or write elsewhere"
     )
-
-
-PROBE_BYTES = 4096  # a full disk still creates an empty file: the probe must take a block
 
 
 def check_outputs(outputs, inputs=()):
     """UserError (one line, naming the flag) unless every output path in outputs ({flag: path or None}) can be
     written: its folder made (as the write will), a temporary file written, flushed to disk and removed there.
-    Two outputs naming one file, or an output naming one of the inputs (a checkpoint read), are refused
-    too."""
+    Two outputs naming one file, or an output naming an input (a checkpoint read), are refused too."""
     given = [(flag, Path(path)) for flag, path in outputs.items() if path is not None]
     for i, (flag, path) in enumerate(given):
-        if any(same_file(source, path) for source in inputs):
+        if any(Path(source).resolve() == path.resolve() for source in inputs):
             raise UserError(
                 f"--{flag}={path}: that file is an input of this run; write the output to another one"
             )
         for other, earlier in given[:i]:
-            if same_file(earlier, path):
+            if earlier.resolve() == path.resolve():
                 raise UserError(
                     f"--{flag}={path}: --{other} writes that file too; give each output a file of its own"
                 )
         check_writable(flag, path)
 
 
-def same_file(a, b):
-    return Path(a).resolve() == Path(b).resolve()
-
-
 def check_writable(flag, path):
-    """UserError unless a file can be written at path (a Path), as check_outputs says."""
     if path.is_dir():
         raise UserError(f"--{flag}={path}: is a folder; give a file name")
     in_the_way = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
@@ -113,27 +93,19 @@ def check_writable(flag, path):
     probe = temporary_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(probe, "xb")
-    except OSError as e:
-        raise unwritable(flag, path, e) from None
-    try:
-        with f:
+        with open(probe, "xb") as f:
             f.write(bytes(PROBE_BYTES))
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise unwritable(flag, path, e) from None
+        raise UserError(f"--{flag}={path}: cannot write there ({e.strerror or e})") from None
     finally:  # once closed: Windows removes no open file
-        probe.unlink(missing_ok=True)
-
-
-def unwritable(flag, path, error):
-    return UserError(f"--{flag}={path}: cannot write there ({error.strerror or error})")
+        with suppress(OSError):
+            probe.unlink()
 
 
 def write_output(flag, path, write):
-    """replace_atomically(path, write), a failure (the disk filled up during the work) a one-line
-    UserError."""
+    """replace_atomically(path, write), a failure (the disk filled up during the work) a UserError."""
     try:
         return replace_atomically(path, write)
     except OSError as e:

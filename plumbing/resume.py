@@ -1,8 +1,5 @@
-"""
-A training run's state (Run) and its checkpoints: checking that one can be resumed, writing them, putting a
-run back where one left it, and starting a new run from another's weights (--init_from). The file format:
-plumbing/checkpoint.py.
-"""
+"""A training run's state (Run) and its checkpoints (plumbing/checkpoint.py): checking that one can be
+resumed, writing them, putting a run back where it stopped, starting one from another's (--init_from)."""
 
 import math
 import random
@@ -16,6 +13,7 @@ import torch
 from finetune import lora
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
+    SCHEMA,
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
@@ -27,14 +25,10 @@ from plumbing.checkpoint import (
 from plumbing.errors import UserError
 from positions import LONGROPE_FIELDS
 
-# Resuming needs these beyond what sampling needs
-RESUME_KEYS = tuple(
-    "train_config iter_num best_val_loss best_iter optimizer scaler sampler rng wandb_run_id".split()
-)
-# GPTConfig fields a resumed run may change: they shape no weight
-MODEL_KNOBS = ("dropout",)
-# TrainConfig fields that say nothing about the run being continued
-NOT_COMPARED = ("resume", "init_from", "overwrite")
+# Resuming needs these beyond what sampling needs (SCHEMA's order)
+RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "finished")]
+MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
+NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
 
 @dataclass
@@ -66,27 +60,15 @@ class Run:
     eval_sampler: typing.Any
     progress: Progress = field(default_factory=Progress)
 
-    @property
-    def ckpt_path(self):
-        return Path(self.cfg.out_dir) / "ckpt.pt"
-
-    @property
-    def best_path(self):
-        return Path(self.cfg.out_dir) / "best.pt"
-
-    @property
-    def tokens_per_step(self):
-        return self.cfg.batch_size * self.model_config.block_size * self.cfg.grad_accum
+    ckpt_path = property(lambda r: Path(r.cfg.out_dir) / "ckpt.pt")
+    best_path = property(lambda r: Path(r.cfg.out_dir) / "best.pt")
+    tokens_per_step = property(lambda r: r.cfg.batch_size * r.model_config.block_size * r.cfg.grad_accum)
 
 
-# -----------------------------------------------------------------------------
 # Resuming: the random generators, and whether a checkpoint can be continued
-
-
 def rng_state(device):
     """Every random generator's state as plain data and tensors (weights_only): Python's random.getstate() is
-    (version, tuple of 625 ints, gauss); numpy's {"bit_generator", "state": {"key", "pos"}, "has_gauss",
-    "gauss"} holds an ndarray."""
+    (version, tuple of 625 ints, gauss); numpy's holds an ndarray in {"state": {"key", "pos"}}."""
     version, mt_state, gauss = random.getstate()
     numpy_state = np.random.get_state(legacy=False)
     return {
@@ -104,8 +86,7 @@ def rng_state(device):
 
 
 def set_rng_state(state, device):
-    """Undo rng_state. The CUDA state is restored only on CUDA (resumed on another device type, that stream
-    restarts)."""
+    """Undo rng_state; the CUDA state only on CUDA (resumed on another device type, that stream restarts)."""
     version, mt_state, gauss = state["python"]
     random.setstate((version, tuple(mt_state), gauss))
     saved = state["numpy"]  # numpy reads the keys it knows: bit_generator, state, has_gauss, gauss
@@ -123,9 +104,18 @@ def model_differences(saved, wanted, may_change):
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
 
-def check_resumable(path, ckpt, train_config, model_config, meta):
-    """Refuse to continue a checkpoint with another vocabulary, position scheme or model shape. -> the knobs
-    that changed, as "name old -> new", for the log."""
+def open_for_resume(out_dir, train_config, model_config, meta, world_size):
+    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device; one of another
+    vocabulary, position scheme or model shape refused. changes: the knobs changed, "name old -> new"."""
+    path = Path(out_dir) / "ckpt.pt"
+    if not path.is_file():
+        raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
+    try:
+        ckpt = open_checkpoint(path, map_location=train_config.device)
+    except UserError as e:
+        raise UserError(
+            f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
+        ) from None
     if missing := [key for key in RESUME_KEYS if key not in ckpt]:
         raise UserError(
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
@@ -146,30 +136,13 @@ def check_resumable(path, ckpt, train_config, model_config, meta):
         if name not in NOT_COMPARED and hasattr(train_config, name)
     ]
     ignored = {"seed": " (ignored: the saved random and data streams continue)"}
-    return [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]
-
-
-def open_for_resume(out_dir, train_config, model_config, meta, world_size):
-    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device and checked."""
-    path = Path(out_dir) / "ckpt.pt"
-    if not path.is_file():
-        raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
-    try:
-        ckpt = open_checkpoint(path, map_location=train_config.device)
-    except UserError as e:
-        raise UserError(
-            f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
-        ) from None
-    changes = check_resumable(path, ckpt, train_config, model_config, meta)
+    changes = [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]
     if len(ckpt["rng"]) != world_size:
         changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")
     return path, ckpt, changes
 
 
-# -----------------------------------------------------------------------------
 # A training run to and from its checkpoint
-
-
 def training_state(run, rng):
     """A run's checkpoint dict (plumbing/checkpoint.py); rng: every rank's rng_state."""
     p = run.progress
@@ -191,8 +164,7 @@ def training_state(run, rng):
 
 
 def write_checkpoints(run, improved):
-    """ckpt.pt, and best.pt when the validation loss improved. Every rank calls it (to gather the RNG
-    states); rank 0 writes."""
+    """ckpt.pt, and best.pt if the validation loss improved: every rank gives its RNG state, rank 0 writes."""
     rng = run.procs.gather(rng_state(run.cfg.device))
     if run.procs.master:
         try:
@@ -206,9 +178,8 @@ def write_checkpoints(run, improved):
 
 def kept_checkpoint(run):
     """What an error that stops training says of the checkpoint on disk."""
-    if run.progress.saved_iter is None:
-        return "no checkpoint was written"
-    return f"{run.ckpt_path} (step {run.progress.saved_iter}) was kept"
+    saved = run.progress.saved_iter
+    return "no checkpoint was written" if saved is None else f"{run.ckpt_path} (step {saved}) was kept"
 
 
 def restore_training(run, path, ckpt):
@@ -234,9 +205,7 @@ def restore_training(run, path, ckpt):
         torch.manual_seed(run.cfg.seed + run.procs.rank + p.iter_num)
 
 
-# -----------------------------------------------------------------------------
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
-
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
 INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS,
               *LONGROPE_FIELDS, "dropout")  # fmt: skip
@@ -263,8 +232,7 @@ def saved_model_config(out_dir, names):
 
 
 def fine_tune_dir(source, block_size, rope_scaling):
-    """Where a run started from `source`'s checkpoint writes unless told, e.g.
-    out/shakespeare_char_rope_ctx256_yarn."""
+    """Where a run from `source`'s checkpoint writes unless told (out/shakespeare_char_rope_ctx256_yarn)."""
     source = run_folder(source)
     return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
 
@@ -287,8 +255,8 @@ def init_from_settings(values, saved):
 
 
 def init_model_from(out_dir, model, meta, dataset):
-    """Load the checkpoint in out_dir into model, whose config may differ from it only in INIT_KNOBS.
-    -> a note for the log when a learned table was resized."""
+    """Load out_dir's checkpoint into model, whose config may differ from it only in INIT_KNOBS -> a note for
+    the log when a learned position table was resized."""
     path = checkpoint_path(out_dir)
     ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")

@@ -1,7 +1,5 @@
-"""
-A run's folder (train.py): one run at a time, locked by out_dir/train.lock (created atomically; a stale one,
-its process gone, taken over), and never a run replaced without --resume or --overwrite.
-"""
+"""A run's folder (train.py): one run at a time, locked by out_dir/train.lock (created atomically; a stale
+one, its process gone, taken over), and never a run replaced without --resume or --overwrite."""
 
 import json
 import os
@@ -48,26 +46,16 @@ def read_lock(path):
     return None
 
 
-def parse_lock(text):
-    with suppress(ValueError):
-        held = json.loads(text)
-        if isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0:
-            return held
-    return None
-
-
 def describe_holder(held):
     if held is None:
         return "unreadable"
-    return (
-        f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: "
-        f"{held.get('command', 'an unknown command')}"
-    )
+    command = held.get("command", "an unknown command")
+    return f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: {command}"
 
 
 def holder_alive(held, path):
-    """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot
-    be checked: assumed alive, so never two runs in one folder. A lock copied from another folder (cp -r of a
+    """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot be
+    checked: assumed alive, so never two runs in one folder. A lock copied from another folder (cp -r of a
     run, or of a study's runs) holds none: its process runs, if at all, in the folder it was copied from."""
     if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
         with suppress(FileNotFoundError):
@@ -88,8 +76,8 @@ def holder_alive(held, path):
 
 
 def remove_stale_lock(path, text):
-    """Remove the stale lock unless another process took it over meanwhile: moved aside first (one
-    rename, which only one process wins) and put back if it is no longer the stale one."""
+    """Remove the stale lock unless another process took it over meanwhile: moved aside first (one rename,
+    which only one process wins) and put back if it is no longer the stale one."""
     aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.stale")
     try:
         os.rename(path, aside)
@@ -102,18 +90,20 @@ def remove_stale_lock(path, text):
 
 
 def take_lock(path):
-    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if a stale one was taken
-    over); a live holder is a UserError naming it."""
+    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if it took a stale one over)."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record(path.parent))
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            held_text = read_lock(path)
+            held_text, held = read_lock(path), None
             if held_text is None:
                 continue
-            held = parse_lock(held_text)
+            with suppress(ValueError):
+                held = json.loads(held_text)
+            if not (isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0):
+                held = None
             if holder_alive(held, path):
                 holder = describe_holder(held) if held else "a process that has just started"
                 raise UserError(

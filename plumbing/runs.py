@@ -1,9 +1,7 @@
-"""
-Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
+"""Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
 --pos=X ...` from the repository root), so the runs a user already made are used, not trained again: an empty
 folder is trained, a finished run of the command's settings reused, the same run stopped early continued with
---resume, a run of other settings refused (the study's --retrain replaces it).
-"""
+--resume, a run of other settings refused (the study's --retrain replaces it)."""
 
 import dataclasses
 import json
@@ -45,13 +43,10 @@ class Plan:
 
     @property
     def out_dir(self):  # train.py fills in the default folder's {dataset} and {pos}
-        return self.train_config["out_dir"].format(
-            dataset=self.train_config["dataset"], pos=self.model_config["pos"]
-        )
+        t = self.train_config
+        return t["out_dir"].format(dataset=t["dataset"], pos=self.model_config["pos"])
 
-    @property
-    def command(self):
-        return shlex.join(["python", "train.py", *self.args])
+    command = property(lambda self: shlex.join(["python", "train.py", *self.args]))
 
     def describe(self):
         """'a pos=rope model (4 layers x 128 dims, T = 64, 2000 steps)'"""
@@ -161,10 +156,5 @@ def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a
     the flags a demo offers instead, named when an out_dir holds another run."""
     if checkpoints is not None:
         return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
-    folders = ensure_trained(
-        [[f"--pos={pos}"] for pos in schemes],
-        DEFAULT_DURATION,
-        elsewhere=f"move it away, or give {other}",
-        log=log,
-    )
-    return dict(zip(schemes, folders))
+    commands, elsewhere = [[f"--pos={pos}"] for pos in schemes], f"move it away, or give {other}"
+    return dict(zip(schemes, ensure_trained(commands, DEFAULT_DURATION, elsewhere=elsewhere, log=log)))

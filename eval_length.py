@@ -7,18 +7,17 @@ was trained on.
         --max_windows 32 --csv loss.csv --plot loss.png
     python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv pk.csv --plot needles.png
 
---task=loss: on each checkpoint's val split, the mean loss over non-overlapping windows of L tokens, its
-standard error, and the mean loss at positions >= T (the trained block_size), by exact full forward passes.
---task=passkey (checkpoints trained on data/passkey): the exact-match rate of the five digits over --trials
-samples per length and depth of the key, with its 95% Wilson interval.
-
-A length is a multiple of each checkpoint's T (a bare number up to 16, or ending in x: 0.5, 2, 32x) or a count
-of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint and method: plain
-(as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L / T), no retraining;
-for learned, which has no positions past T, a sliding window of up to T tokens (as it generates).
+--task=loss: the mean val loss over non-overlapping windows of L tokens, its standard error, and the mean loss
+at positions >= T (the trained block_size), by exact full forward passes. --task=passkey (checkpoints trained
+on data/passkey): the exact match of the five digits over --trials samples per length and depth of the key,
+with its 95% Wilson interval. A length is a multiple of T (a bare number up to 16, or ending in x: 0.5, 2,
+32x) or a count of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint
+and method: plain (as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L/T),
+no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
 """
 
 import csv
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,13 +89,10 @@ class EvalConfig:
         if LONGROPE in self.rope_scalings and not self.rope_factors:
             raise ValueError("--rope_scalings=longrope takes its factors from --rope_factors=FILE")
         self.longrope = read_rope_factors(self.rope_factors) if self.rope_factors else None
-        try:
-            if self.plot:
-                figure_format(self.plot, "plot")
-        except ImportError:
-            raise ValueError(
-                "--plot needs matplotlib: pip install matplotlib (or leave out --plot)"
-            ) from None
+        if self.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
+        if self.plot:
+            figure_format(self.plot, "plot")  # one matplotlib writes
 
 
 @dataclass(frozen=True)
@@ -389,10 +385,8 @@ def write_csv(flag, path, columns, lines):
 def plot_needles(path, rows):
     """The needle-in-a-haystack heatmaps, a panel per row: length across, depth down, the exact-match rate as
     colour (red 0, green 1; grey: not available)."""
-    plt = pyplot()
-    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
-    columns = min(4, len(rows))
-    lines = math.ceil(len(rows) / columns)
+    plt, columns = pyplot(), min(4, len(rows))
+    cmap, lines = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey"), math.ceil(len(rows) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
     for ax in axes.flat[len(rows) :]:
         ax.axis("off")
@@ -423,11 +417,10 @@ def plot(path, rows, bucket=1):
     """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
     longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
     (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
-    plt = pyplot()
-    checkpoints = dict.fromkeys(row.checkpoint for row in rows)
+    plt, checkpoints = pyplot(), dict.fromkeys(row.checkpoint for row in rows)
     colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(LINESTYLES)}
-    columns = len(checkpoints)
-    fig, axes = plt.subplots(2, columns, figsize=(4.2 * columns + 1, 7.5), squeeze=False, sharey="row")
+    size = (4.2 * len(checkpoints) + 1, 7.5)
+    fig, axes = plt.subplots(2, len(checkpoints), figsize=size, squeeze=False, sharey="row")
     for column, checkpoint in enumerate(checkpoints):
         by_position, by_length = axes[:, column]
         for row in (row for row in rows if row.checkpoint == checkpoint):

@@ -46,6 +46,7 @@ CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
 PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_low", "ci_high")
 TASKS = ("loss", "passkey")
+CHOICES = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}  # checked by parse_flags
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
 LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
@@ -73,7 +74,7 @@ class EvalConfig:
     bucket: int = 1  # positions averaged into each point of the plotted loss-by-position curves
     progress: bool = True  # a progress bar on stderr
 
-    def __post_init__(self):  # task and rope_scalings: parse_flags checks their choices
+    def __post_init__(self):  # task and rope_scalings: parse_flags checks them (CHOICES)
         self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
         parse_depths(self.depths)
@@ -158,21 +159,17 @@ class Source:
         self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
     def methods(self, rope_scalings, original=None):
-        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first. longrope's
-        factors, searched for T = original, apply only to a checkpoint trained at that T (None: any)."""
+        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
+        applies = original in (None, self.block_size)  # longrope's factors, searched for T = original
         if self.config["pos"] == "rope":
-            return [
-                "plain",
-                *(m for m in rope_scalings if m != LONGROPE or original in (None, self.block_size)),
-            ]
+            return ["plain", *(m for m in rope_scalings if m != LONGROPE or applies)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
 
 def open_source(name, dataset=None, task="loss"):
-    """A checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for a
-    missing path, a file that is no checkpoint, or a dataset whose token ids mean something else."""
+    """A checkpoint (folder or file) and, for the loss, its dataset's val split, or a one-line UserError."""
     given = Path(name)
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
@@ -198,8 +195,7 @@ def lengths_for(source, lengths):
 
 
 def model_for(source, method, length, device, longrope=None):
-    """The model of a row at `length` tokens: the checkpoint as recorded (plain, window, or its own
-    extension), or a RoPE extension at its default factor s = max(1, L / T)."""
+    """A row's model: the checkpoint as recorded, or a RoPE extension at s = max(1, length / T)."""
     if method in ROPE_SCALING_CHOICES and not source.config.get("rope_scaling"):
         factor = default_rope_factor(length, source.block_size)
         longrope = longrope if method == LONGROPE else None
@@ -373,9 +369,7 @@ def passkey_table(rows, lengths, depths, trials):
 
 
 def write_csv(flag, path, columns, lines):
-    """A CSV file: the header row, then lines; written atomically (outputs.write_output)."""
-
-    def write(tmp):
+    def write(tmp):  # the header row, then lines; written whole or not at all
         with open(tmp, "x", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows([columns, *lines])
 
@@ -383,8 +377,7 @@ def write_csv(flag, path, columns, lines):
 
 
 def plot_needles(path, rows):
-    """The needle-in-a-haystack heatmaps, a panel per row: length across, depth down, the exact-match rate as
-    colour (red 0, green 1; grey: not available)."""
+    """Needle-in-a-haystack heatmaps, a panel per row: length across, depth down, exact match (grey: n/a)."""
     plt, columns = pyplot(), min(4, len(rows))
     cmap, lines = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey"), math.ceil(len(rows) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
@@ -458,18 +451,17 @@ def check_length(source, n, cfg, device):
     else:
         batch = min(cfg.batch_size, len(window_starts(len(source.tokens), n, cfg.max_windows)))
     what = f"evaluating {source.name} at L = {n:,} tokens in batches of {batch}"
-    check_memory(
-        window_bytes(GPTConfig(**source.config), batch, n), device, what, "lower --lengths or --batch_size"
-    )
+    parts = window_bytes(GPTConfig(**source.config), batch, n)
+    check_memory(parts, device, what, "lower --lengths or --batch_size")
 
 
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     with one_line_errors("eval_length.py"):
-        flags = dict(
-            choices={"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}, positional=("checkpoints",)
+        sections, flags = (
+            [("evaluation", EvalConfig, None)],
+            dict(choices=CHOICES, positional=("checkpoints",)),
         )
-        sections = [("evaluation", EvalConfig, None)]
         cfg = EvalConfig(**parse_flags(argv, "eval_length.py", __doc__, sections, **flags))
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)

@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def use_one_thread():
-    """One intra-op thread unless OMP_NUM_THREADS says otherwise: for these tiny models (128 dims) extra
-    threads only add synchronisation, and their spin-waits slow a shared machine down many times."""
+    """One thread unless OMP_NUM_THREADS is set: more only add spin-waits to these tiny models (128 dims)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
@@ -54,8 +53,7 @@ def pyplot():
 
 
 def figure_format(path, flag):
-    """A figure's format: its path's extension's, png without one; a usage UserError for one matplotlib
-    cannot write (a checkpoint's .pt)."""
+    """Its path's extension (png without one); a usage UserError for one matplotlib cannot write (.pt)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()

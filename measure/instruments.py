@@ -76,7 +76,7 @@ def check_figure_paths(flag, paths):
 
 def save_figure(fig, path, flag="out", dpi=110):
     """Written whole or not at all, to path exactly (no extension added); the same figure gives the same bytes
-    (no software version in a PNG's metadata)."""
+    (no software version or date in a PNG's metadata)."""
     fmt = figure_format(path, flag)
     metadata = {"Software": None} if fmt == "png" else None
     write_output(flag, path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=metadata))

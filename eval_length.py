@@ -7,18 +7,17 @@ was trained on.
         --max_windows 32 --csv loss.csv --plot loss.png
     python eval_length.py out/passkey_rope out/passkey_alibi --task=passkey --csv pk.csv --plot needles.png
 
---task=loss: on each checkpoint's val split, the mean loss over non-overlapping windows of L tokens, its
-standard error, and the mean loss at positions >= T (the trained block_size), by exact full forward passes.
---task=passkey (checkpoints trained on data/passkey): the exact-match rate of the five digits over --trials
-samples per length and depth of the key, with its 95% Wilson interval.
-
-A length is a multiple of each checkpoint's T (a bare number up to 16, or ending in x: 0.5, 2, 32x) or a count
-of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint and method: plain
-(as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L / T), no retraining;
-for learned, which has no positions past T, a sliding window of up to T tokens (as it generates).
+--task=loss: the mean val loss over non-overlapping windows of L tokens, its standard error, and the mean loss
+at positions >= T (the trained block_size), by exact full forward passes. --task=passkey (checkpoints trained
+on data/passkey): the exact match of the five digits over --trials samples per length and depth of the key,
+with its 95% Wilson interval. A length is a multiple of T (a bare number up to 16, or ending in x: 0.5, 2,
+32x) or a count of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint
+and method: plain (as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L/T),
+no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
 """
 
 import csv
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
 from data.passkey.task import filler_length
-from measure.instruments import pyplot
+from measure.instruments import figure_format, pyplot, save_figure
 from measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
@@ -47,6 +46,7 @@ CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
 PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_low", "ci_high")
 TASKS = ("loss", "passkey")
+CHOICES = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}  # checked by parse_flags
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
 LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
@@ -74,9 +74,7 @@ class EvalConfig:
     bucket: int = 1  # positions averaged into each point of the plotted loss-by-position curves
     progress: bool = True  # a progress bar on stderr
 
-    def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+    def __post_init__(self):  # task and rope_scalings: parse_flags checks them (CHOICES)
         self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
         parse_depths(self.depths)
@@ -92,18 +90,10 @@ class EvalConfig:
         if LONGROPE in self.rope_scalings and not self.rope_factors:
             raise ValueError("--rope_scalings=longrope takes its factors from --rope_factors=FILE")
         self.longrope = read_rope_factors(self.rope_factors) if self.rope_factors else None
+        if self.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
         if self.plot:
-            plot_format(self.plot)
-
-
-def parse_args(argv=None):
-    """Flags (and --config) -> EvalConfig; a bad flag or value exits with status 2 and one line."""
-    choices = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}
-    sections = [("evaluation", EvalConfig, None)]
-    values = parse_flags(
-        argv, "eval_length.py", __doc__, sections, choices=choices, positional=("checkpoints",)
-    )
-    return EvalConfig(**values)
+            figure_format(self.plot, "plot")  # one matplotlib writes
 
 
 @dataclass(frozen=True)
@@ -121,27 +111,26 @@ class Length:
 def parse_lengths(text):
     """--lengths -> [Length]; a one-line ValueError for anything not a length of at least one token."""
     lengths = []
-    for item in text.split(","):
-        spec = item.strip().lower()
+    for item in (item.strip() for item in text.split(",")):
+        spec = item.lower()
         try:
             value = float(spec[:-1] if spec.endswith(("x", "t")) else spec)
         except ValueError:
             raise ValueError(
-                f"--lengths: {item.strip()!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t "
-                "(256 tokens)"
+                f"--lengths: {item!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t (256 tokens)"
             ) from None
         multiple = spec.endswith("x") or (not spec.endswith("t") and value <= MAX_BARE_MULTIPLE)
         if not math.isfinite(value) or value <= 0 or (not multiple and value < 1):
-            raise ValueError(f"--lengths: {item.strip()} is below 1: a length must be at least one token")
+            raise ValueError(f"--lengths: {item} is below 1: a length must be at least one token")
         if not multiple and not value.is_integer():
-            raise ValueError(f"--lengths: {item.strip()} is not a whole number of tokens")
+            raise ValueError(f"--lengths: {item} is not a whole number of tokens")
         lengths.append(Length(value if multiple else int(value), multiple))
     return lengths
 
 
 def parse_depths(text):
     """--depths -> sorted [float] in [0, 1]: 0 is the first of the filler, 1 just before the question."""
-    depths = []
+    depths = set()
     for item in text.split(","):
         try:
             depth = float(item)
@@ -151,8 +140,8 @@ def parse_depths(text):
             raise ValueError(
                 f"--depths: {item.strip()!r} is not a depth; give fractions from 0 to 1 such as 0,0.5,1"
             )
-        depths.append(depth)
-    return sorted(set(depths))
+        depths.add(depth)
+    return sorted(depths)
 
 
 @dataclass
@@ -169,25 +158,18 @@ class Source:
         self.block_size = self.config["block_size"]
         self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
-    def methods(self, rope_scalings):
+    def methods(self, rope_scalings, original=None):
         """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
+        applies = original in (None, self.block_size)  # longrope's factors, searched for T = original
         if self.config["pos"] == "rope":
-            return ["plain", *rope_scalings]
+            return ["plain", *(m for m in rope_scalings if m != LONGROPE or applies)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
 
-def scalings_for(source, cfg):
-    """The RoPE extensions applied to source: a --rope_factors file that names its original length only to
-    a checkpoint trained at that length (factors searched for T = 64 mean nothing to a model of T = 256)."""
-    original = (cfg.longrope or {}).get("rope_original_len")
-    return [m for m in cfg.rope_scalings if m != LONGROPE or original in (None, source.block_size)]
-
-
 def open_source(name, dataset=None, task="loss"):
-    """A checkpoint (folder or file) and, for the loss, its dataset's val split; a one-line UserError for a
-    missing path, a file that is no checkpoint, or a dataset whose token ids mean something else."""
+    """A checkpoint (folder or file) and, for the loss, its dataset's val split, or a one-line UserError."""
     given = Path(name)
     if not given.exists():
         raise UserError(f"{name}: no such folder or checkpoint file")
@@ -205,17 +187,15 @@ def open_source(name, dataset=None, task="loss"):
 
 def lengths_for(source, lengths):
     """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line UserError."""
-    resolved, T = {}, source.block_size
-    for length in lengths:
-        resolved[length] = n = length.tokens(T)
+    resolved, T = {length: length.tokens(source.block_size) for length in lengths}, source.block_size
+    for length, n in resolved.items():
         if n < 1:
             raise UserError(f"--lengths: {length} of T = {T} ({source.name}) is {n} tokens, below 1")
     return resolved
 
 
 def model_for(source, method, length, device, longrope=None):
-    """The model of a row at `length` tokens: the checkpoint as recorded (plain, window, or its own
-    extension), or a RoPE extension at its default factor s = max(1, L / T)."""
+    """A row's model: the checkpoint as recorded, or a RoPE extension at s = max(1, length / T)."""
     if method in ROPE_SCALING_CHOICES and not source.config.get("rope_scaling"):
         factor = default_rope_factor(length, source.block_size)
         longrope = longrope if method == LONGROPE else None
@@ -228,33 +208,18 @@ def available(source, method, length):
     return not (method == "plain" and source.limit is not None and length > source.limit)
 
 
-def label(source, method):
-    if method == "plain" or method == "window":
-        return method
-    if source.config.get("rope_scaling"):
-        return f"{method} x{source.config['rope_factor']:g} (as trained)"
-    return "longrope (--rope_factors)" if method == LONGROPE else f"{method} (s = L/T)"
-
-
 def same_as_plain(source, method, length):
     """Up to T, a RoPE extension applied here runs at s = 1 and learned's window holds the whole context."""
     applied_here = method == "window" or (method in ROPE_SCALINGS and not source.config.get("rope_scaling"))
     return applied_here and length <= source.block_size
 
 
-def planned(sources, lengths, cfg, reference=True):
-    """(source, method, L) for every row at every length where it is available and not plain's, and with
-    reference each checkpoint's own row at L = T, the loss ratios' reference."""
-    for source in sources:
-        asked = sorted(set(lengths_for(source, lengths).values()))
-        for i, method in enumerate(source.methods(scalings_for(source, cfg))):
-            for n in sorted({*asked, source.block_size}) if i == 0 and reference else asked:
-                if available(source, method, n) and not same_as_plain(source, method, n):
-                    yield source, method, n
-
-
-# -----------------------------------------------------------------------------
-# Measuring
+def label(source, method):
+    if method == "plain" or method == "window":
+        return method
+    if source.config.get("rope_scaling"):
+        return f"{method} x{source.config['rope_factor']:g} (as trained)"
+    return "longrope (--rope_factors)" if method == LONGROPE else f"{method} (s = L/T)"
 
 
 @dataclass
@@ -265,6 +230,9 @@ class Measure:
     loss_beyond: float | None = None  # mean loss at positions >= T; None when L <= T
     stderr: float | None = None  # standard error of the per-window mean loss; None under two windows
     positions: list = field(default_factory=list)  # mean loss at each position 0 .. L-1 over the windows
+
+    def fields(self):  # CSV_COLUMNS after the row's
+        return [*(fmt(v, ".6f") for v in (self.loss, self.loss_beyond, self.stderr)), self.windows]
 
 
 @dataclass
@@ -277,6 +245,11 @@ class Retrieval:
     @property
     def accuracy(self):
         return self.correct / self.trials if self.trials else None
+
+    def fields(self):  # PASSKEY_COLUMNS after the row's; accuracy and interval empty if not available
+        low, high = wilson_interval(self.correct, self.trials) if self.trials else (None, None)
+        rates = (fmt(v, ".4f") for v in (self.accuracy, low, high))
+        return [f"{self.depth:g}", self.trials, self.correct, *rates]
 
 
 @dataclass
@@ -293,59 +266,6 @@ class Row:
         return [self.checkpoint, self.pos, self.scaling, self.block_size, n]
 
 
-def summarize(losses, length, block_size):
-    """(windows, L) token losses -> Measure."""
-    losses = losses.double()
-    per_window, n = losses.mean(1), len(losses)
-    beyond = losses[:, block_size:].mean().item() if length > block_size else None
-    stderr = (per_window.std() / math.sqrt(n)).item() if n > 1 else None
-    return Measure(length, n, per_window.mean().item(), beyond, stderr, losses.mean(0).tolist())
-
-
-def measure_plan(plan, total, unit, cfg, device, measure):
-    """{(name, method, L): measure(source, L, model, bar)} over the plan, under one progress bar."""
-    results = {}
-    bar = progress_bar(total, unit, "evaluating", enabled=cfg.progress)
-    with bar:
-        for source, method, n in plan:
-            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
-            model = model_for(source, method, n, device, cfg.longrope)
-            results[source.name, method, n] = measure(source, n, model, bar)
-    return results
-
-
-def make_rows(sources, lengths, cfg, results, missing, reference=False):
-    """A Row per checkpoint and method; where a row is the plain model (same_as_plain) plain's results, where
-    it is not available missing(L)."""
-    rows = []
-    for source in sources:
-        methods = source.methods(scalings_for(source, cfg))
-        ratio_to = results[source.name, methods[0], source.block_size].loss if reference else None
-        for method in methods:
-            measures = {}
-            for n in lengths_for(source, lengths).values():
-                key = (source.name, "plain" if same_as_plain(source, method, n) else method, n)
-                measures[n] = results.get(key, missing(n))
-            pos, T = source.config["pos"], source.block_size
-            rows.append(Row(source.name, pos, method, T, label(source, method), measures, ratio_to))
-    return rows
-
-
-def evaluate(sources, lengths, cfg, device):
-    """The loss of every row at every length, and of each checkpoint's own row at L = T. -> [Row]"""
-    plan = list(planned(sources, lengths, cfg))
-    starts = {(s.name, n): window_starts(len(s.tokens), n, cfg.max_windows) for s, _, n in plan}
-
-    def measure(source, n, model, bar):
-        windows = starts[source.name, n]
-        losses = window_losses(model, source.tokens, n, windows, cfg.batch_size, device, bar.update)
-        return summarize(losses, n, source.block_size)
-
-    total = sum(len(starts[s.name, n]) for s, _, n in plan)
-    results = measure_plan(plan, total, "window", cfg, device, measure)
-    return make_rows(sources, lengths, cfg, results, lambda n: Measure(n, 0), reference=True)
-
-
 def passkey_vocabulary(source):
     """{char: id} of a checkpoint trained on the passkey vocabulary; a one-line UserError for any other."""
     chars = source.ckpt.get("meta", {}).get("chars") or []
@@ -358,25 +278,58 @@ def passkey_vocabulary(source):
     return {c: i for i, c in enumerate(chars)}
 
 
-def evaluate_passkey(sources, lengths, depths, cfg, device):
-    """cfg.trials samples at every (row, length, depth). -> [Row] with measures {L: [Retrieval per depth]}"""
-    plan = list(planned(sources, lengths, cfg, reference=False))
-
-    def measure(source, n, model, bar):
-        stoi, cells = passkey_vocabulary(source), []
-        for depth in depths:
-            tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
-            correct = count_correct(model, tokens.to(device), answer_start, cfg.batch_size)
-            cells.append(Retrieval(n, depth, cfg.trials, correct))
-            bar.update(cfg.trials)
-        return cells
-
-    results = measure_plan(plan, len(plan) * len(depths) * cfg.trials, "trial", cfg, device, measure)
-    return make_rows(sources, lengths, cfg, results, lambda n: [Retrieval(n, d, 0, 0) for d in depths])
-
-
-# -----------------------------------------------------------------------------
-# Reporting
+def evaluate(sources, lengths, cfg, device, depths=None):
+    """A Row per checkpoint and method: the loss at every length, or with depths (--task=passkey) cfg.trials
+    samples at each length and depth. Each model runs once, under one progress bar, where it is available and
+    not plain's model (same_as_plain: there the row shows plain's), and for the loss each checkpoint's own row
+    at L = T too, the ratios' reference. -> [Row]"""
+    original = (cfg.longrope or {}).get("rope_original_len")
+    plan = []  # (source, method, L)
+    for source in sources:
+        asked = set(lengths_for(source, lengths).values())
+        for i, method in enumerate(source.methods(cfg.rope_scalings, original)):
+            for n in sorted(asked | {source.block_size} if i == 0 and depths is None else asked):
+                if available(source, method, n) and not same_as_plain(source, method, n):
+                    plan.append((source, method, n))
+    if depths is None:
+        starts = {(s.name, n): window_starts(len(s.tokens), n, cfg.max_windows) for s, _, n in plan}
+        total, unit = sum(len(starts[s.name, n]) for s, _, n in plan), "window"
+    else:
+        total, unit = len(plan) * len(depths) * cfg.trials, "trial"
+    results = {}
+    with progress_bar(total, unit, "evaluating", enabled=cfg.progress) as bar:
+        for source, method, n in plan:
+            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
+            model = model_for(source, method, n, device, cfg.longrope)
+            if depths is None:  # (windows, L) token losses -> Measure
+                windows = starts[source.name, n]
+                losses = window_losses(model, source.tokens, n, windows, cfg.batch_size, device, bar.update)
+                losses, T, count = losses.double(), source.block_size, len(windows)
+                per_window = losses.mean(1)
+                beyond = losses[:, T:].mean().item() if n > T else None
+                stderr = (per_window.std() / math.sqrt(count)).item() if count > 1 else None
+                result = Measure(n, count, per_window.mean().item(), beyond, stderr, losses.mean(0).tolist())
+            else:
+                stoi, result = passkey_vocabulary(source), []
+                for depth in depths:
+                    tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
+                    correct = count_correct(model, tokens.to(device), answer_start, cfg.batch_size)
+                    result.append(Retrieval(n, depth, cfg.trials, correct))
+                    bar.update(cfg.trials)
+            results[source.name, method, n] = result
+    rows = []
+    for source in sources:
+        methods = source.methods(cfg.rope_scalings, original)
+        reference = results[source.name, methods[0], source.block_size].loss if depths is None else None
+        for method in methods:
+            measures = {}
+            for n in lengths_for(source, lengths).values():
+                key = (source.name, "plain" if same_as_plain(source, method, n) else method, n)
+                empty = Measure(n, 0) if depths is None else [Retrieval(n, d, 0, 0) for d in depths]
+                measures[n] = results.get(key, empty)
+            pos, T = source.config["pos"], source.block_size
+            rows.append(Row(source.name, pos, method, T, label(source, method), measures, reference))
+    return rows
 
 
 def table(caption, rows, lengths, cell):
@@ -399,95 +352,34 @@ def loss_table(rows, lengths):
     return table(caption, rows, lengths, cell)
 
 
-def passkey_cell(row, cells):
-    """The exact-match rate pooled over depths, with its 95% Wilson interval."""
-    correct, n = sum(c.correct for c in cells), sum(c.trials for c in cells)
-    low, high = wilson_interval(correct, n)
-    return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
-
-
 def passkey_table(rows, lengths, depths, trials):
+    """A cell: the exact-match rate pooled over depths, with its 95% Wilson interval."""
     caption = (
         f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
         f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
         "n/a: no positions past T"
     )
-    return table(caption, rows, lengths, passkey_cell)
+
+    def cell(row, cells):
+        correct, n = sum(c.correct for c in cells), sum(c.trials for c in cells)
+        low, high = wilson_interval(correct, n)
+        return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
+
+    return table(caption, rows, lengths, cell)
 
 
-def write_table(flag, path, columns, lines):
-    """A CSV file: the header row, then lines; written atomically (outputs.write_output)."""
-
-    def write(tmp):
+def write_csv(flag, path, columns, lines):
+    def write(tmp):  # the header row, then lines; written whole or not at all
         with open(tmp, "x", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(lines)
+            csv.writer(f).writerows([columns, *lines])
 
     write_output(flag, path, write)
 
 
-def write_csv(path, rows):
-    """One line per (checkpoint, method, length), CSV_COLUMNS; loss empty where not available."""
-    lines = [
-        [*row.key(n), fmt(m.loss, ".6f"), fmt(m.loss_beyond, ".6f"), fmt(m.stderr, ".6f"), m.windows]
-        for row in rows
-        for n, m in row.measures.items()
-    ]
-    write_table("csv", path, CSV_COLUMNS, lines)
-
-
-def write_positions_csv(path, rows):
-    """The mean loss at every position of every (checkpoint, method, length), POSITION_COLUMNS."""
-    lines = [
-        [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
-        for row in rows
-        for n, m in row.measures.items()
-        for p, loss in enumerate(m.positions)
-    ]
-    write_table("positions_csv", path, POSITION_COLUMNS, lines)
-
-
-def write_passkey_csv(path, rows):
-    """A line per (checkpoint, method, length, depth), PASSKEY_COLUMNS; accuracy and interval empty if n/a."""
-    lines = []
-    for row in rows:
-        for n, cells in row.measures.items():
-            for c in cells:
-                low, high = wilson_interval(c.correct, c.trials) if c.trials else (None, None)
-                counts = [f"{c.depth:g}", c.trials, c.correct]
-                lines.append([*row.key(n), *counts, *(fmt(v, ".4f") for v in (c.accuracy, low, high))])
-    write_table("csv", path, PASSKEY_COLUMNS, lines)
-
-
-def plot_format(path):
-    """--plot's image format: its extension's (png without one); ValueError for one matplotlib can't write."""
-    try:
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)") from None
-
-    suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
-    if suffix and suffix not in formats:
-        raise ValueError(
-            f"--plot={path}: matplotlib writes no .{suffix} file; give one of "
-            f"{', '.join('.' + name for name in sorted(formats))}"
-        )
-    return suffix or "png"
-
-
-def save_plot(fig, path):
-    write_output("plot", path, lambda tmp: fig.savefig(tmp, format=plot_format(path), dpi=120))
-    pyplot().close(fig)
-
-
 def plot_needles(path, rows):
-    """The needle-in-a-haystack heatmaps, a panel per row: length across, depth down, the exact-match rate as
-    colour (red 0, green 1; grey: not available)."""
-    plt = pyplot()
-    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
-    columns = min(4, len(rows))
-    lines = math.ceil(len(rows) / columns)
+    """Needle-in-a-haystack heatmaps, a panel per row: length across, depth down, exact match (grey: n/a)."""
+    plt, columns = pyplot(), min(4, len(rows))
+    cmap, lines = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey"), math.ceil(len(rows) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
     for ax in axes.flat[len(rows) :]:
         ax.axis("off")
@@ -497,16 +389,15 @@ def plot_needles(path, rows):
         grid = np.array([[c.accuracy for c in row.measures[n]] for n in lengths], dtype=float).T  # None: NaN
         ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
         for (i, j), value in np.ndenumerate(grid):
-            ax.text(
-                j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=7
-            )
+            text = "n/a" if math.isnan(value) else f"{value:.0%}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
         ax.set_ylabel("depth of the key", fontsize=7)
         ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
     fig.tight_layout()
-    save_plot(fig, path)
+    save_figure(fig, path, "plot", dpi=120)
 
 
 def bucketed(positions, bucket):
@@ -519,11 +410,10 @@ def plot(path, rows, bucket=1):
     """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
     longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
     (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
-    plt = pyplot()
-    checkpoints = dict.fromkeys(row.checkpoint for row in rows)
-    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(dict.fromkeys(LINESTYLES))}
-    columns = len(checkpoints)
-    fig, axes = plt.subplots(2, columns, figsize=(4.2 * columns + 1, 7.5), squeeze=False, sharey="row")
+    plt, checkpoints = pyplot(), dict.fromkeys(row.checkpoint for row in rows)
+    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(LINESTYLES)}
+    size = (4.2 * len(checkpoints) + 1, 7.5)
+    fig, axes = plt.subplots(2, len(checkpoints), figsize=size, squeeze=False, sharey="row")
     for column, checkpoint in enumerate(checkpoints):
         by_position, by_length = axes[:, column]
         for row in (row for row in rows if row.checkpoint == checkpoint):
@@ -545,7 +435,7 @@ def plot(path, rows, bucket=1):
     axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
     axes[1, 0].set_ylabel("mean validation loss over L tokens")
     fig.tight_layout()
-    save_plot(fig, path)
+    save_figure(fig, path, "plot", dpi=120)
 
 
 def check_length(source, n, cfg, device):
@@ -568,7 +458,11 @@ def check_length(source, n, cfg, device):
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     with one_line_errors("eval_length.py"):
-        cfg = parse_args(argv)
+        sections, flags = (
+            [("evaluation", EvalConfig, None)],
+            dict(choices=CHOICES, positional=("checkpoints",)),
+        )
+        cfg = EvalConfig(**parse_flags(argv, "eval_length.py", __doc__, sections, **flags))
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
@@ -581,19 +475,28 @@ def main(argv=None):
         print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
         if cfg.task == "passkey":
             depths = parse_depths(cfg.depths)
-            rows = evaluate_passkey(sources, lengths, depths, cfg, device)
+            rows = evaluate(sources, lengths, cfg, device, depths)
             print(passkey_table(rows, lengths, depths, cfg.trials))
             if cfg.csv:
-                write_passkey_csv(cfg.csv, rows)
+                lines = [
+                    [*row.key(n), *c.fields()] for row in rows for n, cs in row.measures.items() for c in cs
+                ]
+                write_csv("csv", cfg.csv, PASSKEY_COLUMNS, lines)
             if cfg.plot:
                 plot_needles(cfg.plot, rows)
             return rows
         rows = evaluate(sources, lengths, cfg, device)
         print(loss_table(rows, lengths))
+        measures = [(row, n, m) for row in rows for n, m in row.measures.items()]
         if cfg.csv:
-            write_csv(cfg.csv, rows)
+            write_csv("csv", cfg.csv, CSV_COLUMNS, [[*row.key(n), *m.fields()] for row, n, m in measures])
         if cfg.positions_csv:
-            write_positions_csv(cfg.positions_csv, rows)
+            lines = [
+                [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
+                for row, n, m in measures
+                for p, loss in enumerate(m.positions)
+            ]
+            write_csv("positions_csv", cfg.positions_csv, POSITION_COLUMNS, lines)
         if cfg.plot:
             plot(cfg.plot, rows, cfg.bucket)
     return rows

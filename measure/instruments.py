@@ -1,8 +1,8 @@
 """
-Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read what happens
-inside a trained model through its own modules. Hidden states and attention inputs come from forward hooks on
-GPT's blocks; attention probabilities are recomputed from the layer's own c_attn and the rotation or mask its
-position module hands it; "no mask" is an additive mask of zeros in place of the causal one.
+Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read a trained
+model through its own modules. Hidden states and attention inputs come from forward hooks on GPT's blocks;
+attention probabilities are recomputed from the layer's own c_attn and the rotation or mask its position
+module hands it; "no mask" is an additive mask of zeros (or the scheme's bias) in place of the causal one.
 tests/test_demo.py checks each instrument against the model's own output.
 """
 
@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def use_one_thread():
-    """One intra-op thread unless OMP_NUM_THREADS says otherwise: for these tiny models (128 dims) extra
-    threads only add synchronisation, and their spin-waits slow a shared machine down many times."""
+    """One thread unless OMP_NUM_THREADS is set: more only add spin-waits to these tiny models (128 dims)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
@@ -54,8 +53,7 @@ def pyplot():
 
 
 def figure_format(path, flag):
-    """The image format of a figure written to path: its extension's, png without one (written to path as
-    given, no extension added); a usage UserError for one matplotlib cannot write (a checkpoint's .pt)."""
+    """Its path's extension (png without one); a usage UserError for one matplotlib cannot write (.pt)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     suffix, formats = Path(path).suffix[1:].lower(), FigureCanvasBase.get_supported_filetypes()
@@ -66,8 +64,8 @@ def figure_format(path, flag):
 
 
 def check_figure_paths(flag, paths):
-    """Before the work: every figure path has a format matplotlib writes and can be written (a folder, a file
-    in the way, an unwritable place: one line). -> False, checking nothing, where matplotlib is missing."""
+    """Before the work: every figure path has a format matplotlib writes and can be written (one line if not).
+    -> False, checking nothing, where matplotlib is missing."""
     if importlib.util.find_spec("matplotlib") is None:
         return False
     for path in paths:
@@ -77,8 +75,8 @@ def check_figure_paths(flag, paths):
 
 
 def save_figure(fig, path, flag="out", dpi=110):
-    """Written whole or not at all (plumbing.outputs.write_output), to path exactly. The same figure gives the
-    same bytes: no software version or date in a PNG's metadata."""
+    """Written whole or not at all, to path exactly (no extension added); the same figure gives the same bytes
+    (no software version or date in a PNG's metadata)."""
     fmt = figure_format(path, flag)
     metadata = {"Software": None} if fmt == "png" else None
     write_output(flag, path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=metadata))
@@ -110,6 +108,16 @@ def validation_windows(ckpt, n_windows, length=None):
     return torch.from_numpy(data[: n_windows * length].astype(np.int64)).view(n_windows, length)
 
 
+@contextmanager
+def hooks(handles):
+    """Removes the hooks on the way out."""
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def attention_arguments(args, kwargs):
     """CausalSelfAttention.forward's arguments by name, however the block passed them."""
     bound = inspect.signature(CausalSelfAttention.forward).bind(None, *args, **kwargs)
@@ -117,47 +125,32 @@ def attention_arguments(args, kwargs):
     return bound.arguments
 
 
-def unmasked_bias(model, T, device):
-    """The additive mask without the causal part: the scheme's own score bias at every (query, key) pair,
-    future ones too (ALiBi's -m_h (i - j)), or zeros where it biases no score. -> (1, n_head or 1, T, T)"""
-    positions = torch.arange(T, device=device)
-    bias = model.transformer.wpe.score_bias(positions, positions)
-    return torch.zeros(1, 1, T, T, device=device) if bias is None else bias
-
-
-@contextmanager
 def unmasked(model):
-    """Every attention layer gets unmasked_bias's mask instead of the model's: every query sees every key."""
+    """A with-block where each attention layer's mask is the scheme's own score bias at every (query, key)
+    pair, future ones too (ALiBi's -m_h (i - j)), or zeros where it biases none: each query sees every key."""
 
     def drop_mask(module, args, kwargs):
         arguments = attention_arguments(args, kwargs)
-        arguments.pop("self")
+        del arguments["self"]
         x = arguments["x"]
-        arguments.update(mask=unmasked_bias(model, x.size(1), x.device))
+        positions = torch.arange(x.size(1), device=x.device)
+        bias = model.transformer.wpe.score_bias(positions, positions)
+        arguments["mask"] = torch.zeros(1, 1, x.size(1), x.size(1), device=x.device) if bias is None else bias
         return (), arguments
 
-    blocks = model.transformer.h
-    handles = [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in blocks]
-    try:
-        yield model
-    finally:
-        for handle in handles:
-            handle.remove()
+    return hooks(
+        [block.attn.register_forward_pre_hook(drop_mask, with_kwargs=True) for block in model.transformer.h]
+    )
 
 
 @torch.no_grad()
 def hidden_states(model, idx, mask=True):
     """The residual stream: the embedding output, then each block's. -> n_layer + 1 tensors (B, T, C)"""
-    states = []
-    blocks = model.transformer.h
+    states, blocks = [], model.transformer.h
     handles = [blocks[0].register_forward_pre_hook(lambda module, args: states.append(args[0]))]
     handles += [block.register_forward_hook(lambda module, args, out: states.append(out)) for block in blocks]
-    try:
-        with nullcontext() if mask else unmasked(model):
-            model(idx)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with hooks(handles), nullcontext() if mask else unmasked(model):
+        model(idx)
     return states
 
 
@@ -165,15 +158,9 @@ def hidden_states(model, idx, mask=True):
 def attention_inputs(model, idx, layer):
     """The arguments the attention of `layer` receives on idx (x after ln_1, rope, mask, ...), and "self"."""
     seen = {}
-
-    def grab(module, args, kwargs):
-        seen.update(attention_arguments(args, kwargs), self=module)
-
-    handle = model.transformer.h[layer].attn.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
+    grab = lambda module, args, kwargs: seen.update(attention_arguments(args, kwargs), self=module)
+    with hooks([model.transformer.h[layer].attn.register_forward_pre_hook(grab, with_kwargs=True)]):
         model(idx)
-    finally:
-        handle.remove()
     return seen
 
 
@@ -188,16 +175,14 @@ def attention_probabilities(model, idx, layer):
     rotation or mask its position module gave it. -> (B, n_head, T, T), zero above the diagonal"""
     inputs = attention_inputs(model, idx, layer)
     attn, x, rope, mask = inputs["self"], inputs["x"], inputs["rope"], inputs["mask"]
-    T, C = x.size(1), x.size(2)
-    q, k, _ = attn.c_attn(x).split(C, dim=2)
-    q, k = split_heads(q, attn.n_head), split_heads(k, attn.n_head)
+    q, k = (split_heads(t, attn.n_head) for t in attn.c_attn(x).split(x.size(2), dim=2)[:2])
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:  # additive: the causal -inf (and the scheme's bias), or unmasked_bias's
+    if mask is not None:  # additive: the causal -inf (and the scheme's bias), or unmasked's
         scores = scores + mask
     else:  # plain causal attention: query i sees keys j <= i
-        positions = torch.arange(T, device=x.device)
+        positions = torch.arange(x.size(1), device=x.device)
         scores = scores.masked_fill(~causal_mask(positions, positions), float("-inf"))
     return F.softmax(scores, dim=-1)
 
@@ -288,15 +273,12 @@ def r_squared(y, prediction):
 def probe_score(features, target, fit_rows, ridge=1e-3, seed=0):
     """(R^2 on held-out windows of a linear probe fit on the others, the same on shuffled targets: what a
     probe of this size finds in noise). features (N, T, C), target (N, T) (NaN: left out), fit_rows (N,)."""
-    X_fit, y_fit = features[fit_rows], target[fit_rows]
-    X_test, y_test = features[~fit_rows], target[~fit_rows]
-    X_fit, y_fit = X_fit[~y_fit.isnan()], y_fit[~y_fit.isnan()]
-    X_test, y_test = X_test[~y_test.isnan()], y_test[~y_test.isnan()]
-    scores = []
-    for y in (y_fit, y_fit[torch.randperm(len(y_fit), generator=torch.Generator().manual_seed(seed))]):
-        w, b = fit_ridge(X_fit, y, ridge)
-        scores.append(r_squared(y_test, X_test @ w + b))
-    return tuple(scores)
+    known = ~target.isnan()
+    fit, test = known & fit_rows[:, None], known & ~fit_rows[:, None]
+    y = target[fit]
+    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))]
+    fits = [fit_ridge(features[fit], y_, ridge) for y_ in (y, shuffled)]
+    return tuple(r_squared(target[test], features[test] @ w + b) for w, b in fits)
 
 
 def probe_positions(model, windows, newline_id, mask=True, ridge=1e-3):

@@ -1,7 +1,6 @@
 """
-Validation loss at every position, inside and past a checkpoint's trained length: what sample.py --compare and
-eval_length.py measure with. Full forward passes (no KV cache) in eval mode; a scheme with a position table
-(learned) is scored past it as it generates there, through a sliding window of its last max_len tokens.
+Validation loss at every position, inside and past the trained length (eval_length.py, sample.py --compare):
+full forward passes in eval mode; past a position table (learned), a sliding window of its max_len tokens.
 """
 
 import numpy as np
@@ -36,9 +35,8 @@ def position_losses(model, x, y, chunk=64):
 
 
 def window_bytes(config, batch, length):
-    """{what: bytes} token_losses allocates for `batch` windows of `length` tokens, from the shapes (for
-    check_memory): a forward pass, the cross-entropy's log-softmax of the logits, the position table grown to
-    `length`, and past a table (learned) its sliding windows' tokens."""
+    """{what: bytes} token_losses allocates for `batch` windows of `length` tokens (for check_memory): a
+    forward pass, the log-softmax, the position table grown to `length`, past a table its sliding windows."""
     parts = forward_bytes(config, batch, length) | {"position table": position_table_bytes(config, length)}
     parts["log-softmax"] = parts["logits"]
     limit = position_limit(config.pos, config.block_size)
@@ -81,9 +79,8 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
 
 @torch.no_grad()
 def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
-    """Mean validation loss at positions < block_size and >= it over n_windows windows of `length` tokens of
-    the model's dataset. -> (inside, beyond), or None without a prepared dataset (GPT-2's name none); a
-    one-line UserError if the windows would not fit in memory."""
+    """Mean val loss at positions < block_size and >= it over n_windows windows of `length` tokens. ->
+    (inside, beyond), or None without a prepared dataset (GPT-2 names none); a UserError if out of memory."""
     if dataset is None:
         return None
     try:
@@ -95,5 +92,5 @@ def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     check_memory(window_bytes(model.config, n_windows, length), device, what, "lower --max_new_tokens")
     starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
     losses = window_losses(model, val, length, starts, n_windows, device).mean(0)
-    block_size = model.config.block_size
-    return losses[:block_size].mean().item(), losses[block_size:].mean().item()
+    T = model.config.block_size
+    return losses[:T].mean().item(), losses[T:].mean().item()

@@ -5,8 +5,8 @@ Passkey retrieval (eval_length.py --task=passkey): does a checkpoint find a key 
     correct = count_correct(model, tokens, answer_start)   # all five digits the argmax, in one forward pass
     wilson_interval(correct, 50)                           # its 95% interval
 
-Exact match by one forward pass equals greedy decoding's (answers_by_greedy; tests/test_retrieval.py), and is
-what is measured: with dynamic NTK the KV cache keeps keys rotated for shorter lengths, another model.
+Exact match by one forward pass equals greedy decoding's (answers_by_greedy), and is what is measured: with
+dynamic NTK the KV cache keeps keys rotated for shorter lengths, another model.
 """
 
 import math
@@ -32,9 +32,8 @@ def wilson_interval(correct, trials, z=Z_95):
 
 
 def passkey_batch(stoi, length, depth, trials, seed):
-    """`trials` evaluation samples of length + 1 characters with the key at `depth` (the last digit a target
-    only, as in training), keys and filler drawn from (seed, length, depth), apart from training's.
-    -> (tokens (trials, length + 1) int64, index of the answer's first digit)"""
+    """`trials` samples of length + 1 characters (the last digit a target only) with the key at `depth`, drawn
+    from (seed, length, depth). -> (tokens (trials, length + 1) int64, index of the answer's first digit)"""
     rng = np.random.default_rng([seed, length, round(depth * 1000)])
     samples = [eval_sample(rng, length + 1, depth) for _ in range(trials)]
     tokens = torch.tensor([[stoi[c] for c in s.text] for s in samples], dtype=torch.int64)
@@ -45,11 +44,9 @@ def passkey_batch(stoi, length, depth, trials, seed):
 def answers_by_forward(model, tokens, answer_start, batch_size=50):
     """The argmax at each answer digit given the true text before it, a forward pass per batch of rows; past a
     position table (learned), each digit from the max_len tokens before it, as it generates. -> (rows, 5)"""
-    inputs = tokens[:, :-1]  # the last digit is only a target
     where = torch.arange(answer_start - 1, answer_start - 1 + KEY_DIGITS)  # the inputs predicting the digits
-    limit = model.max_len
-    out = []
-    for rows in inputs.split(batch_size):
+    limit, out = model.max_len, []
+    for rows in tokens[:, :-1].split(batch_size):  # the last digit is only a target
         if limit is None or rows.size(1) <= limit:
             logits = model(rows)[0][:, where]
         else:
@@ -60,8 +57,7 @@ def answers_by_forward(model, tokens, answer_start, batch_size=50):
 
 def answers_by_greedy(model, tokens, answer_start):
     """The KEY_DIGITS tokens greedy decoding (KV cache) writes after the prompt. -> (rows, KEY_DIGITS)"""
-    prompt = tokens[:, :answer_start]
-    return generate_cached(model, prompt, KEY_DIGITS, temperature=0)[:, answer_start:]
+    return generate_cached(model, tokens[:, :answer_start], KEY_DIGITS, temperature=0)[:, answer_start:]
 
 
 def count_correct(model, tokens, answer_start, batch_size=50):

@@ -8,7 +8,7 @@ rotation, ALiBi's slopes and bias, the masks); the modules model.py calls throug
     alibi                 adds a bias to the attention scores      (score_bias, in GPT.attention_mask)
     none                  nothing: only the causal mask reveals order
 
-This file imports nothing from the repository: the exercises (course/exercises.py) point here.
+This file imports nothing from the repository: the exercises (course/exercises.toml) point here.
 """
 
 import math

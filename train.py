@@ -36,7 +36,7 @@ from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
 from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
-from plumbing.run_folder import check_out_dir, own_folder
+from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
@@ -131,10 +131,7 @@ def parse_args(argv=None):
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
     values |= (longrope := read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {})
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
-        try:
-            saved = resume.saved_model_config(values["init_from"], model_flags)
-        except UserError as e:  # --init_from names no checkpoint it can read: a bad flag
-            raise UserError(str(e), status=2) from None
+        saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
         values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices) | longrope
         values |= resume.init_from_settings(values, saved)
@@ -146,15 +143,6 @@ def parse_args(argv=None):
     hardware.check_device(cfg.device)
     check_torchrun_device(cfg.device)
     return cfg, model_config
-
-
-def format_out_dir(template, dataset, pos):
-    try:
-        return template.format(dataset=dataset, pos=pos)
-    except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(
-            f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})"
-        ) from None
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):

@@ -226,8 +226,12 @@ def resize_position_table(table, n_pos):
 
 
 def saved_model_config(out_dir, names):
-    """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults."""
-    saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
+    """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults. A
+    folder with no checkpoint it can read is a bad flag: status 2."""
+    try:
+        saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
+    except UserError as e:
+        raise UserError(str(e), status=2) from None
     return {name: value for name, value in saved.items() if name in names}
 
 

@@ -19,6 +19,16 @@ LOCK_NAME = "train.lock"
 LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being written, not a crashed run's
 
 
+def format_out_dir(template, dataset, pos):
+    """train.py's --out_dir with {dataset} and {pos} filled in; any other field is a one-line error."""
+    try:
+        return template.format(dataset=dataset, pos=pos)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})"
+        ) from None
+
+
 def process_start(pid):
     """When process pid started (Linux /proc), or None: a pid reused by another process has another start."""
     with suppress(OSError, IndexError):

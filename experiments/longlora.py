@@ -50,15 +50,10 @@ SETTINGS = (
 )
 NAMES = tuple(name for name, *_ in SETTINGS)
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
-QUICK_BASE = (
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--eval_iters=2",
-    "--batch_size=4",
-    "--eval_interval=10",
-)
-QUICK_FINE_TUNE = ("--eval_iters=1", "--log_interval=2")
+QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
+QUICK_FINE_TUNE = ["--eval_iters=1", "--log_interval=2"]
+# step_cost's columns
+COST = ("setting", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
 
 
 @dataclass
@@ -97,7 +92,7 @@ def fine_tune(cfg, base, seed):
         [
             [f"--init_from={base}", f"--block_size={long}", f"--dataset={default_name(long)}", *schedule]
             + [*(["--s2_attn"] if s2_attn else []), *lora_flags, f"--seed={seed}", "--device=cpu"]
-            + [f"--out_dir={out}", *(QUICK_FINE_TUNE if cfg.quick else ())]
+            + [f"--out_dir={out}", *(QUICK_FINE_TUNE if cfg.quick else [])]
             for out, (_, s2_attn, lora_flags) in zip(out_dirs, SETTINGS)
         ]
     )
@@ -105,8 +100,8 @@ def fine_tune(cfg, base, seed):
 
 
 def step_cost(cfg, length, name, s2_attn, lora_flags):
-    """{trained, attention FLOPs, peak MiB, ms per step} of one setting: a fresh model of block_size
-    `length`, timed over bench_steps AdamW steps on random tokens after one untimed."""
+    """{COST column: value} of one setting: a fresh model of block_size `length`, timed over bench_steps AdamW
+    steps on random tokens after one untimed."""
     torch.manual_seed(0)
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
@@ -114,9 +109,8 @@ def step_cost(cfg, length, name, s2_attn, lora_flags):
     group = s2.group_size(None, config.block_size, config.n_head) if s2_attn else None
     s2.use_s2_attn(model, group)
     if lora_flags:
-        lora.add_adapters(
-            model, 8, 16.0, 0.05, "embed,norm" if any("lora_train" in f for f in lora_flags) else None
-        )
+        train = "embed,norm" if any("lora_train" in f for f in lora_flags) else None
+        lora.add_adapters(model, 8, 16.0, 0.05, train)
     optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
     x = torch.randint(0, config.vocab_size, (cfg.batch_size, config.block_size))
     times = []
@@ -133,17 +127,9 @@ def step_cost(cfg, length, name, s2_attn, lora_flags):
     # attention output, the MLP's 4 C twice, ...) and the attention probabilities (B x nh x T x keys); the
     # logits and their gradient. A LoRA adapter's small activations are left out.
     per_layer = 16 * B * length * C + B * config.n_head * length * keys
-    peak = (
-        4 * total + 3 * 4 * trained + 4 * config.n_layer * per_layer + 2 * 4 * B * length * config.vocab_size
-    )
-    return {
-        "setting": name,
-        "tokens": length,
-        "trained params": trained,
-        "attention GFLOPs/step": 12 * config.n_layer * C * keys * B * length / 1e9,
-        "peak MiB (est.)": peak / 2**20,
-        "ms/step": 1000 * statistics.median(times[1:]),
-    }
+    peak = 4 * (total + 3 * trained + config.n_layer * per_layer + 2 * B * length * config.vocab_size)
+    flops = 12 * config.n_layer * C * keys * B * length / 1e9  # hardware.flops_per_token's attention term
+    return dict(zip(COST, (name, length, trained, flops, peak / 2**20, 1000 * statistics.median(times[1:]))))
 
 
 def visibility(n_head, length, group):
@@ -218,27 +204,18 @@ def run_study(cfg, argv):
     for length in (T, EXTENSION * T):
         if not (ROOT / "data" / default_name(length) / "meta.json").is_file():
             run_python(["-m", "data.passkey.prepare", f"--block_size={length}"])
-    base, steps = (
-        f"{cfg.out_root}/passkey_rope",
-        [f"--max_iters={cfg.base_iters}", f"--lr_decay_iters={cfg.base_iters}"],
-    )
-    flags = [
-        "--config=configs/passkey.toml",
-        "--pos=rope",
-        *steps,
-        f"--out_dir={base}",
-        f"--seed={FIRST_SEED}",
-    ]
-    ensure_trained([[*flags, "--device=cpu", *(QUICK_BASE if cfg.quick else [])]])
+    base, n = f"{cfg.out_root}/passkey_rope", cfg.base_iters  # the base: its rate decayed over its steps
+    flags = ["--config=configs/passkey.toml", "--pos=rope", f"--max_iters={n}", f"--lr_decay_iters={n}"]
+    flags += [f"--out_dir={base}", f"--seed={FIRST_SEED}", "--device=cpu", *(QUICK_BASE if cfg.quick else [])]
+    ensure_trained([flags])
     seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
     runs = {seed: fine_tune(cfg, base, seed) for seed in seeds}
-    per_task, records = {}, []
+    per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
     for task in (
         "passkey",
         "loss",
     ):  # eval_length.py on the runs (RoPE as trained, no extension at inference)
         per_task[task] = []
-        lengths = ",".join(f"{m * T}t" for m in LENGTHS)
         amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
         data = [] if task == "passkey" else [f"--dataset={default_name(EXTENSION * T)}"]  # one split for all
         for seed in seeds:
@@ -265,10 +242,8 @@ def run_study(cfg, argv):
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
     results = ROOT / cfg.results
     results.mkdir(parents=True, exist_ok=True)
-    lines = [f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records]
-    (results / "longlora.csv").write_text(
-        "task,seed,setting,length,value\n" + "".join(lines), encoding="utf-8"
-    )
+    rows = "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
+    (results / "longlora.csv").write_text("task,seed,setting,length,value\n" + rows, encoding="utf-8")
     listed = ", ".join(map(str, seeds))
     command = " ".join(["python -m experiments.longlora", *(argv or sys.argv[1:])])
     footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "

@@ -190,14 +190,12 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
 
 
-def search_longrope(cfg, checkpoint, seed, name, *flags):
-    """python -m experiments.longrope on a checkpoint into {checkpoint}_longrope_{name}, once."""
-    out = Path(f"{checkpoint}_longrope_{name}")
+def search_longrope(cfg, ckpt, seed, name, *flags):
+    """python -m experiments.longrope on a checkpoint into {ckpt}_longrope_{name}, once."""
+    out = Path(f"{ckpt}_longrope_{name}")
     if not (ROOT / out / "factors.json").is_file():
         quick = ["--population=4", "--parents=2", "--generations=2", "--windows=2"] if cfg.quick else []
-        run_python(
-            ["-m", "experiments.longrope", checkpoint, *flags, f"--seed={seed}", f"--out={out}", *quick]
-        )
+        run_python(["-m", "experiments.longrope", ckpt, *flags, f"--seed={seed}", f"--out={out}", *quick])
     return f"{out}/factors.json"
 
 
@@ -240,11 +238,8 @@ def summary(cfg, per_seed, block_size):
         return f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]"
 
     rows = [[run, method, *(cell(found((run, method, n))) for n in lengths)] for run, method in keys]
-    what = (
-        "mean validation loss ± its standard deviation over seeds"
-        if loss
-        else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
-    )
+    what = "mean validation loss ± its standard deviation over seeds"
+    what = what if loss else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
     head = ["run", "method", *(f"{n}t" for n in lengths)]
     listed = ", ".join(map(str, seeds(cfg)))
     text = [f"Over {len(per_seed)} seed(s) ({listed}): {what}.", "", markdown_table(head, rows), ""]

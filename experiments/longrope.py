@@ -119,28 +119,6 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
     return min(scores, key=scores.get), history
 
 
-def search_setup(cfg):
-    """(the checkpoint's path, ckpt, model config, original length T, length L, factor s, seed candidates)."""
-    path = checkpoint_path(cfg.checkpoint)
-    ckpt = load_checkpoint(path, mmap=True)
-    config = ckpt["model_config"]
-    require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
-    T = config.get("rope_original_len") or config["block_size"]
-    rotary = int(config["n_embd"] // config["n_head"] * config.get("rope_fraction", 1.0))
-    s = config["rope_factor"] if cfg.short else cfg.factor
-    if cfg.short:
-        seeds = [(tuple([1.0] * (rotary // 2)), 0)]
-    else:
-        baselines = longrope_baselines(rotary, config["rope_base"], s, T).values()
-        seeds = [(constrain(f.tolist(), TOP * s), 0) for f in baselines]
-    if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
-        own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
-        scale = 1.0 if cfg.short else s / config["rope_factor"]
-        n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
-        seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
-    return path, ckpt, config, T, T if cfg.short else round(cfg.factor * T), s, seeds
-
-
 def settings(config, candidate, short, s):
     """The checkpoint's model with candidate's factors as its long (or short) ones: open_model's longrope."""
     kept, searched = ("rope_long_factor", "rope_short_factor")[:: 1 if short else -1]
@@ -182,7 +160,24 @@ def main(argv=None):
             argv, PROG, __doc__, [("search", SearchConfig, None)], positional=("checkpoint",)
         )
         cfg = SearchConfig(**values)
-        path, ckpt, config, T, length, s, seeds = search_setup(cfg)
+        path = checkpoint_path(cfg.checkpoint)
+        ckpt = load_checkpoint(path, mmap=True)
+        config = ckpt["model_config"]
+        require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
+        T = config.get("rope_original_len") or config["block_size"]
+        rotary = int(config["n_embd"] // config["n_head"] * config.get("rope_fraction", 1.0))
+        s = config["rope_factor"] if cfg.short else cfg.factor
+        if cfg.short:
+            seeds = [(tuple([1.0] * (rotary // 2)), 0)]
+        else:
+            baselines = longrope_baselines(rotary, config["rope_base"], s, T).values()
+            seeds = [(constrain(f.tolist(), TOP * s), 0) for f in baselines]
+        if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
+            own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
+            scale = 1.0 if cfg.short else s / config["rope_factor"]
+            n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
+            seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
+        length = T if cfg.short else round(cfg.factor * T)
         out = Path(cfg.out or f"{run_folder(cfg.checkpoint)}_longrope_{'short' if cfg.short else f'x{s:g}'}")
         if (out / "factors.json").exists():
             raise UserError(f"{out}/factors.json exists: give another --out, or move it away", 2)

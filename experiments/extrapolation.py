@@ -8,16 +8,11 @@ The length-extrapolation study of docs/extrapolation.md in one command: train, f
     python -m experiments.extrapolation --quick           # every step once, tiny: a smoke run
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
 
-It runs `python train.py` and `python eval_length.py` as a user would, each command printed first: the five
-schemes with the task's preset (or --config) into {out_root}/{dataset}_{pos}, _seed{S} past the first seed;
-fine-tunes to 4 x T of rope (position interpolation, YaRN, and the longer context alone: the control) and of
-learned (its table interpolated); every run evaluated at 1 to 8 x T, with each RoPE extension zero-shot and
-learned's sliding window. --longrope adds LongRoPE's factors searched at 4 T (experiments.longrope), a
-fine-tune with them, and searches from it at 8 T and at T. Under --results: {name}.csv, {name}.png (the first
-seed's) and {name}_table.md (each seed's table, mean and spread over seeds, the orderings every seed keeps),
-name extrapolation (loss) or retrieval (passkey), then a --schemes subset, then _longrope. Finished runs are
-reused, stopped ones continued (plumbing/runs.py; --retrain trains again): the README's `python train.py
---pos=X` runs are the first seed's.
+It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
+{out_root}/{dataset}_{pos}[_seed{S}], their fine-tunes to 4 x T (FINE_TUNES; --longrope: LongRoPE's, searched
+at 4 T, then from the fine-tune at 8 T and at T), every run at 1 to 8 x T (RoPE's extensions zero-shot too).
+It writes {name}.csv, {name}.png and {name}_table.md (per seed, then mean and spread over seeds) under
+--results. Finished runs are reused (--retrain trains again): the README's train.py runs are seed 1337's.
 """
 
 import csv
@@ -63,7 +58,6 @@ QUICK_TRAIN = (
 QUICK_FINE_TUNE = (
     "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2 --batch_size=4"
 )
-QUICK_WINDOWS, QUICK_TRIALS = 2, 4
 
 
 # name: the results files'; preset: the base runs' train.py --config (None: its defaults); lengths: multiples
@@ -108,6 +102,8 @@ class StudyConfig:
             raise ValueError(f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
         require(not self.longrope or "rope" in self.schemes, "--longrope extends rope: keep it in --schemes")
+        if self.quick:
+            self.max_windows, self.trials = 2, 4
         self.lengths = self.lengths or TASKS[self.task].lengths
         multiples_of(self.lengths)  # checks them
         subfolder = "" if self.config in (None, TASKS[self.task].preset) else Path(self.config).stem
@@ -308,10 +304,7 @@ def run_study(cfg, argv):
             runs[seed] += more
     name = results_name(cfg)
     lengths = ",".join(f"{round(m * block_size)}t" for m in multiples_of(cfg.lengths))  # the same tokens
-    if cfg.task == "passkey":
-        amount = f"--trials={QUICK_TRIALS if cfg.quick else cfg.trials}"
-    else:
-        amount = f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}"
+    amount = f"--trials={cfg.trials}" if cfg.task == "passkey" else f"--max_windows={cfg.max_windows}"
     plot = ["--plot", results / f"{name}.png", *(["--bucket=8"] if cfg.task == "loss" else [])]
     if importlib.util.find_spec("matplotlib") is None:
         print("note: matplotlib is not installed: no figure (pip install matplotlib)")

@@ -5,14 +5,11 @@ T to 4 T in five settings, what each costs and what each keeps, in one command.
     python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
-It runs `python train.py` and `python eval_length.py` as a user would, each command printed first: the base,
-rope on data/passkey (configs/passkey.toml, T = 64) for --base_iters steps into {out_root}/passkey_rope (a
-finished run reused, plumbing/runs.py); per seed SETTINGS' five fine-tunes of it to 4 T on data/passkey_ctx256
-(full attention and parameters, then --s2_attn and/or --lora_rank as named); passkey retrieval and validation
-loss of them all at 1, 2, 4, 8 T (RoPE as trained). Then the cost of a step of each setting, in this process
-on random tokens (one thread): time (median of --bench_steps), attention FLOPs (keys: T or the group), peak
-memory estimated from the shapes, trained parameters. Under --results: longlora.csv (every seed's cells) and
-longlora_table.md (cost, then mean and spread over seeds, and the orderings that hold in every seed).
+It runs train.py and eval_length.py as a user would, each command printed first: the base, rope on
+data/passkey (T = 64) into {out_root}/passkey_rope; per seed SETTINGS' fine-tunes of it to 4 T; passkey
+retrieval and loss of all at 1, 2, 4, 8 T. Then each setting's step, timed here on random tokens (one thread),
+its attention FLOPs, peak memory from the shapes and trained parameters. Under --results: longlora.csv (every
+seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps).
 """
 
 import csv
@@ -52,7 +49,6 @@ NAMES = tuple(name for name, *_ in SETTINGS)
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
 QUICK_FINE_TUNE = ["--eval_iters=1", "--log_interval=2"]
-# step_cost's columns
 COST = ("setting", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
 
 
@@ -143,13 +139,11 @@ def visibility(n_head, length, group):
 def draw_pattern(path, length=16, group=4):
     """docs/figures/s2_attn.png: who sees whom in an unshifted head, a shifted head, and both together."""
     seen = visibility(2, length, group).float()
+    both = 0.25 * torch.ones(length, length).tril() + 0.75 * seen.amax(0)
     panels = [
         (f"heads 0 .. nh/2-1: groups of {group}", seen[0]),
         (f"heads nh/2 .. nh-1: shifted by {group // 2}", seen[1]),
-        (
-            "one layer, both halves (causal: light)",
-            0.25 * torch.ones(length, length).tril() + 0.75 * seen.amax(0),
-        ),
+        ("one layer, both halves (causal: light)", both),
     ]
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.6))

@@ -9,15 +9,12 @@ checkpoint at s times its original length, where PI, NTK, YaRN and llama3 each g
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --factor 8  # progressive
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --short     # short ones, at T
 
-Fitness: the mean validation loss over --windows fixed windows of s x T tokens (the paper: perplexity on long
-documents). The paper's constraints: 1 <= lambda_0 <= lambda_1 <= ... (a slower pair is never interpolated
-less than a faster one), n-hat in N_HATS. Population: PI's, NTK's and YaRN's factors (and the checkpoint's
-own, scaled to s, when it has them), then mutations of them; each generation keeps the best --parents and
-breeds mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers (each
-factor from either parent). The authors search with population 64, 40 generations, for 7B models on GPUs;
-16 x 12 here runs a 0.8M model on 2 cores in minutes. The same seed gives the same search. Writes, under --out
-({checkpoint folder}_longrope_x{s}, or _short): factors.json (--rope_factors for train.py, sample.py and
-eval_length.py), fitness.csv and factors.png.
+Fitness: the mean validation loss over --windows windows of s x T tokens. The paper's constraints:
+1 <= lambda_0 <= lambda_1 <= ..., n-hat in N_HATS. The first population: PI's, NTK's and YaRN's factors (and
+the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
+mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
+gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
+fitness.csv and factors.png under --out ({checkpoint folder}_longrope_x{s}, or _short).
 """
 
 import csv

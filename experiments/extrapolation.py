@@ -63,9 +63,7 @@ QUICK_FINE_TUNE = (
 # name: the results files'; preset: the base runs' train.py --config (None: its defaults); lengths: multiples
 # of T evaluated; longer: {scheme: train.py flags} its own preset trains longer, to learn the task
 Task = namedtuple("Task", "name preset lengths eval_flags longer")
-NOPE = {
-    "none": ("--max_iters=5000", "--lr_decay_iters=5000")
-}  # copies last: 11% of keys at T after 3000 steps
+NOPE = {"none": ("--max_iters=5000", "--lr_decay_iters=5000")}  # copies last: 11% of keys at T in 3000 steps
 TASKS = {
     "loss": Task("extrapolation", None, "0.5,1,2,4,8", ("--task=loss", "--batch_size=8"), {}),
     "passkey": Task(
@@ -142,8 +140,7 @@ def results_name(cfg):
 
 
 def base_runs(cfg):
-    """(name, train.py flags) of the runs trained from scratch: the schemes (the task's longer training under
-    its own preset), and EXTRA_RUNS with --extra."""
+    """(name, train.py flags) of the runs trained from scratch: the schemes, and EXTRA_RUNS with --extra."""
     task = TASKS[cfg.task]
     longer = task.longer if cfg.config == task.preset else {}
     runs = [(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES if pos in cfg.schemes]
@@ -196,9 +193,8 @@ def search_longrope(cfg, ckpt, seed, name, *flags):
 
 
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
-    """LongRoPE, progressive as the paper's: factors searched for the rope run at 4 T (its zero-shot row), a
-    fine-tune at 4 T with them, from it factors searched at 8 T and (short-context recovery) at T, each put on
-    the fine-tuned weights by a run of 0 steps. -> (the 4 T factors file, the three new checkpoints)"""
+    """LongRoPE, progressive as the paper's: factors for the rope run at 4 T, a fine-tune with them, from it
+    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs. -> (factors, runs)"""
     source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
     factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
     tuned = fine_tune_dir(source, long, LONGROPE)
@@ -214,10 +210,8 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
 
 
 def summary(cfg, per_seed, block_size):
-    """The markdown of the spread over seeds: per run, method and length the mean +- standard deviation of the
-    losses, or the pooled accuracy with its 95% Wilson interval; then per length the base schemes (their own
-    rows) ranked by the mean, '<' ('>' where higher is better) between neighbours that every seed puts in
-    that order, '~' where some seed reverses them."""
+    """The markdown of the spread over seeds: per run, method and length the losses' mean +- standard
+    deviation, or the pooled accuracy with its 95% Wilson interval; then the base schemes' orderings."""
     loss = cfg.task == "loss"
     lengths = sorted({key[2] for cells in per_seed for key in cells})
     keys = sorted({key[:2] for cells in per_seed for key in cells})

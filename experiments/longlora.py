@@ -205,10 +205,8 @@ def run_study(cfg, argv):
     seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
     runs = {seed: fine_tune(cfg, base, seed) for seed in seeds}
     per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
-    for task in (
-        "passkey",
-        "loss",
-    ):  # eval_length.py on the runs (RoPE as trained, no extension at inference)
+    # eval_length.py on the runs (RoPE as trained, no extension at inference)
+    for task in ("passkey", "loss"):
         per_task[task] = []
         amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
         data = [] if task == "passkey" else [f"--dataset={default_name(EXTENSION * T)}"]  # one split for all

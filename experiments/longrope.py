@@ -99,9 +99,8 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
         ranked = sorted(population, key=scores.get)
         losses = [scores[c] for c in population]
         best, mean = scores[ranked[0]], float(np.mean(losses))
-        history.append(
-            dict(generation=generation, best=best, mean=mean, worst=max(losses), n_hat=ranked[0][1])
-        )
+        row = dict(generation=generation, best=best, mean=mean, worst=max(losses), n_hat=ranked[0][1])
+        history.append(row)
         log(
             f"generation {generation + 1}/{cfg.generations}: best loss {best:.4f} (n-hat {ranked[0][1]}), "
             f"mean {mean:.4f}, {time.perf_counter() - started:.0f} s"
@@ -109,9 +108,8 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
         parents, children = ranked[: cfg.parents], []
         while len(parents) + len(children) < cfg.population:
             a, b = (parents[i] for i in rng.choice(len(parents), 2, replace=len(parents) < 2))
-            children.append(
-                mutate(a, rng, cfg.mutation, top) if len(children) % 2 else crossover(a, b, rng, top)
-            )
+            child = mutate(a, rng, cfg.mutation, top) if len(children) % 2 else crossover(a, b, rng, top)
+            children.append(child)
         population = parents + children
     return min(scores, key=scores.get), history
 

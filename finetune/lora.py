@@ -92,9 +92,8 @@ def adapters(model):
 
 
 def checkpoint_entries(model):
-    """{"model": the plain GPT's state dict} for a checkpoint: with adapters, each adapted Linear merged
-    under its own name, and "lora": the settings and the adapted layers' exact tensors (A, B, base weight
-    and bias), which resume_state puts back."""
+    """{"model": the plain GPT's state dict, each adapted Linear merged under its own name} for a checkpoint;
+    with adapters also "lora": the settings and the adapted layers' exact tensors, for resume_state."""
     state, found = model.state_dict(), adapters(model)
     if not found:
         return {"model": state}

@@ -77,24 +77,6 @@ class StudyConfig:
         self.results = self.results or (self.out_root if self.quick else "docs")
 
 
-def fine_tune(cfg, base, seed):
-    """The five fine-tunes of one seed. -> their folders"""
-    steps, tenth, long = cfg.max_iters, max(1, cfg.max_iters // 10), EXTENSION * T
-    schedule = [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
-    schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
-    schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
-    out_dirs = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
-    ensure_trained(
-        [
-            [f"--init_from={base}", f"--block_size={long}", f"--dataset={default_name(long)}", *schedule]
-            + [*(["--s2_attn"] if s2_attn else []), *lora_flags, f"--seed={seed}", "--device=cpu"]
-            + [f"--out_dir={out}", *(QUICK_FINE_TUNE if cfg.quick else [])]
-            for out, (_, s2_attn, lora_flags) in zip(out_dirs, SETTINGS)
-        ]
-    )
-    return out_dirs
-
-
 def step_cost(cfg, length, name, s2_attn, lora_flags):
     """{COST column: value} of one setting: a fresh model of block_size `length`, timed over bench_steps AdamW
     steps on random tokens after one untimed."""
@@ -203,7 +185,21 @@ def run_study(cfg, argv):
     flags += [f"--out_dir={base}", f"--seed={FIRST_SEED}", "--device=cpu", *(QUICK_BASE if cfg.quick else [])]
     ensure_trained([flags])
     seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
-    runs = {seed: fine_tune(cfg, base, seed) for seed in seeds}
+    long, steps, tenth = EXTENSION * T, cfg.max_iters, max(1, cfg.max_iters // 10)
+    schedule = [f"--init_from={base}", f"--block_size={long}", f"--dataset={default_name(long)}"]
+    schedule += [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
+    schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
+    schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
+    setting_flags = [[*(["--s2_attn"] if shift else []), *lora_flags] for _, shift, lora_flags in SETTINGS]
+    runs, quick = {}, QUICK_FINE_TUNE if cfg.quick else []
+    for seed in seeds:  # the fine-tunes, one seed's in one call
+        runs[seed] = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
+        ensure_trained(
+            [
+                [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
+                for flags, out in zip(setting_flags, runs[seed])
+            ]
+        )
     per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
     # eval_length.py on the runs (RoPE as trained, no extension at inference)
     for task in ("passkey", "loss"):

@@ -52,12 +52,10 @@ EXTRA_RUNS = (
 # The fine-tunes: (source scheme, rope_scaling or None); train.py names their folders as here
 FINE_TUNES = (("rope", "linear"), ("rope", "yarn"), ("learned", None), ("rope", None))
 # --quick: a few steps of everything, to check the pipeline end to end
-QUICK_TRAIN = (
-    "--n_layer=4 --n_head=2 --n_embd=32 --max_iters=20 --eval_interval=20 --eval_iters=2 --log_interval=10"
-)
-QUICK_FINE_TUNE = (
-    "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2 --batch_size=4"
-)
+QUICK_TRAIN = "--n_layer=4 --n_head=2 --n_embd=32 --max_iters=20 --eval_interval=20 --eval_iters=2".split()
+QUICK_TRAIN += ["--log_interval=10"]
+QUICK_FINE_TUNE = "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2".split()
+QUICK_FINE_TUNE += ["--batch_size=4"]
 
 
 # name: the results files'; preset: the base runs' train.py --config (None: its defaults); lengths: multiples
@@ -155,7 +153,7 @@ def train_runs(cfg, commands, duration=None):
 
 def base_commands(cfg, dataset):
     """train.py's flags for every base run and seed."""
-    quick = QUICK_TRAIN.split() if cfg.quick else []
+    quick = QUICK_TRAIN if cfg.quick else []
     return [
         [*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}", f"--seed={seed}"]
         + [f"--device={cfg.device}", *quick]
@@ -169,7 +167,7 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     long, steps, tenth = EXTENSION * block_size, cfg.max_iters, max(1, cfg.max_iters // 10)
     schedule = [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={max(1, steps // 2)}"]
     schedule += ["--eval_iters=20", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
-    schedule = QUICK_FINE_TUNE.split() if cfg.quick else schedule
+    schedule = QUICK_FINE_TUNE if cfg.quick else schedule
     data = [] if long_dataset == dataset else [f"--dataset={long_dataset}"]
     rest = [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}", f"--seed={seed}"]
     commands, out_dirs = [], []
@@ -265,7 +263,7 @@ def run_study(cfg, argv):
     """Train, fine-tune and evaluate every run of the study, write its tables. -> wall time in seconds"""
     start = time.perf_counter()
     results = ROOT / cfg.results
-    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN.split() if cfg.quick else [])]])[0]
+    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN if cfg.quick else [])]])[0]
     dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
     for m in multiples_of(cfg.lengths):  # before any run trains, as eval_length.py will require them
         n = round(m * block_size)

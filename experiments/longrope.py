@@ -67,13 +67,13 @@ def constrain(factors, top):
     return tuple(np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, top)).tolist())
 
 
-def mutate(candidate, rng, probability, top, n_hats=N_HATS):
+def mutate(candidate, rng, probability, top):
     factors, n_hat = candidate
     changed = rng.random(len(factors)) < probability
     factors = np.where(changed, np.asarray(factors) * np.exp(rng.normal(0.0, SIGMA, len(factors))), factors)
     if rng.random() < probability:  # n-hat to a neighbouring choice
-        i = n_hats.index(n_hat) + rng.choice((-1, 1))
-        n_hat = n_hats[min(max(i, 0), len(n_hats) - 1)]
+        i = N_HATS.index(n_hat) + rng.choice((-1, 1))
+        n_hat = N_HATS[min(max(i, 0), len(N_HATS) - 1)]
     return constrain(factors, top), n_hat
 
 

@@ -151,10 +151,8 @@ def write_outputs(out, best, history, config, T, s, short):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        values = parse_flags(
-            argv, PROG, __doc__, [("search", SearchConfig, None)], positional=("checkpoint",)
-        )
-        cfg = SearchConfig(**values)
+        sections = [("search", SearchConfig, None)]
+        cfg = SearchConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoint",)))
         path = checkpoint_path(cfg.checkpoint)
         ckpt = load_checkpoint(path, mmap=True)
         config = ckpt["model_config"]

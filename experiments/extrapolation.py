@@ -9,10 +9,11 @@ The length-extrapolation study of docs/extrapolation.md in one command: train, f
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
-{out_root}/{dataset}_{pos}[_seed{S}], their fine-tunes to 4 x T (FINE_TUNES; --longrope: LongRoPE's, searched
-at 4 T, then from the fine-tune at 8 T and at T), every run at 1 to 8 x T (RoPE's extensions zero-shot too).
-It writes {name}.csv, {name}.png and {name}_table.md (per seed, then mean and spread over seeds) under
---results. Finished runs are reused (--retrain trains again): the README's train.py runs are seed 1337's.
+{out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
+learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
+at 8 T and at T); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv,
+{name}.png and {name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
+reused (--retrain trains again): the README's train.py runs are seed 1337's.
 """
 
 import csv

@@ -8,21 +8,12 @@ The length-extrapolation study of docs/extrapolation.md in one command: train, f
     python -m experiments.extrapolation --quick           # every step once, tiny: a smoke run
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
 
-It runs `python train.py` and `python eval_length.py` as a user would (each command printed first):
-  1. the five schemes with the task's preset (train.py's defaults for loss, configs/passkey.toml for
-     passkey, or --config) into {out_root}/{dataset}_{pos}, with --seeds N also {dataset}_{pos}_seed{S}
-  2. four fine-tunes to 4 x T (train.py --init_from): rope with position interpolation, rope with YaRN,
-     learned with its table interpolated, and rope with only the longer context (the control)
-  3. eval_length.py on all of them per seed at 1, 2, 4 and 8 x T (0.5 too for loss), which also runs each
-     RoPE extension without fine-tuning and learned's sliding window
-  4. under --results: {name}.csv, {name}.png (the first seed's figure) and {name}_table.md (each seed's
-     table, mean and spread over seeds, and which orderings hold in every seed); name is extrapolation
-     (loss) or retrieval (passkey), followed by the schemes when --schemes names a subset, and _longrope.
-With --longrope, per seed (longrope_runs): LongRoPE's factors searched for the rope run at 4 T (python -m
-experiments.longrope; its zero-shot row), a fine-tune at 4 T with them, and from that fine-tune factors
-searched at 8 T (progressive extension) and at T (short-context recovery), each on the fine-tuned weights.
-A finished run of the same command is reused and one stopped early continued (plumbing/runs.py; --retrain
-trains them again), so the README's `python train.py --pos=X` runs serve as the first seed.
+It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
+{out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
+learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
+at 8 T and at T); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv,
+{name}.png and {name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
+reused (--retrain trains again): the README's train.py runs are seed 1337's.
 """
 
 import csv
@@ -33,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,30 +53,20 @@ EXTRA_RUNS = (
 # The fine-tunes: (source scheme, rope_scaling or None); train.py names their folders as here
 FINE_TUNES = (("rope", "linear"), ("rope", "yarn"), ("learned", None), ("rope", None))
 # --quick: a few steps of everything, to check the pipeline end to end
-QUICK_TRAIN = (
-    "--n_layer=4 --n_head=2 --n_embd=32 --max_iters=20 --eval_interval=20 --eval_iters=2 --log_interval=10"
-)
-QUICK_FINE_TUNE = (
-    "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2 --batch_size=4"
-)
-QUICK_WINDOWS, QUICK_TRIALS = 2, 4
+QUICK_TRAIN = "--n_layer=4 --n_head=2 --n_embd=32 --max_iters=20 --eval_interval=20 --eval_iters=2".split()
+QUICK_TRAIN += ["--log_interval=10"]
+QUICK_FINE_TUNE = "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2".split()
+QUICK_FINE_TUNE += ["--batch_size=4"]
 
 
-@dataclass(frozen=True)
-class Task:
-    name: str  # what the results files are called
-    preset: str | None  # the base runs' train.py --config (None: train.py's defaults)
-    lengths: str  # evaluation lengths, multiples of the base T
-    eval_flags: tuple  # eval_length.py's flags for this task
-    longer: tuple = ()  # (scheme, train.py flags): schemes its own preset trains longer, to learn the task
-
-
-# passkey: NoPE learns to copy last, 11% of keys at T after 3000 steps (docs/extrapolation.md)
-NOPE_LONGER = (("none", ("--max_iters=5000", "--lr_decay_iters=5000")),)
+# name: the results files'; preset: the base runs' train.py --config (None: its defaults); lengths: multiples
+# of T evaluated; longer: {scheme: train.py flags} its own preset trains longer, to learn the task
+Task = namedtuple("Task", "name preset lengths eval_flags longer")
+NOPE = {"none": ("--max_iters=5000", "--lr_decay_iters=5000")}  # copies last: 11% of keys at T in 3000 steps
 TASKS = {
-    "loss": Task("extrapolation", None, "0.5,1,2,4,8", ("--task=loss", "--batch_size=8")),
+    "loss": Task("extrapolation", None, "0.5,1,2,4,8", ("--task=loss", "--batch_size=8"), {}),
     "passkey": Task(
-        "retrieval", "configs/passkey.toml", "1,2,4,8", ("--task=passkey", "--batch_size=50"), NOPE_LONGER
+        "retrieval", "configs/passkey.toml", "1,2,4,8", ("--task=passkey", "--batch_size=50"), NOPE
     ),
 }
 
@@ -109,18 +91,16 @@ class StudyConfig:
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
 
-    def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+    def __post_init__(self):  # task and schemes: parse_flags' choices
         for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         if self.config is not None and not (ROOT / self.config).is_file():
             raise ValueError(f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
         require(not self.longrope or "rope" in self.schemes, "--longrope extends rope: keep it in --schemes")
+        if self.quick:
+            self.max_windows, self.trials = 2, 4
         self.lengths = self.lengths or TASKS[self.task].lengths
         multiples_of(self.lengths)  # checks them
         subfolder = "" if self.config in (None, TASKS[self.task].preset) else Path(self.config).stem
@@ -140,56 +120,30 @@ def multiples_of(lengths):
     return multiples
 
 
-def check_lengths(cfg, block_size):
-    """Before any run trains: every length is at least a token at the base T, and for passkey leaves room
-    for the key and its question (data/passkey/task.py), as eval_length.py will require."""
-    for m in multiples_of(cfg.lengths):
-        n = round(m * block_size)
-        try:
-            require(n >= 1, f"{m:g} x T = {m * block_size:g} tokens at T = {block_size}: less than one")
-            if cfg.task == "passkey":
-                filler_length(n + 1)  # n inputs, and the key's last digit as their last target
-        except ValueError as e:
-            raise UserError(f"--lengths={cfg.lengths}: {e}; choose longer lengths", 2) from None
-
-
-def check_results(cfg):
-    """Before any run trains: a file can be written in the --results folder (not a file, writable)."""
-    check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})
+seeds = lambda cfg: [FIRST_SEED + i for i in range(cfg.seeds)]
+preset_flags = lambda cfg: [f"--config={cfg.config}"] if cfg.config else []
+base_dir = lambda cfg, dataset, name, seed: (
+    f"{cfg.out_root}/{dataset}_{name}" + ("" if seed == FIRST_SEED else f"_seed{seed}")
+)
 
 
 def parse_args(argv=None):
     choices = {"task": tuple(TASKS), "schemes": POS_SCHEMES}
-    values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)], choices=choices)
-    return StudyConfig(**values)
-
-
-# -----------------------------------------------------------------------------
-# The runs
+    return StudyConfig(**parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)], choices=choices))
 
 
 def results_name(cfg):
-    """extrapolation or retrieval, named further for a subset of the schemes or with LongRoPE's runs (the
-    full study's files are never overwritten by a part of it): extrapolation_rope_longrope."""
+    """extrapolation or retrieval, then a subset's schemes, then longrope: no part overwrites the whole."""
     subset = [] if cfg.schemes == list(POS_SCHEMES) else cfg.schemes
     return "_".join([TASKS[cfg.task].name, *subset, *(["longrope"] if cfg.longrope else [])])
 
 
-def seeds(cfg):
-    return [FIRST_SEED + i for i in range(cfg.seeds)]
-
-
 def base_runs(cfg):
-    """(name, train.py flags) of the runs trained from scratch: the five schemes (with the task's longer
-    training under its own preset), and EXTRA_RUNS with --extra."""
+    """(name, train.py flags) of the runs trained from scratch: the schemes, and EXTRA_RUNS with --extra."""
     task = TASKS[cfg.task]
-    longer = dict(task.longer) if cfg.config == task.preset else {}
+    longer = task.longer if cfg.config == task.preset else {}
     runs = [(pos, (f"--pos={pos}", *longer.get(pos, ()))) for pos in POS_SCHEMES if pos in cfg.schemes]
     return runs + (list(EXTRA_RUNS) if cfg.extra else [])
-
-
-def base_dir(cfg, dataset, name, seed):
-    return f"{cfg.out_root}/{dataset}_{name}{'' if seed == FIRST_SEED else f'_seed{seed}'}"
 
 
 def train_runs(cfg, commands, duration=None):
@@ -198,13 +152,9 @@ def train_runs(cfg, commands, duration=None):
     ensure_trained(commands, None if cfg.quick else duration, cfg.retrain, elsewhere=elsewhere)
 
 
-def preset_flags(cfg):
-    return [f"--config={cfg.config}"] if cfg.config else []
-
-
 def base_commands(cfg, dataset):
     """train.py's flags for every base run and seed."""
-    quick = QUICK_TRAIN.split() if cfg.quick else []
+    quick = QUICK_TRAIN if cfg.quick else []
     return [
         [*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}", f"--seed={seed}"]
         + [f"--device={cfg.device}", *quick]
@@ -214,11 +164,11 @@ def base_commands(cfg, dataset):
 
 
 def fine_tune(cfg, dataset, long_dataset, block_size, seed):
-    """The four context extensions to EXTENSION x block_size from the base runs' weights. -> their folders"""
+    """The context extensions to EXTENSION x block_size of the base runs. -> (folders, their shared flags)"""
     long, steps, tenth = EXTENSION * block_size, cfg.max_iters, max(1, cfg.max_iters // 10)
     schedule = [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={max(1, steps // 2)}"]
     schedule += ["--eval_iters=20", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
-    schedule = QUICK_FINE_TUNE.split() if cfg.quick else schedule
+    schedule = QUICK_FINE_TUNE if cfg.quick else schedule
     data = [] if long_dataset == dataset else [f"--dataset={long_dataset}"]
     rest = [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}", f"--seed={seed}"]
     commands, out_dirs = [], []
@@ -232,23 +182,18 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
     return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
 
 
-def search_longrope(cfg, checkpoint, seed, name, *flags):
-    """python -m experiments.longrope on a checkpoint into {checkpoint}_longrope_{name}, once: a folder with
-    its factors file is reused."""
-    out = Path(f"{checkpoint}_longrope_{name}")
+def search_longrope(cfg, ckpt, seed, name, *flags):
+    """python -m experiments.longrope on a checkpoint into {ckpt}_longrope_{name}, once."""
+    out = Path(f"{ckpt}_longrope_{name}")
     if not (ROOT / out / "factors.json").is_file():
         quick = ["--population=4", "--parents=2", "--generations=2", "--windows=2"] if cfg.quick else []
-        run_python(
-            ["-m", "experiments.longrope", checkpoint, *flags, f"--seed={seed}", f"--out={out}", *quick]
-        )
+        run_python(["-m", "experiments.longrope", ckpt, *flags, f"--seed={seed}", f"--out={out}", *quick])
     return f"{out}/factors.json"
 
 
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
-    """LongRoPE, progressive as the paper's: factors searched for the rope run at 4 T (zero-shot: its factors
-    file, evaluated on the rope run), a fine-tune at 4 T with them, factors searched from that at 8 T and,
-    for short-context recovery, at T; each search's factors put on the fine-tuned weights by a run of 0
-    steps. -> (the 4 T factors file, the three new checkpoints)"""
+    """LongRoPE, progressive as the paper's: factors for the rope run at 4 T, a fine-tune with them, from it
+    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs. -> (factors, runs)"""
     source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
     factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
     tuned = fine_tune_dir(source, long, LONGROPE)
@@ -263,98 +208,27 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     return factors, [tuned, *applied]
 
 
-def ensure_passkey_data(block_size):
-    """data/passkey (T = 64) or data/passkey_ctx{T}, prepared once (python -m data.passkey.prepare); stale
-    data stops the study in one line (load_meta), before any run starts."""
-    name = default_name(block_size)
-    if not (ROOT / "data" / name / "meta.json").is_file():
-        run_python(["-m", "data.passkey.prepare", f"--block_size={block_size}"])
-    load_meta(ROOT / "data" / name)
-    return name
-
-
-def evaluate(cfg, block_size, out_dirs, seed, csv_path, figure, rope_factors=None):
-    """eval_length.py on one seed's checkpoints at the same token counts. -> its table"""
-    lengths = ",".join(f"{round(m * block_size)}t" for m in multiples_of(cfg.lengths))
-    plot = []
-    if figure and importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed: no figure (pip install matplotlib)")
-    elif figure:
-        plot = ["--plot", figure, *(["--bucket=8"] if cfg.task == "loss" else [])]
-    if cfg.task == "passkey":
-        amount = f"--trials={QUICK_TRIALS if cfg.quick else cfg.trials}"
-    else:
-        amount = f"--max_windows={QUICK_WINDOWS if cfg.quick else cfg.max_windows}"
-    command = ["eval_length.py", *out_dirs, *TASKS[cfg.task].eval_flags, "--lengths", lengths, amount]
-    command += [f"--device={cfg.device}", "--csv", csv_path, *plot]
-    command += [f"--rope_factors={rope_factors}"] if rope_factors else []
-    print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
-    return run_python(command, stdout=subprocess.PIPE, text=True).stdout
-
-
-# -----------------------------------------------------------------------------
-# Over seeds: mean and spread, and the orderings that hold in every seed
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-def seed_cells(task, records, seed):
-    """One seed's eval_length CSV as {(run, method, length): loss} (loss) or {...: (correct, trials)} pooled
-    over depths (passkey), available cells only. The run is the folder's name less the seed's suffix."""
-    cells = {}
-    for r in records:
-        key = (Path(r["checkpoint"]).name.replace(f"_seed{seed}", ""), r["scaling"], int(r["length"]))
-        if task == "loss" and r["loss"]:
-            cells[key] = float(r["loss"])
-        elif task == "passkey" and int(r["trials"]):
-            correct, trials = cells.get(key, (0, 0))
-            cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-    return cells
-
-
-def ordering(values_by_seed, better):
-    """The runs ranked by their mean over seeds ({run: [value per seed]}), best first: '<' ('>' when higher is
-    better) between neighbours whose order holds in every seed, '~' where some seed reverses it."""
-    mean = {run: statistics.fmean(values) for run, values in values_by_seed.items()}
-    ranked = sorted(mean, key=mean.get, reverse=better == "higher")
-    text = ranked[0]
-    for a, b in zip(ranked, ranked[1:]):
-        pairs = zip(values_by_seed[a], values_by_seed[b])
-        holds = all((x < y) if better == "lower" else (x > y) for x, y in pairs)
-        text += f" {('<' if better == 'lower' else '>') if holds else '~'} {b}"
-    return text
-
-
-def summary_cell(task, found):
-    """Mean +- standard deviation of the losses, or the pooled accuracy with its 95% Wilson interval."""
-    if not found:
-        return "n/a"
-    if task == "loss":
-        spread = f" ± {statistics.stdev(found):.3f}" if len(found) > 1 else ""
-        return f"{statistics.fmean(found):.3f}{spread}"
-    correct, trials = sum(c for c, _ in found), sum(t for _, t in found)
-    low, high = wilson_interval(correct, trials)
-    return f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]"
-
-
 def summary(cfg, per_seed, block_size):
-    """The markdown of the spread over seeds: a table of summary_cell per run, method and length, and per
-    length the orderings of the base schemes (their own rows)."""
+    """The markdown of the spread over seeds: per run, method and length the losses' mean +- standard
+    deviation, or the pooled accuracy with its 95% Wilson interval; then the base schemes' orderings."""
+    loss = cfg.task == "loss"
     lengths = sorted({key[2] for cells in per_seed for key in cells})
     keys = sorted({key[:2] for cells in per_seed for key in cells})
     found = lambda key: [cells[key] for cells in per_seed if key in cells]
-    rows = [
-        [run, method, *(summary_cell(cfg.task, found((run, method, n))) for n in lengths)]
-        for run, method in keys
-    ]
-    what = (
-        "mean validation loss ± its standard deviation over seeds"
-        if cfg.task == "loss"
-        else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
-    )
+
+    def cell(values):
+        if not values:
+            return "n/a"
+        if loss:
+            spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+            return f"{statistics.fmean(values):.3f}{spread}"
+        correct, trials = sum(c for c, _ in values), sum(t for _, t in values)
+        low, high = wilson_interval(correct, trials)
+        return f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]"
+
+    rows = [[run, method, *(cell(found((run, method, n))) for n in lengths)] for run, method in keys]
+    what = "mean validation loss ± its standard deviation over seeds"
+    what = what if loss else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
     head = ["run", "method", *(f"{n}t" for n in lengths)]
     listed = ", ".join(map(str, seeds(cfg)))
     text = [f"Over {len(per_seed)} seed(s) ({listed}): {what}.", "", markdown_table(head, rows), ""]
@@ -364,36 +238,25 @@ def summary(cfg, per_seed, block_size):
             "puts them in that order, '~' where some seed reverses it (a difference within the seed spread).",
             "",
         ]
-        runs = [key[0] for key in keys if key[1] == "plain" and "_ctx" not in key[0]]
+        runs = [run for run, method in keys if method == "plain" and "_ctx" not in run]
         for n in lengths:
-            values = {}
-            for run in runs:
-                if len(v := found((run, "plain", n))) == len(per_seed):  # in every seed
-                    values[run] = v if cfg.task == "loss" else [c / t for c, t in v]
+            every = {run: v for run in runs if len(v := found((run, "plain", n))) == len(per_seed)}
+            values = every if loss else {run: [c / t for c, t in v] for run, v in every.items()}
             if len(values) > 1:
-                better = "lower" if cfg.task == "loss" else "higher"
-                text.append(f"- {n} tokens ({n / block_size:g} T): {ordering(values, better)}")
+                mean = {run: statistics.fmean(v) for run, v in values.items()}
+                ranked = sorted(mean, key=mean.get, reverse=not loss)
+                order = ranked[0]
+                for a, b in zip(ranked, ranked[1:]):
+                    holds = all((x < y) if loss else (x > y) for x, y in zip(values[a], values[b]))
+                    order += f" {('<' if loss else '>') if holds else '~'} {b}"
+                text.append(f"- {n} tokens ({n / block_size:g} T): {order}")
     return "\n".join(text)
-
-
-def merge_csv(paths, out_path):
-    """The seeds' CSVs as one file, one header."""
-    records = [record for path in paths for record in read_csv(path)]
-
-    def write(tmp):
-        with open(tmp, "w", newline="", encoding="utf-8") as out:
-            if records:
-                writer = csv.DictWriter(out, fieldnames=list(records[0]))
-                writer.writeheader()
-                writer.writerows(records)
-
-    write_output("results", out_path, write)
 
 
 def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
-        check_results(cfg)
+        check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
         return run_study(cfg, argv)
 
 
@@ -401,9 +264,16 @@ def run_study(cfg, argv):
     """Train, fine-tune and evaluate every run of the study, write its tables. -> wall time in seconds"""
     start = time.perf_counter()
     results = ROOT / cfg.results
-    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN.split() if cfg.quick else [])]])[0]
+    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN if cfg.quick else [])]])[0]
     dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
-    check_lengths(cfg, block_size)
+    for m in multiples_of(cfg.lengths):  # before any run trains, as eval_length.py will require them
+        n = round(m * block_size)
+        try:
+            require(n >= 1, f"{m:g} x T = {m * block_size:g} tokens at T = {block_size}: less than one")
+            if cfg.task == "passkey":  # room for the key and its question (data/passkey/task.py)
+                filler_length(n + 1)  # n inputs, and the key's last digit as their last target
+        except ValueError as e:
+            raise UserError(f"--lengths={cfg.lengths}: {e}; choose longer lengths", 2) from None
     long_dataset = dataset
     if cfg.task == "passkey":
         if default_name(block_size) != dataset:  # checked before anything is prepared
@@ -411,8 +281,11 @@ def run_study(cfg, argv):
                 f"--task=passkey trains on data/passkey (or passkey_ctxN for T = N); the preset "
                 f"{cfg.config} trains on {dataset}"
             )
-        ensure_passkey_data(block_size)
-        long_dataset = ensure_passkey_data(EXTENSION * block_size)
+        for n in (block_size, EXTENSION * block_size):  # prepared once; stale data stops here (load_meta)
+            long_dataset = default_name(n)
+            if not (ROOT / "data" / long_dataset / "meta.json").is_file():
+                run_python(["-m", "data.passkey.prepare", f"--block_size={n}"])
+            load_meta(ROOT / "data" / long_dataset)
     duration = DEFAULT_DURATION if cfg.task == "loss" and cfg.config is None else None
     train_runs(cfg, base_commands(cfg, dataset), duration)
     runs, factors = {}, {}
@@ -423,30 +296,53 @@ def run_study(cfg, argv):
             factors[seed], more = longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags)
             runs[seed] += more
     name = results_name(cfg)
-    tables, per_seed, csvs = [], [], []
+    lengths = ",".join(f"{round(m * block_size)}t" for m in multiples_of(cfg.lengths))  # the same tokens
+    amount = f"--trials={cfg.trials}" if cfg.task == "passkey" else f"--max_windows={cfg.max_windows}"
+    plot = ["--plot", results / f"{name}.png", *(["--bucket=8"] if cfg.task == "loss" else [])]
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed: no figure (pip install matplotlib)")
+        plot = []
+    tables, per_seed, records = [], [], []
     for i, seed in enumerate(seeds(cfg)):
-        csvs.append(ROOT / cfg.out_root / f"{name}_seed{seed}.csv")
-        figure = results / f"{name}.png" if i == 0 else None
-        table = evaluate(cfg, block_size, runs[seed], seed, csvs[-1], figure, factors.get(seed))
+        csv_path = ROOT / cfg.out_root / f"{name}_seed{seed}.csv"  # eval_length.py on the seed's runs
+        command = ["eval_length.py", *runs[seed], *TASKS[cfg.task].eval_flags, "--lengths", lengths, amount]
+        command += [f"--device={cfg.device}", "--csv", csv_path, *(plot if i == 0 else [])]
+        command += [f"--rope_factors={factors[seed]}"] if cfg.longrope else []
+        print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
+        table = run_python(command, stdout=subprocess.PIPE, text=True).stdout
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        per_seed.append(seed_cells(cfg.task, read_csv(csvs[-1]), seed))
-    merge_csv(csvs, results / f"{name}.csv")
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            records.append(list(csv.DictReader(f)))
+        cells = {}  # {(run, method, length): loss} or {...: (correct, trials)} pooled over depths
+        for r in records[-1]:  # the run: the folder's name less the seed's suffix
+            key = (Path(r["checkpoint"]).name.replace(f"_seed{seed}", ""), r["scaling"], int(r["length"]))
+            if cfg.task == "loss" and r["loss"]:
+                cells[key] = float(r["loss"])
+            elif cfg.task == "passkey" and int(r["trials"]):
+                correct, trials = cells.get(key, (0, 0))
+                cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+        per_seed.append(cells)
+
+    def write_csv(tmp):  # the seeds' CSVs as one file, one header
+        with open(tmp, "w", newline="", encoding="utf-8") as out:
+            if rows := [row for seed_rows in records for row in seed_rows]:
+                writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+
+    write_output("results", results / f"{name}.csv", write_csv)
     seconds = time.perf_counter() - start
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    footer = (
-        f"Measured {when} by `python {' '.join(['-m experiments.extrapolation', *(argv or sys.argv[1:])])}`: "
-        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()} with "
-        f"{torch.get_num_threads()} threads; wall time {seconds / 60:.1f} min"
-        + (" (--quick: the numbers mean nothing)" if cfg.quick else "")
-        + "."
-    )
+    command = " ".join(["python -m experiments.extrapolation", *(argv or sys.argv[1:])])
+    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
+    footer += f"Python {platform.python_version()}, {platform.machine()} with {torch.get_num_threads()} "
+    footer += f"threads; wall time {seconds / 60:.1f} min"
+    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
     text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
     results.mkdir(parents=True, exist_ok=True)
     write_output(
         "results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8")
     )
-    wrote = f"{cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md"
-    print(f"\n{text}\nwrote {wrote}")
+    print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")
     return seconds
 
 

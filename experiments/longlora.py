@@ -5,18 +5,11 @@ T to 4 T in five settings, what each costs and what each keeps, in one command.
     python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
-It runs `python train.py` and `python eval_length.py` as a user would (each command printed first):
-  1. the base: rope on data/passkey (configs/passkey.toml, T = 64) for --base_iters steps, into
-     {out_root}/passkey_rope (a finished run is reused, plumbing/runs.py)
-  2. per seed, SETTINGS' five fine-tunes from it to 4 T on data/passkey_ctx256 (train.py --init_from): full
-     attention and full parameters (the plain --init_from), then --s2_attn and/or --lora_rank as named
-  3. eval_length.py on the base and the fine-tunes: passkey retrieval and validation loss at 1, 2, 4, 8 T
-     (RoPE as trained, no extension at inference)
-  4. the cost of a step of each setting, here in this process on random tokens (one thread): time (median
-     of --bench_steps), attention FLOPs (hardware.flops_per_token's attention term, keys T or the group),
-     peak memory estimated from the shapes (training_bytes) and trained parameters
-  5. under --results: longlora.csv (every seed's cells) and longlora_table.md (cost, then mean and spread
-     over seeds, and the orderings that hold in every seed).
+It runs train.py and eval_length.py as a user would, each command printed first: the base, rope on
+data/passkey (T = 64) into {out_root}/passkey_rope; per seed SETTINGS' fine-tunes of it to 4 T; passkey
+retrieval and loss of all at 1, 2, 4, 8 T. Then each setting's step, timed here on random tokens (one thread),
+its attention FLOPs, peak memory from the shapes and trained parameters. Under --results: longlora.csv (every
+seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps).
 """
 
 import csv
@@ -38,6 +31,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.report import markdown_table
 from plumbing.runs import ROOT, ensure_trained, run_python
+from positions import require
 
 PROG = "experiments/longlora.py"
 T, EXTENSION, FIRST_SEED = 64, 4, 1337
@@ -51,9 +45,11 @@ SETTINGS = (
     ("s2_lora_embed_norm", True, ("--lora_rank=8", "--lora_train=embed,norm")),
     ("lora", False, ("--lora_rank=8",)),
 )
+NAMES = tuple(name for name, *_ in SETTINGS)
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
-QUICK_BASE = ("--n_layer=2", "--n_head=2", "--n_embd=32", "--eval_iters=2", "--batch_size=4")
-QUICK_FINE_TUNE = ("--eval_iters=1", "--log_interval=2")
+QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
+QUICK_FINE_TUNE = ["--eval_iters=1", "--log_interval=2"]
+COST = ("setting", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
 
 
 @dataclass
@@ -72,116 +68,18 @@ class StudyConfig:
     figure_only: bool = False  # only draw docs/figures/s2_attn.png, S²-Attn's pattern
 
     def __post_init__(self):
-        for name in (
-            "seeds",
-            "base_iters",
-            "max_iters",
-            "batch_size",
-            "trials",
-            "max_windows",
-            "bench_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        for name in "seeds base_iters max_iters batch_size trials max_windows bench_steps".split():
+            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         if self.quick:
             self.base_iters, self.max_iters, self.trials, self.max_windows, self.bench_steps = 10, 4, 2, 2, 1
         self.out_root = self.out_root or ("out/longlora_quick" if self.quick else "out/longlora")
         self.results = self.results or (self.out_root if self.quick else "docs")
 
 
-def seeds(cfg):
-    return [FIRST_SEED + i for i in range(cfg.seeds)]
-
-
-# -----------------------------------------------------------------------------
-# The runs
-
-
-def train_base(cfg):
-    steps = [f"--max_iters={cfg.base_iters}", f"--lr_decay_iters={cfg.base_iters}"]
-    quick = [*QUICK_BASE, "--eval_interval=10"] if cfg.quick else []
-    base = f"{cfg.out_root}/passkey_rope"
-    flags = [
-        "--config=configs/passkey.toml",
-        "--pos=rope",
-        *steps,
-        f"--out_dir={base}",
-        f"--seed={FIRST_SEED}",
-    ]
-    ensure_trained([[*flags, "--device=cpu", *quick]])
-    return base
-
-
-def fine_tune_dir(cfg, name, seed):
-    return f"{cfg.out_root}/passkey_rope_ctx{EXTENSION * T}_{name}_seed{seed}"
-
-
-def fine_tune(cfg, base, seed):
-    """The five fine-tunes of one seed. -> their folders"""
-    steps, tenth = cfg.max_iters, max(1, cfg.max_iters // 10)
-    schedule = [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
-    schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
-    schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
-    commands = []
-    for name, s2_attn, lora_flags in SETTINGS:
-        command = [
-            f"--init_from={base}",
-            f"--block_size={EXTENSION * T}",
-            f"--dataset={default_name(EXTENSION * T)}",
-        ]
-        command += [
-            *schedule,
-            *(["--s2_attn"] if s2_attn else []),
-            *lora_flags,
-            f"--seed={seed}",
-            "--device=cpu",
-        ]
-        commands.append(
-            [*command, f"--out_dir={fine_tune_dir(cfg, name, seed)}", *(QUICK_FINE_TUNE if cfg.quick else ())]
-        )
-    ensure_trained(commands)
-    return [fine_tune_dir(cfg, name, seed) for name, *_ in SETTINGS]
-
-
-def evaluate(cfg, runs, task, csv_path):
-    """eval_length.py on the runs (RoPE as trained, no extension at inference). -> its CSV's rows"""
-    lengths = ",".join(f"{m * T}t" for m in LENGTHS)
-    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
-    command = ["eval_length.py", *runs, f"--task={task}", "--lengths", lengths, amount, "--rope_scalings"]
-    data = [] if task == "passkey" else [f"--dataset={default_name(EXTENSION * T)}"]  # one split for all
-    command += [*data, "--device=cpu", "--progress=false", "--csv", csv_path]
-    print(f"\n$ python {' '.join(map(str, command))}")
-    run_python(command)
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-# -----------------------------------------------------------------------------
-# The cost of a step, from the shapes and timed here
-
-
-def training_bytes(config, batch, keys, trained, total):
-    """{what: bytes} a float32 training step holds at its peak, estimated from the shapes: the weights, the
-    gradients and AdamW's two moments of the trained parameters, and what the backward pass keeps per
-    layer: about 16 activations of batch x block_size x n_embd (LayerNorm inputs, q k v, attention output,
-    the MLP's 4 n_embd twice, ...) and the attention probabilities, batch x n_head x block_size x keys
-    (keys: block_size, or S²-Attn's group); and the logits with their gradient. A LoRA adapter's small
-    activations are left out."""
-    T, C = config.block_size, config.n_embd
-    per_layer = 16 * batch * T * C + batch * config.n_head * T * keys
-    return {
-        "weights": 4 * total,
-        "gradients and AdamW moments": 3 * 4 * trained,
-        "activations": 4 * config.n_layer * per_layer,
-        "logits": 2 * 4 * batch * T * config.vocab_size,
-    }
-
-
 def step_cost(cfg, length, name, s2_attn, lora_flags):
-    """{trained, attention FLOPs, peak MiB, ms per step} of one setting: a fresh model of block_size
-    `length`, timed over bench_steps AdamW steps on random tokens after one untimed."""
+    """{COST column: value} of one setting: a fresh model of block_size `length`, timed over bench_steps AdamW
+    steps on random tokens after one untimed."""
     torch.manual_seed(0)
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
@@ -201,16 +99,15 @@ def step_cost(cfg, length, name, s2_attn, lora_flags):
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     trained, total = lora.trained_params(model)
-    keys = group or config.block_size
-    tokens = cfg.batch_size * config.block_size
-    return {
-        "setting": name,
-        "tokens": length,
-        "trained params": trained,
-        "attention GFLOPs/step": 12 * config.n_layer * config.n_embd * keys * tokens / 1e9,
-        "peak MiB (est.)": sum(training_bytes(config, cfg.batch_size, keys, trained, total).values()) / 2**20,
-        "ms/step": 1000 * statistics.median(times[1:]),
-    }
+    B, C, keys = cfg.batch_size, config.n_embd, group or config.block_size
+    # The peak of a float32 step, from the shapes: weights; gradients and AdamW's two moments of the trained
+    # parameters; per layer what backward keeps, about 16 activations of B x T x C (LayerNorm inputs, q k v,
+    # attention output, the MLP's 4 C twice, ...) and the attention probabilities (B x nh x T x keys); the
+    # logits and their gradient. A LoRA adapter's small activations are left out.
+    per_layer = 16 * B * length * C + B * config.n_head * length * keys
+    peak = 4 * (total + 3 * trained + config.n_layer * per_layer + 2 * B * length * config.vocab_size)
+    flops = 12 * config.n_layer * C * keys * B * length / 1e9  # hardware.flops_per_token's attention term
+    return dict(zip(COST, (name, length, trained, flops, peak / 2**20, 1000 * statistics.median(times[1:]))))
 
 
 def visibility(n_head, length, group):
@@ -224,11 +121,11 @@ def visibility(n_head, length, group):
 def draw_pattern(path, length=16, group=4):
     """docs/figures/s2_attn.png: who sees whom in an unshifted head, a shifted head, and both together."""
     seen = visibility(2, length, group).float()
-    causal = torch.ones(length, length).tril()
+    both = 0.25 * torch.ones(length, length).tril() + 0.75 * seen.amax(0)
     panels = [
         (f"heads 0 .. nh/2-1: groups of {group}", seen[0]),
         (f"heads nh/2 .. nh-1: shifted by {group // 2}", seen[1]),
-        ("one layer, both halves (causal: light)", 0.25 * causal + 0.75 * seen.amax(0)),
+        ("one layer, both halves (causal: light)", both),
     ]
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.6))
@@ -243,62 +140,29 @@ def draw_pattern(path, length=16, group=4):
     return save_figure(fig, path)
 
 
-# -----------------------------------------------------------------------------
-# Tables
-
-
-def cells(rows, task, names):
-    """{(setting, length): value}: passkey accuracy pooled over depths, or the mean loss; names: {checkpoint
-    folder's name: setting}."""
-    found = {}
-    for r in rows:
-        key = (names[Path(r["checkpoint"]).name], int(r["length"]))
-        if task == "passkey" and int(r["trials"]):
-            correct, trials = found.get(key, (0, 0))
-            found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-        elif task == "loss" and r["loss"]:
-            found[key] = float(r["loss"])
-    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
-
-
-def spread(values, percent):
-    mean = statistics.fmean(values)
-    sd = statistics.stdev(values) if len(values) > 1 else None
-    if percent:
-        return f"{mean:.0%}" + (f" ± {100 * sd:.0f}" if sd is not None else "")
-    return f"{mean:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
-
-
-def ordering(per_seed, length, higher):
-    """The fine-tunes at one length ranked by their mean, best first: '>' where every seed agrees, '~' not."""
-    values = {name: [c[(name, length)] for c in per_seed] for name, *_ in SETTINGS}
-    ranked = sorted(values, key=lambda n: statistics.fmean(values[n]), reverse=higher)
-    text = ranked[0]
-    for a, b in zip(ranked, ranked[1:]):
-        holds = all((x > y) if higher else (x < y) for x, y in zip(values[a], values[b]))
-        text += f" {('>' if higher else '<') if holds else '~'} {b}"
-    return text
-
-
 def quality_table(per_seed, task):
-    names = ["base", *(name for name, *_ in SETTINGS)]
-    lengths = [m * T for m in LENGTHS]
-    rows = [
-        [
-            name,
-            *(
-                spread(
-                    [c[(name, n)] for c in per_seed if (name, n) in c] or [float("nan")], task == "passkey"
-                )
-                for n in lengths
-            ),
-        ]
-        for name in names
-    ]
-    head = ["setting", *(f"{n} ({n // T} T)" for n in lengths)]
-    text = [markdown_table(head, rows), ""]
-    if len(per_seed) > 1:
-        text += [f"- {n} tokens: {ordering(per_seed, n, task == 'passkey')}" for n in lengths]
+    """Mean ± sd over seeds per setting and length (points for passkey), then with several seeds per length
+    the fine-tunes ranked by the mean, best first: '>' ('<' for loss) where every seed agrees, '~' not."""
+    lengths, passkey = [m * T for m in LENGTHS], task == "passkey"
+
+    def spread(values):
+        mean, sd = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+        if passkey:
+            return f"{mean:.0%}" + (f" ± {100 * sd:.0f}" if sd is not None else "")
+        return f"{mean:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
+
+    found = lambda name, n: [c[(name, n)] for c in per_seed if (name, n) in c] or [float("nan")]
+    rows = [[name, *(spread(found(name, n)) for n in lengths)] for name in ["base", *NAMES]]
+    text = [markdown_table(["setting", *(f"{n} ({n // T} T)" for n in lengths)], rows), ""]
+    for n in lengths if len(per_seed) > 1 else []:
+        values = {name: [c[(name, n)] for c in per_seed] for name in NAMES}
+        mean = {name: statistics.fmean(v) for name, v in values.items()}
+        ranked = sorted(mean, key=mean.get, reverse=passkey)
+        order = ranked[0]
+        for a, b in zip(ranked, ranked[1:]):
+            holds = all((x > y) if passkey else (x < y) for x, y in zip(values[a], values[b]))
+            order += f" {('>' if passkey else '<') if holds else '~'} {b}"
+        text.append(f"- {n} tokens: {order}")
     return "\n".join(text)
 
 
@@ -310,51 +174,75 @@ def main(argv=None):
 
 def run_study(cfg, argv):
     start = time.perf_counter()
-    figure = draw_pattern(ROOT / cfg.results / "figures" / "s2_attn.png")
-    print(f"wrote {figure}")
+    print(f"wrote {draw_pattern(ROOT / cfg.results / 'figures' / 's2_attn.png')}")
     if cfg.figure_only:
         return None
     for length in (T, EXTENSION * T):
         if not (ROOT / "data" / default_name(length) / "meta.json").is_file():
             run_python(["-m", "data.passkey.prepare", f"--block_size={length}"])
-    base = train_base(cfg)
-    runs = {seed: fine_tune(cfg, base, seed) for seed in seeds(cfg)}
-    per_task, records = {}, []
+    base, n = f"{cfg.out_root}/passkey_rope", cfg.base_iters  # the base: its rate decayed over its steps
+    flags = ["--config=configs/passkey.toml", "--pos=rope", f"--max_iters={n}", f"--lr_decay_iters={n}"]
+    flags += [f"--out_dir={base}", f"--seed={FIRST_SEED}", "--device=cpu", *(QUICK_BASE if cfg.quick else [])]
+    ensure_trained([flags])
+    seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
+    long, steps, tenth = EXTENSION * T, cfg.max_iters, max(1, cfg.max_iters // 10)
+    schedule = [f"--init_from={base}", f"--block_size={long}", f"--dataset={default_name(long)}"]
+    schedule += [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
+    schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
+    schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
+    setting_flags = [[*(["--s2_attn"] if shift else []), *lora_flags] for _, shift, lora_flags in SETTINGS]
+    runs, quick = {}, QUICK_FINE_TUNE if cfg.quick else []
+    for seed in seeds:  # the fine-tunes, one seed's in one call
+        runs[seed] = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
+        ensure_trained(
+            [
+                [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
+                for flags, out in zip(setting_flags, runs[seed])
+            ]
+        )
+    per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
+    # eval_length.py on the runs (RoPE as trained, no extension at inference)
     for task in ("passkey", "loss"):
         per_task[task] = []
-        for seed in seeds(cfg):
+        amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
+        data = [] if task == "passkey" else [f"--dataset={default_name(EXTENSION * T)}"]  # one split for all
+        for seed in seeds:
             csv_path = ROOT / cfg.out_root / f"longlora_{task}_seed{seed}.csv"
-            rows = evaluate(cfg, [base, *runs[seed]], task, csv_path)
-            names = dict(
-                zip([Path(d).name for d in (base, *runs[seed])], ["base", *(n for n, *_ in SETTINGS)])
-            )
-            per_task[task].append(cells(rows, task, names))
+            command = ["eval_length.py", base, *runs[seed], f"--task={task}", "--lengths", lengths, amount]
+            command += ["--rope_scalings", *data, "--device=cpu", "--progress=false", "--csv", csv_path]
+            print(f"\n$ python {' '.join(map(str, command))}")
+            run_python(command)
+            with open(csv_path, newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+            names = dict(zip([Path(d).name for d in (base, *runs[seed])], ["base", *NAMES]))
+            found = {}  # {(setting, length): value}: passkey accuracy pooled over depths, or the mean loss
+            for r in rows:
+                key = (names[Path(r["checkpoint"]).name], int(r["length"]))
+                if task == "passkey" and int(r["trials"]):
+                    correct, trials = found.get(key, (0, 0))
+                    found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+                elif task == "loss" and r["loss"]:
+                    found[key] = float(r["loss"])
+            per_task[task].append({k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()})
             records += [(task, seed, name, n, v) for (name, n), v in per_task[task][-1].items()]
     torch.set_num_threads(1)
     cost = [step_cost(cfg, n, *setting) for n in COST_LENGTHS for setting in SETTINGS]
-    head = list(cost[0])
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
-    cost_table = markdown_table(head, [[fmt(c[k]) for k in head] for c in cost])
     results = ROOT / cfg.results
     results.mkdir(parents=True, exist_ok=True)
-    with open(results / "longlora.csv", "w", encoding="utf-8") as f:
-        f.write(
-            "task,seed,setting,length,value\n"
-            + "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
-        )
-    listed = ", ".join(map(str, seeds(cfg)))
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    rows = "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
+    (results / "longlora.csv").write_text("task,seed,setting,length,value\n" + rows, encoding="utf-8")
+    listed = ", ".join(map(str, seeds))
     command = " ".join(["python -m experiments.longlora", *(argv or sys.argv[1:])])
-    footer = (
-        f"Measured {when} by `{command}`: torch {torch.__version__}, Python {platform.python_version()}, "
-        f"{platform.machine()}; wall time {(time.perf_counter() - start) / 60:.1f} min"
-        + (" (--quick: the numbers mean nothing)." if cfg.quick else ".")
-    )
+    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
+    footer += f"Python {platform.python_version()}, {platform.machine()}; "
+    footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
+    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
     text = "\n\n".join(
         [
             f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
             f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
-            cost_table,
+            markdown_table(list(cost[0]), [[fmt(v) for v in c.values()] for c in cost]),
             f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
             quality_table(per_task["passkey"], "passkey"),
             f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "

@@ -9,15 +9,12 @@ checkpoint at s times its original length, where PI, NTK, YaRN and llama3 each g
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --factor 8  # progressive
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --short     # short ones, at T
 
-Fitness: the mean validation loss over --windows fixed windows of s x T tokens (the paper: perplexity on long
-documents). The constraints, as the paper's: 1 <= lambda_0 <= lambda_1 <= ... (a slower pair is never
-interpolated less than a faster one), n-hat in N_HATS. Population: PI's, NTK's and YaRN's factors (and the
-checkpoint's own, scaled to s, when it has them), then mutations of them; each generation keeps the best
---parents, and breeds mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and
-crossovers (each factor from either parent). The authors' search (population 64, 40 generations, mutation
-0.3 per dimension) evaluates 7B models on GPUs; 16 x 12 here runs a 0.8M model on 2 cores in minutes.
-The same seed gives the same search. Writes, under --out ({checkpoint folder}_longrope_x{s}, or _short):
-factors.json (--rope_factors for train.py, sample.py and eval_length.py), fitness.csv and factors.png.
+Fitness: the mean validation loss over --windows windows of s x T tokens. The paper's constraints:
+1 <= lambda_0 <= lambda_1 <= ..., n-hat in N_HATS. The first population: PI's, NTK's and YaRN's factors (and
+the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
+mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
+gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
+fitness.csv and factors.png under --out ({checkpoint folder}_longrope_x{s}, or _short).
 """
 
 import csv
@@ -60,36 +57,28 @@ class SearchConfig:
         require(self.factor > 1 or self.short, f"factor must be > 1 (the extension), got {self.factor}")
         for name in ("population", "generations", "parents", "windows"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        require(
-            self.parents < self.population, f"parents={self.parents} must be < population={self.population}"
-        )
+        p, n = self.parents, self.population
+        require(p < n, f"parents={p} must be < population={n}")
         require(0 <= self.mutation <= 1, f"mutation must be in [0, 1], got {self.mutation}")
 
 
-# -----------------------------------------------------------------------------
-# The search: candidates (factors, n_hat), the constraints, mutation and crossover
-
-
 def constrain(factors, top):
-    """The nearest valid factors: each in [1, top], then non-decreasing from the fastest pair (a running
-    maximum), as the paper constrains lambda."""
+    """The nearest valid factors: each in [1, top], then a running maximum from the fastest pair."""
     return tuple(np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, top)).tolist())
 
 
-def mutate(candidate, rng, probability, top, n_hats=N_HATS):
+def mutate(candidate, rng, probability, top):
     factors, n_hat = candidate
     changed = rng.random(len(factors)) < probability
-    steps = np.exp(rng.normal(0.0, SIGMA, len(factors)))
-    factors = np.where(changed, np.asarray(factors) * steps, factors)
+    factors = np.where(changed, np.asarray(factors) * np.exp(rng.normal(0.0, SIGMA, len(factors))), factors)
     if rng.random() < probability:  # n-hat to a neighbouring choice
-        i = n_hats.index(n_hat) + rng.choice((-1, 1))
-        n_hat = n_hats[min(max(i, 0), len(n_hats) - 1)]
+        i = N_HATS.index(n_hat) + rng.choice((-1, 1))
+        n_hat = N_HATS[min(max(i, 0), len(N_HATS) - 1)]
     return constrain(factors, top), n_hat
 
 
 def crossover(a, b, rng, top):
-    from_a = rng.random(len(a[0])) < 0.5
-    factors = np.where(from_a, a[0], b[0])
+    factors = np.where(rng.random(len(a[0])) < 0.5, a[0], b[0])
     return constrain(factors, top), a[1] if rng.random() < 0.5 else b[1]
 
 
@@ -109,21 +98,14 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
                 scores[candidate] = fitness(candidate)
         ranked = sorted(population, key=scores.get)
         losses = [scores[c] for c in population]
-        history.append(
-            dict(
-                generation=generation,
-                best=scores[ranked[0]],
-                mean=float(np.mean(losses)),
-                worst=max(losses),
-                n_hat=ranked[0][1],
-            )
-        )
+        best, mean = scores[ranked[0]], float(np.mean(losses))
+        row = dict(generation=generation, best=best, mean=mean, worst=max(losses), n_hat=ranked[0][1])
+        history.append(row)
         log(
-            f"generation {generation + 1}/{cfg.generations}: best loss {scores[ranked[0]]:.4f} (n-hat "
-            f"{ranked[0][1]}), mean {np.mean(losses):.4f}, {time.perf_counter() - started:.0f} s"
+            f"generation {generation + 1}/{cfg.generations}: best loss {best:.4f} (n-hat {ranked[0][1]}), "
+            f"mean {mean:.4f}, {time.perf_counter() - started:.0f} s"
         )
-        parents = ranked[: cfg.parents]
-        children = []
+        parents, children = ranked[: cfg.parents], []
         while len(parents) + len(children) < cfg.population:
             a, b = (parents[i] for i in rng.choice(len(parents), 2, replace=len(parents) < 2))
             child = mutate(a, rng, cfg.mutation, top) if len(children) % 2 else crossover(a, b, rng, top)
@@ -132,63 +114,21 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
     return min(scores, key=scores.get), history
 
 
-# -----------------------------------------------------------------------------
-# Fitness on a checkpoint, and the outputs
-
-
-def search_setup(cfg):
-    """(the checkpoint's path, ckpt, model config, original length T, length L, factor s, seed candidates)."""
-    path = checkpoint_path(cfg.checkpoint)
-    ckpt = load_checkpoint(path, mmap=True)
-    config = ckpt["model_config"]
-    require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
-    T = config.get("rope_original_len") or config["block_size"]
-    length = T if cfg.short else round(cfg.factor * T)
-    head_dim = config["n_embd"] // config["n_head"]
-    rotary = int(head_dim * config.get("rope_fraction", 1.0))
-    s = config["rope_factor"] if cfg.short else cfg.factor
-    if cfg.short:
-        seeds = [(tuple([1.0] * (rotary // 2)), 0)]
-    else:
-        seeds = [
-            (constrain(f.tolist(), TOP * s), 0)
-            for f in longrope_baselines(rotary, config["rope_base"], s, T).values()
-        ]
-    if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
-        own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
-        scale = 1.0 if cfg.short else s / config["rope_factor"]
-        n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
-        seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
-    return path, ckpt, config, T, length, s, seeds
-
-
 def settings(config, candidate, short, s):
     """The checkpoint's model with candidate's factors as its long (or short) ones: open_model's longrope."""
-    n_pairs = len(candidate[0])
-    own = config.get("rope_scaling") == LONGROPE
-    kept = "rope_long_factor" if short else "rope_short_factor"
-    other = config[kept] if own else [1.0] * n_pairs
-    searched = "rope_short_factor" if short else "rope_long_factor"
-    return {
-        "rope_scaling": LONGROPE,
-        "rope_factor": s,
-        kept: list(other),
-        searched: list(candidate[0]),
-        "rope_keep_first": candidate[1],
-    }
+    kept, searched = ("rope_long_factor", "rope_short_factor")[:: 1 if short else -1]
+    other = config[kept] if config.get("rope_scaling") == LONGROPE else [1.0] * len(candidate[0])
+    chosen = {"rope_scaling": LONGROPE, "rope_factor": s, kept: list(other), searched: list(candidate[0])}
+    return chosen | {"rope_keep_first": candidate[1]}
 
 
 def write_outputs(out, best, history, config, T, s, short):
     out.mkdir(parents=True, exist_ok=True)
     chosen = settings(config, best, short, s)
-    factors = {
-        "type": "longrope",
-        "short_factor": chosen["rope_short_factor"],
-        "long_factor": chosen["rope_long_factor"],
-        "original_max_position_embeddings": T,
-        "factor": s,
-        "keep_first": best[1],
-    }
+    factors = dict(
+        type="longrope", short_factor=chosen["rope_short_factor"], long_factor=chosen["rope_long_factor"]
+    )
+    factors |= dict(original_max_position_embeddings=T, factor=s, keep_first=best[1])
     lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
     (out / "factors.json").write_text(f"{{\n{lines}\n}}\n")  # a key per line, a list on one
     with open(out / "fitness.csv", "w", newline="") as f:
@@ -197,17 +137,13 @@ def write_outputs(out, best, history, config, T, s, short):
         writer.writerows(history)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    head_dim = 2 * len(best[0])
-    for name, value in longrope_baselines(head_dim, config["rope_base"], s, T).items():
+    for name, value in longrope_baselines(2 * len(best[0]), config["rope_base"], s, T).items():
         ax.plot(value.numpy(), label=name, linestyle="--")
     ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
-    ax.set(
-        xlabel="pair i (fast -> slow)",
-        ylabel="lambda_i = theta_i / theta'_i",
-        title=f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}",
-    )
+    title = f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}"
+    ax.set(xlabel="pair i (fast -> slow)", ylabel="lambda_i = theta_i / theta'_i", title=title)
     ax.legend()
     save_figure(fig, out / "factors.png")
     plt.close(fig)
@@ -215,13 +151,27 @@ def write_outputs(out, best, history, config, T, s, short):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        values = parse_flags(
-            argv, PROG, __doc__, [("search", SearchConfig, None)], positional=("checkpoint",)
-        )
-        cfg = SearchConfig(**values)
-        path, ckpt, config, T, length, s, seeds = search_setup(cfg)
-        folder = run_folder(cfg.checkpoint)
-        out = Path(cfg.out or f"{folder}_longrope_{'short' if cfg.short else f'x{s:g}'}")
+        sections = [("search", SearchConfig, None)]
+        cfg = SearchConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoint",)))
+        path = checkpoint_path(cfg.checkpoint)
+        ckpt = load_checkpoint(path, mmap=True)
+        config = ckpt["model_config"]
+        require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
+        T = config.get("rope_original_len") or config["block_size"]
+        rotary = int(config["n_embd"] // config["n_head"] * config.get("rope_fraction", 1.0))
+        s = config["rope_factor"] if cfg.short else cfg.factor
+        if cfg.short:
+            seeds = [(tuple([1.0] * (rotary // 2)), 0)]
+        else:
+            baselines = longrope_baselines(rotary, config["rope_base"], s, T).values()
+            seeds = [(constrain(f.tolist(), TOP * s), 0) for f in baselines]
+        if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
+            own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
+            scale = 1.0 if cfg.short else s / config["rope_factor"]
+            n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
+            seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
+        length = T if cfg.short else round(cfg.factor * T)
+        out = Path(cfg.out or f"{run_folder(cfg.checkpoint)}_longrope_{'short' if cfg.short else f'x{s:g}'}")
         if (out / "factors.json").exists():
             raise UserError(f"{out}/factors.json exists: give another --out, or move it away", 2)
         dataset = (ckpt.get("train_config") or {}).get("dataset")
@@ -241,10 +191,10 @@ def main(argv=None):
         started = time.perf_counter()
         best, history = evolve(fitness, seeds, cfg, TOP * max(s, 1.0), np.random.default_rng(cfg.seed))
         write_outputs(out, best, history, config, T, s, cfg.short)
-        first = history[0]["best"]
         print(
-            f"best loss {history[-1]['best']:.4f} (initial population's best {first:.4f}), n-hat {best[1]}, "
-            f"in {time.perf_counter() - started:.0f} s: {out}/factors.json, fitness.csv, factors.png"
+            f"best loss {history[-1]['best']:.4f} (initial population's best {history[0]['best']:.4f}), "
+            f"n-hat {best[1]}, in {time.perf_counter() - started:.0f} s: {out}/factors.json, fitness.csv, "
+            "factors.png"
         )
 
 

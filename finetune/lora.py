@@ -1,11 +1,10 @@
 """
 LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention projections
-(c_attn, holding q, k and v, and c_proj), every base weight frozen, and optionally the embeddings and the
-LayerNorms trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long
-context).
-Written here, not with peft, so that the model stays a plain GPT with no new dependency, and so that the
-checkpoint holds the merged weights under GPT-2's names, which sample.py, eval_length.py and --init_from read
-as any other; the adapters and the unmerged base weights go beside them ("lora") for an exact --resume.
+(c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and LayerNorms
+trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long context). Written
+here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged weights under GPT-2's
+names, which sample.py, eval_length.py and --init_from read as any other; the adapters and the unmerged base
+weights go beside them ("lora") for an exact --resume.
 """
 
 import math
@@ -17,9 +16,7 @@ from plumbing.errors import UserError
 from positions import require
 
 TARGETS = ("attn.c_attn", "attn.c_proj")  # the adapted Linears of each block
-# --lora_train's choices: embed, the token embedding (tied to lm_head) and a learned position table; norm,
-# every LayerNorm
-TRAINABLE = ("embed", "norm")
+TRAINABLE = ("embed", "norm")  # --lora_train: the token embedding (= lm_head) and learned's table; LayerNorms
 SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
 
 
@@ -67,13 +64,11 @@ def add_adapters(model, rank, alpha, dropout=0.0, train=None):
             module = getattr(block, parent)
             adapter = LoRALinear(getattr(module, name), rank, alpha, dropout).train(model.training)
             setattr(module, name, adapter)
-    if "embed" in train:  # wte is lm_head (tied); learned's table is the position embedding
-        model.transformer.wte.requires_grad_(True)
-        model.transformer.wpe.requires_grad_(True)
-    if "norm" in train:
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.requires_grad_(True)
+    if "embed" in train:  # wte is lm_head (tied); wpe, learned's table
+        model.transformer.wte.requires_grad_(True), model.transformer.wpe.requires_grad_(True)
+    for module in model.modules() if "norm" in train else ():
+        if isinstance(module, nn.LayerNorm):
+            module.requires_grad_(True)
     model.lora = dict(rank=rank, alpha=alpha, train=",".join(train))
     return model
 
@@ -97,11 +92,9 @@ def adapters(model):
 
 
 def checkpoint_entries(model):
-    """{"model": the plain GPT's state dict} for a checkpoint: with adapters, each adapted Linear merged
-    under its own name, and "lora": the settings and the adapted layers' exact tensors (A, B, base weight
-    and bias), which resume_state puts back."""
-    state = model.state_dict()
-    found = adapters(model)
+    """{"model": the plain GPT's state dict, each adapted Linear merged under its own name} for a checkpoint;
+    with adapters also "lora": the settings and the adapted layers' exact tensors, for resume_state."""
+    state, found = model.state_dict(), adapters(model)
     if not found:
         return {"model": state}
     prefixes = tuple(f"{name}." for name in found)

@@ -1,18 +1,14 @@
 """S²-Attn's switch: which group size a run trains with, checked once for every caller (train.py, the study).
-The attention itself is model.shifted_sparse_attention; evaluation and sampling use full attention.
-
-S²-Attn only chooses which earlier keys a query sees, so it works for every position scheme: RoPE (and its
-scalings) rotates q and k before it, learned and sinusoidal add positions at the embedding, ALiBi's bias
-depends on distance only and is applied inside each group, and NoPE has none. Learned cannot train past its
-table unless --init_from interpolates it (train.py's rule, not S²-Attn's)."""
+The attention itself is model.shifted_sparse_attention; evaluation and sampling use full attention. It only
+chooses which earlier keys a query sees, so every position scheme works with it (ALiBi's bias, by distance,
+applies inside each group); learned trains past its table only when --init_from interpolates it."""
 
 from positions import require
 
 
 def group_size(group, block_size, n_head):
-    """S²-Attn's group for a run of block_size tokens: `group`, or block_size / 4 (LongLoRA's) when None. A
-    ValueError unless it is even (half a group is the shift), divides block_size and n_head is even (half
-    the heads are shifted)."""
+    """S²-Attn's group for a run of block_size tokens: `group`, or block_size / 4 (LongLoRA's) when None; a
+    ValueError unless it is even (half a group is the shift) and divides block_size, and n_head is even."""
     group = block_size // 4 if group is None else group
     require(
         group >= 2 and group % 2 == 0, f"--s2_group={group} must be even and >= 2: half a group is the shift"

@@ -104,7 +104,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.s2_group = None  # S²-Attn's group size G in training (train.py --s2_attn); eval: full attention
+        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -120,8 +120,8 @@ class CausalSelfAttention(nn.Module):
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
-        if self.s2_group and self.training:  # LongLoRA's sparse training attention, groups of s2_group
-            y = shifted_sparse_attention(q, k, v, self.s2_group, mask, dropout_p)
+        if self.train_attention and self.training:  # LongLoRA's sparse attention (finetune/s2.py)
+            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
@@ -320,41 +320,6 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-
-
-# -----------------------------------------------------------------------------
-# S²-Attn (LongLoRA): attention in training only, over groups of tokens
-
-
-def shifted_sparse_attention(q, k, v, group, mask=None, dropout_p=0.0):
-    """S²-Attn (LongLoRA, Chen et al. 2024), a training-only approximation of causal attention: each query
-    sees the earlier keys of its group of G = `group` tokens, so scores cost T x G, not T x T. The second
-    half of the heads works on groups shifted by G/2 (rolled by -G/2, rolled back after) and carries
-    information across group borders. LongLoRA's code lets the last shifted group, whose first half is the
-    sequence's end and second half its start, attend across that wrap, so early tokens see late ones; here
-    that group is two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
-    nh even, G even and dividing T; mask: None (causal) or GPT.attention_mask's, whose score bias (ALiBi)
-    depends on the distance only, so its first G x G block serves every group. -> (B, nh, T, hs)"""
-    B, H, T, D = q.shape
-    shift = lambda x, by: torch.cat((x[:, : H // 2], x[:, H // 2 :].roll(by, dims=2)), dim=1)
-    grouped = lambda x: shift(x, -(group // 2)).reshape(B, H * (T // group), group, D)  # (B, nh * T/G, G, hs)
-    bias = s2_mask(H, T, group, q.device)
-    if mask is not None:  # (1, nh or 1, G, G) -> per head and group
-        bias = (bias.view(H, T // group, group, group) + mask[0, :, None, :group, :group]).flatten(0, 1)
-    y = F.scaled_dot_product_attention(
-        *map(grouped, (q, k, v)), attn_mask=bias.to(q.dtype), dropout_p=dropout_p
-    )
-    return shift(y.view(B, H, T, D), group // 2)
-
-
-def s2_mask(n_head, T, group, device=None):
-    """S²-Attn's additive mask, (nh * T/G, G, G): causal within each group, and for the shifted heads' last
-    group (the sequence's last G/2 tokens, then its first G/2) no score between its two halves."""
-    n, half = T // group, group // 2
-    i = torch.arange(group, device=device)
-    visible = (i[:, None] >= i[None, :]).expand(n_head, n, group, group).clone()
-    visible[n_head // 2 :, -1, half:, :half] = False  # the sequence's start must not see its end
-    return torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf")).flatten(0, 1)
 
 
 # -----------------------------------------------------------------------------

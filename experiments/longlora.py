@@ -25,8 +25,9 @@ import torch
 
 from data.passkey.task import default_name
 from finetune import lora, s2
+from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
-from model import GPT, GPTConfig, shifted_sparse_attention
+from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.report import markdown_table

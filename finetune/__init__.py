@@ -1,3 +1,2 @@
-"""Cheaper fine-tuning at a long context, LongLoRA's two parts (Chen et al. 2024): S²-Attn in training
-(model.shifted_sparse_attention, switched on by s2.py) and LoRA adapters with trainable embeddings and norms
-(lora.py)."""
+"""Cheaper fine-tuning at a long context, LongLoRA's two parts (Chen et al. 2024): S²-Attn in training (s2.py)
+and LoRA adapters with trainable embeddings and norms (lora.py)."""

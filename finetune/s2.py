@@ -1,7 +1,12 @@
-"""S²-Attn's switch: which group size a run trains with, checked once for every caller (train.py, the study).
-The attention itself is model.shifted_sparse_attention; evaluation and sampling use full attention. It only
-chooses which earlier keys a query sees, so every position scheme works with it (ALiBi's bias, by distance,
-applies inside each group); learned trains past its table only when --init_from interpolates it."""
+"""S²-Attn (LongLoRA): its attention, shifted_sparse_attention, and its switch (the group size a run trains
+with, checked once for train.py and the study). Training only: evaluation and sampling use full attention. It
+only chooses which earlier keys a query sees, so every position scheme works with it (ALiBi's bias, by
+distance, applies inside each group); learned trains past its table only when --init_from interpolates it."""
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
 
 from positions import require
 
@@ -20,5 +25,37 @@ def group_size(group, block_size, n_head):
 
 def use_s2_attn(model, group):
     """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full)."""
+    attention = partial(shifted_sparse_attention, group=group) if group else None
     for block in model.transformer.h:
-        block.attn.s2_group = group
+        block.attn.train_attention = attention
+
+
+def shifted_sparse_attention(q, k, v, group, mask=None, dropout_p=0.0):
+    """S²-Attn (LongLoRA, Chen et al. 2024), a training-only approximation of causal attention: each query
+    sees the earlier keys of its group of G = `group` tokens, so scores cost T x G, not T x T. The second
+    half of the heads works on groups shifted by G/2 (rolled by -G/2, rolled back after) and carries
+    information across group borders. LongLoRA's code lets the last shifted group, whose first half is the
+    sequence's end and second half its start, attend across that wrap, so early tokens see late ones; here
+    that group is two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
+    nh even, G even and dividing T; mask: None (causal) or GPT.attention_mask's, whose score bias (ALiBi)
+    depends on the distance only, so its first G x G block serves every group. -> (B, nh, T, hs)"""
+    B, H, T, D = q.shape
+    shift = lambda x, by: torch.cat((x[:, : H // 2], x[:, H // 2 :].roll(by, dims=2)), dim=1)
+    grouped = lambda x: shift(x, -(group // 2)).reshape(B, H * (T // group), group, D)  # (B, nh * T/G, G, hs)
+    bias = s2_mask(H, T, group, q.device)
+    if mask is not None:  # (1, nh or 1, G, G) -> per head and group
+        bias = (bias.view(H, T // group, group, group) + mask[0, :, None, :group, :group]).flatten(0, 1)
+    y = F.scaled_dot_product_attention(
+        *map(grouped, (q, k, v)), attn_mask=bias.to(q.dtype), dropout_p=dropout_p
+    )
+    return shift(y.view(B, H, T, D), group // 2)
+
+
+def s2_mask(n_head, T, group, device=None):
+    """S²-Attn's additive mask, (nh * T/G, G, G): causal within each group, and for the shifted heads' last
+    group (the sequence's last G/2 tokens, then its first G/2) no score between its two halves."""
+    n, half = T // group, group // 2
+    i = torch.arange(group, device=device)
+    visible = (i[:, None] >= i[None, :]).expand(n_head, n, group, group).clone()
+    visible[n_head // 2 :, -1, half:, :half] = False  # the sequence's start must not see its end
+    return torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf")).flatten(0, 1)

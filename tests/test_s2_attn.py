@@ -1,12 +1,13 @@
-"""S²-Attn (model.shifted_sparse_attention): LongLoRA's grouped training attention, causal and without its
-released code's wrap-around leak; full attention outside training."""
+"""S²-Attn (finetune.s2.shifted_sparse_attention): LongLoRA's grouped training attention, causal and
+without its released code's wrap-around leak; full attention outside training."""
 
 import pytest
 import torch
 from helpers import TINY_RUN, train_error_line
 
 import train
-from model import GPT, GPTConfig, s2_mask, shifted_sparse_attention
+from finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
+from model import GPT, GPTConfig
 
 
 def visible(n_head, T, group):
@@ -95,8 +96,7 @@ def test_model_uses_s2_attn_in_training_only(pos):
     x = torch.randint(0, 11, (2, 16))
     model.eval()
     full = model(x)[0]
-    for block in model.transformer.h:
-        block.attn.s2_group = 4
+    use_s2_attn(model, 4)
     assert torch.equal(model(x)[0], full)
     model.train()
     s2 = model(x)[0]

@@ -28,13 +28,12 @@ import torch
 from data.common import BatchSampler, ensure_prepared, load_meta
 from finetune import lora, s2
 from model import GPT, GPTConfig
-from plumbing import hardware, resume
+from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
-from plumbing.report import StepClock, format_seconds, header_line, step_line, wandb_logging, wandb_problem
 from plumbing.resume import Run
 from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
@@ -302,20 +301,6 @@ def evaluate(run, wandb_run, signals):
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
-def check_finite(run, loss, step, last):
-    """Stop on a NaN or infinite loss, before an evaluation overwrites ckpt.pt with broken weights. last:
-    the step before's loss (finite), if this process ran it."""
-    if math.isfinite(loss):
-        return
-    last_good = (
-        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
-    )
-    advice = (
-        f"{resume.kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
-    )
-    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
-
-
 # -----------------------------------------------------------------------------
 # The loop
 
@@ -325,7 +310,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start, procs = time.perf_counter(), procs or Processes()
-    if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
+    if cfg.wandb and (problem := report.wandb_problem()):  # before any work: data can take hours
         raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
@@ -333,18 +318,15 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         run = start_run(cfg, model_config, procs)
         p = run.progress
-        procs.log(header_line(run, one_per_process))
+        procs.log(report.header_line(run, one_per_process))
         procs.log(threads)
-        if cfg.lr_decay_iters > cfg.max_iters:  # a preset's schedule cut short by --max_iters
-            final_lr = get_lr(cfg.max_iters - 1, cfg)
-            end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
-            procs.log(f"note: lr_decay_iters={cfg.lr_decay_iters} > max_iters={cfg.max_iters}: {end}; "
-                      f"--lr_decay_iters={cfg.max_iters} decays within the run")  # fmt: skip
+        if note := report.schedule_note(cfg, get_lr(cfg.max_iters - 1, cfg)):
+            procs.log(note)
         flops_per_step = hardware.flops_per_token(run.model) * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)
-        start_iter, clock = p.iter_num, StepClock(cfg, p.iter_num)
+        start_iter, clock = p.iter_num, report.StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
-        with wandb_logging(run) as wandb_run, StopSignals() as signals:
+        with report.wandb_logging(run) as wandb_run, StopSignals() as signals:
             while True:
                 it = p.iter_num  # steps done
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
@@ -364,14 +346,14 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                 lr = get_lr(it, cfg)
                 loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
                 p.iter_num = it + 1
-                check_finite(run, loss, it + 1, losses.get(it))
+                resume.check_finite(run, loss, it + 1, losses.get(it))
                 losses[it + 1] = loss
                 clock.step()
                 if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
                     step_seconds, seconds_left = clock.lap(it + 1)
                     tokens = run.tokens_per_step
                     metrics = hardware.speed(step_seconds, tokens, flops_per_step, peak, procs.world_size)
-                    procs.log(step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
+                    procs.log(report.step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
                     if note := clock.slowdown(step_seconds):
                         procs.log(note)
                     if wandb_run:
@@ -381,7 +363,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     if not stopped:
         best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
         best = best if p.best_iter is not None else "no evaluation"
-        procs.log(f"done in {format_seconds(seconds)}: {best}")
+        procs.log(f"done in {report.format_seconds(seconds)}: {best}")
     summary = {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num}
     summary |= {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals}
     summary |= {"losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}

@@ -138,6 +138,17 @@ def step_line(step, cfg, loss, lr, speed, seconds_left):
     )
 
 
+def schedule_note(cfg, final_lr):
+    """The warning when --max_iters cuts a schedule short (its last step at final_lr), or None."""
+    if cfg.lr_decay_iters <= cfg.max_iters:
+        return None
+    end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
+    return (
+        f"note: lr_decay_iters={cfg.lr_decay_iters} > max_iters={cfg.max_iters}: {end}; "
+        f"--lr_decay_iters={cfg.max_iters} decays within the run"
+    )
+
+
 def header_line(run, one_per_process):
     """What is trained, on what, how (run: plumbing.resume.Run): the first line of every run's log."""
     cfg, procs = run.cfg, run.procs

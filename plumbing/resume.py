@@ -182,6 +182,18 @@ def kept_checkpoint(run):
     return "no checkpoint was written" if saved is None else f"{run.ckpt_path} (step {saved}) was kept"
 
 
+def check_finite(run, loss, step, last):
+    """Stop on a NaN or infinite loss, before an evaluation overwrites ckpt.pt with broken weights. last:
+    the step before's loss (finite), if this process ran it."""
+    if math.isfinite(loss):
+        return
+    last_good = (
+        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
+    )
+    advice = f"{kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
+    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
+
+
 def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it; the random generators last, as building the
     model drew from them."""

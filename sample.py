@@ -16,6 +16,7 @@ not fit in the memory left is refused in one line before it allocates. Ctrl-C st
 
 import math
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -30,6 +31,7 @@ from plumbing.cli import parse_flags, read_prompt, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
+from plumbing.report import describe_model
 from positions import ROPE_SCALING_CHOICES, default_rope_factor, require
 
 
@@ -89,11 +91,9 @@ def parse_args(argv=None):
     )
 
 
-@dataclass
-class Loaded:
-    model: object  # the GPT, in eval mode
-    tokenizer: object
-    checkpoint: dict  # the checkpoint's configs, meta and progress; not its tensors, which the model holds
+MARKER = "[[trained length {} ends here]]"  # where the text crosses the trained length
+# the GPT in eval mode, its tokenizer, and the checkpoint's configs, meta and progress (not its tensors)
+Loaded = namedtuple("Loaded", "model tokenizer checkpoint")
 
 
 def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, llama3_factors=(None, None),
@@ -116,11 +116,7 @@ def mark_trained_length(tokenizer, ids, block_size):
     if len(ids) <= block_size:
         return tokenizer.decode(ids)
     before, after = tokenizer.decode(ids[:block_size]), tokenizer.decode(ids[block_size:])
-    return before + crossing_marker(block_size) + after
-
-
-def crossing_marker(block_size):
-    return f"[[trained length {block_size} ends here]]"
+    return before + MARKER.format(block_size) + after
 
 
 class Streamer:
@@ -135,7 +131,7 @@ class Streamer:
 
     def __call__(self, next_ids):
         if self.n_ids == self.block_size:  # this token is the first past the trained length
-            self._print(self.tokenizer.decode(self.pending) + crossing_marker(self.block_size))
+            self._print(self.tokenizer.decode(self.pending) + MARKER.format(self.block_size))
         self.pending.append(next_ids[0, 0].item())
         self.n_ids += 1
         text = self.tokenizer.decode(self.pending)
@@ -168,20 +164,6 @@ def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     synchronize(device)
     seconds = time.perf_counter() - start
     return out.tolist(), cfg.num_samples * max_new_tokens / seconds
-
-
-def describe(model):
-    c = model.config
-    scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
-    if c.rope_scaling == "llama3":
-        scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
-    pos = c.pos
-    if c.rope_fraction < 1:
-        pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
-    if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
-        pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    params = f"{model.num_params():,} parameters"
-    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
 
 
 def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
@@ -227,7 +209,7 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     """Generate and print cfg.num_samples continuations of prompt_ids (threads: a line to print under the
     model's). -> (samples, tokens/s)"""
     model, total_len = loaded.model, len(prompt_ids) + max_new_tokens
-    print(describe(model) + (f"\n{threads}" if threads else ""))
+    print(describe_model(model) + (f"\n{threads}" if threads else ""))
     if (limit := model.max_len) is not None and total_len > limit:
         print(f"note: pos={model.config.pos} has no positions past {limit}: from there on the model sees "
               f"only the last {limit} tokens (the context is cropped)")  # fmt: skip

@@ -19,16 +19,16 @@ import math
 import signal
 import sys
 import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 import torch
 
-from data.common import BatchSampler, ensure_prepared, load_meta
+from data.common import BatchSampler
 from finetune import lora, s2
 from model import GPT, GPTConfig
-from plumbing import hardware, report, resume
+from plumbing import distributed, hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
@@ -172,17 +172,6 @@ def get_lr(it, cfg):
 # The run: data, model, optimizer, batch streams
 
 
-def prepare_data(dataset, procs):
-    """The dataset's folder and meta, an embedded dataset prepared on first use by rank 0; then every rank
-    looks, so all meet a missing dataset's error together."""
-    if procs.master:
-        with suppress(UserError):
-            ensure_prepared(dataset)
-    procs.barrier()
-    data_dir = ensure_prepared(dataset)
-    return data_dir, load_meta(data_dir)
-
-
 def build_run(cfg, model_config, meta, data_dir, procs):
     """A fresh Run: the model (--init_from's weights, S²-Attn, LoRA), compiled and DDP-wrapped, the optimizer,
     this rank's batch streams."""
@@ -215,7 +204,7 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 def start_run(cfg, model_config, procs):
     """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
-    data_dir, meta = prepare_data(cfg.dataset, procs)
+    data_dir, meta = distributed.prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
         path, ckpt, changes = resume.open_for_resume(

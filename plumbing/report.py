@@ -149,6 +149,21 @@ def schedule_note(cfg, final_lr):
     )
 
 
+def describe_model(model):
+    """sample.py's line on the model it generates with: its scheme, trained length, RoPE scaling and size."""
+    c = model.config
+    scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
+    if c.rope_scaling == "llama3":
+        scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
+    pos = c.pos
+    if c.rope_fraction < 1:
+        pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
+    if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
+        pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
+    params = f"{model.num_params():,} parameters"
+    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
+
+
 def header_line(run, one_per_process):
     """What is trained, on what, how (run: plumbing.resume.Run): the first line of every run's log."""
     cfg, procs = run.cfg, run.procs

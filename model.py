@@ -224,32 +224,28 @@ class GPT(nn.Module):
         return logits, loss
 
     def attention_mask(self, query_pos, cached=False):
-        """What every attention layer gets as its mask, built once per forward: None when SDPA's is_causal
-        says it all (no score bias, no cache), else positions.attention_mask over the keys attended to.
-        With KV caches those are the slots written so far, or in a compiled step every slot, so that shapes
-        never change (positions.cached_key_positions: -1 for an empty one, masked)."""
+        """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,
+        no cache), else positions.attention_mask over the keys attended to: with KV caches the slots written
+        so far, or in a compiled step every slot, so that shapes never change (-1: an empty slot, masked)."""
         pos = self.transformer.wpe
         if not cached:
             bias = pos.score_bias(query_pos, query_pos)
             return None if bias is None else attention_mask(query_pos, query_pos, bias)
         n_slots = self.transformer.h[0].attn.kv_cache.k.size(2)
-        if torch.compiler.is_compiling():
-            key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
-            return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
-        end = int(query_pos[-1]) + 1  # eager: only the slots written so far
-        if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
-            # one query after every key it sees, slot p holding position p: no mask, only a bias to add
-            key_pos = torch.arange(end, device=query_pos.device)
-            bias = pos.score_bias(query_pos, key_pos)
-            return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
-        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)[:end]
+        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
+        if not torch.compiler.is_compiling():
+            end = int(query_pos[-1]) + 1  # eager: only the slots written so far
+            key_pos = key_pos[:end]
+            if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
+                # one query after every key it sees, slot p holding position p: no mask, only a bias to add
+                bias = pos.score_bias(query_pos, key_pos)
+                return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
         return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
 
     def setup_cache(self, batch, max_len, window=None, chunk=1, dtype=None):
-        """Give every attention layer a KV cache for decoding positions 0 .. max_len - 1, fed at most `chunk`
-        tokens a call. With a sliding window (each token sees the `window` latest) the cache is a ring of
-        window + chunk - 1 slots: a chunk's writes never overwrite a key one of its own queries still sees.
-        The position tables are grown here, once for every step (learned refuses past its table)."""
+        """Give every attention layer a KV cache for positions 0 .. max_len - 1, fed at most `chunk` tokens a
+        call; with a sliding window (each token sees the `window` latest) a ring of window + chunk - 1 slots,
+        so that a chunk never overwrites a key its own queries see. The position tables grow here, once."""
         self.transformer.wpe.reserve(max_len)
         size = self.cache_size(max_len, window, chunk)
         dtype = dtype or self.lm_head.weight.dtype
@@ -289,9 +285,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
-        """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for
-        each. Learned sees the last block_size tokens; max_context crops further, positions restarting at
-        0. temperature=0: argmax."""
+        """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each.
+        Learned sees the last block_size tokens; max_context crops further, positions restarting at 0."""
         limits = [n for n in (self.max_len, max_context) if n is not None]
         crop = min(limits) if limits else None
         for _ in range(max_new_tokens):
@@ -303,9 +298,9 @@ class GPT(nn.Module):
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
-    """One token per row from the last position's logits (B, V) -> (B, 1). temperature=0: the most likely
-    token. top_k: only the k most likely. top_p: nucleus sampling (Holtzman et al. 2020), the smallest set
-    reaching top_p."""
+    """One token per row of the last position's logits (B, V) -> (B, 1). temperature=0: the most likely;
+    top_k: among the k most likely; top_p: nucleus sampling (Holtzman et al. 2020), the smallest set reaching
+    top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature

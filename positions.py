@@ -71,8 +71,8 @@ def check_rope_variants(c, head_dim):
     if c.pos == "rope" and (rotary < 2 or rotary % 2):
         valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
         turns = f"rotates int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
-        fix = f"must be even and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)"
-        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that {fix}")
+        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that must be even "
+                         f"and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")  # fmt: skip
     power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
     few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
     require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
@@ -81,8 +81,8 @@ def check_rope_variants(c, head_dim):
 
 
 def check_longrope(c, n_pairs):
-    """LongRoPE's settings: a short and a long factor per rotated pair (n_pairs), each finite and >= 1, given
-    with rope_scaling=longrope and only then; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
+    """LongRoPE's settings, with rope_scaling=longrope only: a short and a long factor per rotated pair
+    (n_pairs), each finite and >= 1; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
     given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
     if c.rope_scaling != LONGROPE:
         named = f"{', '.join(given)}: LongRoPE's settings"
@@ -105,10 +105,9 @@ def rotary_dim(head_dim, fraction=1.0):
 
 
 def nope_layer_indices(n_layer, interval=0, layers=None):
-    """The layers that skip RoPE (0-based): every interval-th, as Llama 4, or those in `layers` ("3,7").
-    transformers' Llama4TextConfig: no_rope_layers = [int((i + 1) % interval != 0) for i in range(n_layer)],
-    where 1 marks a layer that USES RoPE (huggingface/transformers#43756): interval 4 of 8 layers skips 3 and
-    7. Never all of them: a model without RoPE anywhere is pos=none."""
+    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
+    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
+    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
     both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
     require(not (interval and layers is not None), f"{both}: give one of them")
     if layers is not None:
@@ -408,8 +407,7 @@ class LearnedPositions(nn.Embedding):
 
 class SinusoidalPositions(NoPositions):
     """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
-    amplitude, GPT-2's token embeddings std 0.02: as in Vaswani et al. (3.4) tokens are scaled by
-    sqrt(n_embd)."""
+    amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
 
     def __init__(self, config):
         super().__init__(config)

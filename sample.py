@@ -107,10 +107,6 @@ def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, l
     return Loaded(model, tokenizer, info)
 
 
-# -----------------------------------------------------------------------------
-# Generation and printing
-
-
 def mark_trained_length(tokenizer, ids, block_size):
     """The decoded text with a marker at the token where the trained length ends."""
     if len(ids) <= block_size:
@@ -176,22 +172,13 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
         checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
-        rope_flags = (
-            "rope_scaling",
-            "rope_factor",
-            "rope_low_freq_factor",
-            "rope_high_freq_factor",
-            "rope_factors",
-        )
-        cfg = replace(cfg, **dict.fromkeys(rope_flags))
+        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+        cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
     try:
         prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     except UserError as e:  # say the prompt was the default one, not the user's
-        if cfg.start != SampleConfig.start:
-            raise
-        raise UserError(
-            f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
-        ) from None
+        default = f"the default prompt, a newline, is not in {out_dir}'s vocabulary ({e}): give --start"
+        raise (e if cfg.start != SampleConfig.start else UserError(default)) from None
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
@@ -223,10 +210,6 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     how = "compiled KV cache, compile time included" if cfg.compile else how
     print(f"{tokens_per_second:.1f} tokens/s ({how})")
     return samples, tokens_per_second
-
-
-# -----------------------------------------------------------------------------
-# Comparing checkpoints (the losses come from measure/losses.py, shared with eval_length.py)
 
 
 def compare(cfg, device, threads=None):

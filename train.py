@@ -272,8 +272,7 @@ def evaluate(run, wandb_run, signals):
         estimate = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast)
     train_loss, val_loss = run.procs.share([estimate["train"], estimate["val"]], cfg.device)
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
-        losses = f"(train {train_loss}, val {val_loss})"
-        what = f"the estimated loss is not finite at step {p.iter_num} {losses}"
+        what = f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss})"
         raise UserError(f"{what}: training stopped; {resume.kept_checkpoint(run)}")
     improved = val_loss < p.best_val_loss
     if improved:
@@ -288,10 +287,6 @@ def evaluate(run, wandb_run, signals):
         paths = {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path)}
         wandb_run.summary.update(paths | {"best_val_loss": p.best_val_loss})
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
-
-
-# -----------------------------------------------------------------------------
-# The loop
 
 
 def train(cfg, model_config, procs=None, resume_command="the same command with --resume"):

@@ -199,11 +199,17 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     tuned = fine_tune_dir(source, long, LONGROPE)
     command = [f"--init_from={source}", f"--block_size={long}", f"--rope_factors={factors}"]
     train_runs(cfg, [[*command, *fine_tune_flags, f"--out_dir={tuned}"]])
-    applied = []
+    applied, data = [], [flag for flag in fine_tune_flags if flag.startswith("--dataset=")]  # the fine-tune's
     for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
         searched = search_longrope(cfg, tuned, seed, name, flag)
         applied.append(f"{tuned}_{name}")
-        zero = [f"--init_from={tuned}", f"--rope_factors={searched}", "--max_iters=0", "--eval_iters=1"]
+        zero = [
+            f"--init_from={tuned}",
+            *data,
+            f"--rope_factors={searched}",
+            "--max_iters=0",
+            "--eval_iters=1",
+        ]
         train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]])
     return factors, [tuned, *applied]
 

@@ -142,3 +142,16 @@ def test_longrope_study_searches_fine_tunes_and_extends_progressively(monkeypatc
     for applied, name in ((x8, "x8"), (short, "short")):
         assert {f"--init_from={tuned}", "--max_iters=0", f"--out_dir={tuned}_{name}"} <= set(applied)
         assert f"--rope_factors={tuned}_longrope_{name}/factors.json" in applied
+
+
+def test_longrope_study_on_passkey_keeps_every_run_on_the_fine_tunes_data(monkeypatch, tmp_path):
+    """With --task passkey the fine-tune trains on data/passkey_ctx256, and so must the 0-step runs that put
+    the searched factors on its weights: train.py's default dataset has another vocabulary."""
+    cfg = study.parse_args(["--task=passkey", "--schemes=rope", "--longrope", f"--out_root={tmp_path}"])
+    commands = []
+    monkeypatch.setattr(study, "run_python", lambda args, **kw: None)
+    monkeypatch.setattr(study, "train_runs", lambda cfg, more, duration=None: commands.extend(more))
+    study.longrope_runs(cfg, "passkey", 64, 1337, ["--dataset=passkey_ctx256", "--max_iters=200"])
+    assert len(commands) == 3
+    for command in commands:
+        assert "--dataset=passkey_ctx256" in command, command

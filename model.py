@@ -232,14 +232,16 @@ class GPT(nn.Module):
             bias = pos.score_bias(query_pos, query_pos)
             return None if bias is None else attention_mask(query_pos, query_pos, bias)
         n_slots = self.transformer.h[0].attn.kv_cache.k.size(2)
-        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
-        if not torch.compiler.is_compiling():
-            end = int(query_pos[-1]) + 1  # eager: only the slots written so far
-            key_pos = key_pos[:end]
-            if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
-                # one query after every key it sees, slot p holding position p: no mask, only a bias to add
-                bias = pos.score_bias(query_pos, key_pos)
-                return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
+        if torch.compiler.is_compiling():
+            key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
+            return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
+        end = int(query_pos[-1]) + 1  # eager: only the slots written so far
+        if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
+            # one query after every key it sees, slot p holding position p: no mask, only a bias to add
+            key_pos = torch.arange(end, device=query_pos.device)
+            bias = pos.score_bias(query_pos, key_pos)
+            return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
+        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)[:end]
         return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
 
     def setup_cache(self, batch, max_len, window=None, chunk=1, dtype=None):

@@ -128,7 +128,8 @@ def parse_args(argv=None):
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
-    values |= (longrope := read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {})
+    longrope = read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {}
+    values |= longrope
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
@@ -149,12 +150,11 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
     torchrun's cuda:LOCAL_RANK, if given. grad_accum=None: one micro-batch per process."""
     device = device or hardware.resolve_device(cfg.device)
     device_type = device.split(":")[0]
-    return replace(
-        cfg, device=device, dtype=hardware.resolve_dtype(cfg.dtype, device_type),
-        grad_accum=world_size if cfg.grad_accum is None else cfg.grad_accum,
-        compile=(device_type == "cuda") if cfg.compile is None else cfg.compile,
-        out_dir=format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos),
-    )  # fmt: skip
+    grad_accum = world_size if cfg.grad_accum is None else cfg.grad_accum
+    compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    out_dir = format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
+    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
 
 
 def get_lr(it, cfg):

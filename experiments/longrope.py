@@ -14,10 +14,11 @@ Fitness: the mean validation loss over --windows windows of s x T tokens. The pa
 the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
 mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
 gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
-fitness.csv and factors.png under --out ({checkpoint folder}_longrope_x{s}, or _short).
+fitness.csv and factors.png (with matplotlib) under --out ({checkpoint folder}_longrope_x{s}, or _short).
 """
 
 import csv
+import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ from measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from positions import LONGROPE, longrope_baselines, require
+from plumbing.outputs import write_output
+from positions import LONGROPE, longrope_baselines, require, rotary_dim
 
 PROG = "python -m experiments.longrope"
 N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
@@ -122,6 +124,21 @@ def settings(config, candidate, short, s):
     return chosen | {"rope_keep_first": candidate[1]}
 
 
+def plot_factors(path, best, base, T, s, short):
+    """The searched factors per pair against the formulas' (longrope_baselines), log scale."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, value in longrope_baselines(2 * len(best[0]), base, s, T).items():
+        ax.plot(value.numpy(), label=name, linestyle="--")
+    ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    title = f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}"
+    ax.set(xlabel="pair i (fast -> slow)", ylabel="lambda_i = theta_i / theta'_i", title=title)
+    ax.legend()
+    save_figure(fig, path)
+
+
 def write_outputs(out, best, history, config, T, s, short):
     out.mkdir(parents=True, exist_ok=True)
     chosen = settings(config, best, short, s)
@@ -130,23 +147,20 @@ def write_outputs(out, best, history, config, T, s, short):
     )
     factors |= dict(original_max_position_embeddings=T, factor=s, keep_first=best[1])
     lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
-    (out / "factors.json").write_text(f"{{\n{lines}\n}}\n")  # a key per line, a list on one
-    with open(out / "fitness.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, value in longrope_baselines(2 * len(best[0]), config["rope_base"], s, T).items():
-        ax.plot(value.numpy(), label=name, linestyle="--")
-    ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
-    ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
-    title = f"{'short' if short else 'long'} factors at s = {s:g}, T = {T}"
-    ax.set(xlabel="pair i (fast -> slow)", ylabel="lambda_i = theta_i / theta'_i", title=title)
-    ax.legend()
-    save_figure(fig, out / "factors.png")
-    plt.close(fig)
+
+    def write_fitness(tmp):
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(history[0]))
+            writer.writeheader()
+            writer.writerows(history)
+
+    write_output("out", out / "fitness.csv", write_fitness)
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed: no factors.png (pip install matplotlib)")
+    else:
+        plot_factors(out / "factors.png", best, config["rope_base"], T, s, short)
+    # last, whole or not at all: a folder with factors.json is a finished search (experiments.extrapolation)
+    write_output("out", out / "factors.json", lambda tmp: tmp.write_text(f"{{\n{lines}\n}}\n"))
 
 
 def main(argv=None):
@@ -158,7 +172,7 @@ def main(argv=None):
         config = ckpt["model_config"]
         require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
         T = config.get("rope_original_len") or config["block_size"]
-        rotary = int(config["n_embd"] // config["n_head"] * config.get("rope_fraction", 1.0))
+        rotary = rotary_dim(config["n_embd"] // config["n_head"], config.get("rope_fraction", 1.0))
         s = config["rope_factor"] if cfg.short else cfg.factor
         if cfg.short:
             seeds = [(tuple([1.0] * (rotary // 2)), 0)]

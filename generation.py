@@ -39,28 +39,32 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     # tokens so far then run again, their cached keys rotated anew (as transformers does, PR #33129)
     rope = model.transformer.wpe
     switch = rope.original_len if model.config.rope_scaling == "longrope" else None
-    with contextlib.nullcontext() if compile else torch.inference_mode():
-        rope.long_context = switch is not None and prompt.size(1) > switch
-        logits = prefill(model, prompt, chunk)
-        position = torch.tensor([prompt.size(1)], device=idx.device)
-        for t in range(n_prompt, n_prompt + max_new_tokens):
-            idx_next = sample_next(logits, temperature, top_k, top_p)
-            out[:, t : t + 1] = idx_next
-            if on_token is not None:
-                on_token(idx_next)
-            if t == n_prompt + max_new_tokens - 1:
-                break
-            if crop is not None and t + 1 > crop:
-                # the table is full: the window slides, every position in it changes: no cache, from 0
-                logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
-            elif t == switch and not rope.long_context:
-                rope.long_context = True
-                logits = prefill(model, out[:, : t + 1], chunk)
-                position = position + 1
-            else:
-                logits = step(model, idx_next, position)  # decode: one token against the cache
-                position = position + 1
-    rope.long_context = False
+    try:
+        with contextlib.nullcontext() if compile else torch.inference_mode():
+            if switch is not None:
+                rope.long_context = prompt.size(1) > switch
+            logits = prefill(model, prompt, chunk)
+            position = torch.tensor([prompt.size(1)], device=idx.device)
+            for t in range(n_prompt, n_prompt + max_new_tokens):
+                idx_next = sample_next(logits, temperature, top_k, top_p)
+                out[:, t : t + 1] = idx_next
+                if on_token is not None:
+                    on_token(idx_next)
+                if t == n_prompt + max_new_tokens - 1:
+                    break
+                if crop is not None and t + 1 > crop:
+                    # the table is full: the window slides, every position in it changes: no cache, from 0
+                    logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
+                elif t == switch and not rope.long_context:
+                    rope.long_context = True
+                    logits = prefill(model, out[:, : t + 1], chunk)
+                    position = position + 1
+                else:
+                    logits = step(model, idx_next, position)  # decode: one token against the cache
+                    position = position + 1
+    finally:  # the next forward (training, GPT.generate) starts short again
+        if switch is not None:
+            rope.long_context = False
     return out
 
 

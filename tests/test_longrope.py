@@ -222,3 +222,26 @@ def test_cached_decoding_equals_the_full_forward_across_the_switch(monkeypatch, 
         for t, logits in zip(range(n_prompt, n_prompt + 30), seen):
             torch.testing.assert_close(logits, model(out[:, :t])[0][:, -1], rtol=0, atol=1e-5, msg=f"t={t}")
     assert len(seen) == 30 and not model.transformer.wpe.long_context  # reset for the next caller
+
+
+def test_generation_stopped_past_the_switch_leaves_the_model_short():
+    """A generation that stops early (Ctrl-C in sample.py, a callback that raises) after passing T still
+    resets long_context: the next forward of the same model uses the short factors up to T."""
+    import generation
+
+    rng = random.Random(11)
+    model = GPT(longrope_config(random_factors(rng, 4, 1.5), random_factors(rng, 4, 8.0)))
+    model.eval()
+    prompt = torch.randint(0, 13, (1, 20), generator=torch.Generator().manual_seed(0))  # past T = 16
+
+    def stop(ids):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generation.generate_cached(model, prompt, 5, temperature=0, on_token=stop)
+    assert model.transformer.wpe.long_context is False
+    fresh = GPT(model.config)
+    fresh.load_state_dict(model.state_dict())
+    fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt[:, :8])[0], fresh(prompt[:, :8])[0], rtol=0, atol=0)

@@ -23,17 +23,16 @@ class StepClock:
     def __init__(self, cfg, start_iter, clock=time.perf_counter):
         self.cfg, self.start_iter, self.clock = cfg, start_iter, clock
         self.train_seconds, self.eval_seconds = 0.0, 0.0  # in steps so far, and in the last evaluation
-        self.window_start, self.window_steps = clock(), 0
-        self.last_step, self.fastest, self.noted = self.window_start, None, False  # the end of the last step
+        self.window_start = self.last_step = clock()  # the first window's start, the end of the last step
+        self.window_steps, self.fastest, self.noted = 0, None, False
 
     @contextmanager
     def evaluation(self):
         start = self.clock()
         self.train_seconds += start - self.window_start
         yield
-        self.eval_seconds = self.clock() - start
-        self.window_start, self.window_steps = self.clock(), 0  # keep evaluation out of ms/iter
-        self.last_step = self.window_start
+        self.window_start = self.last_step = self.clock()  # keep evaluation out of ms/iter
+        self.eval_seconds, self.window_steps = self.window_start - start, 0
 
     def step(self):
         now = self.clock()
@@ -151,7 +150,7 @@ def schedule_note(cfg, final_lr):
 
 def describe_model(model):
     """sample.py's line on the model it generates with: its scheme, trained length, RoPE scaling and size."""
-    c = model.config
+    c, params = model.config, f"{model.num_params():,} parameters"
     scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
     if c.rope_scaling == "llama3":
         scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
@@ -160,7 +159,6 @@ def describe_model(model):
         pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
     if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
         pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    params = f"{model.num_params():,} parameters"
     return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
 
 

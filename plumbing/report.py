@@ -201,14 +201,11 @@ def wandb_logging(run):
         return
     import wandb  # only when asked for: optional, and slow to import
 
-    extra = {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
-    wandb_run = wandb.init(
-        project=cfg.wandb_project,
-        name=cfg.wandb_run_name or Path(cfg.out_dir).name,
-        id=p.wandb_run_id,
-        resume="allow" if p.wandb_run_id else None,
-        config=asdict(cfg) | asdict(run.model_config) | extra,
-    )
+    config = asdict(cfg) | asdict(run.model_config)
+    config |= {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
+    resumed = dict(id=p.wandb_run_id, resume="allow") if p.wandb_run_id else {}
+    name = cfg.wandb_run_name or Path(cfg.out_dir).name
+    wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=config, **resumed)
     p.wandb_run_id = wandb_run.id
     try:
         yield wandb_run

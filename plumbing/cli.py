@@ -1,7 +1,6 @@
-"""
-Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or `--name
-value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML files
-(data, never executed), in order, under the flags. A mistake stops the script before any work with exit
+"""Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or
+`--name value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML
+files (data, never executed), in order, under the flags. A mistake stops the script before any work with exit
 status 2 and one line naming what is valid.
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
@@ -93,8 +92,7 @@ def check_seed(name, value):
 
 
 def build_parser(prog, description, sections, defaults, choices, positional, with_config):
-    """One flag per field, and --config with with_config; defaults SUPPRESSed so that parsing sees only what
-    was given, to layer flags over the config files."""
+    """A flag per field, --config with with_config; defaults SUPPRESSed: parsing gives only what is given."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
@@ -120,8 +118,7 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
 
 
 def read_text(path, where, status=2):
-    """A file's UTF-8 text (past a byte-order mark, as some Windows editors write), or a one-line UserError
-    beginning `where`."""
+    """A file's UTF-8 text (past a byte-order mark, as Windows editors write), or a one-line UserError."""
     try:
         return Path(path).read_text(encoding="utf-8-sig")
     except OSError as e:  # missing, a folder, a file we may not read
@@ -209,17 +206,15 @@ def read_prompt(start):
 def read_rope_factors(path):
     """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
     short_factor and long_factor are required; GPTConfig checks their count and values."""
-    where = f"--rope_factors {path}"
+    where, keys = f"--rope_factors {path}", ", ".join(ROPE_FACTORS_KEYS)
     try:
         table = json.loads(read_text(path, where))
     except json.JSONDecodeError as e:
         raise UserError(f"{where}: not a JSON file ({e})", 2) from None
     if not isinstance(table, dict):
-        raise UserError(f"{where}: a JSON object of {', '.join(ROPE_FACTORS_KEYS)}", 2)
+        raise UserError(f"{where}: a JSON object of {keys}", 2)
     if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:
-        raise UserError(
-            f"{where}: unknown key {', '.join(unknown)}; valid keys: {', '.join(ROPE_FACTORS_KEYS)}", 2
-        )
+        raise UserError(f"{where}: unknown key {', '.join(unknown)}; valid keys: {keys}", 2)
     if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
         raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
     kind = table.get("type", table.get("rope_type", "longrope"))
@@ -233,7 +228,5 @@ def read_rope_factors(path):
         whole, value = key in ("original_max_position_embeddings", "keep_first"), table.get(key)
         if value is not None and not (number(value) and (not whole or isinstance(value, int))):
             raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
-    settings = {
-        ROPE_FACTORS_FIELDS[k]: v for k, v in table.items() if k in ROPE_FACTORS_FIELDS and v is not None
-    }
-    return settings | dict(rope_scaling="longrope")
+    given = {key: value for key, value in table.items() if key in ROPE_FACTORS_FIELDS and value is not None}
+    return {ROPE_FACTORS_FIELDS[key]: value for key, value in given.items()} | dict(rope_scaling="longrope")

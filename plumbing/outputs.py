@@ -85,9 +85,8 @@ def check_outputs(outputs, inputs=()):
         probe = temporary_path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(probe, "xb") as f:
+            with open(probe, "xb", buffering=0) as f:
                 f.write(bytes(PROBE_BYTES))
-                f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
             raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None

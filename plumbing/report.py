@@ -81,13 +81,12 @@ class PlainProgress(AbstractContextManager):
             self.say()
 
     def say(self):
-        if self.file is not None:
-            of = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
-            postfix = f", {self.postfix}" if self.postfix else ""
-            elapsed = format_seconds(time.perf_counter() - self.start)
-            print(
-                f"{self.desc}: {self.done:,}{of} {self.unit}{postfix}, {elapsed}", file=self.file, flush=True
-            )
+        if self.file is None:
+            return
+        of = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
+        postfix = f", {self.postfix}" if self.postfix else ""
+        elapsed = format_seconds(time.perf_counter() - self.start)
+        print(f"{self.desc}: {self.done:,}{of} {self.unit}{postfix}, {elapsed}", file=self.file, flush=True)
 
     def set_postfix_str(self, text, refresh=True):
         self.postfix = text

@@ -175,7 +175,7 @@ def parse_flags(
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(given)}"
             raise UserError(message, 2) from None
-        if files and "config" in flags:  # flags only: positionals are flags there, never keys
+        if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, description, sections, values, choices, (), False)
             for path in flags.pop("config"):
                 values |= read_config_file(file_parser, path, valid, foreign_keys)

@@ -97,8 +97,7 @@ class PlainProgress(AbstractContextManager):
 
 
 def progress_bar(total, unit, desc=None, enabled=True, file=None):
-    """A tqdm bar on a terminal; where `file` (stderr) is not one (a log file, a pipe, CI), a PlainProgress
-    that writes a few whole lines instead of a bar redrawn in place."""
+    """A tqdm bar where `file` (stderr) is a terminal; elsewhere (a log, a pipe, CI) PlainProgress's lines."""
     file = file or sys.stderr
     if enabled and file.isatty():
         from tqdm import tqdm

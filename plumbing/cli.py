@@ -10,8 +10,7 @@ status 2 and one line naming what is valid.
 
 import sys
 
-# before tomllib's import fails with a traceback
-if sys.version_info < (3, 11):  # noqa: UP036
+if sys.version_info < (3, 11):  # noqa: UP036 - before tomllib's import fails with a traceback
     sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
 
 import argparse

@@ -1,7 +1,6 @@
-"""
-Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or `--name
-value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML files
-(data, never executed), in order, under the flags. A mistake stops the script before any work with exit
+"""Command-line flags for every script, from its config dataclasses: each field a flag `--name=value` (or
+`--name value`), its help the comment after the field; `--config FILE.toml` reads the same settings from TOML
+files (data, never executed), in order, under the flags. A mistake stops the script before any work with exit
 status 2 and one line naming what is valid.
 
     values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)])
@@ -11,8 +10,7 @@ status 2 and one line naming what is valid.
 
 import sys
 
-# before tomllib's import fails with a traceback
-if sys.version_info < (3, 11):  # noqa: UP036
+if sys.version_info < (3, 11):  # noqa: UP036 - before tomllib's import fails with a traceback
     sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
 
 import argparse
@@ -24,6 +22,7 @@ import re
 import tomllib
 import typing
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 from plumbing.errors import UserError, one_line_errors
 
@@ -40,11 +39,11 @@ EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an intege
 
 def parse_list(name, text, choices, everything=None):
     """A comma-separated value naming some of `choices`, each once -> tuple; `everything` names all."""
-    if everything is not None and text == everything:
+    if text == everything:
         return tuple(choices)
     items = tuple(text.split(","))
     if any(item not in choices for item in items) or len(set(items)) < len(items):
-        either = f"{everything}, or " if everything is not None else ""
+        either = f"{everything}, or " if everything else ""
         raise ValueError(
             f"{name}={text!r}: give {either}one or more of {', '.join(choices)}, comma-separated and "
             "each once"
@@ -52,13 +51,12 @@ def parse_list(name, text, choices, everything=None):
     return items
 
 
-def flag_kind(annotation):
-    """(kind, argparse type, is_list) for a field annotated int, float, bool, str, list[...] or one | None. A
-    bool is true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it); a float is
-    finite (a NaN passes every range check); an optional value is `none`, or not empty (`--lengths=`, from an
-    unset shell variable, would be taken for the default)."""
-    is_list = typing.get_origin(annotation) is list
-    if is_list:
+def flag_options(name, annotation, choices, positional):
+    """argparse's options for a field annotated int, float, bool, str, list[...] or one | None. A bool is
+    true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it), `--compile` alone
+    true; a float is finite (a NaN passes every range check); an optional value is `none`, or not empty
+    (`--lengths=`, from an unset shell variable, would be taken for the default)."""
+    if is_list := typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)
     kind, optional = next((t for t in args if t is not type(None)), annotation), type(None) in args
@@ -80,7 +78,10 @@ def flag_kind(annotation):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         return value
 
-    return kind, convert, is_list
+    options = dict(type=convert, choices=(*choices, None) if choices and optional else choices)
+    if is_list:
+        return options | dict(nargs="+" if positional else "*", metavar=name.upper())
+    return options | (dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {})
 
 
 def check_seed(name, value):
@@ -89,9 +90,8 @@ def check_seed(name, value):
         raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
-def build_parser(prog, description, sections, defaults, choices, positional, with_config=False, files=False):
-    """One flag per field (files: but the positional ones), and --config with with_config; defaults
-    SUPPRESSed so that parsing sees only what was given, to layer flags over the config files."""
+def build_parser(prog, description, sections, defaults, choices, positional, with_config):
+    """A flag per field, --config with with_config; defaults SUPPRESSed: parsing gives only what is given."""
     parser = ArgumentParser(
         prog=prog,
         description=description,
@@ -105,36 +105,31 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         try:  # the comment after each field is its --help (none without source: a frozen app)
-            source = inspect.getsource(config_class)
-            comments = dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", source, re.MULTILINE))
+            comments = dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(config_class), re.M))
         except (OSError, TypeError):
             comments = {}
         for name, annotation in typing.get_type_hints(config_class).items():
-            if (names is not None and name not in names) or (files and name in positional):
-                continue
-            kind, convert, is_list = flag_kind(annotation)
-            valid = choices.get(name)
-            if valid is not None and type(None) in typing.get_args(annotation):
-                valid = (*valid, None)
-            kwargs = dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {}  # `--compile`: true
-            if is_list:
-                kwargs = dict(nargs="+" if name in positional else "*", metavar=name.upper())
-            help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
-            flag = name if name in positional else f"--{name}"
-            group.add_argument(flag, type=convert, choices=valid, help=help_text, **kwargs)
+            if names is None or name in names:
+                help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
+                options = flag_options(name, annotation, choices.get(name), name in positional)
+                group.add_argument(name if name in positional else f"--{name}", help=help_text, **options)
     return parser
 
 
-def read_config_file(parser, path, valid, foreign_keys):
-    """A TOML file's settings (past a UTF-8 byte-order mark, as some Windows editors write), checked by the
-    flags' parser; foreign_keys: ignore keys that are no flag."""
+def read_text(path, where, status=2):
+    """A file's UTF-8 text (past a byte-order mark, as Windows editors write), or a one-line UserError."""
     try:
-        with open(path, "rb") as f:
-            table = tomllib.loads(f.read().decode("utf-8-sig"))
-    except OSError as e:
-        raise UserError(f"--config {path}: {e.strerror}", 2) from None
+        return Path(path).read_text(encoding="utf-8-sig")
+    except OSError as e:  # missing, a folder, a file we may not read
+        raise UserError(f"{where}: {e.strerror}", status) from None
     except UnicodeDecodeError:
-        raise UserError(f"--config {path}: not UTF-8 text, as a TOML file must be", 2) from None
+        raise UserError(f"{where}: not UTF-8 text", status) from None
+
+
+def read_config_file(parser, path, valid, foreign_keys):
+    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
+    try:
+        table = tomllib.loads(read_text(path, f"--config {path}"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"--config {path}: not valid TOML: {e}", 2) from None
     if not foreign_keys and (unknown := [key for key in table if key not in valid]):
@@ -167,7 +162,7 @@ def parse_flags(
     values |= dict(defaults or {})
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
-    parser = build_parser(prog, description, sections, values, choices, positional, with_config=files)
+    parser = build_parser(prog, description, sections, values, choices, positional, files)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
@@ -179,8 +174,8 @@ def parse_flags(
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(given)}"
             raise UserError(message, 2) from None
-        if files and "config" in flags:  # files hold flags only: checked by a parser without the positionals
-            file_parser = build_parser(prog, description, sections, values, choices, positional, files=True)
+        if files and "config" in flags:  # a file's keys are flags (a positional is none)
+            file_parser = build_parser(prog, description, sections, values, choices, (), False)
             for path in flags.pop("config"):
                 values |= read_config_file(file_parser, path, valid, foreign_keys)
         values |= flags
@@ -204,34 +199,21 @@ def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
     path = start.removeprefix("FILE:")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise UserError(f"prompt file {path} does not exist") from None
-    except OSError as e:  # a folder, a file we may not read
-        raise UserError(f"prompt file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"prompt file {path} is not UTF-8 text") from None
+    return read_text(path, f"prompt file {path}", status=1)
 
 
 def read_rope_factors(path):
     """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
     short_factor and long_factor are required; GPTConfig checks their count and values."""
-    where = f"--rope_factors {path}"
+    where, keys = f"--rope_factors {path}", ", ".join(ROPE_FACTORS_KEYS)
     try:
-        with open(path, encoding="utf-8") as f:
-            table = json.load(f)
-    except OSError as e:
-        raise UserError(f"{where}: {e.strerror}", 2) from None
-    except ValueError as e:  # not UTF-8, or not JSON
+        table = json.loads(read_text(path, where))
+    except json.JSONDecodeError as e:
         raise UserError(f"{where}: not a JSON file ({e})", 2) from None
     if not isinstance(table, dict):
-        raise UserError(f"{where}: a JSON object of {', '.join(ROPE_FACTORS_KEYS)}", 2)
+        raise UserError(f"{where}: a JSON object of {keys}", 2)
     if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:
-        raise UserError(
-            f"{where}: unknown key {', '.join(unknown)}; valid keys: {', '.join(ROPE_FACTORS_KEYS)}", 2
-        )
+        raise UserError(f"{where}: unknown key {', '.join(unknown)}; valid keys: {keys}", 2)
     if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
         raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
     kind = table.get("type", table.get("rope_type", "longrope"))
@@ -245,7 +227,5 @@ def read_rope_factors(path):
         whole, value = key in ("original_max_position_embeddings", "keep_first"), table.get(key)
         if value is not None and not (number(value) and (not whole or isinstance(value, int))):
             raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
-    settings = {
-        ROPE_FACTORS_FIELDS[k]: v for k, v in table.items() if k in ROPE_FACTORS_FIELDS and v is not None
-    }
-    return settings | dict(rope_scaling="longrope")
+    given = {key: value for key, value in table.items() if key in ROPE_FACTORS_FIELDS and value is not None}
+    return {ROPE_FACTORS_FIELDS[key]: value for key, value in given.items()} | dict(rope_scaling="longrope")

@@ -1,5 +1,4 @@
-"""
-How a script stops: one exception type, one handler per entry point, one signal mechanism.
+"""How a script stops: one exception type, one handler per entry point, one signal mechanism.
 
     raise UserError(f"{path}: no such checkpoint file")           # one line, exit status 1
     raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
@@ -8,8 +7,7 @@ How a script stops: one exception type, one handler per entry point, one signal 
 
 A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
 stop, or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing temporary files and locks)
-before the handler exits with 128 + the signal's number.
-"""
+before the handler exits with 128 + the signal's number."""
 
 import os
 import signal
@@ -19,8 +17,6 @@ from contextlib import contextmanager
 
 
 class UserError(ValueError):
-    """A mistake the user can fix, said in one line; status: the exit status, 2 for a usage mistake."""
-
     def __init__(self, message, status=1):
         super().__init__(message)
         self.status = status
@@ -29,7 +25,7 @@ class UserError(ValueError):
 class Stopped(KeyboardInterrupt):
     """A signal raised as Python raises KeyboardInterrupt for SIGINT: with-blocks clean up on the way out."""
 
-    def __init__(self, signum=signal.SIGINT):
+    def __init__(self, signum):
         super().__init__(signum)
         self.signum = signum
 
@@ -74,15 +70,15 @@ class StopSignals:
 
     def __init__(self, request=True):
         self.request, self.received, self.previous = request, None, {}
-        self.deferring, self.pending = False, None
+        self.deferring, self.pending = False, None  # inside deferred(), the signal that will stop it
 
     def _handle(self, signum, frame):
-        if not self.request or (self.received and signum == signal.SIGINT):
-            if self.deferring:  # inside deferred(): it stops when the block ends
-                self.pending = signum
-                return
+        if self.request and not (self.received and signum == signal.SIGINT):
+            self.received = self.received or signal.Signals(signum).name  # a flag: printing could re-enter
+        elif self.deferring:  # it stops when the block ends
+            self.pending = signum
+        else:
             raise Stopped(signum)
-        self.received = self.received or signal.Signals(signum).name  # a flag: printing here could re-enter
 
     @contextmanager
     def deferred(self):

@@ -1,10 +1,8 @@
-"""
-Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's
+"""Files a script writes its results to (eval_length.py's --csv, --positions_csv and --plot, perf.bench's
 --json): checked before the work (check_outputs: a file where a folder belongs, a read-only folder or a full
 disk is one line then, not a traceback after hours), written all at once after it (write_output), to a
 temporary file renamed into place (replace_atomically, checkpoints and datasets too): a write that fails
-midway leaves the file it replaces whole, and one that fails for lack of space says so in one line.
-"""
+midway leaves the file it replaces whole, and one that fails for lack of space says so in one line."""
 
 import errno
 import os
@@ -67,41 +65,34 @@ def no_space(error, path, needed=None, kept=""):
 
 
 def check_outputs(outputs, inputs=()):
-    """UserError (one line, naming the flag) unless every output path in outputs ({flag: path or None}) can be
-    written: its folder made (as the write will), a temporary file written, flushed to disk and removed there.
-    Two outputs naming one file, or an output naming an input (a checkpoint read), are refused too."""
-    given = [(flag, Path(path)) for flag, path in outputs.items() if path is not None]
-    for i, (flag, path) in enumerate(given):
-        if any(Path(source).resolve() == path.resolve() for source in inputs):
+    """A one-line UserError naming the flag unless every output in outputs ({flag: path or None}) can be
+    written: its folder made (as the write will), a temporary file written, flushed to disk and removed there;
+    nor may two outputs name one file, or an output name an input (a checkpoint read)."""
+    inputs, written = {Path(source).resolve() for source in inputs}, {}
+    for flag, path in [(flag, Path(path)) for flag, path in outputs.items() if path is not None]:
+        where, real = f"--{flag}={path}", path.resolve()
+        if real in inputs:
+            raise UserError(f"{where}: that file is an input of this run; write the output to another one")
+        if real in written:
             raise UserError(
-                f"--{flag}={path}: that file is an input of this run; write the output to another one"
+                f"{where}: --{written[real]} writes that file too; give each output a file of its own"
             )
-        for other, earlier in given[:i]:
-            if earlier.resolve() == path.resolve():
-                raise UserError(
-                    f"--{flag}={path}: --{other} writes that file too; give each output a file of its own"
-                )
-        check_writable(flag, path)
-
-
-def check_writable(flag, path):
-    if path.is_dir():
-        raise UserError(f"--{flag}={path}: is a folder; give a file name")
-    in_the_way = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if in_the_way is not None:
-        raise UserError(f"--{flag}={path}: {in_the_way} is a file, not a folder")
-    probe = temporary_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(probe, "xb") as f:
-            f.write(bytes(PROBE_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        raise UserError(f"--{flag}={path}: cannot write there ({e.strerror or e})") from None
-    finally:  # once closed: Windows removes no open file
-        with suppress(OSError):
-            probe.unlink()
+        written[real] = flag
+        if path.is_dir():
+            raise UserError(f"{where}: is a folder; give a file name")
+        if in_the_way := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+            raise UserError(f"{where}: {in_the_way} is a file, not a folder")
+        probe = temporary_path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(probe, "xb", buffering=0) as f:
+                f.write(bytes(PROBE_BYTES))
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None
+        finally:  # once closed: Windows removes no open file
+            with suppress(OSError):
+                probe.unlink()
 
 
 def write_output(flag, path, write):

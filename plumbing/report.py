@@ -23,17 +23,16 @@ class StepClock:
     def __init__(self, cfg, start_iter, clock=time.perf_counter):
         self.cfg, self.start_iter, self.clock = cfg, start_iter, clock
         self.train_seconds, self.eval_seconds = 0.0, 0.0  # in steps so far, and in the last evaluation
-        self.window_start, self.window_steps = clock(), 0
-        self.last_step, self.fastest, self.noted = self.window_start, None, False  # the end of the last step
+        self.window_start = self.last_step = clock()  # the first window's start, the end of the last step
+        self.window_steps, self.fastest, self.noted = 0, None, False
 
     @contextmanager
     def evaluation(self):
         start = self.clock()
         self.train_seconds += start - self.window_start
         yield
-        self.eval_seconds = self.clock() - start
-        self.window_start, self.window_steps = self.clock(), 0  # keep evaluation out of ms/iter
-        self.last_step = self.window_start
+        self.window_start = self.last_step = self.clock()  # keep evaluation out of ms/iter
+        self.eval_seconds, self.window_steps = self.window_start - start, 0
 
     def step(self):
         now = self.clock()
@@ -82,13 +81,12 @@ class PlainProgress(AbstractContextManager):
             self.say()
 
     def say(self):
-        if self.file is not None:
-            of = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
-            postfix = f", {self.postfix}" if self.postfix else ""
-            elapsed = format_seconds(time.perf_counter() - self.start)
-            print(
-                f"{self.desc}: {self.done:,}{of} {self.unit}{postfix}, {elapsed}", file=self.file, flush=True
-            )
+        if self.file is None:
+            return
+        of = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
+        postfix = f", {self.postfix}" if self.postfix else ""
+        elapsed = format_seconds(time.perf_counter() - self.start)
+        print(f"{self.desc}: {self.done:,}{of} {self.unit}{postfix}, {elapsed}", file=self.file, flush=True)
 
     def set_postfix_str(self, text, refresh=True):
         self.postfix = text
@@ -99,8 +97,7 @@ class PlainProgress(AbstractContextManager):
 
 
 def progress_bar(total, unit, desc=None, enabled=True, file=None):
-    """A tqdm bar on a terminal; where `file` (stderr) is not one (a log file, a pipe, CI), a PlainProgress
-    that writes a few whole lines instead of a bar redrawn in place."""
+    """A tqdm bar where `file` (stderr) is a terminal; elsewhere (a log, a pipe, CI) PlainProgress's lines."""
     file = file or sys.stderr
     if enabled and file.isatty():
         from tqdm import tqdm
@@ -151,7 +148,7 @@ def schedule_note(cfg, final_lr):
 
 def describe_model(model):
     """sample.py's line on the model it generates with: its scheme, trained length, RoPE scaling and size."""
-    c = model.config
+    c, params = model.config, f"{model.num_params():,} parameters"
     scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
     if c.rope_scaling == "llama3":
         scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
@@ -160,7 +157,6 @@ def describe_model(model):
         pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
     if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
         pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    params = f"{model.num_params():,} parameters"
     return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
 
 
@@ -203,14 +199,11 @@ def wandb_logging(run):
         return
     import wandb  # only when asked for: optional, and slow to import
 
-    extra = {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
-    wandb_run = wandb.init(
-        project=cfg.wandb_project,
-        name=cfg.wandb_run_name or Path(cfg.out_dir).name,
-        id=p.wandb_run_id,
-        resume="allow" if p.wandb_run_id else None,
-        config=asdict(cfg) | asdict(run.model_config) | extra,
-    )
+    config = asdict(cfg) | asdict(run.model_config)
+    config |= {"world_size": run.procs.world_size, "parameters": run.model.num_params()}
+    resumed = dict(id=p.wandb_run_id, resume="allow") if p.wandb_run_id else {}
+    name = cfg.wandb_run_name or Path(cfg.out_dir).name
+    wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=config, **resumed)
     p.wandb_run_id = wandb_run.id
     try:
         yield wandb_run

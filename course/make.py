@@ -93,22 +93,16 @@ def check_table(source, exercises):
 
 def stripped_sources(source, exercises):
     """-> ({module path: its text with stubs for bodies}, {telling line: "exercise N (module:function)"})"""
-    stubs, texts, bodies, telling = {}, {}, {}, {}
+    stubs, telling = {}, {}
     for exercise in exercises:
         for spec in exercise.functions:
             module, qualname = split_function(spec)
-            stubs.setdefault(module, {})[qualname] = exercise.stub_message
-    for module, messages in stubs.items():
-        text = (source / module_path(module)).read_text()
-        for qualname, message in messages.items():
+            text = (source / module_path(module)).read_text()
             start, end, indent = body_span(text, qualname)
-            bodies[f"{module}:{qualname}"] = split_lines(text)[start:end]
-            messages[qualname] = [stub_line(indent, message)]
-        texts[module_path(module)] = replace_bodies(text, messages)
-    for exercise in exercises:
-        for spec in exercise.functions:
-            for line in telling_lines(bodies[spec]):
+            stubs.setdefault(module_path(module), {})[qualname] = [stub_line(indent, exercise.stub_message)]
+            for line in telling_lines(split_lines(text)[start:end]):
                 telling.setdefault(line, f"exercise {exercise.number} ({spec})")
+    texts = {path: replace_bodies((source / path).read_text(), bodies) for path, bodies in stubs.items()}
     return texts, telling
 
 
@@ -143,8 +137,8 @@ def scrub_page(text, telling):
     return "".join(out), changes
 
 
-def strip_sections(text, headings=INSTRUCTORS):
-    """A markdown page without the sections whose heading starts with one of `headings`, each up to the next
+def strip_sections(text):
+    """A markdown page without the sections whose heading starts with one of INSTRUCTORS, each up to the next
     heading of its level or above; a "#" line in fenced code is no heading. -> (text, [headings left out])"""
     out, removed, level, fence = [], [], None, None
     for line in split_lines(text):
@@ -154,7 +148,7 @@ def strip_sections(text, headings=INSTRUCTORS):
         if heading:
             if level is not None and len(heading.group(1)) <= level:
                 level = None
-            if level is None and heading.group(2).startswith(headings):
+            if level is None and heading.group(2).startswith(INSTRUCTORS):
                 level = len(heading.group(1))
                 removed.append(heading.group(2))
         if level is None:
@@ -164,10 +158,7 @@ def strip_sections(text, headings=INSTRUCTORS):
 
 def student_readme(exercises, readme):
     """course/student_README.md with the exercises' table, then the repository's README (for students)."""
-    rows = [
-        "| id | exercise | functions to write | lesson section | difficulty | about |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |", "|---" * 6 + "|"]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
         section = f"[{e.section.split('-')[0]}]({LESSON}#{e.section})"
@@ -215,11 +206,8 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} exists and is not an empty folder: give a new or empty one", 2)
     if out_dir.resolve().is_relative_to(source.resolve()):
-        raise UserError(
-            f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
-            "give a folder outside it",
-            2,
-        )
+        inside = "is inside the repository it copies (its tests would run with the suite's)"
+        raise UserError(f"{out_dir} {inside}: give a folder outside it", 2)
     check_table(source, exercises)
     files = tracked_files(source)
     texts, telling = stripped_sources(source, exercises)
@@ -236,11 +224,9 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
     notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0o022)
-    os.umask(umask)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent)) / out_dir.name
     try:
-        building.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the copy from the students it is for
+        building.mkdir()  # the umask's mode: mkdtemp's 0700 would keep the copy from the students it is for
         for name in files:
             target = building / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -257,31 +243,14 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.replace(building, out_dir)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(building.parent, ignore_errors=True)
     return notes
 
 
-def read_marker(directory):
-    """A copy's .course.json, or None where there is none."""
-    path = Path(directory) / MARKER
-    if not path.is_file():
-        return None
-    try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not the marker python -m course make writes ({e})", 2) from None
-    exercises = marker.get("exercises", []) if isinstance(marker, dict) else None
-    if not (isinstance(exercises, list) and all(isinstance(e, str) for e in exercises)):
-        what = "its exercises are not a list of ids" if isinstance(marker, dict) else "not a JSON object"
-        raise UserError(f"{path}: not the marker python -m course make writes ({what})", 2)
-    return marker
-
-
-def solution_leaks(directory, exercises, source=ROOT):
+def solution_leaks(directory, exercises):
     """[(file, line, what)] of the files of a copy that quote a stripped body."""
-    telling = stripped_sources(source, exercises)[1]
+    telling = stripped_sources(ROOT, exercises)[1]
     return [
         (path.relative_to(directory).as_posix(), line, what)
         for path in sorted(Path(directory).rglob("*"))

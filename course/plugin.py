@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from course.exercises import EXERCISES
+from course.exercises import EXERCISES, by_id
 
 CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
 
@@ -24,10 +24,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if path := config.getoption("course_report"):
-        config.pluginmanager.register(
-            Recorder(Path(path), config.getoption("course_calls")), "course-recorder"
-        )
+    if config.getoption("course_report"):
+        config.pluginmanager.register(Recorder(config))
 
 
 def first_line(report):
@@ -40,12 +38,9 @@ def first_line(report):
         text = report.longrepr[2]
     else:
         text = str(report.longrepr)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and lines[0].endswith(CLOSE):
-        return "; ".join(
-            [lines[0], *(line for line in lines[1:] if line.startswith(("Greatest", "Mismatched")))]
-        )
-    return lines[0] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [""]
+    details = [line for line in lines[1:] if line.startswith(("Greatest", "Mismatched"))]
+    return "; ".join([lines[0], *details]) if lines[0].endswith(CLOSE) else lines[0]
 
 
 def code(spec):
@@ -55,8 +50,8 @@ def code(spec):
 
 
 class Recorder:
-    def __init__(self, path, calls):
-        self.path, self.calls = path, calls
+    def __init__(self, config):
+        self.path, self.calls = Path(config.getoption("course_report")), config.getoption("course_calls")
         self.tests, self.errors, self.codes = {}, [], None
 
     def pytest_collectreport(self, report):
@@ -65,8 +60,7 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        ids = {exercise.id for exercise in EXERCISES}
-        markers = [m.name for m in item.iter_markers() if m.name in ids]
+        markers = [m.name for m in item.iter_markers() if m.name in by_id()]
         self.tests[item.nodeid] = {"exercises": markers, "outcome": "passed", "message": "", "calls": []}
         if not self.calls:
             return (yield)

@@ -47,11 +47,10 @@ def chosen(text, everything=None):
 
 def make(argv):
     values = parse_flags(argv, "course make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
-    with one_line_errors("course make"):
+    # a UserError or ValueError: its own status, or 2; writing the copy, an OSError: status 1
+    with one_line_errors("course make", status=1, errors=(OSError,)), one_line_errors("course make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
-    # writing the copy, an OSError is status 1; a UserError keeps its own
-    with one_line_errors("course make", status=1, errors=(OSError,)), one_line_errors("course make"):
         notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
     print(
         f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
@@ -93,14 +92,11 @@ def grade_command(argv):
     values = parse_flags(argv, "course grade", __doc__, [("grade", GradeConfig, None)], positional=positional)
     with one_line_errors("course grade"):
         cfg = GradeConfig(**values)
-        default = graded_by(cfg.dir)
-        exercises = [e for e in EXERCISES if default is None or e.id in default]
-        if cfg.only is not None:
-            exercises = chosen(cfg.only)
-        if unknown := [e for e in default or [] if e not in by_id()]:
-            raise UserError(
-                f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again", 2
-            )
+        ids = graded_by(cfg.dir)  # None: all
+        exercises = chosen(cfg.only) if cfg.only else [e for e in EXERCISES if ids is None or e.id in ids]
+        if unknown := [e for e in ids or [] if e not in by_id()]:
+            lacks = f"was made with exercises this table lacks ({', '.join(unknown)})"
+            raise UserError(f"{cfg.dir} {lacks}: make it again", 2)
     verdicts, _ = grade(cfg.dir, exercises)
     print("\n".join(report_lines(verdicts)))
     return 0 if all(v.passed for v in verdicts) else 1

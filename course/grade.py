@@ -120,8 +120,7 @@ def check_copy(directory):
         no_copy = f"is no student copy (it has no {MARKER})"
         raise UserError(f"{directory} {no_copy}: make one with python -m course make", 2)
     exercises = [by_id()[i] for i in ids if i in by_id()]
-    leaks = solution_leaks(directory, exercises)
-    problems = [f"{page}:{n} quotes the solution of {what}" for page, n, what in leaks]
+    problems = [f"{c['page']}:{c['line']} {c['why']}" for c in solution_leaks(directory, exercises)]
     for page in sorted(Path(directory).rglob("*.md")):
         name = page.relative_to(directory)
         if not any(part.startswith(".") for part in name.parts):  # not a .venv

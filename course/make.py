@@ -112,9 +112,10 @@ def quoting(text, telling):
     return next((what for line, what in telling.items() if line in flat), None)
 
 
-def quotes(text, telling):
-    """[(line number, what)] of the lines of a file that quote a telling line."""
-    return [(n, what) for n, line in enumerate(split_lines(text), 1) if (what := quoting(line, telling))]
+def quotes(name, text, telling):
+    """{"page", "line", "why"} of each line of file `name` that quotes a telling line."""
+    found = ((n, quoting(line, telling)) for n, line in enumerate(split_lines(text), 1))
+    return [{"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found if what]
 
 
 def scrub_page(text, telling):
@@ -145,10 +146,9 @@ def strip_sections(text):
         heading = None if fence else re.match(r"(#+)\s+(.*?)\s*$", line)
         if marker := FENCE.match(line):
             fence = None if fence == marker.group(1) else fence or marker.group(1)
-        if heading:
-            if level is not None and len(heading.group(1)) <= level:
-                level = None
-            if level is None and heading.group(2).startswith(INSTRUCTORS):
+        if heading and (level is None or len(heading.group(1)) <= level):  # not a subsection of one left out
+            level = None
+            if heading.group(2).startswith(INSTRUCTORS):
                 level = len(heading.group(1))
                 removed.append(heading.group(2))
         if level is None:
@@ -185,12 +185,11 @@ def handle_quotes(source, files, telling, texts, notes):
     kept = []
     for name in files:
         text = texts.get(Path(name)) or ((source / name).read_text() if name.endswith((".md", ".py")) else "")
-        found = quotes(text, telling)
-        why = [{"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found]
-        if found and name.endswith(".md"):
+        why = quotes(name, text, telling)
+        if why and name.endswith(".md"):
             texts[Path(name)], changes = scrub_page(text, telling)
             notes.pages_changed += [{"page": name, "line": n, "why": reason} for n, reason in changes]
-        elif found and name.startswith("tests/test_") and name not in graded:
+        elif why and name.startswith("tests/test_") and name not in graded:
             notes.left_out.append(why[0])
             continue
         else:
@@ -199,10 +198,9 @@ def handle_quotes(source, files, telling, texts, notes):
     return kept
 
 
-def make_copy(out_dir, exercises, source=ROOT, classroom=False):
-    """Write the student copy into out_dir (new, or empty); with classroom, GitHub Classroom's autograding
-    configuration too. -> Notes"""
-    out_dir, source = Path(out_dir), Path(source)
+def make_copy(out_dir, exercises, classroom=False):
+    """Write the student copy into out_dir (new, or empty), with classroom GitHub Classroom's too. -> Notes"""
+    out_dir, source = Path(out_dir), ROOT
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} exists and is not an empty folder: give a new or empty one", 2)
     if out_dir.resolve().is_relative_to(source.resolve()):
@@ -249,11 +247,11 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
 
 
 def solution_leaks(directory, exercises):
-    """[(file, line, what)] of the files of a copy that quote a stripped body."""
+    """The lines of a copy's files that quote a stripped body, as Notes lists them."""
     telling = stripped_sources(ROOT, exercises)[1]
     return [
-        (path.relative_to(directory).as_posix(), line, what)
+        leak
         for path in sorted(Path(directory).rglob("*"))
         if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json")
-        for line, what in quotes(path.read_text(errors="replace"), telling)
+        for leak in quotes(path.relative_to(directory).as_posix(), path.read_text(errors="replace"), telling)
     ]

@@ -18,9 +18,8 @@ CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testi
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("course")
-    group.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE")
-    group.addoption("--course-calls", action="store_true", help="also record the exercise functions called")
+    parser.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE")
+    parser.addoption("--course-calls", action="store_true", help="also record the exercise functions called")
 
 
 def pytest_configure(config):
@@ -82,11 +81,9 @@ class Recorder:
         test = self.tests.get(report.nodeid)
         if test is None or test["outcome"] in ("failed", "error"):
             return  # the first failure is the one to show
-        if report.failed:
-            test["outcome"] = "failed" if report.when == "call" else "error"
-            test["message"] = first_line(report)
-        elif report.skipped:
-            test["outcome"], test["message"] = "skipped", first_line(report)
+        if report.failed or report.skipped:
+            outcome = "skipped" if report.skipped else ("failed" if report.when == "call" else "error")
+            test["outcome"], test["message"] = outcome, first_line(report)
 
     def pytest_sessionfinish(self, session):
         self.path.write_text(json.dumps({"tests": self.tests, "errors": self.errors}, indent=1))

@@ -34,13 +34,11 @@ def body_span(text, qualname):
     """(start, end, indent), 0-based: lines[start:end] are the body after the docstring (or the header), with
     the comments that close it; indent is the body's."""
     node = find_function(ast.parse(text), qualname)
-    lines = split_lines(text)
-    first = node.body[0]
+    lines, first = split_lines(text), node.body[0]
     indent = re.match(r"[ \t]*", lines[first.lineno - 1]).group()
     if first.lineno == node.lineno or first.col_offset != len(indent):
-        raise SourceError(
-            f"{qualname}: its body shares a line with its def or its docstring; one statement a line"
-        )
+        shared = "its body shares a line with its def or its docstring"
+        raise SourceError(f"{qualname}: {shared}; one statement a line")
     documented = ast.get_docstring(node) is not None
     start = first.end_lineno if documented else first.lineno - 1
     while not documented and lines[start - 1].strip()[:1] in ("", "#"):  # and the comments above it

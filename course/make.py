@@ -125,10 +125,9 @@ def scrub_page(text, telling):
     changes, out, i = [], [], 0
     while i < len(lines):
         end = i + 1
-        if fence := FENCE.match(lines[i]):
-            while end < len(lines) and not lines[end].lstrip().startswith(fence.group(1)):
-                end += 1
-            end = min(end + 1, len(lines))
+        if fence := FENCE.match(lines[i]):  # to its closing fence, or the page's end
+            closing = (j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith(fence.group(1)))
+            end = next(closing, len(lines) - 1) + 1
         if what := quoting("".join(lines[i:end]), telling):
             out.append(re.match(r"\s*", lines[i]).group() + OMITTED.format(what=what) + "\n")
             changes.append((i + 1, f"quoted the solution of {what}"))

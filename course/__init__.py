@@ -1,2 +1,1 @@
-"""Course mode: exercises cut from the real code (python -m course make) and graded by its tests
-(python -m course grade). course/exercises.py is the table; docs/exercises.md explains it."""
+"""Course mode: exercises cut from the real code and graded by its tests; docs/exercises.md explains it."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from course.exercises import EXERCISES, by_id
 from course.grade import check_copy, grade, graded_by, report_lines
 from course.make import CLASSROOM, counted, make_copy
-from course.source import SourceError
 from plumbing.cli import one_line_errors, parse_flags, parse_list
 from plumbing.errors import UserError
 
@@ -48,12 +47,11 @@ def chosen(text, everything=None):
 
 def make(argv):
     values = parse_flags(argv, "course make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
-    with one_line_errors("course make"):
+    # a UserError or ValueError: its own status, or 2; writing the copy, an OSError: status 1
+    with one_line_errors("course make", status=1, errors=(OSError,)), one_line_errors("course make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
-    with one_line_errors("course make", status=1, errors=(SourceError, OSError)):
-        with one_line_errors("course make"):  # a UserError keeps its own status
-            notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
+        notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
     print(
         f"a student copy of {notes.files} files in {cfg.out_dir}: {counted(len(exercises), 'exercise')}, "
         f"{counted(len(notes.functions), 'function body', 'function bodies')} to write"
@@ -77,9 +75,7 @@ def make(argv):
 def check(argv):
     values = parse_flags(argv, "course check", __doc__, [("check", CheckConfig, None)], positional=("dir",))
     with one_line_errors("course check"):
-        cfg = CheckConfig(**values)
-        graded_by(cfg.dir)  # a folder: a copy or this repository
-        verdicts, problems = check_copy(cfg.dir)
+        verdicts, problems = check_copy(CheckConfig(**values).dir)
     print("\n".join(report_lines(verdicts)))
     if problems:
         print("not ready to hand out:\n" + "\n".join(f"  {problem}" for problem in problems))
@@ -90,24 +86,17 @@ def check(argv):
 
 
 def grade_command(argv):
-    values, folder = iter(argv), False  # DIR is optional, where parse_flags' positionals are required
-    for arg in values:
-        if arg in ("--only", "--config"):
-            next(values, None)  # `--only ex3`: the next word is the value, not DIR
-        elif not arg.startswith("-"):
-            folder = True
+    # DIR is optional, where parse_flags' positionals are required; in `--only ex3` the word after is no DIR
+    folder = any(not a.startswith("-") and b not in ("--only", "--config") for a, b in zip(argv, ["", *argv]))
     positional = ("dir",) if folder else ()
     values = parse_flags(argv, "course grade", __doc__, [("grade", GradeConfig, None)], positional=positional)
     with one_line_errors("course grade"):
         cfg = GradeConfig(**values)
-        default = graded_by(cfg.dir)
-        exercises = [e for e in EXERCISES if default is None or e.id in default]
-        if cfg.only is not None:
-            exercises = chosen(cfg.only)
-        if unknown := [e for e in default or [] if e not in by_id()]:
-            raise UserError(
-                f"{cfg.dir} was made with exercises this table lacks ({', '.join(unknown)}): make it again", 2
-            )
+        ids = graded_by(cfg.dir)  # None: all
+        exercises = chosen(cfg.only) if cfg.only else [e for e in EXERCISES if ids is None or e.id in ids]
+        if unknown := [e for e in ids or [] if e not in by_id()]:
+            lacks = f"was made with exercises this table lacks ({', '.join(unknown)})"
+            raise UserError(f"{cfg.dir} {lacks}: make it again", 2)
     verdicts, _ = grade(cfg.dir, exercises)
     print("\n".join(report_lines(verdicts)))
     return 0 if all(v.passed for v in verdicts) else 1
@@ -118,10 +107,9 @@ def main(argv=None):
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())
         return 0
-    with one_line_errors("course"):
+    with one_line_errors("course", errors=()):  # a Ctrl-C while the tests run too: status 130, no traceback
         if not argv or argv[0] not in ("make", "grade", "check"):
             raise UserError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""), 2)
-    with one_line_errors("course", errors=()):  # Ctrl-C while the tests run: status 130, no traceback
         return {"make": make, "grade": grade_command, "check": check}[argv[0]](argv[1:])
 
 

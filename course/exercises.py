@@ -31,11 +31,9 @@ class Exercise:
         return f"exercise {self.number}: {self.title}; see {LESSON}#{self.section}"
 
 
+ROWS = tomllib.loads(Path(__file__).with_name("exercises.toml").read_text(encoding="utf-8"))["exercise"]
 EXERCISES = tuple(  # in teaching order
-    Exercise(**{k: tuple(v) if isinstance(v, list) else v for k, v in row.items()})
-    for row in tomllib.loads(Path(__file__).with_name("exercises.toml").read_text(encoding="utf-8"))[
-        "exercise"
-    ]
+    Exercise(**{k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}) for row in ROWS
 )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course.exercises import by_id
-from course.make import MARKER, ROOT, counted, read_marker, solution_leaks, strip_sections
+from course.make import MARKER, ROOT, counted, solution_leaks, strip_sections
 from plumbing.errors import UserError
 
 TIME_LIMIT = 900  # seconds for the whole run: a student's endless loop should not hang the grader
@@ -22,22 +22,32 @@ class Verdict:
     n_tests: int
     detail: str  # why it failed: the first failing test and its line
 
+    @property
+    def not_started(self):
+        """Failed on its own stub: nothing of it written yet."""
+        return self.detail == f"NotImplementedError: {self.exercise.stub_message}"
+
 
 def graded_by(directory):
-    """The exercise ids a directory is graded on by default: a copy's stripped ones, or None (all) in this
-    repository; anything else is a usage UserError."""
-    directory = Path(directory)
+    """The exercise ids a folder is graded on by default: those its .course.json names in a student copy, or
+    None (all) in this repository."""
+    directory, path = Path(directory), Path(directory) / MARKER
     if not directory.is_dir():
         raise UserError(f"{directory} is not a folder", 2)
-    if (marker := read_marker(directory)) is not None:
-        return marker.get("exercises", [])
-    if directory.resolve() == ROOT:
+    if not path.is_file() and directory.resolve() == ROOT:
         return None
-    raise UserError(
-        f"{directory} is neither this repository nor a student copy (it has no {MARKER}): make one "
-        "with python -m course make OUT_DIR",
-        2,
-    )
+    if not path.is_file():
+        neither = f"is neither this repository nor a student copy (it has no {MARKER})"
+        raise UserError(f"{directory} {neither}: make one with python -m course make OUT_DIR", 2)
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not the marker python -m course make writes ({e})", 2) from None
+    exercises = marker.get("exercises", []) if isinstance(marker, dict) else None
+    if not (isinstance(exercises, list) and all(isinstance(e, str) for e in exercises)):
+        what = "its exercises are not a list of ids" if isinstance(marker, dict) else "not a JSON object"
+        raise UserError(f"{path}: not the marker python -m course make writes ({what})", 2)
+    return exercises
 
 
 def failure(message):
@@ -65,11 +75,6 @@ def verdict(exercise, results):
     return Verdict(exercise, not detail, 0 if broken else len(tests), detail)
 
 
-def not_started(verdict):
-    """Failed on its own stub: nothing of it written yet."""
-    return verdict.detail == f"NotImplementedError: {verdict.exercise.stub_message}"
-
-
 def report_lines(verdicts):
     """One line per exercise, then a total ("all 3 exercises pass", "1 of 3 exercises passes"). Under an
     exercise begun and failing: its hints, for what the test's message leaves unsaid."""
@@ -78,7 +83,7 @@ def report_lines(verdicts):
     for v in verdicts:
         status = f"passed ({counted(v.n_tests, 'test')})" if v.passed else f"failed: {v.detail}"
         lines.append(f"{v.exercise.id:<5} {v.exercise.title:<{width}}  {status}")
-        if not v.passed and not not_started(v):
+        if not v.passed and not v.not_started:
             lines += [f"      hint: {hint}" for hint in v.exercise.hints]
     n, total = sum(v.passed for v in verdicts), len(verdicts)
     everything = f"all {total} exercises pass" if total > 1 else f"{counted(total, 'exercise')} passes"
@@ -87,8 +92,7 @@ def report_lines(verdicts):
 
 
 def grade(directory, exercises, calls=False):
-    """Run the exercises' tests in `directory` in one pytest process. -> (verdicts in the order given, the
-    plugin's raw report)"""
+    """One pytest process over the exercises' tests. -> (verdicts in the order given, the plugin's report)"""
     directory = Path(directory).resolve()
     files = sorted({node.split("::")[0] for exercise in exercises for node in exercise.tests})
     selection = " or ".join(exercise.id for exercise in exercises)
@@ -112,23 +116,20 @@ def grade(directory, exercises, calls=False):
 def check_copy(directory):
     """Before handing a copy out: each exercise fails on its own stub (not started), no file quotes a stripped
     body, no page keeps an instructors' section. -> (verdicts, [problems])"""
-    if (marker := read_marker(directory)) is None:
-        raise UserError(
-            f"{directory} is no student copy (it has no {MARKER}): make one with python -m course make", 2
-        )
-    exercises = [by_id()[i] for i in marker.get("exercises", []) if i in by_id()]
-    leaks = solution_leaks(directory, exercises)
-    problems = [f"{page}:{n} quotes the solution of {what}" for page, n, what in leaks]
+    if (ids := graded_by(directory)) is None:
+        no_copy = f"is no student copy (it has no {MARKER})"
+        raise UserError(f"{directory} {no_copy}: make one with python -m course make", 2)
+    exercises = [by_id()[i] for i in ids if i in by_id()]
+    problems = [f"{c['page']}:{c['line']} {c['why']}" for c in solution_leaks(directory, exercises)]
     for page in sorted(Path(directory).rglob("*.md")):
         name = page.relative_to(directory)
         if not any(part.startswith(".") for part in name.parts):  # not a .venv
-            problems += [
-                f"{name}: an instructors' section, {h!r}" for h in strip_sections(page.read_text())[1]
-            ]
+            headings = strip_sections(page.read_text())[1]
+            problems += [f"{name}: an instructors' section, {h!r}" for h in headings]
     verdicts, _ = grade(directory, exercises)
     problems += [
         f"{v.exercise.id} {'passes' if v.passed else 'fails on more than its stub'}: not a fresh copy"
         for v in verdicts
-        if v.passed or not not_started(v)
+        if v.passed or not v.not_started
     ]
     return verdicts, problems

@@ -93,22 +93,16 @@ def check_table(source, exercises):
 
 def stripped_sources(source, exercises):
     """-> ({module path: its text with stubs for bodies}, {telling line: "exercise N (module:function)"})"""
-    stubs, texts, bodies, telling = {}, {}, {}, {}
+    stubs, telling = {}, {}
     for exercise in exercises:
         for spec in exercise.functions:
             module, qualname = split_function(spec)
-            stubs.setdefault(module, {})[qualname] = exercise.stub_message
-    for module, messages in stubs.items():
-        text = (source / module_path(module)).read_text()
-        for qualname, message in messages.items():
+            text = (source / module_path(module)).read_text()
             start, end, indent = body_span(text, qualname)
-            bodies[f"{module}:{qualname}"] = split_lines(text)[start:end]
-            messages[qualname] = [stub_line(indent, message)]
-        texts[module_path(module)] = replace_bodies(text, messages)
-    for exercise in exercises:
-        for spec in exercise.functions:
-            for line in telling_lines(bodies[spec]):
+            stubs.setdefault(module_path(module), {})[qualname] = [stub_line(indent, exercise.stub_message)]
+            for line in telling_lines(split_lines(text)[start:end]):
                 telling.setdefault(line, f"exercise {exercise.number} ({spec})")
+    texts = {path: replace_bodies((source / path).read_text(), bodies) for path, bodies in stubs.items()}
     return texts, telling
 
 
@@ -118,9 +112,10 @@ def quoting(text, telling):
     return next((what for line, what in telling.items() if line in flat), None)
 
 
-def quotes(text, telling):
-    """[(line number, what)] of the lines of a file that quote a telling line."""
-    return [(n, what) for n, line in enumerate(split_lines(text), 1) if (what := quoting(line, telling))]
+def quotes(name, text, telling):
+    """{"page", "line", "why"} of each line of file `name` that quotes a telling line."""
+    found = ((n, quoting(line, telling)) for n, line in enumerate(split_lines(text), 1))
+    return [{"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found if what]
 
 
 def scrub_page(text, telling):
@@ -130,10 +125,9 @@ def scrub_page(text, telling):
     changes, out, i = [], [], 0
     while i < len(lines):
         end = i + 1
-        if fence := FENCE.match(lines[i]):
-            while end < len(lines) and not lines[end].lstrip().startswith(fence.group(1)):
-                end += 1
-            end = min(end + 1, len(lines))
+        if fence := FENCE.match(lines[i]):  # to its closing fence, or the page's end
+            closing = (j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith(fence.group(1)))
+            end = next(closing, len(lines) - 1) + 1
         if what := quoting("".join(lines[i:end]), telling):
             out.append(re.match(r"\s*", lines[i]).group() + OMITTED.format(what=what) + "\n")
             changes.append((i + 1, f"quoted the solution of {what}"))
@@ -143,18 +137,17 @@ def scrub_page(text, telling):
     return "".join(out), changes
 
 
-def strip_sections(text, headings=INSTRUCTORS):
-    """A markdown page without the sections whose heading starts with one of `headings`, each up to the next
+def strip_sections(text):
+    """A markdown page without the sections whose heading starts with one of INSTRUCTORS, each up to the next
     heading of its level or above; a "#" line in fenced code is no heading. -> (text, [headings left out])"""
     out, removed, level, fence = [], [], None, None
     for line in split_lines(text):
         heading = None if fence else re.match(r"(#+)\s+(.*?)\s*$", line)
         if marker := FENCE.match(line):
             fence = None if fence == marker.group(1) else fence or marker.group(1)
-        if heading:
-            if level is not None and len(heading.group(1)) <= level:
-                level = None
-            if level is None and heading.group(2).startswith(headings):
+        if heading and (level is None or len(heading.group(1)) <= level):  # not a subsection of one left out
+            level = None
+            if heading.group(2).startswith(INSTRUCTORS):
                 level = len(heading.group(1))
                 removed.append(heading.group(2))
         if level is None:
@@ -164,10 +157,7 @@ def strip_sections(text, headings=INSTRUCTORS):
 
 def student_readme(exercises, readme):
     """course/student_README.md with the exercises' table, then the repository's README (for students)."""
-    rows = [
-        "| id | exercise | functions to write | lesson section | difficulty | about |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = ["| id | exercise | functions to write | lesson section | difficulty | about |", "|---" * 6 + "|"]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
         section = f"[{e.section.split('-')[0]}]({LESSON}#{e.section})"
@@ -194,12 +184,11 @@ def handle_quotes(source, files, telling, texts, notes):
     kept = []
     for name in files:
         text = texts.get(Path(name)) or ((source / name).read_text() if name.endswith((".md", ".py")) else "")
-        found = quotes(text, telling)
-        why = [{"page": name, "line": n, "why": f"quotes the solution of {what}"} for n, what in found]
-        if found and name.endswith(".md"):
+        why = quotes(name, text, telling)
+        if why and name.endswith(".md"):
             texts[Path(name)], changes = scrub_page(text, telling)
             notes.pages_changed += [{"page": name, "line": n, "why": reason} for n, reason in changes]
-        elif found and name.startswith("tests/test_") and name not in graded:
+        elif why and name.startswith("tests/test_") and name not in graded:
             notes.left_out.append(why[0])
             continue
         else:
@@ -208,18 +197,14 @@ def handle_quotes(source, files, telling, texts, notes):
     return kept
 
 
-def make_copy(out_dir, exercises, source=ROOT, classroom=False):
-    """Write the student copy into out_dir (new, or empty); with classroom, GitHub Classroom's autograding
-    configuration too. -> Notes"""
-    out_dir, source = Path(out_dir), Path(source)
+def make_copy(out_dir, exercises, classroom=False):
+    """Write the student copy into out_dir (new, or empty), with classroom GitHub Classroom's too. -> Notes"""
+    out_dir, source = Path(out_dir), ROOT
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} exists and is not an empty folder: give a new or empty one", 2)
     if out_dir.resolve().is_relative_to(source.resolve()):
-        raise UserError(
-            f"{out_dir} is inside the repository it copies (its tests would run with the suite's): "
-            "give a folder outside it",
-            2,
-        )
+        inside = "is inside the repository it copies (its tests would run with the suite's)"
+        raise UserError(f"{out_dir} {inside}: give a folder outside it", 2)
     check_table(source, exercises)
     files = tracked_files(source)
     texts, telling = stripped_sources(source, exercises)
@@ -236,11 +221,9 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
     notes.files = len(files)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # built beside out_dir and moved in whole: a copy that failed halfway is never mistaken for one
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0o022)
-    os.umask(umask)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent)) / out_dir.name
     try:
-        building.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the copy from the students it is for
+        building.mkdir()  # the umask's mode: mkdtemp's 0700 would keep the copy from the students it is for
         for name in files:
             target = building / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -257,34 +240,17 @@ def make_copy(out_dir, exercises, source=ROOT, classroom=False):
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.replace(building, out_dir)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(building.parent, ignore_errors=True)
     return notes
 
 
-def read_marker(directory):
-    """A copy's .course.json, or None where there is none."""
-    path = Path(directory) / MARKER
-    if not path.is_file():
-        return None
-    try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not the marker python -m course make writes ({e})", 2) from None
-    exercises = marker.get("exercises", []) if isinstance(marker, dict) else None
-    if not (isinstance(exercises, list) and all(isinstance(e, str) for e in exercises)):
-        what = "its exercises are not a list of ids" if isinstance(marker, dict) else "not a JSON object"
-        raise UserError(f"{path}: not the marker python -m course make writes ({what})", 2)
-    return marker
-
-
-def solution_leaks(directory, exercises, source=ROOT):
-    """[(file, line, what)] of the files of a copy that quote a stripped body."""
-    telling = stripped_sources(source, exercises)[1]
+def solution_leaks(directory, exercises):
+    """The lines of a copy's files that quote a stripped body, as Notes lists them."""
+    telling = stripped_sources(ROOT, exercises)[1]
     return [
-        (path.relative_to(directory).as_posix(), line, what)
+        leak
         for path in sorted(Path(directory).rglob("*"))
         if path.is_file() and path.suffix in (".py", ".md", ".txt", ".toml", ".json")
-        for line, what in quotes(path.read_text(errors="replace"), telling)
+        for leak in quotes(path.relative_to(directory).as_posix(), path.read_text(errors="replace"), telling)
     ]

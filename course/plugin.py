@@ -12,22 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from course.exercises import EXERCISES
+from course.exercises import EXERCISES, by_id
 
 CLOSE = ("Tensor-likes are not close!", "Scalars are not close!")  # torch.testing.assert_close's first line
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("course")
-    group.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE")
-    group.addoption("--course-calls", action="store_true", help="also record the exercise functions called")
+    parser.addoption("--course-report", metavar="FILE", help="write each test's outcome and exercise to FILE")
+    parser.addoption("--course-calls", action="store_true", help="also record the exercise functions called")
 
 
 def pytest_configure(config):
-    if path := config.getoption("course_report"):
-        config.pluginmanager.register(
-            Recorder(Path(path), config.getoption("course_calls")), "course-recorder"
-        )
+    if config.getoption("course_report"):
+        config.pluginmanager.register(Recorder(config))
 
 
 def first_line(report):
@@ -40,12 +37,9 @@ def first_line(report):
         text = report.longrepr[2]
     else:
         text = str(report.longrepr)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and lines[0].endswith(CLOSE):
-        return "; ".join(
-            [lines[0], *(line for line in lines[1:] if line.startswith(("Greatest", "Mismatched")))]
-        )
-    return lines[0] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [""]
+    details = [line for line in lines[1:] if line.startswith(("Greatest", "Mismatched"))]
+    return "; ".join([lines[0], *details]) if lines[0].endswith(CLOSE) else lines[0]
 
 
 def code(spec):
@@ -55,8 +49,8 @@ def code(spec):
 
 
 class Recorder:
-    def __init__(self, path, calls):
-        self.path, self.calls = path, calls
+    def __init__(self, config):
+        self.path, self.calls = Path(config.getoption("course_report")), config.getoption("course_calls")
         self.tests, self.errors, self.codes = {}, [], None
 
     def pytest_collectreport(self, report):
@@ -65,8 +59,7 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        ids = {exercise.id for exercise in EXERCISES}
-        markers = [m.name for m in item.iter_markers() if m.name in ids]
+        markers = [m.name for m in item.iter_markers() if m.name in by_id()]
         self.tests[item.nodeid] = {"exercises": markers, "outcome": "passed", "message": "", "calls": []}
         if not self.calls:
             return (yield)
@@ -88,11 +81,9 @@ class Recorder:
         test = self.tests.get(report.nodeid)
         if test is None or test["outcome"] in ("failed", "error"):
             return  # the first failure is the one to show
-        if report.failed:
-            test["outcome"] = "failed" if report.when == "call" else "error"
-            test["message"] = first_line(report)
-        elif report.skipped:
-            test["outcome"], test["message"] = "skipped", first_line(report)
+        if report.failed or report.skipped:
+            outcome = "skipped" if report.skipped else ("failed" if report.when == "call" else "error")
+            test["outcome"], test["message"] = outcome, first_line(report)
 
     def pytest_sessionfinish(self, session):
         self.path.write_text(json.dumps({"tests": self.tests, "errors": self.errors}, indent=1))

@@ -30,31 +30,19 @@ def find_function(tree, qualname):
     return node
 
 
-def header_end(text, node):
-    """The 1-based line of the colon that ends a def's header (its signature may span several lines)."""
-    depth = 0
-    lines = iter(split_lines(text)[node.lineno - 1 :])
-    for token in tokenize.generate_tokens(lambda: next(lines, "")):
-        if token.type == tokenize.OP:
-            depth += (token.string in "([{") - (token.string in ")]}")
-            if token.string == ":" and depth == 0:
-                return node.lineno + token.start[0] - 1
-    raise SourceError(f"{node.name}: no end to its header")
-
-
 def body_span(text, qualname):
-    """(start, end, indent), 0-based: lines[start:end] are the body after the docstring, with the comments
-    that close it; indent is the body's."""
+    """(start, end, indent), 0-based: lines[start:end] are the body after the docstring (or the header), with
+    the comments that close it; indent is the body's."""
     node = find_function(ast.parse(text), qualname)
-    lines = split_lines(text)
-    first = node.body[0]
+    lines, first = split_lines(text), node.body[0]
     indent = re.match(r"[ \t]*", lines[first.lineno - 1]).group()
     if first.lineno == node.lineno or first.col_offset != len(indent):
-        raise SourceError(
-            f"{qualname}: its body shares a line with its def or its docstring; one statement a line"
-        )
+        shared = "its body shares a line with its def or its docstring"
+        raise SourceError(f"{qualname}: {shared}; one statement a line")
     documented = ast.get_docstring(node) is not None
-    start = first.end_lineno if documented else header_end(text, node)
+    start = first.end_lineno if documented else first.lineno - 1
+    while not documented and lines[start - 1].strip()[:1] in ("", "#"):  # and the comments above it
+        start -= 1
     end = node.body[-1].end_lineno if len(node.body) > 1 or not documented else start
     for j in range(end, len(lines)):  # comments at the body's depth after its last statement belong to it
         stripped = lines[j].strip()
@@ -93,10 +81,8 @@ def telling_lines(lines, shortest=24):
     for line in lines:
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
-            comment = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), None)
         except (tokenize.TokenError, SyntaxError):  # a line inside a longer statement
-            comment = None
-        text = " ".join((line if comment is None else line[:comment]).split())
-        if len(text) >= shortest:
-            code.append(text)
-    return code
+            tokens = []
+        comment = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), len(line))
+        code.append(" ".join(line[:comment].split()))
+    return [text for text in code if len(text) >= shortest]

@@ -37,10 +37,6 @@ class Processes:
         if self.master:
             print(text, flush=True)  # flushed: a log piped to tee shows each line as it comes
 
-    def barrier(self):
-        if self.launched:
-            dist.barrier()
-
     def agree(self, loss, stop, device):
         """(mean loss over all processes, whether any was asked to stop), on every rank."""
         if not self.launched:
@@ -133,8 +129,7 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DDP under torchrun, with no buffer broadcast: ours (RoPE's cos/sin, ALiBi's slopes) are the
-    same on every rank."""
+    """module in DDP under torchrun, buffers unsynced: ours (RoPE's cos/sin, ALiBi's slopes) never differ."""
     if not procs.launched:
         return module
     params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
@@ -148,6 +143,7 @@ def prepare_data(dataset, procs):
     if procs.master:
         with suppress(UserError):
             ensure_prepared(dataset)
-    procs.barrier()
+    if procs.launched:
+        dist.barrier()
     data_dir = ensure_prepared(dataset)
     return data_dir, load_meta(data_dir)

@@ -1,6 +1,5 @@
-"""Processes: one, or one per GPU under torchrun, each training a replica (DistributedDataParallel, nccl on
-CUDA, gloo on CPU); rank 0 alone logs, evaluates and writes checkpoints. Without torchrun every collective is
-a no-op, so train.py has one code path."""
+"""Processes: one, or one per GPU under torchrun training a replica each (DDP: nccl on CUDA, gloo on CPU);
+rank 0 alone logs, evaluates, saves. Without torchrun every collective is a no-op: train.py has one path."""
 
 import gc
 import inspect

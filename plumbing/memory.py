@@ -114,8 +114,7 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
 
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
-    """A one-line UserError before generating if generation_bytes (weights=True: and the float32 weights, for
-    a caller that has not built the model yet) would not fit in device's memory."""
+    """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
     parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
     if weights:
         parts["weights"] = parameter_count(config) * 4

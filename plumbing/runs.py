@@ -68,9 +68,8 @@ def run_python(args, **kwargs):
 
 def plan(commands):
     """The Plan of each train.py command (a list of flags), as train.py reads it: one subprocess for all."""
-    done = subprocess.run(
-        [sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True, text=True
-    )
+    command = [sys.executable, "-c", PLAN_CODE, json.dumps(commands)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:  # a bad flag: train.py's own one-line error
         raise UserError(done.stderr.strip() or f"train.py could not read {commands}")
     return [Plan(args, *json.loads(line)) for args, line in zip(commands, done.stdout.splitlines())]

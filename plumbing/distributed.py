@@ -1,6 +1,5 @@
-"""Processes: one, or one per GPU under torchrun, each training a replica (DistributedDataParallel, nccl on
-CUDA, gloo on CPU); rank 0 alone logs, evaluates and writes checkpoints. Without torchrun every collective is
-a no-op, so train.py has one code path."""
+"""Processes: one, or one per GPU under torchrun training a replica each (DDP: nccl on CUDA, gloo on CPU);
+rank 0 alone logs, evaluates, saves. Without torchrun every collective is a no-op: train.py has one path."""
 
 import gc
 import inspect
@@ -36,10 +35,6 @@ class Processes:
     def log(self, text):
         if self.master:
             print(text, flush=True)  # flushed: a log piped to tee shows each line as it comes
-
-    def barrier(self):
-        if self.launched:
-            dist.barrier()
 
     def agree(self, loss, stop, device):
         """(mean loss over all processes, whether any was asked to stop), on every rank."""
@@ -133,8 +128,7 @@ def micro_steps_per_rank(grad_accum, procs):
 
 
 def wrap_ddp(module, procs, device_type):
-    """module in DDP under torchrun, with no buffer broadcast: ours (RoPE's cos/sin, ALiBi's slopes) are the
-    same on every rank."""
+    """module in DDP under torchrun, buffers unsynced: ours (RoPE's cos/sin, ALiBi's slopes) never differ."""
     if not procs.launched:
         return module
     params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
@@ -148,6 +142,7 @@ def prepare_data(dataset, procs):
     if procs.master:
         with suppress(UserError):
             ensure_prepared(dataset)
-    procs.barrier()
+    if procs.launched:
+        dist.barrier()
     data_dir = ensure_prepared(dataset)
     return data_dir, load_meta(data_dir)

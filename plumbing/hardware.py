@@ -14,16 +14,14 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Dense bf16 tensor-core peak FLOP/s per GPU from NVIDIA's data sheets (fp16 for V100, T4), matched against
 # torch.cuda.get_device_name, first match wins (H100 alone: SXM). MFU (PaLM, Chowdhery et al. 2022, appendix
 # B) is the model FLOPs achieved over this peak.
-PEAK_FLOPS = (
-    (r"\bH200\b.*\bNVL\b", 835e12), (r"\bH200\b", 989e12), (r"\bH100\b.*\bPCIe\b", 756e12),
-    (r"\bH100\b.*\bNVL\b", 835e12), (r"\bH100\b", 989e12), (r"\bB200\b", 2250e12), (r"\bA100\b", 312e12),
-    (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12), (r"\bV100\b", 125e12),
-    (r"\bT4\b", 65e12),
-)  # fmt: skip
+PEAK_FLOPS = {
+    r"\bH200\b.*\bNVL\b": 835e12, r"\bH200\b": 989e12, r"\bH100\b.*\bPCIe\b": 756e12,
+    r"\bH100\b.*\bNVL\b": 835e12, r"\bH100\b": 989e12, r"\bB200\b": 2250e12, r"\bA100\b": 312e12,
+    r"\bL40S\b": 362e12, r"\bL4\b": 121e12, r"\bA10\b": 125e12, r"\bV100\b": 125e12,
+    r"\bT4\b": 65e12}  # fmt: skip
 
 
-def check_device_name(device):
-    """ValueError unless device is auto, cpu, cuda, cuda:N or mps (checked when flags are parsed)."""
+def check_device_name(device):  # when flags are parsed; check_device asks the machine as the run starts
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ValueError(f"device={device!r} is not a device; choose from auto, cpu, cuda, cuda:N, mps")
 
@@ -37,16 +35,14 @@ def check_device(device):
 
 
 def check_threads(threads):
-    """ValueError unless threads (a --threads value) is auto or a whole number >= 1."""
     if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
         raise ValueError(f"threads={threads!r}: give auto or a number of threads >= 1, e.g. --threads=1")
 
 
 def use_threads(threads, device):
     """Set torch's intra-op CPU threads from --threads -> the line saying what was chosen and why. auto keeps
-    OMP_NUM_THREADS where set, and torch's default off the CPU; on a CPU it takes the cores other processes
-    leave free (cores minus the 1-minute load average, rounded, at least 1), as a thread beside another
-    process's slows both far more than it gains on idle cores (docs/perf.md, Threads)."""
+    OMP_NUM_THREADS where set, and torch's default off the CPU; on a CPU, the cores the load average leaves
+    free, as a thread beside another process's slows both far more than it gains (docs/perf.md, Threads)."""
     cores, load = os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if threads != "auto":
         n, why = int(threads), "--threads"
@@ -85,8 +81,7 @@ def precision(cfg):
 
 
 def available_memory(device):
-    """Bytes still allocatable on device, or None: CUDA's free memory plus what torch's allocator holds
-    unused; elsewhere the host's (/proc/meminfo's MemAvailable, else sysconf)."""
+    """Bytes device can still allocate, or None: CUDA's free memory and what torch's allocator holds idle."""
     if str(device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -106,17 +101,14 @@ def format_bytes(n):
 
 
 def check_memory(parts, device, what, advice):
-    """A UserError if the bytes in parts ({what: bytes}) exceed what device has available: refused before
-    the allocation, where the kernel would kill the process without a word."""
+    """A UserError if parts ({what: bytes}) exceed device's memory, before the kernel kills without a word."""
     needed, available = sum(parts.values()), available_memory(device)
     if available is None or needed <= available:
         return
     largest = sorted(parts.items(), key=lambda part: -part[1])
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
-    raise UserError(
-        f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {device} has "
-        f"{format_bytes(available)} available; {advice}"
-    )
+    free = f"{device} has {format_bytes(available)} available"
+    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {free}; {advice}")
 
 
 def synchronize(device):
@@ -136,7 +128,7 @@ def flops_per_token(model):
 
 
 def peak_flops_of(gpu_name):
-    return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, gpu_name)), None)
+    return next((flops for pattern, flops in PEAK_FLOPS.items() if re.search(pattern, gpu_name)), None)
 
 
 def peak_flops(device):
@@ -144,10 +136,7 @@ def peak_flops(device):
     return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
 
 
-def speed(step_seconds, tokens_per_step, flops_per_step, peak=None, n_devices=1):
+def speed(seconds, tokens, flops, peak=None, n_devices=1):
     """A step's ms, tokens/s, model TFLOP/s, and MFU (over all devices' peak) where the peak is known."""
-    flops = flops_per_step / step_seconds
-    metrics = dict(
-        ms_per_iter=step_seconds * 1e3, tokens_per_sec=tokens_per_step / step_seconds, tflops=flops / 1e12
-    )
-    return metrics | (dict(mfu=flops / (peak * n_devices)) if peak else {})
+    metrics = dict(ms_per_iter=seconds * 1e3, tokens_per_sec=tokens / seconds, tflops=flops / seconds / 1e12)
+    return metrics | (dict(mfu=flops / seconds / (peak * n_devices)) if peak else {})

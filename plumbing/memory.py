@@ -1,10 +1,6 @@
-"""
-Memory, estimated from the shapes before anything is allocated, so that a request that cannot fit is refused
-in one line instead of being killed without a word or left allocating for hours: the tensors that stay
-allocated and the largest transient of a step. The tests hold the estimates against what the code allocates.
-"""
-
-import torch
+"""Memory, estimated from the shapes before anything is allocated, so that a request that cannot fit is
+refused in one line instead of being killed without a word or left allocating for hours: the tensors that stay
+allocated and the largest transient of a step. The tests hold them against what the code allocates."""
 
 from generation import prefill_chunk
 from model import GPT
@@ -18,9 +14,8 @@ TRAINING_ADVICE = {
 
 
 def parameter_count(config):
-    """Parameters of GPT(config): the tied token embedding, learned's table, per layer q, k, v and the output
-    projection (4 C^2), the MLP (8 C^2) and two LayerNorms, then the final LayerNorm; bias=True adds a bias
-    beside each Linear and LayerNorm weight."""
+    """GPT(config)'s parameters: the tied token embedding, learned's table, per layer q, k, v and the output
+    (4 C^2), the MLP (8 C^2) and two LayerNorms, the final LayerNorm; bias=True: a bias beside each weight."""
     C, bias = config.n_embd, config.bias
     per_layer = 12 * C * C + 2 * C + bias * (9 * C + 2 * C)
     learned = config.block_size * C if config.pos == "learned" else 0
@@ -28,16 +23,15 @@ def parameter_count(config):
 
 
 def table_bytes(config, n_pos):
-    """The float32 position table over n_pos positions: n_embd per position for sinusoidal, rotary_dim for
-    RoPE (cos and sin, half of it each), none for the other schemes."""
+    """The float32 table of n_pos positions: n_embd each for sinusoidal, rotary_dim (cos, sin) for RoPE."""
     return n_pos * {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0) * 4
 
 
 def activation_bytes(config, batch):
-    """What one float32 training forward over batch x block_size tokens keeps for backward: about 20 x n_embd
-    per token and layer (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the
-    MLP's 4 C hidden layer before and after GELU, residuals), twice the logits (and their log-softmax), and
-    with dropout its masks and math attention's weights (n_head x block_size per token and layer, twice)."""
+    """What a float32 training forward over batch x T tokens keeps for backward, per token: about 20 C a layer
+    (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the MLP's 4 C before and
+    after GELU, residuals), twice the logits (and log-softmax); with dropout, 2 C of masks and 2 n_head T of
+    math attention's weights a layer."""
     T, C, L = config.block_size, config.n_embd, config.n_layer
     per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
     if config.dropout > 0:
@@ -46,23 +40,15 @@ def activation_bytes(config, batch):
 
 
 def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
-    """{what: bytes} training a model of config allocates, in float32 (an upper bound under bf16 autocast):
-    the weights, their gradients, AdamW's two moments, the position table, one micro-batch's activations (each
-    micro-step's backward frees them) and micro_steps batch streams of per_stream bytes."""
-    weights = parameter_count(config) * 4
-    return {
-        "weights": weights,
-        "gradients": weights,
-        "AdamW state": 2 * weights,
-        "position table": table_bytes(config, config.block_size),
-        "activations": activation_bytes(config, batch),
-        "batch streams": micro_steps * per_stream,
-    }
+    """{what: bytes} training allocates in float32 (an upper bound under bf16 autocast): weights, gradients,
+    AdamW's two moments, the position table, one micro-batch's activations (its backward frees them)."""
+    weights, table = parameter_count(config) * 4, table_bytes(config, config.block_size)
+    parts = {"weights": weights, "gradients": weights, "AdamW state": 2 * weights, "position table": table}
+    return parts | {"activations": activation_bytes(config, batch), "batch streams": micro_steps * per_stream}
 
 
 def check_training_memory(config, batch, micro_steps, device, copies=1, per_stream=SAMPLER_BYTES):
-    """A one-line UserError before the model is built if training it (`copies` models resident at once)
-    would not fit in device's memory, naming what to lower for the largest part."""
+    """Refuse, before any model is built, training `copies` models at once beyond device's memory."""
     parts = training_bytes(config, batch, micro_steps, per_stream)
     parts = {what: copies * size for what, size in parts.items()}
     advice = TRAINING_ADVICE.get(max(parts, key=parts.get), TRAINING_ADVICE["weights"])
@@ -71,15 +57,13 @@ def check_training_memory(config, batch, micro_steps, device, copies=1, per_stre
     check_memory(parts, device, what, f"lower {advice}")
 
 
-def kv_cache_bytes(config, batch, n_slots, dtype=torch.float32):
-    """Keys and values of n_slots slots for `batch` rows: 2 x n_layer x batch x n_head x n_slots x head_dim
-    elements of dtype."""
-    return 2 * config.n_layer * batch * config.n_head * n_slots * config.head_dim * dtype.itemsize
+def kv_cache_bytes(config, batch, n_slots):
+    """Keys and values of n_slots slots for `batch` rows, in float32."""
+    return 2 * config.n_layer * batch * config.n_head * n_slots * config.head_dim * 4
 
 
 def position_table_bytes(config, n_pos):
-    """The table a fresh model (covering block_size) grows to cover n_pos positions (wpe.reserve, at least
-    doubling): 0 within block_size."""
+    """The table a fresh model grows to for n_pos positions (wpe.reserve: at least doubles; none within T)."""
     return 0 if n_pos <= config.block_size else table_bytes(config, max(n_pos, 2 * config.block_size))
 
 
@@ -88,10 +72,8 @@ def forward_bytes(config, batch, length, cached=False, n_keys=None):
     keys, by default as many): the logits, the MLP's hidden layer before and after GELU, and the mask
     GPT.attention_mask builds for ALiBi or several tokens into a KV cache (length x n_keys int64 distances, a
     bool mask and float32 score biases, n_head of them for ALiBi)."""
-    parts = {
-        "logits": batch * length * config.vocab_size * 4,
-        "activations": 2 * batch * length * 4 * config.n_embd * 4,
-    }
+    tokens = batch * length
+    parts = {"logits": tokens * config.vocab_size * 4, "activations": 2 * tokens * 4 * config.n_embd * 4}
     if config.pos == "alibi" or (cached and length > 1):
         heads = config.n_head if config.pos == "alibi" else 1
         parts["attention mask"] = length * (n_keys or length) * (8 + 1 + 2 * heads * 4)
@@ -107,11 +89,8 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     learned = config.block_size if config.pos == "learned" else None
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
         longest = min(n for n in (learned, max_context, total - 1) if n is not None)
-        return {
-            "tokens": 2 * batch * total * 8,
-            "position table": position_table_bytes(config, longest),
-            **forward_bytes(config, batch, longest),
-        }
+        parts = {"tokens": 2 * batch * total * 8, "position table": position_table_bytes(config, longest)}
+        return parts | forward_bytes(config, batch, longest)
     crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
     n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
     n_pos = min(n_run + max_new_tokens - 1, crop or total)
@@ -121,12 +100,9 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     passes = [forward_bytes(config, batch, min(chunk, n_run), cached=True, n_keys=min(n_run, slots))]
     if crop is not None and total - 1 > crop:  # learned's full table: each token reruns its window
         passes.append(forward_bytes(config, batch, crop))
-    return {
-        "KV cache": kv_cache_bytes(config, batch, slots),
-        "position table": position_table_bytes(config, n_pos),
-        "tokens": batch * total * 8,
-        **max(passes, key=lambda parts: sum(parts.values())),
-    }
+    cache, table = kv_cache_bytes(config, batch, slots), position_table_bytes(config, n_pos)
+    parts = {"KV cache": cache, "position table": table, "tokens": batch * total * 8}
+    return parts | max(passes, key=lambda forward: sum(forward.values()))
 
 
 def passkey_dataset_bytes(block_size, train_samples, val_samples):
@@ -138,8 +114,7 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
 
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
-    """A one-line UserError before generating if generation_bytes (weights=True: and the float32 weights, for
-    a caller that has not built the model yet) would not fit in device's memory."""
+    """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
     parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
     if weights:
         parts["weights"] = parameter_count(config) * 4
@@ -147,16 +122,14 @@ def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, adv
 
 
 def check_benchmark_memory(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
-    """perf.bench's runs, each model checked before any is built: training (`copies` trainers at once, each
-    holding grad_accum int64 (x, y) batches), then generating new_tokens from a one-token prompt with the KV
-    cache, and with the reference sampler up to reference_max_tokens (0: all)."""
+    """perf.bench's runs, each model checked before any is built: training (`copies` trainers at once), then
+    generating new_tokens from a token with the KV cache, and up to reference_max_tokens (0: all) without."""
     advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
     reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
     for config in configs:
+        batches = 2 * batch * config.block_size * 8  # each of grad_accum streams holds an int64 (x, y) batch
         if copies:
-            check_training_memory(
-                config, batch, grad_accum, device, copies, 2 * batch * config.block_size * 8
-            )
+            check_training_memory(config, batch, grad_accum, device, copies, batches)
         for n, cached in ((new_tokens, True), (reference_tokens, False)):
             if n:
                 check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)

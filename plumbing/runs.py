@@ -1,7 +1,6 @@
 """Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
---pos=X ...` from the repository root), so the runs a user already made are used, not trained again: an empty
-folder is trained, a finished run of the command's settings reused, the same run stopped early continued with
---resume, a run of other settings refused (the study's --retrain replaces it)."""
+--pos=X ...` from the repository root), so the runs a user already made are used, not trained again: a
+finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it)."""
 
 import dataclasses
 import json
@@ -50,30 +49,27 @@ class Plan:
 
     def describe(self):
         """'a pos=rope model (4 layers x 128 dims, T = 64, 2000 steps)'"""
-        m, steps = self.model_config, self.train_config["max_iters"]
+        m, t = self.model_config, self.train_config
         layers = f"{m['n_layer']} layer{'s' if m['n_layer'] > 1 else ''}"
-        start = f" from {self.train_config['init_from']}" if self.train_config.get("init_from") else ""
-        shape = f"{layers} x {m['n_embd']} dims, T = {m['block_size']}, {steps} steps"
-        return f"a pos={m['pos']} model ({shape}){start}"
+        shape = f"{layers} x {m['n_embd']} dims, T = {m['block_size']}, {t['max_iters']} steps"
+        return f"a pos={m['pos']} model ({shape})" + (f" from {t['init_from']}" if t.get("init_from") else "")
 
 
 def run_python(args, **kwargs):
     """`python args...` from the repository root, its output shown; a failure is a UserError."""
     sys.stdout.flush()  # what we printed comes before the command's output
-    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, **kwargs)
+    args = [str(arg) for arg in args]
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, **kwargs)
     if done.returncode:
-        raise UserError(
-            f"`{shlex.join(['python', *map(str, args)])}` failed (exit status {done.returncode}); "
-            "see its output above"
-        )
+        command = shlex.join(["python", *args])
+        raise UserError(f"`{command}` failed (exit status {done.returncode}); see its output above")
     return done
 
 
 def plan(commands):
     """The Plan of each train.py command (a list of flags), as train.py reads it: one subprocess for all."""
-    done = subprocess.run(
-        [sys.executable, "-c", PLAN_CODE, json.dumps(commands)], cwd=ROOT, capture_output=True, text=True
-    )
+    command = [sys.executable, "-c", PLAN_CODE, json.dumps(commands)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:  # a bad flag: train.py's own one-line error
         raise UserError(done.stderr.strip() or f"train.py could not read {commands}")
     return [Plan(args, *json.loads(line)) for args, line in zip(commands, done.stdout.splitlines())]
@@ -106,20 +102,9 @@ def decide(plan, elsewhere="move it away"):
     changed = differences(ckpt.get("model_config", {}), plan.model_config)
     changed += differences(ckpt.get("train_config", {}), plan.train_config | {"out_dir": plan.out_dir})
     if changed:
-        raise UserError(
-            f"{plan.out_dir} holds another run than `{plan.command}` ({'; '.join(changed)}): {elsewhere}"
-        )
+        why = "; ".join(changed)
+        raise UserError(f"{plan.out_dir} holds another run than `{plan.command}` ({why}): {elsewhere}")
     return ("reuse" if run_finished(ckpt) else "resume"), ckpt.get("iter_num", 0)
-
-
-def announcement(plan, action, step, duration):
-    """The line said before train.py starts: what is trained, where, about how long, and the command."""
-    command = " ".join([plan.command, *EXTRA_FLAGS[action]])
-    if action == "resume":
-        took = f" (a whole run takes about {duration})" if duration else ""
-        return f"continuing {plan.describe()} in {plan.out_dir}, stopped at step {step}{took}: {command}"
-    took = f", about {duration}" if duration else ""
-    return f"training {plan.describe()} into {plan.out_dir}{took}: {command}"
 
 
 def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print):
@@ -132,7 +117,14 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
             log(f"using {p.out_dir}: {p.describe()}, finished")
     todo = [(p, action, step) for p, (action, step) in zip(plans, actions) if action != "reuse"]
     for i, (p, action, step) in enumerate(todo, 1):
-        log(f"[{i}/{len(todo)}] {announcement(p, action, step, duration)}")
+        command = " ".join([p.command, *EXTRA_FLAGS[action]])  # what is trained, where, how long, and how
+        if action == "resume":
+            took = f" (a whole run takes about {duration})" if duration else ""
+            said = f"continuing {p.describe()} in {p.out_dir}, stopped at step {step}{took}"
+        else:
+            took = f", about {duration}" if duration else ""
+            said = f"training {p.describe()} into {p.out_dir}{took}"
+        log(f"[{i}/{len(todo)}] {said}: {command}")
         started = time.perf_counter()
         run_python(["train.py", *p.args, *EXTRA_FLAGS[action]])
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
@@ -141,13 +133,13 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
 
 def find_checkpoint(pos, checkpoints):
     """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/)."""
-    for name in (pos, f"shakespeare_char_{pos}"):
-        folder = Path(checkpoints) / name
+    folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
+    for folder in folders:
         if checkpoint_path(folder).is_file():
             return folder
+    expected = " or ".join(f"{folder}/" for folder in folders)
     raise UserError(
-        f"no checkpoint of pos={pos} in {checkpoints}: expected {checkpoints}/{pos}/ or "
-        f"{checkpoints}/shakespeare_char_{pos}/ holding best.pt or ckpt.pt"
+        f"no checkpoint of pos={pos} in {checkpoints}: expected {expected} holding best.pt or ckpt.pt"
     )
 
 

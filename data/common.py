@@ -41,8 +41,7 @@ def bad_dataset_name(name) -> bool:
 
 # meta.json -------------------------------------------------------------------
 def _check_meta(meta, where) -> None:
-    """Raise ValueError unless meta holds meta.json's fields (data/README.md): tokenizer, vocab_size, dtype,
-    train_tokens, val_tokens; chars for char; sample_length, and generator, for fixed-length samples."""
+    """Raise ValueError unless meta holds meta.json's fields, as data/README.md lists them."""
 
     def require(ok, why):
         if not ok:

@@ -69,9 +69,7 @@ class Sample:
 
 def passkey_sample(rng, length, depth, split):
     """A sample of exactly `length` characters whose key is stated after round(depth x filler) characters of
-    filler (depth 0: first; 1: right before the question) and asked for at the end."""
-    if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    filler (depth in [0, 1]: 0 first, 1 right before the question) and asked for at the end."""
     n = filler_length(length)
     filler, key, cut = draw_filler(rng, n), draw_key(rng, split), round(depth * n)
     text = f"{filler[:cut]}{MARKER}{key}{END}{filler[cut:]}{MARKER}{key}"
@@ -91,10 +89,9 @@ def training_sample(rng, length, split):
 def outdated(meta, data_dir):
     """(why, the prepare command that makes it again) for a passkey dataset made with other settings than
     today's, else None (for other data too). Without meta's "generator", the filler segments were 8 to 32."""
-    recorded = meta.get("generator")
-    if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
+    if meta.get("generator") is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
         return None  # not passkey samples
-    if (was := (recorded or {}).get("filler_segment", [8, 32])) == list(SEGMENT):
+    if (was := (meta.get("generator") or {}).get("filler_segment", [8, 32])) == list(SEGMENT):
         return None
     block_size, name = meta["sample_length"] - 1, Path(data_dir).name
     rename = "" if name == default_name(block_size) else f" --name {name}"

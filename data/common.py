@@ -27,7 +27,7 @@ FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved int
 TOKENIZERS = ("char", "gpt2")
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")  # built by ensure_prepared on first use, offline
 GENERATED = ("passkey",)  # drawn by a generator: data/NAME/task.py defines outdated(meta, data_dir)
-REPLACE_HELP = "replace the dataset the folder holds (without it, that is refused and nothing changes)"
+REPLACE_HELP = "replace a dataset already in the folder (without it, that is refused and nothing changes)"
 
 
 def dataset_dir(name: str) -> Path:
@@ -151,14 +151,6 @@ def refuse_existing(out_dir, replace: bool = False) -> None:
         )
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except OSError as e:  # PermissionError: it exists, as another user's
-        return not isinstance(e, ProcessLookupError)
-    return True
-
-
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False, needed=None):
     """Yield {file name: path} in a staging folder beside out_dir to write; move them into out_dir if the
@@ -169,8 +161,13 @@ def staged_dataset(out_dir, replace: bool = False, needed=None):
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for path in out_dir.parent.glob(".*.tmp-*"):  # staging folders whose process is gone (kill -9, power cut)
         match = re.fullmatch(r"\..+\.tmp-(\d+)", path.name)
-        if match and path.is_dir() and not _running(int(match[1])):
+        try:
+            if match and path.is_dir():
+                os.kill(int(match[1]), 0)  # signal 0 sends nothing: it only asks whether the process exists
+        except ProcessLookupError:
             shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # it exists, as another user's
+            pass
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed process whose pid was ours
     staging.mkdir()

@@ -1,10 +1,8 @@
-"""
-The one on-disk format every dataset is written in (data/README.md), and what train.py and sample.py read it
-with: data/<name>/train.bin and val.bin, flat arrays of token ids (uint16 when the vocabulary fits in 2**16
+"""The one on-disk format every dataset is written in (data/README.md), and what train.py and sample.py read
+it with: data/<name>/train.bin and val.bin, flat arrays of token ids (uint16 when the vocabulary fits in 2**16
 ids, else uint32; read back with np.memmap), and meta.json, the fields _check_meta checks. JSON, not nanoGPT's
 meta.pkl: reading a dataset never runs code from it. A dataset is written into data/.<name>.tmp-<pid>/ and
-moved into place when complete, never over one already there without --replace.
-"""
+moved into place when complete, never over one already there without --replace."""
 
 import importlib
 import json
@@ -12,7 +10,7 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +27,7 @@ FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved int
 TOKENIZERS = ("char", "gpt2")
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")  # built by ensure_prepared on first use, offline
 GENERATED = ("passkey",)  # drawn by a generator: data/NAME/task.py defines outdated(meta, data_dir)
-REPLACE_HELP = (
-    "replace the dataset if the folder already holds one (without it, that is refused and nothing changes)"
-)
+REPLACE_HELP = "replace a dataset already in the folder (without it, that is refused and nothing changes)"
 
 
 def dataset_dir(name: str) -> Path:
@@ -43,14 +39,9 @@ def bad_dataset_name(name) -> bool:
     return not name or Path(name).name != name or name.startswith(".") or "\\" in name
 
 
-def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
 # meta.json -------------------------------------------------------------------
 def _check_meta(meta, where) -> None:
-    """Raise ValueError unless meta holds meta.json's fields (data/README.md): tokenizer, vocab_size, dtype,
-    train_tokens, val_tokens; chars for char; sample_length, and generator, for fixed-length samples."""
+    """Raise ValueError unless meta holds meta.json's fields, as data/README.md lists them."""
 
     def require(ok, why):
         if not ok:
@@ -76,8 +67,7 @@ def _check_meta(meta, where) -> None:
         settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
         why = f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}"
         require(settings and generator.get("name") in GENERATED, why)
-        why = "a generated dataset needs sample_length, the length of each of its samples"
-        require("sample_length" in meta, why)
+        require("sample_length" in meta, "a generated dataset needs sample_length, the length of its samples")
     if "sample_length" in meta:
         require_int("sample_length", 2)
         for split in SPLITS:
@@ -89,7 +79,7 @@ def _check_meta(meta, where) -> None:
 def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     """meta ("tokenizer", "vocab_size", and "chars" for char) with dtype and the token counts filled in."""
     vocab_size = meta.get("vocab_size")
-    dtype = dtype_for_vocab(vocab_size).name if isinstance(vocab_size, int) else None
+    dtype = "uint32" if isinstance(vocab_size, int) and vocab_size > 2**16 else "uint16"
     full = dict(tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype)
     full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
     full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
@@ -161,22 +151,6 @@ def refuse_existing(out_dir, replace: bool = False) -> None:
         )
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except OSError as e:  # PermissionError: it exists, as another user's
-        return not isinstance(e, ProcessLookupError)
-    return True
-
-
-def remove_leftovers(parent) -> None:
-    """Delete the staging folders in parent whose process is gone (killed with -9, a power cut)."""
-    for path in Path(parent).glob(".*.tmp-*"):
-        match = re.fullmatch(r"\..+\.tmp-(\d+)", path.name)
-        if match and path.is_dir() and not _running(int(match[1])):
-            shutil.rmtree(path, ignore_errors=True)
-
-
 @contextmanager
 def staged_dataset(out_dir, replace: bool = False, needed=None):
     """Yield {file name: path} in a staging folder beside out_dir to write; move them into out_dir if the
@@ -185,7 +159,15 @@ def staged_dataset(out_dir, replace: bool = False, needed=None):
     out_dir = Path(out_dir)
     refuse_existing(out_dir, replace)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(out_dir.parent)
+    for path in out_dir.parent.glob(".*.tmp-*"):  # staging folders whose process is gone (kill -9, power cut)
+        match = re.fullmatch(r"\..+\.tmp-(\d+)", path.name)
+        try:
+            if match and path.is_dir():
+                os.kill(int(match[1]), 0)  # signal 0 sends nothing: it only asks whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # it exists, as another user's
+            pass
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed process whose pid was ours
     staging.mkdir()
@@ -209,15 +191,14 @@ def staged_dataset(out_dir, replace: bool = False, needed=None):
 def write_dataset(out_dir, train_ids, val_ids, meta: dict, replace: bool = False) -> dict:
     """Write a dataset into out_dir (meta: "tokenizer", "vocab_size", "chars" for char); return its meta."""
     splits = {"train": np.asarray(train_ids), "val": np.asarray(val_ids)}
+    meta = complete_meta(meta, splits["train"].size, splits["val"].size)
+    vocab = meta["vocab_size"]
     for split, ids in splits.items():
         ids = splits[split] = ids.astype(np.int64) if ids.size == 0 else ids  # np.asarray([]) is float64
         if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(
                 f"{split} ids must be a flat sequence of integers, got shape {ids.shape} {ids.dtype}"
             )
-    meta = complete_meta(meta, splits["train"].size, splits["val"].size)
-    vocab = meta["vocab_size"]
-    for split, ids in splits.items():
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise ValueError(f"{split} ids must lie in [0, {vocab}), found {ids.min()}..{ids.max()}")
     needed = sum(ids.size for ids in splits.values()) * np.dtype(meta["dtype"]).itemsize
@@ -246,20 +227,21 @@ def exit_on_user_error():
         yield
 
 
-def prepare_main(name, description, prepare, argv=None):
-    """main() of a prepare.py whose only flag is --replace: prepare(replace=...) writes data/<name>."""
+def prepare_main(name, description, prepare):
+    """The command line of a prepare.py whose only flag is --replace: prepare(out_dir, replace) writes it."""
     parser = ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     with exit_on_user_error():
-        meta = prepare(replace=parser.parse_args(argv).replace)
+        meta = prepare(dataset_dir(name), parser.parse_args().replace)
     print(summarize(dataset_dir(name), meta))
 
 
 # finding datasets ------------------------------------------------------------
 def available_datasets(data_root=DATA_ROOT) -> list:
     """Folders that hold a dataset, or a prepare.py that makes one (not data/text), but no staging folders."""
-    makes = lambda p: (p / "meta.json").is_file() or ((p / "prepare.py").is_file() and p.name != "text")
-    return sorted(p.name for p in Path(data_root).iterdir() if p.is_dir() and p.name[0] != "." and makes(p))
+    folders = [p for p in Path(data_root).iterdir() if p.is_dir() and p.name[0] != "."]
+    makers = [p for p in folders if (p / "prepare.py").is_file() and p.name != "text"]
+    return sorted(p.name for p in folders if (p / "meta.json").is_file() or p in makers)
 
 
 def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
@@ -286,18 +268,6 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
 
 
 # tokenizers ------------------------------------------------------------------
-@cache
-def gpt2_encoding():
-    """tiktoken's GPT-2 BPE, loaded once per process."""
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # downloaded on first use: offline that fails in several ways
-        raise UserError(
-            f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, so "
-            f"connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
-        ) from e
-
-
 class CharTokenizer:
     """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
 
@@ -322,8 +292,7 @@ class CharTokenizer:
             raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
         return "".join(self.chars[i] for i in ids)
 
-    def to_meta(self) -> dict:
-        """The meta fields that get_tokenizer needs to rebuild this tokenizer."""
+    def to_meta(self) -> dict:  # the meta fields get_tokenizer rebuilds it from
         return {"tokenizer": self.name, "vocab_size": self.vocab_size, "chars": self.chars}
 
 
@@ -333,7 +302,13 @@ class GPT2Tokenizer:
     name = "gpt2"
 
     def __init__(self):
-        self.enc = gpt2_encoding()
+        try:
+            self.enc = tiktoken.get_encoding("gpt2")  # tiktoken keeps it: loaded once per process
+        except Exception as e:  # downloaded on first use: offline that fails in several ways
+            raise UserError(
+                f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, "
+                "so connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder of its cached files"
+            ) from e
         self.vocab_size = self.enc.n_vocab  # 50257; a model may pad its embedding table past this
         self.eot_id = self.enc.eot_token
 
@@ -349,12 +324,8 @@ class GPT2Tokenizer:
 
 
 def get_tokenizer(meta: dict):
-    """The tokenizer a dataset was prepared with, from its meta."""
-    if meta.get("tokenizer") == "char":
-        return CharTokenizer(meta["chars"])
-    if meta.get("tokenizer") == "gpt2":
-        return GPT2Tokenizer()
-    raise ValueError(f"unknown tokenizer {meta.get('tokenizer')!r}: expected one of {', '.join(TOKENIZERS)}")
+    """The tokenizer a dataset was prepared with, from its meta (checked by load_meta or the checkpoint)."""
+    return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else GPT2Tokenizer()
 
 
 # a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input) ---
@@ -378,18 +349,15 @@ def read_text(path) -> str:
     return text
 
 
-def prepare_file(input_path, out_dir=None, tokenizer="char", val_fraction=0.1, block_size=64, replace=False):
-    """Write a UTF-8 file's text as a dataset in out_dir (default data/<file stem>); return its meta. val is
-    the text's last val_fraction; each split needs block_size + 1 tokens, one (x, y) training window."""
-    out_dir = out_dir if out_dir is not None else dataset_dir(Path(input_path).stem)
+def prepare_file(input_path, out_dir, tokenizer="char", val_fraction=0.1, block_size=64, replace=False):
+    """Write a UTF-8 file's text as a dataset in out_dir; return its meta. val is the text's last
+    val_fraction; each split needs block_size + 1 tokens, one (x, y) training window."""
     refuse_existing(out_dir, replace)  # before reading and encoding, not after
     text = read_text(input_path)
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
         raise UserError(f"--block_size must be at least 1, got {block_size}")
-    if tokenizer not in TOKENIZERS:
-        raise UserError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
     tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else GPT2Tokenizer()
     n = int(len(text) * (1 - val_fraction))
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}

@@ -1,5 +1,4 @@
-"""
-FineWeb-Edu (its 10B-token sample) as GPT-2 BPE tokens: the web-scale corpus for GPU runs.
+"""FineWeb-Edu (its 10B-token sample) as GPT-2 BPE tokens: the web-scale corpus for GPU runs.
 
     pip install datasets
     python -m data.fineweb_edu.prepare                          # the whole sample: ~10B tokens, ~20 GB
@@ -30,8 +29,8 @@ SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens
 
 def tokenize_docs(docs: list) -> list:
     """Each document's GPT-2 ids followed by <|endoftext|>, as uint16 arrays (runs in a worker process)."""
-    enc = common.gpt2_encoding()
-    return [np.array(enc.encode_ordinary(doc) + [enc.eot_token], dtype=np.uint16) for doc in docs]
+    tok = common.GPT2Tokenizer()
+    return [np.array(tok.encode(doc) + [tok.eot_id], dtype=np.uint16) for doc in docs]
 
 
 def _leave_signals_to_the_parent():
@@ -64,7 +63,6 @@ def write_token_dataset(
     """Tokenize document strings into a GPT-2 dataset in out_dir; return the meta. Whole documents go to val
     until it holds val_tokens, then train until it holds max_tokens (None: all). total_tokens: for the ETA."""
     tok_meta = common.GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
-    assert common.dtype_for_vocab(tok_meta["vocab_size"]) == np.uint16  # tokenize_docs writes uint16
     counts = {"train": 0, "val": 0}
     with common.staged_dataset(out_dir, replace) as tmp:
         bar = progress_bar(total_tokens, "tok", desc=f"tokenizing into {out_dir}")

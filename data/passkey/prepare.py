@@ -1,14 +1,12 @@
-"""
-The passkey retrieval dataset (data/passkey/task.py) with its own 38-character vocabulary: samples of exactly
-block_size + 1 characters, so that train.py's windows (meta.json's sample_length) each hold one whole sample.
+"""The passkey retrieval dataset (task.py) in its own 38-character vocabulary: samples of exactly T + 1
+characters (T = --block_size), so that train.py's windows (meta.json's sample_length) each hold one sample.
 
     python -m data.passkey.prepare                          # data/passkey: T = 64, for configs/passkey.toml
     python -m data.passkey.prepare --block_size 256         # data/passkey_ctx256: for fine-tuning at 256
     python train.py --config configs/passkey.toml --pos=alibi
 
 Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each split from its
-own random stream.
-"""
+own random stream."""
 
 import shutil
 
@@ -25,9 +23,8 @@ TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,00
 
 
 def prepare(
-    out_dir=None, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
+    out_dir, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
 ):
-    """Write the dataset to out_dir (default data/<default_name(block_size)>); return the meta as written."""
     length, tokenizer = block_size + 1, common.CharTokenizer(CHARS)  # block_size inputs and their targets
     splits = []
     for i, (split, count) in enumerate(zip(common.SPLITS, (train_samples, val_samples))):
@@ -35,7 +32,6 @@ def prepare(
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits.append(np.array(tokenizer.encode(text), dtype=np.int64))
     meta = tokenizer.to_meta() | {"sample_length": length, "generator": dict(GENERATOR)}
-    out_dir = out_dir or common.dataset_dir(default_name(block_size))
     return common.write_dataset(out_dir, *splits, meta, replace)
 
 
@@ -52,16 +48,14 @@ def main(argv=None):
     with common.exit_on_user_error():
         args = parser.parse_args(argv)
         T, n_train, n_val = args.block_size, args.train_samples, args.val_samples
-        for flag in ("block_size", "train_samples", "val_samples"):
+        if T + 1 < KEY_CHARACTERS:
+            why = f"a statement and its question take {KEY_CHARACTERS} characters"
+            parser.error(f"--block_size must be >= {KEY_CHARACTERS - 1} ({why}), got {T}")
+        for flag in ("train_samples", "val_samples"):
             if getattr(args, flag) < 1:
                 parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
         if args.name is not None and common.bad_dataset_name(args.name):
             parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
-        if T + 1 < KEY_CHARACTERS:
-            parser.error(
-                f"--block_size must be >= {KEY_CHARACTERS - 1} (a statement and its question take "
-                f"{KEY_CHARACTERS} characters), got {T}"
-            )
         check_seed("seed", args.seed)
         # refused before hours of drawing: what memory (plumbing.memory) or disk (uint16 ids) cannot hold
         what = f"{n_train + n_val:,} samples of {T + 1:,} characters"

@@ -1,7 +1,6 @@
-"""
-The passkey task (Mohtashami & Jaggi 2023, "Landmark Attention"), at character level: a 5-digit key is stated
-once inside filler and asked for at the end. Loss past the trained length cannot tell whether a model uses
-what lies far back; retrieving the key can.
+"""The passkey task (Mohtashami & Jaggi 2023, "Landmark Attention"), at character level: a 5-digit key is
+stated once inside filler and asked for at the end. Loss past the trained length cannot tell whether a model
+uses what lies far back; retrieving the key can.
 
     k3v9qa0e2xk3v9qa0e2xk3v#48213.9qa0e2xk3v9qa0e2xk3v9qa0e2xk3v9qa#48213
                            ^^^^^^^ the statement                    ^ the question, then the answer
@@ -10,8 +9,7 @@ Answering is in-context copying: find the earlier # and copy the five digits aft
 Olsson et al. 2022). The filler, a random segment of 4 to 16 letters and digits repeated, asks for the same
 skill at every position, since one key is too sparse a signal to learn copying from (docs/extrapolation.md
 says why 4 to 16). A fixed hash puts one key in ten in the evaluation set, which train.bin never states;
-val.bin and the retrieval evaluator use only those.
-"""
+val.bin and the retrieval evaluator use only those."""
 
 import string
 from dataclasses import dataclass
@@ -28,8 +26,7 @@ KEY_CHARACTERS = 2 * (1 + KEY_DIGITS) + 1  # the statement #ddddd. and the quest
 GENERATOR = {"name": "passkey", "filler_segment": list(SEGMENT)}  # meta.json's record, checked by outdated
 
 
-def default_name(block_size):
-    """The dataset folder under data/: passkey for T = 64, else passkey_ctx{T}."""
+def default_name(block_size):  # the dataset folder under data/
     return "passkey" if block_size == 64 else f"passkey_ctx{block_size}"
 
 
@@ -72,9 +69,7 @@ class Sample:
 
 def passkey_sample(rng, length, depth, split):
     """A sample of exactly `length` characters whose key is stated after round(depth x filler) characters of
-    filler (depth 0: first; 1: right before the question) and asked for at the end."""
-    if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    filler (depth in [0, 1]: 0 first, 1 right before the question) and asked for at the end."""
     n = filler_length(length)
     filler, key, cut = draw_filler(rng, n), draw_key(rng, split), round(depth * n)
     text = f"{filler[:cut]}{MARKER}{key}{END}{filler[cut:]}{MARKER}{key}"
@@ -94,10 +89,9 @@ def training_sample(rng, length, split):
 def outdated(meta, data_dir):
     """(why, the prepare command that makes it again) for a passkey dataset made with other settings than
     today's, else None (for other data too). Without meta's "generator", the filler segments were 8 to 32."""
-    recorded = meta.get("generator")
-    if recorded is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
+    if meta.get("generator") is None and not (meta.get("chars") == CHARS and "sample_length" in meta):
         return None  # not passkey samples
-    if (was := (recorded or {}).get("filler_segment", [8, 32])) == list(SEGMENT):
+    if (was := (meta.get("generator") or {}).get("filler_segment", [8, 32])) == list(SEGMENT):
         return None
     block_size, name = meta["sample_length"] - 1, Path(data_dir).name
     rename = "" if name == default_name(block_size) else f" --name {name}"

@@ -1,5 +1,4 @@
-"""
-Tiny Shakespeare as GPT-2 BPE tokens (nanoGPT's shakespeare): 90% train, 10% val, split by characters.
+"""Tiny Shakespeare as GPT-2 BPE tokens (nanoGPT's shakespeare): 90% train, 10% val, split by characters.
 
     python -m data.shakespeare.prepare
     # wrote data/shakespeare: gpt2 tokenizer, vocab_size 50,257, train 301,966 tokens, val 36,059 tokens
@@ -9,19 +8,12 @@ Reads data/shakespeare_char/input.txt. tiktoken downloads the BPE on first use; 
 TIKTOKEN_CACHE_DIR at a folder holding its cached files. train.py prepares this dataset itself on first use.
 """
 
-from data.common import DATA_ROOT, dataset_dir, prepare_file, prepare_main
+from data.common import DATA_ROOT, prepare_file, prepare_main
 
 
-def prepare(out_dir=None, replace: bool = False) -> dict:
-    """Write Tiny Shakespeare's GPT-2 tokens to out_dir (default data/shakespeare); return the meta."""
-    out_dir = out_dir or dataset_dir("shakespeare")
+def prepare(out_dir, replace: bool = False) -> dict:
     return prepare_file(DATA_ROOT / "shakespeare_char" / "input.txt", out_dir, "gpt2", replace=replace)
 
 
-def main(argv=None):
-    description = "Prepare data/shakespeare from data/shakespeare_char/input.txt."
-    prepare_main("shakespeare", description, prepare, argv)
-
-
 if __name__ == "__main__":
-    main()
+    prepare_main("shakespeare", "Prepare data/shakespeare from data/shakespeare_char/input.txt.", prepare)

@@ -1,26 +1,18 @@
-"""
-Tiny Shakespeare, one token per character (nanoGPT's shakespeare_char): 65 characters, 90% train, 10% val.
+"""Tiny Shakespeare, one token per character (nanoGPT's shakespeare_char): 65 characters, 90% train, 10% val.
 
     python -m data.shakespeare_char.prepare
     # wrote data/shakespeare_char: char tokenizer, vocab_size 65, train 1,003,854 tokens, val 111,540 tokens
     # (uint16), the counts of nanoGPT's shakespeare_char
 
 input.txt here is the repo's one copy of the corpus (data/shakespeare reads it too). train.py prepares this
-dataset by itself on first use (data.common.ensure_prepared).
-"""
+dataset by itself on first use (data.common.ensure_prepared)."""
 
-from data.common import DATA_ROOT, dataset_dir, prepare_file, prepare_main
+from data.common import DATA_ROOT, prepare_file, prepare_main
 
 
-def prepare(out_dir=None, replace: bool = False) -> dict:
-    """Write Tiny Shakespeare's characters to out_dir (default data/shakespeare_char); return the meta."""
-    out_dir = out_dir or dataset_dir("shakespeare_char")
+def prepare(out_dir, replace: bool = False) -> dict:
     return prepare_file(DATA_ROOT / "shakespeare_char" / "input.txt", out_dir, "char", replace=replace)
 
 
-def main(argv=None):
-    prepare_main("shakespeare_char", "Prepare data/shakespeare_char from input.txt.", prepare, argv)
-
-
 if __name__ == "__main__":
-    main()
+    prepare_main("shakespeare_char", "Prepare data/shakespeare_char from input.txt.", prepare)

@@ -85,9 +85,9 @@ def step_cost(cfg, length, name, s2_attn, lora_flags):
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
     model = GPT(config)
-    group = s2.group_size(None, config.block_size, config.n_head) if s2_attn else None
+    group = s2.group_size(None, length, config.n_head) if s2_attn else None
     s2.use_s2_attn(model, group)
-    if lora_flags:
+    if lora_flags:  # --lora_rank=8, train.py's alpha and dropout
         train = "embed,norm" if any("lora_train" in f for f in lora_flags) else None
         lora.add_adapters(model, 8, 16.0, 0.05, train)
     optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
@@ -137,7 +137,6 @@ def draw_pattern(path, length=16, group=4):
             ax.axhline(edge - 0.5, color="grey", lw=0.5), ax.axvline(edge - 0.5, color="grey", lw=0.5)
     fig.suptitle(f"S²-Attn, T = {length}, G = {group}: the last shifted group is two pieces, no wrap")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(fig, path)
 
 
@@ -175,7 +174,8 @@ def main(argv=None):
 
 def run_study(cfg, argv):
     start = time.perf_counter()
-    print(f"wrote {draw_pattern(ROOT / cfg.results / 'figures' / 's2_attn.png')}")
+    results = ROOT / cfg.results
+    print(f"wrote {draw_pattern(results / 'figures' / 's2_attn.png')}")
     if cfg.figure_only:
         return None
     for length in (T, EXTENSION * T):
@@ -195,12 +195,11 @@ def run_study(cfg, argv):
     runs, quick = {}, QUICK_FINE_TUNE if cfg.quick else []
     for seed in seeds:  # the fine-tunes, one seed's in one call
         runs[seed] = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
-        ensure_trained(
-            [
-                [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
-                for flags, out in zip(setting_flags, runs[seed])
-            ]
-        )
+        commands = [
+            [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
+            for flags, out in zip(setting_flags, runs[seed])
+        ]
+        ensure_trained(commands)
     per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
     # eval_length.py on the runs (RoPE as trained, no extension at inference)
     for task in ("passkey", "loss"):
@@ -213,24 +212,21 @@ def run_study(cfg, argv):
             command += ["--rope_scalings", *data, "--device=cpu", "--progress=false", "--csv", csv_path]
             print(f"\n$ python {' '.join(map(str, command))}")
             run_python(command)
-            with open(csv_path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
             names = dict(zip([Path(d).name for d in (base, *runs[seed])], ["base", *NAMES]))
             found = {}  # {(setting, length): value}: passkey accuracy pooled over depths, or the mean loss
-            for r in rows:
-                key = (names[Path(r["checkpoint"]).name], int(r["length"]))
-                if task == "passkey" and int(r["trials"]):
-                    correct, trials = found.get(key, (0, 0))
-                    found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-                elif task == "loss" and r["loss"]:
-                    found[key] = float(r["loss"])
+            with open(csv_path, newline="", encoding="utf-8") as f:
+                for r in csv.DictReader(f):
+                    key = (names[Path(r["checkpoint"]).name], int(r["length"]))
+                    if task == "passkey" and int(r["trials"]):
+                        correct, trials = found.get(key, (0, 0))
+                        found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+                    elif task == "loss" and r["loss"]:
+                        found[key] = float(r["loss"])
             per_task[task].append({k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()})
             records += [(task, seed, name, n, v) for (name, n), v in per_task[task][-1].items()]
     torch.set_num_threads(1)
     cost = [step_cost(cfg, n, *setting) for n in COST_LENGTHS for setting in SETTINGS]
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
-    results = ROOT / cfg.results
-    results.mkdir(parents=True, exist_ok=True)
     rows = "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
     (results / "longlora.csv").write_text("task,seed,setting,length,value\n" + rows, encoding="utf-8")
     listed = ", ".join(map(str, seeds))

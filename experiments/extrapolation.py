@@ -1,5 +1,5 @@
-"""
-The length-extrapolation study of docs/extrapolation.md in one command: train, fine-tune, evaluate, summarise.
+"""The length-extrapolation study of docs/extrapolation.md in one command: train, fine-tune, evaluate,
+summarise.
 
     python -m experiments.extrapolation                   # loss against length, one seed (~20 min, 2 cores)
     python -m experiments.extrapolation --seeds 3         # the same with three training seeds per run
@@ -13,8 +13,7 @@ It runs train.py and eval_length.py as a user would, each command printed first:
 learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
 at 8 T and at T); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv,
 {name}.png and {name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
-reused (--retrain trains again): the README's train.py runs are seed 1337's.
-"""
+reused (--retrain trains again): the README's train.py runs are seed 1337's."""
 
 import csv
 import importlib.util

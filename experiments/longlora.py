@@ -1,5 +1,4 @@
-"""
-LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
+"""LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
 T to 4 T in five settings, what each costs and what each keeps, in one command.
 
     python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
@@ -9,8 +8,7 @@ It runs train.py and eval_length.py as a user would, each command printed first:
 data/passkey (T = 64) into {out_root}/passkey_rope; per seed SETTINGS' fine-tunes of it to 4 T; passkey
 retrieval and loss of all at 1, 2, 4, 8 T. Then each setting's step, timed here on random tokens (one thread),
 its attention FLOPs, peak memory from the shapes and trained parameters. Under --results: longlora.csv (every
-seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps).
-"""
+seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps)."""
 
 import csv
 import platform
@@ -200,7 +198,8 @@ def run_study(cfg, argv):
             for flags, out in zip(setting_flags, runs[seed])
         ]
         ensure_trained(commands)
-    per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
+    per_task, lengths = {}, ",".join(f"{m * T}t" for m in LENGTHS)
+    rows = ["task,seed,setting,length,value\n"]  # longlora.csv
     # eval_length.py on the runs (RoPE as trained, no extension at inference)
     for task in ("passkey", "loss"):
         per_task[task] = []
@@ -223,31 +222,29 @@ def run_study(cfg, argv):
                     elif task == "loss" and r["loss"]:
                         found[key] = float(r["loss"])
             per_task[task].append({k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()})
-            records += [(task, seed, name, n, v) for (name, n), v in per_task[task][-1].items()]
+            rows += [f"{task},{seed},{name},{n},{v:.6g}\n" for (name, n), v in per_task[task][-1].items()]
     torch.set_num_threads(1)
     cost = [step_cost(cfg, n, *setting) for n in COST_LENGTHS for setting in SETTINGS]
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
-    rows = "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
-    (results / "longlora.csv").write_text("task,seed,setting,length,value\n" + rows, encoding="utf-8")
+    (results / "longlora.csv").write_text("".join(rows), encoding="utf-8")
     listed = ", ".join(map(str, seeds))
     command = " ".join(["python -m experiments.longlora", *(argv or sys.argv[1:])])
     footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
     footer += f"Python {platform.python_version()}, {platform.machine()}; "
     footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    text = "\n\n".join(
-        [
-            f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
-            f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
-            markdown_table(list(cost[0]), [[fmt(v) for v in c.values()] for c in cost]),
-            f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
-            quality_table(per_task["passkey"], "passkey"),
-            f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "
-            f"(mean ± sd over seeds {listed}):",
-            quality_table(per_task["loss"], "loss"),
-            footer,
-        ]
-    )
+    parts = [
+        f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
+        f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
+        markdown_table(list(cost[0]), [[fmt(v) for v in c.values()] for c in cost]),
+        f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
+        quality_table(per_task["passkey"], "passkey"),
+        f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "
+        f"(mean ± sd over seeds {listed}):",
+        quality_table(per_task["loss"], "loss"),
+        footer,
+    ]
+    text = "\n\n".join(parts)
     (results / "longlora_table.md").write_text(text + "\n", encoding="utf-8")
     print(f"\n{text}\nwrote {cfg.results}/longlora.csv and longlora_table.md")
     return cost, per_task

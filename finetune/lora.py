@@ -1,11 +1,9 @@
-"""
-LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention projections
-(c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and LayerNorms
-trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long context). Written
-here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged weights under GPT-2's
-names, which sample.py, eval_length.py and --init_from read as any other; the adapters and the unmerged base
-weights go beside them ("lora") for an exact --resume.
-"""
+"""LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention
+projections (c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and
+LayerNorms trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long
+context). Written here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged
+weights under GPT-2's names, which sample.py, eval_length.py and --init_from read as any other; the adapters
+and the unmerged base weights go beside them ("lora") for an exact --resume."""
 
 import math
 

@@ -36,15 +36,15 @@ PROG = "experiments/longlora.py"
 T, EXTENSION, FIRST_SEED = 64, 4, 1337
 LENGTHS = (1, 2, 4, 8)  # evaluation lengths, multiples of T
 COST_LENGTHS = (EXTENSION * T, 4 * EXTENSION * T)  # the fine-tunes' length, and 4 times it for the trend
-# (name, S²-Attn, LoRA flags): the five settings of the issue, LongLoRA's Table 2 columns and more
+# (name, train.py flags): the five settings of the issue, LongLoRA's Table 2 columns and more
 SETTINGS = (
-    ("full", False, ()),
-    ("s2", True, ()),
-    ("s2_lora", True, ("--lora_rank=8",)),
-    ("s2_lora_embed_norm", True, ("--lora_rank=8", "--lora_train=embed,norm")),
-    ("lora", False, ("--lora_rank=8",)),
+    ("full", ()),
+    ("s2", ("--s2_attn",)),
+    ("s2_lora", ("--s2_attn", "--lora_rank=8")),
+    ("s2_lora_embed_norm", ("--s2_attn", "--lora_rank=8", "--lora_train=embed,norm")),
+    ("lora", ("--lora_rank=8",)),
 )
-NAMES = tuple(name for name, *_ in SETTINGS)
+NAMES = tuple(name for name, _ in SETTINGS)
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
 QUICK_FINE_TUNE = ["--eval_iters=1", "--log_interval=2"]
@@ -76,17 +76,17 @@ class StudyConfig:
         self.results = self.results or (self.out_root if self.quick else "docs")
 
 
-def step_cost(cfg, length, name, s2_attn, lora_flags):
+def step_cost(cfg, length, name, flags):
     """{COST column: value} of one setting: a fresh model of block_size `length`, timed over bench_steps AdamW
     steps on random tokens after one untimed."""
     torch.manual_seed(0)
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
     model = GPT(config)
-    group = s2.group_size(None, length, config.n_head) if s2_attn else None
+    group = s2.group_size(None, length, config.n_head) if "--s2_attn" in flags else None
     s2.use_s2_attn(model, group)
-    if lora_flags:  # --lora_rank=8, train.py's alpha and dropout
-        train = "embed,norm" if any("lora_train" in f for f in lora_flags) else None
+    if "--lora_rank=8" in flags:  # with train.py's alpha and dropout
+        train = "embed,norm" if "--lora_train=embed,norm" in flags else None
         lora.add_adapters(model, 8, 16.0, 0.05, train)
     optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
     x = torch.randint(0, config.vocab_size, (cfg.batch_size, config.block_size))
@@ -126,8 +126,7 @@ def draw_pattern(path, length=16, group=4):
         (f"heads nh/2 .. nh-1: shifted by {group // 2}", seen[1]),
         ("one layer, both halves (causal: light)", both),
     ]
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.6))
+    fig, axes = pyplot().subplots(1, 3, figsize=(12, 4.6))
     for ax, (title, image) in zip(axes, panels):
         ax.imshow(image, cmap="Blues", vmin=0, vmax=1)
         ax.set(title=title, xlabel="key position", ylabel="query position")
@@ -189,13 +188,12 @@ def run_study(cfg, argv):
     schedule += [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
     schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
     schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
-    setting_flags = [[*(["--s2_attn"] if shift else []), *lora_flags] for _, shift, lora_flags in SETTINGS]
     runs, quick = {}, QUICK_FINE_TUNE if cfg.quick else []
     for seed in seeds:  # the fine-tunes, one seed's in one call
         runs[seed] = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
         commands = [
             [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
-            for flags, out in zip(setting_flags, runs[seed])
+            for (_, flags), out in zip(SETTINGS, runs[seed])
         ]
         ensure_trained(commands)
     per_task, lengths = {}, ",".join(f"{m * T}t" for m in LENGTHS)

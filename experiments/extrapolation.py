@@ -1,5 +1,4 @@
-"""The length-extrapolation study of docs/extrapolation.md in one command: train, fine-tune, evaluate,
-summarise.
+"""The length-extrapolation study of docs/extrapolation.md, one command: train, fine-tune, evaluate, tabulate.
 
     python -m experiments.extrapolation                   # loss against length, one seed (~20 min, 2 cores)
     python -m experiments.extrapolation --seeds 3         # the same with three training seeds per run

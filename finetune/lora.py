@@ -53,7 +53,7 @@ def check_flags(rank, alpha, dropout, train):
 
 
 def add_adapters(model, rank, alpha, dropout=0.0, train=None):
-    """Freeze model (a GPT) but LoRALinear adapters on each block's TARGETS and what `train` names"""
+    """Freeze a GPT but LoRALinear adapters on each block's TARGETS and what `train` names. -> model"""
     train = check_flags(rank, alpha, dropout, train)
     model.requires_grad_(False)
     for attn in (block.attn for block in model.transformer.h):
@@ -90,6 +90,8 @@ def checkpoint_entries(model):
     """{"model": the plain GPT's state dict, each adapted Linear merged under its own name} for a checkpoint;
     with adapters also "lora": the settings and the adapted layers' exact tensors, for resume_state."""
     state, found = model.state_dict(), adapters(model)
+    if not found:
+        return {"model": state}
     prefixes = tuple(f"{name}." for name in found)
     exact = {key: value for key, value in state.items() if key.startswith(prefixes)}
     plain = {key: value for key, value in state.items() if key not in exact}
@@ -97,7 +99,7 @@ def checkpoint_entries(model):
         plain[f"{name}.weight"] = module.merged_weight()
         if module.base.bias is not None:
             plain[f"{name}.bias"] = module.base.bias.detach()
-    return {"model": plain, "lora": model.lora | {"state": exact}} if found else {"model": state}
+    return {"model": plain, "lora": model.lora | {"state": exact}}
 
 
 def resume_state(path, ckpt, model):

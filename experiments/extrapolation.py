@@ -1,5 +1,4 @@
-"""
-The length-extrapolation study of docs/extrapolation.md in one command: train, fine-tune, evaluate, summarise.
+"""The length-extrapolation study of docs/extrapolation.md, one command: train, fine-tune, evaluate, tabulate.
 
     python -m experiments.extrapolation                   # loss against length, one seed (~20 min, 2 cores)
     python -m experiments.extrapolation --seeds 3         # the same with three training seeds per run
@@ -13,8 +12,7 @@ It runs train.py and eval_length.py as a user would, each command printed first:
 learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
 at 8 T and at T); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv,
 {name}.png and {name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
-reused (--retrain trains again): the README's train.py runs are seed 1337's.
-"""
+reused (--retrain trains again): the README's train.py runs are seed 1337's."""
 
 import csv
 import importlib.util
@@ -95,8 +93,8 @@ class StudyConfig:
         for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.config is not None and not (ROOT / self.config).is_file():
-            raise ValueError(f"config {self.config!r}: no such file; the presets are in configs/")
+        exists = self.config is None or (ROOT / self.config).is_file()
+        require(exists, f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
         require(not self.longrope or "rope" in self.schemes, "--longrope extends rope: keep it in --schemes")
         if self.quick:
@@ -203,14 +201,9 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
         searched = search_longrope(cfg, tuned, seed, name, flag)
         applied.append(f"{tuned}_{name}")
-        zero = [
-            f"--init_from={tuned}",
-            *data,
-            f"--rope_factors={searched}",
-            "--max_iters=0",
-            "--eval_iters=1",
-        ]
-        train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]])
+        zero = [f"--init_from={tuned}", *data, f"--rope_factors={searched}", "--max_iters=0"]
+        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]
+        train_runs(cfg, [zero])
     return factors, [tuned, *applied]
 
 
@@ -344,10 +337,8 @@ def run_study(cfg, argv):
     footer += f"threads; wall time {seconds / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
     text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
-    results.mkdir(parents=True, exist_ok=True)
-    write_output(
-        "results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8")
-    )
+    table_md = results / f"{name}_table.md"
+    write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")
     return seconds
 

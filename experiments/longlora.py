@@ -1,5 +1,4 @@
-"""
-LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
+"""LongLoRA's two savings measured (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
 T to 4 T in five settings, what each costs and what each keeps, in one command.
 
     python -m experiments.longlora --seeds 3     # 45 min on 2 cores shared with other jobs
@@ -9,8 +8,7 @@ It runs train.py and eval_length.py as a user would, each command printed first:
 data/passkey (T = 64) into {out_root}/passkey_rope; per seed SETTINGS' fine-tunes of it to 4 T; passkey
 retrieval and loss of all at 1, 2, 4, 8 T. Then each setting's step, timed here on random tokens (one thread),
 its attention FLOPs, peak memory from the shapes and trained parameters. Under --results: longlora.csv (every
-seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps).
-"""
+seed's cells) and longlora_table.md (cost, then mean and spread over seeds, orderings every seed keeps)."""
 
 import csv
 import platform
@@ -38,15 +36,15 @@ PROG = "experiments/longlora.py"
 T, EXTENSION, FIRST_SEED = 64, 4, 1337
 LENGTHS = (1, 2, 4, 8)  # evaluation lengths, multiples of T
 COST_LENGTHS = (EXTENSION * T, 4 * EXTENSION * T)  # the fine-tunes' length, and 4 times it for the trend
-# (name, S²-Attn, LoRA flags): the five settings of the issue, LongLoRA's Table 2 columns and more
+# (name, train.py flags): the five settings of the issue, LongLoRA's Table 2 columns and more
 SETTINGS = (
-    ("full", False, ()),
-    ("s2", True, ()),
-    ("s2_lora", True, ("--lora_rank=8",)),
-    ("s2_lora_embed_norm", True, ("--lora_rank=8", "--lora_train=embed,norm")),
-    ("lora", False, ("--lora_rank=8",)),
+    ("full", ()),
+    ("s2", ("--s2_attn",)),
+    ("s2_lora", ("--s2_attn", "--lora_rank=8")),
+    ("s2_lora_embed_norm", ("--s2_attn", "--lora_rank=8", "--lora_train=embed,norm")),
+    ("lora", ("--lora_rank=8",)),
 )
-NAMES = tuple(name for name, *_ in SETTINGS)
+NAMES = tuple(name for name, _ in SETTINGS)
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
 QUICK_FINE_TUNE = ["--eval_iters=1", "--log_interval=2"]
@@ -78,17 +76,17 @@ class StudyConfig:
         self.results = self.results or (self.out_root if self.quick else "docs")
 
 
-def step_cost(cfg, length, name, s2_attn, lora_flags):
+def step_cost(cfg, length, name, flags):
     """{COST column: value} of one setting: a fresh model of block_size `length`, timed over bench_steps AdamW
     steps on random tokens after one untimed."""
     torch.manual_seed(0)
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
     model = GPT(config)
-    group = s2.group_size(None, config.block_size, config.n_head) if s2_attn else None
+    group = s2.group_size(None, length, config.n_head) if "--s2_attn" in flags else None
     s2.use_s2_attn(model, group)
-    if lora_flags:
-        train = "embed,norm" if any("lora_train" in f for f in lora_flags) else None
+    if "--lora_rank=8" in flags:  # with train.py's alpha and dropout
+        train = "embed,norm" if "--lora_train=embed,norm" in flags else None
         lora.add_adapters(model, 8, 16.0, 0.05, train)
     optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
     x = torch.randint(0, config.vocab_size, (cfg.batch_size, config.block_size))
@@ -128,8 +126,7 @@ def draw_pattern(path, length=16, group=4):
         (f"heads nh/2 .. nh-1: shifted by {group // 2}", seen[1]),
         ("one layer, both halves (causal: light)", both),
     ]
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.6))
+    fig, axes = pyplot().subplots(1, 3, figsize=(12, 4.6))
     for ax, (title, image) in zip(axes, panels):
         ax.imshow(image, cmap="Blues", vmin=0, vmax=1)
         ax.set(title=title, xlabel="key position", ylabel="query position")
@@ -137,7 +134,6 @@ def draw_pattern(path, length=16, group=4):
             ax.axhline(edge - 0.5, color="grey", lw=0.5), ax.axvline(edge - 0.5, color="grey", lw=0.5)
     fig.suptitle(f"S²-Attn, T = {length}, G = {group}: the last shifted group is two pieces, no wrap")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(fig, path)
 
 
@@ -175,7 +171,8 @@ def main(argv=None):
 
 def run_study(cfg, argv):
     start = time.perf_counter()
-    print(f"wrote {draw_pattern(ROOT / cfg.results / 'figures' / 's2_attn.png')}")
+    results = ROOT / cfg.results
+    print(f"wrote {draw_pattern(results / 'figures' / 's2_attn.png')}")
     if cfg.figure_only:
         return None
     for length in (T, EXTENSION * T):
@@ -191,17 +188,16 @@ def run_study(cfg, argv):
     schedule += [f"--max_iters={steps}", f"--warmup_iters={tenth}", f"--eval_interval={steps}"]
     schedule += ["--eval_iters=10", f"--log_interval={tenth}", f"--batch_size={cfg.batch_size}"]
     schedule += [f"--learning_rate={cfg.learning_rate}", f"--min_lr={cfg.learning_rate / 10:g}"]
-    setting_flags = [[*(["--s2_attn"] if shift else []), *lora_flags] for _, shift, lora_flags in SETTINGS]
     runs, quick = {}, QUICK_FINE_TUNE if cfg.quick else []
     for seed in seeds:  # the fine-tunes, one seed's in one call
         runs[seed] = [f"{cfg.out_root}/passkey_rope_ctx{long}_{name}_seed{seed}" for name in NAMES]
-        ensure_trained(
-            [
-                [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
-                for flags, out in zip(setting_flags, runs[seed])
-            ]
-        )
-    per_task, records, lengths = {}, [], ",".join(f"{m * T}t" for m in LENGTHS)
+        commands = [
+            [*schedule, *flags, f"--seed={seed}", "--device=cpu", f"--out_dir={out}", *quick]
+            for (_, flags), out in zip(SETTINGS, runs[seed])
+        ]
+        ensure_trained(commands)
+    per_task, lengths = {}, ",".join(f"{m * T}t" for m in LENGTHS)
+    rows = ["task,seed,setting,length,value\n"]  # longlora.csv
     # eval_length.py on the runs (RoPE as trained, no extension at inference)
     for task in ("passkey", "loss"):
         per_task[task] = []
@@ -213,45 +209,40 @@ def run_study(cfg, argv):
             command += ["--rope_scalings", *data, "--device=cpu", "--progress=false", "--csv", csv_path]
             print(f"\n$ python {' '.join(map(str, command))}")
             run_python(command)
-            with open(csv_path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
             names = dict(zip([Path(d).name for d in (base, *runs[seed])], ["base", *NAMES]))
             found = {}  # {(setting, length): value}: passkey accuracy pooled over depths, or the mean loss
-            for r in rows:
-                key = (names[Path(r["checkpoint"]).name], int(r["length"]))
-                if task == "passkey" and int(r["trials"]):
-                    correct, trials = found.get(key, (0, 0))
-                    found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-                elif task == "loss" and r["loss"]:
-                    found[key] = float(r["loss"])
+            with open(csv_path, newline="", encoding="utf-8") as f:
+                for r in csv.DictReader(f):
+                    key = (names[Path(r["checkpoint"]).name], int(r["length"]))
+                    if task == "passkey" and int(r["trials"]):
+                        correct, trials = found.get(key, (0, 0))
+                        found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+                    elif task == "loss" and r["loss"]:
+                        found[key] = float(r["loss"])
             per_task[task].append({k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()})
-            records += [(task, seed, name, n, v) for (name, n), v in per_task[task][-1].items()]
+            rows += [f"{task},{seed},{name},{n},{v:.6g}\n" for (name, n), v in per_task[task][-1].items()]
     torch.set_num_threads(1)
     cost = [step_cost(cfg, n, *setting) for n in COST_LENGTHS for setting in SETTINGS]
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.3g}" if isinstance(v, float) else v)
-    results = ROOT / cfg.results
-    results.mkdir(parents=True, exist_ok=True)
-    rows = "".join(f"{t},{s},{n},{length},{v:.6g}\n" for t, s, n, length, v in records)
-    (results / "longlora.csv").write_text("task,seed,setting,length,value\n" + rows, encoding="utf-8")
+    (results / "longlora.csv").write_text("".join(rows), encoding="utf-8")
     listed = ", ".join(map(str, seeds))
     command = " ".join(["python -m experiments.longlora", *(argv or sys.argv[1:])])
     footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
     footer += f"Python {platform.python_version()}, {platform.machine()}; "
     footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    text = "\n\n".join(
-        [
-            f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
-            f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
-            markdown_table(list(cost[0]), [[fmt(v) for v in c.values()] for c in cost]),
-            f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
-            quality_table(per_task["passkey"], "passkey"),
-            f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "
-            f"(mean ± sd over seeds {listed}):",
-            quality_table(per_task["loss"], "loss"),
-            footer,
-        ]
-    )
+    parts = [
+        f"Cost of one fine-tuning step of batch {cfg.batch_size} at the fine-tunes' {COST_LENGTHS[0]} "
+        f"tokens and at {COST_LENGTHS[1]} (ms/step timed in one thread on random tokens):",
+        markdown_table(list(cost[0]), [[fmt(v) for v in c.values()] for c in cost]),
+        f"Passkey retrieval (exact match, pooled over depths; mean ± sd in points over seeds {listed}):",
+        quality_table(per_task["passkey"], "passkey"),
+        f"Validation loss on data/passkey_ctx{EXTENSION * T}'s val split, windows of each length "
+        f"(mean ± sd over seeds {listed}):",
+        quality_table(per_task["loss"], "loss"),
+        footer,
+    ]
+    text = "\n\n".join(parts)
     (results / "longlora_table.md").write_text(text + "\n", encoding="utf-8")
     print(f"\n{text}\nwrote {cfg.results}/longlora.csv and longlora_table.md")
     return cost, per_task

@@ -1,7 +1,6 @@
-"""
-LongRoPE's search (Ding et al. 2024, section 3.2, Algorithm 1): a rescale factor lambda_i per RoPE frequency
-pair (theta_i / lambda_i) and n-hat, the first positions left at plain RoPE, found by evolution for a trained
-checkpoint at s times its original length, where PI, NTK, YaRN and llama3 each give a formula.
+"""LongRoPE's search (Ding et al. 2024, section 3.2, Algorithm 1): a rescale factor lambda_i per RoPE
+frequency pair (theta_i / lambda_i) and n-hat, the first positions left at plain RoPE, found by evolution for
+a trained checkpoint at s times its original length, where PI, NTK, YaRN and llama3 each give a formula.
 
     python -m experiments.longrope out/shakespeare_char_rope --factor 4            # ~4 min on 2 CPU cores
     python train.py --init_from=out/shakespeare_char_rope --block_size=256 \\
@@ -14,8 +13,7 @@ Fitness: the mean validation loss over --windows windows of s x T tokens. The pa
 the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
 mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
 gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
-fitness.csv and factors.png (with matplotlib) under --out ({checkpoint folder}_longrope_x{s}, or _short).
-"""
+fitness.csv and factors.png (with matplotlib) under --out ({checkpoint folder}_longrope_x{s}, or _short)."""
 
 import csv
 import importlib.util
@@ -85,9 +83,8 @@ def crossover(a, b, rng, top):
 
 
 def evolve(fitness, seeds, cfg, top, rng, log=print):
-    """LongRoPE's evolution: seeds, then mutations of them up to cfg.population; each generation the best
-    cfg.parents survive (elitism: the best never gets worse) and breed half mutations, half crossovers.
-    fitness(candidate) -> loss, lower is better, each candidate measured once. -> (best, history)"""
+    """Algorithm 1, elitist (the best never gets worse): the best cfg.parents breed half mutations, half
+    crossovers. fitness(candidate) -> loss (lower is better), once per candidate. -> (best, history)"""
     seeds = list(dict.fromkeys(seeds))  # each once
     population = list(seeds)
     while len(population) < cfg.population:
@@ -126,8 +123,7 @@ def settings(config, candidate, short, s):
 
 def plot_factors(path, best, base, T, s, short):
     """The searched factors per pair against the formulas' (longrope_baselines), log scale."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     for name, value in longrope_baselines(2 * len(best[0]), base, s, T).items():
         ax.plot(value.numpy(), label=name, linestyle="--")
     ax.plot(best[0], label=f"LongRoPE, searched (n-hat {best[1]})", color="black", linewidth=2, marker="o")
@@ -140,11 +136,8 @@ def plot_factors(path, best, base, T, s, short):
 
 
 def write_outputs(out, best, history, config, T, s, short):
-    out.mkdir(parents=True, exist_ok=True)
     chosen = settings(config, best, short, s)
-    factors = dict(
-        type="longrope", short_factor=chosen["rope_short_factor"], long_factor=chosen["rope_long_factor"]
-    )
+    factors = {"type": "longrope"} | {f"{k}_factor": chosen[f"rope_{k}_factor"] for k in ("short", "long")}
     factors |= dict(original_max_position_embeddings=T, factor=s, keep_first=best[1])
     lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
 

@@ -1,11 +1,9 @@
-"""
-LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention projections
-(c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and LayerNorms
-trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long context). Written
-here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged weights under GPT-2's
-names, which sample.py, eval_length.py and --init_from read as any other; the adapters and the unmerged base
-weights go beside them ("lora") for an exact --resume.
-"""
+"""LoRA (Hu et al. 2022) as LongLoRA uses it (Chen et al. 2024): low-rank adapters on the attention
+projections (c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and
+LayerNorms trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long
+context). Written here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged
+weights under GPT-2's names, which sample.py, eval_length.py and --init_from read as any other; the adapters
+and the unmerged base weights go beside them ("lora") for an exact --resume."""
 
 import math
 
@@ -15,9 +13,10 @@ import torch.nn as nn
 from plumbing.errors import UserError
 from positions import require
 
-TARGETS = ("attn.c_attn", "attn.c_proj")  # the adapted Linears of each block
+TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
 TRAINABLE = ("embed", "norm")  # --lora_train: the token embedding (= lm_head) and learned's table; LayerNorms
 SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
+SAID = "rank {rank}, alpha {alpha:g}, train {train!r}"  # SETTINGS as a refused resume names them
 
 
 class LoRALinear(nn.Module):
@@ -26,7 +25,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, dropout=0.0):
         super().__init__()
-        self.base, self.rank, self.alpha, self.scale = base, rank, alpha, alpha / rank
+        self.base, self.scale = base, alpha / rank
         like = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **like))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **like))
@@ -54,16 +53,12 @@ def check_flags(rank, alpha, dropout, train):
 
 
 def add_adapters(model, rank, alpha, dropout=0.0, train=None):
-    """Freeze every weight of model (a GPT), wrap each block's TARGETS in a LoRALinear, and train its
-    adapters plus what `train` names (check_flags). -> model"""
+    """Freeze a GPT but LoRALinear adapters on each block's TARGETS and what `train` names. -> model"""
     train = check_flags(rank, alpha, dropout, train)
     model.requires_grad_(False)
-    for block in model.transformer.h:
-        for target in TARGETS:
-            parent, name = target.split(".")
-            module = getattr(block, parent)
-            adapter = LoRALinear(getattr(module, name), rank, alpha, dropout).train(model.training)
-            setattr(module, name, adapter)
+    for attn in (block.attn for block in model.transformer.h):
+        for name in TARGETS:
+            setattr(attn, name, LoRALinear(getattr(attn, name), rank, alpha, dropout).train(model.training))
     if "embed" in train:  # wte is lm_head (tied); wpe, learned's table
         model.transformer.wte.requires_grad_(True), model.transformer.wpe.requires_grad_(True)
     for module in model.modules() if "norm" in train else ():
@@ -98,12 +93,12 @@ def checkpoint_entries(model):
     if not found:
         return {"model": state}
     prefixes = tuple(f"{name}." for name in found)
-    plain = {key: value for key, value in state.items() if not key.startswith(prefixes)}
+    exact = {key: value for key, value in state.items() if key.startswith(prefixes)}
+    plain = {key: value for key, value in state.items() if key not in exact}
     for name, module in found.items():
         plain[f"{name}.weight"] = module.merged_weight()
         if module.base.bias is not None:
             plain[f"{name}.bias"] = module.base.bias.detach()
-    exact = {key: value for key, value in state.items() if key.startswith(prefixes)}
     return {"model": plain, "lora": model.lora | {"state": exact}}
 
 
@@ -111,13 +106,11 @@ def resume_state(path, ckpt, model):
     """The state dict that puts model (with adapters, or not, as the resumed run asks) back where the
     checkpoint left it; a UserError when the run and the checkpoint differ in SETTINGS."""
     saved, wanted = ckpt.get("lora"), getattr(model, "lora", None)
-    settings = lambda lora: (
-        "no LoRA" if lora is None else "rank {rank}, alpha {alpha:g}, train {train!r}".format(**lora)
-    )
     if (saved is None) != (wanted is None) or any(saved[k] != wanted[k] for k in SETTINGS if saved):
+        said = ["no LoRA" if lora is None else SAID.format(**lora) for lora in (saved, wanted)]
         raise UserError(
-            f"refusing to resume {path}: it was trained with {settings(saved)}, this run asks for "
-            f"{settings(wanted)}; pass the checkpoint's --lora_rank, --lora_alpha and --lora_train"
+            f"refusing to resume {path}: it was trained with {said[0]}, this run asks for {said[1]}; "
+            "pass the checkpoint's --lora_rank, --lora_alpha and --lora_train"
         )
     if saved is None:
         return ckpt["model"]

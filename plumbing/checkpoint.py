@@ -304,7 +304,9 @@ def load_weights(path, module, state_dict):
         module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         detail = ""
-        if model and isinstance(state_dict, dict):  # else torch's words
+        if model and not isinstance(state_dict, dict):
+            detail = f"a {type(state_dict).__name__} where a state dict of tensors belongs"
+        elif model:
             expected = module.state_dict()
             kinds = {
                 "missing": [n for n in expected if n not in state_dict],

@@ -25,6 +25,7 @@ from plumbing.outputs import replace_atomically
 from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
+VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
 SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
 
@@ -238,7 +239,7 @@ def check_meta(path, ckpt):
             f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
             "neither sampled from nor trained on; train.py writes one into every checkpoint"
         )
-    tokenizer, vocab_size, chars = vocabulary(meta)
+    tokenizer, vocab_size, chars = (meta.get(key) for key in VOCABULARY)
     if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
         raise UserError(
             f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size {vocab_size!r}; "
@@ -254,14 +255,9 @@ def check_meta(path, ckpt):
         raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
 
 
-def vocabulary(meta):
-    """What token ids mean: the tokenizer, the vocabulary size and, for char, the characters."""
-    return meta.get("tokenizer"), meta.get("vocab_size"), meta.get("chars")
-
-
 def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
     """Refuse to `action` ("resume", "initialise from") a checkpoint on a dataset of other token ids."""
-    saved, given = vocabulary(ckpt_meta), vocabulary(meta)
+    saved, given = ([m.get(key) for key in VOCABULARY] for m in (ckpt_meta, meta))
     if saved != given:
         chars = " (same size, other characters)" if saved[:2] == given[:2] else ""
         trained, has = (f"a {tokenizer} vocabulary of {size} tokens" for tokenizer, size, _ in (saved, given))

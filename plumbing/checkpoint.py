@@ -166,7 +166,7 @@ SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
     "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the fields older files predate)
     "meta": dict,  # the dataset's tokenizer and vocabulary (check_meta): sampling needs nothing but this file
-    # asdict(TrainConfig) as run, device etc. resolved; the fields read besides comparing them typed
+    # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
     "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
     "iter_num": int,  # steps taken, the best validation loss so far and its step
     "best_val_loss": (float, int),

@@ -1,9 +1,6 @@
-"""
-Checkpoints: written atomically, read with torch.load(weights_only=True), checked against SCHEMA (tensors and
-plain data; docs/training.md), opened as a model (open_model). train.py writes {out_dir}/ckpt.pt, the latest
-state, at every evaluation, and best.pt (a hard link to it) when the validation loss improved. Sampling needs
-only model, model_config and meta; resuming (plumbing/resume.py) the rest.
-"""
+"""Checkpoints: written atomically, read with torch.load(weights_only=True), checked against SCHEMA (tensors
+and plain data; docs/training.md), opened as a model (open_model). train.py writes {out_dir}/ckpt.pt, the
+latest state, at every evaluation, and best.pt (a hard link to it) when the validation loss improved."""
 
 import dataclasses
 import io
@@ -28,6 +25,7 @@ from plumbing.outputs import replace_atomically
 from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
+VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
 SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
 
@@ -83,8 +81,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
         raise UserError(f"{path}: no such checkpoint file")
     try:
         mmap = mmap and zipfile.is_zipfile(path)  # torch maps only its zip format
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error says it in one line
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # "Detected pickle protocol 4": the error says it
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # UnpicklingError, RuntimeError, EOFError ... for a damaged file
         if isinstance(e, pickle.UnpicklingError) and (refused := refused_globals(path, e)):
@@ -107,11 +104,8 @@ def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
     """load_checkpoint, then a UserError naming the first entry that departs from SCHEMA: the one way an
     entry point opens a checkpoint. vocabulary=False: meta's vocabulary unchecked (to read model_config)."""
     ckpt = load_checkpoint(path, map_location, mmap)
-    settings = ckpt.get("train_config", {})
     error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
-    error = error or model_config_error(ckpt["model_config"])
-    read = {key: TRAIN_CONFIG[key] for key in TRAIN_CONFIG if key in settings}
-    if error := error or schema_error(settings, read, "train_config"):
+    if error := error or model_config_error(ckpt["model_config"]):
         raise UserError(
             f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
         )
@@ -145,8 +139,7 @@ def refused_globals(path, error):
 
 
 def first_line(error):
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else "no details"
+    return (str(error).strip().splitlines() or ["no details"])[0]
 
 
 # The schema: what each entry holds, checked when a file is opened (its weights' values: load_weights)
@@ -164,11 +157,17 @@ RNG = {  # plumbing.resume.rng_state
     "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
     "cuda": (torch.Tensor, NONE),
 }  # fmt: skip
+# asdict(GPTConfig): each field as GPTConfig types it (int | None: int or None; list[float]: a list)
+MODEL_CONFIG = {
+    name: tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or hint
+    for name, hint in typing.get_type_hints(GPTConfig).items()
+}
 SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
-    "model_config": dict,  # asdict(GPTConfig), each field as GPTConfig types it: model_config_error
+    "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the fields older files predate)
     "meta": dict,  # the dataset's tokenizer and vocabulary (check_meta): sampling needs nothing but this file
-    "train_config": {str: (str, int, float, bool, NONE)},  # asdict(TrainConfig) as run, device etc. resolved
+    # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
+    "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
     "iter_num": int,  # steps taken, the best validation loss so far and its step
     "best_val_loss": (float, int),
     "best_iter": (int, NONE),
@@ -179,9 +178,6 @@ SCHEMA = {
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
 }
-TRAIN_CONFIG = {"max_iters": int, "dataset": str}  # the train_config fields read besides comparing them
-# GPTConfig's fields every checkpoint has (the later ones default: with_rope_variants)
-MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ROPE_VARIANTS]
 
 
 def shown(value):
@@ -195,12 +191,12 @@ def a_type(kind):
 
 def schema_error(value, spec, name):
     """How value departs from spec ('name is ..., not ...'), or None. spec: a type or tuple of types (an int
-    is a float, a bool no int); {key: spec}, a dict with those keys ({str: spec}: any keys); [spec], a
-    non-empty list of them; a Check."""
+    is a float, a bool no int); {key: spec}, a dict with those keys ({str: spec, ...}: any keys, each a spec,
+    those named their own); [spec], a non-empty list of them; a Check."""
     if isinstance(spec, dict):
         if not isinstance(value, dict):
             return f"{name} is {shown(value)}, not a dict"
-        spec = dict.fromkeys(value, spec[str]) if str in spec else spec
+        spec = {key: spec.get(key, spec[str]) for key in value} if str in spec else spec
         if missing := [key for key in spec if key not in value]:
             return f"{name} has no {', '.join(missing)}"
         inner = ((value[k], s, f"{name}.{k}" if name else k) for k, s in spec.items())
@@ -219,16 +215,9 @@ def schema_error(value, spec, name):
 
 
 def model_config_error(model_config):
-    """How a checkpoint's model_config departs from GPTConfig's fields and their types and checks, or None."""
-    hints = typing.get_type_hints(GPTConfig)
-    if missing := [name for name in MODEL_FIELDS if name not in model_config]:
-        return f"model_config has no {', '.join(missing)}"
-    if unknown := [name for name in model_config if name not in hints]:
+    """Fields of model_config GPTConfig has not, or what its checks refuse (SCHEMA typed them), or None."""
+    if unknown := [name for name in model_config if name not in MODEL_CONFIG]:
         return f"model_config has unknown fields {', '.join(map(str, unknown))}"
-    for name, value in model_config.items():
-        types = tuple(typing.get_origin(t) or t for t in typing.get_args(hints[name])) or hints[name]
-        if error := schema_error(value, types, f"model_config.{name}"):  # list[float]: a list
-            return error
     try:
         GPTConfig(**model_config)
     except ValueError as e:
@@ -250,7 +239,7 @@ def check_meta(path, ckpt):
             f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
             "neither sampled from nor trained on; train.py writes one into every checkpoint"
         )
-    tokenizer, vocab_size, chars = vocabulary(meta)
+    tokenizer, vocab_size, chars = (meta.get(key) for key in VOCABULARY)
     if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
         raise UserError(
             f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size {vocab_size!r}; "
@@ -266,18 +255,12 @@ def check_meta(path, ckpt):
         raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
 
 
-def vocabulary(meta):
-    """What token ids mean: the tokenizer, the vocabulary size and, for char, the characters."""
-    return meta.get("tokenizer"), meta.get("vocab_size"), meta.get("chars")
-
-
 def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
     """Refuse to `action` ("resume", "initialise from") a checkpoint on a dataset of other token ids."""
-    if vocabulary(ckpt_meta) != vocabulary(meta):
-        chars = " (same size, other characters)" if vocabulary(ckpt_meta)[:2] == vocabulary(meta)[:2] else ""
-        trained, has = (
-            f"a {m.get('tokenizer')} vocabulary of {m.get('vocab_size')} tokens" for m in (ckpt_meta, meta)
-        )
+    saved, given = ([m.get(key) for key in VOCABULARY] for m in (ckpt_meta, meta))
+    if saved != given:
+        chars = " (same size, other characters)" if saved[:2] == given[:2] else ""
+        trained, has = (f"a {tokenizer} vocabulary of {size} tokens" for tokenizer, size, _ in (saved, given))
         raise UserError(
             f"refusing to {action} {path}: it was trained on {trained} and --dataset={dataset} has "
             f"{has}{chars}; use a dataset with the checkpoint's vocabulary, or start a new run with another "
@@ -312,10 +295,11 @@ def some(names):
 def load_weights(path, module, state_dict):
     """module.load_state_dict, a mismatch a UserError naming the tensors that do not fit; a model's weights
     then checked finite where they live, on the device."""
+    model = isinstance(module, torch.nn.Module)
     try:
         module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        detail, model = "", isinstance(module, torch.nn.Module)
+        detail = ""
         if model and not isinstance(state_dict, dict):
             detail = f"a {type(state_dict).__name__} where a state dict of tensors belongs"
         elif model:
@@ -333,7 +317,7 @@ def load_weights(path, module, state_dict):
         raise UserError(
             f"{path}: its {type(module).__name__} state does not fit ({detail or first_line(e)})"
         ) from None
-    tensors = module.state_dict().items() if isinstance(module, torch.nn.Module) else {}
+    tensors = module.state_dict().items() if model else {}
     if bad := [name for name, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]:
         raise UserError(
             f"{path}: weights that are not finite (NaN or inf) in {some(bad)}: a model that diverged "
@@ -364,10 +348,9 @@ def pretrained_checkpoint(name):
 def open_model(
     source, device="cpu", ckpt=None, rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None
 ):
-    """(model in eval mode on device, tokenizer, checkpoint dict) of the checkpoint in `source`
-    (checkpoint_path), or of `ckpt` already loaded. rope_scaling: that RoPE extension at rope_factor;
-    llama3_factors: llama3's (low, high) frequency factors, None keeping the checkpoint's; longrope: the
-    settings of a --rope_factors file (cli.read_rope_factors), over the rest."""
+    """(model in eval mode on device, tokenizer, checkpoint dict) of `source` (checkpoint_path), or of `ckpt`
+    already loaded, with RoPE extension rope_scaling at rope_factor; llama3_factors: (low, high), None keeping
+    the checkpoint's; longrope: a --rope_factors file's settings (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
     ckpt = ckpt or open_checkpoint(path, mmap=True)
     scaling = {}

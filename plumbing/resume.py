@@ -98,8 +98,7 @@ def set_rng_state(state, device):
 
 
 def model_differences(saved, wanted, may_change):
-    """The GPTConfig fields of `wanted` but may_change that differ from the checkpoint's `saved`, as
-    "--name=new but the checkpoint has old" ("" when none do)."""
+    """Each GPTConfig field but may_change that differs, as "--name=new but the checkpoint has old"."""
     differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
@@ -142,38 +141,33 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
     return path, ckpt, changes
 
 
-# A training run to and from its checkpoint
-def training_state(run, rng):
-    """A run's checkpoint dict (plumbing/checkpoint.py); rng: every rank's rng_state."""
-    p = run.progress
-    return {
-        **lora.checkpoint_entries(run.model),  # "model": plain weights (LoRA merged); "lora" if adapted
-        "model_config": asdict(run.model_config),
-        "train_config": asdict(run.cfg),
-        "iter_num": p.iter_num,
-        "best_val_loss": p.best_val_loss,
-        "best_iter": p.best_iter,
-        "meta": run.meta,
-        "optimizer": run.optimizer.state_dict(),
-        "scaler": run.scaler.state_dict(),
-        "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
-        "rng": rng,
-        "wandb_run_id": p.wandb_run_id,
-        "finished": p.iter_num >= run.cfg.max_iters,
-    }
-
-
+# A training run to and from its checkpoint (SCHEMA)
 def write_checkpoints(run, improved):
     """ckpt.pt, and best.pt if the validation loss improved: every rank gives its RNG state, rank 0 writes."""
-    rng = run.procs.gather(rng_state(run.cfg.device))
+    rng, p = run.procs.gather(rng_state(run.cfg.device)), run.progress
     if run.procs.master:
+        ckpt = {
+            **lora.checkpoint_entries(run.model),  # "model": plain weights (LoRA merged); "lora" if adapted
+            "model_config": asdict(run.model_config),
+            "train_config": asdict(run.cfg),
+            "iter_num": p.iter_num,
+            "best_val_loss": p.best_val_loss,
+            "best_iter": p.best_iter,
+            "meta": run.meta,
+            "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
+            "rng": rng,
+            "wandb_run_id": p.wandb_run_id,
+            "finished": p.iter_num >= run.cfg.max_iters,
+        }
         try:
-            save_checkpoint(training_state(run, rng), run.ckpt_path)
+            save_checkpoint(ckpt, run.ckpt_path)
             if improved:
                 link_checkpoint(run.ckpt_path, run.best_path)
         except UserError as e:  # no space left: the files on disk are whole
             raise UserError(f"{e}; training stopped: {kept_checkpoint(run)}") from None
-    run.progress.saved_iter = run.progress.iter_num
+    p.saved_iter = p.iter_num
 
 
 def kept_checkpoint(run):

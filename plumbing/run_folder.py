@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 import uuid
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from plumbing.checkpoint import open_checkpoint, run_finished
@@ -100,12 +100,14 @@ def remove_stale_lock(path, text):
 
 
 def take_lock(path):
-    """Create the lock (O_EXCL: exactly one process can) -> (its text, a note if it took a stale one over)."""
+    """Create the lock (mode "x": one process only) -> (its text, a note if it took a stale one over)."""
     note = None
     for _ in range(10):
         text = json.dumps(lock_record(path.parent))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with open(path, "x") as f:
+                f.write(text)
+            return text, note
         except FileExistsError:
             held_text, held = read_lock(path), None
             if held_text is None:
@@ -122,32 +124,7 @@ def take_lock(path):
                 ) from None
             remove_stale_lock(path, held_text)
             note = f"note: took over {path}, left by a run that no longer runs ({describe_holder(held)})"
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return text, note
     raise UserError(f"could not take {path}: other runs keep taking it")
-
-
-@contextmanager
-def lock_folder(out_dir, log=print):
-    """Own out_dir while the block runs; the lock is removed on every way out but kill -9 (the next run
-    sees its process gone and takes it over), and so is a folder made here and left empty."""
-    folder = Path(out_dir)
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    path, text = folder / LOCK_NAME, None
-    try:
-        text, note = take_lock(path)
-        if note:
-            log(note)
-        yield path
-    finally:
-        if text is not None and read_lock(path) == text:
-            path.unlink(missing_ok=True)
-        if made:
-            with suppress(OSError):  # not empty: the run wrote something, which stays
-                folder.rmdir()
 
 
 def describe_run(out_dir):
@@ -190,12 +167,19 @@ def check_out_dir(out_dir):
 
 @contextmanager
 def own_folder(out_dir, resume, overwrite, procs, device):
-    """Rank 0 locks out_dir and checks the run may start there; a refusal stops every rank together."""
-    with ExitStack() as held:
-        refusal, note = None, None
+    """Rank 0 locks out_dir and checks the run may start there; a refusal stops every rank together. The lock
+    goes on every way out but kill -9 (the next run sees its process gone and takes it over), and so does a
+    folder rank 0 made and left empty."""
+    folder = Path(out_dir)
+    made = procs.master and not folder.exists()
+    path, text, refusal, note = folder / LOCK_NAME, None, None, None
+    try:
         if procs.master:
             try:
-                held.enter_context(lock_folder(out_dir, procs.log))
+                folder.mkdir(parents=True, exist_ok=True)
+                text, took_over = take_lock(path)
+                if took_over:
+                    procs.log(took_over)
                 note = check_may_start(out_dir, resume, overwrite)
             except UserError as e:
                 refusal = e
@@ -206,3 +190,9 @@ def own_folder(out_dir, resume, overwrite, procs, device):
         if note:
             procs.log(note)
         yield
+    finally:
+        if text is not None and read_lock(path) == text:
+            path.unlink(missing_ok=True)
+        if made:
+            with suppress(OSError):  # not empty: the run wrote something, which stays
+                folder.rmdir()

@@ -1,8 +1,6 @@
 """Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read a trained
-model through its own modules. Hidden states and attention inputs come from forward hooks on GPT's blocks;
-attention probabilities are recomputed from the layer's own c_attn and the rotation or mask its position
-module hands it; "no mask" is an additive mask of zeros (or the scheme's bias) in place of the causal one.
-tests/test_demo.py checks each instrument against the model's own output."""
+model through its own modules, by forward hooks on GPT's blocks and their attention; tests/test_demo.py checks
+each instrument against the model's own output."""
 
 import importlib.util
 import inspect

@@ -32,7 +32,7 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
-SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
+SEED_FOLDER = re.compile(r"_seed\d+")  # the study's runs of seeds after the first: its table gives the spread
 
 
 @dataclass
@@ -236,7 +236,6 @@ def figure_extrapolation(out, csv_path, **_):
         )
         return []
     plt = instruments.pyplot()
-    # the first seed's runs only: a study with --seeds N names the others *_seedS (its table gives the spread)
     curves = {key: rows for key, rows in read_extrapolation(path).items() if not SEED_FOLDER.search(key[0])}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
@@ -248,7 +247,7 @@ def figure_extrapolation(out, csv_path, **_):
         axes[0].errorbar(column["length"], column["loss"], yerr=column["stderr"], capsize=2, **style)
         axes[1].plot(column["length"], column["loss_beyond"], **style)
     block_sizes = {
-        r["block_size"] for rows in curves.values() for r in rows if math.isfinite(r["block_size"])
+        r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])
     }
     titles = ("validation loss over the whole window", "loss at positions past the trained length")
     for ax, title in zip(axes, titles):

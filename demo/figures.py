@@ -32,7 +32,7 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
-SEED_FOLDER = re.compile(r"_seed\d+")  # experiments.extrapolation's folders of seeds after the first
+SEED_FOLDER = re.compile(r"_seed\d+")  # the study's runs of seeds after the first: its table gives the spread
 
 
 @dataclass
@@ -126,8 +126,6 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
 
 
 # Figures of trained models, on the same prompt: the first validation window
-
-
 def figure_qk_terms(out, folders, head=0, **_):
     """Each term on its own colour scale (its spread in the title): the small ones still show their shape."""
     plt = instruments.pyplot()
@@ -169,37 +167,32 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     from matplotlib.colors import PowerNorm
 
     fig, axes = plt.subplots(2, len(POS_SCHEMES), figsize=(4 * len(POS_SCHEMES), 8), squeeze=False)
-    profiles = {}
+    profiles = {}  # (pos, row): attention against distance over n_windows windows
     for column, pos in enumerate(POS_SCHEMES):
         model, _, ckpt = instruments.load(folders[pos])
-        idx = instruments.validation_windows(ckpt, 1)
-        last = model.config.n_layer - 1
-        for row, layer in enumerate((0, last)):
-            probs = instruments.attention_probabilities(model, idx, layer)[0, head]
+        windows = instruments.validation_windows(ckpt, n_windows)
+        for row, layer in enumerate((0, model.config.n_layer - 1)):
+            probs = instruments.attention_probabilities(model, windows[:1], layer)[0, head]
             ax = axes[row][column]
             ax.imshow(probs.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
             ax.set_title(f"{pos}: layer {layer + 1}, head {head}", fontsize=10)
             ax.set_xlabel("key position j")
-        windows = instruments.validation_windows(ckpt, n_windows)
-        profiles[pos] = [
-            attention_by_distance(instruments.attention_probabilities(model, windows, layer))
-            for layer in (0, last)
-        ]
+            every = instruments.attention_probabilities(model, windows, layer)  # (n_windows, n_head, T, T)
+            profiles[pos, row] = attention_by_distance(every)
     for row in axes:
         row[0].set_ylabel("query position i")
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
     fig.tight_layout()
     paths = [instruments.save_figure(fig, out / "attention.png")]
 
-    positions = torch.arange(next(iter(profiles.values()))[0].numel())
+    positions = torch.arange(len(profiles[POS_SCHEMES[0], 0]))
     uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # 1/(i + 1) for j <= i
+    uniform_profile = attention_by_distance(uniform).numpy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    for ax, layer, name in zip(axes, (0, 1), ("layer 1", "last layer")):
-        for pos, profile in profiles.items():
-            ax.semilogy(profile[layer].numpy(), label=pos)
-        ax.semilogy(
-            attention_by_distance(uniform).numpy(), color="grey", linestyle="--", label="uniform over j <= i"
-        )
+    for row, (ax, name) in enumerate(zip(axes, ("layer 1", "last layer"))):
+        for pos in POS_SCHEMES:
+            ax.semilogy(profiles[pos, row].numpy(), label=pos)
+        ax.semilogy(uniform_profile, color="grey", linestyle="--", label="uniform over j <= i")
         ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
         ax.set_xlabel("distance i - j (tokens)")
         ax.grid(alpha=0.3, which="both")
@@ -243,18 +236,16 @@ def figure_extrapolation(out, csv_path, **_):
         )
         return []
     plt = instruments.pyplot()
-    # the first seed's runs only: a study with --seeds N names the others *_seedS (its table gives the spread)
     curves = {key: rows for key, rows in read_extrapolation(path).items() if not SEED_FOLDER.search(key[0])}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), sharex=True)
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
-        lengths = [r["length"] for r in rows]
+        column = {name: [r[name] for r in rows] for name in rows[0]}
         label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
         style = dict(color=colors[i % len(colors)], marker="o", markersize=3)
         style["label"] = f"{label} ({Path(checkpoint).name})"
-        losses, errors = [r["loss"] for r in rows], [r["stderr"] for r in rows]
-        axes[0].errorbar(lengths, losses, yerr=errors, capsize=2, **style)
-        axes[1].plot(lengths, [r["loss_beyond"] for r in rows], **style)
+        axes[0].errorbar(column["length"], column["loss"], yerr=column["stderr"], capsize=2, **style)
+        axes[1].plot(column["length"], column["loss_beyond"], **style)
     block_sizes = {
         r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])
     }
@@ -275,9 +266,8 @@ def figure_extrapolation(out, csv_path, **_):
 def main(argv=None):
     """Make the figures --only names; -> the paths written."""
     with one_line_errors("demo/figures.py"):
-        cfg = FiguresConfig(
-            **parse_flags(argv, "demo/figures.py", __doc__, [("figures", FiguresConfig, None)])
-        )
+        sections = [("figures", FiguresConfig, None)]
+        cfg = FiguresConfig(**parse_flags(argv, "demo/figures.py", __doc__, sections))
         instruments.use_one_thread()
         try:
             instruments.pyplot()
@@ -288,7 +278,7 @@ def main(argv=None):
         folders = {}
         if any(name in NEEDS_MODELS for name in names):
             started = time.perf_counter()
-            folders = model_dirs(POS_SCHEMES, cfg.checkpoints, print)
+            folders = model_dirs(POS_SCHEMES, cfg.checkpoints)
             shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
             print(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
         written = []

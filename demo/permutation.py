@@ -9,7 +9,6 @@ Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped wo
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
 section 1); any position scheme, or the causal mask alone, makes them differ."""
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +42,8 @@ class PermutationConfig:
 
 def parse_args(argv=None):
     choices = {"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)}
-    values = parse_flags(
-        argv, "demo/permutation.py", __doc__, [("demo", PermutationConfig, None)], choices=choices
-    )
-    return PermutationConfig(**values)
+    sections = [("demo", PermutationConfig, None)]
+    return PermutationConfig(**parse_flags(argv, "demo/permutation.py", __doc__, sections, choices=choices))
 
 
 def pieces(tokenizer, sentence):
@@ -70,23 +67,17 @@ def compare(model, tokenizer, sentence, mask=True):
 
 def report(results, cfg):
     """results: {label: (rows, text, swapped)} -> the printed table, one column pair per model."""
-    number = lambda value: f"{value:.1e}" if value else "0"  # an exact 0 as 0: bit-for-bit equal states
     _, text, swapped = next(iter(results.values()))
-    columns = [[f"{number(a)} / {number(b)}" for a, b in rows] for rows, _, _ in results.values()]
-    same = lambda rows: max(max(r) for r in rows) < TOLERANCE[cfg.dtype]
-    verdicts = "".join(
-        f"{'same up to the swap' if same(rows) else 'different':>22}" for rows, _, _ in results.values()
-    )
+    columns, verdicts = [], ""
+    for rows, _, _ in results.values():  # an exact 0 shown as 0: bit-for-bit equal states
+        columns.append([" / ".join(f"{value:.1e}" if value else "0" for value in row) for row in rows])
+        same = max(max(row) for row in rows) < TOLERANCE[cfg.dtype]
+        verdicts += f"{'same up to the swap' if same else 'different':>22}"
     mask = "without the causal mask" if cfg.no_mask else "with the causal mask"
-    return "\n".join(
-        [
-            f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:",
-            "each cell: over the swapped words / over the tokens between them, which stay put",
-            "",
-            *instruments.state_table(list(results), columns, 22),
-            f"{'':<10}{verdicts}",
-        ]
-    )
+    header = f"max |h({swapped!r})[swap] - h({text!r})| per hidden state, {mask}, {cfg.dtype}:"
+    cells = "each cell: over the swapped words / over the tokens between them, which stay put"
+    table = instruments.state_table(list(results), columns, 22)
+    return "\n".join([header, cells, "", *table, f"{'':<10}{verdicts}"])
 
 
 def main(argv=None):
@@ -109,4 +100,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is not None else 1)
+    main()

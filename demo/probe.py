@@ -37,25 +37,18 @@ class ProbeConfig:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
 
 
-def run_probes(cfg, log=print):
+def run_probes(cfg):
     """-> {model label: {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}}"""
     results = {}
-    for pos, folder in model_dirs(POS_SCHEMES, cfg.checkpoints, log).items():
+    for pos, folder in model_dirs(POS_SCHEMES, cfg.checkpoints).items():
         model, tokenizer, ckpt = instruments.load(folder)
-        log(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
+        print(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
         windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
         masks = {pos: True} | ({NOPE_UNMASKED: False} if pos == "none" else {})  # NoPE unmasked too
         for label, mask in masks.items():
             results[label] = instruments.probe_positions(model, windows, newline, mask=mask, ridge=cfg.ridge)
     return results
-
-
-def table(results, target):
-    labels = list(results)
-    columns = [[f"{r2:.3f} ({shuffled:+.3f})" for r2, shuffled in results[x][target]] for x in labels]
-    title = f"R^2 of a linear probe for {TARGETS[target]} (held-out windows), shuffled-target baseline in ()"
-    return "\n".join([title, *instruments.state_table(labels, columns, 17)])
 
 
 def draw(results, path):
@@ -70,9 +63,8 @@ def draw(results, path):
             ax.plot(layers, r2, marker="o", label=label, **style)
             ax.plot(layers, shuffled, color=f"C{i}", linestyle=":", linewidth=1)
         ax.set_xticks(list(layers), ["emb"] + [f"block {j}" for j in layers][1:])
-        ax.set_title(f"probe for {TARGETS[target]}")
         ax.axhline(0, color="grey", linewidth=0.5)
-        ax.set_ylim(-0.1, 1.02)
+        ax.set(title=f"probe for {TARGETS[target]}", ylim=(-0.1, 1.02))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out R$^2$ (dotted: shuffled targets)")
     axes[1].legend(loc="lower right", fontsize=8)
@@ -87,8 +79,10 @@ def main(argv=None):
         drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
         instruments.use_one_thread()
         results = run_probes(cfg)
-        for target in TARGETS:
-            print(f"\n{table(results, target)}")
+        for target, what in TARGETS.items():
+            columns = [[f"{r2:.3f} ({base:+.3f})" for r2, base in results[x][target]] for x in results]
+            print(f"\nR^2 of a linear probe for {what} (held-out windows), shuffled-target baseline in ()")
+            print("\n".join(instruments.state_table(list(results), columns, 17)))
         if drawing:
             draw(results, cfg.figure)
             print(f"\nwrote {cfg.figure}")

@@ -1,10 +1,6 @@
-"""
-Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read a trained
-model through its own modules. Hidden states and attention inputs come from forward hooks on GPT's blocks;
-attention probabilities are recomputed from the layer's own c_attn and the rotation or mask its position
-module hands it; "no mask" is an additive mask of zeros (or the scheme's bias) in place of the causal one.
-tests/test_demo.py checks each instrument against the model's own output.
-"""
+"""Instruments for the demonstrations (python -m demo.permutation, demo.probe, demo.figures): read a trained
+model through its own modules, by forward hooks on GPT's blocks and their attention; tests/test_demo.py checks
+each instrument against the model's own output."""
 
 import importlib.util
 import inspect
@@ -64,8 +60,7 @@ def figure_format(path, flag):
 
 
 def check_figure_paths(flag, paths):
-    """Before the work: every figure path has a format matplotlib writes and can be written (one line if not).
-    -> False, checking nothing, where matplotlib is missing."""
+    """Each path writable, in a format matplotlib writes (one line if not). -> False without matplotlib"""
     if importlib.util.find_spec("matplotlib") is None:
         return False
     for path in paths:
@@ -85,8 +80,7 @@ def save_figure(fig, path, flag="out", dpi=110):
 
 
 def state_table(labels, columns, width):
-    """Lines of a text table, a column per label and a line per hidden state (embedding, block 1, ...):
-    columns[j][i] is label j's cell at state i."""
+    """Lines of a text table: a column per label, a line per hidden state (embedding, block 1, ...)."""
     lines = [f"{'':<10}" + "".join(f"{label:>{width}}" for label in labels)]
     for i in range(max(map(len, columns))):
         cells = "".join(f"{c[i] if i < len(c) else '':>{width}}" for c in columns)
@@ -100,12 +94,11 @@ def load(out_dir, dtype=torch.float32):
     return model.to(dtype), tokenizer, ckpt
 
 
-def validation_windows(ckpt, n_windows, length=None):
-    """The first n_windows non-overlapping windows of the checkpoint's val split. -> (n_windows, length)"""
-    data = validation_tokens(ckpt["train_config"]["dataset"])
-    length = length or ckpt["model_config"]["block_size"]
-    n_windows = min(n_windows, len(data) // length)
-    return torch.from_numpy(data[: n_windows * length].astype(np.int64)).view(n_windows, length)
+def validation_windows(ckpt, n_windows):
+    """The first n_windows non-overlapping windows of block_size tokens of the val split. -> (n_windows, T)"""
+    data, T = validation_tokens(ckpt["train_config"]["dataset"]), ckpt["model_config"]["block_size"]
+    n_windows = min(n_windows, len(data) // T)
+    return torch.from_numpy(data[: n_windows * T].astype(np.int64)).view(n_windows, T)
 
 
 @contextmanager
@@ -191,33 +184,26 @@ def attention_probabilities(model, idx, layer):
 def qk_terms(model, idx, head=0):
     """Layer 0's scores q k^T of a learned-position model split into four terms (Ke et al. 2021, TUPE):
     x = e + p gives (q_e + q_p)(k_e + k_p)^T = token-token + token-position + position-token +
-    position-position. ln_1 is split by the statistics of the sum, exactly with bias=False:
-    LN(x) = g (e - mean e) / sigma + g (p - mean p) / sigma. The terms add up to q k^T before scale and mask.
-    -> {name: (T, T)} for the first sequence of idx"""
+    position-position, before scale and mask. ln_1 is split by the statistics of the sum, exactly with
+    bias=False: LN(x) = g (e - mean e) / sigma + g (p - mean p) / sigma. -> {name: (T, T)} for idx[0]"""
     if model.config.pos != "learned" or model.config.bias:
         raise ValueError("the four-term split needs pos=learned and bias=False (train.py's default)")
     block, T = model.transformer.h[0], idx.size(1)
-    e = model.transformer.wte(idx[:1])[0]  # (T, C)
-    p = model.transformer.wpe.weight[:T]
+    e, p = model.transformer.wte(idx[:1])[0], model.transformer.wpe.weight[:T]  # (T, C) each
     ln, x = block.ln_1, e + p
     sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
-
-    def normalised(part):  # this part's share of LN(x)
-        return ln.weight * (part - part.mean(dim=-1, keepdim=True)) / sigma
-
-    C = x.size(1)
-    hs = C // block.attn.n_head
-    w_q, w_k, _ = block.attn.c_attn.weight.split(C, dim=0)
+    hs = x.size(1) // block.attn.n_head
+    w_q, w_k, _ = block.attn.c_attn.weight.split(x.size(1), dim=0)
     rows = slice(head * hs, (head + 1) * hs)
-    q = {name: normalised(part) @ w_q[rows].T for name, part in (("token", e), ("position", p))}
-    k = {name: normalised(part) @ w_k[rows].T for name, part in (("token", e), ("position", p))}
-    return {f"{a}-{b}": q[a] @ k[b].T for a in ("token", "position") for b in ("token", "position")}
+    q, k = {}, {}
+    for name, part in (("token", e), ("position", p)):
+        share = ln.weight * (part - part.mean(dim=-1, keepdim=True)) / sigma  # this part's share of LN(x)
+        q[name], k[name] = share @ w_q[rows].T, share @ w_k[rows].T
+    return {f"{a}-{b}": q[a] @ k[b].T for a in q for b in k}
 
 
 # -----------------------------------------------------------------------------
 # The permutation demonstration and the probe (course exercises: keep names, signatures and contracts)
-
-
 def swap_permutation(pieces):
     """Token pieces [A, middle, B] -> perm, the order of B + middle + A as indices into A + middle + B
     (so (A + middle + B)[perm] = B + middle + A)."""
@@ -282,13 +268,9 @@ def probe_score(features, target, fit_rows, ridge=1e-3, seed=0):
 
 
 def probe_positions(model, windows, newline_id, mask=True, ridge=1e-3):
-    """Linear probes for each token's position and distance to the latest newline from every hidden state,
-    fit on the first half of the windows, scored on the second. -> {"position": [(R^2, shuffled R^2)],
-    "newline": [...]}, one pair per hidden state"""
+    """Linear probes from every hidden state, fit on the first half of the windows, scored on the second.
+    -> {"position": [(R^2, shuffled R^2) per hidden state], "newline": [...]}, probe_targets' two targets"""
     states = [h.double() for h in hidden_states(model, windows, mask)]
-    position, distance = probe_targets(windows, newline_id)
+    targets = dict(zip(("position", "newline"), probe_targets(windows, newline_id)))
     fit_rows = torch.arange(len(windows)) < len(windows) // 2
-    return {
-        name: [probe_score(h, target, fit_rows, ridge) for h in states]
-        for name, target in (("position", position), ("newline", distance))
-    }
+    return {name: [probe_score(h, y, fit_rows, ridge) for h in states] for name, y in targets.items()}

@@ -1,7 +1,5 @@
-"""
-Validation loss at every position, inside and past the trained length (eval_length.py, sample.py --compare):
-full forward passes in eval mode; past a position table (learned), a sliding window of its max_len tokens.
-"""
+"""Validation loss per position, inside and past the trained length (eval_length.py, sample.py --compare):
+full forward passes in eval mode; past a position table (learned), a sliding window of its max_len tokens."""
 
 import numpy as np
 import torch

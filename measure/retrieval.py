@@ -1,13 +1,11 @@
-"""
-Passkey retrieval (eval_length.py --task=passkey): does a checkpoint find a key stated L tokens back?
+"""Passkey retrieval (eval_length.py --task=passkey): does a checkpoint find a key stated L tokens back?
 
     tokens, answer_start = passkey_batch(stoi, length=256, depth=0.5, trials=50, seed=0)
     correct = count_correct(model, tokens, answer_start)   # all five digits the argmax, in one forward pass
     wilson_interval(correct, 50)                           # its 95% interval
 
 Exact match by one forward pass equals greedy decoding's (answers_by_greedy), and is what is measured: with
-dynamic NTK the KV cache keeps keys rotated for shorter lengths, another model.
-"""
+dynamic NTK the KV cache keeps keys rotated for shorter lengths, another model."""
 
 import math
 

@@ -61,10 +61,9 @@ def recipe_model(module, pos):
 
 
 Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
-THIS_TREE = Side(current, generate_cached)
 
 
-def module_at(revision, path, imports=None, required=False):
+def module_at(revision, path, imports, required=False):
     """REV's `path` run as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
     module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
     git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
@@ -75,7 +74,6 @@ def module_at(revision, path, imports=None, required=False):
         return None
     name = f"{Path(path).stem}_at_revision"
     module = sys.modules[name] = types.ModuleType(name)
-    imports = imports or {}
     saved = {key: sys.modules[key] for key in imports}  # model and positions: imported above
     sys.modules.update(imports)
     try:
@@ -88,7 +86,7 @@ def module_at(revision, path, imports=None, required=False):
 def side_at(revision):
     """REV's model.py (importing REV's positions.py where it has one) and generate_cached: from REV's
     generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached."""
-    rev_positions = module_at(revision, "positions.py") or positions
+    rev_positions = module_at(revision, "positions.py", {}) or positions
     module = module_at(revision, "model.py", {"positions": rev_positions}, required=True)
     generation = module_at(revision, "generation.py", {"model": module})
     if generation is None:
@@ -97,8 +95,7 @@ def side_at(revision):
 
 
 def trainer(model, steps):
-    """A function running `steps` optimizer steps of the CPU recipe on one batch (12 x 64) of random tokens,
-    the same one every call."""
+    """A function running `steps` optimizer steps of the CPU recipe on one fixed batch of 12 x 64 tokens."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = torch.randint(0, 65, (12, 65), generator=torch.Generator().manual_seed(0))
     x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # older model.py versions view the targets
@@ -160,7 +157,7 @@ def main(argv=None):
         if cfg.measure == "decode":  # a KV cache for new_tokens
             config = current.GPTConfig(**RECIPE, pos="rope")
             check_generation_memory(config, 1, 1, cfg.new_tokens, "cpu", "lower --new_tokens", weights=True)
-        sides = {"a": side_at(cfg.against), "b": THIS_TREE}
+        sides = {"a": side_at(cfg.against), "b": Side(current, generate_cached)}
     print(hardware.use_threads(cfg.threads, "cpu"))
     decode = cfg.measure == "decode"
     work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
@@ -173,15 +170,12 @@ def main(argv=None):
     columns = ["pos", f"model.py at {cfg.against} {unit}", f"this tree {unit}", "this tree's speed-up"]
     if decode:
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
-    else:  # each figure also against learned's, when learned is among several schemes
+    else:
+        cells = [[pos, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x"] for pos, a, b in rows]
         learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
-        cells = []
-        for row in rows:
-            ms = [
-                f"{row[i]:.1f}" + (f" ({row[i] / learned[i]:.2f}x learned)" if learned else "")
-                for i in (1, 2)
-            ]
-            cells.append([row[0], *ms, f"{row[1] / row[2]:.2f}x"])
+        if learned:  # among several schemes: each figure against learned's too
+            for cell, row in zip(cells, rows):
+                cell[1:3] = [f"{row[i]:.1f} ({row[i] / learned[i]:.2f}x learned)" for i in (1, 2)]
     print("\n" + markdown_table(columns, cells))
     return rows
 

@@ -139,11 +139,10 @@ def compare_decoding(cfg, sides):
 
 def compare_training(cfg, sides):
     """[(pos, REV's ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
-    runs = {
-        (key, pos): trainer(recipe_model(side.module, pos), cfg.steps)
-        for key, side in sides.items()
-        for pos in cfg.schemes
+    models = {
+        (key, pos): recipe_model(side.module, pos) for key, side in sides.items() for pos in cfg.schemes
     }
+    runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
     seconds = alternate(runs, cfg.rounds)

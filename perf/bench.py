@@ -7,12 +7,11 @@ How fast each position scheme trains and generates on this machine, in one proce
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), the share of
-the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU) and the compile time apart.
-Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy, each
-checked to give the reference's tokens. Every figure is the median of its repeats with their min and max; a
-loud note says when their spread or the machine's load makes them unreliable. Memory: peak allocated per
-scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's keys that are flags here.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), % of the peak
+(CUDA: the card's bf16 peak; CPU: a float32 torch.mm timed here), compile time. Generation: tokens/s of the
+KV-cached sampler, the uncached reference and compiled decoding, greedy, each checked to give the reference's
+tokens. Figures: the median of the repeats with their min and max, a loud note when their spread or the load
+makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a training preset's flag keys.
 """
 
 import hashlib
@@ -105,17 +104,12 @@ class BenchConfig:
             choices = ", ".join(hardware.DTYPES)
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
         self.schemes = parse_list("pos", self.pos, POS_SCHEMES, everything="all")
-        for pos in self.schemes:  # GPTConfig's own checks (n_embd % n_head, ...)
-            model_config(self, pos)
-
-
-def model_config(cfg, pos):
-    return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, pos=pos)
+        model = {key: getattr(self, key) for key in MODEL_KEYS}
+        self.model_configs = {pos: GPTConfig(**model, pos=pos) for pos in self.schemes}  # their own checks
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig, every `auto` and
-    None replaced by what this run uses."""
+    """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
     cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
     device = hardware.resolve_device(cfg.device)
@@ -178,7 +172,7 @@ class Trainer:
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
-        self.cfg, self.model = cfg, GPT(model_config(cfg, pos)).to(cfg.device)
+        self.cfg, self.model = cfg, GPT(cfg.model_configs[pos]).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
         self.autocast, self.scaler = hardware.precision(cfg)
@@ -241,7 +235,7 @@ def bench_generation(cfg, pos, log):
     """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
     The cached tokens are checked against the longest reference's so far, the compiled against the cached."""
     torch.manual_seed(cfg.seed)
-    model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
+    model = GPT(cfg.model_configs[pos]).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     samplers = {
         "cached": partial(generate_cached, model, prompt, temperature=0),
@@ -351,10 +345,9 @@ def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
     check_outputs({"json": cfg.json})  # before minutes of benchmarking
     copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
-    configs = [model_config(cfg, pos) for pos in cfg.schemes]
-    new_tokens, limit = max(cfg.gen_multiples, default=0) * cfg.block_size, cfg.reference_max_tokens
+    configs, new_tokens = cfg.model_configs.values(), max(cfg.gen_multiples, default=0) * cfg.block_size
     memory.check_benchmark_memory(
-        configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, limit, cfg.device
+        configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
     )
     log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))

@@ -63,35 +63,30 @@ def recipe_model(module, pos):
 Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
 
 
-def module_at(revision, path, imports, required=False):
-    """REV's `path` run as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
-    module up there), its `import X` getting imports[X] where given; None where REV has no such file."""
-    git = ["git", "-C", str(ROOT), "show", f"{revision}:{path}"]
-    shown = subprocess.run(git, capture_output=True, text=True)
-    if shown.returncode != 0 and required:
-        raise UserError(f"--against={revision}: git show found no {path} there ({shown.stderr.strip()})", 2)
-    if shown.returncode != 0:
-        return None
-    name = f"{Path(path).stem}_at_revision"
-    module = sys.modules[name] = types.ModuleType(name)
-    saved = {key: sys.modules[key] for key in imports}  # model and positions: imported above
-    sys.modules.update(imports)
-    try:
-        exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
-    finally:
-        sys.modules.update(saved)
-    return module
-
-
 def side_at(revision):
-    """REV's model.py (importing REV's positions.py where it has one) and generate_cached: from REV's
-    generation.py (importing REV's model.py, not this tree's), else the method GPT.generate_cached."""
-    rev_positions = module_at(revision, "positions.py", {}) or positions
-    module = module_at(revision, "model.py", {"positions": rev_positions}, required=True)
-    generation = module_at(revision, "generation.py", {"model": module})
-    if generation is None:
-        return Side(module, lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
-    return Side(module, generation.generate_cached)
+    """REV's model.py and generate_cached: from REV's generation.py, else the method GPT.generate_cached. Each
+    of REV's files runs as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
+    module up there), its imports of positions and model getting REV's; sys.modules is restored after."""
+    loaded = {}  # stem: REV's module
+    for stem in ("positions", "model", "generation"):
+        git = ["git", "-C", str(ROOT), "show", f"{revision}:{stem}.py"]
+        shown = subprocess.run(git, capture_output=True, text=True)
+        if shown.returncode != 0 and stem == "model":
+            why = f"git show found no model.py there ({shown.stderr.strip()})"
+            raise UserError(f"--against={revision}: {why}", 2)
+        if shown.returncode != 0:
+            continue
+        module = sys.modules[f"{stem}_at_revision"] = types.ModuleType(f"{stem}_at_revision")
+        saved = {key: sys.modules[key] for key in loaded}  # positions and model: this tree's, imported above
+        sys.modules.update(loaded)
+        try:
+            exec(compile(shown.stdout, f"{revision}:{stem}.py", "exec"), module.__dict__)
+        finally:
+            sys.modules.update(saved)
+        loaded[stem] = module
+    if "generation" not in loaded:
+        return Side(loaded["model"], lambda model, *args, **kwargs: model.generate_cached(*args, **kwargs))
+    return Side(loaded["model"], loaded["generation"].generate_cached)
 
 
 def trainer(model, steps):

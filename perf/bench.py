@@ -16,7 +16,6 @@ makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a 
 
 import hashlib
 import json
-import math
 import os
 import platform
 import resource
@@ -221,7 +220,7 @@ def bench_training(cfg, peak, results, log, save):
             for _ in range(steps + (r < extra)):  # >= 1: rounds <= train_steps
                 seconds, loss = timed(trainers[pos].step, cfg.device)
                 trainers[pos].step_seconds.append(seconds)
-            if not math.isfinite(loss.item()):
+            if not torch.isfinite(loss):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
             if r == cfg.rounds - 1:
                 results[pos] = t = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
@@ -318,24 +317,21 @@ def print_report(report, cfg):
         cells = [pos, f"{t['params']:,}", ms_range(t), fmt(ratio, ".2f", "-"), f"{t['tokens_per_sec']:,.0f}"]
         cells += [fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}"]
         train.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
+    head = "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
     if train:
-        head = (
-            "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
-        )
         print(markdown_table(head.split("|"), train) + "\n")
-    missing = dict(zip(SAMPLERS, ("-", "skipped", "-" if cfg.compile_decode else "off")))  # where no rate
+    off = "-" if cfg.compile_decode else "off"  # the compiled column, when compiled decoding is off
+    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", off))}
     for pos, g in report["generation"].items():
         for r in g["rows"]:
-            rates = [
-                with_range(r[f"{s}_tok_s"], r[f"{s}_tok_s_range"], ",.0f", m) for s, m in missing.items()
-            ]
+            rates = [with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()]
             matches = [m for m in (r["cached_matches_reference"], r["compiled_matches"]) if m is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
             cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, rates[2], same]
             generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
+    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
     if generate:
-        head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
         print(markdown_table(head.split("|"), generate))
     for note in report["warnings"]:
         print(f"\n!!! UNRELIABLE: {note}")

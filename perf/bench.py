@@ -130,11 +130,6 @@ def timed(fn, device):
     return time.perf_counter() - start, out
 
 
-def spread(values, scale):
-    """(median, [min, max]) of values times scale (for a rate: the reciprocals of the seconds)."""
-    return statistics.median(values) * scale, [min(values) * scale, max(values) * scale]
-
-
 def peak_memory_mb(device, reset=False):
     """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
     if device.startswith("cuda"):
@@ -194,7 +189,8 @@ class Trainer:
 
     def results(self, peak, memory_mb):
         cfg, model, first = self.cfg, self.model, self.first
-        ms, (low, high) = spread(self.step_seconds, 1e3)
+        seconds = sorted(self.step_seconds)
+        ms, low, high = 1e3 * statistics.median(seconds), 1e3 * seconds[0], 1e3 * seconds[-1]
         tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
         compile_s = max(0.0, first - ms / 1e3) if cfg.compile and first is not None else None
         return {
@@ -258,7 +254,8 @@ def bench_generation(cfg, pos, log):
             while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
                 s, outs[name] = timed(sample, cfg.device)
                 seconds.append(s)
-            row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = spread([1 / s for s in seconds], n)
+            rates = sorted(n / s for s in seconds)
+            row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = statistics.median(rates), [rates[0], rates[-1]]
         row["speedup"] = row["reference_tok_s"] and row["cached_tok_s"] / row["reference_tok_s"]
         if "reference" in outs and (longest is None or outs["reference"].size(1) > longest.size(1)):
             longest = outs["reference"]

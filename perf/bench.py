@@ -103,8 +103,8 @@ class BenchConfig:
             choices = ", ".join(hardware.DTYPES)
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
         self.schemes = parse_list("pos", self.pos, POS_SCHEMES, everything="all")
-        model = {key: getattr(self, key) for key in MODEL_KEYS}
-        self.model_configs = {pos: GPTConfig(**model, pos=pos) for pos in self.schemes}  # their own checks
+        model_fields = {key: getattr(self, key) for key in MODEL_KEYS}  # GPTConfig checks them too
+        self.model_configs = {pos: GPTConfig(**model_fields, pos=pos) for pos in self.schemes}
 
 
 def parse_args(argv=None):
@@ -264,7 +264,7 @@ def bench_generation(cfg, pos, log):
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
             row["compiled_matches"] = torch.equal(outs["compiled"], outs["cached"])
         if longest is not None:  # up to the shorter of the two
-            k = min(n + 1, longest.size(1))
+            k = min(outs["cached"].size(1), longest.size(1))
             row["cached_matches_reference"] = torch.equal(outs["cached"][:, :k], longest[:, :k])
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")

@@ -1,12 +1,10 @@
 """
 A/B ratios for the model on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65,
 bias off, random weights): model.py at git revision REV (with REV's positions.py and generation.py, loaded
-from git beside this tree's) against this tree's, both sides alternated in one process, medians.
+beside this tree's) against this tree's, alternated in one process, medians; both must decode alike first.
 
     python -m perf.ab --against=5af28a4                  # tokens/s of greedy decoding from one token
     python -m perf.ab --against=e752f8b --measure=train  # ms per optimizer step on 12 x 64 random tokens
-
-Both sides must decode the same tokens before anything is timed; training interleaves every scheme of both.
 """
 
 import statistics

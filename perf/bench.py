@@ -81,9 +81,8 @@ class BenchConfig:
         if self.quick:
             vars(self).update(QUICK)
         data = self.dataset or "shakespeare_char"  # a bad name is refused even with --vocab_size
-        if data not in available_datasets():
-            names = ", ".join(available_datasets())
-            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {names}")
+        if data not in (names := available_datasets()):
+            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {', '.join(names)}")
         unprepared = 65 if data == "shakespeare_char" else 50257  # its characters, or GPT-2's tokenizer
         meta = dataset_dir(data) / "meta.json"  # train.py's vocabulary; a damaged one is an error
         vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared

@@ -1,5 +1,4 @@
-"""
-A/B ratios for the model on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65,
+"""A/B ratios for the model on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65,
 bias off, random weights): model.py at git revision REV (with REV's positions.py and generation.py, loaded
 beside this tree's) against this tree's, alternated in one process, medians; both must decode alike first.
 
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m perf.ab"
 MEASURES = ("decode", "train")
 RECIPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, vocab_size=65, bias=False, dropout=0.0)
+Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
 
 
 @dataclass
@@ -58,13 +58,9 @@ def recipe_model(module, pos):
     return module.GPT(module.GPTConfig(**RECIPE, pos=pos))
 
 
-Side = namedtuple("Side", "module generate")  # a model module, its generate_cached(model, idx, n, ...)
-
-
 def side_at(revision):
-    """REV's model.py and generate_cached: from REV's generation.py, else the method GPT.generate_cached. Each
-    of REV's files runs as a new module {stem}_at_revision, registered in sys.modules (dataclasses look their
-    module up there), its imports of positions and model getting REV's; sys.modules is restored after."""
+    """REV's model.py and generate_cached (its generation.py's, else the method GPT.generate_cached): REV's
+    files run as modules {stem}_at_revision in sys.modules (for dataclasses), importing each other."""
     loaded = {}  # stem: REV's module
     for stem in ("positions", "model", "generation"):
         git = ["git", "-C", str(ROOT), "show", f"{revision}:{stem}.py"]
@@ -153,10 +149,8 @@ def main(argv=None):
     print(hardware.use_threads(cfg.threads, "cpu"))
     decode = cfg.measure == "decode"
     work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {work} per run, "
-        f"median of {cfg.rounds} alternated runs"
-    )
+    runs = f"{work} per run, median of {cfg.rounds} alternated runs"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {runs}")
     rows = (compare_decoding if decode else compare_training)(cfg, sides)
     unit = "tok/s" if decode else "ms/step"
     columns = ["pos", f"model.py at {cfg.against} {unit}", f"this tree {unit}", "this tree's speed-up"]

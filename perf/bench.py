@@ -1,5 +1,4 @@
-"""
-How fast each position scheme trains and generates on this machine, in one process: fair ratios between them.
+"""How fast each position scheme trains and generates on this machine, in one process: fair ratios.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
@@ -160,8 +159,7 @@ def machine_and_source(device):
 
 
 class Trainer:
-    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py. The
-    untimed warm-up steps run first; the first of them compiles."""
+    """A scheme's model, AdamW, fixed random batches and untimed warm-up steps (the first compiles)."""
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
@@ -282,15 +280,14 @@ def ms_range(t):
 def warnings(report, cfg):
     """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
     processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
-    notes, m, limit = [], report["machine"], UNRELIABLE_SPREAD
+    m, limit = report["machine"], UNRELIABLE_SPREAD
     figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
     for pos, g in report["generation"].items():
         for row in g["rows"]:
             for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
                 figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
     wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
-    if wide:
-        notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
+    notes = [f"the repeats spread by more than {limit}x (max/min): {', '.join(wide)}"] if wide else []
     load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
     if cfg.device == "cpu" and load is not None and load + threads > cores + 0.5:
         notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
@@ -343,9 +340,8 @@ def run(cfg, argv):
     )
     log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
-    command = shlex.join(["python", "-m", "perf.bench", *argv])
-    report = {"command": command, "date": datetime.now(UTC).isoformat(), **machine_and_source(cfg.device)}
-    report["config"] = asdict(cfg)
+    command, date = shlex.join(["python", "-m", "perf.bench", *argv]), datetime.now(UTC).isoformat()
+    report = {"command": command, "date": date, **machine_and_source(cfg.device), "config": asdict(cfg)}
     if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
         size = cfg.matmul_size
         product = partial(torch.mm, torch.randn(size, size), torch.randn(size, size))

@@ -1,6 +1,4 @@
-"""
-How fast each position scheme trains and generates on this machine, all in one process so that the ratios
-between schemes are fair. On 2 idle CPU cores the default run takes about 4 minutes, --quick under one.
+"""How fast each position scheme trains and generates on this machine, in one process: fair ratios.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
     python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
@@ -8,17 +6,15 @@ between schemes are fair. On 2 idle CPU cores the default run takes about 4 minu
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
 
-Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), the share of
-the peak (the card's bf16 peak on CUDA, a float32 torch.mm measured here on CPU) and the compile time apart.
-Generation: tokens/s of the KV-cached sampler, the uncached reference and compiled decoding, greedy, each
-checked to give the reference's tokens. Every figure is the median of its repeats with their min and max; a
-loud note says when their spread or the machine's load makes them unreliable. Memory: peak allocated per
-scheme on CUDA, else the process's max RSS. --config FILE.toml: a training preset's keys that are flags here.
+Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), % of the peak
+(CUDA: the card's bf16 peak; CPU: a float32 torch.mm timed here), compile time. Generation: tokens/s of the
+KV-cached sampler, the uncached reference and compiled decoding, greedy, each checked to give the reference's
+tokens. Figures: the median of the repeats with their min and max, a loud note when their spread or the load
+makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a training preset's flag keys.
 """
 
 import hashlib
 import json
-import math
 import os
 import platform
 import resource
@@ -29,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,9 +80,8 @@ class BenchConfig:
         if self.quick:
             vars(self).update(QUICK)
         data = self.dataset or "shakespeare_char"  # a bad name is refused even with --vocab_size
-        if data not in available_datasets():
-            names = ", ".join(available_datasets())
-            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {names}")
+        if data not in (names := available_datasets()):
+            raise ValueError(f"dataset={data!r} is not a dataset here; choose one of {', '.join(names)}")
         unprepared = 65 if data == "shakespeare_char" else 50257  # its characters, or GPT-2's tokenizer
         meta = dataset_dir(data) / "meta.json"  # train.py's vocabulary; a damaged one is an error
         vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared
@@ -104,21 +100,13 @@ class BenchConfig:
         if self.dtype not in hardware.DTYPES:  # a BenchConfig built in code skips the flag's choices
             choices = ", ".join(hardware.DTYPES)
             raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
-        for pos in self.schemes:  # GPTConfig's own checks (n_embd % n_head, ...)
-            model_config(self, pos)
-
-    @property
-    def schemes(self):
-        return parse_list("pos", self.pos, POS_SCHEMES, everything="all")
-
-
-def model_config(cfg, pos):
-    return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, pos=pos)
+        self.schemes = parse_list("pos", self.pos, POS_SCHEMES, everything="all")
+        model_fields = {key: getattr(self, key) for key in MODEL_KEYS}  # GPTConfig checks them too
+        self.model_configs = {pos: GPTConfig(**model_fields, pos=pos) for pos in self.schemes}
 
 
 def parse_args(argv=None):
-    """Flags (and --config, a training preset whose other keys are ignored) -> BenchConfig, every `auto` and
-    None replaced by what this run uses."""
+    """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
     cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
     device = hardware.resolve_device(cfg.device)
@@ -140,11 +128,6 @@ def timed(fn, device):
     return time.perf_counter() - start, out
 
 
-def spread(values, scale=1.0):
-    """{median, min, max} of values times scale (for a rate: the reciprocals of the seconds)."""
-    return {k: f(values) * scale for k, f in (("median", statistics.median), ("min", min), ("max", max))}
-
-
 def peak_memory_mb(device, reset=False):
     """CUDA: peak allocated since the last reset. Elsewhere: max RSS so far (Linux: KiB, macOS: bytes)."""
     if device.startswith("cuda"):
@@ -155,8 +138,7 @@ def peak_memory_mb(device, reset=False):
 
 
 def machine_and_source(device):
-    """The machine (platform, torch, the 1-minute load average) and the code measured (the git commit, the
-    files changed since, model.py's hash)."""
+    """The machine (platform, torch, 1-minute load average) and the code measured (commit, changes, hash)."""
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     machine = {
@@ -165,9 +147,10 @@ def machine_and_source(device):
         **dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version()),
     }
     root = Path(__file__).resolve().parents[1]
-    git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
+    git = partial(subprocess.run, cwd=root, capture_output=True, text=True)
     try:
-        commit, changed = git("rev-parse", "HEAD").strip() or None, git("status", "--porcelain", "-uno")
+        commit, changed = git(["git", "rev-parse", "HEAD"]), git(["git", "status", "--porcelain", "-uno"])
+        commit, changed = commit.stdout.strip() or None, changed.stdout
     except OSError:  # no git
         commit, changed = None, ""
     sha1 = hashlib.sha1((root / "model.py").read_bytes()).hexdigest()
@@ -176,17 +159,16 @@ def machine_and_source(device):
 
 
 class Trainer:
-    """One scheme's model, AdamW and fixed random batches; step() is one optimizer step as in train.py. The
-    untimed warm-up steps run first; the first of them compiles."""
+    """A scheme's model, AdamW, fixed random batches and untimed warm-up steps (the first compiles)."""
 
     def __init__(self, cfg, pos):
         torch.manual_seed(cfg.seed)
-        self.cfg, self.model = cfg, GPT(model_config(cfg, pos)).to(cfg.device)
+        self.cfg, self.model = cfg, GPT(cfg.model_configs[pos]).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
         self.autocast, self.scaler = hardware.precision(cfg)
-        batch = lambda: torch.randint(cfg.vocab_size, (cfg.batch_size, cfg.block_size), device=cfg.device)
-        self.batches = [(batch(), batch()) for _ in range(cfg.grad_accum)]
+        shape = (cfg.grad_accum, 2, cfg.batch_size, cfg.block_size)  # an (x, y) pair per micro-batch
+        self.batches = torch.randint(cfg.vocab_size, shape, device=cfg.device)
         warmup = [timed(self.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
         self.first, self.step_seconds = warmup[0] if warmup else None, []
 
@@ -203,15 +185,16 @@ class Trainer:
         return loss.detach()
 
     def results(self, peak, memory_mb):
-        ms, cfg, first, model = spread(self.step_seconds, 1e3), self.cfg, self.first, self.model
-        tokens, per_token = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
-        compile_s = max(0.0, first - ms["median"] / 1e3) if cfg.compile and first is not None else None
+        cfg, model, first = self.cfg, self.model, self.first
+        seconds = sorted(self.step_seconds)
+        ms, low, high = 1e3 * statistics.median(seconds), 1e3 * seconds[0], 1e3 * seconds[-1]
+        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
+        compile_s = max(0.0, first - ms / 1e3) if cfg.compile and first is not None else None
         return {
-            **dict(ms_per_step=ms["median"], step_ms_min=ms["min"], step_ms_max=ms["max"]),
-            **dict(timed_steps=len(self.step_seconds), tokens_per_step=tokens, first_step_s=first),
-            **dict(compile_s=compile_s, flops_per_token=per_token, params=model.num_params()),
-            "peak_memory_mb": memory_mb,
-            **hardware.speed(ms["median"] / 1e3, tokens, per_token * tokens, peak),
+            **dict(ms_per_step=ms, step_ms_min=low, step_ms_max=high, timed_steps=len(self.step_seconds)),
+            **dict(tokens_per_step=tokens, first_step_s=first, compile_s=compile_s, flops_per_token=flops),
+            **dict(params=model.num_params(), peak_memory_mb=memory_mb),
+            **hardware.speed(ms / 1e3, tokens, flops * tokens, peak),
         }
 
 
@@ -230,7 +213,7 @@ def bench_training(cfg, peak, results, log, save):
             for _ in range(steps + (r < extra)):  # >= 1: rounds <= train_steps
                 seconds, loss = timed(trainers[pos].step, cfg.device)
                 trainers[pos].step_seconds.append(seconds)
-            if not math.isfinite(loss.item()):
+            if not torch.isfinite(loss):
                 raise RuntimeError(f"pos={pos}: the training loss is {loss.item()}")
             if r == cfg.rounds - 1:
                 results[pos] = t = trainers.pop(pos).results(peak, peak_memory_mb(cfg.device))
@@ -244,25 +227,23 @@ def bench_generation(cfg, pos, log):
     """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
     The cached tokens are checked against the longest reference's so far, the compiled against the cached."""
     torch.manual_seed(cfg.seed)
-    model = GPT(model_config(cfg, pos)).to(cfg.device).eval()
+    model = GPT(cfg.model_configs[pos]).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     samplers = {
-        "cached": lambda n: generate_cached(model, prompt, n, temperature=0),
-        "reference": lambda n: model.generate(prompt, n, temperature=0),
-        "compiled": lambda n: generate_cached(model, prompt, n, temperature=0, compile=True),
+        "cached": partial(generate_cached, model, prompt, temperature=0),
+        "reference": partial(model.generate, prompt, temperature=0),
+        "compiled": partial(generate_cached, model, prompt, temperature=0, compile=True),
     }
     samplers["cached"](8), samplers["reference"](8)  # warm-up
-    same_prefix = lambda a, b: bool(torch.equal(a[:, : b.size(1)], b[:, : a.size(1)]))  # up to the shorter
     rows, longest, limit = [], None, cfg.reference_max_tokens
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
-        row = {"new_tokens": n, "multiple": multiple, "reference": None}  # reference: why it was skipped
+        skipped = f"skipped: {n} new tokens > --reference_max_tokens={limit}" if limit and n > limit else None
+        row = {"new_tokens": n, "multiple": multiple, "reference": skipped}  # reference: why it was skipped
         row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
-        if limit and n > limit:
-            row["reference"] = f"skipped: {n} new tokens > --reference_max_tokens={limit}"
-        outs, skip = {}, {"reference": row["reference"], "compiled": not cfg.compile_decode}
-        for name in (name for name in SAMPLERS if not skip.get(name)):
-            sample = lambda name=name, n=n: samplers[name](n)
+        outs, wanted = {}, {"cached": True, "reference": not skipped, "compiled": cfg.compile_decode}
+        for name in (name for name in SAMPLERS if wanted[name]):
+            sample = partial(samplers[name], n)
             if name == "compiled":  # a new cache size and graph per length: reset, or hit the recompile limit
                 torch.compiler.reset()
                 first, _ = timed(sample, cfg.device)  # compiles: untimed
@@ -270,16 +251,18 @@ def bench_generation(cfg, pos, log):
             while len(seconds) < cfg.repeats and sum(seconds) < REPEAT_BUDGET_S:
                 s, outs[name] = timed(sample, cfg.device)
                 seconds.append(s)
-            rates = spread([1 / s for s in seconds], n)
-            row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = rates["median"], [rates["min"], rates["max"]]
+            rates = sorted(n / s for s in seconds)
+            row[f"{name}_tok_s"], row[f"{name}_tok_s_range"] = statistics.median(rates), [rates[0], rates[-1]]
         row["speedup"] = row["reference_tok_s"] and row["cached_tok_s"] / row["reference_tok_s"]
         if "reference" in outs and (longest is None or outs["reference"].size(1) > longest.size(1)):
             longest = outs["reference"]
-        row["compile_s"] = row["compiled_matches"] = None
+        row["compile_s"] = row["compiled_matches"] = row["cached_matches_reference"] = None
         if "compiled" in outs:
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
-            row["compiled_matches"] = same_prefix(outs["compiled"], outs["cached"])
-        row["cached_matches_reference"] = None if longest is None else same_prefix(outs["cached"], longest)
+            row["compiled_matches"] = torch.equal(outs["compiled"], outs["cached"])
+        if longest is not None:  # up to the shorter of the two
+            k = min(outs["cached"].size(1), longest.size(1))
+            row["cached_matches_reference"] = torch.equal(outs["cached"][:, :k], longest[:, :k])
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
@@ -290,11 +273,37 @@ def with_range(median, bounds, spec, missing="-"):
     return missing if median is None else f"{median:{spec}} ({bounds[0]:{spec}}-{bounds[1]:{spec}})"
 
 
-ms_range = lambda t: with_range(t["ms_per_step"], (t["step_ms_min"], t["step_ms_max"]), ".1f")
+def ms_range(t):
+    return with_range(t["ms_per_step"], (t["step_ms_min"], t["step_ms_max"]), ".1f")
 
 
-def tables(report, compiled_note):
-    """The report's training table and generation table, in markdown ('' for an empty one)."""
+def warnings(report, cfg):
+    """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
+    processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
+    m, limit = report["machine"], UNRELIABLE_SPREAD
+    figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
+    for pos, g in report["generation"].items():
+        for row in g["rows"]:
+            for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
+                figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
+    wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
+    notes = [f"the repeats spread by more than {limit}x (max/min): {', '.join(wide)}"] if wide else []
+    load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
+    if cfg.device == "cpu" and load is not None and load + threads > cores + 0.5:
+        notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
+                     "here; other processes slow these figures and make them noisy")  # fmt: skip
+    return notes
+
+
+def print_report(report, cfg):
+    """The run's line, its training table and its generation table (each where measured), the warnings."""
+    gpu, compiled = report["machine"]["gpu"], "" if cfg.compile_decode else " (off)"
+    print(
+        f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
+        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
+        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
+        f"memory: {report['memory']}; compiled decoding: {report['compiled_decoding']}{compiled}\n"
+    )
     learned, train, generate = report["training"].get("learned", {}).get("ms_per_step"), [], []
     for pos, t in report["training"].items():
         ratio, share = learned and t["ms_per_step"] / learned, t.get("mfu")
@@ -302,8 +311,10 @@ def tables(report, compiled_note):
         cells += [fmt(t["compile_s"], ".1f", "-"), f"{t['flops_per_token']:,}", f"{t['tflops']:.3g}"]
         train.append(cells + [fmt(share and 100 * share, ".1f", "-"), f"{t['peak_memory_mb']:,.0f}"])
     head = "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
-    train = markdown_table(head.split("|"), train) if train else ""
-    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", compiled_note))}  # no rate
+    if train:
+        print(markdown_table(head.split("|"), train) + "\n")
+    off = "-" if cfg.compile_decode else "off"  # the compiled column, when compiled decoding is off
+    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", off))}
     for pos, g in report["generation"].items():
         for r in g["rows"]:
             rates = [with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()]
@@ -313,47 +324,29 @@ def tables(report, compiled_note):
             cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, rates[2], same]
             generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
     head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
-    return train, markdown_table(head.split("|"), generate) if generate else ""
-
-
-def warnings(report, cfg):
-    """Why the figures may not be trusted: a spread over the repeats above UNRELIABLE_SPREAD, or other
-    processes' load on the cores (the 1-minute load average at the start, against the cores it needs)."""
-    notes, m, limit = [], report["machine"], UNRELIABLE_SPREAD
-    figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
-    for pos, g in report["generation"].items():
-        for row in g["rows"]:
-            for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
-                figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
-    wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
-    if wide:
-        notes.append(f"the repeats spread by more than {UNRELIABLE_SPREAD}x (max/min): {', '.join(wide)}")
-    load, cores, threads = m["load_average"], m["cpu_count"], m["torch_threads"]
-    if cfg.device == "cpu" and load is not None and load + threads > cores + 0.5:
-        notes.append(f"the machine was busy: load average {load:.1f} on {cores} cores, threads={threads} "
-                     "here; other processes slow these figures and make them noisy")  # fmt: skip
-    return notes
+    if generate:
+        print(markdown_table(head.split("|"), generate))
+    for note in report["warnings"]:
+        print(f"\n!!! UNRELIABLE: {note}")
 
 
 def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
     check_outputs({"json": cfg.json})  # before minutes of benchmarking
     copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
-    new_tokens = max(cfg.gen_multiples, default=0) * cfg.block_size
-    configs = [model_config(cfg, pos) for pos in cfg.schemes]
+    configs, new_tokens = cfg.model_configs.values(), max(cfg.gen_multiples, default=0) * cfg.block_size
     memory.check_benchmark_memory(
         configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
     )
-    log = lambda message: print(message, file=sys.stderr, flush=True)
+    log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
-    command = shlex.join(["python", "-m", "perf.bench", *argv])
-    report = {"command": command, "date": datetime.now(UTC).isoformat(), **machine_and_source(cfg.device)}
-    report["config"] = asdict(cfg)
+    command, date = shlex.join(["python", "-m", "perf.bench", *argv]), datetime.now(UTC).isoformat()
+    report = {"command": command, "date": date, **machine_and_source(cfg.device), "config": asdict(cfg)}
     if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
         size = cfg.matmul_size
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        torch.mm(a, b)  # warm-up
-        seconds = statistics.median(timed(lambda: torch.mm(a, b), "cpu")[0] for _ in range(5))
+        product = partial(torch.mm, torch.randn(size, size), torch.randn(size, size))
+        product()  # warm-up
+        seconds = statistics.median(timed(product, "cpu")[0] for _ in range(5))
         peak = 2 * size**3 / seconds, f"float32 {size}^2 torch.mm, measured in this run"
     elif cfg.device.startswith("cuda"):
         peak = hardware.peak_flops(cfg.device), "the card's bf16 peak (plumbing.hardware.PEAK_FLOPS)"
@@ -379,20 +372,7 @@ def run(cfg, argv):
         report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
         save()  # a run cut short by a timeout keeps what it measured
     save()
-    gpu, compiled = report["machine"]["gpu"], "" if cfg.compile_decode else " (off)"
-    print(
-        f"{report['command']}\n{report['date']}, torch {torch.__version__}, {cfg.device}"
-        f"{f' ({gpu})' if gpu else ''}, {torch.get_num_threads()} threads, {cfg.dtype}, compile={cfg.compile}"
-        f"; peak {fmt(report['peak_flops'], '.3g', '-')} FLOP/s ({report['peak_source']}); "
-        f"memory: {report['memory']}; compiled decoding: {report['compiled_decoding']}{compiled}\n"
-    )
-    train, generate = tables(report, "-" if cfg.compile_decode else "off")
-    if train:
-        print(train + "\n")
-    if generate:
-        print(generate)
-    for note in report["warnings"]:
-        print(f"\n!!! UNRELIABLE: {note}")
+    print_report(report, cfg)
     return report
 
 

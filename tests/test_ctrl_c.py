@@ -27,7 +27,7 @@ CASES = [
     ("bench", ["-m", "perf.bench", "--device=cpu", "--pos=rope", "--n_layer=1", "--n_embd=32", "--n_head=2",
                "--matmul_size=64", "--train_steps=1", "--warmup_steps=0", "--gen_multiples", "1", "1024"],
      "trained rope"),
-    ("perf.ab", ["-m", "perf.ab", "--module_free", "--pos=rope", "--rounds=100"], "torch"),
+    ("perf.ab", ["-m", "perf.ab", "--against=HEAD", "--pos=rope", "--rounds=100"], "torch"),
     ("demo.probe", ["-m", "demo.probe", f"--checkpoints={CK}", "--windows=100000"], "pos=learned"),
     ("demo.permutation", ["-m", "demo.permutation", f"--checkpoints={CK}"], "pos=learned"),
     ("demo.figures", ["-m", "demo.figures", f"--checkpoints={CK}", "--out={tmp}/figures",

@@ -55,7 +55,7 @@ def test_auto_takes_the_cores_other_processes_leave_free(monkeypatch, threads_re
 
 @pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])
 def test_a_bad_thread_count_is_one_line_naming_the_choices(capsys, script):
-    argv = ["--threads=0", *{eval_length: ["out/x"], ab: ["--module_free"]}.get(script, [])]
+    argv = ["--threads=0", *{eval_length: ["out/x"], ab: ["--against=HEAD"]}.get(script, [])]
     if script is ab:  # perf.ab's prog is its module name
         with pytest.raises(SystemExit, match="2"):
             ab.main(argv)

@@ -3,6 +3,7 @@ tests that grade each course exercise its marker (course/exercises.py: `python -
 --strict-markers`)."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,11 @@ from course.exercises import EXERCISES  # noqa: E402  (needs the root on sys.pat
 # OMP_NUM_THREADS, in this process and the scripts the tests start.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A shell without job control starts a background job (`pytest &`, nohup) with SIGINT ignored, and every
+# script a test starts would inherit that: the Ctrl-C tests need Ctrl-C as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from course.exercises import EXERCISES, by_id
 from course.grade import check_copy, grade, graded_by, report_lines
 from course.make import CLASSROOM, counted, make_copy
-from plumbing.cli import one_line_errors, parse_flags, parse_list
-from plumbing.errors import UserError
+from plumbing.cli import parse_flags, parse_list
+from plumbing.errors import UserError, one_line_errors
 
 COMMANDS = "make OUT_DIR [--only=IDS] [--classroom], grade [DIR] [--only=IDS] or check DIR"
 

@@ -22,8 +22,8 @@ import model as current
 import positions
 from generation import generate_cached
 from plumbing import hardware
-from plumbing.cli import one_line_errors, parse_flags, parse_list
-from plumbing.errors import UserError
+from plumbing.cli import parse_flags, parse_list
+from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_generation_memory
 from plumbing.report import markdown_table
 

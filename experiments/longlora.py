@@ -83,11 +83,11 @@ def step_cost(cfg, length, name, flags):
     quick = dict(n_layer=2, n_head=2, n_embd=32) if cfg.quick else {}
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
     model = GPT(config)
-    group = s2.group_size(None, length, config.n_head) if "--s2_attn" in flags else None
+    given = dict(flag.removeprefix("--").partition("=")[::2] for flag in flags)  # {name: value}
+    group = s2.group_size(None, length, config.n_head) if "s2_attn" in given else None
     s2.use_s2_attn(model, group)
-    if "--lora_rank=8" in flags:  # with train.py's alpha and dropout
-        train = "embed,norm" if "--lora_train=embed,norm" in flags else None
-        lora.add_adapters(model, 8, 16.0, 0.05, train)
+    if "lora_rank" in given:  # with train.py's alpha and dropout
+        lora.add_adapters(model, int(given["lora_rank"]), 16.0, 0.05, given.get("lora_train"))
     optimizer = model.configure_optimizers(0.1, cfg.learning_rate, (0.9, 0.99), "cpu")
     x = torch.randint(0, config.vocab_size, (cfg.batch_size, config.block_size))
     times = []

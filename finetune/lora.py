@@ -14,7 +14,7 @@ from plumbing.errors import UserError
 from positions import require
 
 TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
-TRAINABLE = ("embed", "norm")  # --lora_train: the token embedding (= lm_head) and learned's table; LayerNorms
+TRAINABLE = ("embed", "norm")  # --lora_train: the input embeddings (token, learned's table); LayerNorms
 SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
 SAID = "rank {rank}, alpha {alpha:g}, train {train!r}"  # SETTINGS as a refused resume names them
 
@@ -40,6 +40,16 @@ class LoRALinear(nn.Module):
         return (self.base.weight + self.scale * self.lora_B @ self.lora_A).detach()
 
 
+class InputOnlyHead(nn.Linear):
+    """The output head of a tied model whose weight trains as an input embedding only: it reads the shared
+    matrix detached, so no gradient reaches it through the logits. Llama 2's embed_tokens, which LongLoRA
+    trains, is untied from its lm_head; here the one matrix is both, so it moves by its input gradient alone
+    and the head, reading it, moves with it."""
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight.detach(), self.bias)
+
+
 def check_flags(rank, alpha, dropout, train):
     """train.py's LoRA flags, each a one-line ValueError. -> --lora_train as a tuple"""
     require(rank >= 0, f"lora_rank must be >= 0 (0: no LoRA), got {rank}")
@@ -59,8 +69,11 @@ def add_adapters(model, rank, alpha, dropout=0.0, train=None):
     for attn in (block.attn for block in model.transformer.h):
         for name in TARGETS:
             setattr(attn, name, LoRALinear(getattr(attn, name), rank, alpha, dropout).train(model.training))
-    if "embed" in train:  # wte is lm_head (tied); wpe, learned's table
+    if "embed" in train:  # the token embedding by its input gradient only (InputOnlyHead); learned's table
         model.transformer.wte.requires_grad_(True), model.transformer.wpe.requires_grad_(True)
+        head = model.lm_head
+        model.lm_head = InputOnlyHead(head.in_features, head.out_features, head.bias is not None)
+        model.lm_head.weight, model.lm_head.bias = head.weight, head.bias  # the tied matrix, shared
     for module in model.modules() if "norm" in train else ():
         if isinstance(module, nn.LayerNorm):
             module.requires_grad_(True)

@@ -65,6 +65,31 @@ def test_only_adapters_and_what_lora_train_names_get_gradients(train_what):
     assert trained == adapters + extra and total == GPT(CONFIG).num_params() + adapters
 
 
+def test_lora_train_embed_trains_the_tied_matrix_by_its_input_gradient_only():
+    """--lora_train=embed: the token embedding's gradient is the lookup's alone (Llama 2's embed_tokens,
+    untied from its head); the head still reads the one tied matrix and computes the same logits."""
+    base, model = adapted("embed")
+    model.train(), base.train()
+    for module in (*model.modules(), *base.modules()):
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    x = torch.randint(0, 11, (2, 16))
+    logits, loss = model(x, x)
+    assert torch.equal(logits, base(x)[0]) and model.lm_head.weight is model.transformer.wte.weight
+    loss.backward()
+    # the lookup's gradient alone: what reaches the embedding output, scattered onto the rows of x
+    embedded = {}
+    hook = model.transformer.wte.register_forward_hook(lambda m, i, out: embedded.setdefault("out", out))
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, x)
+    hook.remove()
+    (grad_out,) = torch.autograd.grad(loss, embedded["out"], retain_graph=True)
+    rows = torch.zeros_like(model.transformer.wte.weight)
+    expected = rows.index_add_(0, x.flatten(), grad_out.flatten(0, 1))
+    loss.backward()
+    torch.testing.assert_close(model.transformer.wte.weight.grad, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_lora_flags_are_one_line_errors(capsys, tmp_path):
     err = train_error_line(
         capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=ffn"], 2

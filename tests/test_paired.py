@@ -1,0 +1,39 @@
+"""measure/paired.py: the paired-t interval behind every verdict over seeds, checked by hand and against
+published t quantiles."""
+
+import math
+import random
+
+import pytest
+
+from measure.paired import paired_difference, t_quantile, verdict
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
+def test_t_quantile_matches_the_published_97_5_percent_table(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_paired_interval_of_a_hand_computed_case():
+    """d = (1, 2, 3): mean 2, sd 1, standard error 1/sqrt(3), t(0.975, 2) = 4.302653: 2 -+ 2.484138."""
+    mean, low, high = paired_difference([1.5, 2.5, 3.5], [0.5, 0.5, 0.5])
+    assert mean == pytest.approx(2.0)
+    assert (low, high) == pytest.approx((2 - 4.302653 / math.sqrt(3), 2 + 4.302653 / math.sqrt(3)), abs=1e-6)
+    assert verdict(low, high, higher_is_better=True) == "level"  # three seeds this spread hold 0
+
+
+def test_pairing_removes_what_the_seeds_share():
+    """A constant gap on top of a large per-seed effect: the paired interval is the gap, exactly."""
+    rng = random.Random(0)
+    seed_effect = [rng.uniform(-5, 5) for _ in range(5)]
+    mean, low, high = paired_difference([s + 0.25 for s in seed_effect], seed_effect)
+    assert mean == pytest.approx(0.25) and high - low == pytest.approx(0.0, abs=1e-12)
+    assert verdict(low, high, higher_is_better=False) == "worse"
+    assert verdict(-high, -low, higher_is_better=False) == "better"
+
+
+def test_a_verdict_needs_two_paired_seeds():
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paired_difference([1.0], [0.0])
+    with pytest.raises(ValueError):
+        paired_difference([1.0, 2.0], [0.0])

@@ -4,6 +4,7 @@ figures to Weights & Biases when asked) and what the measuring scripts print: ma
 import importlib.util
 import netrc
 import os
+import re
 import sys
 import time
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -117,6 +118,24 @@ def format_seconds(seconds):
 def fmt(value, spec, missing=""):
     """A table's or CSV's cell: value formatted by spec (".4f", ",.0f"), `missing` for None."""
     return missing if value is None else format(value, spec)
+
+
+# A block of a markdown page that code writes: <!-- generated: NAME -->, the text, <!-- end generated -->
+GENERATED = re.compile(r"(<!-- generated: (\S+) -->\n)(.*?)(\n<!-- end generated -->)", re.S)
+
+
+def generated_blocks(text):
+    """{name: text} of a markdown page's generated blocks."""
+    return {name: body for _, name, body, _ in GENERATED.findall(text)}
+
+
+def fill_generated(page, texts):
+    """Rewrite the generated blocks of the markdown file `page` that texts ({name: text}) names."""
+    old = page.read_text(encoding="utf-8")
+    fill = lambda m: m[1] + texts[m[2]] + m[4] if m[2] in texts else m[0]
+    if (new := GENERATED.sub(fill, old)) != old:
+        page.write_text(new, encoding="utf-8")
+        print(f"wrote the generated blocks of {page}")
 
 
 def markdown_table(columns, rows):

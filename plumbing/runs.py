@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
@@ -28,6 +29,7 @@ PLAN_CODE = (
 )
 # Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")
+NOT_COMPARED += ("threads",)
 NOT_COMPARED += ("wandb", "wandb_project", "wandb_run_name", "vocab_size")
 EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
 
@@ -55,14 +57,14 @@ class Plan:
         return f"a pos={m['pos']} model ({shape})" + (f" from {t['init_from']}" if t.get("init_from") else "")
 
 
-def run_python(args, **kwargs):
+def run_python(args, said="see its output above", **kwargs):
     """`python args...` from the repository root, its output shown; a failure is a UserError."""
     sys.stdout.flush()  # what we printed comes before the command's output
     args = [str(arg) for arg in args]
     done = subprocess.run([sys.executable, *args], cwd=ROOT, **kwargs)
     if done.returncode:
         command = shlex.join(["python", *args])
-        raise UserError(f"`{command}` failed (exit status {done.returncode}); see its output above")
+        raise UserError(f"`{command}` failed (exit status {done.returncode}); {said}")
     return done
 
 
@@ -107,16 +109,19 @@ def decide(plan, elsewhere="move it away"):
     return ("reuse" if run_finished(ckpt) else "resume"), ckpt.get("iter_num", 0)
 
 
-def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print):
+def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print, jobs=1):
     """Make each train.py command's out_dir hold its finished run: reuse, continue or train it
-    (retrain: always, replacing it) -> the out_dirs, absolute"""
+    (retrain: always, replacing it); jobs > 1 trains that many side by side, each with its share of the
+    cores (OMP_NUM_THREADS, unless set) and its output in {out_dir}.log -> the out_dirs, absolute"""
     plans = plan(commands)
     actions = [("overwrite", None) if retrain else decide(p, elsewhere) for p in plans]
     for p, (action, _) in zip(plans, actions):
         if action == "reuse":
             log(f"using {p.out_dir}: {p.describe()}, finished")
     todo = [(p, action, step) for p, (action, step) in zip(plans, actions) if action != "reuse"]
-    for i, (p, action, step) in enumerate(todo, 1):
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // jobs))
+
+    def train(i, p, action, step):
         command = " ".join([p.command, *EXTRA_FLAGS[action]])  # what is trained, where, how long, and how
         if action == "resume":
             took = f" (a whole run takes about {duration})" if duration else ""
@@ -125,9 +130,19 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
             took = f", about {duration}" if duration else ""
             said = f"training {p.describe()} into {p.out_dir}{took}"
         log(f"[{i}/{len(todo)}] {said}: {command}")
-        started = time.perf_counter()
-        run_python(["train.py", *p.args, *EXTRA_FLAGS[action]])
+        started, args = time.perf_counter(), ["train.py", *p.args, *EXTRA_FLAGS[action]]
+        if jobs == 1:
+            run_python(args)
+        else:
+            output = ROOT / f"{p.out_dir}.log"
+            output.parent.mkdir(parents=True, exist_ok=True)
+            with open(output, "w") as f:
+                env = os.environ | {"OMP_NUM_THREADS": threads}
+                run_python(args, stdout=f, stderr=subprocess.STDOUT, env=env, said=f"see {output}")
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(lambda job: train(job[0], *job[1]), enumerate(todo, 1)))  # raises a run's failure
     return [ROOT / p.out_dir for p in plans]
 
 

@@ -34,9 +34,9 @@ def shifted_sparse_attention(q, k, v, group, mask=None, dropout_p=0.0):
     """S²-Attn (LongLoRA, Chen et al. 2024), a training-only approximation of causal attention: each query
     sees the earlier keys of its group of G = `group` tokens, so scores cost T x G, not T x T. The second
     half of the heads works on groups shifted by G/2 (rolled by -G/2, rolled back after) and carries
-    information across group borders. LongLoRA's code lets the last shifted group, whose first half is the
-    sequence's end and second half its start, attend across that wrap, so early tokens see late ones; here
-    that group is two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
+    information across group borders. LongLoRA's non-flash path rolls the sequence, so its last shifted group
+    (the sequence's end, then its start) lets early tokens see late ones; its flash path, as here, cuts that
+    group into two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
     nh even, G even and dividing T; mask: None (causal) or GPT.attention_mask's, whose score bias (ALiBi)
     depends on the distance only, so its first G x G block serves every group. -> (B, nh, T, hs)"""
     B, H, T, D = q.shape

@@ -118,7 +118,7 @@ class StudyConfig:
         require(all(n >= 1 for n in self.curve), f"curve's budgets must be >= 1 step, got {self.curve}")
         if self.quick:
             self.base_iters, self.max_iters, self.trials, self.max_windows, self.bench_steps = 10, 4, 2, 2, 1
-            self.curve = [2]
+            self.rates, self.seeds, self.curve = self.rates[:1], min(self.seeds, 2), [2]
         self.rates, self.curve = sorted(set(self.rates)), sorted(set(self.curve) - {self.max_iters})
         self.out_root = self.out_root or ("out/longlora_quick" if self.quick else "out/longlora")
         self.results = self.results or (self.out_root if self.quick else "docs")
@@ -132,11 +132,8 @@ def step_cost(cfg, length, name, flags):
     config = GPTConfig(**(MODEL | quick), block_size=length, pos="rope")
     model = GPT(config)
     given = dict(flag.removeprefix("--").partition("=")[::2] for flag in flags)  # {name: value}
-    group = (
-        s2.group_size(int(given.get("s2_group", 0)) or None, length, config.n_head)
-        if "s2_attn" in given
-        else None
-    )
+    group = int(given["s2_group"]) if "s2_group" in given else None  # None: L / 4
+    group = s2.group_size(group, length, config.n_head) if "s2_attn" in given else None
     s2.use_s2_attn(model, group)
     if "lora_rank" in given:  # with train.py's alpha
         lora.add_adapters(

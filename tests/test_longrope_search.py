@@ -4,6 +4,7 @@ file that train.py (--init_from), sample.py and eval_length.py take."""
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import eval_length
 import sample
 import train
 from experiments import longrope
+from measure.losses import validation_tokens
 from plumbing.checkpoint import checkpoint_path, load_checkpoint
 from plumbing.cli import read_rope_factors
 from tests.helpers import TINY_RUN
@@ -126,3 +128,69 @@ def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, cap
     )
     with open(csv_path) as f:
         assert {row["scaling"] for row in csv.DictReader(f)} == {"plain", "yarn"}
+
+
+def test_the_search_never_measures_an_evaluation_window(rope_run, tmp_path, monkeypatch):
+    """Every window the loss fitness reads lies in the dataset's train.bin; eval_length.py and the study
+    evaluate val.bin (measure.losses.validation_tokens): another file, so no window is shared."""
+    seen, real = [], longrope.window_losses
+
+    def recording(model, tokens, length, starts, *rest):
+        seen.append((Path(tokens.filename), len(tokens), length, list(starts)))
+        return real(model, tokens, length, starts, *rest)
+
+    monkeypatch.setattr(longrope, "window_losses", recording)
+    flags = ["--factor=4", "--population=3", "--generations=1", "--parents=1", "--windows=3"]
+    longrope.main([str(rope_run), *flags, f"--out={tmp_path / 'search'}"])
+    dataset = load_checkpoint(checkpoint_path(rope_run))["train_config"]["dataset"]
+    evaluated = Path(validation_tokens(dataset).filename)
+    assert eval_length.validation_tokens is validation_tokens and evaluated.name == "val.bin"
+    assert len(seen) >= 3  # a fitness per candidate
+    for path, n_tokens, length, starts in seen:
+        assert path == evaluated.with_name("train.bin") and not path.samefile(evaluated)
+        assert len(starts) == 3 and all(0 <= s and s + length + 1 <= n_tokens for s in starts)
+
+
+def test_the_factors_bound_is_the_released_searchs_unless_top_is_given():
+    """microsoft/LongRoPE draws every factor from [1, 1 + scale], scale = L/T; --top=X bounds them at X L/T."""
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-"), 64, 16) == 5
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-", top=2), 64, 16) == 8
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-", short=True), 16, 16) == 2
+
+
+def test_a_fixed_n_hat_is_kept_by_every_candidate(rope_run, tmp_path):
+    out = tmp_path / "n_hat"
+    flags = ["--factor=4", "--population=6", "--generations=3", "--parents=2", "--windows=2", "--mutation=1"]
+    longrope.main([str(rope_run), *flags, "--n_hat=8", f"--out={out}"])
+    with open(out / "fitness.csv") as f:
+        assert {row["n_hat"] for row in csv.DictReader(f)} == {"8"}
+    factors = read_rope_factors(out / "factors.json")
+    assert factors["rope_keep_first"] == 8 and max(factors["rope_long_factor"]) <= 5  # 1 + L/T
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--device=gpu"], ["device='gpu'", "auto, cpu, cuda"]),
+        (["--fitness=ppl"], ["fitness='ppl'", "loss or passkey"]),
+        (["--n_hat=-1"], ["n_hat must be >= 0"]),
+        (["--top=0.5"], ["top must be >= 1"]),
+        (["--fitness=passkey"], ["passkey vocabulary", "--fitness=loss"]),  # a shakespeare_char checkpoint
+    ],
+)
+def test_bad_search_settings_are_one_line_errors_before_any_work(rope_run, monkeypatch, capsys, flags, words):
+    monkeypatch.setattr(longrope, "evolve", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        longrope.main([str(rope_run), *flags])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith(f"{longrope.PROG}: error: ") and "\n" not in err, err
+    assert all(word in err for word in words), err
+
+
+def test_an_unwritable_out_is_a_one_line_error_before_the_search(rope_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(longrope, "evolve", lambda *a, **k: pytest.fail("searched"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        longrope.main([str(rope_run), f"--out={tmp_path / 'file' / 'search'}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code != 0 and "\n" not in err and "is a file, not a folder" in err, err

@@ -165,10 +165,15 @@ def passkey_vocabulary(ckpt, path):
     return {c: i for i, c in enumerate(chars)}
 
 
-def key_loss(model, tokens, answer_start):
-    """The mean cross-entropy of the key's KEY_DIGITS digits, each given the true text before it."""
-    losses = token_losses(model, tokens[:, :-1], tokens[:, 1:])
-    return losses[:, answer_start - 1 : answer_start - 1 + KEY_DIGITS].mean().item()
+def passkey_fitness(model, samples, device):
+    """The cross-entropy of the keys' KEY_DIGITS digits at the answer, each given the true text before it,
+    averaged over samples [(tokens, answer_start) of measure.retrieval.passkey_batch]."""
+    losses = []
+    for tokens, answer_start in samples:
+        tokens = tokens.to(device)
+        token_loss = token_losses(model, tokens[:, :-1], tokens[:, 1:])
+        losses.append(token_loss[:, answer_start - 1 : answer_start - 1 + KEY_DIGITS].mean().item())
+    return float(np.mean(losses))
 
 
 def settings(config, candidate, short, s):
@@ -256,7 +261,7 @@ def main(argv=None):
         def fitness(candidate):
             model = open_model(path, device, ckpt, longrope=settings(config, candidate, cfg.short, s))[0]
             if cfg.fitness == "passkey":
-                return float(np.mean([key_loss(model, x.to(device), at) for x, at in samples]))
+                return passkey_fitness(model, samples, device)
             return window_losses(model, tokens, length, starts, len(starts), device).mean().item()
 
         print(

@@ -83,6 +83,8 @@ class SearchConfig:
         require(n_hat, f"n_hat must be >= 0 (e.g. {', '.join(map(str, N_HATS[:5]))}), or unset to search it")
         top = self.top is None or self.top >= 1
         require(top, f"top must be >= 1 (x L/T: PI's factor), or unset for 1 + L/T, got {self.top}")
+        why = "0 draws eval_length.py's evaluation samples"
+        require(self.passkey_seed >= 1, f"passkey_seed must be >= 1 ({why}), got {self.passkey_seed}")
         check_device_name(self.device)
 
 

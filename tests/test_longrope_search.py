@@ -182,6 +182,7 @@ def test_a_fixed_n_hat_is_kept_by_every_candidate(rope_run, tmp_path):
         (["--fitness=ppl"], ["fitness='ppl'", "loss or passkey"]),
         (["--n_hat=-1"], ["n_hat must be >= 0"]),
         (["--top=0.5"], ["top must be >= 1"]),
+        (["--passkey_seed=0"], ["passkey_seed must be >= 1", "eval_length.py's evaluation samples"]),
         (["--fitness=passkey"], ["passkey vocabulary", "--fitness=loss"]),  # a shakespeare_char checkpoint
     ],
 )

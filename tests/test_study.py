@@ -97,7 +97,7 @@ def test_retrieval_summary_pools_correct_answers_over_seeds_with_their_interval(
         (["--config=configs/none.toml"], ["configs/none.toml", "no such file"]),
         (["--lengths=0,1"], ["lengths must be positive multiples of T"]),
         (["--search_seeds=0", "--longrope", "--schemes=rope"], ["search_seeds must be >= 1"]),
-        (["--search_seeds=3"], ["--search_seeds", "--longrope"]),
+        (["--search_seeds=3"], ["--search_seeds repeats LongRoPE's search", "add --longrope"]),
     ],
 )
 def test_study_flag_errors_are_one_line(capsys, argv, words):

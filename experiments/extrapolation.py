@@ -6,12 +6,14 @@
     python -m experiments.extrapolation --config configs/shakespeare_char.toml   # the GPU recipe, T = 256
     python -m experiments.extrapolation --quick           # every step once, tiny: a smoke run
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
+    python -m experiments.extrapolation --schemes rope --longrope --search_seeds 3   # and the search's spread
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
 {out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
 learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
-at 8 T and at T); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv,
-{name}.png and {name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
+at 8 T and at T; --search_seeds N: N searches at 4 T, each put on the rope run by a 0-step run, their spread
+tabulated); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv, {name}.png and
+{name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
 reused (--retrain trains again): the README's train.py runs are seed 1337's."""
 
 import csv
@@ -87,16 +89,21 @@ class StudyConfig:
     extra: bool = False  # also train and evaluate EXTRA_RUNS (partial RoPE, RoPE skipping every 4th layer)
     schemes: list[str] = field(default_factory=lambda: [*POS_SCHEMES])  # the base runs' schemes
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
+    search_seeds: int = 1  # --longrope: searches at 4 T per rope run (seeds S, S + 1000, ...): their spread
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
 
     def __post_init__(self):  # task and schemes: parse_flags' choices
-        for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials"):
+        for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         exists = self.config is None or (ROOT / self.config).is_file()
         require(exists, f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
         require(not self.longrope or "rope" in self.schemes, "--longrope extends rope: keep it in --schemes")
+        require(
+            self.longrope or self.search_seeds == 1,
+            "--search_seeds repeats LongRoPE's search: add --longrope",
+        )
         if self.quick:
             self.max_windows, self.trials = 2, 4
         self.lengths = self.lengths or TASKS[self.task].lengths
@@ -189,9 +196,25 @@ def search_longrope(cfg, ckpt, seed, name, *flags):
     return f"{out}/factors.json"
 
 
+def searched_runs(cfg, dataset, source, seed, first):
+    """--search_seeds N > 1: search k = 1 at 4 T is the fine-tune's (first: its factors file), k = 2 .. N
+    more for the rope run (seeds seed + 1000 (k - 1)), each put on its weights by a 0-step run
+    {source}_x4_search{k}. -> those runs"""
+    runs, long = [], f"x{EXTENSION}"
+    for k in range(1, cfg.search_seeds + 1 if cfg.search_seeds > 1 else 1):
+        extra = (cfg, source, seed + 1000 * (k - 1), f"{long}_search{k}", f"--factor={EXTENSION}")
+        factors = first if k == 1 else search_longrope(*extra)
+        runs.append(f"{source}_{long}_search{k}")
+        zero = [f"--init_from={source}", f"--dataset={dataset}", f"--rope_factors={factors}", "--max_iters=0"]
+        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={runs[-1]}"]
+        train_runs(cfg, [zero])
+    return runs
+
+
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     """LongRoPE, progressive as the paper's: factors for the rope run at 4 T, a fine-tune with them, from it
-    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs. -> (factors, runs)"""
+    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs; with --search_seeds,
+    searched_runs too. -> (factors, runs)"""
     source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
     factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
     tuned = fine_tune_dir(source, long, LONGROPE)
@@ -204,7 +227,7 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
         zero = [f"--init_from={tuned}", *data, f"--rope_factors={searched}", "--max_iters=0"]
         zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]
         train_runs(cfg, [zero])
-    return factors, [tuned, *applied]
+    return factors, [tuned, *applied, *searched_runs(cfg, dataset, source, seed, factors)]
 
 
 def summary(cfg, per_seed, block_size):
@@ -237,7 +260,9 @@ def summary(cfg, per_seed, block_size):
             "puts them in that order, '~' where some seed reverses it (a difference within the seed spread).",
             "",
         ]
-        runs = [run for run, method in keys if method == "plain" and "_ctx" not in run]
+        runs = [
+            run for run, method in keys if method == "plain" and "_ctx" not in run and "_search" not in run
+        ]
         for n in lengths:
             every = {run: v for run in runs if len(v := found((run, "plain", n))) == len(per_seed)}
             values = every if loss else {run: [c / t for c, t in v] for run, v in every.items()}
@@ -250,6 +275,30 @@ def summary(cfg, per_seed, block_size):
                     order += f" {('<' if loss else '>') if holds else '~'} {b}"
                 text.append(f"- {n} tokens ({n / block_size:g} T): {order}")
     return "\n".join(text)
+
+
+def search_spread(cfg, per_seed, block_size):
+    """The markdown of how much LongRoPE's result owes to its search's seed: per training seed, run, method
+    and length, the mean ± standard deviation, min and max over the --search_seeds searched_runs."""
+    loss, groups = cfg.task == "loss", {}
+    for seed, cells in zip(seeds(cfg), per_seed):
+        for (run, method, n), value in cells.items():
+            if "_search" in run:
+                key = (seed, run.rsplit("_search", 1)[0], method, n)
+                groups.setdefault(key, []).append(value if loss else value[0] / value[1])
+    if not groups:
+        return []
+    show = (lambda v: f"{v:.3f}") if loss else (lambda v: f"{v:.0%}")
+    rows = []
+    for (seed, run, method, n), v in sorted(groups.items()):
+        spread = f"{show(statistics.fmean(v))} ± {show(statistics.stdev(v))}" if len(v) > 1 else show(v[0])
+        rows.append(
+            [str(seed), run, method, f"{n / block_size:g} T", spread, f"{show(min(v))} to {show(max(v))}"]
+        )
+    what = "validation loss" if loss else "exact-match rate"
+    head = ["training seed", "run", "method", "length", f"{what}: mean ± sd", "min to max"]
+    text = f"LongRoPE's factors from {cfg.search_seeds} search seeds per rope run, each applied zero-shot:"
+    return [f"{text}\n\n{markdown_table(head, rows)}"]
 
 
 def main(argv=None):
@@ -336,7 +385,8 @@ def run_study(cfg, argv):
     footer += f"Python {platform.python_version()}, {platform.machine()} with {torch.get_num_threads()} "
     footer += f"threads; wall time {seconds / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    text = "\n\n".join([summary(cfg, per_seed, block_size), *tables, footer])
+    spread = search_spread(cfg, per_seed, block_size)
+    text = "\n\n".join([summary(cfg, per_seed, block_size), *spread, *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")

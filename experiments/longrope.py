@@ -8,8 +8,17 @@ a trained checkpoint at s times its original length, where PI, NTK, YaRN and lla
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --factor 8  # progressive
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --short     # short ones, at T
 
-Fitness: the mean validation loss over --windows windows of s x T tokens. The paper's constraints:
-1 <= lambda_0 <= lambda_1 <= ..., n-hat in N_HATS. The first population: PI's, NTK's and YaRN's factors (and
+Fitness (--fitness): loss, the mean loss over --windows windows of L = s x T tokens spread over the dataset's
+TRAIN split (train.bin), as the paper searches on one corpus (PG19) and reports on others: eval_length.py,
+the study and train.py's validation loss read val.bin, so no searched window is ever an evaluation window.
+passkey (beyond the paper, as LongRoPE2's needle-driven search): the cross-entropy of the key's five digits
+at the answer, over --windows passkey samples of L tokens per depth of PASSKEY_DEPTHS, drawn with
+--passkey_seed (eval_length.py draws its samples with its --passkey_seed, 0), for checkpoints trained on the
+passkey vocabulary. The paper's constraints: 1 <= lambda_0 <= lambda_1 <= ... <= the bound, n-hat in N_HATS
+(--n_hat fixes it). The bound is 1 + L/T, as microsoft/LongRoPE's released search draws every factor from
+np.arange(1.0, 1.0 + scale + list_step, list_step), scale = target / original length
+(evolution/algorithms/dim_mono.py, DimMonoGeneticAlgorithm.mutate; scale from evolution/search.py);
+--top=X bounds them by X x L/T instead. The first population: PI's, NTK's and YaRN's factors (and
 the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
 mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
 gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
@@ -25,18 +34,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.common import check_split, ensure_prepared, load_meta
+from data.passkey.task import CHARS, KEY_DIGITS
 from measure.instruments import pyplot, save_figure
-from measure.losses import validation_tokens, window_losses, window_starts
+from measure.losses import token_losses, window_losses, window_starts
+from measure.retrieval import passkey_batch
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.outputs import write_output
+from plumbing.hardware import check_device, check_device_name, resolve_device
+from plumbing.outputs import check_outputs, write_output
 from positions import LONGROPE, longrope_baselines, require, rotary_dim
 
 PROG = "python -m experiments.longrope"
 N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
 SIGMA = 0.25  # a mutation's step in ln(lambda): about x1.28 or /1.28
-TOP = 2.0  # no factor above TOP x s: a pair slowed more than that turns less than it did over T
+FITNESSES = ("loss", "passkey")
+PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key is stated (eval_length.py's --depths)
 
 
 @dataclass
@@ -48,7 +62,11 @@ class SearchConfig:
     generations: int = 12  # (the paper: 40)
     parents: int = 4  # the best kept each generation, which breed the rest
     mutation: float = 0.3  # probability that a mutation changes each factor, and n-hat (the paper: 0.3)
-    windows: int = 8  # validation windows of L tokens per fitness
+    windows: int = 8  # loss: train-split windows of L tokens per fitness; passkey: samples per depth
+    fitness: str = "loss"  # loss: the train split's loss; passkey: the loss on the key's digits at the answer
+    n_hat: int | None = None  # the first positions kept at plain RoPE, fixed; None: searched over N_HATS
+    top: float | None = None  # the factors' bound, a multiple of L/T (2: 2 L/T); None: 1 + L/T, as released
+    passkey_seed: int = 1  # --fitness=passkey's samples (eval_length.py evaluates its --passkey_seed, 0)
     seed: int = 0
     out: str | None = None  # output folder; None: beside the checkpoint's folder
     device: str = "cpu"
@@ -60,6 +78,14 @@ class SearchConfig:
         p, n = self.parents, self.population
         require(p < n, f"parents={p} must be < population={n}")
         require(0 <= self.mutation <= 1, f"mutation must be in [0, 1], got {self.mutation}")
+        require(self.fitness in FITNESSES, f"fitness={self.fitness!r}: choose {' or '.join(FITNESSES)}")
+        n_hat = self.n_hat is None or self.n_hat >= 0
+        require(n_hat, f"n_hat must be >= 0 (e.g. {', '.join(map(str, N_HATS[:5]))}), or unset to search it")
+        top = self.top is None or self.top >= 1
+        require(top, f"top must be >= 1 (x L/T: PI's factor), or unset for 1 + L/T, got {self.top}")
+        why = "0 draws eval_length.py's evaluation samples"
+        require(self.passkey_seed >= 1, f"passkey_seed must be >= 1 ({why}), got {self.passkey_seed}")
+        check_device_name(self.device)
 
 
 def constrain(factors, top):
@@ -67,13 +93,13 @@ def constrain(factors, top):
     return tuple(np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, top)).tolist())
 
 
-def mutate(candidate, rng, probability, top):
+def mutate(candidate, rng, probability, top, n_hats=N_HATS):
     factors, n_hat = candidate
     changed = rng.random(len(factors)) < probability
     factors = np.where(changed, np.asarray(factors) * np.exp(rng.normal(0.0, SIGMA, len(factors))), factors)
     if rng.random() < probability:  # n-hat to a neighbouring choice
-        i = N_HATS.index(n_hat) + rng.choice((-1, 1))
-        n_hat = N_HATS[min(max(i, 0), len(N_HATS) - 1)]
+        i = n_hats.index(n_hat) + rng.choice((-1, 1))
+        n_hat = n_hats[min(max(i, 0), len(n_hats) - 1)]
     return constrain(factors, top), n_hat
 
 
@@ -82,13 +108,14 @@ def crossover(a, b, rng, top):
     return constrain(factors, top), a[1] if rng.random() < 0.5 else b[1]
 
 
-def evolve(fitness, seeds, cfg, top, rng, log=print):
+def evolve(fitness, seeds, cfg, top, rng, log=print, n_hats=N_HATS):
     """Algorithm 1, elitist (the best never gets worse): the best cfg.parents breed half mutations, half
-    crossovers. fitness(candidate) -> loss (lower is better), once per candidate. -> (best, history)"""
+    crossovers. fitness(candidate) -> loss (lower is better), once per candidate; n-hat one of n_hats (the
+    seeds' included). -> (best, history)"""
     seeds = list(dict.fromkeys(seeds))  # each once
     population = list(seeds)
     while len(population) < cfg.population:
-        population.append(mutate(seeds[rng.integers(len(seeds))], rng, cfg.mutation, top))
+        population.append(mutate(seeds[rng.integers(len(seeds))], rng, cfg.mutation, top, n_hats))
     scores, history = {}, []
     for generation in range(cfg.generations):
         started = time.perf_counter()
@@ -107,10 +134,48 @@ def evolve(fitness, seeds, cfg, top, rng, log=print):
         parents, children = ranked[: cfg.parents], []
         while len(parents) + len(children) < cfg.population:
             a, b = (parents[i] for i in rng.choice(len(parents), 2, replace=len(parents) < 2))
-            child = mutate(a, rng, cfg.mutation, top) if len(children) % 2 else crossover(a, b, rng, top)
+            child = (
+                mutate(a, rng, cfg.mutation, top, n_hats) if len(children) % 2 else crossover(a, b, rng, top)
+            )
             children.append(child)
         population = parents + children
     return min(scores, key=scores.get), history
+
+
+def bound(cfg, length, T):
+    """The largest factor: 1 + L/T, the released search's (module docstring), or --top x L/T."""
+    return 1 + length / T if cfg.top is None else cfg.top * length / T
+
+
+def search_tokens(dataset):
+    """data/<dataset>/train.bin as a read-only np.memmap: the loss fitness's windows, apart from every
+    evaluation window (eval_length.py and the study read val.bin through measure.losses.validation_tokens)."""
+    data_dir = ensure_prepared(dataset)
+    meta = load_meta(data_dir)
+    check_split(data_dir, "train", meta)
+    return np.memmap(data_dir / "train.bin", dtype=meta["dtype"], mode="r")
+
+
+def passkey_vocabulary(ckpt, path):
+    """{char: id} of a checkpoint trained on the passkey vocabulary; a one-line error for any other."""
+    chars = ckpt.get("meta", {}).get("chars") or []
+    require(
+        set(CHARS) <= set(chars),
+        f"{path}: --fitness=passkey needs a checkpoint trained on the passkey vocabulary "
+        "(python train.py --config configs/passkey.toml); use --fitness=loss",
+    )
+    return {c: i for i, c in enumerate(chars)}
+
+
+def passkey_fitness(model, samples, device):
+    """The cross-entropy of the keys' KEY_DIGITS digits at the answer, each given the true text before it,
+    averaged over samples [(tokens, answer_start) of measure.retrieval.passkey_batch]."""
+    losses = []
+    for tokens, answer_start in samples:
+        tokens = tokens.to(device)
+        token_loss = token_losses(model, tokens[:, :-1], tokens[:, 1:])
+        losses.append(token_loss[:, answer_start - 1 : answer_start - 1 + KEY_DIGITS].mean().item())
+    return float(np.mean(losses))
 
 
 def settings(config, candidate, short, s):
@@ -160,6 +225,8 @@ def main(argv=None):
     with one_line_errors(PROG):
         sections = [("search", SearchConfig, None)]
         cfg = SearchConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoint",)))
+        device = resolve_device(cfg.device)
+        check_device(device)
         path = checkpoint_path(cfg.checkpoint)
         ckpt = load_checkpoint(path, mmap=True)
         config = ckpt["model_config"]
@@ -167,36 +234,46 @@ def main(argv=None):
         T = config.get("rope_original_len") or config["block_size"]
         rotary = rotary_dim(config["n_embd"] // config["n_head"], config.get("rope_fraction", 1.0))
         s = config["rope_factor"] if cfg.short else cfg.factor
+        length = T if cfg.short else round(cfg.factor * T)
+        top, n_hats = bound(cfg, length, T), N_HATS if cfg.n_hat is None else (cfg.n_hat,)
         if cfg.short:
-            seeds = [(tuple([1.0] * (rotary // 2)), 0)]
+            seeds = [(tuple([1.0] * (rotary // 2)), n_hats[0])]
         else:
             baselines = longrope_baselines(rotary, config["rope_base"], s, T).values()
-            seeds = [(constrain(f.tolist(), TOP * s), 0) for f in baselines]
+            seeds = [(constrain(f.tolist(), top), n_hats[0]) for f in baselines]
         if config.get("rope_scaling") == LONGROPE:  # progressive: the checkpoint's own factors, scaled to s
             own = config["rope_short_factor"] if cfg.short else config["rope_long_factor"]
             scale = 1.0 if cfg.short else s / config["rope_factor"]
-            n_hat = min(N_HATS, key=lambda n: abs(n - config["rope_keep_first"]))
-            seeds.insert(0, (constrain(np.asarray(own) * scale, TOP * s), n_hat))
-        length = T if cfg.short else round(cfg.factor * T)
+            n_hat = min(n_hats, key=lambda n: abs(n - config["rope_keep_first"]))
+            seeds.insert(0, (constrain(np.asarray(own) * scale, top), n_hat))
         out = Path(cfg.out or f"{run_folder(cfg.checkpoint)}_longrope_{'short' if cfg.short else f'x{s:g}'}")
         if (out / "factors.json").exists():
             raise UserError(f"{out}/factors.json exists: give another --out, or move it away", 2)
-        dataset = (ckpt.get("train_config") or {}).get("dataset")
-        require(dataset, f"{path}: no train_config.dataset: the search measures loss on its validation split")
-        tokens = validation_tokens(dataset)
-        starts = window_starts(len(tokens), length, cfg.windows)
+        check_outputs({"out": out / "factors.json"})  # before the search, not after it
+        if cfg.fitness == "passkey":
+            stoi = passkey_vocabulary(ckpt, path)
+            samples = [passkey_batch(stoi, length, d, cfg.windows, cfg.passkey_seed) for d in PASSKEY_DEPTHS]
+        else:
+            dataset = (ckpt.get("train_config") or {}).get("dataset")
+            require(dataset, f"{path}: no train_config.dataset: the search measures loss on its train split")
+            tokens = search_tokens(dataset)
+            starts = window_starts(len(tokens), length, cfg.windows)
 
         @torch.no_grad()
         def fitness(candidate):
-            model = open_model(path, cfg.device, ckpt, longrope=settings(config, candidate, cfg.short, s))[0]
-            return window_losses(model, tokens, length, starts, len(starts), cfg.device).mean().item()
+            model = open_model(path, device, ckpt, longrope=settings(config, candidate, cfg.short, s))[0]
+            if cfg.fitness == "passkey":
+                return passkey_fitness(model, samples, device)
+            return window_losses(model, tokens, length, starts, len(starts), device).mean().item()
 
         print(
             f"searching {'short' if cfg.short else 'long'} factors for {path} at L = {length} tokens "
-            f"(T = {T}, s = {s:g}): {cfg.population} candidates x {cfg.generations} generations"
+            f"(T = {T}, s = {s:g}, factors <= {top:g}, fitness {cfg.fitness}): "
+            f"{cfg.population} candidates x {cfg.generations} generations"
         )
         started = time.perf_counter()
-        best, history = evolve(fitness, seeds, cfg, TOP * max(s, 1.0), np.random.default_rng(cfg.seed))
+        rng = np.random.default_rng(cfg.seed)
+        best, history = evolve(fitness, seeds, cfg, top, rng, n_hats=n_hats)
         write_outputs(out, best, history, config, T, s, cfg.short)
         print(
             f"best loss {history[-1]['best']:.4f} (initial population's best {history[0]['best']:.4f}), "

@@ -4,16 +4,25 @@ file that train.py (--init_from), sample.py and eval_length.py take."""
 
 import csv
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 import eval_length
 import sample
 import train
+from data.common import DATA_ROOT
+from data.passkey import prepare as passkey_prepare
 from experiments import longrope
-from plumbing.checkpoint import checkpoint_path, load_checkpoint
+from measure.losses import validation_tokens
+from measure.retrieval import count_correct, passkey_batch
+from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import read_rope_factors
+from positions import apply_rope, rope_cos_sin, rope_inv_freq
 from tests.helpers import TINY_RUN
 
 
@@ -126,3 +135,141 @@ def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, cap
     )
     with open(csv_path) as f:
         assert {row["scaling"] for row in csv.DictReader(f)} == {"plain", "yarn"}
+
+
+def test_the_search_never_measures_an_evaluation_window(rope_run, tmp_path, monkeypatch):
+    """Every window the loss fitness reads lies in the dataset's train.bin; eval_length.py and the study
+    evaluate val.bin (measure.losses.validation_tokens): another file, so no window is shared."""
+    seen, real = [], longrope.window_losses
+
+    def recording(model, tokens, length, starts, *rest):
+        seen.append((Path(tokens.filename), len(tokens), length, list(starts)))
+        return real(model, tokens, length, starts, *rest)
+
+    monkeypatch.setattr(longrope, "window_losses", recording)
+    flags = ["--factor=4", "--population=3", "--generations=1", "--parents=1", "--windows=3"]
+    longrope.main([str(rope_run), *flags, f"--out={tmp_path / 'search'}"])
+    dataset = load_checkpoint(checkpoint_path(rope_run))["train_config"]["dataset"]
+    evaluated = Path(validation_tokens(dataset).filename)
+    assert eval_length.validation_tokens is validation_tokens and evaluated.name == "val.bin"
+    assert len(seen) >= 3  # a fitness per candidate
+    for path, n_tokens, length, starts in seen:
+        assert path == evaluated.with_name("train.bin") and not path.samefile(evaluated)
+        assert len(starts) == 3 and all(0 <= s and s + length + 1 <= n_tokens for s in starts)
+
+
+def test_the_factors_bound_is_the_released_searchs_unless_top_is_given():
+    """microsoft/LongRoPE draws every factor from [1, 1 + scale], scale = L/T; --top=X caps at X L/T."""
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-"), 64, 16) == 5
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-", top=2), 64, 16) == 8
+    assert longrope.bound(longrope.SearchConfig(checkpoint="-", short=True), 16, 16) == 2
+
+
+def test_a_fixed_n_hat_is_kept_by_every_candidate(rope_run, tmp_path):
+    out = tmp_path / "n_hat"
+    flags = ["--factor=4", "--population=6", "--generations=3", "--parents=2", "--windows=2", "--mutation=1"]
+    longrope.main([str(rope_run), *flags, "--n_hat=8", f"--out={out}"])
+    with open(out / "fitness.csv") as f:
+        assert {row["n_hat"] for row in csv.DictReader(f)} == {"8"}
+    factors = read_rope_factors(out / "factors.json")
+    assert factors["rope_keep_first"] == 8 and max(factors["rope_long_factor"]) <= 5  # 1 + L/T
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--device=gpu"], ["device='gpu'", "auto, cpu, cuda"]),
+        (["--fitness=ppl"], ["fitness='ppl'", "loss or passkey"]),
+        (["--n_hat=-1"], ["n_hat must be >= 0"]),
+        (["--top=0.5"], ["top must be >= 1"]),
+        (["--passkey_seed=0"], ["passkey_seed must be >= 1", "eval_length.py's evaluation samples"]),
+        (["--fitness=passkey"], ["passkey vocabulary", "--fitness=loss"]),  # a shakespeare_char checkpoint
+    ],
+)
+def test_bad_search_settings_are_one_line_errors_before_any_work(rope_run, monkeypatch, capsys, flags, words):
+    monkeypatch.setattr(longrope, "evolve", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        longrope.main([str(rope_run), *flags])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith(f"{longrope.PROG}: error: ") and "\n" not in err, err
+    assert all(word in err for word in words), err
+
+
+def test_an_unwritable_out_is_a_one_line_error_before_the_search(rope_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(longrope, "evolve", lambda *a, **k: pytest.fail("searched"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        longrope.main([str(rope_run), f"--out={tmp_path / 'file' / 'search'}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code != 0 and "\n" not in err and "is a file, not a folder" in err, err
+
+
+def copy_back_weights(model, offset, sharpness=10.0, copy=10.0):
+    """Hand-set weights for a one-layer, one-head RoPE GPT (no biases) whose attention depends on position
+    alone, peaked at `offset` tokens back (the key k = q rotated by RoPE at `offset`: q_m . k_n is largest at
+    m - n = offset), and which copies the token found there: it retrieves a key stated right before its
+    question (depth 1) at any length, through RoPE's relative positions only. Embeddings: a one-hot block
+    (the token) and a constant block (the same query and key for every token). -> its state dict"""
+    wte, C = model.transformer.wte.weight, model.config.n_embd
+    block, vocab = model.transformer.h[0], wte.size(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for layer_norm in (block.ln_1, block.ln_2, model.transformer.ln_f):
+            layer_norm.weight.fill_(1.0)
+        wte[:, :vocab] = torch.eye(vocab)
+        wte[:, vocab:] = 1.0
+        z = F.layer_norm(wte[0], (C,))[vocab]  # the constant block after ln_1, for every token
+        q = torch.cat([torch.full((C // 2,), sharpness), torch.zeros(C // 2)])  # each pair (a, 0)
+        cos, sin = rope_cos_sin(torch.tensor([offset]), rope_inv_freq(C, model.config.rope_base).float())
+        k = apply_rope(q.view(1, 1, C), cos, sin).view(C)
+        w = block.attn.c_attn.weight  # rows: q, k, v
+        w[:C, vocab], w[C : 2 * C, vocab] = q / z, k / z
+        w[2 * C : 2 * C + vocab, :vocab] = torch.eye(vocab)  # v: the token's one-hot block
+        block.attn.c_proj.weight.copy_(copy * torch.eye(C))
+    return model.state_dict()
+
+
+@pytest.fixture
+def passkey_retriever(tmp_path):
+    """A checkpoint in the passkey vocabulary (train.py, one step on a small data/<name>) whose weights are
+    set by copy_back_weights: it retrieves keys stated at depth 1 (trained tiny models do not retrieve within
+    seconds). -> (path, ckpt)"""
+    name = f"test_longrope_passkey_{tmp_path.name}"
+    passkey_prepare.prepare(DATA_ROOT / name, block_size=16, train_samples=16, val_samples=4)
+    try:
+        tiny = [
+            "--n_layer=1",
+            "--n_head=1",
+            "--n_embd=64",
+            "--block_size=16",
+            "--bias=false",
+            "--max_iters=1",
+        ]
+        tiny += ["--batch_size=2", "--eval_iters=1", "--device=cpu", "--compile=false", "--log_interval=1"]
+        train.main([*tiny, f"--dataset={name}", f"--out_dir={tmp_path / 'run'}"])
+    finally:
+        shutil.rmtree(DATA_ROOT / name)
+    path = checkpoint_path(tmp_path / "run")
+    ckpt = load_checkpoint(path)
+    model = open_model(path, "cpu", ckpt)[0]
+    ckpt["model"] = copy_back_weights(model, offset=1 + longrope.KEY_DIGITS)  # the statement's digit
+    return path, ckpt
+
+
+def test_passkey_fitness_ranks_a_candidate_that_retrieves_above_one_that_does_not(passkey_retriever):
+    """At L = 2 T (the long factors apply): factors all 1 keep RoPE's relative positions, and the model
+    retrieves; factors of 1e6 stop every pair turning, and it cannot find the key. The passkey fitness (the
+    key digits' loss, lower is better) ranks them so; the samples come from the search's own seed."""
+    path, ckpt = passkey_retriever
+    config, stoi = ckpt["model_config"], longrope.passkey_vocabulary(ckpt, path)
+    samples = [passkey_batch(stoi, 32, 1.0, 8, longrope.SearchConfig(checkpoint="-").passkey_seed)]
+    pairs, fitness, correct = config["n_embd"] // 2, {}, {}
+    for name, factor in (("keeps positions", 1.0), ("destroys them", 1e6)):
+        candidate = ((factor,) * pairs, 0)
+        longrope_settings = longrope.settings(config, candidate, False, 2.0)
+        model = open_model(path, "cpu", ckpt, longrope=longrope_settings)[0]
+        fitness[name] = longrope.passkey_fitness(model, samples, "cpu")
+        correct[name] = count_correct(model, *samples[0])
+    assert correct == {"keeps positions": 8, "destroys them": 0}
+    assert fitness["keeps positions"] < fitness["destroys them"]

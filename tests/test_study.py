@@ -96,6 +96,8 @@ def test_retrieval_summary_pools_correct_answers_over_seeds_with_their_interval(
         (["--task=recall"], ["--task", "loss", "passkey"]),
         (["--config=configs/none.toml"], ["configs/none.toml", "no such file"]),
         (["--lengths=0,1"], ["lengths must be positive multiples of T"]),
+        (["--search_seeds=0", "--longrope", "--schemes=rope"], ["search_seeds must be >= 1"]),
+        (["--search_seeds=3"], ["--search_seeds repeats LongRoPE's search", "add --longrope"]),
     ],
 )
 def test_study_flag_errors_are_one_line(capsys, argv, words):
@@ -155,3 +157,48 @@ def test_longrope_study_on_passkey_keeps_every_run_on_the_fine_tunes_data(monkey
     assert len(commands) == 3
     for command in commands:
         assert "--dataset=passkey_ctx256" in command, command
+
+
+def test_longrope_search_seeds_each_search_into_a_folder_of_their_own_and_are_evaluated(
+    monkeypatch, tmp_path
+):
+    """--search_seeds 3: three searches at 4 T for the rope run, the first the fine-tune's, each with a seed
+    of its own and put on the rope run's weights by a 0-step run on its data, which the study evaluates."""
+    cfg = study.parse_args(["--schemes=rope", "--longrope", "--search_seeds=3", f"--out_root={tmp_path}"])
+    searches, commands = [], []
+    monkeypatch.setattr(study, "run_python", lambda args, **kw: searches.append(args))
+    monkeypatch.setattr(study, "train_runs", lambda cfg, more, duration=None: commands.extend(more))
+    factors, runs = study.longrope_runs(cfg, "passkey", 64, 1338, ["--max_iters=200"])
+    source = f"{tmp_path}/passkey_rope_seed1338"
+    searched = [f"{source}_x4_search{k}" for k in (1, 2, 3)]
+    assert runs[-3:] == searched and factors == f"{source}_longrope_x4/factors.json"
+    at_4t = [s for s in searches if s[2] == source]
+    outs = [f"{source}_longrope_x4", f"{source}_longrope_x4_search2", f"{source}_longrope_x4_search3"]
+    assert [(s[3], s[4], s[5]) for s in at_4t] == [
+        ("--factor=4", f"--seed={seed}", f"--out={out}") for seed, out in zip((1338, 2338, 3338), outs)
+    ]
+    zero = commands[-3:]
+    for command, out, run in zip(zero, outs, searched):
+        assert {f"--init_from={source}", "--dataset=passkey", "--max_iters=0", f"--out_dir={run}"} <= set(
+            command
+        )
+        assert f"--rope_factors={out}/factors.json" in command
+    plain = study.parse_args(["--schemes=rope", "--longrope", f"--out_root={tmp_path}"])
+    assert len(study.longrope_runs(plain, "passkey", 64, 1338, [])[1]) == 3  # one search: the runs as before
+
+
+def test_search_spread_gives_each_training_seeds_searches_mean_spread_and_range():
+    cfg = study.parse_args(["--schemes=rope", "--longrope", "--search_seeds=3", "--seeds=2"])
+    per_seed = [
+        {
+            ("x_rope", "plain", 256): 2.0,
+            **{(f"x_rope_x4_search{k}", "longrope", 256): v for k, v in ((1, 1.5), (2, 1.7), (3, 1.9))},
+        },
+        {(f"x_rope_x4_search{k}", "longrope", 256): 1.6 for k in (1, 2, 3)},
+    ]
+    text = study.search_spread(cfg, per_seed, 64)[0]
+    assert "| 1337 | x_rope_x4 | longrope | 4 T | 1.700 ± 0.200 | 1.500 to 1.900 |" in text
+    assert "| 1338 | x_rope_x4 | longrope | 4 T | 1.600 ± 0.000 | 1.600 to 1.600 |" in text
+    assert "x_rope |" not in text  # the rope run's own row is no search
+    text = study.summary(cfg, per_seed, 64)
+    assert "x_rope_x4_search1" in text and "x_rope_x4_search" not in text.split("ranked by the mean")[1]

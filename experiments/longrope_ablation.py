@@ -1,0 +1,211 @@
+"""LongRoPE's search varied (docs/extrapolation.md, "LongRoPE: what the search needs"): the fitness (the
+paper's loss against a passkey fitness, as LongRoPE2's needle-driven search) and n-hat (0, 8, or searched),
+each over --seeds search seeds per checkpoint, zero-shot at s = --factor, beside YaRN at the same s.
+
+    python -m experiments.longrope_ablation out/longlora/passkey_rope --factor 4     # fitness and n-hat
+    python -m experiments.longrope_ablation out/shakespeare_char_rope out/shakespeare_char_rope_seed1338 \\
+        out/shakespeare_char_rope_seed1339 --factor 8 --variants loss                # 8 T without fine-tuning
+
+Every search runs `python -m experiments.longrope` (into {checkpoint}_longrope_x{s}_{variant}_s{seed},
+reused when finished); every row is scored by eval_length.py on what no search saw: the loss over the val
+split's windows (the loss fitness reads the train split) and retrieval on eval_length's samples (the passkey
+fitness draws its own, --passkey_seed 1), at T and at s x T. Verdicts: paired differences over the
+(checkpoint, search seed) pairs with their 95% t interval (measure/paired.py). Writes {name}.csv and
+{name}_table.md under --results, name longrope_{dataset}_x{s} unless --name."""
+
+import csv
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from measure.paired import paired_difference, verdict
+from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
+from plumbing.cli import parse_flags
+from plumbing.errors import one_line_errors
+from plumbing.outputs import check_outputs, write_output
+from plumbing.report import markdown_table
+from plumbing.runs import ROOT, run_python
+from positions import require
+
+PROG = "python -m experiments.longrope_ablation"
+VARIANTS = {  # name: experiments.longrope's flags
+    "loss": (),  # the paper's: the loss at L, n-hat searched
+    "passkey": ("--fitness=passkey",),
+    "loss_nhat0": ("--n_hat=0",),
+    "loss_nhat8": ("--n_hat=8",),
+}
+COMPARISONS = (  # (a, b, the question)
+    ("loss", "yarn", "searched factors against YaRN's formula"),
+    ("passkey", "loss", "a passkey fitness against the loss fitness"),
+    ("loss_nhat0", "loss", "n-hat fixed at 0 against searched"),
+    ("loss_nhat8", "loss", "n-hat fixed at 8 against searched"),
+)
+COLUMNS = ("checkpoint", "variant", "search_seed", "task", "length", "value")
+
+
+@dataclass
+class AblationConfig:
+    checkpoints: list[str]  # RoPE runs' folders or checkpoint files (several: training seeds)
+    factor: float = 4.0  # s: the searches' and YaRN's extension, zero-shot
+    variants: list[str] = field(default_factory=lambda: [*VARIANTS])  # searches to run
+    seeds: int = 3  # search seeds per checkpoint and variant: 0, 1, ...
+    trials: int = 20  # passkey: eval_length.py's samples per length and depth
+    max_windows: int = 64  # loss: windows per length
+    results: str = "docs"  # folder of {name}.csv and {name}_table.md
+    name: str | None = None  # None: longrope_{dataset}_x{factor}
+
+    def __post_init__(self):  # variants: parse_flags' choices
+        require(self.factor > 1, f"factor must be > 1 (the extension), got {self.factor}")
+        for name in ("seeds", "trials", "max_windows"):
+            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        require(self.variants, f"--variants is empty: give some of {', '.join(VARIANTS)}")
+
+
+def datasets(cfg):
+    """{checkpoint: its training dataset}, every checkpoint RoPE and trained on one dataset with one T."""
+    found = {}
+    for folder in cfg.checkpoints:
+        ckpt = load_checkpoint(checkpoint_path(folder), mmap=True)
+        require(ckpt["model_config"]["pos"] == "rope", f"{folder}: not a RoPE checkpoint")
+        found[folder] = (ckpt.get("train_config") or {}).get("dataset"), ckpt["model_config"]["block_size"]
+    require(len(set(found.values())) == 1, f"the checkpoints differ in dataset or T: {found}")
+    return {folder: dataset for folder, (dataset, _) in found.items()}, next(iter(found.values()))[1]
+
+
+def search(cfg, folder, variant, seed):
+    """experiments.longrope's factors for one (checkpoint, variant, search seed), searched once -> the file"""
+    out = Path(f"{run_folder(folder)}_longrope_x{cfg.factor:g}_{variant}_s{seed}")
+    if not (ROOT / out / "factors.json").is_file():
+        flags = [f"--factor={cfg.factor:g}", *VARIANTS[variant], f"--seed={seed}", f"--out={out}"]
+        run_python(["-m", "experiments.longrope", folder, *flags])
+    return out / "factors.json"
+
+
+def evaluate(cfg, folder, task, lengths, scalings, factors=None):
+    """eval_length.py on one checkpoint -> {(scaling, length): retrieval pooled over depths, or the loss}"""
+    path = ROOT / f"{run_folder(folder)}_ablation_{task}.csv"
+    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
+    command = ["eval_length.py", folder, f"--task={task}", "--lengths", lengths, amount, "--progress=false"]
+    command += ["--rope_scalings", *scalings, *([f"--rope_factors={factors}"] if factors else [])]
+    run_python([*command, "--device=cpu", "--csv", path])
+    found = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            key = (r["scaling"].split(" ")[0], int(r["length"]))
+            if task == "passkey" and int(r["trials"]):
+                correct, trials = found.get(key, (0, 0))
+                found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+            elif task == "loss" and r["loss"]:
+                found[key] = float(r["loss"])
+    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+
+
+def main(argv=None):
+    with one_line_errors(PROG):
+        choices = {"variants": tuple(VARIANTS)}
+        sections = [("ablation", AblationConfig, None)]
+        cfg = AblationConfig(
+            **parse_flags(argv, PROG, __doc__, sections, choices=choices, positional=("checkpoints",))
+        )
+        data, T = datasets(cfg)
+        name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
+        results = ROOT / cfg.results
+        for suffix in (".csv", "_table.md"):  # before any search
+            check_outputs({"results": results / f"{name}{suffix}"})
+        return run(cfg, data, T, results, name, argv)
+
+
+def run(cfg, data, T, results, name, argv):
+    lengths = f"{T}t,{round(cfg.factor * T)}t"
+    rows = []  # COLUMNS
+    for folder, dataset in data.items():
+        tasks = ("loss", "passkey") if dataset.startswith("passkey") else ("loss",)
+        for task in tasks:  # plain RoPE and YaRN once per checkpoint, then each search's factors
+            for (scaling, n), value in evaluate(cfg, folder, task, lengths, ["yarn"]).items():
+                rows.append((Path(folder).name, "yarn" if scaling == "yarn" else "plain", "", task, n, value))
+        for variant in cfg.variants:
+            for seed in range(cfg.seeds):
+                factors = search(cfg, folder, variant, seed)
+                for task in tasks:
+                    for (scaling, n), value in evaluate(cfg, folder, task, lengths, [], factors).items():
+                        if scaling == "longrope":
+                            rows.append((Path(folder).name, variant, seed, task, n, value))
+
+    def write(tmp):
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            writer.writerows(rows)
+
+    write_output("results", results / f"{name}.csv", write)
+    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+    text = render(read_rows(results / f"{name}.csv")) + f"\n\nMeasured by `{command}`.\n"
+    write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    print(f"{text}wrote {results / name}.csv and {name}_table.md")
+    return text
+
+
+def read_rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def cells(rows, variant, task, length):
+    """{(checkpoint, search seed): value}; YaRN and plain, which no search varies, under every search seed."""
+    seeds = {r["search_seed"] for r in rows if r["search_seed"]}
+    found = {}
+    for r in rows:
+        if (r["variant"], r["task"], int(r["length"])) == (variant, task, length):
+            for seed in [r["search_seed"]] if r["search_seed"] else seeds:
+                found[(r["checkpoint"], seed)] = float(r["value"])
+    return found
+
+
+def render(rows):
+    """The mean ± sd table per variant and length, and the verdicts at the longest length."""
+    tasks = [t for t in ("passkey", "loss") if any(r["task"] == t for r in rows)]
+    lengths = sorted({int(r["length"]) for r in rows})
+    fmt = {"passkey": lambda v: f"{v:.0%}", "loss": lambda v: f"{v:.3f}"}
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    head, table = ["variant"], []
+    for task in tasks:
+        head += [f"{'retrieval' if task == 'passkey' else 'loss'} at {n}" for n in lengths]
+    for variant in variants:
+        row = [variant]
+        for task in tasks:
+            for n in lengths:
+                values = list(cells(rows, variant, task, n).values())
+                sd = statistics.stdev(values) if len(values) > 1 else None
+                spread = "" if sd is None else f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}"
+                row.append(fmt[task](statistics.fmean(values)) + spread)
+        table.append(row)
+    units = len({(r["checkpoint"], r["search_seed"]) for r in rows if r["search_seed"]})
+    parts = [f"Mean ± sd over {units} (checkpoint, search seed) pairs:", markdown_table(head, table)]
+    verdicts, longest = [], lengths[-1]
+    for a, b, question in COMPARISONS:
+        if a not in variants or b not in variants:
+            continue
+        row = [a, b, question]
+        for task in tasks:
+            x, y = cells(rows, a, task, longest), cells(rows, b, task, longest)
+            keys = sorted(x.keys() & y.keys())
+            if len(keys) < 2:
+                row.append("n/a (fewer than 2 pairs)")
+                continue
+            mean, low, high = paired_difference([x[k] for k in keys], [y[k] for k in keys])
+            scale = 100 if task == "passkey" else 1
+            word = verdict(low, high, higher_is_better=task == "passkey")
+            row.append(f"{scale * mean:+.3g} [{scale * low:+.3g}, {scale * high:+.3g}]: {word}")
+        verdicts.append(row)
+    if verdicts:
+        what = [f"{'retrieval (points)' if t == 'passkey' else 'loss'} a - b at {longest}" for t in tasks]
+        parts += [
+            f"Verdicts at {longest} tokens: the paired difference, its 95% t interval, the word it supports:",
+            markdown_table(["a", "b", "question", *what], verdicts),
+        ]
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,7 +39,7 @@ def test_verdicts_are_paired_t_intervals_over_the_search_pairs():
     half = 4.302653 * 10 / math.sqrt(3)
     interval = f"+20 [{20 - half:+.3g}, {20 + half:+.3g}]: level"
     assert f"| passkey | loss | a passkey fitness against the loss fitness | {interval} |" in text
-    assert "| passkey | 100% | 70% ± 10 |" in text
+    assert "| passkey | 100% ± 0 | 70% ± 10 |" in text
 
 
 def test_bad_settings_are_one_line_errors_before_any_search(monkeypatch, capsys, tmp_path):

@@ -137,6 +137,7 @@ def parse_args(argv=None):
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
+    lora.check_rank(cfg.lora_rank, model_config.n_embd)
     if cfg.s2_attn:
         cfg.s2_group = s2.group_size(cfg.s2_group, model_config.block_size, model_config.n_head)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))

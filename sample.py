@@ -27,7 +27,7 @@ from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 
 from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
-from plumbing.cli import parse_flags, read_prompt, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
@@ -184,7 +184,11 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
-    longrope = read_rope_factors(cfg.rope_factors) if cfg.rope_factors else None
+    longrope = (
+        read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor) if cfg.rope_factors else None
+    )
+    original = checkpoint["model_config"]["rope_original_len"] or block_size
+    check_original_len(longrope or {}, original, f"{out_dir}'s original length")
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
     sizes = (cfg.num_samples, len(prompt_ids), max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache)

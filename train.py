@@ -30,7 +30,7 @@ from finetune import lora, s2
 from model import GPT, GPTConfig
 from plumbing import distributed, hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import parse_flags, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
@@ -128,12 +128,18 @@ def parse_args(argv=None):
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
-    longrope = read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {}
-    values |= longrope
+    longrope, saved = {}, {}
+    if values["rope_factors"]:  # GPTConfig's rope_factor, 1, is no factor given
+        factor = values["rope_factor"] if values["rope_factor"] != GPTConfig.rope_factor else None
+        longrope = read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices) | longrope
+        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+    trained = f"--init_from={values['init_from']}'s original length" if saved else "--rope_original_len"
+    check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
+    values |= longrope
+    if saved:
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})

@@ -353,6 +353,13 @@ def open_model(
     the checkpoint's; longrope: a --rope_factors file's settings (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
     ckpt = ckpt or open_checkpoint(path, mmap=True)
+    scaling = rope_overrides(rope_scaling, rope_factor, llama3_factors, longrope)
+    model = build_model(path, ckpt, **scaling).to(device).eval()
+    return model, get_tokenizer(ckpt["meta"]), ckpt
+
+
+def rope_overrides(rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None):
+    """The GPTConfig fields open_model's RoPE extension (its arguments) sets over a checkpoint's."""
     scaling = {}
     if rope_scaling is not None:
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
@@ -361,6 +368,4 @@ def open_model(
         if rope_scaling != LONGROPE:  # nor LongRoPE's factors
             scaling |= {name: ROPE_VARIANTS[name] for name in LONGROPE_FIELDS}
     scaling |= {name: value for name, value in zip(LLAMA3_FACTORS, llama3_factors) if value is not None}
-    scaling |= longrope or {}
-    model = build_model(path, ckpt, **scaling).to(device).eval()
-    return model, get_tokenizer(ckpt["meta"]), ckpt
+    return scaling | (longrope or {})

@@ -338,6 +338,9 @@ def run(cfg, argv):
     memory.check_benchmark_memory(
         configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
     )
+    if cfg.device == "cpu":  # the peak's matmul: two float32 size^2 operands and their product
+        what, size = f"the peak's float32 torch.mm (--matmul_size={cfg.matmul_size})", cfg.matmul_size
+        hardware.check_memory({"3 matrices": 3 * 4 * size**2}, "cpu", what, "lower --matmul_size")
     log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
     command, date = shlex.join(["python", "-m", "perf.bench", *argv]), datetime.now(UTC).isoformat()

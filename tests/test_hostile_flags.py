@@ -19,6 +19,7 @@ from data.common import DATA_ROOT, ensure_prepared, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
 from model import GPT, GPTConfig
+from perf import bench
 
 HUGE_SEED = str(2**64)
 RUN = [*TINY_RUN, "--out_dir={never}"]
@@ -128,6 +129,7 @@ CASES = [
     ("factors of another length, eval", eval_length, ["{rope}", "--rope_factors={longer}"], 2, LONGER),
     ("factors of another count, eval", eval_length, ["{rope}", "--rope_factors={three}"], 2, "on {rope}: "),
     ("lora_train twice", train, [*RUN, "--lora_rank=2", "--lora_train=embed,embed"], 2, "each once"),
+    ("matmul past memory", bench, ["--device=cpu", "--matmul_size=10000000"], 1, "lower --matmul_size"),
     ("lora_rank above n_embd", train, [*RUN, "--lora_rank=1000"], 2, "--lora_rank=1000 is above n_embd=16"),
 ]
 

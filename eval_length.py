@@ -16,6 +16,11 @@ and method: plain (as trained, or at its recorded RoPE extension); for RoPE each
 no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import importlib.util
 import math

@@ -14,6 +14,11 @@ and reports each one's speed and validation loss inside vs beyond the trained le
 not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import math
 import time
 from collections import namedtuple

@@ -15,6 +15,11 @@ Read top to bottom: the config, the run (data, model, optimizer), one step, eval
 main. The machinery is in plumbing/ (checkpoints, resume, the run folder, flags, DDP) and data/common.py.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import math
 import signal
 import sys

@@ -13,6 +13,11 @@ tokens. Figures: the median of the repeats with their min and max, a loud note w
 makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a training preset's flag keys.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import hashlib
 import json
 import os

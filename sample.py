@@ -80,8 +80,8 @@ class SampleConfig:
         blend += "--rope_scaling=llama3"
         unset = self.rope_low_freq_factor is self.rope_high_freq_factor is None
         require(unset or self.rope_scaling == "llama3", blend)
-        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE, and only it"
-        require((self.rope_scaling == "longrope") == bool(self.rope_factors), factors)
+        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE"
+        require(self.rope_scaling != "longrope" or self.rope_factors, factors)  # beside: read_rope_factors
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
         check_device_name(self.device)

@@ -112,6 +112,20 @@ CASES = [
         "drop --rope_scaling=yarn",
     ),
     (
+        "factors beside yarn, sample",
+        sample,
+        ["--out_dir={rope}", "--rope_factors={factors}", "--rope_scaling=yarn"],
+        2,
+        "drop --rope_scaling=yarn",
+    ),
+    (
+        "factors beside a factor, sample",
+        sample,
+        ["--out_dir={rope}", "--rope_factors={factors}", "--rope_factor=2"],
+        2,
+        "drop --rope_factor=2",
+    ),
+    (
         "factors beside a factor",
         train,
         [*RUN, "--rope_factors={factors}", "--rope_factor=2"],

@@ -141,10 +141,11 @@ def parse_args(argv=None):
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
         values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
-    trained = f"--init_from={values['init_from']}'s original length" if saved else "--rope_original_len"
+    source = values["init_from"]
+    trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
     check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
     values |= longrope
-    if saved:
+    if source:
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})

@@ -4,7 +4,7 @@
     raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
     with one_line_errors("train.py"):                             # around each entry point's main, once
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM: signals.received
-    if __name__ == "__main__": quiet_ctrl_c()                      # an entry point, before importing torch
+    if __name__ == "__main__": quiet_ctrl_c()                     # an entry point, before importing torch
 
 A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
 stop, or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing temporary files and locks)

@@ -46,9 +46,7 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             logits = prefill(model, prompt, chunk)
             position = torch.tensor([prompt.size(1)], device=idx.device)
             for t in range(n_prompt, n_prompt + max_new_tokens):
-                # the largest logit at 0 before sample_next divides by the temperature: a tiny one (1e-45)
-                # then sends the others to -inf, the most likely token kept, as greedy, not to inf (NaN)
-                idx_next = sample_next(logits - logits.amax(-1, keepdim=True), temperature, top_k, top_p)
+                idx_next = sample_next(logits, temperature, top_k, top_p)
                 out[:, t : t + 1] = idx_next
                 if on_token is not None:
                     on_token(idx_next)

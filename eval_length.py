@@ -16,6 +16,11 @@ and method: plain (as trained, or at its recorded RoPE extension); for RoPE each
 no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import importlib.util
 import math
@@ -33,8 +38,14 @@ from measure.losses import validation_tokens, window_bytes, window_losses, windo
 from measure.retrieval import count_correct, passkey_batch, wilson_interval
 from model import GPTConfig
 from plumbing import hardware
-from plumbing.checkpoint import check_same_vocabulary, checkpoint_path, open_checkpoint, open_model
-from plumbing.cli import parse_flags, read_rope_factors
+from plumbing.checkpoint import (
+    check_same_vocabulary,
+    checkpoint_path,
+    open_checkpoint,
+    open_model,
+    rope_overrides,
+)
+from plumbing.cli import check_original_len, parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
@@ -67,7 +78,7 @@ class EvalConfig:
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
     csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
     positions_csv: str | None = None  # write the mean loss at every position to this CSV file
     plot: str | None = None  # draw loss by position and loss against length into this image file
@@ -158,14 +169,21 @@ class Source:
         self.block_size = self.config["block_size"]
         self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
-    def methods(self, rope_scalings, original=None):
+    def methods(self, rope_scalings):
         """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
-        applies = original in (None, self.block_size)  # longrope's factors, searched for T = original
         if self.config["pos"] == "rope":
-            return ["plain", *(m for m in rope_scalings if m != LONGROPE or applies)]
+            return ["plain", *rope_scalings]
         return ["plain", "window"] if self.limit is not None else ["plain"]
+
+    def no_longrope(self):
+        """Why --rope_factors gives this checkpoint no longrope row, or None where it does."""
+        if self.config["pos"] != "rope":
+            return f"pos={self.config['pos']}, not RoPE"
+        if self.config.get("rope_scaling"):
+            return f"measured at its own rope_scaling={self.config['rope_scaling']}"
+        return None
 
 
 def open_source(name, dataset=None, task="loss"):
@@ -283,11 +301,10 @@ def evaluate(sources, lengths, cfg, device, depths=None):
     samples at each length and depth. Each model runs once, under one progress bar, where it is available and
     not plain's model (same_as_plain: there the row shows plain's), and for the loss each checkpoint's own row
     at L = T too, the ratios' reference. -> [Row]"""
-    original = (cfg.longrope or {}).get("rope_original_len")
     plan = []  # (source, method, L)
     for source in sources:
         asked = set(lengths_for(source, lengths).values())
-        for i, method in enumerate(source.methods(cfg.rope_scalings, original)):
+        for i, method in enumerate(source.methods(cfg.rope_scalings)):
             for n in sorted(asked | {source.block_size} if i == 0 and depths is None else asked):
                 if available(source, method, n) and not same_as_plain(source, method, n):
                     plan.append((source, method, n))
@@ -319,7 +336,7 @@ def evaluate(sources, lengths, cfg, device, depths=None):
             results[source.name, method, n] = result
     rows = []
     for source in sources:
-        methods = source.methods(cfg.rope_scalings, original)
+        methods = source.methods(cfg.rope_scalings)
         reference = results[source.name, methods[0], source.block_size].loss if depths is None else None
         for method in methods:
             measures = {}
@@ -455,6 +472,23 @@ def check_length(source, n, cfg, device):
     check_memory(parts, device, what, "lower --lengths or --batch_size")
 
 
+def check_longrope(sources, lengths, cfg):
+    """Before any row: a one-line UserError if --rope_factors cannot give a RoPE checkpoint its longrope row
+    at every length (factors searched for another original length, or ones GPTConfig refuses: their count, the
+    attention factor); -> a note naming the checkpoints it gives none (None if it gives every one)."""
+    for source in (s for s in sources if cfg.longrope and not s.no_longrope()):
+        original = source.config["rope_original_len"] or source.block_size
+        check_original_len(cfg.longrope, original, f"{source.name}'s original length")
+        for n in lengths_for(source, lengths).values():
+            factor = default_rope_factor(n, source.block_size)
+            try:
+                GPTConfig(**source.config | rope_overrides(LONGROPE, factor, longrope=cfg.longrope))
+            except ValueError as e:
+                raise UserError(f"--rope_factors {cfg.rope_factors} on {source.name}: {e}", 2) from None
+    skipped = [f"{s.name} ({why})" for s in sources if cfg.longrope and (why := s.no_longrope())]
+    return f"note: --rope_factors gives no longrope row to {', '.join(skipped)}" if skipped else None
+
+
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     with one_line_errors("eval_length.py"):
@@ -472,6 +506,8 @@ def main(argv=None):
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
+        if note := check_longrope(sources, lengths, cfg):
+            print(note)
         print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
         if cfg.task == "passkey":
             depths = parse_depths(cfg.depths)

@@ -14,6 +14,11 @@ and reports each one's speed and validation loss inside vs beyond the trained le
 not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import math
 import time
 from collections import namedtuple
@@ -27,7 +32,7 @@ from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 
 from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
-from plumbing.cli import parse_flags, read_prompt, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
@@ -48,7 +53,7 @@ class SampleConfig:
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     seed: int = 1337  # same seed, same settings: same text
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
@@ -75,8 +80,8 @@ class SampleConfig:
         blend += "--rope_scaling=llama3"
         unset = self.rope_low_freq_factor is self.rope_high_freq_factor is None
         require(unset or self.rope_scaling == "llama3", blend)
-        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE, and only it"
-        require((self.rope_scaling == "longrope") == bool(self.rope_factors), factors)
+        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE"
+        require(self.rope_scaling != "longrope" or self.rope_factors, factors)  # beside: read_rope_factors
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
         check_device_name(self.device)
@@ -184,7 +189,11 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
-    longrope = read_rope_factors(cfg.rope_factors) if cfg.rope_factors else None
+    longrope = (
+        read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor) if cfg.rope_factors else None
+    )
+    original = checkpoint["model_config"]["rope_original_len"] or block_size
+    check_original_len(longrope or {}, original, f"{out_dir}'s original length")
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
     sizes = (cfg.num_samples, len(prompt_ids), max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache)

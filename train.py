@@ -15,6 +15,11 @@ Read top to bottom: the config, the run (data, model, optimizer), one step, eval
 main. The machinery is in plumbing/ (checkpoints, resume, the run folder, flags, DDP) and data/common.py.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import math
 import signal
 import sys
@@ -30,7 +35,7 @@ from finetune import lora, s2
 from model import GPT, GPTConfig
 from plumbing import distributed, hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import parse_flags, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_rope_factors
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
@@ -81,7 +86,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
     rope_factors: str | None = None
@@ -128,15 +133,23 @@ def parse_args(argv=None):
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
-    longrope = read_rope_factors(values["rope_factors"]) if values["rope_factors"] else {}
-    values |= longrope
+    longrope, saved = {}, {}
+    if values["rope_factors"]:  # GPTConfig's rope_factor, 1, is no factor given
+        factor = values["rope_factor"] if values["rope_factor"] != GPTConfig.rope_factor else None
+        longrope = read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices) | longrope
+        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+    source = values["init_from"]
+    trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
+    check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
+    values |= longrope
+    if source:
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
+    lora.check_rank(cfg.lora_rank, model_config.n_embd)
     if cfg.s2_attn:
         cfg.s2_group = s2.group_size(cfg.s2_group, model_config.block_size, model_config.n_head)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))

@@ -14,6 +14,11 @@
 The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
 checkpoints give the same PNG bytes."""
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import math
 import os

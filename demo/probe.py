@@ -10,6 +10,11 @@ a small ridge, fit on half the validation windows and scored (R^2) on the other 
 every block; beside each, the same probe on shuffled targets. NoPE is probed again without its causal mask:
 attention then sees a set, and position has no way in (lesson section 1)."""
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import sys
 from dataclasses import dataclass
 

@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn as nn
 
+from plumbing.cli import parse_list
 from plumbing.errors import UserError
 from positions import require
 
@@ -55,16 +56,25 @@ def check_flags(rank, alpha, dropout, train):
     require(rank >= 0, f"lora_rank must be >= 0 (0: no LoRA), got {rank}")
     require(alpha > 0, f"lora_alpha must be > 0, got {alpha}")
     require(0.0 <= dropout < 1.0, f"lora_dropout must be in [0, 1), got {dropout}")
-    names = tuple(name.strip() for name in (train or "").split(",") if name.strip())
-    for name in names:
-        require(name in TRAINABLE, f"--lora_train: {name!r} is not one of {', '.join(TRAINABLE)}")
+    names = parse_list("--lora_train", train, TRAINABLE) if train else ()
     require(rank or not names, "--lora_train names what LoRA also trains: it needs --lora_rank")
     return names
+
+
+def check_rank(rank, n_embd):
+    """A one-line ValueError if rank exceeds n_embd, the smaller side of every adapted Linear (c_attn: n_embd
+    to 3 n_embd, c_proj: n_embd to n_embd): B A of a larger rank has no more rank, only more parameters."""
+    require(
+        rank <= n_embd,
+        f"--lora_rank={rank} is above n_embd={n_embd}, the smaller side of the adapted layers "
+        f"{' and '.join(TARGETS)}: give a rank from 1 to {n_embd}",
+    )
 
 
 def add_adapters(model, rank, alpha, dropout=0.0, train=None):
     """Freeze a GPT but LoRALinear adapters on each block's TARGETS and what `train` names. -> model"""
     train = check_flags(rank, alpha, dropout, train)
+    check_rank(rank, model.config.n_embd)
     model.requires_grad_(False)
     for attn in (block.attn for block in model.transformer.h):
         for name in TARGETS:

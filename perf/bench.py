@@ -13,6 +13,11 @@ tokens. Figures: the median of the repeats with their min and max, a loud note w
 makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a training preset's flag keys.
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import hashlib
 import json
 import os
@@ -71,7 +76,7 @@ class BenchConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
     json: str | None = None  # write every figure, the machine and the command line to this file
@@ -338,6 +343,9 @@ def run(cfg, argv):
     memory.check_benchmark_memory(
         configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
     )
+    if cfg.device == "cpu":  # the peak's matmul: two float32 size^2 operands and their product
+        what, size = f"the peak's float32 torch.mm (--matmul_size={cfg.matmul_size})", cfg.matmul_size
+        hardware.check_memory({"3 matrices": 3 * 4 * size**2}, "cpu", what, "lower --matmul_size")
     log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
     command, date = shlex.join(["python", "-m", "perf.bench", *argv]), datetime.now(UTC).isoformat()

@@ -9,6 +9,7 @@ import pickle
 import pickletools
 import re
 import shutil
+import sys
 import typing
 import warnings
 import zipfile
@@ -96,7 +97,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     if missing := [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]:
         raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
     if isinstance(ckpt["model_config"], dict):
-        ckpt["model_config"] = with_rope_variants(ckpt["model_config"])
+        ckpt["model_config"] = with_rope_variants(ckpt["model_config"], path)
     return ckpt
 
 
@@ -157,6 +158,11 @@ RNG = {  # plumbing.resume.rng_state
     "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
     "cuda": (torch.Tensor, NONE),
 }  # fmt: skip
+# GPTConfig's fields added after train.py's first checkpoints; at their defaults (no RoPE extension, one
+# scaled against block_size, every RoPE variant off) they build what the code before them built
+LATER_FIELDS = ("rope_scaling", "rope_factor", "rope_original_len", *ROPE_VARIANTS)
+GPT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+OLDER_FILES_SAID = set()  # the older files with_rope_variants has named
 # asdict(GPTConfig): each field as GPTConfig types it (int | None: int or None; list[float]: a list)
 MODEL_CONFIG = {
     name: tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or hint
@@ -164,7 +170,7 @@ MODEL_CONFIG = {
 }
 SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
-    "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the fields older files predate)
+    "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the LATER_FIELDS older files lack)
     "meta": dict,  # the dataset's tokenizer and vocabulary (check_meta): sampling needs nothing but this file
     # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
     "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
@@ -225,10 +231,19 @@ def model_config_error(model_config):
     return None
 
 
-def with_rope_variants(model_config):
-    """model_config with the RoPE variants' fields it predates at plain RoPE's values (the model its code
-    built), so that resuming or --init_from does not refuse a missing field against its default."""
-    return model_config | {name: plain for name, plain in ROPE_VARIANTS.items() if name not in model_config}
+def with_rope_variants(model_config, path=None):
+    """model_config with the RoPE settings it predates (LATER_FIELDS) at GPTConfig's defaults, which build the
+    model the code that wrote it built, so that sampling, resuming or --init_from takes it as it was; said
+    once for each file `path`."""
+    if missing := [name for name in LATER_FIELDS if name not in model_config]:
+        if path is not None and str(path) not in OLDER_FILES_SAID:
+            OLDER_FILES_SAID.add(str(path))
+            print(
+                f"note: {path} is from an older version of posgpt, before {some(missing)}: those settings "
+                "take the values that version built with",
+                file=sys.stderr,
+            )
+    return model_config | {name: GPT_DEFAULTS[name] for name in missing}
 
 
 def check_meta(path, ckpt):
@@ -353,6 +368,13 @@ def open_model(
     the checkpoint's; longrope: a --rope_factors file's settings (cli.read_rope_factors), over the rest."""
     path = checkpoint_path(source)
     ckpt = ckpt or open_checkpoint(path, mmap=True)
+    scaling = rope_overrides(rope_scaling, rope_factor, llama3_factors, longrope)
+    model = build_model(path, ckpt, **scaling).to(device).eval()
+    return model, get_tokenizer(ckpt["meta"]), ckpt
+
+
+def rope_overrides(rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None):
+    """The GPTConfig fields open_model's RoPE extension (its arguments) sets over a checkpoint's."""
     scaling = {}
     if rope_scaling is not None:
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
@@ -361,6 +383,4 @@ def open_model(
         if rope_scaling != LONGROPE:  # nor LongRoPE's factors
             scaling |= {name: ROPE_VARIANTS[name] for name in LONGROPE_FIELDS}
     scaling |= {name: value for name, value in zip(LLAMA3_FACTORS, llama3_factors) if value is not None}
-    scaling |= longrope or {}
-    model = build_model(path, ckpt, **scaling).to(device).eval()
-    return model, get_tokenizer(ckpt["meta"]), ckpt
+    return scaling | (longrope or {})

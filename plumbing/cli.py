@@ -202,12 +202,19 @@ def read_prompt(start):
     return read_text(path, f"prompt file {path}", status=1)
 
 
-def read_rope_factors(path):
+def read_rope_factors(path, rope_scaling=None, rope_factor=None):
     """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
-    short_factor and long_factor are required; GPTConfig checks their count and values."""
+    short_factor and long_factor are required; GPTConfig checks their count and values. The file sets
+    rope_scaling and its factor: another --rope_scaling, or a --rope_factor beside the file's, is refused."""
     where, keys = f"--rope_factors {path}", ", ".join(ROPE_FACTORS_KEYS)
+
+    def unique(pairs):  # json keeps the last of a repeated key without a word
+        if repeated := [key for key in dict(pairs) if [k for k, _ in pairs].count(key) > 1]:
+            raise UserError(f"{where}: {', '.join(repeated)} given more than once; give each key once", 2)
+        return dict(pairs)
+
     try:
-        table = json.loads(read_text(path, where))
+        table = json.loads(read_text(path, where), object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise UserError(f"{where}: not a JSON file ({e})", 2) from None
     if not isinstance(table, dict):
@@ -216,6 +223,10 @@ def read_rope_factors(path):
         raise UserError(f"{where}: unknown key {', '.join(unknown)}; valid keys: {keys}", 2)
     if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
         raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
+    if rope_scaling not in (None, "longrope"):
+        raise UserError(f"{where} is longrope's factors: drop --rope_scaling={rope_scaling}", 2)
+    if None not in (rope_factor, table.get("factor")) and rope_factor != table["factor"]:
+        raise UserError(f"{where} gives factor {table['factor']}: drop --rope_factor={rope_factor:g}", 2)
     kind = table.get("type", table.get("rope_type", "longrope"))
     if kind not in ("longrope", "su"):  # "su": Phi-3's first name for it
         raise UserError(f"{where}: type {kind!r} is not longrope", 2)
@@ -229,3 +240,16 @@ def read_rope_factors(path):
             raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
     given = {key: value for key, value in table.items() if key in ROPE_FACTORS_FIELDS and value is not None}
     return {ROPE_FACTORS_FIELDS[key]: value for key, value in given.items()} | dict(rope_scaling="longrope")
+
+
+def check_original_len(longrope, original, what):
+    """A usage UserError unless LongRoPE's factors (read_rope_factors) were searched for `original` tokens,
+    the length they extend (None: any): factors searched for another length scale the wrong rotations."""
+    searched = longrope.get("rope_original_len")
+    if None not in (searched, original) and searched != original:
+        raise UserError(
+            f"--rope_factors: its factors were searched for an original length of {searched} tokens "
+            f"(original_max_position_embeddings) but {what} is {original}; search factors for {original} "
+            "(python -m experiments.longrope)",
+            2,
+        )

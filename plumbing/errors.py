@@ -4,6 +4,7 @@
     raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
     with one_line_errors("train.py"):                             # around each entry point's main, once
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM: signals.received
+    if __name__ == "__main__": quiet_ctrl_c()                     # an entry point, before importing torch
 
 A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
 stop, or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing temporary files and locks)
@@ -30,6 +31,17 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+def quiet_ctrl_c():
+    """Until one_line_errors takes over, a Ctrl-C (SIGINT) ends the process at once with status 130, printing
+    nothing: an entry point sets it before it imports torch or matplotlib (seconds), where Python's
+    KeyboardInterrupt would print a traceback from inside their import."""
+    signal.signal(signal.SIGINT, exit_at_once)
+
+
+def exit_at_once(signum, frame):
+    os._exit(128 + signum)  # nothing to clean up yet; SystemExit could be lost in an import's callback
+
+
 @contextmanager
 def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
     """An entry point's handler: a UserError, or one of `errors`, becomes `prog: error: message` and
@@ -46,6 +58,9 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
             previous_hook(unraisable)
 
     sys.unraisablehook = redeliver
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread and signal.getsignal(signal.SIGINT) is exit_at_once:  # quiet_ctrl_c's: a Ctrl-C now
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # raises, the with-blocks cleaning up
     try:
         yield
     except (UserError, *errors) as e:
@@ -53,7 +68,7 @@ def one_line_errors(prog, status=None, errors=(ValueError,), stopped=None):
             print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(status or getattr(e, "status", 2)) from None
     except KeyboardInterrupt as e:
-        if threading.current_thread() is threading.main_thread():
+        if main_thread:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we say it: a traceback
         signum = getattr(e, "signum", signal.SIGINT)
         if stopped and master:

@@ -3,6 +3,7 @@ float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU) and its
 
 import os
 import re
+import time
 from contextlib import nullcontext, suppress
 
 import torch
@@ -35,25 +36,45 @@ def check_device(device):
 
 
 def check_threads(threads):
-    if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
-        raise ValueError(f"threads={threads!r}: give auto or a number of threads >= 1, e.g. --threads=1")
+    """A ValueError naming --threads unless auto or a whole number from 1 to the cores: more threads than
+    cores only take turns on them, each slowing the others (docs/perf.md, Threads)."""
+    cores = os.cpu_count() or 1
+    if threads != "auto" and not (threads.isdigit() and 1 <= int(threads) <= cores):
+        raise ValueError(
+            f"--threads={threads}: give auto or a number of threads from 1 to {cores} (the cores)"
+        )
+
+
+def runnable_others(reads=5, interval=0.01):
+    """The tasks other than this one running or waiting for a core now (/proc/stat's procs_running, the
+    fewest of a few reads, as one read may catch a task that wakes for a moment), or None where there is no
+    /proc/stat. A load average counts for a minute a process that has ended."""
+    counts = []
+    for i in range(reads):
+        with suppress(OSError, StopIteration, ValueError), open("/proc/stat") as f:
+            counts.append(next(int(line.split()[1]) for line in f if line.startswith("procs_running ")))
+        if i < reads - 1 and counts:
+            time.sleep(interval)
+    return max(0, min(counts) - 1) if counts else None
 
 
 def use_threads(threads, device):
     """Set torch's intra-op CPU threads from --threads -> the line saying what was chosen and why. auto keeps
-    OMP_NUM_THREADS where set, and torch's default off the CPU; on a CPU, the cores the load average leaves
-    free, as a thread beside another process's slows both far more than it gains (docs/perf.md, Threads)."""
-    cores, load = os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    OMP_NUM_THREADS where set, and torch's default off the CPU; on a CPU, the cores the tasks running now
+    leave free, as a thread beside another process's slows both far more than it gains (docs/perf.md)."""
+    cores = os.cpu_count() or 1
     if threads != "auto":
         n, why = int(threads), "--threads"
     elif os.environ.get("OMP_NUM_THREADS"):
         n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
     elif not str(device).startswith("cpu"):
         n, why = torch.get_num_threads(), f"torch's default on {device}"
+    elif (others := runnable_others()) is None:
+        n, why = cores, "auto: every core, as this system does not say what runs on them"
     else:
-        n, why = max(1, min(cores, round(cores - load))), "auto: the cores other processes leave free"
+        n, why = max(1, cores - others), f"auto: the cores the {others} other running tasks leave free"
     torch.set_num_threads(n)
-    return f"threads: {n} of {cores} cores ({why}; load average {load:.1f}); --threads=N sets them"
+    return f"threads: {n} of {cores} cores ({why}); --threads=N sets them"
 
 
 def resolve_device(device):

@@ -3,6 +3,7 @@ past their trained length. CPU, fixed seeds, no mocks."""
 
 import csv
 import importlib.util
+import json
 import math
 
 import pytest
@@ -264,3 +265,22 @@ def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     assert "invalid choice: 'cubic'" in error_line(
         capsys, eval_length, [checkpoints["rope"], "--rope_scalings", "cubic"], 2
     )
+
+
+def test_rope_factors_name_the_checkpoints_they_give_no_longrope_row(checkpoints, tmp_path, capsys):
+    """--rope_factors beside a learned checkpoint and one fine-tuned with YaRN: a longrope row for plain RoPE,
+    and one line, before the work, naming the two it gives none."""
+    factors = tmp_path / "factors.json"
+    table = {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": BLOCK}
+    factors.write_text(json.dumps(table))
+    names = [checkpoints[name] for name in ("rope", "learned", "extended")]
+    argv = [*names, "--lengths=2", "--max_windows=1", f"--rope_factors={factors}", "--rope_scalings=linear"]
+    rows = eval_length.main([*argv, "--progress=false"])
+    assert [(row.checkpoint, row.scaling) for row in rows if row.scaling == "longrope"] == [
+        (names[0], "longrope")
+    ]
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note == (
+        f"note: --rope_factors gives no longrope row to {names[1]} (pos=learned, not RoPE), "
+        f"{names[2]} (measured at its own rope_scaling=yarn)"
+    ), note

@@ -5,7 +5,7 @@ case runs through the real entry point, main(argv) in-process."""
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -19,8 +19,11 @@ from data.common import DATA_ROOT, ensure_prepared, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
 from model import GPT, GPTConfig
+from perf import bench
 
 HUGE_SEED = str(2**64)
+RUN = [*TINY_RUN, "--out_dir={never}"]
+LONGER = "searched for an original length of 32 tokens (original_max_position_embeddings) but"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,28 @@ def files(tmp_path_factory):
     (folder / "utf16.txt").write_bytes(("to be or not to be\n" * 100).encode("utf-16"))
     (folder / "copy").mkdir()
     (folder / "copy" / ".course.json").write_text(json.dumps(["ex1"]))
-    return {"run": folder / "run", "utf16": folder / "utf16.txt", "copy": folder / "copy"}
+    (folder / "rope").mkdir()  # the shakespeare_char vocabulary, head_dim 8: LongRoPE's 4 pairs
+    meta = load_meta(ensure_prepared("shakespeare_char"))
+    config = replace(config, vocab_size=meta["vocab_size"])
+    state = {"model": GPT(config).state_dict(), "model_config": asdict(config), "meta": meta}
+    torch.save(
+        state | {"train_config": {"dataset": "shakespeare_char", "max_iters": 0}}, folder / "rope" / "ckpt.pt"
+    )
+    factors = {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "factor": 4.0}
+    for name, table in [
+        ("factors", factors | {"original_max_position_embeddings": 16}),
+        ("longer", factors | {"original_max_position_embeddings": 32}),
+        ("three", factors | {"short_factor": [1.0] * 3}),
+    ]:
+        (folder / f"{name}.json").write_text(json.dumps(table))
+    (folder / "twice.json").write_text(json.dumps(factors)[:-1] + ', "factor": 8.0}')
+    files = {name: folder / f"{name}.json" for name in ("factors", "longer", "three", "twice")}
+    never = folder / "never"  # an out_dir no refused run may create
+    return (
+        files
+        | {"run": folder / "run", "utf16": folder / "utf16.txt", "copy": folder / "copy"}
+        | {"rope": folder / "rope", "never": never}
+    )
 
 
 # (case, entry point, argv ({name} a path of files), exit status, words the line must hold)
@@ -64,6 +88,63 @@ CASES = [
     ("empty init_from", train, [*TINY_RUN, "--init_from="], 2, "is empty"),
     ("passkey too large", passkey_prepare, ["--train_samples=1000000000"], 2, "needs about"),
     ("marker not an object", course_main, ["grade", "{copy}"], 2, ".course.json: not the marker"),
+    ("threads above the cores", train, [*RUN, "--threads=1000"], 2, "--threads=1000: give auto or a number"),
+    (
+        "threads past 64 bits",
+        sample,
+        ["--out_dir={rope}", "--threads=99999999999999999999"],
+        2,
+        "--threads=9",
+    ),
+    ("threads past 64 bits, eval", eval_length, ["{rope}", f"--threads={HUGE_SEED}"], 2, "--threads="),
+    (
+        "factors key twice",
+        sample,
+        ["--out_dir={rope}", "--rope_factors={twice}"],
+        2,
+        "factor given more than once",
+    ),
+    (
+        "factors beside yarn",
+        train,
+        [*RUN, "--rope_factors={factors}", "--rope_scaling=yarn"],
+        2,
+        "drop --rope_scaling=yarn",
+    ),
+    (
+        "factors beside yarn, sample",
+        sample,
+        ["--out_dir={rope}", "--rope_factors={factors}", "--rope_scaling=yarn"],
+        2,
+        "drop --rope_scaling=yarn",
+    ),
+    (
+        "factors beside a factor, sample",
+        sample,
+        ["--out_dir={rope}", "--rope_factors={factors}", "--rope_factor=2"],
+        2,
+        "drop --rope_factor=2",
+    ),
+    (
+        "factors beside a factor",
+        train,
+        [*RUN, "--rope_factors={factors}", "--rope_factor=2"],
+        2,
+        "drop --rope_factor=2",
+    ),
+    (
+        "factors of another length, init_from",
+        train,
+        [*RUN, "--init_from={rope}", "--block_size=64", "--rope_factors={longer}"],
+        2,
+        LONGER,
+    ),
+    ("factors of another length, sample", sample, ["--out_dir={rope}", "--rope_factors={longer}"], 2, LONGER),
+    ("factors of another length, eval", eval_length, ["{rope}", "--rope_factors={longer}"], 2, LONGER),
+    ("factors of another count, eval", eval_length, ["{rope}", "--rope_factors={three}"], 2, "on {rope}: "),
+    ("lora_train twice", train, [*RUN, "--lora_rank=2", "--lora_train=embed,embed"], 2, "each once"),
+    ("matmul past memory", bench, ["--device=cpu", "--matmul_size=10000000"], 1, "lower --matmul_size"),
+    ("lora_rank above n_embd", train, [*RUN, "--lora_rank=1000"], 2, "--lora_rank=1000 is above n_embd=16"),
 ]
 
 
@@ -72,10 +153,12 @@ def test_a_hostile_flag_or_file_is_one_line(capsys, files, case, script, argv, s
     before = sorted(p.name for p in DATA_ROOT.iterdir())
     with pytest.raises(SystemExit) as exit_info:
         script.main([arg.format(**files) for arg in argv])
-    err = capsys.readouterr().err.strip()
+    out, err = capsys.readouterr()
+    err = err.strip()
     assert exit_info.value.code == status and err.count("\n") == 0 and "Traceback" not in err, err
-    assert "error: " in err and words in err, err
+    assert "error: " in err and words.format(**files) in err, err
     assert sorted(p.name for p in DATA_ROOT.iterdir()) == before
+    assert not files["never"].exists() and "threads: " not in out, out  # no run, no evaluation started
 
 
 def test_a_preset_with_a_byte_order_mark_is_read(tmp_path):

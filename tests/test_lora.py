@@ -94,7 +94,14 @@ def test_bad_lora_flags_are_one_line_errors(capsys, tmp_path):
     err = train_error_line(
         capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=ffn"], 2
     )
-    assert "'ffn' is not one of embed, norm" in err
+    assert "--lora_train='ffn': give one or more of embed, norm" in err
+    err = train_error_line(
+        capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=embed,embed"], 2
+    )
+    assert "--lora_train='embed,embed': give one or more of embed, norm, comma-separated and each once" in err
+    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=17"], 2)
+    assert "--lora_rank=17 is above n_embd=16, the smaller side of the adapted layers" in err
+    assert not any(tmp_path.iterdir())
     err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_train=norm"], 2)
     assert "needs --lora_rank" in err
 

@@ -29,7 +29,7 @@ def threads_restored():
 def test_a_thread_count_given_is_applied_and_reported(threads_restored):
     line = hardware.use_threads("2", "cpu")
     assert torch.get_num_threads() == 2 and line.startswith(
-        f"threads: 2 of {os.cpu_count()} cores (--threads;"
+        f"threads: 2 of {os.cpu_count()} cores (--threads)"
     )
 
 
@@ -40,17 +40,45 @@ def test_auto_keeps_omp_num_threads_where_set(monkeypatch, threads_restored):
 
 
 @pytest.mark.parametrize(
-    "cores, load, threads", [(2, 0.0, 2), (2, 0.3, 2), (2, 1.0, 1), (2, 4.5, 1), (16, 3.2, 13), (1, 0.0, 1)]
+    "cores, others, threads",
+    [(2, 0, 2), (2, 1, 1), (2, 5, 1), (16, 3, 13), (1, 0, 1), (2, None, 2)],
+    ids=["idle", "one busy process", "loaded", "16 cores", "one core", "no /proc/stat"],
 )
-def test_auto_takes_the_cores_other_processes_leave_free(monkeypatch, threads_restored, cores, load, threads):
-    """Without OMP_NUM_THREADS, on a CPU: cores minus the 1-minute load average, rounded, at least one."""
+def test_auto_takes_the_cores_the_tasks_running_now_leave_free(
+    monkeypatch, threads_restored, cores, others, threads
+):
+    """Without OMP_NUM_THREADS, on a CPU: the cores minus the other tasks running now, at least one."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(hardware, "runnable_others", lambda: others)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: setattr(torch, "_threads_set", n))
     line = hardware.use_threads("auto", "cpu")
     assert torch._threads_set == threads and line.startswith(f"threads: {threads} of {cores} cores (auto")
-    assert f"load average {load:.1f}" in line
+
+
+def test_the_tasks_running_now_are_read_from_proc_stat_without_this_one(monkeypatch, tmp_path):
+    """procs_running counts this process too; the fewest of the reads counts (a task waking for a moment)."""
+    reads = iter(["3", "2", "4", "2", "3"])
+    real_open = open
+    fake = tmp_path / "stat"
+    monkeypatch.setattr(hardware.time, "sleep", lambda seconds: None)
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/stat":
+            fake.write_text(f"cpu  1 2 3\nprocs_running {next(reads)}\nprocs_blocked 0\n")
+            return real_open(fake, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert hardware.runnable_others() == 1
+
+
+@pytest.mark.parametrize("threads", ["3", "1000", "99999999999999999999", "0", "-1", "two"])
+def test_more_threads_than_cores_are_refused_naming_the_flag(monkeypatch, threads):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    refused = rf"^--threads={threads}: give auto or a number of threads from 1 to 2 "
+    with pytest.raises(ValueError, match=refused):
+        hardware.check_threads(threads)
 
 
 @pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])
@@ -62,7 +90,7 @@ def test_a_bad_thread_count_is_one_line_naming_the_choices(capsys, script):
         err = capsys.readouterr().err.strip()
     else:
         err = error_line(capsys, script, argv, 2)
-    assert "threads='0': give auto or a number of threads >= 1" in err and "\n" not in err, err
+    assert "--threads=0: give auto or a number of threads from 1 to" in err and "\n" not in err, err
 
 
 def test_train_says_its_threads_in_its_first_lines_and_the_flag_sets_them(capsys, tmp_path, threads_restored):

@@ -419,3 +419,41 @@ def test_the_table_estimate_is_what_reserve_allocates(pos):
         model.transformer.wpe.reserve(n_pos)
         assert position_table_bytes(config, n_pos) == (table_bytes(model) if n_pos > 8 else 0)
         assert (table_bytes(model) == before) == (n_pos <= 8)
+
+
+# A Ctrl-C as an entry point imports torch: sent from the import system as torch's import starts, the moment
+# (seconds long) where Python's KeyboardInterrupt would print a traceback from inside the import
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = [sys.argv[1], "--help"]
+run = runpy.run_path if sys.argv[0].endswith(".py") else runpy.run_module
+run(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "train.py",
+        "sample.py",
+        "eval_length.py",
+        "perf.bench",
+        "demo.figures",
+        "demo.permutation",
+        "demo.probe",
+    ],
+)
+def test_a_ctrl_c_while_torch_is_imported_is_status_130_without_a_traceback(entry):
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT, entry], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 130 and done.stdout == "", (done.returncode, done.stdout)
+    assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr, done.stderr

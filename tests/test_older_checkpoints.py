@@ -1,0 +1,80 @@
+"""Checkpoints that earlier versions of train.py wrote (tests/fixtures/ckpt_COMMIT_rope.pt: pos=rope, 1 layer
+x 16 dims, block_size 16, two steps of shakespeare_char, one file per format): each samples, and resumes where
+it holds the state --resume continues; the settings GPTConfig gained since take the values those versions
+built with, and the reader says once that the file is older, never that it is damaged."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TINY_RUN
+
+import sample
+import train
+from model import GPTConfig
+from plumbing import checkpoint
+from positions import ROPE_VARIANTS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# commit: the format its train.py wrote
+FORMATS = {
+    "a71bba7": "the first: no rope_original_len, no best_iter, scaler, sampler, rng or wandb_run_id",
+    "dc4bb8b": "the resume state, no rope_original_len",
+    "491106f": "rope_original_len, no finished, no RoPE variants",
+    "95dd08d": "finished, no RoPE variants",
+}
+RESUMABLE = ("dc4bb8b", "491106f", "95dd08d")
+
+
+@pytest.fixture
+def run(tmp_path, request):
+    """A run folder holding the fixture of the commit the test is parametrized by, as its ckpt.pt."""
+    shutil.copyfile(FIXTURES / f"ckpt_{request.param}_rope.pt", tmp_path / "ckpt.pt")
+    return tmp_path
+
+
+def older_notes(err):
+    return [line for line in err.splitlines() if "is from an older version of posgpt" in line]
+
+
+def test_every_format_has_its_fixture_and_each_lacks_fields_gptconfig_gained():
+    for commit in FORMATS:
+        raw = torch.load(FIXTURES / f"ckpt_{commit}_rope.pt", weights_only=True)["model_config"]
+        assert set(raw) < set(checkpoint.MODEL_CONFIG) and set(checkpoint.MODEL_CONFIG) - set(raw) <= set(
+            checkpoint.LATER_FIELDS
+        ), commit
+        assert (FIXTURES / f"ckpt_{commit}_rope.pt").stat().st_size < 200_000
+
+
+def test_the_fields_older_files_lack_default_to_the_model_those_versions_built():
+    """No RoPE extension (rope_scaling None, factor 1), one scaled against block_size, every variant plain."""
+    defaults = {name: checkpoint.GPT_DEFAULTS[name] for name in checkpoint.LATER_FIELDS}
+    assert defaults == dict(rope_scaling=None, rope_factor=1.0, rope_original_len=None) | dict(ROPE_VARIANTS)
+    config = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, vocab_size=65, **defaults)
+    assert config.rope_layers == (True,) and config.rotary_dim == 8
+
+
+@pytest.mark.parametrize("run", list(FORMATS), indirect=True)
+def test_each_older_format_samples_and_is_said_once_to_be_older(run, capsys):
+    loaded, samples, _ = sample.main([f"--out_dir={run}", "--max_new_tokens=20", "--stream=false"])
+    err = capsys.readouterr().err
+    assert len(samples[0]) == 21 and loaded.model.config.rope_original_len is None
+    assert len(older_notes(err)) == 1 and "damaged" not in err, err
+
+
+@pytest.mark.parametrize("run", RESUMABLE, indirect=True)
+def test_each_older_format_with_the_resume_state_resumes(run, capsys):
+    summary = train.main([*TINY_RUN, f"--out_dir={run}", "--max_iters=3", "--resume"])
+    err = capsys.readouterr().err
+    assert summary["iter_num"] == 3 and list(summary["losses"]) == [3]
+    assert len(older_notes(err)) == 1 and "damaged" not in err, err
+
+
+@pytest.mark.parametrize("run", ["a71bba7"], indirect=True)
+def test_the_first_format_is_refused_a_resume_as_older_not_damaged(run, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*TINY_RUN, f"--out_dir={run}", "--max_iters=3", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 1 and len(older_notes("\n".join(err))) == 1, err
+    assert err[-1].startswith("train.py: error: ") and "older" in err[-1] and "damaged" not in err[-1], err

@@ -305,7 +305,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
     top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # from the largest logit down, so that a tiny temperature (1e-45: every quotient +-inf or 0/0) is greedy
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    logits = torch.where(shifted == 0, 0.0, shifted / temperature)
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

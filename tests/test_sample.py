@@ -117,6 +117,19 @@ def test_greedy_text_is_the_same_with_and_without_kv_cache(checkpoints, capsys, 
     assert cached == reference
 
 
+@pytest.mark.parametrize("temperature", ["1e-45", "1e-30", "1e-300"])
+def test_a_tiny_temperature_is_greedy(checkpoints, capsys, temperature):
+    """Below float32's range for logits / temperature (1e-45: inf, 1e-300: 0/0), sampling is the most likely
+    token, with the KV cache and without."""
+    flags = [f"--out_dir={checkpoints['rope']}", "--max_new_tokens=48", "--stream=off", "--num_samples=2"]
+    for cache in ("on", "off"):
+        greedy = sample.main([*flags, f"--kv_cache={cache}", "--temperature=0"])[1]
+        assert (
+            sample.main([*flags, f"--kv_cache={cache}", f"--temperature={temperature}", "--seed=7"])[1]
+            == greedy
+        )
+
+
 def test_same_seed_gives_the_same_samples_in_one_batch(checkpoints, capsys):
     """--num_samples are one batch; the same --seed reproduces them, another seed does not."""
     flags = [f"--out_dir={checkpoints['alibi']}", "--num_samples=3", "--max_new_tokens=30", "--top_p=0.9"]

@@ -129,12 +129,20 @@ def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, cap
         rows = {(row["scaling"], row["length"]) for row in csv.DictReader(f)}
     assert {("longrope", "16"), ("longrope", "64"), ("yarn", "64")} <= rows
     factors.write_text(json.dumps(table | {"original_max_position_embeddings": 64}))  # for another T
-    eval_length.main(
-        [str(rope_run), "--lengths=1", f"--rope_factors={factors}", "--max_windows=2", "--csv", str(csv_path)]
-        + ["--device=cpu", "--progress=false", "--rope_scalings=yarn"]
-    )
-    with open(csv_path) as f:
-        assert {row["scaling"] for row in csv.DictReader(f)} == {"plain", "yarn"}
+    csv_path.unlink()
+    with pytest.raises(SystemExit) as exit_info:  # refused before any row
+        eval_length.main(
+            [
+                str(rope_run),
+                "--lengths=1",
+                f"--rope_factors={factors}",
+                "--max_windows=2",
+                "--csv",
+                str(csv_path),
+            ]
+            + ["--device=cpu", "--progress=false", "--rope_scalings=yarn"]
+        )
+    assert exit_info.value.code == 2 and not csv_path.exists()
 
 
 def test_the_search_never_measures_an_evaluation_window(rope_run, tmp_path, monkeypatch):

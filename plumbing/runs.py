@@ -111,8 +111,9 @@ def decide(plan, elsewhere="move it away"):
 
 def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it away", log=print, jobs=1):
     """Make each train.py command's out_dir hold its finished run: reuse, continue or train it
-    (retrain: always, replacing it); jobs > 1 trains that many side by side, each with its share of the
-    cores (OMP_NUM_THREADS, unless set) and its output in {out_dir}.log -> the out_dirs, absolute"""
+    (retrain: always, replacing it). Each run gets one thread count, OMP_NUM_THREADS if set, else the
+    cores / jobs, so that its speed does not depend on what ran before it; jobs > 1 trains that many side by
+    side, each one's output in {out_dir}.log -> the out_dirs, absolute"""
     plans = plan(commands)
     actions = [("overwrite", None) if retrain else decide(p, elsewhere) for p in plans]
     for p, (action, _) in zip(plans, actions):
@@ -131,13 +132,13 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
             said = f"training {p.describe()} into {p.out_dir}{took}"
         log(f"[{i}/{len(todo)}] {said}: {command}")
         started, args = time.perf_counter(), ["train.py", *p.args, *EXTRA_FLAGS[action]]
+        env = os.environ | {"OMP_NUM_THREADS": threads}  # the same for every run, whatever ran before it
         if jobs == 1:
-            run_python(args)
+            run_python(args, env=env)
         else:
             output = ROOT / f"{p.out_dir}.log"
             output.parent.mkdir(parents=True, exist_ok=True)
             with open(output, "w") as f:
-                env = os.environ | {"OMP_NUM_THREADS": threads}
                 run_python(args, stdout=f, stderr=subprocess.STDOUT, env=env, said=f"see {output}")
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
 

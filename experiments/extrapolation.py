@@ -216,9 +216,8 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
 # tokens), its method, and the length as a multiple of the base runs' T
 Side = namedtuple("Side", "run method multiple")
 Comparison = namedtuple("Comparison", "a b claim")  # a claim of the docs, tested by a - b paired over seeds
-VERDICT_SEEDS = (
-    3  # a word needs this many seeds; with fewer an interval is shown and the word is inconclusive
-)
+# A word needs this many seeds; with fewer the interval is shown and the word is inconclusive
+VERDICT_SEEDS = 3
 
 
 def compare(a, b, claim):
@@ -412,6 +411,7 @@ def difference(a, b, loss):
 
 
 def describe(side, block_size):
+    """'rope + yarn at 4 T': the method named unless plain or in the run's name (a fine-tune's)."""
     run = side.run.format(long=EXTENSION * block_size)
     method = "" if side.method == "plain" or run.endswith(side.method) else f" + {side.method}"
     return f"{run}{method} at {'' if side.multiple == 1 else f'{side.multiple:g} '}T"
@@ -437,7 +437,9 @@ def ratio_table(cells, trained):
 
     def cell(run, method, n):
         value, reference = cells.get((run, method, n)), cells.get((run, method, trained[run]))
-        return "n/a" if value is None else f"{value:.3f} ({value / reference:.2f})"
+        if value is None:
+            return "n/a"
+        return f"{value:.3f}" + (f" ({value / reference:.2f})" if reference else "")
 
     rows = [
         [run, str(trained[run]), method, *(cell(run, method, n) for n in lengths)] for run, method in keys

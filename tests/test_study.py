@@ -155,3 +155,62 @@ def test_longrope_study_on_passkey_keeps_every_run_on_the_fine_tunes_data(monkey
     assert len(commands) == 3
     for command in commands:
         assert "--dataset=passkey_ctx256" in command, command
+
+
+def test_under_three_seeds_every_verdict_is_inconclusive():
+    """Two seeds give a paired interval (t with 1 degree of freedom), one seed a difference alone; neither
+    gives a word: ALiBi over RoPE at 2 T by 40 and 60 points, then a fine-tune in one seed."""
+    per_seed = {
+        1337: {("p_alibi", "plain", 128): (45, 50), ("p_rope", "plain", 128): (25, 50)},
+        1338: {("p_alibi", "plain", 128): (50, 50), ("p_rope", "plain", 128): (20, 50)},
+    }
+    per_seed[1337] |= {
+        ("p_rope_ctx256_linear", "linear", 256): (5, 50),
+        ("p_rope_ctx256_plain", "plain", 256): (45, 50),
+    }
+    rows = study.verdict_table(study.COMPARISONS["passkey"], per_seed, 64, loss=False).splitlines()[2:]
+    # differences 0.4 and 0.6: mean 0.5, sd 0.141, half-width t(0.975, 1) x 0.1 = 12.706 x 0.1 = 1.27
+    assert rows == [
+        "| ALiBi retrieves past T, RoPE not | alibi at 2 T | rope at 2 T | 2 | +50 [-77, +177] points "
+        "| inconclusive (2 seeds) |",
+        "| PI fine-tuned (Chen et al., Table 4) | rope_ctx256_linear at 4 T | rope_ctx256_plain at 4 T | 1 "
+        "| -80 points, no interval | inconclusive (1 seed) |",
+    ]
+
+
+def test_cells_take_the_seed_from_the_folder_name_fine_tunes_included_and_pool_depths():
+    rows = [
+        {"checkpoint": f"out/p_{name}", "scaling": scaling, "block_size": T, "length": "128", "depth": depth}
+        | {"trials": "50", "correct": correct}
+        for name, scaling, T, depth, correct in [
+            ("rope", "plain", "64", "0", "10"),
+            ("rope", "plain", "64", "1", "20"),
+            ("rope_seed1338", "plain", "64", "0", "30"),
+            ("rope_seed1338_ctx256_yarn", "yarn", "256", "0", "40"),
+        ]
+    ]
+    per_seed, trained = study.read_cells(rows, "passkey")
+    assert per_seed == {
+        1337: {("p_rope", "plain", 128): (30, 100)},
+        1338: {("p_rope", "plain", 128): (30, 50), ("p_rope_ctx256_yarn", "yarn", 128): (40, 50)},
+    }
+    assert trained == {"p_rope": 64, "p_rope_ctx256_yarn": 256}
+
+
+def test_tables_flag_rewrites_the_summary_from_the_csvs_and_keeps_the_per_seed_tables(monkeypatch, tmp_path):
+    """--tables trains and evaluates nothing; a seed's CSV beside the study's adds only the seeds it lacks."""
+    monkeypatch.setattr(study, "train_runs", lambda *a, **kw: pytest.fail("a run trained"))
+    monkeypatch.setattr(study, "run_python", lambda *a, **kw: pytest.fail("a script ran"))
+    head = "checkpoint,pos,scaling,block_size,length,loss,loss_beyond,stderr,windows\n"
+    line = lambda folder, length, loss: f"out/{folder},alibi,plain,64,{length},{loss},,,64\n"
+    (tmp_path / "extrapolation.csv").write_text(
+        head + line("s_alibi", 64, 1.8) + line("s_alibi_seed1338", 64, 1.9)
+    )
+    extra = line("s_alibi_seed1338", 64, 9.9) + line("s_alibi_seed1339", 64, 2.0)  # 1338: the study's wins
+    (tmp_path / "extrapolation_seed1339.csv").write_text(head + extra)
+    (tmp_path / "extrapolation_table.md").write_text("old summary\n\nSeed 1337:\n\ntable\n\nMeasured ...\n")
+    study.main(["--tables", f"--results={tmp_path}"])
+    text = (tmp_path / "extrapolation_table.md").read_text()
+    assert text.startswith("Over 3 seed(s) (1337, 1338, 1339): mean validation loss")
+    assert "| s_alibi | plain | 1.900 ± 0.100 |" in text
+    assert text.endswith("\n\nSeed 1337:\n\ntable\n\nMeasured ...\n") and "old summary" not in text

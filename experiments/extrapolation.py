@@ -7,19 +7,22 @@
     python -m experiments.extrapolation --quick           # every step once, tiny: a smoke run
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
     python -m experiments.extrapolation --schemes rope --longrope --search_seeds 3   # and the search's spread
+    python -m experiments.extrapolation --tables          # the tables again from the committed CSVs
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
 {out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
 learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
 at 8 T and at T; --search_seeds N: N searches at 4 T, each put on the rope run by a 0-step run, their spread
 tabulated); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv, {name}.png and
-{name}_table.md (per seed, then mean and spread over seeds) under --results. Finished runs are
+{name}_table.md (per seed, then mean and spread over seeds and the verdicts: paired differences over seeds
+with their 95% interval) under --results, and under docs/ fills the docs' generated blocks. Finished runs are
 reused (--retrain trains again): the README's train.py runs are seed 1337's."""
 
 import csv
 import importlib.util
 import math
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -33,11 +36,12 @@ import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
+from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import markdown_table
+from plumbing.report import fill_generated, markdown_table
 from plumbing.resume import fine_tune_dir
 from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
 from positions import LONGROPE, POS_SCHEMES, require
@@ -91,6 +95,7 @@ class StudyConfig:
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
     search_seeds: int = 1  # --longrope: searches at 4 T per rope run (seeds S, S + 1000, ...): their spread
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
+    tables: bool = False  # no runs: the tables again from {results}/{name}.csv (and {name}_seed*.csv)
 
     def __post_init__(self):  # task and schemes: parse_flags' choices
         for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds"):
@@ -230,58 +235,355 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     return factors, [tuned, *applied, *searched_runs(cfg, dataset, source, seed, factors)]
 
 
-def summary(cfg, per_seed, block_size):
-    """The markdown of the spread over seeds: per run, method and length the losses' mean +- standard
-    deviation, or the pooled accuracy with its 95% Wilson interval; then the base schemes' orderings."""
-    loss = cfg.task == "loss"
+# A side of a comparison: a run (its folder name after the dataset's, less the seed; {long}: EXTENSION x T in
+# tokens), its method, and the length as a multiple of the base runs' T
+Side = namedtuple("Side", "run method multiple")
+Comparison = namedtuple("Comparison", "a b claim")  # a claim of the docs, tested by a - b paired over seeds
+# A word needs this many seeds; with fewer the interval is shown and the word is inconclusive
+VERDICT_SEEDS = 3
+
+
+def compare(a, b, claim):
+    return Comparison(Side(*a), Side(*b), claim)
+
+
+FT = "rope_ctx{long}_"  # the fine-tunes of rope, FT + "linear" (PI), "yarn", "plain" (the control)
+COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each study
+    "loss": (
+        compare(("sinusoidal", "plain", 2), ("sinusoidal", "plain", 1), "sinusoidal collapses past T"),
+        compare(("rope", "plain", 4), ("rope", "plain", 1), "RoPE degrades past T"),
+        compare(("alibi", "plain", 2), ("alibi", "plain", 1), "ALiBi is lower past T than at T"),
+        compare(("alibi", "plain", 8), ("alibi", "plain", 1), "ALiBi stays flat to 8 T"),
+        compare(("none", "plain", 2), ("none", "plain", 1), "NoPE degrades past T"),
+        compare(("alibi", "plain", 4), ("rope", "plain", 4), "ALiBi beats RoPE past T"),
+        compare(("alibi", "plain", 8), ("rope", "plain", 8), "ALiBi beats RoPE past T"),
+        compare(("rope", "linear", 2), ("rope", "plain", 2), "PI zero-shot beats plain RoPE (Chen et al.)"),
+        compare(("rope", "linear", 4), ("rope", "plain", 4), "PI zero-shot beats plain RoPE (Chen et al.)"),
+        compare(("rope", "linear", 8), ("rope", "plain", 8), "PI zero-shot beats plain RoPE (Chen et al.)"),
+        compare(("rope", "yarn", 4), ("rope", "linear", 4), "YaRN beats PI zero-shot (Peng et al.)"),
+        compare(("rope", "ntk", 4), ("rope", "linear", 4), "NTK beats PI zero-shot (Peng et al.)"),
+        compare(("rope", "yarn", 4), ("rope", "plain", 4), "YaRN zero-shot beats plain RoPE"),
+        compare(("rope", "ntk", 4), ("rope", "plain", 4), "NTK zero-shot beats plain RoPE"),
+        compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
+        compare(
+            (FT + "linear", "linear", 4), ("rope", "plain", 4), "PI fine-tuned beats plain RoPE zero-shot"
+        ),
+        compare((FT + "linear", "linear", 4), ("rope", "plain", 1), "PI fine-tuned recovers the loss at T"),
+        compare(
+            (FT + "yarn", "yarn", 4), (FT + "linear", "linear", 4), "YaRN beats PI fine-tuned (Peng et al.)"
+        ),
+        compare((FT + "plain", "plain", 4), (FT + "yarn", "yarn", 4), "the control against fine-tuned YaRN"),
+        compare((FT + "plain", "plain", 8), (FT + "yarn", "yarn", 8), "the control against fine-tuned YaRN"),
+        compare(
+            ("learned_ctx{long}_plain", "plain", 4), ("learned", "window", 4), "learned's table interpolated"
+        ),
+        compare(("rope_frac0.25", "plain", 1), ("rope", "plain", 1), "rotating a quarter of each head"),
+        compare(("rope_frac0.25", "plain", 4), ("rope", "plain", 4), "rotating a quarter of each head"),
+        compare(("rope_nope4", "plain", 1), ("rope", "plain", 1), "a layer in 4 without RoPE"),
+        compare(("rope_nope4", "plain", 4), ("rope", "plain", 4), "a layer in 4 without RoPE"),
+        compare(("rope_nope4", "plain", 8), ("rope", "plain", 8), "a layer in 4 without RoPE"),
+    ),
+    "passkey": (
+        compare(("rope", "plain", 2), ("rope", "plain", 1), "RoPE fails past T (Mohtashami & Jaggi)"),
+        compare(("sinusoidal", "plain", 2), ("sinusoidal", "plain", 1), "sinusoidal fails past T"),
+        compare(("none", "plain", 2), ("none", "plain", 1), "NoPE fails past T"),
+        compare(("learned", "window", 2), ("learned", "plain", 1), "learned's window fails past T"),
+        compare(("alibi", "plain", 2), ("rope", "plain", 2), "ALiBi retrieves past T, RoPE not"),
+        compare(("alibi", "plain", 4), ("rope", "plain", 4), "ALiBi retrieves past T, RoPE not"),
+        compare(("alibi", "plain", 8), ("rope", "plain", 8), "ALiBi retrieves past T, RoPE not"),
+        compare(("rope", "yarn", 2), ("rope", "linear", 2), "YaRN beats PI zero-shot (Peng et al.)"),
+        compare(("rope", "yarn", 2), ("rope", "plain", 2), "YaRN zero-shot beats plain RoPE"),
+        compare(("rope", "llama3", 2), ("rope", "plain", 2), "llama3 zero-shot beats plain RoPE"),
+        compare(("rope", "dynamic", 2), ("rope", "plain", 2), "dynamic NTK zero-shot beats plain RoPE"),
+        compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
+        compare(
+            (FT + "linear", "linear", 4), (FT + "plain", "plain", 4), "PI fine-tuned (Chen et al., Table 4)"
+        ),
+        compare((FT + "yarn", "yarn", 4), (FT + "plain", "plain", 4), "YaRN fine-tuned against the control"),
+        compare(("rope_frac0.25", "plain", 2), ("rope", "plain", 2), "rotating a quarter of each head"),
+        compare(("rope_nope4", "plain", 2), ("rope", "plain", 2), "a layer in 4 without RoPE"),
+    ),
+}
+# The README's table: (label, run, method) as in Side, at 1 to 8 x T
+README_ROWS = (
+    ("learned (sliding window)", "learned", "window"),
+    ("sinusoidal", "sinusoidal", "plain"),
+    ("rope", "rope", "plain"),
+    ("rope + YaRN x L/T, zero-shot", "rope", "yarn"),
+    ("rope + PI x L/T, zero-shot", "rope", "linear"),
+    ("alibi", "alibi", "plain"),
+    ("none", "none", "plain"),
+    ("rope, YaRN x4 fine-tuned at 4 T", FT + "yarn", "yarn"),
+    ("rope, PI x4 fine-tuned at 4 T", FT + "linear", "linear"),
+)
+SEED_SUFFIX = re.compile(r"_seed(\d+)")  # base_dir's: in the folder name of a run and of its fine-tunes
+
+
+def read_cells(rows, task):
+    """eval_length.py's CSV rows -> ({seed: {(run, method, length): loss or (correct, trials)}}, {run: T}):
+    the run is the folder's name less its seed suffix (none: FIRST_SEED), retrieval pooled over depths."""
+    per_seed, trained = {}, {}
+    for r in rows:
+        name = Path(r["checkpoint"]).name
+        seed = int(m[1]) if (m := SEED_SUFFIX.search(name)) else FIRST_SEED
+        run = SEED_SUFFIX.sub("", name)
+        trained[run] = int(r["block_size"])
+        cells, key = per_seed.setdefault(seed, {}), (run, r["scaling"], int(r["length"]))
+        if task == "loss" and r["loss"]:
+            cells[key] = float(r["loss"])
+        elif task == "passkey" and int(r["trials"]):
+            correct, trials = cells.get(key, (0, 0))
+            cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
+    return dict(sorted(per_seed.items())), trained
+
+
+def spread_cell(values, loss):
+    """The losses' mean +- standard deviation, or the pooled accuracy with its 95% Wilson interval."""
+    if not values:
+        return "n/a"
+    if loss:
+        spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+        return f"{statistics.fmean(values):.3f}{spread}"
+    correct, trials = sum(c for c, _ in values), sum(t for _, t in values)
+    low, high = wilson_interval(correct, trials)
+    return f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]"
+
+
+def spread_table(per_seed, loss):
+    """Per run, method and length the spread over seeds (spread_cell)."""
     lengths = sorted({key[2] for cells in per_seed for key in cells})
     keys = sorted({key[:2] for cells in per_seed for key in cells})
     found = lambda key: [cells[key] for cells in per_seed if key in cells]
+    rows = [
+        [run, method, *(spread_cell(found((run, method, n)), loss) for n in lengths)] for run, method in keys
+    ]
+    return markdown_table(["run", "method", *(f"{n}t" for n in lengths)], rows)
 
-    def cell(values):
-        if not values:
-            return "n/a"
-        if loss:
-            spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
-            return f"{statistics.fmean(values):.3f}{spread}"
-        correct, trials = sum(c for c, _ in values), sum(t for _, t in values)
-        low, high = wilson_interval(correct, trials)
-        return f"{correct / trials:.0%} [{low:.0%}, {high:.0%}]"
 
-    rows = [[run, method, *(cell(found((run, method, n))) for n in lengths)] for run, method in keys]
+def rankings(per_seed, block_size, loss):
+    """Per length, the base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every
+    seed keeps the order, '~' where some seed reverses it."""
+    lengths = sorted({key[2] for cells in per_seed for key in cells})
+    runs = sorted(
+        {
+            run
+            for cells in per_seed
+            for run, method, _ in cells
+            if method == "plain" and "_ctx" not in run and "_search" not in run
+        }
+    )
+    found = lambda key: [cells[key] for cells in per_seed if key in cells]
+    lines = []
+    for n in lengths:
+        every = {run: v for run in runs if len(v := found((run, "plain", n))) == len(per_seed)}
+        values = every if loss else {run: [c / t for c, t in v] for run, v in every.items()}
+        if len(values) > 1:
+            mean = {run: statistics.fmean(v) for run, v in values.items()}
+            ranked = sorted(mean, key=mean.get, reverse=not loss)
+            order = ranked[0]
+            for a, b in zip(ranked, ranked[1:]):
+                holds = all((x < y) if loss else (x > y) for x, y in zip(values[a], values[b]))
+                order += f" {('<' if loss else '>') if holds else '~'} {b}"
+            lines.append(f"- {n} tokens ({n / block_size:g} T): {order}")
+    return lines
+
+
+def summary(cfg, per_seed, block_size, listed=None):
+    """The markdown of the spread over seeds (listed; None: cfg's): per run, method and length the losses'
+    mean +- standard deviation, or the pooled accuracy with its 95% Wilson interval; then the base schemes'
+    orderings."""
+    loss = cfg.task == "loss"
     what = "mean validation loss ± its standard deviation over seeds"
     what = what if loss else "exact-match rate pooled over seeds and depths, [95% Wilson interval]"
-    head = ["run", "method", *(f"{n}t" for n in lengths)]
-    listed = ", ".join(map(str, seeds(cfg)))
-    text = [f"Over {len(per_seed)} seed(s) ({listed}): {what}.", "", markdown_table(head, rows), ""]
+    keys = {key for cells in per_seed for key in cells}
+    if any(sum(key in cells for cells in per_seed) < len(per_seed) for key in keys):
+        what += "; a row measured in fewer seeds is over those"
+    listed = ", ".join(map(str, listed or seeds(cfg)))
+    text = [f"Over {len(per_seed)} seed(s) ({listed}): {what}.", "", spread_table(per_seed, loss), ""]
     if len(per_seed) > 1:
         text += [
             "The base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every seed "
             "puts them in that order, '~' where some seed reverses it (a difference within the seed spread).",
             "",
+            *rankings(per_seed, block_size, loss),
         ]
-        runs = [
-            run for run, method in keys if method == "plain" and "_ctx" not in run and "_search" not in run
-        ]
-        for n in lengths:
-            every = {run: v for run in runs if len(v := found((run, "plain", n))) == len(per_seed)}
-            values = every if loss else {run: [c / t for c, t in v] for run, v in every.items()}
-            if len(values) > 1:
-                mean = {run: statistics.fmean(v) for run, v in values.items()}
-                ranked = sorted(mean, key=mean.get, reverse=not loss)
-                order = ranked[0]
-                for a, b in zip(ranked, ranked[1:]):
-                    holds = all((x < y) if loss else (x > y) for x, y in zip(values[a], values[b]))
-                    order += f" {('<' if loss else '>') if holds else '~'} {b}"
-                text.append(f"- {n} tokens ({n / block_size:g} T): {order}")
     return "\n".join(text)
+
+
+def lookup(cells, run, method, n, block_size):
+    """A cell of one seed by the run's name after its dataset's (Side.run), or None where not measured."""
+    want = run.format(long=EXTENSION * block_size)
+    for (name, scaling, length), value in cells.items():
+        if (name == want or name.endswith(f"_{want}")) and (scaling, length) == (method, n):
+            return value
+    return None
+
+
+def side_values(per_seed, side, block_size, loss):
+    """{seed: the side's loss, or its retrieval rate pooled over depths} of the seeds that measured it."""
+    n = round(side.multiple * block_size)
+    found = {seed: lookup(cells, side.run, side.method, n, block_size) for seed, cells in per_seed.items()}
+    return {seed: v if loss else v[0] / v[1] for seed, v in found.items() if v is not None}
+
+
+def difference(a, b, loss):
+    """[seeds, a - b with its 95% paired-t interval, the word]: the word (measure.paired.verdict for a) only
+    from VERDICT_SEEDS seeds or more, as an interval over fewer is too wide or too unsure to rank by."""
+    n, unit = len(a), "" if loss else " points"
+    show = (lambda v: f"{v:+.3f}") if loss else (lambda v: f"{100 * v:+.0f}")
+    if n == 1:
+        return ["1", f"{show(a[0] - b[0])}{unit}, no interval", "inconclusive (1 seed)"]
+    mean, low, high = paired_difference(a, b)
+    word = verdict(low, high, not loss) if n >= VERDICT_SEEDS else f"inconclusive ({n} seeds)"
+    return [str(n), f"{show(mean)} [{show(low)}, {show(high)}]{unit}", word]
+
+
+def describe(side, block_size):
+    """'rope + yarn at 4 T': the method named unless plain or in the run's name (a fine-tune's)."""
+    run = side.run.format(long=EXTENSION * block_size)
+    method = "" if side.method == "plain" or run.endswith(side.method) else f" + {side.method}"
+    return f"{run}{method} at {'' if side.multiple == 1 else f'{side.multiple:g} '}T"
+
+
+def verdict_table(comparisons, per_seed, block_size, loss):
+    """The markdown of each comparison both of whose sides some seed measured: a - b paired over the seeds
+    that measured both, its 95% interval and the word it supports (difference); None if none was measured."""
+    rows = []
+    for c in comparisons:
+        a, b = (side_values(per_seed, side, block_size, loss) for side in (c.a, c.b))
+        if common := sorted(a.keys() & b.keys()):
+            sides = [describe(c.a, block_size), describe(c.b, block_size)]
+            rows.append([c.claim, *sides, *difference([a[s] for s in common], [b[s] for s in common], loss)])
+    head = ["claim", "a", "b", "seeds", "a - b [95% interval]", "a against b"]
+    return markdown_table(head, rows) if rows else None
+
+
+def ratio_table(cells, trained):
+    """One seed's losses, each with its ratio to the run's own loss at its T (the same method's there)."""
+    lengths = sorted({key[2] for key in cells})
+    keys = sorted({key[:2] for key in cells})
+
+    def cell(run, method, n):
+        value, reference = cells.get((run, method, n)), cells.get((run, method, trained[run]))
+        if value is None:
+            return "n/a"
+        return f"{value:.3f}" + (f" ({value / reference:.2f})" if reference else "")
+
+    rows = [
+        [run, str(trained[run]), method, *(cell(run, method, n) for n in lengths)] for run, method in keys
+    ]
+    return markdown_table(["run", "T", "method", *(f"{n}t" for n in lengths)], rows)
+
+
+def per_seed_table(per_seed, block_size, multiples=(1, 2, 4, 8)):
+    """Retrieval of every run and method that each seed measured at every multiple: a column per seed, its
+    rates at the multiples of T joined by ' / '."""
+    lengths = [round(m * block_size) for m in multiples]
+    keys = sorted({key[:2] for cells in per_seed.values() for key in cells})
+    rate = lambda v: f"{100 * v[0] / v[1]:.0f}"
+    rows = [
+        [
+            run,
+            method,
+            *(" / ".join(rate(cells[run, method, n]) for n in lengths) + "%" for cells in per_seed.values()),
+        ]
+        for run, method in keys
+        if all((run, method, n) in cells for cells in per_seed.values() for n in lengths)
+    ]
+    head = ["run", "method", *(f"seed {seed}" for seed in per_seed)]
+    return markdown_table(head, rows)
+
+
+def readme_table(per_seed, block_size):
+    """README_ROWS' losses at 1 to 8 x T, mean +- standard deviation over seeds."""
+    lengths = [m * block_size for m in (1, 2, 4, 8)]
+    values = lambda run, method, n: [
+        v for cells in per_seed.values() if (v := lookup(cells, run, method, n, block_size)) is not None
+    ]
+    rows = [
+        [label, *(spread_cell(values(run, method, n), True) for n in lengths)]
+        for label, run, method in README_ROWS
+    ]
+    return markdown_table(["L (tokens)", *map(str, lengths)], rows)
+
+
+def docs_tables(task, per_seed, trained):
+    """{generated block name: markdown} of the docs' blocks of the whole study of `task`, from read_cells."""
+    block_size, loss = min(trained.values()), task == "loss"
+    first, name = per_seed[FIRST_SEED], TASKS[task].name
+    verdicts = verdict_table(COMPARISONS[task], per_seed, block_size, loss)
+    if loss:
+        cells = list(per_seed.values())
+        spread = "\n".join([spread_table(cells, True), "", *rankings(cells, block_size, True)])
+        return {
+            f"{name}_seed{FIRST_SEED}": ratio_table(first, trained),
+            f"{name}_seeds": spread,
+            f"{name}_verdicts": verdicts,
+            f"{name}_readme": readme_table(per_seed, block_size),
+        }
+    ranked = rankings(list(per_seed.values()), block_size, False)
+    return {
+        f"{name}_seed{FIRST_SEED}": spread_table([first], False),
+        f"{name}_seeds": "\n".join([per_seed_table(per_seed, block_size), "", *ranked]),
+        f"{name}_verdicts": verdicts,
+    }
+
+
+def report(cfg, per_seed, trained):
+    """{name}_table.md's part before the per-seed tables: summary, then the verdicts if any was measured."""
+    block_size = min(trained.values())
+    text = summary(cfg, list(per_seed.values()), block_size, list(per_seed))
+    table = verdict_table(COMPARISONS[cfg.task], per_seed, block_size, cfg.task == "loss")
+    if table is None:
+        return text
+    caption = (
+        "Verdicts: a - b paired over the seeds that measured both, its 95% t interval and the word it "
+        f"supports for a ('level' where the interval holds 0; 'inconclusive' under {VERDICT_SEEDS} seeds)."
+    )
+    return "\n\n".join([text, caption, table])
+
+
+def read_rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def read_study(cfg):
+    """read_cells of {results}/{name}.csv and of any {name}_seed*.csv beside it (a seed evaluated apart), the
+    latter only for seeds {name}.csv lacks: a seed's rows counted once."""
+    results, name = ROOT / cfg.results, results_name(cfg)
+    if not (results / f"{name}.csv").is_file():
+        raise UserError(f"{results / name}.csv: no such file; run the study first (or give --results)", 2)
+    per_seed, trained = read_cells(read_rows(results / f"{name}.csv"), cfg.task)
+    for path in sorted(results.glob(f"{name}_seed*.csv")):
+        more, runs = read_cells(read_rows(path), cfg.task)
+        per_seed |= {seed: cells for seed, cells in more.items() if seed not in per_seed}
+        trained |= runs
+    return dict(sorted(per_seed.items())), trained
+
+
+def write_tables(cfg):
+    """--tables: {name}_table.md's summary part (its per-seed tables and footer kept) and, for the whole study
+    under docs/, the docs' generated blocks, from read_study. No run is trained or evaluated."""
+    results, name = ROOT / cfg.results, results_name(cfg)
+    per_seed, trained = read_study(cfg)
+    path = results / f"{name}_table.md"
+    old = path.read_text(encoding="utf-8") if path.is_file() else "\n"
+    rest = old[old.index("\n\nSeed ") :] if "\n\nSeed " in old else "\n"
+    text = "\n\n".join([report(cfg, per_seed, trained), *search_spread(cfg, per_seed, min(trained.values()))])
+    write_output("results", path, lambda tmp: tmp.write_text(text + rest, encoding="utf-8"))
+    print(f"{text}\nwrote {path}")
+    if results == ROOT / "docs" and name == TASKS[cfg.task].name:
+        for page in [*results.glob("*.md"), ROOT / "README.md"]:
+            fill_generated(page, docs_tables(cfg.task, per_seed, trained))
+    return text
 
 
 def search_spread(cfg, per_seed, block_size):
     """The markdown of how much LongRoPE's result owes to its search's seed: per training seed, run, method
     and length, the mean ± standard deviation, min and max over the --search_seeds searched_runs."""
     loss, groups = cfg.task == "loss", {}
-    for seed, cells in zip(seeds(cfg), per_seed):
+    for seed, cells in per_seed.items():
         for (run, method, n), value in cells.items():
             if "_search" in run:
                 key = (seed, run.rsplit("_search", 1)[0], method, n)
@@ -305,7 +607,7 @@ def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
-        return run_study(cfg, argv)
+        return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
 
 
 def run_study(cfg, argv):
@@ -350,7 +652,7 @@ def run_study(cfg, argv):
     if importlib.util.find_spec("matplotlib") is None:
         print("note: matplotlib is not installed: no figure (pip install matplotlib)")
         plot = []
-    tables, per_seed, records = [], [], []
+    tables, records = [], []
     for i, seed in enumerate(seeds(cfg)):
         csv_path = ROOT / cfg.out_root / f"{name}_seed{seed}.csv"  # eval_length.py on the seed's runs
         command = ["eval_length.py", *runs[seed], *TASKS[cfg.task].eval_flags, "--lengths", lengths, amount]
@@ -359,24 +661,15 @@ def run_study(cfg, argv):
         print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
         table = run_python(command, stdout=subprocess.PIPE, text=True).stdout
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        with open(csv_path, newline="", encoding="utf-8") as f:
-            records.append(list(csv.DictReader(f)))
-        cells = {}  # {(run, method, length): loss} or {...: (correct, trials)} pooled over depths
-        for r in records[-1]:  # the run: the folder's name less the seed's suffix
-            key = (Path(r["checkpoint"]).name.replace(f"_seed{seed}", ""), r["scaling"], int(r["length"]))
-            if cfg.task == "loss" and r["loss"]:
-                cells[key] = float(r["loss"])
-            elif cfg.task == "passkey" and int(r["trials"]):
-                correct, trials = cells.get(key, (0, 0))
-                cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-        per_seed.append(cells)
+        records += read_rows(csv_path)
+    per_seed, trained = read_cells(records, cfg.task)
 
     def write_csv(tmp):  # the seeds' CSVs as one file, one header
         with open(tmp, "w", newline="", encoding="utf-8") as out:
-            if rows := [row for seed_rows in records for row in seed_rows]:
-                writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            if records:
+                writer = csv.DictWriter(out, fieldnames=list(records[0]))
                 writer.writeheader()
-                writer.writerows(rows)
+                writer.writerows(records)
 
     write_output("results", results / f"{name}.csv", write_csv)
     seconds = time.perf_counter() - start
@@ -385,8 +678,8 @@ def run_study(cfg, argv):
     footer += f"Python {platform.python_version()}, {platform.machine()} with {torch.get_num_threads()} "
     footer += f"threads; wall time {seconds / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    spread = search_spread(cfg, per_seed, block_size)
-    text = "\n\n".join([summary(cfg, per_seed, block_size), *spread, *tables, footer])
+    spread = search_spread(cfg, per_seed, min(trained.values()))
+    text = "\n\n".join([report(cfg, per_seed, trained), *spread, *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")

@@ -189,16 +189,75 @@ def test_longrope_search_seeds_each_search_into_a_folder_of_their_own_and_are_ev
 
 def test_search_spread_gives_each_training_seeds_searches_mean_spread_and_range():
     cfg = study.parse_args(["--schemes=rope", "--longrope", "--search_seeds=3", "--seeds=2"])
-    per_seed = [
-        {
+    per_seed = {
+        1337: {
             ("x_rope", "plain", 256): 2.0,
             **{(f"x_rope_x4_search{k}", "longrope", 256): v for k, v in ((1, 1.5), (2, 1.7), (3, 1.9))},
         },
-        {(f"x_rope_x4_search{k}", "longrope", 256): 1.6 for k in (1, 2, 3)},
-    ]
+        1338: {(f"x_rope_x4_search{k}", "longrope", 256): 1.6 for k in (1, 2, 3)},
+    }
     text = study.search_spread(cfg, per_seed, 64)[0]
     assert "| 1337 | x_rope_x4 | longrope | 4 T | 1.700 ± 0.200 | 1.500 to 1.900 |" in text
     assert "| 1338 | x_rope_x4 | longrope | 4 T | 1.600 ± 0.000 | 1.600 to 1.600 |" in text
     assert "x_rope |" not in text  # the rope run's own row is no search
-    text = study.summary(cfg, per_seed, 64)
+    text = study.summary(cfg, list(per_seed.values()), 64)
     assert "x_rope_x4_search1" in text and "x_rope_x4_search" not in text.split("ranked by the mean")[1]
+
+
+def test_under_three_seeds_every_verdict_is_inconclusive():
+    """Two seeds give a paired interval (t with 1 degree of freedom), one seed a difference alone; neither
+    gives a word: ALiBi over RoPE at 2 T by 40 and 60 points, then a fine-tune in one seed."""
+    per_seed = {
+        1337: {("p_alibi", "plain", 128): (45, 50), ("p_rope", "plain", 128): (25, 50)},
+        1338: {("p_alibi", "plain", 128): (50, 50), ("p_rope", "plain", 128): (20, 50)},
+    }
+    per_seed[1337] |= {
+        ("p_rope_ctx256_linear", "linear", 256): (5, 50),
+        ("p_rope_ctx256_plain", "plain", 256): (45, 50),
+    }
+    rows = study.verdict_table(study.COMPARISONS["passkey"], per_seed, 64, loss=False).splitlines()[2:]
+    # differences 0.4 and 0.6: mean 0.5, sd 0.141, half-width t(0.975, 1) x 0.1 = 12.706 x 0.1 = 1.27
+    assert rows == [
+        "| ALiBi retrieves past T, RoPE not | alibi at 2 T | rope at 2 T | 2 | +50 [-77, +177] points "
+        "| inconclusive (2 seeds) |",
+        "| PI fine-tuned (Chen et al., Table 4) | rope_ctx256_linear at 4 T | rope_ctx256_plain at 4 T | 1 "
+        "| -80 points, no interval | inconclusive (1 seed) |",
+    ]
+
+
+def test_cells_take_the_seed_from_the_folder_name_fine_tunes_included_and_pool_depths():
+    rows = [
+        {"checkpoint": f"out/p_{name}", "scaling": scaling, "block_size": T, "length": "128", "depth": depth}
+        | {"trials": "50", "correct": correct}
+        for name, scaling, T, depth, correct in [
+            ("rope", "plain", "64", "0", "10"),
+            ("rope", "plain", "64", "1", "20"),
+            ("rope_seed1338", "plain", "64", "0", "30"),
+            ("rope_seed1338_ctx256_yarn", "yarn", "256", "0", "40"),
+        ]
+    ]
+    per_seed, trained = study.read_cells(rows, "passkey")
+    assert per_seed == {
+        1337: {("p_rope", "plain", 128): (30, 100)},
+        1338: {("p_rope", "plain", 128): (30, 50), ("p_rope_ctx256_yarn", "yarn", 128): (40, 50)},
+    }
+    assert trained == {"p_rope": 64, "p_rope_ctx256_yarn": 256}
+
+
+def test_tables_flag_rewrites_the_summary_from_the_csvs_and_keeps_the_per_seed_tables(monkeypatch, tmp_path):
+    """--tables trains and evaluates nothing; a seed's CSV beside the study's adds only the seeds it lacks."""
+    monkeypatch.setattr(study, "train_runs", lambda *a, **kw: pytest.fail("a run trained"))
+    monkeypatch.setattr(study, "run_python", lambda *a, **kw: pytest.fail("a script ran"))
+    head = "checkpoint,pos,scaling,block_size,length,loss,loss_beyond,stderr,windows\n"
+    line = lambda folder, length, loss: f"out/{folder},alibi,plain,64,{length},{loss},,,64\n"
+    (tmp_path / "extrapolation.csv").write_text(
+        head + line("s_alibi", 64, 1.8) + line("s_alibi_seed1338", 64, 1.9)
+    )
+    extra = line("s_alibi_seed1338", 64, 9.9) + line("s_alibi_seed1339", 64, 2.0)  # 1338: the study's wins
+    (tmp_path / "extrapolation_seed1339.csv").write_text(head + extra)
+    (tmp_path / "extrapolation_table.md").write_text("old summary\n\nSeed 1337:\n\ntable\n\nMeasured ...\n")
+    study.main(["--tables", f"--results={tmp_path}"])
+    text = (tmp_path / "extrapolation_table.md").read_text()
+    assert text.startswith("Over 3 seed(s) (1337, 1338, 1339): mean validation loss")
+    assert "| s_alibi | plain | 1.900 ± 0.100 |" in text
+    assert text.endswith("\n\nSeed 1337:\n\ntable\n\nMeasured ...\n") and "old summary" not in text

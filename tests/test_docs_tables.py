@@ -1,0 +1,132 @@
+"""The docs' result tables are what the studies' code makes of the committed CSVs, never typed by hand: every
+generated block is its producer's output, every table of measured numbers in docs/extrapolation.md lies in
+such a block, and a verdict row is the paired-t interval worked by hand."""
+
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from experiments import extrapolation as study
+from experiments import longlora
+from plumbing.report import GENERATED, generated_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+BLOCKS = [
+    (page, name, body)
+    for page in PAGES
+    for name, body in generated_blocks(page.read_text(encoding="utf-8")).items()
+]
+# A cell holding a measured number: a decimal (1.234, 0.5) or a percentage (56%)
+MEASURED = re.compile(r"\d+\.\d+|\d+%")
+# Tables of docs/extrapolation.md that are not results, by their exact header: commands, columns, claims
+NOT_RESULTS = {
+    "| folder | command (beside the schedule flags) | what it is |",
+    "| paper | finding | rows to compare |",
+    "| ingredient | the authors (Llama 2 7B, 4,096 to 32,768 tokens) "
+    "| here (0.8M parameters, 64 to 256 tokens) |",
+}
+# Measurements with no committed CSV to generate them from: the search for the passkey recipe (scratch loops
+# not kept) and the recipe's training runs (best val loss from their checkpoints). They chose the recipe;
+# no verdict of the page stands on them
+NO_CSV = {
+    "| filler, keys per sample, model | steps | digit accuracy inside T |",
+    "| run (`python train.py --config configs/passkey.toml ...`) "
+    "| best val loss | exact match at L = T = 64 |",
+}
+# The LongRoPE section's tables are written by the LongRoPE part of experiments/extrapolation.py, which others
+# convert to generated blocks; its section is checked once it has a producer here
+ELSEWHERE = ("## LongRoPE",)
+
+
+@cache
+def extrapolation_tables():
+    """{block name: text} of the loss and retrieval studies, from docs/{extrapolation,retrieval}*.csv."""
+    found = {}
+    for task in study.TASKS:
+        cfg = study.StudyConfig(task=task)
+        found |= study.docs_tables(task, *study.read_study(cfg))
+    return found
+
+
+def produced(name):
+    """The text the code makes for block `name`, or None when no producer knows it."""
+    if name.startswith("longlora_"):
+        inputs = [DOCS / "longlora.csv", DOCS / "longlora_cost.csv"]
+        if missing := [path.name for path in inputs if not path.is_file()]:
+            pytest.skip(f"the LongLoRA study's {', '.join(missing)} is not committed: no table to compare")
+        found = longlora.tables(*(longlora.read_rows(path) for path in inputs))
+        return found[name][1] if name in found else None
+    return extrapolation_tables().get(name)
+
+
+@pytest.mark.parametrize("page, name, body", BLOCKS, ids=[f"{p.name}:{n}" for p, n, _ in BLOCKS])
+def test_every_generated_block_is_what_its_producer_makes_of_the_committed_csvs(page, name, body):
+    if name.startswith("longrope"):
+        pytest.skip("LongRoPE's blocks: their producer is the LongRoPE part of experiments/extrapolation.py")
+    text = produced(name)
+    assert text is not None, f"{page.name}: no producer knows the generated block {name!r}"
+    assert body == text, f"{page.name}: block {name!r} differs from what its CSVs give; run --tables"
+
+
+def tables(text):
+    """(header line, its lines) of every markdown table in text."""
+    found, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
+            end = next((k for k in range(i, len(lines)) if not lines[k].startswith("|")), len(lines))
+            found.append((line, lines[i:end]))
+    return found
+
+
+def typed_result_tables(text):
+    """The headers of the tables of measured numbers outside generated blocks and ELSEWHERE's sections (each
+    up to the next '## ' heading), but for NOT_RESULTS and NO_CSV."""
+    text = GENERATED.sub("", text)
+    for heading in ELSEWHERE:
+        if heading in text:
+            start = text.index(heading)
+            end = text.find("\n## ", start + len(heading))
+            text = text[:start] + (text[end:] if end >= 0 else "")
+    return [
+        header
+        for header, lines in tables(text)
+        if header not in NOT_RESULTS | NO_CSV and any(MEASURED.search(line) for line in lines[2:])
+    ]
+
+
+def test_every_table_of_measured_numbers_in_extrapolation_md_is_generated():
+    typed = typed_result_tables((DOCS / "extrapolation.md").read_text(encoding="utf-8"))
+    assert not typed, f"tables of measured numbers typed outside a generated block: {typed}"
+
+
+def test_a_table_of_numbers_is_found_typed_and_taken_inside_a_block():
+    table = "| run | 64t |\n|---|---|\n| rope | 1.759 |"
+    assert typed_result_tables(f"text\n\n{table}\n\nmore") == ["| run | 64t |"]
+    assert typed_result_tables(f"<!-- generated: x -->\n{table}\n<!-- end generated -->") == []
+
+
+def test_a_verdict_row_is_the_paired_t_interval_of_three_seeds():
+    """ALiBi against RoPE at 4 T from three made-up seeds: differences -0.20, -0.23, -0.23, mean -0.22, sd
+    0.01 sqrt(3), so the half-width is t(0.975, 2) x 0.01 = 0.043: [-0.263, -0.177], below 0: better."""
+    alibi, rope = (1.80, 1.82, 1.84), (2.00, 2.05, 2.07)
+    per_seed = {
+        1337 + i: {("x_alibi", "plain", 256): a, ("x_rope", "plain", 256): r}
+        for i, (a, r) in enumerate(zip(alibi, rope))
+    }
+    table = study.verdict_table(study.COMPARISONS["loss"], per_seed, 64, loss=True)
+    assert table.splitlines()[2:] == [
+        "| ALiBi beats RoPE past T | alibi at 4 T | rope at 4 T | 3 | -0.220 [-0.263, -0.177] | better |"
+    ]
+
+
+@pytest.mark.parametrize("task", study.TASKS)
+def test_the_studys_table_files_begin_with_what_their_csvs_give(task):
+    """docs/extrapolation_table.md and retrieval_table.md: the summary over seeds and the verdicts, before
+    the per-seed tables that eval_length.py printed."""
+    cfg = study.StudyConfig(task=task)
+    text = (DOCS / f"{study.results_name(cfg)}_table.md").read_text(encoding="utf-8")
+    assert text.startswith(study.report(cfg, *study.read_study(cfg)) + "\n\n")

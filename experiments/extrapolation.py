@@ -18,6 +18,11 @@ tabulated); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes
 with their 95% interval) under --results, and under docs/ fills the docs' generated blocks. Finished runs are
 reused (--retrain trains again): the README's train.py runs are seed 1337's."""
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import importlib.util
 import math

@@ -27,6 +27,11 @@ if not __package__:  # `python experiments/longlora.py`: the repository's packag
         "experiments/longlora.py: error: run it from the repository root as `python -m experiments.longlora`"
     )
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import platform
 import statistics

@@ -24,6 +24,11 @@ mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) an
 gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
 fitness.csv and factors.png (with matplotlib) under --out ({checkpoint folder}_longrope_x{s}, or _short)."""
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import importlib.util
 import json

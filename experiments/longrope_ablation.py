@@ -13,6 +13,11 @@ fitness draws its own, --passkey_seed 1), at T and at s x T. Verdicts: paired di
 (checkpoint, search seed) pairs with their 95% t interval (measure/paired.py). Writes {name}.csv and
 {name}_table.md under --results, name longrope_{dataset}_x{s} unless --name."""
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import csv
 import statistics
 import sys

@@ -6,6 +6,11 @@ beside this tree's) against this tree's, alternated in one process, medians; bot
     python -m perf.ab --against=e752f8b --measure=train  # ms per optimizer step on 12 x 64 random tokens
 """
 
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
 import statistics
 import subprocess
 import sys

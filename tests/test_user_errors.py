@@ -448,6 +448,11 @@ run(sys.argv[0], run_name="__main__")
         "demo.figures",
         "demo.permutation",
         "demo.probe",
+        "experiments.extrapolation",
+        "experiments.longlora",
+        "experiments.longrope",
+        "experiments.longrope_ablation",
+        "perf.ab",
     ],
 )
 def test_a_ctrl_c_while_torch_is_imported_is_status_130_without_a_traceback(entry):

@@ -45,7 +45,7 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import check_original_len, parse_flags, read_rope_factors
+from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
@@ -169,20 +169,28 @@ class Source:
         self.block_size = self.config["block_size"]
         self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
 
-    def methods(self, rope_scalings):
-        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first."""
+    def methods(self, rope_scalings, longrope=None):
+        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first; longrope
+        only where `longrope`, the --rope_factors read, fits it (no_longrope)."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
         if self.config["pos"] == "rope":
-            return ["plain", *rope_scalings]
+            fits = longrope is not None and not self.no_longrope(longrope)
+            return ["plain", *(m for m in rope_scalings if m != LONGROPE or fits)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
-    def no_longrope(self):
-        """Why --rope_factors gives this checkpoint no longrope row, or None where it does."""
+    def no_longrope(self, longrope):
+        """Why the factors read from --rope_factors give this checkpoint no longrope row; None: they do."""
         if self.config["pos"] != "rope":
             return f"pos={self.config['pos']}, not RoPE"
         if self.config.get("rope_scaling"):
             return f"measured at its own rope_scaling={self.config['rope_scaling']}"
+        searched, original = (
+            longrope.get("rope_original_len"),
+            self.config["rope_original_len"] or self.block_size,
+        )
+        if searched not in (None, original):
+            return f"T = {original}, the factors were searched for {searched}"
         return None
 
 
@@ -304,7 +312,7 @@ def evaluate(sources, lengths, cfg, device, depths=None):
     plan = []  # (source, method, L)
     for source in sources:
         asked = set(lengths_for(source, lengths).values())
-        for i, method in enumerate(source.methods(cfg.rope_scalings)):
+        for i, method in enumerate(source.methods(cfg.rope_scalings, cfg.longrope)):
             for n in sorted(asked | {source.block_size} if i == 0 and depths is None else asked):
                 if available(source, method, n) and not same_as_plain(source, method, n):
                     plan.append((source, method, n))
@@ -336,7 +344,7 @@ def evaluate(sources, lengths, cfg, device, depths=None):
             results[source.name, method, n] = result
     rows = []
     for source in sources:
-        methods = source.methods(cfg.rope_scalings)
+        methods = source.methods(cfg.rope_scalings, cfg.longrope)
         reference = results[source.name, methods[0], source.block_size].loss if depths is None else None
         for method in methods:
             measures = {}
@@ -473,19 +481,23 @@ def check_length(source, n, cfg, device):
 
 
 def check_longrope(sources, lengths, cfg):
-    """Before any row: a one-line UserError if --rope_factors cannot give a RoPE checkpoint its longrope row
-    at every length (factors searched for another original length, or ones GPTConfig refuses: their count, the
-    attention factor); -> a note naming the checkpoints it gives none (None if it gives every one)."""
-    for source in (s for s in sources if cfg.longrope and not s.no_longrope()):
-        original = source.config["rope_original_len"] or source.block_size
-        check_original_len(cfg.longrope, original, f"{source.name}'s original length")
+    """Before any row: a one-line UserError if --rope_factors give no checkpoint a longrope row, or cannot
+    give one its row at every length (GPTConfig refuses them: their count, the attention factor); -> a note
+    naming the checkpoints they give none (no_longrope), None if they give every one."""
+    if not cfg.longrope:
+        return None
+    skipped = [f"{s.name} ({why})" for s in sources if (why := s.no_longrope(cfg.longrope))]
+    if len(skipped) == len(sources):
+        raise UserError(
+            f"--rope_factors {cfg.rope_factors} gives no checkpoint a longrope row: {', '.join(skipped)}", 2
+        )
+    for source in (s for s in sources if not s.no_longrope(cfg.longrope)):
         for n in lengths_for(source, lengths).values():
             factor = default_rope_factor(n, source.block_size)
             try:
                 GPTConfig(**source.config | rope_overrides(LONGROPE, factor, longrope=cfg.longrope))
             except ValueError as e:
                 raise UserError(f"--rope_factors {cfg.rope_factors} on {source.name}: {e}", 2) from None
-    skipped = [f"{s.name} ({why})" for s in sources if cfg.longrope and (why := s.no_longrope())]
     return f"note: --rope_factors gives no longrope row to {', '.join(skipped)}" if skipped else None
 
 

@@ -284,3 +284,26 @@ def test_rope_factors_name_the_checkpoints_they_give_no_longrope_row(checkpoints
         f"note: --rope_factors gives no longrope row to {names[1]} (pos=learned, not RoPE), "
         f"{names[2]} (measured at its own rope_scaling=yarn)"
     ), note
+
+
+def test_rope_factors_name_a_rope_checkpoint_of_another_t_and_refuse_when_none_fits(
+    checkpoints, tmp_path, capsys
+):
+    """Factors searched for T = BLOCK beside a RoPE run of 2 x BLOCK (a study's fine-tune): a longrope row for
+    the first, the second named; alone, the second is refused before any row."""
+    longer = tmp_path / "longer"
+    train.main([*TINY_RUN, "--pos=rope", f"--block_size={2 * BLOCK}", f"--out_dir={longer}"])
+    factors = tmp_path / "factors.json"
+    table = {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": BLOCK}
+    factors.write_text(json.dumps(table))
+    capsys.readouterr()
+    flags = [f"--lengths={4 * BLOCK}t", "--max_windows=1", f"--rope_factors={factors}", "--rope_scalings"]
+    rows = eval_length.main([checkpoints["rope"], str(longer), *flags, "--progress=false"])
+    assert [row.checkpoint for row in rows if row.scaling == "longrope"] == [checkpoints["rope"]]
+    note = (
+        f"note: --rope_factors gives no longrope row to {longer} (T = {2 * BLOCK}, the factors were searched"
+    )
+    assert capsys.readouterr().out.startswith(note)
+    err = error_line(capsys, eval_length, [str(longer), *flags], 2)
+    why = f"(T = {2 * BLOCK}, the factors were searched for {BLOCK})"
+    assert err.endswith(f"gives no checkpoint a longrope row: {longer} {why}")

@@ -309,6 +309,18 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope_nope4", "plain", 2), ("rope", "plain", 2), "a layer in 4 without RoPE"),
     ),
 }
+LR = FT + "longrope"  # LongRoPE's fine-tune with its 4 T factors; LR + "_x8": progressive, LR + "_short"
+LONGROPE_COMPARISONS = (  # --longrope's runs (longrope_runs), the claims of Ding et al. 2024
+    compare(("rope", "longrope", 4), ("rope", "yarn", 4), "searched factors beat YaRN zero-shot at 4 T"),
+    compare(("rope", "longrope", 4), ("rope", "llama3", 4), "searched factors beat llama3 zero-shot at 4 T"),
+    compare((LR, "longrope", 4), (FT + "yarn", "yarn", 4), "fine-tuned with them, against YaRN's fine-tune"),
+    compare((LR, "longrope", 1), ("rope", "plain", 1), "the fine-tune with the long factors, at T"),
+    compare((LR + "_x8", "longrope", 8), (LR, "longrope", 8), "progressive: factors searched at 8 T after"),
+    compare((LR + "_x8", "longrope", 8), (FT + "yarn", "yarn", 8), "progressive, against YaRN's fine-tune"),
+    compare((LR + "_x8", "longrope", 8), (FT + "plain", "plain", 8), "progressive, against the control"),
+    compare((LR + "_short", "longrope", 1), (LR, "longrope", 1), "short-context recovery at T"),
+)
+COMPARISONS = {task: (*found, *LONGROPE_COMPARISONS) for task, found in COMPARISONS.items()}
 # The README's table: (label, run, method) as in Side, at 1 to 8 x T
 README_ROWS = (
     ("learned (sliding window)", "learned", "window"),
@@ -512,11 +524,20 @@ def readme_table(per_seed, block_size):
     return markdown_table(["L (tokens)", *map(str, lengths)], rows)
 
 
-def docs_tables(task, per_seed, trained):
-    """{generated block name: markdown} of the docs' blocks of the whole study of `task`, from read_cells."""
+def docs_tables(task, per_seed, trained, longrope=False):
+    """{generated block name: markdown} of the docs' blocks of the whole study of `task` (longrope: of
+    --schemes rope --longrope), from read_cells."""
     block_size, loss = min(trained.values()), task == "loss"
     first, name = per_seed[FIRST_SEED], TASKS[task].name
     verdicts = verdict_table(COMPARISONS[task], per_seed, block_size, loss)
+    if longrope:
+        cfg = StudyConfig(task=task, schemes=["rope"], longrope=True)
+        searches = search_spread(cfg, per_seed, block_size)
+        return {
+            f"{name}_rope_longrope_seeds": spread_table(list(per_seed.values()), loss),
+            f"{name}_rope_longrope_verdicts": verdicts,
+            **({f"{name}_rope_longrope_searches": searches[0].split("\n\n", 1)[1]} if searches else {}),
+        }
     if loss:
         cells = list(per_seed.values())
         spread = "\n".join([spread_table(cells, True), "", *rankings(cells, block_size, True)])
@@ -578,9 +599,10 @@ def write_tables(cfg):
     text = "\n\n".join([report(cfg, per_seed, trained), *search_spread(cfg, per_seed, min(trained.values()))])
     write_output("results", path, lambda tmp: tmp.write_text(text + rest, encoding="utf-8"))
     print(f"{text}\nwrote {path}")
-    if results == ROOT / "docs" and name == TASKS[cfg.task].name:
+    longrope = cfg.longrope and cfg.schemes == ["rope"]
+    if results == ROOT / "docs" and (name == TASKS[cfg.task].name or longrope):
         for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, docs_tables(cfg.task, per_seed, trained))
+            fill_generated(page, docs_tables(cfg.task, per_seed, trained, longrope))
     return text
 
 

@@ -29,7 +29,7 @@ from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
-from plumbing.report import markdown_table
+from plumbing.report import fill_generated, markdown_table
 from plumbing.runs import ROOT, run_python
 from positions import require
 
@@ -59,6 +59,7 @@ class AblationConfig:
     max_windows: int = 64  # loss: windows per length
     results: str = "docs"  # folder of {name}.csv and {name}_table.md
     name: str | None = None  # None: longrope_{dataset}_x{factor}
+    tables: bool = False  # only {name}_table.md and the docs' block from {name}.csv: no search, no evaluation
 
     def __post_init__(self):  # variants: parse_flags' choices
         require(self.factor > 1, f"factor must be > 1 (the extension), got {self.factor}")
@@ -118,6 +119,9 @@ def main(argv=None):
         results = ROOT / cfg.results
         for suffix in (".csv", "_table.md"):  # before any search
             check_outputs({"results": results / f"{name}{suffix}"})
+        if cfg.tables:  # the measurement's own line kept
+            old = (results / f"{name}_table.md").read_text(encoding="utf-8")
+            return write_table(results, name, old.rstrip().rsplit("\n", 1)[-1])
         return run(cfg, data, T, results, name, argv)
 
 
@@ -145,9 +149,18 @@ def run(cfg, data, T, results, name, argv):
 
     write_output("results", results / f"{name}.csv", write)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    text = render(read_rows(results / f"{name}.csv")) + f"\n\nMeasured by `{command}`.\n"
+    return write_table(results, name, f"Measured by `{command}`.")
+
+
+def write_table(results, name, footer):
+    """{name}_table.md from {name}.csv, and under docs/ the docs' block of that name."""
+    table = render(read_rows(results / f"{name}.csv"))
+    text = f"{table}\n\n{footer}\n"
     write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    print(f"{text}wrote {results / name}.csv and {name}_table.md")
+    print(f"{text}wrote {results / name}_table.md")
+    if results == ROOT / "docs":
+        for page in [*results.glob("*.md"), ROOT / "README.md"]:
+            fill_generated(page, {name: table})
     return text
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from experiments import extrapolation as study
 from experiments import longlora
+from experiments import longrope_ablation as ablation
 from plumbing.report import GENERATED, generated_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +38,6 @@ NO_CSV = {
     "| run (`python train.py --config configs/passkey.toml ...`) "
     "| best val loss | exact match at L = T = 64 |",
 }
-# The LongRoPE section's tables are written by the LongRoPE part of experiments/extrapolation.py, which others
-# convert to generated blocks; its section is checked once it has a producer here
-ELSEWHERE = ("## LongRoPE",)
 
 
 @cache
@@ -49,6 +47,8 @@ def extrapolation_tables():
     for task in study.TASKS:
         cfg = study.StudyConfig(task=task)
         found |= study.docs_tables(task, *study.read_study(cfg))
+        cfg = study.StudyConfig(task=task, schemes=["rope"], longrope=True)  # its LongRoPE study
+        found |= study.docs_tables(task, *study.read_study(cfg), longrope=True)
     return found
 
 
@@ -60,13 +60,14 @@ def produced(name):
             pytest.skip(f"the LongLoRA study's {', '.join(missing)} is not committed: no table to compare")
         found = longlora.tables(*(longlora.read_rows(path) for path in inputs))
         return found[name][1] if name in found else None
+    if name.startswith("longrope_"):  # experiments.longrope_ablation's {name}.csv
+        path = DOCS / f"{name}.csv"
+        return ablation.render(ablation.read_rows(path)) if path.is_file() else None
     return extrapolation_tables().get(name)
 
 
 @pytest.mark.parametrize("page, name, body", BLOCKS, ids=[f"{p.name}:{n}" for p, n, _ in BLOCKS])
 def test_every_generated_block_is_what_its_producer_makes_of_the_committed_csvs(page, name, body):
-    if name.startswith("longrope"):
-        pytest.skip("LongRoPE's blocks: their producer is the LongRoPE part of experiments/extrapolation.py")
     text = produced(name)
     assert text is not None, f"{page.name}: no producer knows the generated block {name!r}"
     assert body == text, f"{page.name}: block {name!r} differs from what its CSVs give; run --tables"
@@ -83,14 +84,9 @@ def tables(text):
 
 
 def typed_result_tables(text):
-    """The headers of the tables of measured numbers outside generated blocks and ELSEWHERE's sections (each
-    up to the next '## ' heading), but for NOT_RESULTS and NO_CSV."""
+    """The headers of the tables of measured numbers outside generated blocks, but for NOT_RESULTS and
+    NO_CSV."""
     text = GENERATED.sub("", text)
-    for heading in ELSEWHERE:
-        if heading in text:
-            start = text.index(heading)
-            end = text.find("\n## ", start + len(heading))
-            text = text[:start] + (text[end:] if end >= 0 else "")
     return [
         header
         for header, lines in tables(text)

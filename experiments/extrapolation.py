@@ -530,12 +530,12 @@ def docs_tables(task, per_seed, trained, longrope=False):
     block_size, loss = min(trained.values()), task == "loss"
     first, name = per_seed[FIRST_SEED], TASKS[task].name
     verdicts = verdict_table(COMPARISONS[task], per_seed, block_size, loss)
-    if longrope:
+    if longrope:  # the rope runs' own verdicts are the whole study's: here LongRoPE's
         cfg = StudyConfig(task=task, schemes=["rope"], longrope=True)
         searches = search_spread(cfg, per_seed, block_size)
         return {
             f"{name}_rope_longrope_seeds": spread_table(list(per_seed.values()), loss),
-            f"{name}_rope_longrope_verdicts": verdicts,
+            f"{name}_rope_longrope_verdicts": verdict_table(LONGROPE_COMPARISONS, per_seed, block_size, loss),
             **({f"{name}_rope_longrope_searches": searches[0].split("\n\n", 1)[1]} if searches else {}),
         }
     if loss:
@@ -626,7 +626,8 @@ def search_spread(cfg, per_seed, block_size):
         )
     what = "validation loss" if loss else "exact-match rate"
     head = ["training seed", "run", "method", "length", f"{what}: mean ± sd", "min to max"]
-    text = f"LongRoPE's factors from {cfg.search_seeds} search seeds per rope run, each applied zero-shot:"
+    searches = max(len(v) for v in groups.values())
+    text = f"LongRoPE's factors from {searches} search seeds per rope run, each applied zero-shot:"
     return [f"{text}\n\n{markdown_table(head, rows)}"]
 
 

@@ -48,7 +48,7 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fill_generated, markdown_table
 from plumbing.resume import fine_tune_dir
-from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, run_python
+from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, read_rows, run_python
 from positions import LONGROPE, POS_SCHEMES, require
 
 PROG = "experiments/extrapolation.py"
@@ -567,11 +567,6 @@ def report(cfg, per_seed, trained):
         f"supports for a ('level' where the interval holds 0; 'inconclusive' under {VERDICT_SEEDS} seeds)."
     )
     return "\n\n".join([text, caption, table])
-
-
-def read_rows(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def read_study(cfg):

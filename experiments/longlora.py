@@ -53,7 +53,7 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, ensure_trained, run_python
+from plumbing.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
 from positions import require
 
 PROG = "python -m experiments.longlora"
@@ -215,16 +215,7 @@ def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):
     command += ["--csv", path]
     print(f"\n$ python {' '.join(map(str, command))}")
     run_python(command)
-    found = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            key = (Path(r["checkpoint"]).parent.name, int(r["length"]))
-            if task == "passkey" and int(r["trials"]):
-                correct, trials = found.get(key, (0, 0))
-                found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-            elif task == "loss" and r["loss"]:
-                found[key] = float(r["loss"])
-    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+    return evaluation_cells(path, task, lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"])))
 
 
 def main(argv=None):
@@ -309,11 +300,6 @@ def run_study(cfg, results, argv):
     footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
     footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
     return write_tables(cfg, results, footer)
-
-
-def read_rows(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def seed_values(rows, setting, task, length, steps=None):

@@ -30,7 +30,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, run_python
+from plumbing.runs import ROOT, evaluation_cells, read_rows, run_python
 from positions import require
 
 PROG = "python -m experiments.longrope_ablation"
@@ -95,16 +95,7 @@ def evaluate(cfg, folder, task, lengths, scalings, factors=None):
     command = ["eval_length.py", folder, f"--task={task}", "--lengths", lengths, amount, "--progress=false"]
     command += ["--rope_scalings", *scalings, *([f"--rope_factors={factors}"] if factors else [])]
     run_python([*command, "--device=cpu", "--csv", path])
-    found = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            key = (r["scaling"].split(" ")[0], int(r["length"]))
-            if task == "passkey" and int(r["trials"]):
-                correct, trials = found.get(key, (0, 0))
-                found[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-            elif task == "loss" and r["loss"]:
-                found[key] = float(r["loss"])
-    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+    return evaluation_cells(path, task, lambda r: (r["scaling"].split(" ")[0], int(r["length"])))
 
 
 def main(argv=None):
@@ -162,11 +153,6 @@ def write_table(results, name, footer):
         for page in [*results.glob("*.md"), ROOT / "README.md"]:
             fill_generated(page, {name: table})
     return text
-
-
-def read_rows(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def cells(rows, variant, task, length):

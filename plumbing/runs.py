@@ -2,6 +2,7 @@
 --pos=X ...` from the repository root), so the runs a user already made are used, not trained again: a
 finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it)."""
 
+import csv
 import dataclasses
 import json
 import os
@@ -66,6 +67,24 @@ def run_python(args, said="see its output above", **kwargs):
         command = shlex.join(["python", *args])
         raise UserError(f"`{command}` failed (exit status {done.returncode}); {said}")
     return done
+
+
+def read_rows(path):
+    """A CSV file's rows, as dicts."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def evaluation_cells(path, task, key):
+    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+    found = {}
+    for r in read_rows(path):
+        if task == "passkey" and int(r["trials"]):
+            correct, trials = found.get(key(r), (0, 0))
+            found[key(r)] = (correct + int(r["correct"]), trials + int(r["trials"]))
+        elif task == "loss" and r["loss"]:
+            found[key(r)] = float(r["loss"])
+    return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 
 def plan(commands):

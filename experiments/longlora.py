@@ -271,9 +271,10 @@ def run_study(cfg, results, argv):
         for seed in seeds
     }
     runs |= {
-        (s, FIRST_SEED, steps): fine_tune_command(cfg, base, s, best[s][0], steps, FIRST_SEED)
+        (s, seed, steps): fine_tune_command(cfg, base, s, best[s][0], steps, seed)
         for s in CURVE_SETTINGS
         for steps in cfg.curve
+        for seed in seeds
     }
     ensure_trained([command for command, _ in runs.values()], jobs=cfg.jobs)
 
@@ -330,9 +331,9 @@ def tables(rows, cost):
             rate_table(rows),
         ),
         "longlora_curve": (
-            f"The budget: retrieval / test loss at {LONG} tokens against fine-tuning steps (seed "
-            f"{FIRST_SEED}, each setting at its rate; the rate is constant, so a shorter run is the start of "
-            "a longer one):",
+            f"The budget: retrieval / test loss at {LONG} tokens against fine-tuning steps (mean over seeds "
+            f"{listed}, each setting at its rate; the rate is constant, so a shorter run is the start of a "
+            "longer one), and the first verdict at the longest budget:",
             curve_table(rows),
         ),
         "longlora_retrieval": (
@@ -386,16 +387,19 @@ def rate_table(rows):
 
 
 def curve_table(rows):
+    """CURVE_SETTINGS' retrieval / loss at 4 T per budget, mean over seeds; then COMPARISONS' first row
+    (S²-Attn against full attention) at the longest budget."""
     budgets = sorted(
         {int(r["steps"]) for r in rows if r["phase"] == "report" and r["setting"] in CURVE_SETTINGS}
     )
-    both = lambda s, n: " / ".join(
-        FORMAT[t](seed_values(rows, s, t, LONG, n).get(FIRST_SEED, float("nan"))) for t in FORMAT
-    )
-    return markdown_table(
+    mean = lambda s, t, n: FORMAT[t](statistics.fmean(seed_values(rows, s, t, LONG, n).values()))
+    both = lambda s, n: " / ".join(mean(s, t, n) for t in FORMAT)
+    curve = markdown_table(
         ["setting", *(f"{n} steps" for n in budgets)],
         [[s, *(both(s, n) for n in budgets)] for s in CURVE_SETTINGS],
     )
+    head = ["a", "b", "the claim", f"retrieval a - b at {budgets[-1]} steps", "loss a - b"]
+    return f"{curve}\n\n{markdown_table(head, verdict_rows(rows, budgets[-1])[:1])}"
 
 
 def quality_table(rows, task, steps):

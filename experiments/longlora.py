@@ -1,7 +1,7 @@
 """LongLoRA as its authors ran it (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
 T to 4 T with position interpolation, S²-Attn and LoRA, what each costs and keeps, in one command.
 
-    python -m experiments.longlora --jobs 2      # the whole study: about 2 hours on 2 cores
+    python -m experiments.longlora --jobs 2      # the whole study: about 90 minutes on 2 cores
     python -m experiments.longlora --tables      # only docs/longlora_table.md and the docs' blocks, from CSVs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 

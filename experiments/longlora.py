@@ -304,7 +304,7 @@ def run_study(cfg, results, argv):
 
 
 def seed_values(rows, setting, task, length, steps=None):
-    """{seed: value} of the report's rows of one setting (at steps; None: the study's max_iters)."""
+    """{seed: value} of the report's rows of one setting at a length (and at `steps`, unless None)."""
     return {
         int(r["seed"]): float(r["value"])
         for r in rows

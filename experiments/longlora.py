@@ -32,7 +32,6 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import platform
 import statistics
 import time
@@ -46,12 +45,12 @@ from data.passkey.task import default_name
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
-from measure.paired import paired_difference, verdict
+from measure.paired import paired_cell
 from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_training_memory
-from plumbing.outputs import check_outputs, write_output
+from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
 from plumbing.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
 from positions import require
@@ -293,8 +292,8 @@ def run_study(cfg, results, argv):
     torch.set_num_threads(1)
     methods = METHODS | {f"s2_g{2 * T}": SETTINGS[f"none_s2_g{2 * T}"]}
     cost = [step_cost(cfg, n, name, flags) for n in COST_LENGTHS for name, flags in methods.items()]
-    write_rows(results / "longlora.csv", CSV_COLUMNS, rows)
-    write_rows(results / "longlora_cost.csv", COST, [list(c.values()) for c in cost])
+    write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
+    write_rows("results", results / "longlora_cost.csv", COST, [list(c.values()) for c in cost])
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
     footer += f"Python {platform.python_version()}, {platform.machine()}; "
@@ -431,10 +430,9 @@ def verdict_rows(rows, steps):
             if len(seeds) < 2:
                 cells.append("n/a (fewer than 2 seeds)")
                 continue
-            mean, low, high = paired_difference([x[s] for s in seeds], [y[s] for s in seeds])
             scale, unit = (100, " points") if task == "passkey" else (1, "")
-            word = verdict(low, high, higher_is_better)
-            cells.append(f"{scale * mean:+.3g}{unit} [{scale * low:+.3g}, {scale * high:+.3g}]: {word}")
+            a_values, b_values = [x[s] for s in seeds], [y[s] for s in seeds]
+            cells.append(paired_cell(a_values, b_values, higher_is_better, scale, unit))
         table.append(cells)
     return table
 
@@ -461,16 +459,6 @@ def write_tables(cfg, results, footer):
         for page in [*results.glob("*.md"), ROOT / "README.md"]:
             fill_generated(page, {name: table for name, (_, table) in found.items()})
     return found
-
-
-def write_rows(path, columns, rows):
-    def write(tmp):
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(rows)
-
-    write_output("results", path, write)
 
 
 if __name__ == "__main__":

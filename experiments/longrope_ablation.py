@@ -18,17 +18,16 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from measure.paired import paired_difference, verdict
+from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from plumbing.outputs import check_outputs, write_output
+from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
 from plumbing.runs import ROOT, evaluation_cells, read_rows, run_python
 from positions import require
@@ -131,14 +130,7 @@ def run(cfg, data, T, results, name, argv):
                     for (scaling, n), value in evaluate(cfg, folder, task, lengths, [], factors).items():
                         if scaling == "longrope":
                             rows.append((Path(folder).name, variant, seed, task, n, value))
-
-    def write(tmp):
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            writer.writerows(rows)
-
-    write_output("results", results / f"{name}.csv", write)
+    write_rows("results", results / f"{name}.csv", COLUMNS, rows)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     return write_table(results, name, f"Measured by `{command}`.")
 
@@ -197,10 +189,8 @@ def render(rows):
             if len(keys) < 2:
                 row.append("n/a (fewer than 2 pairs)")
                 continue
-            mean, low, high = paired_difference([x[k] for k in keys], [y[k] for k in keys])
             scale = 100 if task == "passkey" else 1
-            word = verdict(low, high, higher_is_better=task == "passkey")
-            row.append(f"{scale * mean:+.3g} [{scale * low:+.3g}, {scale * high:+.3g}]: {word}")
+            row.append(paired_cell([x[k] for k in keys], [y[k] for k in keys], task == "passkey", scale))
         verdicts.append(row)
     if verdicts:
         what = [f"{'retrieval (points)' if t == 'passkey' else 'loss'} a - b at {longest}" for t in tasks]

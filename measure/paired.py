@@ -46,3 +46,10 @@ def verdict(low, high, higher_is_better):
     if low > 0 or high < 0:
         return "better" if (low > 0) == higher_is_better else "worse"
     return "level"
+
+
+def paired_cell(a, b, higher_is_better, scale=1, unit=""):
+    """'+12.3 points [+4.56, +20.1]: better': a - b over the pairs (scaled), its interval and its word."""
+    mean, low, high = paired_difference(a, b)
+    word = verdict(low, high, higher_is_better)
+    return f"{scale * mean:+.3g}{unit} [{scale * low:+.3g}, {scale * high:+.3g}]: {word}"

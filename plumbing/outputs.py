@@ -4,6 +4,7 @@ disk is one line then, not a traceback after hours), written all at once after i
 temporary file renamed into place (replace_atomically, checkpoints and datasets too): a write that fails
 midway leaves the file it replaces whole, and one that fails for lack of space says so in one line."""
 
+import csv
 import errno
 import os
 import shutil
@@ -101,3 +102,15 @@ def write_output(flag, path, write):
         return replace_atomically(path, write)
     except OSError as e:
         raise UserError(f"--{flag}={path}: could not be written ({e.strerror or e})") from None
+
+
+def write_rows(flag, path, columns, rows):
+    """A CSV file of `columns` and `rows`, written as write_output writes."""
+
+    def write(tmp):
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+
+    write_output(flag, path, write)

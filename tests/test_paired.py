@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from measure.paired import paired_difference, t_quantile, verdict
+from measure.paired import paired_cell, paired_difference, t_quantile, verdict
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
@@ -37,3 +37,9 @@ def test_a_verdict_needs_two_paired_seeds():
         paired_difference([1.0], [0.0])
     with pytest.raises(ValueError):
         paired_difference([1.0, 2.0], [0.0])
+
+
+def test_a_paired_cell_shows_the_scaled_difference_its_interval_and_word():
+    """The hand-computed case above in points: 200 -+ 248.4."""
+    assert paired_cell([1.5, 2.5, 3.5], [0.5] * 3, True, 100, " points") == "+200 points [-48.4, +448]: level"
+    assert paired_cell([1.0, 1.1, 1.2], [0.0, 0.1, 0.2], False) == "+1 [+1, +1]: worse"

@@ -4,25 +4,20 @@ file that train.py (--init_from), sample.py and eval_length.py take."""
 
 import csv
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 import eval_length
 import sample
 import train
-from data.common import DATA_ROOT
-from data.passkey import prepare as passkey_prepare
 from experiments import longrope
 from measure.losses import validation_tokens
 from measure.retrieval import count_correct, passkey_batch
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import read_rope_factors
-from positions import apply_rope, rope_cos_sin, rope_inv_freq
+from positions import longrope_baselines
 from tests.helpers import TINY_RUN
 
 
@@ -212,72 +207,48 @@ def test_an_unwritable_out_is_a_one_line_error_before_the_search(rope_run, tmp_p
     assert stop.value.code != 0 and "\n" not in err and "is a file, not a folder" in err, err
 
 
-def copy_back_weights(model, offset, sharpness=10.0, copy=10.0):
-    """Hand-set weights for a one-layer, one-head RoPE GPT (no biases) whose attention depends on position
-    alone, peaked at `offset` tokens back (the key k = q rotated by RoPE at `offset`: q_m . k_n is largest at
-    m - n = offset), and which copies the token found there: it retrieves a key stated right before its
-    question (depth 1) at any length, through RoPE's relative positions only. Embeddings: a one-hot block
-    (the token) and a constant block (the same query and key for every token). -> its state dict"""
-    wte, C = model.transformer.wte.weight, model.config.n_embd
-    block, vocab = model.transformer.h[0], wte.size(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for layer_norm in (block.ln_1, block.ln_2, model.transformer.ln_f):
-            layer_norm.weight.fill_(1.0)
-        wte[:, :vocab] = torch.eye(vocab)
-        wte[:, vocab:] = 1.0
-        z = F.layer_norm(wte[0], (C,))[vocab]  # the constant block after ln_1, for every token
-        q = torch.cat([torch.full((C // 2,), sharpness), torch.zeros(C // 2)])  # each pair (a, 0)
-        cos, sin = rope_cos_sin(torch.tensor([offset]), rope_inv_freq(C, model.config.rope_base).float())
-        k = apply_rope(q.view(1, 1, C), cos, sin).view(C)
-        w = block.attn.c_attn.weight  # rows: q, k, v
-        w[:C, vocab], w[C : 2 * C, vocab] = q / z, k / z
-        w[2 * C : 2 * C + vocab, :vocab] = torch.eye(vocab)  # v: the token's one-hot block
-        block.attn.c_proj.weight.copy_(copy * torch.eye(C))
-    return model.state_dict()
+# A tiny RoPE model trained to retrieve (2 layers x 64 dims, T = 32; 100% of the keys at T, 0% at 2 T plain):
+#     python -m data.passkey.prepare --block_size=32
+#     python train.py --dataset=passkey_ctx32 --block_size=32 --n_layer=2 --n_head=2 --n_embd=64 --bias=false
+#         --batch_size=64 --learning_rate=2e-3 --min_lr=2e-4 --max_iters=5000 --lr_decay_iters=5000
+#         --warmup_iters=100 --eval_interval=1000 --eval_iters=5 --compile=false
+# its best.pt (step 4000) without the optimizer's state.
+PASSKEY_RETRIEVER = Path(__file__).parent / "fixtures" / "passkey_retriever_rope.pt"
 
 
-@pytest.fixture
-def passkey_retriever(tmp_path):
-    """A checkpoint in the passkey vocabulary (train.py, one step on a small data/<name>) whose weights are
-    set by copy_back_weights: it retrieves keys stated at depth 1 (trained tiny models do not retrieve within
-    seconds). -> (path, ckpt)"""
-    name = f"test_longrope_passkey_{tmp_path.name}"
-    passkey_prepare.prepare(DATA_ROOT / name, block_size=16, train_samples=16, val_samples=4)
-    try:
-        tiny = [
-            "--n_layer=1",
-            "--n_head=1",
-            "--n_embd=64",
-            "--block_size=16",
-            "--bias=false",
-            "--max_iters=1",
-        ]
-        tiny += ["--batch_size=2", "--eval_iters=1", "--device=cpu", "--compile=false", "--log_interval=1"]
-        train.main([*tiny, f"--dataset={name}", f"--out_dir={tmp_path / 'run'}"])
-    finally:
-        shutil.rmtree(DATA_ROOT / name)
-    path = checkpoint_path(tmp_path / "run")
-    ckpt = load_checkpoint(path)
-    model = open_model(path, "cpu", ckpt)[0]
-    ckpt["model"] = copy_back_weights(model, offset=1 + longrope.KEY_DIGITS)  # the statement's digit
-    return path, ckpt
+def fitness_and_retrieval(candidates, length, short):
+    """{name: (passkey fitness, keys retrieved of 48)} of the trained retriever with each candidate's factors
+    as its short or long ones, on the search's own samples (16 per depth 0, 0.5, 1) of `length` tokens."""
+    ckpt = load_checkpoint(PASSKEY_RETRIEVER)
+    config, stoi = ckpt["model_config"], longrope.passkey_vocabulary(ckpt, PASSKEY_RETRIEVER)
+    seed = longrope.SearchConfig(checkpoint="-").passkey_seed
+    samples = [passkey_batch(stoi, length, depth, 16, seed) for depth in (0.0, 0.5, 1.0)]
+    results = {}
+    for name, factors in candidates.items():  # the model extended by s = 2 (its attention factor)
+        chosen = longrope.settings(config, (tuple(factors), 0), short, 2.0)
+        model = open_model(PASSKEY_RETRIEVER, "cpu", ckpt, longrope=chosen)[0]
+        fitness = longrope.passkey_fitness(model, samples, "cpu")
+        results[name] = (fitness, sum(count_correct(model, *sample) for sample in samples))
+    return results
 
 
-def test_passkey_fitness_ranks_a_candidate_that_retrieves_above_one_that_does_not(passkey_retriever):
-    """At L = 2 T (the long factors apply): factors all 1 keep RoPE's relative positions, and the model
-    retrieves; factors of 1e6 stop every pair turning, and it cannot find the key. The passkey fitness (the
-    key digits' loss, lower is better) ranks them so; the samples come from the search's own seed."""
-    path, ckpt = passkey_retriever
-    config, stoi = ckpt["model_config"], longrope.passkey_vocabulary(ckpt, path)
-    samples = [passkey_batch(stoi, 32, 1.0, 8, longrope.SearchConfig(checkpoint="-").passkey_seed)]
-    pairs, fitness, correct = config["n_embd"] // 2, {}, {}
-    for name, factor in (("keeps positions", 1.0), ("destroys them", 1e6)):
-        candidate = ((factor,) * pairs, 0)
-        longrope_settings = longrope.settings(config, candidate, False, 2.0)
-        model = open_model(path, "cpu", ckpt, longrope=longrope_settings)[0]
-        fitness[name] = longrope.passkey_fitness(model, samples, "cpu")
-        correct[name] = count_correct(model, *samples[0])
-    assert correct == {"keeps positions": 8, "destroys them": 0}
-    assert fitness["keeps positions"] < fitness["destroys them"]
+def test_passkey_fitness_ranks_a_candidate_that_retrieves_above_one_that_does_not():
+    """On a trained checkpoint, at L = T (the --short search: short factors): factors of 1 keep the positions
+    it was trained on and it retrieves every key; factors of 4 squeeze them and it retrieves none. The passkey
+    fitness (the key digits' loss, lower is better) ranks them so."""
+    pairs = 16  # head size 32
+    candidates = {"keeps positions": [1.0] * pairs, "squeezes them": [4.0] * pairs}
+    results = fitness_and_retrieval(candidates, 32, short=True)
+    (kept, kept_correct), (squeezed, squeezed_correct) = results["keeps positions"], results["squeezes them"]
+    assert (kept_correct, squeezed_correct) == (48, 0)
+    assert kept < squeezed
+
+
+def test_passkey_fitness_prefers_factors_that_retrieve_past_the_trained_length():
+    """At L = 2 T (long factors): plain RoPE's factors of 1 retrieve no key, YaRN's formula some; the passkey
+    fitness ranks YaRN's first, as a search must to find factors that retrieve."""
+    head_dim = 32
+    yarn = longrope_baselines(head_dim, 10000.0, 2.0, 32)["yarn"].tolist()
+    results = fitness_and_retrieval({"plain": [1.0] * (head_dim // 2), "yarn": yarn}, 64, short=False)
+    assert results["yarn"][1] > results["plain"][1] == 0
+    assert results["yarn"][0] < results["plain"][0]

@@ -41,6 +41,7 @@ import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
+from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, read_rows, run_python
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
@@ -48,7 +49,6 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fill_generated, markdown_table
 from plumbing.resume import fine_tune_dir
-from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, read_rows, run_python
 from positions import LONGROPE, POS_SCHEMES, require
 
 PROG = "experiments/extrapolation.py"
@@ -162,7 +162,7 @@ def base_runs(cfg):
 
 
 def train_runs(cfg, commands, duration=None):
-    """The runs of these train.py commands: reused, continued or trained (plumbing/runs.py)."""
+    """The runs of these train.py commands: reused, continued or trained (experiments/runs.py)."""
     elsewhere = "move it away, or pass another --out_root (--retrain trains it again, replacing it)"
     ensure_trained(commands, None if cfg.quick else duration, cfg.retrain, elsewhere=elsewhere)
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from data.passkey.task import default_name
+from experiments.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
@@ -52,7 +53,6 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
 from positions import require
 
 PROG = "python -m experiments.longlora"

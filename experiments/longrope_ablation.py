@@ -23,13 +23,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.runs import ROOT, evaluation_cells, read_rows, run_python
 from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, evaluation_cells, read_rows, run_python
 from positions import require
 
 PROG = "python -m experiments.longrope_ablation"

@@ -27,7 +27,7 @@ import model as current
 import positions
 from generation import generate_cached
 from plumbing import hardware
-from plumbing.cli import parse_flags, parse_list
+from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_generation_memory
 from plumbing.report import markdown_table
@@ -47,7 +47,7 @@ class ABConfig:
     new_tokens: int = 1024  # tokens generated per decoding run: 16 x block_size
     steps: int = 10  # optimizer steps per training round
     rounds: int = 5  # rounds of each side, alternated
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = threads_flag()
 
     def __post_init__(self):
         if self.against is None:

@@ -294,7 +294,7 @@ def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, 
 
 
 # A checkpoint file from train.py at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
-ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"
+ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"
 
 
 def test_the_fixture_checkpoint_samples_and_resumes_to_the_loss_of_an_uninterrupted_run(tmp_path):

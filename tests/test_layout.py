@@ -24,7 +24,7 @@ from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
 SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("measure/*.py")])
-FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"  # a RoPE checkpoint an older train.py wrote
+FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"  # RoPE, an older format
 
 
 def imported(path):

@@ -30,10 +30,10 @@ from types import MappingProxyType
 
 import torch
 
-from data.common import BatchSampler
+from data.common import BatchSampler, prepare_data
 from finetune import lora, s2
 from model import GPT, GPTConfig
-from plumbing import distributed, hardware, report, resume
+from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
 from plumbing.cli import check_original_len, parse_flags, read_rope_factors, threads_flag
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
@@ -217,7 +217,7 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 def start_run(cfg, model_config, procs):
     """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
-    data_dir, meta = distributed.prepare_data(cfg.dataset, procs)
+    data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
         path, ckpt, changes = resume.open_for_resume(

@@ -2,8 +2,8 @@
 bias off, random weights): model.py at git revision REV (with REV's positions.py and generation.py, loaded
 beside this tree's) against this tree's, alternated in one process, medians; both must decode alike first.
 
-    python -m perf.ab --against=5af28a4                  # tokens/s of greedy decoding from one token
-    python -m perf.ab --against=e752f8b --measure=train  # ms per optimizer step on 12 x 64 random tokens
+    python -m perf.ab --against=REV                  # tokens/s of greedy decoding from one token
+    python -m perf.ab --against=REV --measure=train  # ms per optimizer step on 12 x 64 random tokens
 """
 
 from plumbing.errors import quiet_ctrl_c

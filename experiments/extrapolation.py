@@ -23,21 +23,15 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import importlib.util
 import math
-import platform
 import re
 import statistics
 import subprocess
-import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-
-import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
@@ -46,8 +40,8 @@ from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.outputs import check_outputs, write_output
-from plumbing.report import fill_generated, markdown_table
+from plumbing.outputs import check_outputs, write_output, write_rows
+from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
 
@@ -573,8 +567,6 @@ def read_study(cfg):
     """read_cells of {results}/{name}.csv and of any {name}_seed*.csv beside it (a seed evaluated apart), the
     latter only for seeds {name}.csv lacks: a seed's rows counted once."""
     results, name = ROOT / cfg.results, results_name(cfg)
-    if not (results / f"{name}.csv").is_file():
-        raise UserError(f"{results / name}.csv: no such file; run the study first (or give --results)", 2)
     per_seed, trained = read_cells(read_rows(results / f"{name}.csv"), cfg.task)
     for path in sorted(results.glob(f"{name}_seed*.csv")):
         more, runs = read_cells(read_rows(path), cfg.task)
@@ -595,9 +587,8 @@ def write_tables(cfg):
     write_output("results", path, lambda tmp: tmp.write_text(text + rest, encoding="utf-8"))
     print(f"{text}\nwrote {path}")
     longrope = cfg.longrope and cfg.schemes == ["rope"]
-    if results == ROOT / "docs" and (name == TASKS[cfg.task].name or longrope):
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, docs_tables(cfg.task, per_seed, trained, longrope))
+    if name == TASKS[cfg.task].name or longrope:
+        fill_generated(results, docs_tables(cfg.task, per_seed, trained, longrope))
     return text
 
 
@@ -686,27 +677,15 @@ def run_study(cfg, argv):
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
         records += read_rows(csv_path)
     per_seed, trained = read_cells(records, cfg.task)
-
-    def write_csv(tmp):  # the seeds' CSVs as one file, one header
-        with open(tmp, "w", newline="", encoding="utf-8") as out:
-            if records:
-                writer = csv.DictWriter(out, fieldnames=list(records[0]))
-                writer.writeheader()
-                writer.writerows(records)
-
-    write_output("results", results / f"{name}.csv", write_csv)
-    seconds = time.perf_counter() - start
-    command = " ".join(["python -m experiments.extrapolation", *(argv or sys.argv[1:])])
-    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
-    footer += f"Python {platform.python_version()}, {platform.machine()} with {torch.get_num_threads()} "
-    footer += f"threads; wall time {seconds / 60:.1f} min"
-    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
+    columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
+    write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])
+    footer = measured("python -m experiments.extrapolation", argv, start, cfg.quick, threads=True)
     spread = search_spread(cfg, per_seed, min(trained.values()))
     text = "\n\n".join([report(cfg, per_seed, trained), *spread, *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")
-    return seconds
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

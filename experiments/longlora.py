@@ -32,11 +32,9 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -49,10 +47,10 @@ from measure.instruments import pyplot, save_figure
 from measure.paired import paired_cell
 from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
-from plumbing.errors import UserError, one_line_errors
+from plumbing.errors import one_line_errors
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_outputs, write_output, write_rows
-from plumbing.report import fill_generated, markdown_table
+from plumbing.report import fill_generated, markdown_table, measured
 from positions import require
 
 PROG = "python -m experiments.longlora"
@@ -294,12 +292,7 @@ def run_study(cfg, results, argv):
     cost = [step_cost(cfg, n, name, flags) for n in COST_LENGTHS for name, flags in methods.items()]
     write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
     write_rows("results", results / "longlora_cost.csv", COST, [list(c.values()) for c in cost])
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
-    footer += f"Python {platform.python_version()}, {platform.machine()}; "
-    footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
-    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    return write_tables(cfg, results, footer)
+    return write_tables(cfg, results, measured(PROG, argv, start, cfg.quick))
 
 
 def seed_values(rows, setting, task, length, steps=None):
@@ -443,21 +436,13 @@ def write_tables(cfg, results, footer):
     if footer is None:
         require(path.is_file() or not path.exists(), f"{path} is not a file")
         old = path.read_text(encoding="utf-8") if path.is_file() else ""
-        footer = (
-            old.rsplit("\n\n", 1)[-1].strip()
-            if old.rstrip().rsplit("\n\n", 1)[-1].startswith("Measured")
-            else ""
-        )
-    for name in ("longlora.csv", "longlora_cost.csv"):
-        if not (results / name).is_file():
-            raise UserError(f"{results / name}: no such file; run the study first (or give --results)", 2)
+        last = old.rstrip().rsplit("\n\n", 1)[-1]
+        footer = last.strip() if last.startswith("Measured") else ""
     found = tables(read_rows(results / "longlora.csv"), read_rows(results / "longlora_cost.csv"))
     text = render(found)
     write_output("results", path, lambda tmp: tmp.write_text(f"{text}\n\n{footer}\n", encoding="utf-8"))
     print(f"{text}\n\n{footer}\nwrote {path}")
-    if results == ROOT / "docs":  # the docs' blocks of these tables
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, {name: table for name, (_, table) in found.items()})
+    fill_generated(results, {name: table for name, (_, table) in found.items()})
     return found
 
 

@@ -141,9 +141,7 @@ def write_table(results, name, footer):
     text = f"{table}\n\n{footer}\n"
     write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     print(f"{text}wrote {results / name}_table.md")
-    if results == ROOT / "docs":
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, {name: table})
+    fill_generated(results, {name: table})
     return text
 
 

@@ -70,7 +70,9 @@ def run_python(args, said="see its output above", **kwargs):
 
 
 def read_rows(path):
-    """A CSV file's rows, as dicts."""
+    """A CSV file's rows, as dicts; a missing one a UserError."""
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file; run the study first (or give --results)", 2)
     with open(path, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 

@@ -247,6 +247,7 @@ def compare(a, b, claim):
 
 
 FT = "rope_ctx{long}_"  # the fine-tunes of rope, FT + "linear" (PI), "yarn", "plain" (the control)
+PI_FT, YARN_FT, CONTROL = (FT + "linear", "linear"), (FT + "yarn", "yarn"), (FT + "plain", "plain")
 COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each study
     "loss": (
         compare(("sinusoidal", "plain", 2), ("sinusoidal", "plain", 1), "sinusoidal collapses past T"),
@@ -264,15 +265,11 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope", "yarn", 4), ("rope", "plain", 4), "YaRN zero-shot beats plain RoPE"),
         compare(("rope", "ntk", 4), ("rope", "plain", 4), "NTK zero-shot beats plain RoPE"),
         compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
-        compare(
-            (FT + "linear", "linear", 4), ("rope", "plain", 4), "PI fine-tuned beats plain RoPE zero-shot"
-        ),
-        compare((FT + "linear", "linear", 4), ("rope", "plain", 1), "PI fine-tuned recovers the loss at T"),
-        compare(
-            (FT + "yarn", "yarn", 4), (FT + "linear", "linear", 4), "YaRN beats PI fine-tuned (Peng et al.)"
-        ),
-        compare((FT + "plain", "plain", 4), (FT + "yarn", "yarn", 4), "the control against fine-tuned YaRN"),
-        compare((FT + "plain", "plain", 8), (FT + "yarn", "yarn", 8), "the control against fine-tuned YaRN"),
+        compare((*PI_FT, 4), ("rope", "plain", 4), "PI fine-tuned beats plain RoPE zero-shot"),
+        compare((*PI_FT, 4), ("rope", "plain", 1), "PI fine-tuned recovers the loss at T"),
+        compare((*YARN_FT, 4), (*PI_FT, 4), "YaRN beats PI fine-tuned (Peng et al.)"),
+        compare((*CONTROL, 4), (*YARN_FT, 4), "the control against fine-tuned YaRN"),
+        compare((*CONTROL, 8), (*YARN_FT, 8), "the control against fine-tuned YaRN"),
         compare(
             ("learned_ctx{long}_plain", "plain", 4), ("learned", "window", 4), "learned's table interpolated"
         ),
@@ -295,10 +292,8 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope", "llama3", 2), ("rope", "plain", 2), "llama3 zero-shot beats plain RoPE"),
         compare(("rope", "dynamic", 2), ("rope", "plain", 2), "dynamic NTK zero-shot beats plain RoPE"),
         compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
-        compare(
-            (FT + "linear", "linear", 4), (FT + "plain", "plain", 4), "PI fine-tuned (Chen et al., Table 4)"
-        ),
-        compare((FT + "yarn", "yarn", 4), (FT + "plain", "plain", 4), "YaRN fine-tuned against the control"),
+        compare((*PI_FT, 4), (*CONTROL, 4), "PI fine-tuned (Chen et al., Table 4)"),
+        compare((*YARN_FT, 4), (*CONTROL, 4), "YaRN fine-tuned against the control"),
         compare(("rope_frac0.25", "plain", 2), ("rope", "plain", 2), "rotating a quarter of each head"),
         compare(("rope_nope4", "plain", 2), ("rope", "plain", 2), "a layer in 4 without RoPE"),
     ),
@@ -307,11 +302,11 @@ LR = FT + "longrope"  # LongRoPE's fine-tune with its 4 T factors; LR + "_x8": p
 LONGROPE_COMPARISONS = (  # --longrope's runs (longrope_runs), the claims of Ding et al. 2024
     compare(("rope", "longrope", 4), ("rope", "yarn", 4), "searched factors beat YaRN zero-shot at 4 T"),
     compare(("rope", "longrope", 4), ("rope", "llama3", 4), "searched factors beat llama3 zero-shot at 4 T"),
-    compare((LR, "longrope", 4), (FT + "yarn", "yarn", 4), "fine-tuned with them, against YaRN's fine-tune"),
+    compare((LR, "longrope", 4), (*YARN_FT, 4), "fine-tuned with them, against YaRN's fine-tune"),
     compare((LR, "longrope", 1), ("rope", "plain", 1), "the fine-tune with the long factors, at T"),
     compare((LR + "_x8", "longrope", 8), (LR, "longrope", 8), "progressive: factors searched at 8 T after"),
-    compare((LR + "_x8", "longrope", 8), (FT + "yarn", "yarn", 8), "progressive, against YaRN's fine-tune"),
-    compare((LR + "_x8", "longrope", 8), (FT + "plain", "plain", 8), "progressive, against the control"),
+    compare((LR + "_x8", "longrope", 8), (*YARN_FT, 8), "progressive, against YaRN's fine-tune"),
+    compare((LR + "_x8", "longrope", 8), (*CONTROL, 8), "progressive, against the control"),
     compare((LR + "_short", "longrope", 1), (LR, "longrope", 1), "short-context recovery at T"),
 )
 COMPARISONS = {task: (*found, *LONGROPE_COMPARISONS) for task, found in COMPARISONS.items()}
@@ -324,8 +319,8 @@ README_ROWS = (
     ("rope + PI x L/T, zero-shot", "rope", "linear"),
     ("alibi", "alibi", "plain"),
     ("none", "none", "plain"),
-    ("rope, YaRN x4 fine-tuned at 4 T", FT + "yarn", "yarn"),
-    ("rope, PI x4 fine-tuned at 4 T", FT + "linear", "linear"),
+    ("rope, YaRN x4 fine-tuned at 4 T", *YARN_FT),
+    ("rope, PI x4 fine-tuned at 4 T", *PI_FT),
 )
 SEED_SUFFIX = re.compile(r"_seed(\d+)")  # base_dir's: in the folder name of a run and of its fine-tunes
 
@@ -375,14 +370,8 @@ def rankings(per_seed, block_size, loss):
     """Per length, the base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every
     seed keeps the order, '~' where some seed reverses it."""
     lengths = sorted({key[2] for cells in per_seed for key in cells})
-    runs = sorted(
-        {
-            run
-            for cells in per_seed
-            for run, method, _ in cells
-            if method == "plain" and "_ctx" not in run and "_search" not in run
-        }
-    )
+    base = lambda run, method: method == "plain" and "_ctx" not in run and "_search" not in run
+    runs = sorted({run for cells in per_seed for run, method, _ in cells if base(run, method)})
     found = lambda key: [cells[key] for cells in per_seed if key in cells]
     lines = []
     for n in lengths:
@@ -491,16 +480,11 @@ def per_seed_table(per_seed, block_size, multiples=(1, 2, 4, 8)):
     rates at the multiples of T joined by ' / '."""
     lengths = [round(m * block_size) for m in multiples]
     keys = sorted({key[:2] for cells in per_seed.values() for key in cells})
-    rate = lambda v: f"{100 * v[0] / v[1]:.0f}"
-    rows = [
-        [
-            run,
-            method,
-            *(" / ".join(rate(cells[run, method, n]) for n in lengths) + "%" for cells in per_seed.values()),
-        ]
-        for run, method in keys
-        if all((run, method, n) in cells for cells in per_seed.values() for n in lengths)
-    ]
+    rates = lambda cells, key: " / ".join(
+        f"{100 * cells[(*key, n)][0] / cells[(*key, n)][1]:.0f}" for n in lengths
+    )
+    every = lambda key: all((*key, n) in cells for cells in per_seed.values() for n in lengths)
+    rows = [[*key, *(rates(cells, key) + "%" for cells in per_seed.values())] for key in keys if every(key)]
     head = ["run", "method", *(f"seed {seed}" for seed in per_seed)]
     return markdown_table(head, rows)
 

@@ -357,10 +357,9 @@ SPREAD = {"passkey": lambda v: f" ± {100 * v:.0f}", "loss": lambda v: f" ± {v:
 
 
 def cost_table(cost):
-    head = ["method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step"]
     number = lambda c: [c["method"], f"{int(c['tokens']):,}", f"{int(c['trained params']):,}"]
-    measured = lambda c: [f"{float(c[k]):.3g}" for k in COST[3:]]
-    return markdown_table(head, [number(c) + measured(c) for c in cost])
+    figures = lambda c: [f"{float(c[k]):.3g}" for k in COST[3:]]
+    return markdown_table(list(COST), [number(c) + figures(c) for c in cost])
 
 
 def rate_table(rows):

@@ -29,7 +29,6 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import importlib.util
 import json
 import time
@@ -48,7 +47,7 @@ from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, ru
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device
-from plumbing.outputs import check_outputs, write_output
+from plumbing.outputs import check_outputs, write_output, write_rows
 from positions import LONGROPE, longrope_baselines, require, rotary_dim
 
 PROG = "python -m experiments.longrope"
@@ -210,14 +209,7 @@ def write_outputs(out, best, history, config, T, s, short):
     factors = {"type": "longrope"} | {f"{k}_factor": chosen[f"rope_{k}_factor"] for k in ("short", "long")}
     factors |= dict(original_max_position_embeddings=T, factor=s, keep_first=best[1])
     lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
-
-    def write_fitness(tmp):
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(history[0]))
-            writer.writeheader()
-            writer.writerows(history)
-
-    write_output("out", out / "fitness.csv", write_fitness)
+    write_rows("out", out / "fitness.csv", list(history[0]), [list(row.values()) for row in history])
     if importlib.util.find_spec("matplotlib") is None:
         print("note: matplotlib is not installed: no factors.png (pip install matplotlib)")
     else:

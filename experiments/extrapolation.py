@@ -35,7 +35,7 @@ from pathlib import Path
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
-from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, read_rows, run_python
+from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, pooled_cells, read_rows, run_python
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
@@ -328,19 +328,12 @@ SEED_SUFFIX = re.compile(r"_seed(\d+)")  # base_dir's: in the folder name of a r
 def read_cells(rows, task):
     """eval_length.py's CSV rows -> ({seed: {(run, method, length): loss or (correct, trials)}}, {run: T}):
     the run is the folder's name less its seed suffix (none: FIRST_SEED), retrieval pooled over depths."""
-    per_seed, trained = {}, {}
-    for r in rows:
-        name = Path(r["checkpoint"]).name
-        seed = int(m[1]) if (m := SEED_SUFFIX.search(name)) else FIRST_SEED
-        run = SEED_SUFFIX.sub("", name)
-        trained[run] = int(r["block_size"])
-        cells, key = per_seed.setdefault(seed, {}), (run, r["scaling"], int(r["length"]))
-        if task == "loss" and r["loss"]:
-            cells[key] = float(r["loss"])
-        elif task == "passkey" and int(r["trials"]):
-            correct, trials = cells.get(key, (0, 0))
-            cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-    return dict(sorted(per_seed.items())), trained
+    seed = lambda r: int(m[1]) if (m := SEED_SUFFIX.search(Path(r["checkpoint"]).name)) else FIRST_SEED
+    run = lambda r: SEED_SUFFIX.sub("", Path(r["checkpoint"]).name)
+    per_seed, key = {seed(r): {} for r in rows}, lambda r: (seed(r), run(r), r["scaling"], int(r["length"]))
+    for (s, *cell), value in pooled_cells(rows, task, key).items():
+        per_seed[s][tuple(cell)] = value
+    return dict(sorted(per_seed.items())), {run(r): int(r["block_size"]) for r in rows}
 
 
 def spread_cell(values, loss):

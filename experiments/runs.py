@@ -77,15 +77,21 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def evaluation_cells(path, task, key):
-    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+def pooled_cells(rows, task, key):
+    """eval_length.py's CSV rows -> {key(row): the mean loss, or (correct, trials) pooled over depths}"""
     found = {}
-    for r in read_rows(path):
+    for r in rows:
         if task == "passkey" and int(r["trials"]):
             correct, trials = found.get(key(r), (0, 0))
             found[key(r)] = (correct + int(r["correct"]), trials + int(r["trials"]))
         elif task == "loss" and r["loss"]:
             found[key(r)] = float(r["loss"])
+    return found
+
+
+def evaluation_cells(path, task, key):
+    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+    found = pooled_cells(read_rows(path), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 

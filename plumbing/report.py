@@ -148,11 +148,8 @@ def measured(prog, argv, start, quick, threads=False):
     on = platform.machine() + (f" with {torch.get_num_threads()} threads" if threads else "")
     line = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
     minutes = (time.perf_counter() - start) / 60
-    return (
-        line
-        + f"Python {platform.python_version()}, {on}; wall time {minutes:.1f} min"
-        + (" (--quick: the numbers mean nothing)." if quick else ".")
-    )
+    line += f"Python {platform.python_version()}, {on}; wall time {minutes:.1f} min"
+    return line + (" (--quick: the numbers mean nothing)." if quick else ".")
 
 
 def markdown_table(columns, rows):

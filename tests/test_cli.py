@@ -295,7 +295,8 @@ def test_a_checkpoint_with_only_the_original_keys_samples_and_resumes(tmp_path, 
     assert re.search(r"resuming \S+ at step 2", capsys.readouterr().out)
 
 
-# A checkpoint file from train.py at commit 491106f: pos=rope, 1 layer x 16 dims, block_size 16, 2 of 3 steps.
+# A checkpoint of an older format (no finished, no RoPE variants): pos=rope, 1 layer x 16 dims, block_size 16,
+# 2 of 3 steps.
 ROPE_FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"
 
 

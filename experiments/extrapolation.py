@@ -204,15 +204,19 @@ def searched_runs(cfg, dataset, source, seed, first):
     """--search_seeds N > 1: search k = 1 at 4 T is the fine-tune's (first: its factors file), k = 2 .. N
     more for the rope run (seeds seed + 1000 (k - 1)), each put on its weights by a 0-step run
     {source}_x4_search{k}. -> those runs"""
-    runs, long = [], f"x{EXTENSION}"
+    runs, flag = [], f"--factor={EXTENSION}"
     for k in range(1, cfg.search_seeds + 1 if cfg.search_seeds > 1 else 1):
-        extra = (cfg, source, seed + 1000 * (k - 1), f"{long}_search{k}", f"--factor={EXTENSION}")
-        factors = first if k == 1 else search_longrope(*extra)
-        runs.append(f"{source}_{long}_search{k}")
-        zero = [f"--init_from={source}", f"--dataset={dataset}", f"--rope_factors={factors}", "--max_iters=0"]
-        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={runs[-1]}"]
-        train_runs(cfg, [zero])
+        name = f"x{EXTENSION}_search{k}"
+        factors = first if k == 1 else search_longrope(cfg, source, seed + 1000 * (k - 1), name, flag)
+        runs.append(apply_factors(cfg, source, [f"--dataset={dataset}"], factors, seed, f"{source}_{name}"))
     return runs
+
+
+def apply_factors(cfg, source, data, factors, seed, out):
+    """The 0-step run `out`: source's weights with LongRoPE's factors (a factors.json), trained on nothing."""
+    zero = [f"--init_from={source}", *data, f"--rope_factors={factors}", "--max_iters=0", "--eval_iters=1"]
+    train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={out}"]])
+    return out
 
 
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
@@ -227,10 +231,7 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     applied, data = [], [flag for flag in fine_tune_flags if flag.startswith("--dataset=")]  # the fine-tune's
     for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
         searched = search_longrope(cfg, tuned, seed, name, flag)
-        applied.append(f"{tuned}_{name}")
-        zero = [f"--init_from={tuned}", *data, f"--rope_factors={searched}", "--max_iters=0"]
-        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]
-        train_runs(cfg, [zero])
+        applied.append(apply_factors(cfg, tuned, data, searched, seed, f"{tuned}_{name}"))
     return factors, [tuned, *applied, *searched_runs(cfg, dataset, source, seed, factors)]
 
 

@@ -10,13 +10,11 @@
     python -m experiments.extrapolation --tables          # the tables again from the committed CSVs
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
-{out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
-learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
-at 8 T and at T; --search_seeds N: N searches at 4 T, each put on the rope run by a 0-step run, their spread
-tabulated); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv, {name}.png and
-{name}_table.md (per seed, then mean and spread over seeds and the verdicts: paired differences over seeds
-with their 95% interval) under --results, and under docs/ fills the docs' generated blocks. Finished runs are
-reused (--retrain trains again): the README's train.py runs are seed 1337's."""
+{out_root}/{dataset}_{pos}[_seed{S}], their fine-tunes to 4 x T (FINE_TUNES; --longrope: LongRoPE's
+progressive runs), every run evaluated at 1 to 8 x T. It writes {name}.csv, {name}.png and {name}_table.md
+under --results (per seed, then the spread over seeds and the verdicts: paired differences with their 95%
+interval) and under docs/ fills the docs' generated blocks. Finished runs are reused (--retrain: trained
+again)."""
 
 from plumbing.errors import quiet_ctrl_c
 

@@ -5,20 +5,12 @@ T to 4 T with position interpolation, S²-Attn and LoRA, what each costs and kee
     python -m experiments.longlora --tables      # only docs/longlora_table.md and the docs' blocks, from CSVs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
-The authors' recipe (fine-tune.py, eval.py and passkey_retrivial.py in dvlab-research/LongLoRA): RoPE scaled
-by linear interpolation at the extension factor in training and evaluation, AdamW with weight decay 0, a
-constant rate after 20 warmup steps, LoRA of rank 8 with dropout 0 on the attention projections, and the
-settings of their Table 2 each with S²-Attn (G = L / 4): full parameters, LoRA, LoRA + embeddings and norms;
-full attention beside them as the reference. YaRN in place of PI, and no scaling at all, are the same
-settings again (ablations), and S²-Attn with G = 2 T without scaling tests whether the distances a group
-never shows are what it misses. At 7B the authors' rate is 2e-5; here each setting takes its best of --rates
-by the loss at 4 T on data/passkey_ctx256's val split (seed 1337), and is then trained with --seeds seeds.
-
-Reported on data the choice never saw: passkey retrieval on fresh samples (eval_length.py's evaluation keys),
-the loss on the val split of data/passkey_ctx256_test (its own generator seed), each checkpoint's last step
-(ckpt.pt) with the RoPE scaling it records, and for the PI settings full and s2 the curve over --curve steps.
-Verdicts: paired differences over seeds with their 95% t interval (measure/paired.py). Under --results:
-longlora.csv (every measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
+The authors' recipe (dvlab-research/LongLoRA's fine-tune.py, eval.py, passkey_retrivial.py): PI at the
+extension factor, AdamW without weight decay, a constant rate after 20 warmup steps, LoRA of rank 8, and their
+Table 2's settings each with S²-Attn (G = L / 4) beside full attention; YaRN and no scaling as ablations. Each
+setting takes its best of --rates (the loss at 4 T, seed 1337) and is trained with --seeds seeds; reported on
+data no choice saw, with paired verdicts over seeds (measure/paired.py). Under --results: longlora.csv (every
+measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
 
 import sys
 

@@ -30,8 +30,7 @@ PLAN_CODE = (
 )
 # Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")
-NOT_COMPARED += ("threads",)
-NOT_COMPARED += ("wandb", "wandb_project", "wandb_run_name", "vocab_size")
+NOT_COMPARED += ("threads", "wandb", "wandb_project", "wandb_run_name", "vocab_size")
 EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
 
 

@@ -45,7 +45,7 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import parse_flags, read_rope_factors
+from plumbing.cli import parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.outputs import check_outputs, write_output
@@ -78,7 +78,7 @@ class EvalConfig:
     batch_size: int = 8  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
+    threads: str = threads_flag()
     csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
     positions_csv: str | None = None  # write the mean loss at every position to this CSV file
     plot: str | None = None  # draw loss by position and loss against length into this image file

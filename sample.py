@@ -32,7 +32,7 @@ from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 
 from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
-from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
@@ -53,7 +53,7 @@ class SampleConfig:
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
     seed: int = 1337  # same seed, same settings: same text
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
+    threads: str = threads_flag()
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)

@@ -30,12 +30,12 @@ from types import MappingProxyType
 
 import torch
 
-from data.common import BatchSampler
+from data.common import BatchSampler, prepare_data
 from finetune import lora, s2
 from model import GPT, GPTConfig
-from plumbing import distributed, hardware, report, resume
+from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import check_original_len, parse_flags, read_rope_factors
+from plumbing.cli import check_original_len, parse_flags, read_rope_factors, threads_flag
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
@@ -86,7 +86,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
-    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
+    threads: str = threads_flag()
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
     rope_factors: str | None = None
@@ -217,7 +217,7 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 
 def start_run(cfg, model_config, procs):
     """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
-    data_dir, meta = distributed.prepare_data(cfg.dataset, procs)
+    data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
         path, ckpt, changes = resume.open_for_resume(

@@ -9,22 +9,22 @@ import json
 import os
 import re
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 import torch
+import torch.distributed as dist
 
 from plumbing.cli import ArgumentParser
 from plumbing.errors import StopSignals, UserError, one_line_errors
 from plumbing.outputs import no_space, space_error
+from plumbing.tokenizers import TOKENIZERS, CharTokenizer, GPT2Tokenizer, get_tokenizer  # noqa: F401 (sample.py)
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
 FILES = ("train.bin", "val.bin", "meta.json")  # meta.json last: it is moved into place last
-TOKENIZERS = ("char", "gpt2")
 EMBEDDED = ("shakespeare_char", "shakespeare", "passkey")  # built by ensure_prepared on first use, offline
 GENERATED = ("passkey",)  # drawn by a generator: data/NAME/task.py defines outdated(meta, data_dir)
 REPLACE_HELP = "replace a dataset already in the folder (without it, that is refused and nothing changes)"
@@ -267,65 +267,16 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     return data_dir
 
 
-# tokenizers ------------------------------------------------------------------
-class CharTokenizer:
-    """One id per character: id i is the i-th of the vocabulary's characters (nanoGPT's shakespeare_char)."""
-
-    name, eot_id = "char", None  # eot_id: the id that ends a document, for tokenizers that have one
-
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.vocab_size, self.stoi = len(self.chars), {c: i for i, c in enumerate(self.chars)}
-
-    def encode(self, text: str) -> list:
-        if unknown := set(text).difference(self.stoi):
-            shown = ", ".join(repr(c) for c in sorted(unknown, key=text.index))  # in order of appearance
-            raise UserError(
-                f"characters not in the vocabulary: {shown} "
-                f"(this dataset's {self.vocab_size} characters are in its meta.json)"
-            )
-        return [self.stoi[c] for c in text]
-
-    def decode(self, ids) -> str:
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays as well as lists
-        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:  # a negative id would index from the end
-            raise ValueError(f"ids outside the vocabulary [0, {self.vocab_size}): {bad[:10]}")
-        return "".join(self.chars[i] for i in ids)
-
-    def to_meta(self) -> dict:  # the meta fields get_tokenizer rebuilds it from
-        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "chars": self.chars}
-
-
-class GPT2Tokenizer:
-    """GPT-2 BPE through tiktoken: 50257 ids, the last of which, 50256, is <|endoftext|>."""
-
-    name = "gpt2"
-
-    def __init__(self):
-        try:
-            self.enc = tiktoken.get_encoding("gpt2")  # tiktoken keeps it: loaded once per process
-        except Exception as e:  # downloaded on first use: offline that fails in several ways
-            raise UserError(
-                f"could not load tiktoken's GPT-2 BPE ({type(e).__name__}); it is downloaded on first use, "
-                "so connect to the internet once or set TIKTOKEN_CACHE_DIR to a folder of its cached files"
-            ) from e
-        self.vocab_size = self.enc.n_vocab  # 50257; a model may pad its embedding table past this
-        self.eot_id = self.enc.eot_token
-
-    def encode(self, text: str) -> list:
-        # encode_ordinary: "<|endoftext|>" written in a text is text; only eot_id ends a document
-        return self.enc.encode_ordinary(text)
-
-    def decode(self, ids) -> str:
-        return self.enc.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
-
-    def to_meta(self) -> dict:
-        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
-
-
-def get_tokenizer(meta: dict):
-    """The tokenizer a dataset was prepared with, from its meta (checked by load_meta or the checkpoint)."""
-    return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else GPT2Tokenizer()
+def prepare_data(dataset, procs):
+    """The dataset's folder and meta (procs: plumbing.distributed.Processes), an embedded dataset prepared on
+    first use by rank 0; then every rank looks, so all meet a missing dataset's error together."""
+    if procs.master:
+        with suppress(UserError):
+            ensure_prepared(dataset)
+    if procs.launched:
+        dist.barrier()
+    data_dir = ensure_prepared(dataset)
+    return data_dir, load_meta(data_dir)
 
 
 # a dataset from a text file (data/text, and the Shakespeare datasets with their fixed input) ---

@@ -10,45 +10,37 @@
     python -m experiments.extrapolation --tables          # the tables again from the committed CSVs
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
-{out_root}/{dataset}_{pos}[_seed{S}]; fine-tunes to 4 x T (rope with PI, with YaRN, and alone as the control;
-learned with its table interpolated; --longrope: LongRoPE's factors searched at 4 T, then from the fine-tune
-at 8 T and at T; --search_seeds N: N searches at 4 T, each put on the rope run by a 0-step run, their spread
-tabulated); every run at 1 to 8 x T (RoPE's extensions zero-shot too). It writes {name}.csv, {name}.png and
-{name}_table.md (per seed, then mean and spread over seeds and the verdicts: paired differences over seeds
-with their 95% interval) under --results, and under docs/ fills the docs' generated blocks. Finished runs are
-reused (--retrain trains again): the README's train.py runs are seed 1337's."""
+{out_root}/{dataset}_{pos}[_seed{S}], their fine-tunes to 4 x T (FINE_TUNES; --longrope: LongRoPE's
+progressive runs), every run evaluated at 1 to 8 x T. It writes {name}.csv, {name}.png and {name}_table.md
+under --results (per seed, then the spread over seeds and the verdicts: paired differences with their 95%
+interval) and under docs/ fills the docs' generated blocks. Finished runs are reused (--retrain: trained
+again)."""
 
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import importlib.util
 import math
-import platform
 import re
 import statistics
 import subprocess
-import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-
-import torch
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
+from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, pooled_cells, read_rows, run_python
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.outputs import check_outputs, write_output
-from plumbing.report import fill_generated, markdown_table
+from plumbing.outputs import check_outputs, write_output, write_rows
+from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
-from plumbing.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, read_rows, run_python
 from positions import LONGROPE, POS_SCHEMES, require
 
 PROG = "experiments/extrapolation.py"
@@ -162,7 +154,7 @@ def base_runs(cfg):
 
 
 def train_runs(cfg, commands, duration=None):
-    """The runs of these train.py commands: reused, continued or trained (plumbing/runs.py)."""
+    """The runs of these train.py commands: reused, continued or trained (experiments/runs.py)."""
     elsewhere = "move it away, or pass another --out_root (--retrain trains it again, replacing it)"
     ensure_trained(commands, None if cfg.quick else duration, cfg.retrain, elsewhere=elsewhere)
 
@@ -210,15 +202,19 @@ def searched_runs(cfg, dataset, source, seed, first):
     """--search_seeds N > 1: search k = 1 at 4 T is the fine-tune's (first: its factors file), k = 2 .. N
     more for the rope run (seeds seed + 1000 (k - 1)), each put on its weights by a 0-step run
     {source}_x4_search{k}. -> those runs"""
-    runs, long = [], f"x{EXTENSION}"
+    runs, flag = [], f"--factor={EXTENSION}"
     for k in range(1, cfg.search_seeds + 1 if cfg.search_seeds > 1 else 1):
-        extra = (cfg, source, seed + 1000 * (k - 1), f"{long}_search{k}", f"--factor={EXTENSION}")
-        factors = first if k == 1 else search_longrope(*extra)
-        runs.append(f"{source}_{long}_search{k}")
-        zero = [f"--init_from={source}", f"--dataset={dataset}", f"--rope_factors={factors}", "--max_iters=0"]
-        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={runs[-1]}"]
-        train_runs(cfg, [zero])
+        name = f"x{EXTENSION}_search{k}"
+        factors = first if k == 1 else search_longrope(cfg, source, seed + 1000 * (k - 1), name, flag)
+        runs.append(apply_factors(cfg, source, [f"--dataset={dataset}"], factors, seed, f"{source}_{name}"))
     return runs
+
+
+def apply_factors(cfg, source, data, factors, seed, out):
+    """The 0-step run `out`: source's weights with LongRoPE's factors (a factors.json), trained on nothing."""
+    zero = [f"--init_from={source}", *data, f"--rope_factors={factors}", "--max_iters=0", "--eval_iters=1"]
+    train_runs(cfg, [[*zero, f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={out}"]])
+    return out
 
 
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
@@ -233,10 +229,7 @@ def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     applied, data = [], [flag for flag in fine_tune_flags if flag.startswith("--dataset=")]  # the fine-tune's
     for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
         searched = search_longrope(cfg, tuned, seed, name, flag)
-        applied.append(f"{tuned}_{name}")
-        zero = [f"--init_from={tuned}", *data, f"--rope_factors={searched}", "--max_iters=0"]
-        zero += ["--eval_iters=1", f"--seed={seed}", f"--device={cfg.device}", f"--out_dir={applied[-1]}"]
-        train_runs(cfg, [zero])
+        applied.append(apply_factors(cfg, tuned, data, searched, seed, f"{tuned}_{name}"))
     return factors, [tuned, *applied, *searched_runs(cfg, dataset, source, seed, factors)]
 
 
@@ -253,6 +246,7 @@ def compare(a, b, claim):
 
 
 FT = "rope_ctx{long}_"  # the fine-tunes of rope, FT + "linear" (PI), "yarn", "plain" (the control)
+PI_FT, YARN_FT, CONTROL = (FT + "linear", "linear"), (FT + "yarn", "yarn"), (FT + "plain", "plain")
 COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each study
     "loss": (
         compare(("sinusoidal", "plain", 2), ("sinusoidal", "plain", 1), "sinusoidal collapses past T"),
@@ -270,15 +264,11 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope", "yarn", 4), ("rope", "plain", 4), "YaRN zero-shot beats plain RoPE"),
         compare(("rope", "ntk", 4), ("rope", "plain", 4), "NTK zero-shot beats plain RoPE"),
         compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
-        compare(
-            (FT + "linear", "linear", 4), ("rope", "plain", 4), "PI fine-tuned beats plain RoPE zero-shot"
-        ),
-        compare((FT + "linear", "linear", 4), ("rope", "plain", 1), "PI fine-tuned recovers the loss at T"),
-        compare(
-            (FT + "yarn", "yarn", 4), (FT + "linear", "linear", 4), "YaRN beats PI fine-tuned (Peng et al.)"
-        ),
-        compare((FT + "plain", "plain", 4), (FT + "yarn", "yarn", 4), "the control against fine-tuned YaRN"),
-        compare((FT + "plain", "plain", 8), (FT + "yarn", "yarn", 8), "the control against fine-tuned YaRN"),
+        compare((*PI_FT, 4), ("rope", "plain", 4), "PI fine-tuned beats plain RoPE zero-shot"),
+        compare((*PI_FT, 4), ("rope", "plain", 1), "PI fine-tuned recovers the loss at T"),
+        compare((*YARN_FT, 4), (*PI_FT, 4), "YaRN beats PI fine-tuned (Peng et al.)"),
+        compare((*CONTROL, 4), (*YARN_FT, 4), "the control against fine-tuned YaRN"),
+        compare((*CONTROL, 8), (*YARN_FT, 8), "the control against fine-tuned YaRN"),
         compare(
             ("learned_ctx{long}_plain", "plain", 4), ("learned", "window", 4), "learned's table interpolated"
         ),
@@ -301,10 +291,8 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope", "llama3", 2), ("rope", "plain", 2), "llama3 zero-shot beats plain RoPE"),
         compare(("rope", "dynamic", 2), ("rope", "plain", 2), "dynamic NTK zero-shot beats plain RoPE"),
         compare(("rope", "llama3", 4), ("rope", "yarn", 4), "llama3 against YaRN, zero-shot"),
-        compare(
-            (FT + "linear", "linear", 4), (FT + "plain", "plain", 4), "PI fine-tuned (Chen et al., Table 4)"
-        ),
-        compare((FT + "yarn", "yarn", 4), (FT + "plain", "plain", 4), "YaRN fine-tuned against the control"),
+        compare((*PI_FT, 4), (*CONTROL, 4), "PI fine-tuned (Chen et al., Table 4)"),
+        compare((*YARN_FT, 4), (*CONTROL, 4), "YaRN fine-tuned against the control"),
         compare(("rope_frac0.25", "plain", 2), ("rope", "plain", 2), "rotating a quarter of each head"),
         compare(("rope_nope4", "plain", 2), ("rope", "plain", 2), "a layer in 4 without RoPE"),
     ),
@@ -313,11 +301,11 @@ LR = FT + "longrope"  # LongRoPE's fine-tune with its 4 T factors; LR + "_x8": p
 LONGROPE_COMPARISONS = (  # --longrope's runs (longrope_runs), the claims of Ding et al. 2024
     compare(("rope", "longrope", 4), ("rope", "yarn", 4), "searched factors beat YaRN zero-shot at 4 T"),
     compare(("rope", "longrope", 4), ("rope", "llama3", 4), "searched factors beat llama3 zero-shot at 4 T"),
-    compare((LR, "longrope", 4), (FT + "yarn", "yarn", 4), "fine-tuned with them, against YaRN's fine-tune"),
+    compare((LR, "longrope", 4), (*YARN_FT, 4), "fine-tuned with them, against YaRN's fine-tune"),
     compare((LR, "longrope", 1), ("rope", "plain", 1), "the fine-tune with the long factors, at T"),
     compare((LR + "_x8", "longrope", 8), (LR, "longrope", 8), "progressive: factors searched at 8 T after"),
-    compare((LR + "_x8", "longrope", 8), (FT + "yarn", "yarn", 8), "progressive, against YaRN's fine-tune"),
-    compare((LR + "_x8", "longrope", 8), (FT + "plain", "plain", 8), "progressive, against the control"),
+    compare((LR + "_x8", "longrope", 8), (*YARN_FT, 8), "progressive, against YaRN's fine-tune"),
+    compare((LR + "_x8", "longrope", 8), (*CONTROL, 8), "progressive, against the control"),
     compare((LR + "_short", "longrope", 1), (LR, "longrope", 1), "short-context recovery at T"),
 )
 COMPARISONS = {task: (*found, *LONGROPE_COMPARISONS) for task, found in COMPARISONS.items()}
@@ -330,8 +318,8 @@ README_ROWS = (
     ("rope + PI x L/T, zero-shot", "rope", "linear"),
     ("alibi", "alibi", "plain"),
     ("none", "none", "plain"),
-    ("rope, YaRN x4 fine-tuned at 4 T", FT + "yarn", "yarn"),
-    ("rope, PI x4 fine-tuned at 4 T", FT + "linear", "linear"),
+    ("rope, YaRN x4 fine-tuned at 4 T", *YARN_FT),
+    ("rope, PI x4 fine-tuned at 4 T", *PI_FT),
 )
 SEED_SUFFIX = re.compile(r"_seed(\d+)")  # base_dir's: in the folder name of a run and of its fine-tunes
 
@@ -339,19 +327,12 @@ SEED_SUFFIX = re.compile(r"_seed(\d+)")  # base_dir's: in the folder name of a r
 def read_cells(rows, task):
     """eval_length.py's CSV rows -> ({seed: {(run, method, length): loss or (correct, trials)}}, {run: T}):
     the run is the folder's name less its seed suffix (none: FIRST_SEED), retrieval pooled over depths."""
-    per_seed, trained = {}, {}
-    for r in rows:
-        name = Path(r["checkpoint"]).name
-        seed = int(m[1]) if (m := SEED_SUFFIX.search(name)) else FIRST_SEED
-        run = SEED_SUFFIX.sub("", name)
-        trained[run] = int(r["block_size"])
-        cells, key = per_seed.setdefault(seed, {}), (run, r["scaling"], int(r["length"]))
-        if task == "loss" and r["loss"]:
-            cells[key] = float(r["loss"])
-        elif task == "passkey" and int(r["trials"]):
-            correct, trials = cells.get(key, (0, 0))
-            cells[key] = (correct + int(r["correct"]), trials + int(r["trials"]))
-    return dict(sorted(per_seed.items())), trained
+    seed = lambda r: int(m[1]) if (m := SEED_SUFFIX.search(Path(r["checkpoint"]).name)) else FIRST_SEED
+    run = lambda r: SEED_SUFFIX.sub("", Path(r["checkpoint"]).name)
+    per_seed, key = {seed(r): {} for r in rows}, lambda r: (seed(r), run(r), r["scaling"], int(r["length"]))
+    for (s, *cell), value in pooled_cells(rows, task, key).items():
+        per_seed[s][tuple(cell)] = value
+    return dict(sorted(per_seed.items())), {run(r): int(r["block_size"]) for r in rows}
 
 
 def spread_cell(values, loss):
@@ -381,14 +362,8 @@ def rankings(per_seed, block_size, loss):
     """Per length, the base schemes (their own rows) ranked by the mean, best first: '<' (or '>') where every
     seed keeps the order, '~' where some seed reverses it."""
     lengths = sorted({key[2] for cells in per_seed for key in cells})
-    runs = sorted(
-        {
-            run
-            for cells in per_seed
-            for run, method, _ in cells
-            if method == "plain" and "_ctx" not in run and "_search" not in run
-        }
-    )
+    base = lambda run, method: method == "plain" and "_ctx" not in run and "_search" not in run
+    runs = sorted({run for cells in per_seed for run, method, _ in cells if base(run, method)})
     found = lambda key: [cells[key] for cells in per_seed if key in cells]
     lines = []
     for n in lengths:
@@ -497,16 +472,11 @@ def per_seed_table(per_seed, block_size, multiples=(1, 2, 4, 8)):
     rates at the multiples of T joined by ' / '."""
     lengths = [round(m * block_size) for m in multiples]
     keys = sorted({key[:2] for cells in per_seed.values() for key in cells})
-    rate = lambda v: f"{100 * v[0] / v[1]:.0f}"
-    rows = [
-        [
-            run,
-            method,
-            *(" / ".join(rate(cells[run, method, n]) for n in lengths) + "%" for cells in per_seed.values()),
-        ]
-        for run, method in keys
-        if all((run, method, n) in cells for cells in per_seed.values() for n in lengths)
-    ]
+    rates = lambda cells, key: " / ".join(
+        f"{100 * cells[(*key, n)][0] / cells[(*key, n)][1]:.0f}" for n in lengths
+    )
+    every = lambda key: all((*key, n) in cells for cells in per_seed.values() for n in lengths)
+    rows = [[*key, *(rates(cells, key) + "%" for cells in per_seed.values())] for key in keys if every(key)]
     head = ["run", "method", *(f"seed {seed}" for seed in per_seed)]
     return markdown_table(head, rows)
 
@@ -573,8 +543,6 @@ def read_study(cfg):
     """read_cells of {results}/{name}.csv and of any {name}_seed*.csv beside it (a seed evaluated apart), the
     latter only for seeds {name}.csv lacks: a seed's rows counted once."""
     results, name = ROOT / cfg.results, results_name(cfg)
-    if not (results / f"{name}.csv").is_file():
-        raise UserError(f"{results / name}.csv: no such file; run the study first (or give --results)", 2)
     per_seed, trained = read_cells(read_rows(results / f"{name}.csv"), cfg.task)
     for path in sorted(results.glob(f"{name}_seed*.csv")):
         more, runs = read_cells(read_rows(path), cfg.task)
@@ -595,9 +563,8 @@ def write_tables(cfg):
     write_output("results", path, lambda tmp: tmp.write_text(text + rest, encoding="utf-8"))
     print(f"{text}\nwrote {path}")
     longrope = cfg.longrope and cfg.schemes == ["rope"]
-    if results == ROOT / "docs" and (name == TASKS[cfg.task].name or longrope):
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, docs_tables(cfg.task, per_seed, trained, longrope))
+    if name == TASKS[cfg.task].name or longrope:
+        fill_generated(results, docs_tables(cfg.task, per_seed, trained, longrope))
     return text
 
 
@@ -686,27 +653,15 @@ def run_study(cfg, argv):
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
         records += read_rows(csv_path)
     per_seed, trained = read_cells(records, cfg.task)
-
-    def write_csv(tmp):  # the seeds' CSVs as one file, one header
-        with open(tmp, "w", newline="", encoding="utf-8") as out:
-            if records:
-                writer = csv.DictWriter(out, fieldnames=list(records[0]))
-                writer.writeheader()
-                writer.writerows(records)
-
-    write_output("results", results / f"{name}.csv", write_csv)
-    seconds = time.perf_counter() - start
-    command = " ".join(["python -m experiments.extrapolation", *(argv or sys.argv[1:])])
-    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
-    footer += f"Python {platform.python_version()}, {platform.machine()} with {torch.get_num_threads()} "
-    footer += f"threads; wall time {seconds / 60:.1f} min"
-    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
+    columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
+    write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])
+    footer = measured("python -m experiments.extrapolation", argv, start, cfg.quick, threads=True)
     spread = search_spread(cfg, per_seed, min(trained.values()))
     text = "\n\n".join([report(cfg, per_seed, trained), *spread, *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")
-    return seconds
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

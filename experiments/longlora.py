@@ -5,20 +5,12 @@ T to 4 T with position interpolation, S²-Attn and LoRA, what each costs and kee
     python -m experiments.longlora --tables      # only docs/longlora_table.md and the docs' blocks, from CSVs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
-The authors' recipe (fine-tune.py, eval.py and passkey_retrivial.py in dvlab-research/LongLoRA): RoPE scaled
-by linear interpolation at the extension factor in training and evaluation, AdamW with weight decay 0, a
-constant rate after 20 warmup steps, LoRA of rank 8 with dropout 0 on the attention projections, and the
-settings of their Table 2 each with S²-Attn (G = L / 4): full parameters, LoRA, LoRA + embeddings and norms;
-full attention beside them as the reference. YaRN in place of PI, and no scaling at all, are the same
-settings again (ablations), and S²-Attn with G = 2 T without scaling tests whether the distances a group
-never shows are what it misses. At 7B the authors' rate is 2e-5; here each setting takes its best of --rates
-by the loss at 4 T on data/passkey_ctx256's val split (seed 1337), and is then trained with --seeds seeds.
-
-Reported on data the choice never saw: passkey retrieval on fresh samples (eval_length.py's evaluation keys),
-the loss on the val split of data/passkey_ctx256_test (its own generator seed), each checkpoint's last step
-(ckpt.pt) with the RoPE scaling it records, and for the PI settings full and s2 the curve over --curve steps.
-Verdicts: paired differences over seeds with their 95% t interval (measure/paired.py). Under --results:
-longlora.csv (every measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
+The authors' recipe (dvlab-research/LongLoRA's fine-tune.py, eval.py, passkey_retrivial.py): PI at the
+extension factor, AdamW without weight decay, a constant rate after 20 warmup steps, LoRA of rank 8, and their
+Table 2's settings each with S²-Attn (G = L / 4) beside full attention; YaRN and no scaling as ablations. Each
+setting takes its best of --rates (the loss at 4 T, seed 1337) and is trained with --seeds seeds; reported on
+data no choice saw, with paired verdicts over seeds (measure/paired.py). Under --results: longlora.csv (every
+measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
 
 import sys
 
@@ -32,27 +24,25 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from data.passkey.task import default_name
+from experiments.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
 from measure.paired import paired_cell
 from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
-from plumbing.errors import UserError, one_line_errors
+from plumbing.errors import one_line_errors
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_outputs, write_output, write_rows
-from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
+from plumbing.report import fill_generated, markdown_table, measured
 from positions import require
 
 PROG = "python -m experiments.longlora"
@@ -294,12 +284,7 @@ def run_study(cfg, results, argv):
     cost = [step_cost(cfg, n, name, flags) for n in COST_LENGTHS for name, flags in methods.items()]
     write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
     write_rows("results", results / "longlora_cost.csv", COST, [list(c.values()) for c in cost])
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    footer = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
-    footer += f"Python {platform.python_version()}, {platform.machine()}; "
-    footer += f"wall time {(time.perf_counter() - start) / 60:.1f} min"
-    footer += " (--quick: the numbers mean nothing)." if cfg.quick else "."
-    return write_tables(cfg, results, footer)
+    return write_tables(cfg, results, measured(PROG, argv, start, cfg.quick))
 
 
 def seed_values(rows, setting, task, length, steps=None):
@@ -364,10 +349,9 @@ SPREAD = {"passkey": lambda v: f" ± {100 * v:.0f}", "loss": lambda v: f" ± {v:
 
 
 def cost_table(cost):
-    head = ["method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step"]
     number = lambda c: [c["method"], f"{int(c['tokens']):,}", f"{int(c['trained params']):,}"]
-    measured = lambda c: [f"{float(c[k]):.3g}" for k in COST[3:]]
-    return markdown_table(head, [number(c) + measured(c) for c in cost])
+    figures = lambda c: [f"{float(c[k]):.3g}" for k in COST[3:]]
+    return markdown_table(list(COST), [number(c) + figures(c) for c in cost])
 
 
 def rate_table(rows):
@@ -443,21 +427,13 @@ def write_tables(cfg, results, footer):
     if footer is None:
         require(path.is_file() or not path.exists(), f"{path} is not a file")
         old = path.read_text(encoding="utf-8") if path.is_file() else ""
-        footer = (
-            old.rsplit("\n\n", 1)[-1].strip()
-            if old.rstrip().rsplit("\n\n", 1)[-1].startswith("Measured")
-            else ""
-        )
-    for name in ("longlora.csv", "longlora_cost.csv"):
-        if not (results / name).is_file():
-            raise UserError(f"{results / name}: no such file; run the study first (or give --results)", 2)
+        last = old.rstrip().rsplit("\n\n", 1)[-1]
+        footer = last.strip() if last.startswith("Measured") else ""
     found = tables(read_rows(results / "longlora.csv"), read_rows(results / "longlora_cost.csv"))
     text = render(found)
     write_output("results", path, lambda tmp: tmp.write_text(f"{text}\n\n{footer}\n", encoding="utf-8"))
     print(f"{text}\n\n{footer}\nwrote {path}")
-    if results == ROOT / "docs":  # the docs' blocks of these tables
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, {name: table for name, (_, table) in found.items()})
+    fill_generated(results, {name: table for name, (_, table) in found.items()})
     return found
 
 

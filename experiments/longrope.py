@@ -8,28 +8,20 @@ a trained checkpoint at s times its original length, where PI, NTK, YaRN and lla
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --factor 8  # progressive
     python -m experiments.longrope out/shakespeare_char_rope_ctx256_longrope --short     # short ones, at T
 
-Fitness (--fitness): loss, the mean loss over --windows windows of L = s x T tokens spread over the dataset's
-TRAIN split (train.bin), as the paper searches on one corpus (PG19) and reports on others: eval_length.py,
-the study and train.py's validation loss read val.bin, so no searched window is ever an evaluation window.
-passkey (beyond the paper, as LongRoPE2's needle-driven search): the cross-entropy of the key's five digits
-at the answer, over --windows passkey samples of L tokens per depth of PASSKEY_DEPTHS, drawn with
---passkey_seed (eval_length.py draws its samples with its --passkey_seed, 0), for checkpoints trained on the
-passkey vocabulary. The paper's constraints: 1 <= lambda_0 <= lambda_1 <= ... <= the bound, n-hat in N_HATS
-(--n_hat fixes it). The bound is 1 + L/T, as microsoft/LongRoPE's released search draws every factor from
-np.arange(1.0, 1.0 + scale + list_step, list_step), scale = target / original length
-(evolution/algorithms/dim_mono.py, DimMonoGeneticAlgorithm.mutate; scale from evolution/search.py);
---top=X bounds them by X x L/T instead. The first population: PI's, NTK's and YaRN's factors (and
-the checkpoint's own, scaled to s), then their mutations; each generation keeps the best --parents and breeds
-mutations (each factor with probability --mutation, times exp(N(0, SIGMA^2))) and crossovers. The same seed
-gives the same search. Writes factors.json (--rope_factors for train.py, sample.py and eval_length.py),
-fitness.csv and factors.png (with matplotlib) under --out ({checkpoint folder}_longrope_x{s}, or _short)."""
+Fitness: loss, the mean loss of windows of L = s x T tokens from the TRAIN split (every evaluation reads val),
+or passkey (as LongRoPE2's needle-driven search), the loss on the key's digits over passkey samples of L
+tokens. Factors lie in [1, 1 + L/T] and rise from the fastest pair, as microsoft/LongRoPE's released search
+draws them (evolution/algorithms/dim_mono.py; --top bounds them otherwise); the first population is PI's,
+NTK's and YaRN's factors (and the checkpoint's own), each generation keeps the best --parents and breeds
+mutations and crossovers; the same seed gives the same search (docs/extrapolation.md, LongRoPE). Writes
+factors.json (--rope_factors for train.py, sample.py and eval_length.py), fitness.csv and factors.png under
+--out ({checkpoint folder}_longrope_x{s}, or _short)."""
 
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import importlib.util
 import json
 import time
@@ -48,7 +40,7 @@ from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, ru
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device
-from plumbing.outputs import check_outputs, write_output
+from plumbing.outputs import check_outputs, write_output, write_rows
 from positions import LONGROPE, longrope_baselines, require, rotary_dim
 
 PROG = "python -m experiments.longrope"
@@ -210,14 +202,7 @@ def write_outputs(out, best, history, config, T, s, short):
     factors = {"type": "longrope"} | {f"{k}_factor": chosen[f"rope_{k}_factor"] for k in ("short", "long")}
     factors |= dict(original_max_position_embeddings=T, factor=s, keep_first=best[1])
     lines = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in factors.items())
-
-    def write_fitness(tmp):
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(history[0]))
-            writer.writeheader()
-            writer.writerows(history)
-
-    write_output("out", out / "fitness.csv", write_fitness)
+    write_rows("out", out / "fitness.csv", list(history[0]), [list(row.values()) for row in history])
     if importlib.util.find_spec("matplotlib") is None:
         print("note: matplotlib is not installed: no factors.png (pip install matplotlib)")
     else:

@@ -1,17 +1,15 @@
 """LongRoPE's search varied (docs/extrapolation.md, "LongRoPE: what the search needs"): the fitness (the
-paper's loss against a passkey fitness, as LongRoPE2's needle-driven search) and n-hat (0, 8, or searched),
-each over --seeds search seeds per checkpoint, zero-shot at s = --factor, beside YaRN at the same s.
+paper's loss against a passkey fitness) and n-hat (0, 8, or searched), each over --seeds search seeds per
+checkpoint, zero-shot at s = --factor, beside YaRN at the same s.
 
     python -m experiments.longrope_ablation out/longlora/passkey_rope --factor 4     # fitness and n-hat
     python -m experiments.longrope_ablation out/shakespeare_char_rope out/shakespeare_char_rope_seed1338 \\
         out/shakespeare_char_rope_seed1339 --factor 8 --variants loss                # 8 T without fine-tuning
 
-Every search runs `python -m experiments.longrope` (into {checkpoint}_longrope_x{s}_{variant}_s{seed},
-reused when finished); every row is scored by eval_length.py on what no search saw: the loss over the val
-split's windows (the loss fitness reads the train split) and retrieval on eval_length's samples (the passkey
-fitness draws its own, --passkey_seed 1), at T and at s x T. Verdicts: paired differences over the
-(checkpoint, search seed) pairs with their 95% t interval (measure/paired.py). Writes {name}.csv and
-{name}_table.md under --results, name longrope_{dataset}_x{s} unless --name."""
+Each search is `python -m experiments.longrope` (reused when finished); each row is scored by eval_length.py
+on what no search saw, at T and at s x T, with paired verdicts over (checkpoint, search seed) pairs
+(measure/paired.py). Writes {name}.csv and {name}_table.md under --results (name: longrope_{dataset}_x{s},
+or --name)."""
 
 from plumbing.errors import quiet_ctrl_c
 
@@ -23,13 +21,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.runs import ROOT, evaluation_cells, read_rows, run_python
 from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
-from plumbing.runs import ROOT, evaluation_cells, read_rows, run_python
 from positions import require
 
 PROG = "python -m experiments.longrope_ablation"
@@ -141,9 +139,7 @@ def write_table(results, name, footer):
     text = f"{table}\n\n{footer}\n"
     write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     print(f"{text}wrote {results / name}_table.md")
-    if results == ROOT / "docs":
-        for page in [*results.glob("*.md"), ROOT / "README.md"]:
-            fill_generated(page, {name: table})
+    fill_generated(results, {name: table})
     return text
 
 

@@ -2,8 +2,8 @@
 bias off, random weights): model.py at git revision REV (with REV's positions.py and generation.py, loaded
 beside this tree's) against this tree's, alternated in one process, medians; both must decode alike first.
 
-    python -m perf.ab --against=5af28a4                  # tokens/s of greedy decoding from one token
-    python -m perf.ab --against=e752f8b --measure=train  # ms per optimizer step on 12 x 64 random tokens
+    python -m perf.ab --against=REV                  # tokens/s of greedy decoding from one token
+    python -m perf.ab --against=REV --measure=train  # ms per optimizer step on 12 x 64 random tokens
 """
 
 from plumbing.errors import quiet_ctrl_c
@@ -27,7 +27,7 @@ import model as current
 import positions
 from generation import generate_cached
 from plumbing import hardware
-from plumbing.cli import parse_flags, parse_list
+from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.memory import check_generation_memory
 from plumbing.report import markdown_table
@@ -47,7 +47,7 @@ class ABConfig:
     new_tokens: int = 1024  # tokens generated per decoding run: 16 x block_size
     steps: int = 10  # optimizer steps per training round
     rounds: int = 5  # rounds of each side, alternated
-    threads: str = "auto"  # CPU threads; auto: the cores other processes leave free (OMP_NUM_THREADS if set)
+    threads: str = threads_flag()
 
     def __post_init__(self):
         if self.against is None:

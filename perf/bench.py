@@ -39,7 +39,7 @@ from data.common import available_datasets, dataset_dir, load_meta
 from generation import generate_cached
 from model import GPT, GPTConfig
 from plumbing import hardware, memory
-from plumbing.cli import parse_flags, parse_list
+from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
@@ -76,7 +76,7 @@ class BenchConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
-    threads: str = "auto"  # at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS
+    threads: str = threads_flag()
     matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
     json: str | None = None  # write every figure, the machine and the command line to this file

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from data.common import TOKENIZERS, get_tokenizer
 from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
 from plumbing.errors import UserError
 from plumbing.outputs import replace_atomically
+from plumbing.tokenizers import TOKENIZERS, get_tokenizer
 from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
 
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend

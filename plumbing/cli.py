@@ -21,7 +21,7 @@ import math
 import re
 import tomllib
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, field, fields
 from pathlib import Path
 
 from plumbing.errors import UserError, one_line_errors
@@ -84,6 +84,12 @@ def flag_options(name, annotation, choices, positional):
     return options | (dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {})
 
 
+def threads_flag():
+    """Every entry point's --threads field (plumbing.hardware checks and applies it)."""
+    help_text = "CPU threads, at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS"
+    return field(default="auto", metadata={"help": help_text})
+
+
 def check_seed(name, value):
     """A usage UserError unless a seed (the flag `name`) is one torch, numpy and Python all take."""
     if value is not None and value not in range(2**63):
@@ -104,10 +110,11 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
         parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
-        try:  # the comment after each field is its --help (none without source: a frozen app)
+        try:  # the comment after each field is its --help (none without source: a frozen app), or its help
             comments = dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(config_class), re.M))
         except (OSError, TypeError):
             comments = {}
+        comments |= {f.name: f.metadata["help"] for f in fields(config_class) if "help" in f.metadata}
         for name, annotation in typing.get_type_hints(config_class).items():
             if names is None or name in names:
                 help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()

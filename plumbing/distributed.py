@@ -5,7 +5,7 @@ import gc
 import inspect
 import os
 import shlex
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.common import ensure_prepared, load_meta
 from plumbing.errors import UserError
 from plumbing.hardware import resolve_device
 
@@ -134,15 +133,3 @@ def wrap_ddp(module, procs, device_type):
     params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
     return DDP(module, device_ids=[procs.local_rank] if device_type == "cuda" else None, **{no_sync: False})
-
-
-def prepare_data(dataset, procs):
-    """The dataset's folder and meta, an embedded dataset prepared on first use by rank 0; then every rank
-    looks, so all meet a missing dataset's error together."""
-    if procs.master:
-        with suppress(UserError):
-            ensure_prepared(dataset)
-    if procs.launched:
-        dist.barrier()
-    data_dir = ensure_prepared(dataset)
-    return data_dir, load_meta(data_dir)

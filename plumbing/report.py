@@ -4,16 +4,19 @@ figures to Weights & Biases when asked) and what the measuring scripts print: ma
 import importlib.util
 import netrc
 import os
+import platform
 import re
 import sys
 import time
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 SLOWDOWN = 2.5  # log windows this many times slower per step than the fastest step get one note in the log
 
 
@@ -129,13 +132,24 @@ def generated_blocks(text):
     return {name: body for _, name, body, _ in GENERATED.findall(text)}
 
 
-def fill_generated(page, texts):
-    """Rewrite the generated blocks of the markdown file `page` that texts ({name: text}) names."""
-    old = page.read_text(encoding="utf-8")
+def fill_generated(results, texts):
+    """Where results is docs/: rewrite the generated blocks that texts ({name: text}) names, on every page of
+    docs/ and the README."""
     fill = lambda m: m[1] + texts[m[2]] + m[4] if m[2] in texts else m[0]
-    if (new := GENERATED.sub(fill, old)) != old:
-        page.write_text(new, encoding="utf-8")
-        print(f"wrote the generated blocks of {page}")
+    for page in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"] if Path(results) == ROOT / "docs" else []:
+        if (new := GENERATED.sub(fill, old := page.read_text(encoding="utf-8"))) != old:
+            page.write_text(new, encoding="utf-8")
+            print(f"wrote the generated blocks of {page}")
+
+
+def measured(prog, argv, start, quick, threads=False):
+    """A results table's last line: when, by which command, with what, in how long."""
+    command = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
+    on = platform.machine() + (f" with {torch.get_num_threads()} threads" if threads else "")
+    line = f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `{command}`: torch {torch.__version__}, "
+    minutes = (time.perf_counter() - start) / 60
+    line += f"Python {platform.python_version()}, {on}; wall time {minutes:.1f} min"
+    return line + (" (--quick: the numbers mean nothing)." if quick else ".")
 
 
 def markdown_table(columns, rows):

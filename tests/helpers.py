@@ -5,8 +5,8 @@ from functools import cache
 import pytest
 
 import train
-from data.common import get_tokenizer
 from plumbing.errors import UserError
+from plumbing.tokenizers import get_tokenizer
 
 
 def error_line(capsys, script, argv, status):

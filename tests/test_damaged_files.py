@@ -21,10 +21,10 @@ import eval_length
 import sample
 import train
 from data.common import DATA_ROOT, ensure_prepared, load_meta
+from experiments.runs import ensure_trained
 from perf import bench
 from plumbing.checkpoint import open_checkpoint
 from plumbing.run_folder import lock_record
-from plumbing.runs import ensure_trained
 
 
 @pytest.fixture(scope="module")

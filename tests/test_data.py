@@ -22,7 +22,6 @@ from data.common import (
     BatchSampler,
     available_datasets,
     ensure_prepared,
-    get_tokenizer,
     load_meta,
     prepare_file,
     staged_dataset,
@@ -33,6 +32,7 @@ from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
 from data.text.prepare import main as text_main
 from plumbing.errors import UserError
+from plumbing.tokenizers import get_tokenizer
 
 TEXT = (DATA_ROOT / "shakespeare_char" / "input.txt").read_text(encoding="utf-8")
 ROOT = DATA_ROOT.parent

@@ -1,6 +1,6 @@
 """The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
 figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against
-the model's own output; and how plumbing/runs.py decides to reuse, continue or refuse a trained run.
+the model's own output; and how experiments/runs.py decides to reuse, continue or refuse a trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import train
-from data.common import CharTokenizer, GPT2Tokenizer
 from demo import permutation
+from experiments import runs
 from measure import instruments
 from model import GPT, GPTConfig
-from plumbing import runs
 from plumbing.errors import UserError
+from plumbing.tokenizers import CharTokenizer, GPT2Tokenizer
 from positions import POS_SCHEMES
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
@@ -195,7 +195,7 @@ def test_permutation_flag_pos_none_means_the_nope_scheme():
 
 
 # -----------------------------------------------------------------------------
-# plumbing/runs.py: which trained run the demos, the figures and the study use
+# experiments/runs.py: which trained run the demos, the figures and the study use
 
 TINY_RUN = [
     "--n_layer=1",

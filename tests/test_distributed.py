@@ -117,13 +117,14 @@ COUNT_ALL_REDUCES = """
 import sys
 from dataclasses import replace
 sys.path.insert(0, {root!r})
+from data.common import prepare_data
 from plumbing import distributed
 import train
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 cfg, model_config = train.parse_args({flags!r})
 procs = distributed.start_processes(cfg)
-data_dir, meta = distributed.prepare_data(cfg.dataset, procs)
+data_dir, meta = prepare_data(cfg.dataset, procs)
 model_config = replace(model_config, vocab_size=meta["vocab_size"])
 cfg = train.resolve_runtime(cfg, model_config, procs.device)
 run = train.build_run(cfg, model_config, meta, data_dir, procs)

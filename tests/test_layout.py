@@ -24,7 +24,7 @@ from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
 SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("measure/*.py")])
-FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_491106f_rope.pt"  # a RoPE checkpoint an older train.py wrote
+FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"  # RoPE, an older format
 
 
 def imported(path):
@@ -41,6 +41,54 @@ def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
     an import in disguise: the dependency pointing from the shared code up to a script."""
     assert imported(path) & ENTRY_POINTS == set()
     assert re.findall(r"\b(?:train|sample|eval_length)\.[A-Z]\w*", path.read_text()) == []
+
+
+PACKAGES = ("data", "plumbing", "finetune", "measure", "experiments", "perf", "course", "demo")
+MODULES = ("positions", "model", "generation")  # the top-level modules the packages may build on
+
+
+def import_graph():
+    """{package or top-level module: the others of the repo it imports}, read from every import in its
+    files (inside functions too), nothing imported."""
+    graph = {}
+    for node in PACKAGES + MODULES:
+        paths = sorted((ROOT / node).rglob("*.py")) if node in PACKAGES else [ROOT / f"{node}.py"]
+        found = {name.split(".")[0] for path in paths for name in imported(path)}
+        graph[node] = sorted(found & set(PACKAGES + MODULES) - {node})
+    return graph
+
+
+def cycle(graph):
+    """One import cycle of graph, as the list of its nodes (first repeated last), or None."""
+    state = {}  # node -> "open" while its imports are followed, "done" after
+
+    def visit(node, path):
+        state[node] = "open"
+        for other in graph[node]:
+            if state.get(other) == "open":
+                return path[path.index(other) :] + [node, other]
+            if other not in state and (found := visit(other, path + [node])):
+                return found
+        state[node] = "done"
+
+    return next((found for node in graph if node not in state and (found := visit(node, []))), None)
+
+
+def test_cycle_finds_a_cycle_and_only_a_cycle():
+    """The check below can fail: a loop of three is found, a diamond is not a cycle."""
+    assert cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    assert cycle({"a": ["b", "c"], "b": ["d"], "c": ["d"], "d": []}) is None
+
+
+def test_the_packages_import_each_other_without_a_cycle():
+    """Each package stands on those below it: none can be read, tested or forked without its importers."""
+    assert cycle(import_graph()) is None, import_graph()
+
+
+def test_finetune_imports_no_other_package():
+    """finetune/ (LoRA, shifted sparse attention) is a layer over model code alone: it takes positions'
+    checks, and nothing of plumbing, data or the studies."""
+    assert set(import_graph()["finetune"]) <= set(MODULES)
 
 
 def compares_pos_to_learned(path):

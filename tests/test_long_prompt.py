@@ -7,10 +7,10 @@ from helpers import TINY_BLOCK, TINY_RUN, skip_without_gpt2
 
 import sample
 import train
-from data.common import get_tokenizer
 from generation import generate_cached
 from model import GPT, GPTConfig
 from plumbing.memory import generation_bytes
+from plumbing.tokenizers import get_tokenizer
 from positions import POS_SCHEMES
 
 BLOCK = 8

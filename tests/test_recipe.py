@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import train
+from data.common import prepare_data
 from model import GPT, GPTConfig
-from plumbing import distributed
 from plumbing.distributed import Processes
 from positions import sinusoidal_embedding
 
@@ -34,7 +34,7 @@ def tiny_run(tmp_path, *flags):
             *flags,
         ]
     )
-    data_dir, meta = distributed.prepare_data(cfg.dataset, Processes())
+    data_dir, meta = prepare_data(cfg.dataset, Processes())
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
     cfg = train.resolve_runtime(cfg, model_config)
     return train.build_run(cfg, model_config, meta, data_dir, Processes())

@@ -14,7 +14,7 @@ from helpers import error_line
 
 import eval_length
 import train
-from data.common import DATA_ROOT, get_tokenizer, load_meta
+from data.common import DATA_ROOT, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.passkey.task import (
     CHARS,
@@ -35,6 +35,7 @@ from measure.retrieval import (
     wilson_interval,
 )
 from model import GPT, GPTConfig
+from plumbing.tokenizers import get_tokenizer
 from positions import POS_SCHEMES
 
 STOI = {c: i for i, c in enumerate(CHARS)}

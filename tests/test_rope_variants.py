@@ -475,7 +475,7 @@ def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
     """A model_config without the variants' fields (tests/fixtures: written at 491106f) reads back with plain
     RoPE's values for them, so it builds the model it was and resuming compares like with like
     (tests/test_cli.py resumes it)."""
-    fixture = Path(__file__).parent / "fixtures" / "ckpt_491106f_rope.pt"
+    fixture = Path(__file__).parent / "fixtures" / "ckpt_rope_without_finished.pt"
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw
     config = load_checkpoint(fixture)["model_config"]

@@ -1,11 +1,11 @@
-"""plumbing/runs.py's ensure_trained side by side (jobs > 1): every run trained and finished, each one's
+"""experiments/runs.py's ensure_trained side by side (jobs > 1): every run trained and finished, each one's
 output in {out_dir}.log, each given its share of the cores, a finished one reused."""
 
 from helpers import TINY_RUN
 
-from plumbing import runs
+from experiments import runs
+from experiments.runs import ensure_trained
 from plumbing.checkpoint import open_checkpoint, run_finished
-from plumbing.runs import ensure_trained
 
 
 def test_runs_side_by_side_each_finish_with_its_own_log_and_thread_share(tmp_path, monkeypatch):

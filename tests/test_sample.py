@@ -10,8 +10,8 @@ from helpers import TINY_BLOCK, TINY_RUN, error_line, skip_without_gpt2
 
 import sample
 import train
-from data.common import CharTokenizer, get_tokenizer
 from measure import losses
+from plumbing.tokenizers import CharTokenizer, get_tokenizer
 from positions import POS_SCHEMES
 
 BLOCK = TINY_BLOCK

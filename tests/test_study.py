@@ -1,13 +1,13 @@
 """The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their
 checkpoints, and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's
-own parser (plumbing.runs.plan), runs are real tiny train.py runs."""
+own parser (experiments.runs.plan), runs are real tiny train.py runs."""
 
 import pytest
 import torch
 
 import train
 from experiments import extrapolation as study
-from plumbing.runs import plan
+from experiments.runs import plan
 
 
 def test_seeds_give_every_run_its_own_seed_and_folder_the_first_seed_train_pys_own():

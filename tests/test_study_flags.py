@@ -47,7 +47,7 @@ CASES = [
 def test_a_bad_flag_or_output_is_one_line_before_any_work(
     script, argv, status, words, places, capsys, monkeypatch
 ):
-    """No run trained (plumbing.runs.ensure_trained), no model probed or drawn, no revision loaded."""
+    """No run trained (experiments.runs.ensure_trained), no model probed or drawn, no revision loaded."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(extrapolation, "ensure_trained", never("training"))
     monkeypatch.setattr(probe, "run_probes", never("the probes"))

@@ -2,6 +2,7 @@
 chose in its first lines, and --threads overrides the choice; a training run slowed far below its own fastest
 step says so once, with the likely cause; progress off a terminal is a few plain lines, not a bar."""
 
+import dataclasses
 import io
 import os
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ import sample
 import train
 from perf import ab, bench
 from plumbing import hardware
+from plumbing.cli import threads_flag
 from plumbing.report import SLOWDOWN, StepClock, progress_bar
 
 
@@ -79,6 +81,19 @@ def test_more_threads_than_cores_are_refused_naming_the_flag(monkeypatch, thread
     refused = rf"^--threads={threads}: give auto or a number of threads from 1 to 2 "
     with pytest.raises(ValueError, match=refused):
         hardware.check_threads(threads)
+
+
+@pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])
+def test_every_entry_point_declares_threads_once_and_its_help_says_what_it_does(capsys, script):
+    """--threads is plumbing.cli.threads_flag in each script's config: one help text everywhere."""
+    config = {train: train.TrainConfig, sample: sample.SampleConfig, eval_length: eval_length.EvalConfig}
+    config |= {bench: bench.BenchConfig, ab: ab.ABConfig}
+    threads = next(f for f in dataclasses.fields(config[script]) if f.name == "threads")
+    assert (threads.default, threads.metadata) == ("auto", threads_flag().metadata)
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "--threads THREADS CPU threads, at most the cores (more: refused); auto: the cores idle" in shown
 
 
 @pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])

@@ -1,7 +1,7 @@
-"""Checkpoints that earlier versions of train.py wrote (tests/fixtures/ckpt_COMMIT_rope.pt: pos=rope, 1 layer
-x 16 dims, block_size 16, two steps of shakespeare_char, one file per format): each samples, and resumes where
-it holds the state --resume continues; the settings GPTConfig gained since take the values those versions
-built with, and the reader says once that the file is older, never that it is damaged."""
+"""Checkpoints of every older format (tests/fixtures/ckpt_rope_without_FIELDS.pt, named by what the format
+lacks: pos=rope, 1 layer x 16 dims, block_size 16, two steps of shakespeare_char): each samples, and resumes
+where it holds the state --resume continues; the GPTConfig fields it lacks take the values its train.py built
+with, and the reader says once that the file is older, never that it is damaged."""
 
 import shutil
 from pathlib import Path
@@ -17,20 +17,20 @@ from plumbing import checkpoint
 from positions import ROPE_VARIANTS
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# commit: the format its train.py wrote
+# the fixture's name: what its format holds, oldest first
 FORMATS = {
-    "a71bba7": "the first: no rope_original_len, no best_iter, scaler, sampler, rng or wandb_run_id",
-    "dc4bb8b": "the resume state, no rope_original_len",
-    "491106f": "rope_original_len, no finished, no RoPE variants",
-    "95dd08d": "finished, no RoPE variants",
+    "resume_state": "the first: no rope_original_len, no best_iter, scaler, sampler, rng or wandb_run_id",
+    "original_len": "the resume state, no rope_original_len",
+    "finished": "rope_original_len, no finished, no RoPE variants",
+    "variants": "finished, no RoPE variants",
 }
-RESUMABLE = ("dc4bb8b", "491106f", "95dd08d")
+RESUMABLE = ("original_len", "finished", "variants")
 
 
 @pytest.fixture
 def run(tmp_path, request):
-    """A run folder holding the fixture of the commit the test is parametrized by, as its ckpt.pt."""
-    shutil.copyfile(FIXTURES / f"ckpt_{request.param}_rope.pt", tmp_path / "ckpt.pt")
+    """A run folder holding the fixture of the format the test is parametrized by, as its ckpt.pt."""
+    shutil.copyfile(FIXTURES / f"ckpt_rope_without_{request.param}.pt", tmp_path / "ckpt.pt")
     return tmp_path
 
 
@@ -39,12 +39,12 @@ def older_notes(err):
 
 
 def test_every_format_has_its_fixture_and_each_lacks_fields_gptconfig_gained():
-    for commit in FORMATS:
-        raw = torch.load(FIXTURES / f"ckpt_{commit}_rope.pt", weights_only=True)["model_config"]
+    for lacking in FORMATS:
+        raw = torch.load(FIXTURES / f"ckpt_rope_without_{lacking}.pt", weights_only=True)["model_config"]
         assert set(raw) < set(checkpoint.MODEL_CONFIG) and set(checkpoint.MODEL_CONFIG) - set(raw) <= set(
             checkpoint.LATER_FIELDS
-        ), commit
-        assert (FIXTURES / f"ckpt_{commit}_rope.pt").stat().st_size < 200_000
+        ), lacking
+        assert (FIXTURES / f"ckpt_rope_without_{lacking}.pt").stat().st_size < 200_000
 
 
 def test_the_fields_older_files_lack_default_to_the_model_those_versions_built():
@@ -71,7 +71,7 @@ def test_each_older_format_with_the_resume_state_resumes(run, capsys):
     assert len(older_notes(err)) == 1 and "damaged" not in err, err
 
 
-@pytest.mark.parametrize("run", ["a71bba7"], indirect=True)
+@pytest.mark.parametrize("run", ["resume_state"], indirect=True)
 def test_the_first_format_is_refused_a_resume_as_older_not_damaged(run, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train.main([*TINY_RUN, f"--out_dir={run}", "--max_iters=3", "--resume"])

@@ -30,8 +30,7 @@ PLAN_CODE = (
 )
 # Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")
-NOT_COMPARED += ("threads",)
-NOT_COMPARED += ("wandb", "wandb_project", "wandb_run_name", "vocab_size")
+NOT_COMPARED += ("threads", "wandb", "wandb_project", "wandb_run_name", "vocab_size")
 EXTRA_FLAGS = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}  # train.py's, per action
 
 
@@ -70,20 +69,28 @@ def run_python(args, said="see its output above", **kwargs):
 
 
 def read_rows(path):
-    """A CSV file's rows, as dicts."""
+    """A CSV file's rows, as dicts; a missing one a UserError."""
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file; run the study first (or give --results)", 2)
     with open(path, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
 
-def evaluation_cells(path, task, key):
-    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+def pooled_cells(rows, task, key):
+    """eval_length.py's CSV rows -> {key(row): the mean loss, or (correct, trials) pooled over depths}"""
     found = {}
-    for r in read_rows(path):
+    for r in rows:
         if task == "passkey" and int(r["trials"]):
             correct, trials = found.get(key(r), (0, 0))
             found[key(r)] = (correct + int(r["correct"]), trials + int(r["trials"]))
         elif task == "loss" and r["loss"]:
             found[key(r)] = float(r["loss"])
+    return found
+
+
+def evaluation_cells(path, task, key):
+    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+    found = pooled_cells(read_rows(path), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from data.common import get_tokenizer
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from model import GPT2_MODELS
@@ -37,6 +36,7 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model
+from plumbing.tokenizers import get_tokenizer
 from positions import ROPE_SCALING_CHOICES, default_rope_factor, require
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from plumbing.cli import ArgumentParser
 from plumbing.errors import StopSignals, UserError, one_line_errors
 from plumbing.outputs import no_space, space_error
-from plumbing.tokenizers import TOKENIZERS, CharTokenizer, GPT2Tokenizer, get_tokenizer  # noqa: F401 (sample.py)
+from plumbing.tokenizers import TOKENIZERS, CharTokenizer, GPT2Tokenizer
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")

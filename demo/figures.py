@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from experiments.runs import model_dirs, run_python
 from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.runs import model_dirs, run_python
 from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")

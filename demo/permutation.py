@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from experiments.runs import model_dirs
 from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from plumbing.runs import model_dirs
 from positions import POS_SCHEMES
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}

@@ -18,10 +18,10 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 import sys
 from dataclasses import dataclass
 
+from experiments.runs import model_dirs
 from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from plumbing.runs import model_dirs
 from positions import POS_SCHEMES
 
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}

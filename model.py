@@ -1,7 +1,8 @@
 """
 A GPT-2 whose position scheme is one switch, GPTConfig.pos; nanoGPT's parts in nanoGPT's order. Position
 enters in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and
-keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: wpe.score_bias). With
+keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: positions.attention_mask,
+with wpe.score_bias). With
 pos="learned" this is GPT-2. generation.py drives cached decoding (each attention layer owns its cache).
 """
 
@@ -14,12 +15,14 @@ import torch.nn.functional as F
 
 from positions import (
     POSITION_MODULES,
+    PositionScheme,
     apply_rope,
     attention_mask,
     cached_key_positions,
     check_position_config,
     nope_layer_indices,
     rotary_dim,
+    window_length,
 )
 
 # OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
@@ -35,7 +38,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
-    pos: str = "rope"  # one of POS_SCHEMES
+    pos: str = "rope"  # the position scheme, a key of positions.POSITION_MODULES
     rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
     rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
     rope_factor: float = 1.0  # the extension factor s: target context / the original length
@@ -104,7 +107,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
+        self.train_attention = None  # attention in training only, (q, k, v, dropout_p=) -> y (S²-Attn)
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -120,8 +123,8 @@ class CausalSelfAttention(nn.Module):
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
-        if self.train_attention and self.training:  # LongLoRA's sparse attention (finetune/s2.py)
-            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        if self.train_attention and self.training:  # LongLoRA's sparse attention, own mask (finetune/s2.py)
+            y = self.train_attention(q, k, v, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
@@ -165,7 +168,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                # the position scheme lives under GPT-2's name; only `learned` has parameters here
+                # the position scheme (a positions.PositionScheme) lives under GPT-2's name
                 wpe=POSITION_MODULES[config.pos](config),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
@@ -190,29 +193,33 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
             if isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
+            if isinstance(module, PositionScheme):
+                module.init_weights()  # its own parameters (learned's table: N(0, 0.02) as well)
         for block in self.transformer.h:
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     @property
-    def max_len(self):  # the longest input the position scheme encodes (learned: block_size), or None
-        return self.transformer.wpe.max_len
+    def length_limit(self):  # the longest input the position scheme encodes (learned: block_size), or None
+        return self.transformer.wpe.length_limit
 
     def num_params(self):  # the tied embedding counted once
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, input_pos=None):
+    def forward(self, idx, targets=None, input_pos=None, seq_len=None):
         """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are
         given. input_pos: None for positions 0 .. T-1; or, decoding against the KV caches (setup_cache),
-        the (T,) positions of idx, consecutive and continuing those already cached."""
+        the (T,) positions of idx, consecutive and continuing those already cached. seq_len: the length of the
+        sequence they belong to where it is longer (a prefill's chunk), for the scheme (LongRoPE)."""
         T = idx.size(1)
         pos = self.transformer.wpe
         if input_pos is None:
-            pos.reserve(T)  # tables grow here, outside any step; learned refuses past its table
+            pos.check_length(T)  # learned refuses past its table, in one line
+            pos.grow(T)  # tables grow here, outside any step
         positions = torch.arange(T, device=idx.device) if input_pos is None else input_pos
         tok_emb = self.transformer.wte(idx)  # (B, T, C)
         x = self.transformer.drop(pos.embed(tok_emb, positions))  # position enters: the embedding
-        rope = pos.rotation(positions)  # position enters: RoPE's (cos, sin) for q and k, or None
+        rope = pos.rotation(positions, seq_len)  # position enters: RoPE's (cos, sin) for q and k, or None
         mask = self.attention_mask(positions, cached=input_pos is not None)  # position enters: the scores
         for block, rotates in zip(self.transformer.h, self.rope_layers):
             x = block(x, rope if rotates else None, mask, input_pos)  # a layer in nope_layers gets no RoPE
@@ -229,36 +236,37 @@ class GPT(nn.Module):
         so far, or in a compiled step every slot, so that shapes never change (-1: an empty slot, masked)."""
         pos = self.transformer.wpe
         if not cached:
-            bias = pos.score_bias(query_pos, query_pos)
-            return None if bias is None else attention_mask(query_pos, query_pos, bias)
-        n_slots = self.transformer.h[0].attn.kv_cache.k.size(2)
-        if torch.compiler.is_compiling():
-            key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
-            return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
-        end = int(query_pos[-1]) + 1  # eager: only the slots written so far
-        if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
-            # one query after every key it sees, slot p holding position p: no mask, only a bias to add
-            key_pos = torch.arange(end, device=query_pos.device)
-            bias = pos.score_bias(query_pos, key_pos)
-            return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
-        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)[:end]
-        return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
+            return attention_mask(pos, query_pos, query_pos) if pos.biased else None
+        key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))
+        if not torch.compiler.is_compiling():  # eager: only the slots written so far
+            key_pos = key_pos[: int(query_pos[-1]) + 1]
+        return attention_mask(pos, query_pos, key_pos, self.cache_window)
 
-    def setup_cache(self, batch, max_len, window=None, chunk=1, dtype=None):
-        """Give every attention layer a KV cache for positions 0 .. max_len - 1, fed at most `chunk` tokens a
+    def setup_cache(self, batch, n_pos, window=None, chunk=1, dtype=None):
+        """Give every attention layer a KV cache for positions 0 .. n_pos - 1, fed at most `chunk` tokens a
         call; with a sliding window (each token sees the `window` latest) a ring of window + chunk - 1 slots,
         so that a chunk never overwrites a key its own queries see. The position tables grow here, once."""
-        self.transformer.wpe.reserve(max_len)
-        size = self.cache_size(max_len, window, chunk)
+        self.transformer.wpe.check_length(n_pos)
+        self.transformer.wpe.grow(n_pos)
+        size = self.cache_size(n_pos, window, chunk)
         dtype = dtype or self.lm_head.weight.dtype
         c, device = self.config, self.lm_head.weight.device
         for block in self.transformer.h:
-            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < max_len)
+            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < n_pos)
         self.cache_window = window
 
     @staticmethod
-    def cache_size(max_len, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
-        return max_len if window is None else min(max_len, window + chunk - 1)
+    def cache_size(n_pos, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
+        return n_pos if window is None else min(n_pos, window + chunk - 1)
+
+    def flops_per_token(self):
+        """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N (the
+        position scheme's parameters, looked up, left out) plus 12 L H Q T for attention's q k^T and p v,
+        plus what the scheme computes itself (wpe.flops_per_token)."""
+        c, pos = self.config, self.transformer.wpe
+        n = self.num_params() - sum(p.numel() for p in pos.parameters())
+        attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+        return 6 * n + attention + pos.flops_per_token(c.block_size)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with decoupled weight decay on matrices only (embeddings included), none on biases and
@@ -289,8 +297,7 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
         """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each.
         Learned sees the last block_size tokens; max_context crops further, positions restarting at 0."""
-        limits = [n for n in (self.max_len, max_context) if n is not None]
-        crop = min(limits) if limits else None
+        crop = window_length(self.length_limit, max_context)
         for _ in range(max_new_tokens):
             context = idx if crop is None else idx[:, -crop:]
             logits, _ = self(context)

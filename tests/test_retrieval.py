@@ -158,7 +158,7 @@ class CopyAfterMarker(nn.Module):
     """Predicts, at each position, the character that followed the first marker as many places after it as
     this position is after the last marker: a perfect passkey retriever, written by hand."""
 
-    max_len = None
+    length_limit = None
 
     def forward(self, idx):
         B, T = idx.shape
@@ -175,7 +175,7 @@ class CopyAfterMarker(nn.Module):
 class FixedKey(nn.Module):
     """Always answers 12345."""
 
-    max_len = None
+    length_limit = None
 
     def forward(self, idx):
         B, T = idx.shape

@@ -48,9 +48,10 @@ from plumbing.checkpoint import (
 from plumbing.cli import parse_flags, read_rope_factors
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
+from plumbing.memory import scheme_shapes
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table, progress_bar
-from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor, scheme_shapes
+from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
 
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
 CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")

@@ -1,16 +1,14 @@
 """
-Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here,
-top to bottom: the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the mask); the
-modules, one class per scheme, named in POSITION_MODULES; the checks of a config's position fields.
+Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here:
+the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the mask), then the modules.
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
     alibi                 adds a bias to the attention scores      (score_bias, in attention_mask)
     none                  nothing: only the causal mask reveals order
 
-A scheme is one PositionScheme subclass registered in POSITION_MODULES; the rest of the repository asks it
-what it needs (its limit, tables, parameters, bias) and never compares its name. This file imports nothing
-from the repository: the exercises (course/exercises.toml) point here.
+A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
+it needs, never its name. This file imports nothing of the repository: the exercises point here.
 """
 
 import math
@@ -28,6 +26,13 @@ ROPE_VARIANTS = MappingProxyType(dict(
     rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
     rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
 ))  # fmt: skip
+
+
+def require(ok, message):
+    """A config check: a one-line ValueError unless ok."""
+    if not ok:
+        raise ValueError(message)
+
 
 # -----------------------------------------------------------------------------
 # Position encodings: the pure functions (the course and the tests call these)
@@ -169,6 +174,11 @@ def default_rope_factor(length, original_len):
     return max(1.0, length / original_len)
 
 
+def rotary_dim(head_dim, fraction=1.0):
+    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
+    return int(head_dim * fraction)
+
+
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
     """cos and sin of the rotation angles position * theta_i, in inv_freq's dtype. -> two (T, head_dim/2)"""
     angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
@@ -247,41 +257,34 @@ def attention_mask(scheme, query_pos, key_pos, window=None):
     return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
 
 
-def resize_position_table(table, n_pos):
-    """A learned (T, C) position table resized to n_pos rows by linear interpolation, as vision transformers
-    resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for RoPE (Chen et al. 2023):
-    new row p is the old table read at fractional position p * T / n_pos (the last row past the end), so
-    every trained row is kept when n_pos / T is whole."""
-    T = table.size(0)
-    where = torch.arange(n_pos, dtype=torch.float64) * T / n_pos
-    below = where.floor().long().clamp(max=T - 1)
-    above = (below + 1).clamp(max=T - 1)
-    weight = (where - below)[:, None]
-    return ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
-
-
 def window_length(limit, max_context=None):
-    """How many of a sequence's latest tokens one forward pass runs on: past a scheme's length_limit
-    (learned: block_size, no row trained further) the window of its last `limit` tokens, positions from 0,
-    narrowed by max_context if given (the reference sampler's crop). None: the whole sequence."""
-    limits = [n for n in (limit, max_context) if n is not None]
-    return min(limits) if limits else None
+    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
+    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
+    return min((n for n in (limit, max_context) if n is not None), default=None)
 
 
 # -----------------------------------------------------------------------------
-# Position encodings: the modules. model.py calls the hooks once per forward with absolute positions as (T,)
-# tensors (0 .. T-1, or where a KV cache left off); the rest of the repository asks the class what it needs.
+# Position encodings: the modules, one class per scheme, model.py calling their hooks once per forward
 
 
 class PositionScheme(nn.Module):
-    """What every scheme is. Each hook's default is "nothing here": a scheme overrides where it acts.
-    length_limit    the longest sequence it encodes, None: unbounded (past it, window_length)
-    rotates         it rotates queries and keys: RoPE's settings and scalings apply
-    biased          score_bias adds to the scores: attention takes attention_mask's mask, not is_causal
-    embedding       its parameters are an input embedding: LoRA's --lora_train=embed trains them
-    recode_past     a length past which it encodes every position anew (LongRoPE's long factors): a KV cache
-                    written before is stale and reruns the tokens so far when a sequence passes it
-    encodes         it gives a position signal at all (NoPE does not)"""
+    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
+        embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
+        rotation(positions, seq_len)    -> (cos, sin) turning q and k, or None; seq_len: the length of their
+                                           sequence (a prefill's chunk is part of one), default the last + 1
+        score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
+                                           (cache slots, S²-Attn's groups), shared by the layers, or None
+        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
+        check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
+        grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
+        init_weights()                  its parameters' initial values (GPT.init_weights calls it)
+        table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
+        flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
+        adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
+    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
+    (RoPE's settings apply); biased (score_bias adds: attention takes a mask); embedding (LoRA's
+    --lora_train=embed trains its parameters); encodes (any position signal); recode_past, a length past
+    which it encodes every position anew (a KV cache then reruns the tokens so far)."""
 
     length_limit = recode_past = None
     rotates = biased = embedding = False
@@ -290,57 +293,47 @@ class PositionScheme(nn.Module):
     def __init__(self, config):
         super().__init__()
 
-    def init_weights(self):
-        """Its parameters' initial values, called by GPT.init_weights (an nn.Linear or nn.Embedding inside it
-        gets GPT-2's N(0, 0.02) there already)."""
-
-    def check_length(self, n_pos):
-        """Refuse, in one line before any layer runs, a sequence of n_pos positions it cannot encode."""
-
-    def grow(self, n_pos):
-        """Make its tables cover positions 0 .. n_pos - 1 (called outside any compiled step)."""
-
     def embed(self, tok_emb, positions):
-        """-> what enters the first block: tok_emb (B, T, C) with the positions (T,) added, or as it is."""
         return tok_emb
 
     def rotation(self, positions, seq_len=None):
-        """-> (cos, sin) rotating q and k at positions (T,), or None. seq_len: the length of the sequence the
-        positions belong to (a prefill's chunk is part of a longer prompt), by default positions[-1] + 1."""
         return None
 
     def score_bias(self, query_pos, key_pos):
-        """-> the bias added to the scores of queries at query_pos (T,) on keys at key_pos (n_key,), any
-        positions (a KV cache's slots, S²-Attn's groups), shared by every layer: (1, n_head or 1, T, n_key),
-        or None. A scheme returning one sets biased = True."""
         return None
 
+    @classmethod
+    def check_config(cls, config):
+        pass
+
+    def check_length(self, n_pos):
+        pass
+
+    def grow(self, n_pos):
+        pass
+
+    def init_weights(self):
+        pass
+
     def table_bytes(self, n_pos):
-        """Bytes of its tables at n_pos positions, each 2-D buffer a table with a row per position."""
         return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs a token costs it beyond its parameters' (GPT.flops_per_token counts 6 per weight
-        of the rest), in sequences of seq_len tokens."""
         return 0
 
     def adapt_state(self, state, prefix):
-        """A checkpoint's state dict with this module's entries (under prefix) fitted to its shapes where a
-        run from it may change them (--init_from a new block_size). -> (state, a note for the log or None)"""
         return state, None
 
 
 class NoPositions(PositionScheme):
-    """NoPE: no position signal. Attention is then permutation equivariant; only the causal mask
-    reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+    """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
 
     encodes = False
 
 
 class LearnedPositions(PositionScheme):
-    """GPT-2: a trained vector per position 0..block_size-1 (GPT-2's transformer.wpe.weight), added to the
-    token embedding. Nothing was trained past block_size: a longer input is refused, and a longer sequence
-    runs on the window of its last block_size tokens (window_length)."""
+    """GPT-2: a trained vector per position 0..block_size-1 (transformer.wpe.weight), added to the tokens.
+    None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
 
     embedding = True
 
@@ -354,8 +347,7 @@ class LearnedPositions(PositionScheme):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def check_length(self, n_pos):
-        """No row was trained past block_size - 1, so a longer n_pos is refused here in one line, not as an
-        index error mid-forward (on a GPU, an assert)."""
+        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward."""
         if n_pos > self.length_limit:
             past = f"pos=learned has no embedding past position {self.length_limit - 1}"
             raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
@@ -366,17 +358,28 @@ class LearnedPositions(PositionScheme):
         return tok_emb + self.weight[positions]
 
     def adapt_state(self, state, prefix):
-        """A table of another block_size, interpolated to this one's rows (resize_position_table)."""
+        """A (T, C) table of another block_size resized to this one's n_pos rows by linear interpolation, as
+        vision transformers resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for
+        RoPE (Chen et al. 2023): new row p is the old table at fractional position p * T / n_pos (the last row
+        past the end), so every trained row is kept when n_pos / T is whole."""
         name, n_pos = f"{prefix}weight", self.length_limit
-        if name not in state or (old := state[name].size(0)) == n_pos:
+        if name not in state or (T := state[name].size(0)) == n_pos:
             return state, None
-        note = f"the learned position table was resized from {old} to {n_pos} rows by linear interpolation"
-        return state | {name: resize_position_table(state[name], n_pos)}, note
+        table, where = state[name], torch.arange(n_pos, dtype=torch.float64) * T / n_pos
+        below = where.floor().long().clamp(max=T - 1)
+        above, weight = (below + 1).clamp(max=T - 1), (where - below)[:, None]
+        resized = ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
+        note = f"the learned position table was resized from {T} to {n_pos} rows by linear interpolation"
+        return state | {name: resized}, note
 
 
 class SinusoidalPositions(PositionScheme):
     """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
     amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
+
+    @classmethod
+    def check_config(cls, c):
+        require(c.n_embd % 2 == 0, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
 
     def __init__(self, config):
         super().__init__(config)
@@ -385,9 +388,8 @@ class SinusoidalPositions(PositionScheme):
         self.register_buffer("table", table, persistent=False)
 
     def grow(self, n_pos):
-        if n_pos > self.table.size(0):  # past the cached length: only when generating beyond block_size
-            n_rows = max(n_pos, 2 * self.table.size(0))
-            self.table = sinusoidal_embedding(n_rows, self.table.size(1)).to(self.table.device)
+        if n_pos > (rows := self.table.size(0)):  # past the cached length: generating beyond block_size
+            self.table = sinusoidal_embedding(max(n_pos, 2 * rows), self.table.size(1)).to(self.table.device)
 
     def embed(self, tok_emb, positions):
         return tok_emb * self.token_scale + self.table[positions].to(tok_emb.dtype)
@@ -396,10 +398,9 @@ class SinusoidalPositions(PositionScheme):
 class RotaryPositions(PositionScheme):
     """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. cos/sin tabulated for block_size
     positions, extended on demand, over the rotary_dim dimensions that turn. A context extension rescales
-    against the length first trained on: rope_original_len after a fine-tune, else block_size. LongRoPE
-    tabulates its short and its long factors and, as transformers, turns every position of a sequence longer
-    than the original length with the long ones (recode_past), the first rope_keep_first (n-hat) with plain
-    RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
+    against the length first trained on: rope_original_len after a fine-tune, else block_size. LongRoPE turns
+    every position of a sequence longer than that with its long factors (as transformers), the first
+    rope_keep_first (n-hat) with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
     rotates = True
 
@@ -436,8 +437,7 @@ class RotaryPositions(PositionScheme):
             self._tabulate(max(n_pos, 2 * self.cos.size(0)), device=self.cos.device)
 
     def rotation(self, positions, seq_len=None):
-        if self.scaling == "dynamic":
-            # dynamic NTK: the frequencies follow the length reached (last position + 1), recomputed
+        if self.scaling == "dynamic":  # NTK at the length reached (last position + 1), recomputed
             reached = int(positions[-1]) + 1
             if reached > self.original_len:
                 return self._cos_sin(positions, reached)
@@ -464,118 +464,7 @@ class ALiBiPositions(PositionScheme):
         return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
 
-# The one place where a scheme is chosen: a fork adds its own class and a line here.
+# The one place where a scheme is chosen: a fork adds its class above and its name here
 POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
                         alibi=ALiBiPositions, none=NoPositions)  # fmt: skip
 POS_SCHEMES = tuple(POSITION_MODULES)
-
-
-def scheme_shapes(config):
-    """The scheme GPTConfig config names, built on the meta device: its answers and shapes (length_limit,
-    parameters, table_bytes) for the estimates made before any model exists, no memory allocated."""
-    with torch.device("meta"):
-        return POSITION_MODULES[config.pos](config)
-
-
-# -----------------------------------------------------------------------------
-# The checks of a config's position fields (GPTConfig.__post_init__), each a one-line ValueError
-
-
-def require(ok, message):
-    """A config check: a one-line ValueError unless ok."""
-    if not ok:
-        raise ValueError(message)
-
-
-def check_position_config(c):
-    """The position fields of a GPTConfig c (by name), each a one-line ValueError naming what is valid."""
-    schemes, scalings = ", ".join(POSITION_MODULES), ", ".join(ROPE_SCALING_CHOICES)
-    require(c.pos in POSITION_MODULES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
-    head_dim, rotates = c.n_embd // c.n_head, POSITION_MODULES[c.pos].rotates
-    odd = rotates and c.rope_fraction == 1.0 and head_dim % 2
-    require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-    odd = c.pos == "sinusoidal" and c.n_embd % 2
-    require(not odd, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
-    require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
-    other = c.rope_scaling is not None and not rotates
-    require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
-    known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
-    require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
-    require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
-    length = c.rope_original_len
-    require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
-    check_rope_variants(c, head_dim, rotates)
-
-
-def check_rope_variants(c, head_dim, rotates):
-    """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
-    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(c, name) != plain]
-    given = ", ".join(f"{name}={getattr(c, name)}" for name in changed)
-    only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
-    require(not changed or rotates, only)
-    llama3 = ", ".join(f"{name}={getattr(c, name)}" for name in changed if name.endswith("_freq_factor"))
-    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}; give "
-    require(not llama3 or c.rope_scaling == "llama3", wrong + "rope_scaling=llama3, or leave them at 1 and 4")
-    check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
-    share = "the share of each head's dimensions RoPE rotates"
-    require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] ({share}), got {c.rope_fraction}")
-    rotary = rotary_dim(head_dim, c.rope_fraction)
-    if rotates and (rotary < 2 or rotary % 2):
-        valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-        turns = f"rotates int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
-        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that must be even "
-                         f"and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")  # fmt: skip
-    power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
-    few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
-    require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
-    check_longrope(c, rotary // 2)
-    nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
-
-
-def check_longrope(c, n_pairs):
-    """LongRoPE's settings, with rope_scaling=longrope only: a short and a long factor per rotated pair
-    (n_pairs), each finite and >= 1; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
-    given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
-    if c.rope_scaling != LONGROPE:
-        named = f"{', '.join(given)}: LongRoPE's settings"
-        return require(not given, f"{named}, and this model has rope_scaling={c.rope_scaling!r}")
-    for name in LONGROPE_FIELDS[:2]:
-        factors = getattr(c, name)
-        require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-        count = f"{name} has {len(factors)} factors: this model rotates {n_pairs} pairs, one factor each"
-        require(len(factors) == n_pairs, count)
-        valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-        require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
-    scale = c.rope_attention_factor
-    require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
-    require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
-
-
-def rotary_dim(head_dim, fraction=1.0):
-    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
-    return int(head_dim * fraction)
-
-
-def nope_layer_indices(n_layer, interval=0, layers=None):
-    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
-    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
-    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
-    both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
-    require(not (interval and layers is not None), f"{both}: give one of them")
-    if layers is not None:
-        items = [item.strip() for item in layers.split(",")]
-        once = len(set(items)) == len(items)
-        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
-        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
-        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
-        skipped = [int(item) for item in items]
-    elif interval:
-        every = "1 would skip RoPE in every layer: that is pos=none"
-        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
-        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
-        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
-    else:
-        return []
-    if len(skipped) == n_layer:
-        raise ValueError(f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
-    return skipped

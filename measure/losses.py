@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
-from plumbing.memory import forward_bytes, position_table_bytes
-from positions import scheme_shapes, window_length
+from plumbing.memory import forward_bytes, position_table_bytes, scheme_shapes
+from positions import window_length
 
 
 @torch.no_grad()

@@ -2,16 +2,25 @@
 refused in one line instead of being killed without a word or left allocating for hours: the tensors that stay
 allocated and the largest transient of a step. The tests hold them against what the code allocates."""
 
+import torch
+
 from generation import prefill_chunk
 from model import GPT
 from plumbing.hardware import check_memory
-from positions import scheme_shapes, window_length
+from positions import POSITION_MODULES, window_length
 
 SAMPLER_BYTES = 4096  # one training batch stream (data.common.BatchSampler: its torch.Generator, meta, paths)
 # what to lower for each part of training_bytes, named as train.py's and perf.bench's flags
 TRAINING_ADVICE = {
     "weights": "--n_layer or --n_embd", "activations": "--batch_size, --block_size or --n_layer",
     "position table": "--block_size", "batch streams": "--grad_accum"}  # fmt: skip
+
+
+def scheme_shapes(config):
+    """The scheme GPTConfig config names, built on the meta device: its answers and shapes (length_limit,
+    parameters, table_bytes) for the estimates made before any model exists, no memory allocated."""
+    with torch.device("meta"):
+        return POSITION_MODULES[config.pos](config)
 
 
 def parameter_count(config):

@@ -19,7 +19,8 @@ from measure import instruments
 from measure.losses import window_bytes
 from model import GPT, GPTConfig
 from plumbing.checkpoint import load_checkpoint
-from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, scheme_shapes
+from plumbing.memory import scheme_shapes
+from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}

@@ -102,3 +102,11 @@ def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
     x = torch.randint(0, by_sample.config.vocab_size, (1, length))
     with torch.no_grad():
         torch.testing.assert_close(by_eval_length(x)[0], by_sample(x)[0], rtol=0, atol=0)
+
+
+def test_finetune_depends_on_no_other_package():
+    """finetune/ (S²-Attn, LoRA) imports torch and the root modules only (positions, model): plumbing.resume
+    imports finetune.lora, so an import back would be a cycle between the packages."""
+    packages = {"plumbing", "measure", "data", "experiments", "demo", "perf", "course"}
+    for path in sorted(ROOT.glob("finetune/*.py")):
+        assert {name.split(".")[0] for name in imported(path)} & packages == set(), path.name

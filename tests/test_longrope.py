@@ -245,3 +245,19 @@ def test_generation_stopped_past_the_switch_leaves_the_model_short():
     fresh.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(prompt[:, :8])[0], fresh(prompt[:, :8])[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_prompt", [5, 20])
+def test_compiled_decoding_across_the_switch_gives_the_eager_tokens(n_prompt):
+    """The switch is a tensor condition on the positions a step is given, so one compiled graph serves the
+    steps on both sides of T (no recompile), and its greedy tokens equal the eager cache's."""
+    import generation
+
+    rng = random.Random(7)
+    model = GPT(longrope_config(random_factors(rng, 4, 1.5), random_factors(rng, 4, 8.0), rope_keep_first=2))
+    model.eval()
+    prompt = torch.randint(0, 13, (2, n_prompt), generator=torch.Generator().manual_seed(0))
+    torch.compiler.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = generation.generate_cached(model, prompt, 30, temperature=0, compile=True, backend="eager")
+    assert torch.equal(compiled, generation.generate_cached(model, prompt, 30, temperature=0))

@@ -271,20 +271,20 @@ class PositionScheme(nn.Module):
     """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
         embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
         rotation(positions, seq_len)    -> (cos, sin) turning q and k, or None; seq_len: the length of their
-                                           sequence (a prefill's chunk is part of one), default the last + 1
+                                        sequence (a prefill's chunk is part of one), default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
-                                           (cache slots, S²-Attn's groups), shared by the layers, or None
+                                        (cache slots, S²-Attn's groups), shared by the layers, or None
         check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
-        init_weights()                  its parameters' initial values (GPT.init_weights calls it)
+        init_weights()                  its parameters' initial values (GPT.init_weights calls it, then gives
+                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
-    (RoPE's settings apply); biased (score_bias adds: attention takes a mask); embedding (LoRA's
-    --lora_train=embed trains its parameters); encodes (any position signal); recode_past, a length past
-    which it encodes every position anew (a KV cache then reruns the tokens so far)."""
+    (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
+    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns)."""
 
     length_limit = recode_past = None
     rotates = biased = embedding = False

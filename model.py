@@ -1,9 +1,9 @@
 """
 A GPT-2 whose position scheme is one switch, GPTConfig.pos; nanoGPT's parts in nanoGPT's order. Position
 enters in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and
-keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: positions.attention_mask,
-with wpe.score_bias). With
-pos="learned" this is GPT-2. generation.py drives cached decoding (each attention layer owns its cache).
+keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: positions.attention_mask
+adds wpe.score_bias). With pos="learned" this is GPT-2. generation.py drives cached decoding (each attention
+layer owns its cache).
 """
 
 import math

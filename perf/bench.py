@@ -193,7 +193,7 @@ class Trainer:
         cfg, model, first = self.cfg, self.model, self.first
         seconds = sorted(self.step_seconds)
         ms, low, high = 1e3 * statistics.median(seconds), 1e3 * seconds[0], 1e3 * seconds[-1]
-        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
+        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, model.flops_per_token()
         compile_s = max(0.0, first - ms / 1e3) if cfg.compile and first is not None else None
         return {
             **dict(ms_per_step=ms, step_ms_min=low, step_ms_max=high, timed_steps=len(self.step_seconds)),

@@ -1,11 +1,13 @@
 """
 Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here,
 top to bottom: the checks of a config's position fields; the pure functions (tables, frequencies, the
-rotation, ALiBi's slopes and bias, the masks); the modules model.py calls through one interface:
+rotation, ALiBi's slopes and bias, the masks); the modules model.py calls through one interface; last the
+learned relative biases, T5's and FIRE, each a pure function and its module:
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
     alibi                 adds a bias to the attention scores      (score_bias, in GPT.attention_mask)
+    t5, fire              add a learned bias to the scores         (score_bias: T5's buckets, FIRE's MLP)
     none                  nothing: only the causal mask reveals order
 
 This file imports nothing from the repository: the exercises (course/exercises.toml) point here.
@@ -17,7 +19,7 @@ from types import MappingProxyType
 import torch
 import torch.nn as nn
 
-POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
+POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none", "t5", "fire")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
 LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
@@ -496,6 +498,82 @@ class ALiBiPositions(NoPositions):
         return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
 
+# -----------------------------------------------------------------------------
+# Relative biases the model learns: T5's buckets and FIRE, each a pure function, then its module. Both act as
+# ALiBi does, through score_bias, built once per forward (GPT.attention_mask) and shared by every layer.
+
+
+def t5_bucket(distance, num_buckets=32, max_distance=128):
+    """T5's bucket of each distance d = i - j of query i to key j, causal (Raffel et al. 2020, 2.1; Mesh
+    TensorFlow's _relative_position_bucket with bidirectional=False, as transformers' T5Attention): with
+    n = num_buckets / 2, a bucket each for d < n, then n + floor(ln(d / n) / ln(max_distance / n) (num_buckets
+    - n)), log-spaced, computed in float32 as T5, capped at num_buckets - 1: every d >= max_distance shares
+    the last. A later key (d < 0, masked) counts as d = 0. -> long, distance's shape
+    Worked: 32 buckets to 128: d = 0 .. 15 -> 0 .. 15, 16 -> 16, 20 -> 17, 32 -> 21, 64 -> 26, 127 -> 31."""
+    distance = distance.clamp(min=0)
+    exact = num_buckets // 2
+    ratio = distance.clamp(min=exact).float() / exact  # >= 1: the log of a small d is never taken
+    far = exact + (ratio.log() / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    return torch.where(distance < exact, distance, far.clamp(max=num_buckets - 1))
+
+
+class T5Positions(NoPositions):
+    """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
+    i - j (t5_bucket), added to the scores; T5 computes it in its first layer and every layer reuses it, as
+    score_bias here. Past max_distance every key gets the last bucket's bias: longer inputs meet no new
+    bias (they extrapolate as ALiBi does), but far keys are no longer told apart by distance.
+    Initialisation: transformers draws the table N(0, initializer_factor / sqrt(d_model)) (T5PreTrainedModel.
+    _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
+    the same order: one init function, and a near-zero bias at the start either way."""
+
+    num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
+
+    def score_bias(self, query_pos, key_pos):
+        buckets = t5_bucket(query_pos[:, None] - key_pos[None, :], self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
+def fire_input(query_pos, key_pos, c, threshold):
+    """FIRE's progressive interpolation (Li et al. 2024, section 3.2): psi(i - j) / psi(max(L, i)) with
+    psi(x) = ln(1 + c x), for query i and key j; c > 0 and L = threshold >= 1 tensors, so that gradients
+    reach them. In [0, 1] for 0 <= j <= i at any length (i - j <= i <= max(L, i), psi increasing), 0 at i = j;
+    a later key (masked) counts as i = j. -> (n_query, n_key), in c's dtype
+    Worked: c = 1, L = 4: i = 2, j = 0 -> ln 3 / ln 5 = 0.683; i = 8, j = 0 -> 1; i = 8, j = 6 -> 0.5."""
+    i = query_pos.to(c.dtype)[:, None]
+    distance = (i - key_pos.to(c.dtype)[None, :]).clamp(min=0)
+    return torch.log1p(c * distance) / torch.log1p(c * torch.maximum(i, threshold))
+
+
+class FIREPositions(NoPositions):
+    """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU, one
+    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H, 32 hidden units as its appendix
+    and the authors' code). Normalising by the query's position squeezes every distance into [0, 1], at any
+    length: past the training length f sees no input it was not trained on, only finer ones (progressive
+    interpolation); below L the input is psi(i - j) / psi(L), so short contexts are not stretched. One f for
+    every layer, computed once per forward: the paper's layer-shared FIRE-S. c = e^c_log > 0 (from 0.1, the
+    authors' code) and L = 1 + e^L_log > 1 (from 1 + block_size / 4: their code starts L at 512, a quarter of
+    the paper's training length 2048) stay positive with smooth gradients, where the authors take |c| and
+    |L|; Adam moves both by relative steps, as their multiplier on L does."""
+
+    hidden = 32  # f's hidden units (Li et al. 2024, appendix)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.mlp = nn.Sequential(nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, config.n_head))
+        self.c_log = nn.Parameter(torch.tensor(math.log(0.1)))
+        self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
+
+    def score_bias(self, query_pos, key_pos):
+        x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())  # (n_query, n_key)
+        return self.mlp(x[..., None]).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
 # The one place where a scheme is chosen.
 POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
-                        alibi=ALiBiPositions, none=NoPositions)  # fmt: skip
+                        alibi=ALiBiPositions, none=NoPositions,
+                        t5=T5Positions, fire=FIREPositions)  # fmt: skip

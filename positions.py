@@ -509,7 +509,8 @@ def t5_bucket(distance, num_buckets=32, max_distance=128):
     n = num_buckets / 2, a bucket each for d < n, then n + floor(ln(d / n) / ln(max_distance / n) (num_buckets
     - n)), log-spaced, computed in float32 as T5, capped at num_buckets - 1: every d >= max_distance shares
     the last. A later key (d < 0, masked) counts as d = 0. -> long, distance's shape
-    Worked: 32 buckets to 128: d = 0 .. 15 -> 0 .. 15, 16 -> 16, 20 -> 17, 32 -> 21, 64 -> 26, 127 -> 31."""
+    Worked: 32 buckets to 128: d = 0 .. 15 -> 0 .. 15, 16 -> 16, 20 -> 17, 32 -> 21, 64 -> 26, 112 -> 30, and
+    from 113 on 31."""
     distance = distance.clamp(min=0)
     exact = num_buckets // 2
     ratio = distance.clamp(min=exact).float() / exact  # >= 1: the log of a small d is never taken

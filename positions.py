@@ -539,7 +539,7 @@ class T5Positions(NoPositions):
 
 
 def fire_input(query_pos, key_pos, c, threshold):
-    """FIRE's progressive interpolation (Li et al. 2024, section 3.2): psi(i - j) / psi(max(L, i)) with
+    """FIRE's progressive interpolation (Li et al. 2024): psi(i - j) / psi(max(L, i)) with
     psi(x) = ln(1 + c x), for query i and key j; c > 0 and L = threshold >= 1 tensors, so that gradients
     reach them. In [0, 1] for 0 <= j <= i at any length (i - j <= i <= max(L, i), psi increasing), 0 at i = j;
     a later key (masked) counts as i = j. -> (n_query, n_key), in c's dtype
@@ -551,17 +551,17 @@ def fire_input(query_pos, key_pos, c, threshold):
 
 class FIREPositions(NoPositions):
     """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
-    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU, one
-    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H, 32 hidden units as its appendix
-    and the authors' code). Normalising by the query's position squeezes every distance into [0, 1], at any
-    length: past the training length f sees no input it was not trained on, only finer ones (progressive
-    interpolation); below L the input is psi(i - j) / psi(L), so short contexts are not stretched. One f for
-    every layer, computed once per forward: the paper's layer-shared FIRE-S. c = e^c_log > 0 (from 0.1, the
-    authors' code) and L = 1 + e^L_log > 1 (from 1 + block_size / 4: their code starts L at 512, a quarter of
-    the paper's training length 2048) stay positive with smooth gradients, where the authors take |c| and
-    |L|; Adam moves both by relative steps, as their multiplier on L does."""
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU: one
+    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public
+    PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
+    position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
+    was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
+    so short contexts are not stretched. One f for every layer, computed once per forward as every score bias
+    here. c = e^c_log > 0, from 0.1 as that code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code
+    starts L at 512, a quarter of the paper's training length 2048): both stay positive with smooth gradients,
+    where that code takes |c| and |L|, and Adam moves both by relative steps, as its multiplier on L does."""
 
-    hidden = 32  # f's hidden units (Li et al. 2024, appendix)
+    hidden = 32  # f's hidden units
 
     def __init__(self, config):
         super().__init__(config)

@@ -139,7 +139,8 @@ def test_fire_gradients_reach_c_l_and_every_mlp_weight():
 
 
 def test_fire_starts_from_the_authors_c_and_a_quarter_of_block_size():
-    """c starts at 0.1 and L at 1 + block_size / 4 (the authors' 512 of the paper's 2048, as a share)."""
+    """c starts at 0.1 and L at 1 + block_size / 4 (the public FIRE code's 512, a quarter of the paper's
+    2048, as a share of the training length)."""
     fire = FIREPositions(tiny_config("fire", block_size=64))
     assert abs(fire.c_log.exp().item() - 0.1) < 1e-7 and abs(fire.L_log.exp().item() + 1 - 17) < 1e-5
 

@@ -398,7 +398,7 @@ class LearnedPositions(nn.Embedding):
         if n_pos > self.max_len:
             past = f"pos=learned has no embedding past position {self.max_len - 1}"
             raise ValueError(f"sequence length {n_pos} exceeds block_size={self.max_len}: {past}; "
-                             "sinusoidal, rope, alibi and none run longer")  # fmt: skip
+                             "sinusoidal, rope, alibi, none, t5 and fire run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
         # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
@@ -565,13 +565,18 @@ class FIREPositions(NoPositions):
 
     def __init__(self, config):
         super().__init__(config)
-        self.mlp = nn.Sequential(nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, config.n_head))
+        # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
+        # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
+        first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)
+        self.w1, self.b1 = nn.Parameter(first.weight.detach()), nn.Parameter(first.bias.detach())
+        self.w2, self.b2 = nn.Parameter(second.weight.detach()), nn.Parameter(second.bias.detach())
         self.c_log = nn.Parameter(torch.tensor(math.log(0.1)))
         self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
 
     def score_bias(self, query_pos, key_pos):
-        x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())  # (n_query, n_key)
-        return self.mlp(x[..., None]).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+        x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())[..., None]  # (n_q, n_k, 1)
+        hidden = torch.relu(nn.functional.linear(x, self.w1, self.b1))  # (n_query, n_key, 32)
+        return nn.functional.linear(hidden, self.w2, self.b2).permute(2, 0, 1)[None]  # (1, n_head, n_q, n_k)
 
 
 # The one place where a scheme is chosen.

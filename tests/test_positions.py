@@ -286,7 +286,9 @@ def test_learned_refuses_context_longer_than_block_size():
     """The learned table has no row past block_size:
     a clear error names block_size and the schemes that run longer."""
     model = GPT(tiny_config("learned"))
-    with pytest.raises(ValueError, match=r"block_size=16.*sinusoidal, rope, alibi and none"):
+    with pytest.raises(
+        ValueError, match=r"block_size=16.*sinusoidal, rope, alibi, none, t5 and fire run longer"
+    ):
         model(torch.zeros(1, 17, dtype=torch.long))
 
 

@@ -9,7 +9,7 @@ import train
 from data.passkey import prepare as passkey_prepare
 from model import GPT, GPTConfig
 from perf import ab, bench
-from plumbing.memory import activation_bytes, parameter_count, training_bytes
+from plumbing.memory import activation_bytes, forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES
 
 
@@ -55,6 +55,16 @@ def test_the_activation_estimate_bounds_what_autograd_keeps(pos, dropout):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x, x)
     assert 0.75 <= sum(saved.values()) / activation_bytes(config, 3) <= 1.0
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_the_forward_estimate_counts_the_mask_of_every_score_bias(pos):
+    """Where GPT.attention_mask builds a mask (a scheme whose score_bias gives a bias: ALiBi's, T5's, FIRE's),
+    forward_bytes counts at least its bytes, asked of the scheme, not of its name."""
+    config = GPTConfig(n_layer=1, n_head=4, n_embd=16, block_size=8, vocab_size=11, pos=pos)
+    mask = GPT(config).attention_mask(torch.arange(32))
+    counted = forward_bytes(config, 1, 32).get("attention mask", 0)
+    assert mask is None or counted >= mask.nbytes, (counted, mask.nbytes)
 
 
 def never(what):

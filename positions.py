@@ -5,6 +5,7 @@ the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
     alibi                 adds a bias to the attention scores      (score_bias, in attention_mask)
+    t5, fire              add a learned bias to the scores         (score_bias: T5's buckets, FIRE's MLP)
     none                  nothing: only the causal mask reveals order
 
 A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
@@ -281,6 +282,7 @@ class PositionScheme(nn.Module):
                                         an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
+        bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
     (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
@@ -321,6 +323,9 @@ class PositionScheme(nn.Module):
     def flops_per_token(self, seq_len):
         return 0
 
+    def bias_bytes(self, n_query, n_key):
+        return 0
+
     def adapt_state(self, state, prefix):
         return state, None
 
@@ -351,7 +356,7 @@ class LearnedPositions(PositionScheme):
         if n_pos > self.length_limit:
             past = f"pos=learned has no embedding past position {self.length_limit - 1}"
             raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
-                             "sinusoidal, rope, alibi and none run longer")  # fmt: skip
+                             "every scheme without a table runs longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
         # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
@@ -464,7 +469,98 @@ class ALiBiPositions(PositionScheme):
         return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
 
+# -----------------------------------------------------------------------------
+# Relative biases the model learns: T5's buckets and FIRE, each a pure function, then its module. Both act as
+# ALiBi does, through score_bias, built once per forward (GPT.attention_mask) and shared by every layer.
+
+
+def t5_bucket(distance, num_buckets=32, max_distance=128):
+    """T5's bucket of each distance d = i - j of query i to key j, causal (Raffel et al. 2020, 2.1; Mesh
+    TensorFlow's _relative_position_bucket with bidirectional=False, as transformers' T5Attention): with
+    n = num_buckets / 2, a bucket each for d < n, then n + floor(ln(d / n) / ln(max_distance / n) (num_buckets
+    - n)), log-spaced, computed in float32 as T5, capped at num_buckets - 1: every d >= max_distance shares
+    the last. A later key (d < 0, masked) counts as d = 0. -> long, distance's shape
+    Worked: 32 buckets to 128: d = 0 .. 15 -> 0 .. 15, 16 -> 16, 20 -> 17, 32 -> 21, 64 -> 26, 112 -> 30, and
+    from 113 on 31."""
+    distance = distance.clamp(min=0)
+    exact = num_buckets // 2
+    ratio = distance.clamp(min=exact).float() / exact  # >= 1: the log of a small d is never taken
+    far = exact + (ratio.log() / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    return torch.where(distance < exact, distance, far.clamp(max=num_buckets - 1))
+
+
+class T5Positions(PositionScheme):
+    """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
+    i - j (t5_bucket), added to the scores; T5 computes it in its first layer and every layer reuses it, as
+    score_bias here. Past max_distance every key gets the last bucket's bias: longer inputs meet no new
+    bias (they extrapolate as ALiBi does), but far keys are no longer told apart by distance.
+    Initialisation: transformers draws the table N(0, initializer_factor / sqrt(d_model)) (T5PreTrainedModel.
+    _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
+    the same order: one init function, and a near-zero bias at the start either way."""
+
+    num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
+    biased = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
+
+    def score_bias(self, query_pos, key_pos):
+        buckets = t5_bucket(query_pos[:, None] - key_pos[None, :], self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
+def fire_input(query_pos, key_pos, c, threshold):
+    """FIRE's progressive interpolation (Li et al. 2024): psi(i - j) / psi(max(L, i)) with
+    psi(x) = ln(1 + c x), for query i and key j; c > 0 and L = threshold >= 1 tensors, so that gradients
+    reach them. In [0, 1] for 0 <= j <= i at any length (i - j <= i <= max(L, i), psi increasing), 0 at i = j;
+    a later key (masked) counts as i = j. -> (n_query, n_key), in c's dtype
+    Worked: c = 1, L = 4: i = 2, j = 0 -> ln 3 / ln 5 = 0.683; i = 8, j = 0 -> 1; i = 8, j = 6 -> 0.5."""
+    i = query_pos.to(c.dtype)[:, None]
+    distance = (i - key_pos.to(c.dtype)[None, :]).clamp(min=0)
+    return torch.log1p(c * distance) / torch.log1p(c * torch.maximum(i, threshold))
+
+
+class FIREPositions(PositionScheme):
+    """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU: one
+    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public
+    PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
+    position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
+    was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
+    so short contexts are not stretched. One f for every layer, computed once per forward as every score bias
+    here. c = e^c_log > 0, from 0.1 as that code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code
+    starts L at 512, a quarter of the paper's training length 2048): both stay positive with smooth gradients,
+    where that code takes |c| and |L|, and Adam moves both by relative steps, as its multiplier on L does."""
+
+    hidden = 32  # f's hidden units
+    biased = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
+        # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
+        first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)
+        self.w1, self.b1 = nn.Parameter(first.weight.detach()), nn.Parameter(first.bias.detach())
+        self.w2, self.b2 = nn.Parameter(second.weight.detach()), nn.Parameter(second.bias.detach())
+        self.c_log = nn.Parameter(torch.tensor(math.log(0.1)))
+        self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
+        self.n_head = config.n_head
+
+    def flops_per_token(self, seq_len):  # f on each of a query's seq_len pairs, forward and backward
+        return 6 * self.hidden * (1 + self.n_head) * seq_len
+
+    def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs
+        return n_query * n_key * (1 + self.hidden + self.n_head) * 4
+
+    def score_bias(self, query_pos, key_pos):
+        x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())[..., None]  # (n_q, n_k, 1)
+        hidden = torch.relu(nn.functional.linear(x, self.w1, self.b1))  # (n_query, n_key, 32)
+        return nn.functional.linear(hidden, self.w2, self.b2).permute(2, 0, 1)[None]  # (1, n_head, n_q, n_k)
+
+
 # The one place where a scheme is chosen: a fork adds its class above and its name here
 POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
-                        alibi=ALiBiPositions, none=NoPositions)  # fmt: skip
+                        alibi=ALiBiPositions, none=NoPositions,
+                        t5=T5Positions, fire=FIREPositions)  # fmt: skip
 POS_SCHEMES = tuple(POSITION_MODULES)

@@ -37,12 +37,12 @@ def activation_bytes(config, batch):
     """What a float32 training forward over batch x T tokens keeps for backward, per token: about 20 C a layer
     (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the MLP's 4 C before and
     after GELU, residuals), twice the logits (and log-softmax); with dropout, 2 C of masks and 2 n_head T of
-    math attention's weights a layer."""
+    math attention's weights a layer; and what the scheme's score bias computes, once for the batch."""
     T, C, L = config.block_size, config.n_embd, config.n_layer
     per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
     if config.dropout > 0:
         per_token += L * (2 * C + 2 * config.n_head * T)
-    return batch * T * per_token * 4
+    return batch * T * per_token * 4 + scheme_shapes(config).bias_bytes(T, T)
 
 
 def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
@@ -79,11 +79,12 @@ def forward_bytes(config, batch, length, cached=False, n_keys=None):
     keys, by default as many): the logits, the MLP's hidden layer before and after GELU, and the mask
     GPT.attention_mask builds for a score bias or several tokens into a KV cache (length x n_keys int64
     distances, a bool mask and float32 score biases, n_head of them for a biased scheme)."""
-    tokens, biased = batch * length, scheme_shapes(config).biased
+    tokens, scheme = batch * length, scheme_shapes(config)
     parts = {"logits": tokens * config.vocab_size * 4, "activations": 2 * tokens * 4 * config.n_embd * 4}
-    if biased or (cached and length > 1):
-        heads = config.n_head if biased else 1
+    if scheme.biased or (cached and length > 1):
+        heads = config.n_head if scheme.biased else 1
         parts["attention mask"] = length * (n_keys or length) * (8 + 1 + 2 * heads * 4)
+        parts["attention mask"] += scheme.bias_bytes(length, n_keys or length)
     return parts
 
 

@@ -83,6 +83,21 @@ def test_s2_attn_reads_a_score_bias_at_each_groups_true_positions(group):
     torch.testing.assert_close(shifted_sparse_attention(q, k, v, group, scheme), expected)
 
 
+@pytest.mark.parametrize("pos", ["t5", "fire"])
+def test_s2_attn_adds_a_learned_relative_bias_at_the_true_positions(pos):
+    """With the scheme's own bias (random weights), S²-Attn equals the brute-force visibility with the bias
+    of each query and key at their true positions, in every group: FIRE's depends on the query's position."""
+    torch.manual_seed(2)
+    config = GPTConfig(pos=pos, block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
+    scheme = POSITION_MODULES[pos](config).double()  # PyTorch's initialisation: a bias of order 1
+    if pos == "fire":
+        scheme.L_log.data.fill_(0.0)  # L = 2: the queries of every group but the first lie past it
+    pos_ids = torch.arange(16)
+    bias = scheme.score_bias(pos_ids, pos_ids)
+    q, k, v = torch.randn(3, 1, 4, 16, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, 4, scheme), reference(q, k, v, 4, bias))
+
+
 def test_no_token_sees_a_later_one_across_the_wrap():
     """Perturbing the tokens after t leaves output t unchanged, in every head: the last shifted group (the
     sequence's end, then its start) is two causal pieces, not the wrap LongLoRA's code lets leak."""
@@ -118,7 +133,7 @@ def test_s2_mask_blocks_the_wrapped_groups_halves_from_each_other():
     assert torch.equal(mask[0, -1], mask[1, 0])  # every other group: causal only
 
 
-@pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
+@pytest.mark.parametrize("pos", ["rope", "alibi", "none", "t5", "fire"])
 def test_model_uses_s2_attn_in_training_only(pos):
     """With s2_group set, eval mode (train.py's evaluation, sample.py, eval_length.py) is full attention,
     bit for bit; training mode differs, and is causal."""

@@ -17,11 +17,12 @@ def blocks(language):
 
 
 def test_the_pages_scheme_passes_the_pages_test(monkeypatch):
-    """The page's StepPositions, named "step" in POS_SCHEMES and POSITION_MODULES, passes the page's test."""
+    """The page's StepPositions, a PositionScheme named "step" in POSITION_MODULES alone, passes the page's
+    test: the model builds any scheme POSITION_MODULES names."""
     scheme_code, test_code = blocks("python")
     namespace = vars(positions).copy()
     exec(scheme_code, namespace)
-    monkeypatch.setattr(positions, "POS_SCHEMES", (*positions.POS_SCHEMES, "step"))
+    assert issubclass(namespace["StepPositions"], positions.PositionScheme)
     monkeypatch.setitem(positions.POSITION_MODULES, "step", namespace["StepPositions"])
     tests = {}
     exec(test_code, tests)
@@ -30,10 +31,13 @@ def test_the_pages_scheme_passes_the_pages_test(monkeypatch):
 
 
 def test_the_pages_commands_parse(monkeypatch):
-    """Each study and bench command of the page parses, "step" registered (flags and values accepted)."""
-    monkeypatch.setattr(positions, "POS_SCHEMES", (*positions.POS_SCHEMES, "step"))
-    monkeypatch.setattr(extrapolation, "POS_SCHEMES", positions.POS_SCHEMES)
-    monkeypatch.setattr(bench, "POS_SCHEMES", positions.POS_SCHEMES)
+    """Each study and bench command of the page parses, "step" registered in POSITION_MODULES (flags and
+    values accepted). POS_SCHEMES, the dict's keys, is taken at import, as is each module's copy of it: as
+    positions.py would derive it with "step" in the dict, it is set again here."""
+    monkeypatch.setitem(positions.POSITION_MODULES, "step", positions.PositionScheme)
+    schemes = tuple(positions.POSITION_MODULES)
+    for module in (positions, extrapolation, bench):
+        monkeypatch.setattr(module, "POS_SCHEMES", schemes)
     commands = [shlex.split(line) for block in blocks("sh") for line in block.splitlines() if line]
     parsed = {"experiments.extrapolation": 0, "perf.bench": 0}
     for words in commands:

@@ -352,11 +352,13 @@ class LearnedPositions(PositionScheme):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def check_length(self, n_pos):
-        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward."""
+        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward, naming
+        the schemes that run longer (every other of POSITION_MODULES)."""
         if n_pos > self.length_limit:
             past = f"pos=learned has no embedding past position {self.length_limit - 1}"
+            *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
             raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
-                             "every scheme without a table runs longer")  # fmt: skip
+                             f"{', '.join(others)} and {last} run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
         # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off

@@ -28,11 +28,11 @@ import torch
 
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
-from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
+from plumbing.gpt2 import GPT2_MODELS
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model

@@ -1,7 +1,7 @@
 """How fast each position scheme trains and generates on this machine, in one process: fair ratios.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
-    python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
+    python -m perf.bench                                   # nanoGPT's CPU recipe model, all seven schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode

@@ -11,7 +11,7 @@ import contextlib
 import torch
 
 from model import sample_next
-from positions import window_length
+from positions import require, window_length
 
 
 @torch.no_grad()
@@ -87,12 +87,9 @@ def compile_cached_forward(model, backend=None):
     """cached_forward through torch.compile with static shapes, in one graph: every slot of the cache is
     attended to (empty and out-of-window ones masked) and the position is a tensor, so one graph serves
     every decode step; on CUDA a CUDA graph (mode="reduce-overhead": one launch per token, not per kernel)."""
-    if model.config.rope_scaling == "dynamic":
-        raise ValueError(
-            "rope_scaling='dynamic' recomputes the frequencies from the length at every step, "
-            "which a static decode step cannot do: generate with compile=False"
-        )
-    if backend is not None:
-        return torch.compile(cached_forward, backend=backend, fullgraph=True, dynamic=False)
-    mode = "reduce-overhead" if model.lm_head.weight.is_cuda else None
-    return torch.compile(cached_forward, mode=mode, fullgraph=True, dynamic=False)
+    dynamic = "rope_scaling='dynamic' recomputes the frequencies from the length at every step, which a"
+    dynamic += " static decode step cannot do: generate with compile=False"
+    require(model.config.rope_scaling != "dynamic", dynamic)
+    mode = "reduce-overhead" if model.lm_head.weight.is_cuda and backend is None else None
+    backend = backend or "inductor"
+    return torch.compile(cached_forward, backend=backend, mode=mode, fullgraph=True, dynamic=False)

@@ -14,8 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from positions import (
-    LONGROPE,
-    LONGROPE_FIELDS,
     POSITION_MODULES,
     ROPE_SCALING_CHOICES,
     ROPE_VARIANTS,
@@ -23,7 +21,6 @@ from positions import (
     apply_rope,
     attention_mask,
     cached_key_positions,
-    check_llama3_factors,
     require,
     rotary_dim,
     window_length,
@@ -57,12 +54,10 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         check_position_config(self)
 
     @property
@@ -320,66 +315,24 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 def check_position_config(c):
-    """The position fields of a GPTConfig c (by name), each a one-line ValueError naming what is valid."""
+    """The position fields of a GPTConfig c, each a one-line ValueError naming what is valid: RoPE's settings
+    with RoPE only, then the scheme's own (check_config: RotaryPositions checks RoPE's), nope_layers."""
     schemes, scalings = ", ".join(POSITION_MODULES), ", ".join(ROPE_SCALING_CHOICES)
     require(c.pos in POSITION_MODULES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
-    head_dim, rotates = c.n_embd // c.n_head, POSITION_MODULES[c.pos].rotates
-    odd = rotates and c.rope_fraction == 1.0 and head_dim % 2
-    require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-    POSITION_MODULES[c.pos].check_config(c)  # the scheme's own
+    scheme = POSITION_MODULES[c.pos]
     require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
-    other = c.rope_scaling is not None and not rotates
+    other = c.rope_scaling is not None and not scheme.rotates
     require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
     known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
     require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
     require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
     length = c.rope_original_len
     require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
-    check_rope_variants(c, head_dim, rotates)
-
-
-def check_rope_variants(c, head_dim, rotates):
-    """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
-    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(c, name) != plain]
-    given = ", ".join(f"{name}={getattr(c, name)}" for name in changed)
+    given = ", ".join(f"{n}={getattr(c, n)}" for n, plain in ROPE_VARIANTS.items() if getattr(c, n) != plain)
     only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
-    require(not changed or rotates, only)
-    llama3 = ", ".join(f"{name}={getattr(c, name)}" for name in changed if name.endswith("_freq_factor"))
-    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}; give "
-    require(not llama3 or c.rope_scaling == "llama3", wrong + "rope_scaling=llama3, or leave them at 1 and 4")
-    check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
-    share = "the share of each head's dimensions RoPE rotates"
-    require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] ({share}), got {c.rope_fraction}")
-    rotary = rotary_dim(head_dim, c.rope_fraction)
-    if rotates and (rotary < 2 or rotary % 2):
-        valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-        turns = f"rotates int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
-        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that must be even "
-                         f"and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")  # fmt: skip
-    power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
-    few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
-    require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
-    check_longrope(c, rotary // 2)
+    require(not given or scheme.rotates, only)
+    scheme.check_config(c)  # the scheme's own settings
     nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
-
-
-def check_longrope(c, n_pairs):
-    """LongRoPE's settings, with rope_scaling=longrope only: a short and a long factor per rotated pair
-    (n_pairs), each finite and >= 1; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
-    given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
-    if c.rope_scaling != LONGROPE:
-        named = f"{', '.join(given)}: LongRoPE's settings"
-        return require(not given, f"{named}, and this model has rope_scaling={c.rope_scaling!r}")
-    for name in LONGROPE_FIELDS[:2]:
-        factors = getattr(c, name)
-        require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-        count = f"{name} has {len(factors)} factors: this model rotates {n_pairs} pairs, one factor each"
-        require(len(factors) == n_pairs, count)
-        valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-        require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
-    scale = c.rope_attention_factor
-    require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
-    require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
 
 
 def nope_layer_indices(n_layer, interval=0, layers=None):
@@ -388,6 +341,7 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
     both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
     require(not (interval and layers is not None), f"{both}: give one of them")
+    skipped = []
     if layers is not None:
         items = [item.strip() for item in layers.split(",")]
         once = len(set(items)) == len(items)
@@ -400,8 +354,5 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
         valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
         require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
         skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
-    else:
-        return []
-    if len(skipped) == n_layer:
-        raise ValueError(f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
     return skipped

@@ -159,16 +159,6 @@ def longrope_scale(factor, original_len):
     return math.sqrt(1 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
 
 
-def longrope_baselines(head_dim, base, factor, original_len):
-    """The per-pair factors lambda_i = theta_i / theta'_i of the formula scalings at s = factor, LongRoPE's
-    search's starting points and its figure's references: {"linear": s for every pair, "ntk", "yarn",
-    "llama3": from their frequencies}. -> {name: (d/2,) float64}"""
-    theta = rope_inv_freq(head_dim, base)
-    scaled = {name: rope_frequencies(head_dim, base, name, factor, original_len)[0].double()
-              for name in ("linear", "ntk", "yarn", "llama3")}  # fmt: skip
-    return {name: (theta / value).clamp(min=1.0) for name, value in scaled.items()}
-
-
 def default_rope_factor(length, original_len):
     """The factor s a RoPE scaling gets when none is given: the length to reach over the length trained on,
     never below 1 (s = 1 leaves every frequency as trained)."""
@@ -421,6 +411,44 @@ class RotaryPositions(PositionScheme):
         self.keep_first = config.rope_keep_first
         self.recode_past = self.original_len if self.scaling == LONGROPE else None
         self._tabulate(config.block_size)
+
+    @classmethod
+    def check_config(cls, c):
+        """RoPE's settings: pairs to turn; llama3's factors with llama3 only; an even count >= 2 rotated
+        (ntk: 4); LongRoPE's, longrope only: factors >= 1, one a pair, attention factor > 0, n-hat >= 0."""
+        head_dim, changed = c.n_embd // c.n_head, [n for n, v in ROPE_VARIANTS.items() if getattr(c, n) != v]
+        odd = c.rope_fraction == 1.0 and head_dim % 2
+        require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
+        llama3 = ", ".join(f"{n}={getattr(c, n)}" for n in changed if n.endswith("_freq_factor"))
+        wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
+        fix = "; give rope_scaling=llama3, or leave them at 1 and 4"
+        require(not llama3 or c.rope_scaling == "llama3", wrong + fix)
+        check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
+        share = f"(the share of each head's dimensions RoPE rotates), got {c.rope_fraction}"
+        require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] {share}")
+        rotary = rotary_dim(head_dim, c.rope_fraction)
+        if rotary < 2 or rotary % 2:
+            valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
+            turns = f"int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
+            even = f"RoPE turns pairs, so that must be even and >= 2; give a multiple of 2/{head_dim}"
+            raise ValueError(f"rope_fraction={c.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
+        power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
+        few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
+        require(not few, f"{power} rotated dimensions, this model rotates {rotary}")
+        longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
+        if c.rope_scaling != LONGROPE:
+            has = f"this model has rope_scaling={c.rope_scaling!r}"
+            return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
+        for name in LONGROPE_FIELDS[:2]:
+            factors = getattr(c, name)
+            require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
+            count = f"{len(factors)} factors: this model rotates {rotary // 2} pairs, one factor each"
+            require(len(factors) == rotary // 2, f"{name} has {count}")
+            valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
+            require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+        scale = c.rope_attention_factor
+        require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
+        require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
 
     def _cos_sin(self, positions, seq_len):
         scaling = self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors, *self.longrope

@@ -171,10 +171,8 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
     the weights live once, in the model. A generation that would not fit in memory is refused here, first."""
-    if out_dir in GPT2_MODELS:
-        checkpoint = pretrained_checkpoint(out_dir)
-    else:
-        checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
+    path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
+    checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir)
     block_size = checkpoint["model_config"]["block_size"]
     if scale_rope_only and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")

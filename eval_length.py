@@ -48,9 +48,10 @@ from plumbing.checkpoint import (
 from plumbing.cli import parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
+from plumbing.memory import scheme_shapes
 from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table, progress_bar
-from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor, position_limit
+from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
 
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
 CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
@@ -167,21 +168,22 @@ class Source:
     def __post_init__(self):
         self.config = self.ckpt["model_config"]
         self.block_size = self.config["block_size"]
-        self.limit = position_limit(self.config["pos"], self.block_size)  # learned's table; None: unbounded
+        self.scheme = scheme_shapes(GPTConfig(**self.config))  # its answers (a meta module: no memory)
+        self.limit = self.scheme.length_limit  # learned's table; None: unbounded
 
     def methods(self, rope_scalings, longrope=None):
         """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first; longrope
         only where `longrope`, the --rope_factors read, fits it (no_longrope)."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
-        if self.config["pos"] == "rope":
+        if self.scheme.rotates:
             fits = longrope is not None and not self.no_longrope(longrope)
             return ["plain", *(m for m in rope_scalings if m != LONGROPE or fits)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
     def no_longrope(self, longrope):
         """Why the factors read from --rope_factors give this checkpoint no longrope row; None: they do."""
-        if self.config["pos"] != "rope":
+        if not self.scheme.rotates:
             return f"pos={self.config['pos']}, not RoPE"
         if self.config.get("rope_scaling"):
             return f"measured at its own rope_scaling={self.config['rope_scaling']}"

@@ -1,8 +1,9 @@
 """
 A GPT-2 whose position scheme is one switch, GPTConfig.pos; nanoGPT's parts in nanoGPT's order. Position
 enters in three places, each a call into positions.py: the embedding (GPT.forward: wpe.embed), queries and
-keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: wpe.score_bias). With
-pos="learned" this is GPT-2. generation.py drives cached decoding (each attention layer owns its cache).
+keys (CausalSelfAttention.forward: apply_rope) and the scores (GPT.attention_mask: positions.attention_mask
+adds wpe.score_bias). With pos="learned" this is GPT-2. generation.py drives cached decoding (each attention
+layer owns its cache).
 """
 
 import math
@@ -14,16 +15,16 @@ import torch.nn.functional as F
 
 from positions import (
     POSITION_MODULES,
+    ROPE_SCALING_CHOICES,
+    ROPE_VARIANTS,
+    PositionScheme,
     apply_rope,
     attention_mask,
     cached_key_positions,
-    check_position_config,
-    nope_layer_indices,
+    require,
     rotary_dim,
+    window_length,
 )
-
-# OpenAI's released GPT-2 models, for GPT.from_pretrained: 124M, 355M, 774M and 1.5B parameters
-GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 @dataclass
@@ -35,7 +36,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
-    pos: str = "rope"  # one of POS_SCHEMES
+    pos: str = "rope"  # the position scheme, a key of positions.POSITION_MODULES
     rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
     rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
     rope_factor: float = 1.0  # the extension factor s: target context / the original length
@@ -53,12 +54,10 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         check_position_config(self)
 
     @property
@@ -104,7 +103,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
+        self.train_attention = None  # attention in training only, (q, k, v, dropout_p=) -> y (S²-Attn)
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -120,8 +119,8 @@ class CausalSelfAttention(nn.Module):
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
-        if self.train_attention and self.training:  # LongLoRA's sparse attention (finetune/s2.py)
-            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        if self.train_attention and self.training:  # LongLoRA's sparse attention, own mask (finetune/s2.py)
+            y = self.train_attention(q, k, v, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
@@ -165,7 +164,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                # the position scheme lives under GPT-2's name; only `learned` has parameters here
+                # the position scheme (a positions.PositionScheme) lives under GPT-2's name
                 wpe=POSITION_MODULES[config.pos](config),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
@@ -190,29 +189,33 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
             if isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
+            if isinstance(module, PositionScheme):
+                module.init_weights()  # its own parameters (learned's table: N(0, 0.02) as well)
         for block in self.transformer.h:
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     @property
-    def max_len(self):  # the longest input the position scheme encodes (learned: block_size), or None
-        return self.transformer.wpe.max_len
+    def length_limit(self):  # the longest input the position scheme encodes (learned: block_size), or None
+        return self.transformer.wpe.length_limit
 
     def num_params(self):  # the tied embedding counted once
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, input_pos=None):
+    def forward(self, idx, targets=None, input_pos=None, seq_len=None):
         """idx: (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets are
         given. input_pos: None for positions 0 .. T-1; or, decoding against the KV caches (setup_cache),
-        the (T,) positions of idx, consecutive and continuing those already cached."""
+        the (T,) positions of idx, consecutive and continuing those already cached. seq_len: the length of the
+        sequence they belong to where it is longer (a prefill's chunk), for the scheme (LongRoPE)."""
         T = idx.size(1)
         pos = self.transformer.wpe
         if input_pos is None:
-            pos.reserve(T)  # tables grow here, outside any step; learned refuses past its table
+            pos.check_length(T)  # learned refuses past its table, in one line
+            pos.grow(T)  # tables grow here, outside any step
         positions = torch.arange(T, device=idx.device) if input_pos is None else input_pos
         tok_emb = self.transformer.wte(idx)  # (B, T, C)
         x = self.transformer.drop(pos.embed(tok_emb, positions))  # position enters: the embedding
-        rope = pos.rotation(positions)  # position enters: RoPE's (cos, sin) for q and k, or None
+        rope = pos.rotation(positions, seq_len)  # position enters: RoPE's (cos, sin) for q and k, or None
         mask = self.attention_mask(positions, cached=input_pos is not None)  # position enters: the scores
         for block, rotates in zip(self.transformer.h, self.rope_layers):
             x = block(x, rope if rotates else None, mask, input_pos)  # a layer in nope_layers gets no RoPE
@@ -229,36 +232,37 @@ class GPT(nn.Module):
         so far, or in a compiled step every slot, so that shapes never change (-1: an empty slot, masked)."""
         pos = self.transformer.wpe
         if not cached:
-            bias = pos.score_bias(query_pos, query_pos)
-            return None if bias is None else attention_mask(query_pos, query_pos, bias)
-        n_slots = self.transformer.h[0].attn.kv_cache.k.size(2)
-        if torch.compiler.is_compiling():
-            key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)
-            return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
-        end = int(query_pos[-1]) + 1  # eager: only the slots written so far
-        if end <= n_slots and self.cache_window is None and query_pos.numel() == 1:
-            # one query after every key it sees, slot p holding position p: no mask, only a bias to add
-            key_pos = torch.arange(end, device=query_pos.device)
-            bias = pos.score_bias(query_pos, key_pos)
-            return query_pos.new_zeros(1, 1, 1, end, dtype=torch.float32) if bias is None else bias
-        key_pos = cached_key_positions(query_pos[-1:] + 1, n_slots)[:end]
-        return attention_mask(query_pos, key_pos, pos.score_bias(query_pos, key_pos), self.cache_window)
+            return attention_mask(pos, query_pos, query_pos) if pos.biased else None
+        key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))
+        if not torch.compiler.is_compiling():  # eager: only the slots written so far
+            key_pos = key_pos[: int(query_pos[-1]) + 1]
+        return attention_mask(pos, query_pos, key_pos, self.cache_window)
 
-    def setup_cache(self, batch, max_len, window=None, chunk=1, dtype=None):
-        """Give every attention layer a KV cache for positions 0 .. max_len - 1, fed at most `chunk` tokens a
+    def setup_cache(self, batch, n_pos, window=None, chunk=1, dtype=None):
+        """Give every attention layer a KV cache for positions 0 .. n_pos - 1, fed at most `chunk` tokens a
         call; with a sliding window (each token sees the `window` latest) a ring of window + chunk - 1 slots,
         so that a chunk never overwrites a key its own queries see. The position tables grow here, once."""
-        self.transformer.wpe.reserve(max_len)
-        size = self.cache_size(max_len, window, chunk)
+        self.transformer.wpe.check_length(n_pos)
+        self.transformer.wpe.grow(n_pos)
+        size = self.cache_size(n_pos, window, chunk)
         dtype = dtype or self.lm_head.weight.dtype
         c, device = self.config, self.lm_head.weight.device
         for block in self.transformer.h:
-            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < max_len)
+            block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < n_pos)
         self.cache_window = window
 
     @staticmethod
-    def cache_size(max_len, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
-        return max_len if window is None else min(max_len, window + chunk - 1)
+    def cache_size(n_pos, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
+        return n_pos if window is None else min(n_pos, window + chunk - 1)
+
+    def flops_per_token(self):
+        """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N (the
+        position scheme's parameters, looked up, left out) plus 12 L H Q T for attention's q k^T and p v,
+        plus what the scheme computes itself (wpe.flops_per_token)."""
+        c, pos = self.config, self.transformer.wpe
+        n = self.num_params() - sum(p.numel() for p in pos.parameters())
+        attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+        return 6 * n + attention + pos.flops_per_token(c.block_size)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with decoupled weight decay on matrices only (embeddings included), none on biases and
@@ -271,26 +275,11 @@ class GPT(nn.Module):
         fused = device_type == "cuda"  # one kernel for the whole update
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
-    @classmethod
-    def from_pretrained(cls, name):
-        """OpenAI's GPT-2 (Radford et al. 2019), one of GPT2_MODELS, through transformers (downloaded once):
-        pos="learned", bias=True, vocab 50257, block_size 1024, dropout 0."""
-        return cls.from_hf_gpt2(download_gpt2(name))
-
-    @classmethod
-    def from_hf_gpt2(cls, hf_model):
-        """This model with the weights of a transformers GPT2LMHeadModel already loaded (works offline)."""
-        config, state_dict = gpt2_weights_from_hf(hf_model)
-        model = cls(config)
-        model.load_state_dict(state_dict)
-        return model.eval()
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
         """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each.
         Learned sees the last block_size tokens; max_context crops further, positions restarting at 0."""
-        limits = [n for n in (self.max_len, max_context) if n is not None]
-        crop = min(limits) if limits else None
+        crop = window_length(self.length_limit, max_context)
         for _ in range(max_new_tokens):
             context = idx if crop is None else idx[:, -crop:]
             logits, _ = self(context)
@@ -322,45 +311,48 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 # -----------------------------------------------------------------------------
-# OpenAI's GPT-2 weights, in this model's terms
+# GPTConfig's checks of the position fields (its __post_init__), each a one-line ValueError
 
 
-def download_gpt2(name):
-    """transformers' GPT2LMHeadModel of one of GPT2_MODELS: downloaded once, then read from its cache."""
-    if name not in GPT2_MODELS:
-        raise ValueError(f"{name!r} is not an OpenAI GPT-2 model; choose one of {', '.join(GPT2_MODELS)}")
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        needs = "OpenAI's GPT-2 weights (GPT.from_pretrained, sample.py --init_from) need transformers"
-        raise ImportError(f"{needs}: pip install transformers") from None
-    try:
-        return GPT2LMHeadModel.from_pretrained(name)
-    except OSError as error:
-        where = "from the Hugging Face Hub (no internet, and not in the local cache)"
-        raise RuntimeError(f"could not load {name!r} {where}: {str(error).splitlines()[0]}") from error
+def check_position_config(c):
+    """The position fields of a GPTConfig c, each a one-line ValueError naming what is valid: RoPE's settings
+    with RoPE only, then the scheme's own (check_config: RotaryPositions checks RoPE's), nope_layers."""
+    schemes, scalings = ", ".join(POSITION_MODULES), ", ".join(ROPE_SCALING_CHOICES)
+    require(c.pos in POSITION_MODULES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
+    scheme = POSITION_MODULES[c.pos]
+    require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
+    other = c.rope_scaling is not None and not scheme.rotates
+    require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
+    known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
+    require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
+    require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
+    length = c.rope_original_len
+    require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
+    given = ", ".join(f"{n}={getattr(c, n)}" for n, plain in ROPE_VARIANTS.items() if getattr(c, n) != plain)
+    only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
+    require(not given or scheme.rotates, only)
+    scheme.check_config(c)  # the scheme's own settings
+    nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
 
 
-def gpt2_weights_from_hf(hf_model):
-    """(GPTConfig, state dict) of a transformers GPT2LMHeadModel, without building a GPT. The names are
-    GPT-2's on both sides; HF's Conv1D stores (in, out) where nn.Linear has (out, in), so those four are
-    transposed (views)."""
-    c = hf_model.config
-    got = (c.activation_function, c.layer_norm_epsilon, c.n_inner)
-    if got[:2] != ("gelu_new", 1e-5) or c.n_inner not in (None, 4 * c.n_embd):
-        expected = "activation_function='gelu_new' (tanh GELU), layer_norm_epsilon=1e-5, n_inner=None"
-        got = f"got {got[0]!r}, {got[1]}, {got[2]}"
-        raise ValueError(f"only GPT-2's own architecture converts: {expected}; {got}")
-    shape = dict(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head)
-    config = GPTConfig(**shape, n_embd=c.n_embd, dropout=0.0, bias=True, pos="learned")
-    with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
-        expected = GPT(config).state_dict()
-    hf_state = hf_model.state_dict()
-    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    state_dict = {}
-    for name, tensor in expected.items():  # lm_head.weight is wte.weight (tied) on both sides
-        source = hf_state[name].t() if name.endswith(conv1d) else hf_state[name]
-        if source.shape != tensor.shape:
-            raise ValueError(f"{name}: {tuple(source.shape)} in transformers, {tuple(tensor.shape)} here")
-        state_dict[name] = source
-    return config, state_dict
+def nope_layer_indices(n_layer, interval=0, layers=None):
+    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
+    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
+    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
+    both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
+    require(not (interval and layers is not None), f"{both}: give one of them")
+    skipped = []
+    if layers is not None:
+        items = [item.strip() for item in layers.split(",")]
+        once = len(set(items)) == len(items)
+        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
+        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
+        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
+        skipped = [int(item) for item in items]
+    elif interval:
+        every = "1 would skip RoPE in every layer: that is pos=none"
+        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
+        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
+        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    return skipped

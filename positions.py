@@ -1,14 +1,15 @@
 """
-Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here,
-top to bottom: the checks of a config's position fields; the pure functions (tables, frequencies, the
-rotation, ALiBi's slopes and bias, the masks); the modules model.py calls through one interface:
+Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here:
+the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the mask), then the modules.
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
-    alibi                 adds a bias to the attention scores      (score_bias, in GPT.attention_mask)
+    alibi                 adds a bias to the attention scores      (score_bias, in attention_mask)
+    t5, fire              add a learned bias to the scores         (score_bias: T5's buckets, FIRE's MLP)
     none                  nothing: only the causal mask reveals order
 
-This file imports nothing from the repository: the exercises (course/exercises.toml) point here.
+A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
+it needs, never its name. This file imports nothing of the repository: the exercises point here.
 """
 
 import math
@@ -17,7 +18,6 @@ from types import MappingProxyType
 import torch
 import torch.nn as nn
 
-POS_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
 LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
@@ -33,100 +33,6 @@ def require(ok, message):
     """A config check: a one-line ValueError unless ok."""
     if not ok:
         raise ValueError(message)
-
-
-def check_position_config(c):
-    """The position fields of a GPTConfig c (by name), each a one-line ValueError naming what is valid."""
-    schemes, scalings = ", ".join(POS_SCHEMES), ", ".join(ROPE_SCALING_CHOICES)
-    require(c.pos in POS_SCHEMES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
-    head_dim = c.n_embd // c.n_head
-    odd = c.pos == "rope" and c.rope_fraction == 1.0 and head_dim % 2
-    require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-    odd = c.pos == "sinusoidal" and c.n_embd % 2
-    require(not odd, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
-    require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
-    other = c.rope_scaling is not None and c.pos != "rope"
-    require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
-    known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
-    require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
-    require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
-    length = c.rope_original_len
-    require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
-    check_rope_variants(c, head_dim)
-
-
-def check_rope_variants(c, head_dim):
-    """Llama 3's frequency factors, partial rotation and the layers without RoPE: RoPE's settings only."""
-    changed = [name for name, plain in ROPE_VARIANTS.items() if getattr(c, name) != plain]
-    given = ", ".join(f"{name}={getattr(c, name)}" for name in changed)
-    only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
-    require(not changed or c.pos == "rope", only)
-    llama3 = ", ".join(f"{name}={getattr(c, name)}" for name in changed if name.endswith("_freq_factor"))
-    wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}; give "
-    require(not llama3 or c.rope_scaling == "llama3", wrong + "rope_scaling=llama3, or leave them at 1 and 4")
-    check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
-    share = "the share of each head's dimensions RoPE rotates"
-    require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] ({share}), got {c.rope_fraction}")
-    rotary = rotary_dim(head_dim, c.rope_fraction)
-    if c.pos == "rope" and (rotary < 2 or rotary % 2):
-        valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-        turns = f"rotates int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
-        raise ValueError(f"rope_fraction={c.rope_fraction} {turns}: RoPE turns pairs, so that must be even "
-                         f"and >= 2; give a multiple of 2/{head_dim} ({valid}, ... 1)")  # fmt: skip
-    power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2)"
-    few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
-    require(not few, f"{power}: it needs at least 4 rotated dimensions, this model rotates {rotary}")
-    check_longrope(c, rotary // 2)
-    nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
-
-
-def check_longrope(c, n_pairs):
-    """LongRoPE's settings, with rope_scaling=longrope only: a short and a long factor per rotated pair
-    (n_pairs), each finite and >= 1; the attention factor > 0; n-hat (rope_keep_first) >= 0."""
-    given = [name for name in LONGROPE_FIELDS if getattr(c, name) != ROPE_VARIANTS[name]]
-    if c.rope_scaling != LONGROPE:
-        named = f"{', '.join(given)}: LongRoPE's settings"
-        return require(not given, f"{named}, and this model has rope_scaling={c.rope_scaling!r}")
-    for name in LONGROPE_FIELDS[:2]:
-        factors = getattr(c, name)
-        require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-        count = f"{name} has {len(factors)} factors: this model rotates {n_pairs} pairs, one factor each"
-        require(len(factors) == n_pairs, count)
-        valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-        require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
-    scale = c.rope_attention_factor
-    require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
-    require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
-
-
-def rotary_dim(head_dim, fraction=1.0):
-    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
-    return int(head_dim * fraction)
-
-
-def nope_layer_indices(n_layer, interval=0, layers=None):
-    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
-    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
-    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
-    both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
-    require(not (interval and layers is not None), f"{both}: give one of them")
-    if layers is not None:
-        items = [item.strip() for item in layers.split(",")]
-        once = len(set(items)) == len(items)
-        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
-        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
-        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
-        skipped = [int(item) for item in items]
-    elif interval:
-        every = "1 would skip RoPE in every layer: that is pos=none"
-        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
-        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
-        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
-    else:
-        return []
-    if len(skipped) == n_layer:
-        raise ValueError(f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
-    return skipped
 
 
 # -----------------------------------------------------------------------------
@@ -253,26 +159,15 @@ def longrope_scale(factor, original_len):
     return math.sqrt(1 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
 
 
-def longrope_baselines(head_dim, base, factor, original_len):
-    """The per-pair factors lambda_i = theta_i / theta'_i of the formula scalings at s = factor, LongRoPE's
-    search's starting points and its figure's references: {"linear": s for every pair, "ntk", "yarn",
-    "llama3": from their frequencies}. -> {name: (d/2,) float64}"""
-    theta = rope_inv_freq(head_dim, base)
-    scaled = {name: rope_frequencies(head_dim, base, name, factor, original_len)[0].double()
-              for name in ("linear", "ntk", "yarn", "llama3")}  # fmt: skip
-    return {name: (theta / value).clamp(min=1.0) for name, value in scaled.items()}
-
-
 def default_rope_factor(length, original_len):
     """The factor s a RoPE scaling gets when none is given: the length to reach over the length trained on,
     never below 1 (s = 1 leaves every frequency as trained)."""
     return max(1.0, length / original_len)
 
 
-def position_limit(pos, block_size):
-    """The longest input a scheme encodes: block_size for learned (no row trained past it), else None. Past
-    it, learned runs on the window of its last block_size tokens, positions from 0."""
-    return block_size if pos == "learned" else None
+def rotary_dim(head_dim, fraction=1.0):
+    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
+    return int(head_dim * fraction)
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
@@ -343,71 +238,145 @@ def cached_key_positions(end, size):
     return latest.where(latest >= 0, -1)
 
 
-def attention_mask(query_pos, key_pos, bias=None, window=None):
-    """The additive mask where SDPA's is_causal cannot serve (a score bias, a KV cache): 0 where causal_mask
-    lets query i see key j, -inf elsewhere, plus the scheme's bias. -> (1, n_head or 1, n_query, n_key)"""
+def attention_mask(scheme, query_pos, key_pos, window=None):
+    """The one additive mask of attention where SDPA's is_causal cannot serve (a score bias, a KV cache,
+    S²-Attn's groups), for queries at query_pos (T,) and keys at key_pos (n_key,): 0 where causal_mask lets
+    query i see key j (a window, empty cache slots), -inf elsewhere, plus scheme.score_bias at those very
+    positions (scheme None: no bias). -> (1, n_head or 1, T, n_key)"""
     visible = causal_mask(query_pos, key_pos, window)[None, None]
+    bias = None if scheme is None else scheme.score_bias(query_pos, key_pos)
     return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
 
 
+def window_length(limit, max_context=None):
+    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
+    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
+    return min((n for n in (limit, max_context) if n is not None), default=None)
+
+
 # -----------------------------------------------------------------------------
-# Position encodings: the modules. Each acts in one of three places through the same hooks, called once per
-# forward with absolute positions as (T,) tensors (0 .. T-1, or where a KV cache left off):
-#   max_len                          the longest sequence it can encode (None: unbounded)
-#   reserve(n_pos)                   make its tables cover positions 0 .. n_pos - 1 (learned refuses)
-#   embed(tok_emb, positions)        -> what enters the first block (learned, sinusoidal add here)
-#   rotation(positions)              -> RoPE's (cos, sin) for q and k, or None
-#   score_bias(query_pos, key_pos)   -> an additive (1, n_head, T, n_key) score bias (ALiBi), or None
+# Position encodings: the modules, one class per scheme, model.py calling their hooks once per forward
 
 
-class NoPositions(nn.Module):
-    """NoPE: no position signal. Attention is then permutation equivariant; only the causal mask
-    reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+class PositionScheme(nn.Module):
+    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
+        embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
+        rotation(positions, seq_len)    -> (cos, sin) turning q and k, or None; seq_len: the length of their
+                                        sequence (a prefill's chunk is part of one), default the last + 1
+        score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
+                                        (cache slots, S²-Attn's groups), shared by the layers, or None
+        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
+        check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
+        grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
+        init_weights()                  its parameters' initial values (GPT.init_weights calls it, then gives
+                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
+        table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
+        flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
+        bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
+        adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
+    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
+    (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
+    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns)."""
 
-    max_len = None
+    length_limit = recode_past = None
+    rotates = biased = embedding = False
+    encodes = True
 
     def __init__(self, config):
         super().__init__()
 
-    def reserve(self, n_pos):
-        pass
-
     def embed(self, tok_emb, positions):
         return tok_emb
 
-    def rotation(self, positions):
+    def rotation(self, positions, seq_len=None):
         return None
 
     def score_bias(self, query_pos, key_pos):
         return None
 
+    @classmethod
+    def check_config(cls, config):
+        pass
 
-class LearnedPositions(nn.Embedding):
-    """GPT-2: a trained vector per position 0..block_size-1, added to the token embedding.
-    Nothing was trained past block_size, so longer inputs are refused."""
+    def check_length(self, n_pos):
+        pass
+
+    def grow(self, n_pos):
+        pass
+
+    def init_weights(self):
+        pass
+
+    def table_bytes(self, n_pos):
+        return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
+
+    def flops_per_token(self, seq_len):
+        return 0
+
+    def bias_bytes(self, n_query, n_key):
+        return 0
+
+    def adapt_state(self, state, prefix):
+        return state, None
+
+
+class NoPositions(PositionScheme):
+    """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+
+    encodes = False
+
+
+class LearnedPositions(PositionScheme):
+    """GPT-2: a trained vector per position 0..block_size-1 (transformer.wpe.weight), added to the tokens.
+    None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
+
+    embedding = True
 
     def __init__(self, config):
-        super().__init__(config.block_size, config.n_embd)
-        self.max_len = config.block_size
+        super().__init__(config)
+        self.length_limit = config.block_size
+        self.weight = nn.Parameter(torch.empty(config.block_size, config.n_embd))
+        self.init_weights()
 
-    def reserve(self, n_pos):
-        """Before any layer runs: no row was trained past block_size - 1, so a longer n_pos is refused here in
-        one line, not as an index error mid-forward (on a GPU, an assert)."""
-        if n_pos > self.max_len:
-            past = f"pos=learned has no embedding past position {self.max_len - 1}"
-            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.max_len}: {past}; "
-                             "sinusoidal, rope, alibi and none run longer")  # fmt: skip
+    def init_weights(self):
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def check_length(self, n_pos):
+        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward, naming
+        the schemes that run longer (every other of POSITION_MODULES)."""
+        if n_pos > self.length_limit:
+            past = f"pos=learned has no embedding past position {self.length_limit - 1}"
+            *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
+            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
+                             f"{', '.join(others)} and {last} run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
         # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
-        return tok_emb + super().forward(positions)
+        return tok_emb + self.weight[positions]
 
-    rotation, score_bias = NoPositions.rotation, NoPositions.score_bias  # neither: it acts at the embedding
+    def adapt_state(self, state, prefix):
+        """A (T, C) table of another block_size resized to this one's n_pos rows by linear interpolation, as
+        vision transformers resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for
+        RoPE (Chen et al. 2023): new row p is the old table at fractional position p * T / n_pos (the last row
+        past the end), so every trained row is kept when n_pos / T is whole."""
+        name, n_pos = f"{prefix}weight", self.length_limit
+        if name not in state or (T := state[name].size(0)) == n_pos:
+            return state, None
+        table, where = state[name], torch.arange(n_pos, dtype=torch.float64) * T / n_pos
+        below = where.floor().long().clamp(max=T - 1)
+        above, weight = (below + 1).clamp(max=T - 1), (where - below)[:, None]
+        resized = ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
+        note = f"the learned position table was resized from {T} to {n_pos} rows by linear interpolation"
+        return state | {name: resized}, note
 
 
-class SinusoidalPositions(NoPositions):
+class SinusoidalPositions(PositionScheme):
     """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
     amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
+
+    @classmethod
+    def check_config(cls, c):
+        require(c.n_embd % 2 == 0, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
 
     def __init__(self, config):
         super().__init__(config)
@@ -415,22 +384,22 @@ class SinusoidalPositions(NoPositions):
         table = sinusoidal_embedding(config.block_size, config.n_embd)
         self.register_buffer("table", table, persistent=False)
 
-    def reserve(self, n_pos):
-        if n_pos > self.table.size(0):  # past the cached length: only when generating beyond block_size
-            n_rows = max(n_pos, 2 * self.table.size(0))
-            self.table = sinusoidal_embedding(n_rows, self.table.size(1)).to(self.table.device)
+    def grow(self, n_pos):
+        if n_pos > (rows := self.table.size(0)):  # past the cached length: generating beyond block_size
+            self.table = sinusoidal_embedding(max(n_pos, 2 * rows), self.table.size(1)).to(self.table.device)
 
     def embed(self, tok_emb, positions):
         return tok_emb * self.token_scale + self.table[positions].to(tok_emb.dtype)
 
 
-class RotaryPositions(NoPositions):
+class RotaryPositions(PositionScheme):
     """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. cos/sin tabulated for block_size
     positions, extended on demand, over the rotary_dim dimensions that turn. A context extension rescales
-    against the length first trained on: rope_original_len after a fine-tune, else block_size. LongRoPE
-    tabulates short and long factors and turns every position with the long ones once a sequence passes the
-    original length (long_context: a KV-cached sequence that will), the first rope_keep_first (n-hat)
-    with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
+    against the length first trained on: rope_original_len after a fine-tune, else block_size. LongRoPE turns
+    every position of a sequence longer than that with its long factors (as transformers), the first
+    rope_keep_first (n-hat) with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
+
+    rotates = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -439,26 +408,58 @@ class RotaryPositions(NoPositions):
         self.original_len = config.rope_original_len or config.block_size
         self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
         self.longrope = config.rope_short_factor, config.rope_long_factor, config.rope_attention_factor
-        self.keep_first, self.long_context = config.rope_keep_first, False
+        self.keep_first = config.rope_keep_first
+        self.recode_past = self.original_len if self.scaling == LONGROPE else None
         self._tabulate(config.block_size)
 
+    @classmethod
+    def check_config(cls, c):
+        """RoPE's settings: pairs to turn; llama3's factors with llama3 only; an even count >= 2 rotated
+        (ntk: 4); LongRoPE's, longrope only: factors >= 1, one a pair, attention factor > 0, n-hat >= 0."""
+        head_dim, changed = c.n_embd // c.n_head, [n for n, v in ROPE_VARIANTS.items() if getattr(c, n) != v]
+        odd = c.rope_fraction == 1.0 and head_dim % 2
+        require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
+        llama3 = ", ".join(f"{n}={getattr(c, n)}" for n in changed if n.endswith("_freq_factor"))
+        wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
+        fix = "; give rope_scaling=llama3, or leave them at 1 and 4"
+        require(not llama3 or c.rope_scaling == "llama3", wrong + fix)
+        check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
+        share = f"(the share of each head's dimensions RoPE rotates), got {c.rope_fraction}"
+        require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] {share}")
+        rotary = rotary_dim(head_dim, c.rope_fraction)
+        if rotary < 2 or rotary % 2:
+            valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
+            turns = f"int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
+            even = f"RoPE turns pairs, so that must be even and >= 2; give a multiple of 2/{head_dim}"
+            raise ValueError(f"rope_fraction={c.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
+        power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
+        few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
+        require(not few, f"{power} rotated dimensions, this model rotates {rotary}")
+        longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
+        if c.rope_scaling != LONGROPE:
+            has = f"this model has rope_scaling={c.rope_scaling!r}"
+            return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
+        for name in LONGROPE_FIELDS[:2]:
+            factors = getattr(c, name)
+            require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
+            count = f"{len(factors)} factors: this model rotates {rotary // 2} pairs, one factor each"
+            require(len(factors) == rotary // 2, f"{name} has {count}")
+            valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
+            require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+        scale = c.rope_attention_factor
+        require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
+        require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
+
     def _cos_sin(self, positions, seq_len):
-        scaling = (
-            self.scaling,
-            self.factor,
-            self.original_len,
-            seq_len,
-            *self.llama3_factors,
-            *self.longrope,
-        )
+        scaling = self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors, *self.longrope
         inv_freq, scale = rope_frequencies(self.dim, self.base, *scaling)
         return rope_cos_sin(positions, inv_freq.to(positions.device), scale)
 
     def _tabulate(self, n_pos, device=None):
         positions = torch.arange(n_pos, device=device)
         tables = dict(zip(("cos", "sin"), self._cos_sin(positions, seq_len=self.original_len)))
-        if self.scaling == LONGROPE:
-            tables |= zip(("long_cos", "long_sin"), self._cos_sin(positions, seq_len=self.original_len + 1))
+        if self.scaling == LONGROPE:  # the long factors: those of any sequence longer than original_len
+            tables |= zip(("long_cos", "long_sin"), self._cos_sin(positions, seq_len=math.inf))
             first = positions[: self.keep_first]
             plain = rope_cos_sin(first, rope_frequencies(self.dim, self.base)[0].to(device))
             for name, table in tables.items():
@@ -466,26 +467,28 @@ class RotaryPositions(NoPositions):
         for name, table in tables.items():
             self.register_buffer(name, table, persistent=False)
 
-    def reserve(self, n_pos):
+    def grow(self, n_pos):
         if n_pos > self.cos.size(0):  # past the cached length: only when generating beyond block_size
             self._tabulate(max(n_pos, 2 * self.cos.size(0)), device=self.cos.device)
 
-    def rotation(self, positions):
-        if self.scaling == "dynamic":
-            # dynamic NTK: the frequencies follow the length reached (last position + 1), recomputed
-            seq_len = int(positions[-1]) + 1
-            if seq_len > self.original_len:
-                return self._cos_sin(positions, seq_len)
+    def rotation(self, positions, seq_len=None):
+        if self.scaling == "dynamic":  # NTK at the length reached (last position + 1), recomputed
+            reached = int(positions[-1]) + 1
+            if reached > self.original_len:
+                return self._cos_sin(positions, reached)
         if self.scaling == LONGROPE:  # a tensor condition, so that a compiled decode step holds both
-            long = (positions[-1] >= self.original_len) | self.long_context
+            end = positions[-1] + 1 if seq_len is None else seq_len
+            long = torch.as_tensor(end > self.original_len, device=positions.device)
             cos = torch.where(long, self.long_cos[positions], self.cos[positions])
             return cos, torch.where(long, self.long_sin[positions], self.sin[positions])
         return self.cos[positions], self.sin[positions]
 
 
-class ALiBiPositions(NoPositions):
+class ALiBiPositions(PositionScheme):
     """ALiBi: no embedding; each head h adds -m_h * (i - j) to the score of query i on key j,
     a recency bias that needs no table and so extends to any length."""
+
+    biased = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -496,6 +499,98 @@ class ALiBiPositions(NoPositions):
         return alibi_bias_at(self.slopes, query_pos, key_pos)[None]
 
 
-# The one place where a scheme is chosen.
+# -----------------------------------------------------------------------------
+# Relative biases the model learns: T5's buckets and FIRE, each a pure function, then its module. Both act as
+# ALiBi does, through score_bias, built once per forward (GPT.attention_mask) and shared by every layer.
+
+
+def t5_bucket(distance, num_buckets=32, max_distance=128):
+    """T5's bucket of each distance d = i - j of query i to key j, causal (Raffel et al. 2020, 2.1; Mesh
+    TensorFlow's _relative_position_bucket with bidirectional=False, as transformers' T5Attention): with
+    n = num_buckets / 2, a bucket each for d < n, then n + floor(ln(d / n) / ln(max_distance / n) (num_buckets
+    - n)), log-spaced, computed in float32 as T5, capped at num_buckets - 1: every d >= max_distance shares
+    the last. A later key (d < 0, masked) counts as d = 0. -> long, distance's shape
+    Worked: 32 buckets to 128: d = 0 .. 15 -> 0 .. 15, 16 -> 16, 20 -> 17, 32 -> 21, 64 -> 26, 112 -> 30, and
+    from 113 on 31."""
+    distance = distance.clamp(min=0)
+    exact = num_buckets // 2
+    ratio = distance.clamp(min=exact).float() / exact  # >= 1: the log of a small d is never taken
+    far = exact + (ratio.log() / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    return torch.where(distance < exact, distance, far.clamp(max=num_buckets - 1))
+
+
+class T5Positions(PositionScheme):
+    """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
+    i - j (t5_bucket), added to the scores; T5 computes it in its first layer and every layer reuses it, as
+    score_bias here. Past max_distance every key gets the last bucket's bias: longer inputs meet no new
+    bias (they extrapolate as ALiBi does), but far keys are no longer told apart by distance.
+    Initialisation: transformers draws the table N(0, initializer_factor / sqrt(d_model)) (T5PreTrainedModel.
+    _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
+    the same order: one init function, and a near-zero bias at the start either way."""
+
+    num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
+    biased = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
+
+    def score_bias(self, query_pos, key_pos):
+        buckets = t5_bucket(query_pos[:, None] - key_pos[None, :], self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
+def fire_input(query_pos, key_pos, c, threshold):
+    """FIRE's progressive interpolation (Li et al. 2024): psi(i - j) / psi(max(L, i)) with
+    psi(x) = ln(1 + c x), for query i and key j; c > 0 and L = threshold >= 1 tensors, so that gradients
+    reach them. In [0, 1] for 0 <= j <= i at any length (i - j <= i <= max(L, i), psi increasing), 0 at i = j;
+    a later key (masked) counts as i = j. -> (n_query, n_key), in c's dtype
+    Worked: c = 1, L = 4: i = 2, j = 0 -> ln 3 / ln 5 = 0.683; i = 8, j = 0 -> 1; i = 8, j = 6 -> 0.5."""
+    i = query_pos.to(c.dtype)[:, None]
+    distance = (i - key_pos.to(c.dtype)[None, :]).clamp(min=0)
+    return torch.log1p(c * distance) / torch.log1p(c * torch.maximum(i, threshold))
+
+
+class FIREPositions(PositionScheme):
+    """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU: one
+    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public
+    PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
+    position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
+    was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
+    so short contexts are not stretched. One f for every layer, computed once per forward as every score bias
+    here. c = e^c_log > 0, from 0.1 as that code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code
+    starts L at 512, a quarter of the paper's training length 2048): both stay positive with smooth gradients,
+    where that code takes |c| and |L|, and Adam moves both by relative steps, as its multiplier on L does."""
+
+    hidden = 32  # f's hidden units
+    biased = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
+        # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
+        first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)
+        self.w1, self.b1 = nn.Parameter(first.weight.detach()), nn.Parameter(first.bias.detach())
+        self.w2, self.b2 = nn.Parameter(second.weight.detach()), nn.Parameter(second.bias.detach())
+        self.c_log = nn.Parameter(torch.tensor(math.log(0.1)))
+        self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
+        self.n_head = config.n_head
+
+    def flops_per_token(self, seq_len):  # f on each of a query's seq_len pairs, forward and backward
+        return 6 * self.hidden * (1 + self.n_head) * seq_len
+
+    def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs
+        return n_query * n_key * (1 + self.hidden + self.n_head) * 4
+
+    def score_bias(self, query_pos, key_pos):
+        x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())[..., None]  # (n_q, n_k, 1)
+        hidden = torch.relu(nn.functional.linear(x, self.w1, self.b1))  # (n_query, n_key, 32)
+        return nn.functional.linear(hidden, self.w2, self.b2).permute(2, 0, 1)[None]  # (1, n_head, n_q, n_k)
+
+
+# The one place where a scheme is chosen: a fork adds its class above and its name here
 POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
-                        alibi=ALiBiPositions, none=NoPositions)  # fmt: skip
+                        alibi=ALiBiPositions, none=NoPositions,
+                        t5=T5Positions, fire=FIREPositions)  # fmt: skip
+POS_SCHEMES = tuple(POSITION_MODULES)

@@ -28,16 +28,16 @@ import torch
 
 from generation import generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
-from model import GPT2_MODELS
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
+from plumbing.gpt2 import GPT2_MODELS
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
-from positions import ROPE_SCALING_CHOICES, default_rope_factor, require
+from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor, require
 
 
 @dataclass
@@ -148,7 +148,7 @@ class Streamer:
         self.pending = []
 
 
-def generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
+def sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
     """cfg.num_samples continuations of prompt_ids. -> (list of token id lists, tokens per second)"""
     model = loaded.model
     torch.manual_seed(cfg.seed)
@@ -171,12 +171,10 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
     the weights live once, in the model. A generation that would not fit in memory is refused here, first."""
-    if out_dir in GPT2_MODELS:
-        checkpoint = pretrained_checkpoint(out_dir)
-    else:
-        checkpoint = open_checkpoint(checkpoint_path(out_dir), mmap=True)
+    path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
+    checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir)
     block_size = checkpoint["model_config"]["block_size"]
-    if scale_rope_only and checkpoint["model_config"]["pos"] != "rope":
+    if scale_rope_only and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
         cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
     try:
@@ -206,11 +204,11 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     model's). -> (samples, tokens/s)"""
     model, total_len = loaded.model, len(prompt_ids) + max_new_tokens
     print(describe_model(model) + (f"\n{threads}" if threads else ""))
-    if (limit := model.max_len) is not None and total_len > limit:
+    if (limit := model.length_limit) is not None and total_len > limit:
         print(f"note: pos={model.config.pos} has no positions past {limit}: from there on the model sees "
               f"only the last {limit} tokens (the context is cropped)")  # fmt: skip
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
-    samples, tokens_per_second = generate(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
+    samples, tokens_per_second = sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
     for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, model.config.block_size), end="")

@@ -319,7 +319,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         procs.log(threads)
         if note := report.schedule_note(cfg, get_lr(cfg.max_iters - 1, cfg)):
             procs.log(note)
-        flops_per_step = hardware.flops_per_token(run.model) * run.tokens_per_step
+        flops_per_step = run.model.flops_per_token() * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)
         start_iter, clock = p.iter_num, report.StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None

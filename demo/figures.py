@@ -38,6 +38,7 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
 SEED_FOLDER = re.compile(r"_seed\d+")  # the study's runs of seeds after the first: its table gives the spread
+UNSCALED = ("none", "plain", "", "-")  # the extrapolation table's names for no RoPE extension in a row
 
 
 @dataclass
@@ -246,7 +247,7 @@ def figure_extrapolation(out, csv_path, **_):
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the study has 19 rows
     for i, ((checkpoint, pos, scaling), rows) in enumerate(sorted(curves.items())):
         column = {name: [r[name] for r in rows] for name in rows[0]}
-        label = pos if scaling in ("none", "plain", "", "-") else f"{pos} + {scaling}"
+        label = pos if scaling in UNSCALED else f"{pos} + {scaling}"
         style = dict(color=colors[i % len(colors)], marker="o", markersize=3)
         style["label"] = f"{label} ({Path(checkpoint).name})"
         axes[0].errorbar(column["length"], column["loss"], yerr=column["stderr"], capsize=2, **style)

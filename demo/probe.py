@@ -50,7 +50,8 @@ def run_probes(cfg):
         print(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
         windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
-        masks = {pos: True} | ({NOPE_UNMASKED: False} if pos == "none" else {})  # NoPE unmasked too
+        unmask = not model.transformer.wpe.encodes  # NoPE unmasked too: no position signal but the mask's
+        masks = {pos: True} | ({NOPE_UNMASKED: False} if unmask else {})
         for label, mask in masks.items():
             results[label] = instruments.probe_positions(model, windows, newline, mask=mask, ridge=cfg.ridge)
     return results

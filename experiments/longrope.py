@@ -41,13 +41,23 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device
 from plumbing.outputs import check_outputs, write_output, write_rows
-from positions import LONGROPE, longrope_baselines, require, rotary_dim
+from positions import LONGROPE, require, rope_frequencies, rope_inv_freq, rotary_dim
 
 PROG = "python -m experiments.longrope"
 N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
 SIGMA = 0.25  # a mutation's step in ln(lambda): about x1.28 or /1.28
 FITNESSES = ("loss", "passkey")
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key is stated (eval_length.py's --depths)
+
+
+def longrope_baselines(head_dim, base, factor, original_len):
+    """The per-pair factors lambda_i = theta_i / theta'_i of the formula scalings at s = factor, LongRoPE's
+    search's starting points and its figure's references: {"linear": s for every pair, "ntk", "yarn",
+    "llama3": from their frequencies}. -> {name: (d/2,) float64}"""
+    theta = rope_inv_freq(head_dim, base)
+    scaled = {name: rope_frequencies(head_dim, base, name, factor, original_len)[0].double()
+              for name in ("linear", "ntk", "yarn", "llama3")}  # fmt: skip
+    return {name: (theta / value).clamp(min=1.0) for name, value in scaled.items()}
 
 
 @dataclass

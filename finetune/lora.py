@@ -10,8 +10,6 @@ import math
 import torch
 import torch.nn as nn
 
-from plumbing.cli import parse_list
-from plumbing.errors import UserError
 from positions import require
 
 TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
@@ -56,7 +54,10 @@ def check_flags(rank, alpha, dropout, train):
     require(rank >= 0, f"lora_rank must be >= 0 (0: no LoRA), got {rank}")
     require(alpha > 0, f"lora_alpha must be > 0, got {alpha}")
     require(0.0 <= dropout < 1.0, f"lora_dropout must be in [0, 1), got {dropout}")
-    names = parse_list("--lora_train", train, TRAINABLE) if train else ()
+    names = tuple(train.split(",")) if train else ()
+    each_once = all(name in TRAINABLE for name in names) and len(set(names)) == len(names)
+    choices = f"give one or more of {', '.join(TRAINABLE)}, comma-separated and each once"
+    require(each_once, f"--lora_train={train!r}: {choices}")
     require(rank or not names, "--lora_train names what LoRA also trains: it needs --lora_rank")
     return names
 
@@ -79,8 +80,9 @@ def add_adapters(model, rank, alpha, dropout=0.0, train=None):
     for attn in (block.attn for block in model.transformer.h):
         for name in TARGETS:
             setattr(attn, name, LoRALinear(getattr(attn, name), rank, alpha, dropout).train(model.training))
-    if "embed" in train:  # the token embedding by its input gradient only (InputOnlyHead); learned's table
-        model.transformer.wte.requires_grad_(True), model.transformer.wpe.requires_grad_(True)
+    if "embed" in train:  # the token embedding by its input gradient only (InputOnlyHead); the scheme's own
+        model.transformer.wte.requires_grad_(True)  # if it says they are an embedding (learned's table)
+        model.transformer.wpe.requires_grad_(model.transformer.wpe.embedding)
         head = model.lm_head
         model.lm_head = InputOnlyHead(head.in_features, head.out_features, head.bias is not None)
         model.lm_head.weight, model.lm_head.bias = head.weight, head.bias  # the tied matrix, shared
@@ -127,11 +129,11 @@ def checkpoint_entries(model):
 
 def resume_state(path, ckpt, model):
     """The state dict that puts model (with adapters, or not, as the resumed run asks) back where the
-    checkpoint left it; a UserError when the run and the checkpoint differ in SETTINGS."""
+    checkpoint left it; a ValueError when the run and the checkpoint differ in SETTINGS."""
     saved, wanted = ckpt.get("lora"), getattr(model, "lora", None)
     if (saved is None) != (wanted is None) or any(saved[k] != wanted[k] for k in SETTINGS if saved):
         said = ["no LoRA" if lora is None else SAID.format(**lora) for lora in (saved, wanted)]
-        raise UserError(
+        raise ValueError(
             f"refusing to resume {path}: it was trained with {said[0]}, this run asks for {said[1]}; "
             "pass the checkpoint's --lora_rank, --lora_alpha and --lora_train"
         )

@@ -1,14 +1,15 @@
 """S²-Attn (LongLoRA): its attention, shifted_sparse_attention, and its switch (the group size a run trains
 with, checked once for train.py and the study). Training only: evaluation and sampling use full attention. It
-only chooses which earlier keys a query sees, so every position scheme works with it (ALiBi's bias, by
-distance, applies inside each group); learned trains past its table only when --init_from interpolates it."""
+only chooses which earlier keys a query sees, so every position scheme works with it (a score bias applies
+inside each group, at its true positions); learned trains past its table only when --init_from interpolates
+it."""
 
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from positions import require
+from positions import attention_mask, require
 
 
 def group_size(group, block_size, n_head):
@@ -24,38 +25,41 @@ def group_size(group, block_size, n_head):
 
 
 def use_s2_attn(model, group):
-    """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full)."""
-    attention = partial(shifted_sparse_attention, group=group) if group else None
+    """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full), the score
+    bias of model's position scheme read at each group's true positions."""
+    scheme = model.transformer.wpe
+    attention = partial(shifted_sparse_attention, group=group, scheme=scheme) if group else None
     for block in model.transformer.h:
         block.attn.train_attention = attention
 
 
-def shifted_sparse_attention(q, k, v, group, mask=None, dropout_p=0.0):
+def shifted_sparse_attention(q, k, v, group, scheme=None, dropout_p=0.0):
     """S²-Attn (LongLoRA, Chen et al. 2024), a training-only approximation of causal attention: each query
     sees the earlier keys of its group of G = `group` tokens, so scores cost T x G, not T x T. The second
     half of the heads works on groups shifted by G/2 (rolled by -G/2, rolled back after) and carries
     information across group borders. LongLoRA's non-flash path rolls the sequence, so its last shifted group
     (the sequence's end, then its start) lets early tokens see late ones; its flash path, as here, cuts that
     group into two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
-    nh even, G even and dividing T; mask: None (causal) or GPT.attention_mask's, whose score bias (ALiBi)
-    depends on the distance only, so its first G x G block serves every group. -> (B, nh, T, hs)"""
+    nh even, G even and dividing T; scheme: the position scheme whose score bias applies (None: none).
+    -> (B, nh, T, hs)"""
     B, H, T, D = q.shape
     shift = lambda x, by: torch.cat((x[:, : H // 2], x[:, H // 2 :].roll(by, dims=2)), dim=1)
     grouped = lambda x: shift(x, -(group // 2)).reshape(B, H * (T // group), group, D)  # (B, nh * T/G, G, hs)
-    bias = s2_mask(H, T, group, q.device)
-    if mask is not None:  # (1, nh or 1, G, G) -> per head and group
-        bias = (bias.view(H, T // group, group, group) + mask[0, :, None, :group, :group]).flatten(0, 1)
-    y = F.scaled_dot_product_attention(
-        *map(grouped, (q, k, v)), attn_mask=bias.to(q.dtype), dropout_p=dropout_p
-    )
+    mask = s2_mask(H, T, group, scheme, q.device).to(q.dtype)
+    y = F.scaled_dot_product_attention(*map(grouped, (q, k, v)), attn_mask=mask, dropout_p=dropout_p)
     return shift(y.view(B, H, T, D), group // 2)
 
 
-def s2_mask(n_head, T, group, device=None):
-    """S²-Attn's additive mask, (nh * T/G, G, G): causal within each group, and for the shifted heads' last
-    group (the sequence's last G/2 tokens, then its first G/2) no score between its two halves."""
-    n, half = T // group, group // 2
-    i = torch.arange(group, device=device)
-    visible = (i[:, None] >= i[None, :]).expand(n_head, n, group, group).clone()
-    visible[n_head // 2 :, -1, half:, :half] = False  # the sequence's start must not see its end
-    return torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf")).flatten(0, 1)
+def s2_mask(n_head, T, group, scheme=None, device=None):
+    """S²-Attn's additive mask, (nh * T/G, G, G): each group's positions.attention_mask at its tokens' true
+    positions (a shifted head's group starts G/2 later; the last wraps round to the sequence's start), so a
+    score bias sees the positions it would see in full attention, whatever it depends on; and in the wrapped
+    group no score between its two halves (no later slot seen: the sequence's start must not see its end)."""
+    order, half = torch.arange(T, device=device), n_head // 2
+    in_order = torch.full((group, group), float("-inf"), device=device).triu(1)
+    each = lambda p: attention_mask(scheme, p, p).expand(1, n_head, group, group)[0]  # (nh, G, G)
+    masks = [
+        torch.stack([each(p)[heads] for p in positions.view(-1, group)])
+        for heads, positions in ((slice(None, half), order), (slice(half, None), order.roll(-(group // 2))))
+    ]  # [(T/G, nh/2, G, G)] for the plain heads and the shifted ones
+    return (torch.cat(masks, dim=1).transpose(0, 1) + in_order).flatten(0, 1)

@@ -18,7 +18,7 @@ from model import CausalSelfAttention
 from plumbing.checkpoint import open_model
 from plumbing.errors import UserError
 from plumbing.outputs import check_outputs, write_output
-from positions import apply_rope, causal_mask
+from positions import apply_rope, attention_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,12 +172,10 @@ def attention_probabilities(model, idx, layer):
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:  # additive: the causal -inf (and the scheme's bias), or unmasked's
-        scores = scores + mask
-    else:  # plain causal attention: query i sees keys j <= i
+    if mask is None:  # plain causal attention: query i sees keys j <= i
         positions = torch.arange(x.size(1), device=x.device)
-        scores = scores.masked_fill(~causal_mask(positions, positions), float("-inf"))
-    return F.softmax(scores, dim=-1)
+        mask = attention_mask(None, positions, positions)
+    return F.softmax(scores + mask, dim=-1)  # additive: causal -inf (and the scheme's bias), or unmasked's
 
 
 @torch.no_grad()
@@ -186,10 +184,12 @@ def qk_terms(model, idx, head=0):
     x = e + p gives (q_e + q_p)(k_e + k_p)^T = token-token + token-position + position-token +
     position-position, before scale and mask. ln_1 is split by the statistics of the sum, exactly with
     bias=False: LN(x) = g (e - mean e) / sigma + g (p - mean p) / sigma. -> {name: (T, T)} for idx[0]"""
-    if model.config.pos != "learned" or model.config.bias:
-        raise ValueError("the four-term split needs pos=learned and bias=False (train.py's default)")
+    wpe = model.transformer.wpe
+    if not wpe.embedding or model.config.bias:
+        raise ValueError("the four-term split needs a trained position table (pos=learned) and bias=False")
     block, T = model.transformer.h[0], idx.size(1)
-    e, p = model.transformer.wte(idx[:1])[0], model.transformer.wpe.weight[:T]  # (T, C) each
+    e = model.transformer.wte(idx[:1])[0]  # (T, C), and p the rows the scheme adds at positions 0 .. T-1
+    p = wpe.embed(torch.zeros_like(e), torch.arange(T, device=e.device))
     ln, x = block.ln_1, e + p
     sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
     hs = x.size(1) // block.attn.n_head

@@ -1,5 +1,6 @@
 """Validation loss per position, inside and past the trained length (eval_length.py, sample.py --compare):
-full forward passes in eval mode; past a position table (learned), a sliding window of its max_len tokens."""
+full forward passes in eval mode; past a scheme's length_limit (learned's table), a sliding window
+(positions.window_length)."""
 
 import numpy as np
 import torch
@@ -8,15 +9,16 @@ import torch.nn.functional as F
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
-from plumbing.memory import forward_bytes, position_table_bytes
-from positions import position_limit
+from plumbing.memory import forward_bytes, position_table_bytes, scheme_shapes
+from positions import window_length
 
 
 @torch.no_grad()
 def token_losses(model, x, y, chunk=64):
     """Cross-entropy of every token of x (B, L) predicting y, given the whole context, or past a position
-    table the max_len tokens ending at it (a forward pass per position, chunk windows per pass). -> (B, L)"""
-    L, limit = x.size(1), model.max_len
+    table the window_length tokens ending at it (a forward pass per position, chunk windows per pass).
+    -> (B, L)"""
+    L, limit = x.size(1), window_length(model.length_limit)
     if limit is None or L <= limit:
         logits = model(x)[0]
     else:
@@ -37,7 +39,7 @@ def window_bytes(config, batch, length):
     forward pass, the log-softmax, the position table grown to `length`, past a table its sliding windows."""
     parts = forward_bytes(config, batch, length) | {"position table": position_table_bytes(config, length)}
     parts["log-softmax"] = parts["logits"]
-    limit = position_limit(config.pos, config.block_size)
+    limit = window_length(scheme_shapes(config).length_limit)
     if limit is not None and length > limit:
         parts["sliding windows"] = batch * (length - limit) * limit * 8
     return parts

@@ -14,6 +14,7 @@ import torch
 
 from data.passkey.task import KEY_DIGITS, eval_sample
 from generation import generate_cached
+from positions import window_length
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -41,9 +42,10 @@ def passkey_batch(stoi, length, depth, trials, seed):
 @torch.no_grad()
 def answers_by_forward(model, tokens, answer_start, batch_size=50):
     """The argmax at each answer digit given the true text before it, a forward pass per batch of rows; past a
-    position table (learned), each digit from the max_len tokens before it, as it generates. -> (rows, 5)"""
+    position table (learned), each digit from the window_length tokens before it, as it generates.
+    -> (rows, 5)"""
     where = torch.arange(answer_start - 1, answer_start - 1 + KEY_DIGITS)  # the inputs predicting the digits
-    limit, out = model.max_len, []
+    limit, out = window_length(model.length_limit), []
     for rows in tokens[:, :-1].split(batch_size):  # the last digit is only a target
         if limit is None or rows.size(1) <= limit:
             logits = model(rows)[0][:, where]

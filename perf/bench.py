@@ -1,7 +1,7 @@
 """How fast each position scheme trains and generates on this machine, in one process: fair ratios.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
-    python -m perf.bench                                   # nanoGPT's CPU recipe model, all five schemes
+    python -m perf.bench                                   # nanoGPT's CPU recipe model, all seven schemes
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
@@ -193,7 +193,7 @@ class Trainer:
         cfg, model, first = self.cfg, self.model, self.first
         seconds = sorted(self.step_seconds)
         ms, low, high = 1e3 * statistics.median(seconds), 1e3 * seconds[0], 1e3 * seconds[-1]
-        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, hardware.flops_per_token(model)
+        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, model.flops_per_token()
         compile_s = max(0.0, first - ms / 1e3) if cfg.compile and first is not None else None
         return {
             **dict(ms_per_step=ms, step_ms_min=low, step_ms_max=high, timed_steps=len(self.step_seconds)),

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig, download_gpt2, gpt2_weights_from_hf
+from model import GPT, GPTConfig
 from plumbing.errors import UserError
+from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
 from plumbing.tokenizers import TOKENIZERS, get_tokenizer
 from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS

@@ -140,14 +140,6 @@ def synchronize(device):
         torch.mps.synchronize()
 
 
-def flops_per_token(model):
-    """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N
-    (the position table, a lookup, left out) plus 12 * L * H * Q * T for attention's q k^T and p v."""
-    n = model.num_params() - sum(p.numel() for p in model.transformer.wpe.parameters())
-    c = model.config
-    return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
-
-
 def peak_flops_of(gpu_name):
     return next((flops for pattern, flops in PEAK_FLOPS.items() if re.search(pattern, gpu_name)), None)
 

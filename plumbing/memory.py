@@ -2,9 +2,12 @@
 refused in one line instead of being killed without a word or left allocating for hours: the tensors that stay
 allocated and the largest transient of a step. The tests hold them against what the code allocates."""
 
+import torch
+
 from generation import prefill_chunk
 from model import GPT
 from plumbing.hardware import check_memory
+from positions import POSITION_MODULES, window_length
 
 SAMPLER_BYTES = 4096  # one training batch stream (data.common.BatchSampler: its torch.Generator, meta, paths)
 # what to lower for each part of training_bytes, named as train.py's and perf.bench's flags
@@ -13,36 +16,39 @@ TRAINING_ADVICE = {
     "position table": "--block_size", "batch streams": "--grad_accum"}  # fmt: skip
 
 
+def scheme_shapes(config):
+    """The scheme GPTConfig config names, built on the meta device: its answers and shapes (length_limit,
+    parameters, table_bytes) for the estimates made before any model exists, no memory allocated."""
+    with torch.device("meta"):
+        return POSITION_MODULES[config.pos](config)
+
+
 def parameter_count(config):
-    """GPT(config)'s parameters: the tied token embedding, learned's table, per layer q, k, v and the output
-    (4 C^2), the MLP (8 C^2) and two LayerNorms, the final LayerNorm; bias=True: a bias beside each weight."""
+    """GPT(config)'s parameters: the tied token embedding, the position scheme's own (learned's table), per
+    layer q, k, v and the output (4 C^2), the MLP (8 C^2) and two LayerNorms, the final LayerNorm; bias=True:
+    a bias beside each weight."""
     C, bias = config.n_embd, config.bias
     per_layer = 12 * C * C + 2 * C + bias * (9 * C + 2 * C)
-    learned = config.block_size * C if config.pos == "learned" else 0
-    return config.vocab_size * C + learned + config.n_layer * per_layer + C + bias * C
-
-
-def table_bytes(config, n_pos):
-    """The float32 table of n_pos positions: n_embd each for sinusoidal, rotary_dim (cos, sin) for RoPE."""
-    return n_pos * {"sinusoidal": config.n_embd, "rope": config.rotary_dim}.get(config.pos, 0) * 4
+    scheme = sum(p.numel() for p in scheme_shapes(config).parameters())
+    return config.vocab_size * C + scheme + config.n_layer * per_layer + C + bias * C
 
 
 def activation_bytes(config, batch):
     """What a float32 training forward over batch x T tokens keeps for backward, per token: about 20 C a layer
     (LayerNorms' ins and outs, q, k, v and their rotated copies, attention's output, the MLP's 4 C before and
     after GELU, residuals), twice the logits (and log-softmax); with dropout, 2 C of masks and 2 n_head T of
-    math attention's weights a layer."""
+    math attention's weights a layer; and what the scheme's score bias computes, once for the batch."""
     T, C, L = config.block_size, config.n_embd, config.n_layer
     per_token = L * 20 * C + 2 * config.vocab_size + 2 * C
     if config.dropout > 0:
         per_token += L * (2 * C + 2 * config.n_head * T)
-    return batch * T * per_token * 4
+    return batch * T * per_token * 4 + scheme_shapes(config).bias_bytes(T, T)
 
 
 def training_bytes(config, batch, micro_steps, per_stream=SAMPLER_BYTES):
     """{what: bytes} training allocates in float32 (an upper bound under bf16 autocast): weights, gradients,
     AdamW's two moments, the position table, one micro-batch's activations (its backward frees them)."""
-    weights, table = parameter_count(config) * 4, table_bytes(config, config.block_size)
+    weights, table = parameter_count(config) * 4, scheme_shapes(config).table_bytes(config.block_size)
     parts = {"weights": weights, "gradients": weights, "AdamW state": 2 * weights, "position table": table}
     return parts | {"activations": activation_bytes(config, batch), "batch streams": micro_steps * per_stream}
 
@@ -63,20 +69,22 @@ def kv_cache_bytes(config, batch, n_slots):
 
 
 def position_table_bytes(config, n_pos):
-    """The table a fresh model grows to for n_pos positions (wpe.reserve: at least doubles; none within T)."""
-    return 0 if n_pos <= config.block_size else table_bytes(config, max(n_pos, 2 * config.block_size))
+    """The table a fresh model grows to for n_pos positions (wpe.grow: at least doubles; none within T)."""
+    grown = max(n_pos, 2 * config.block_size)
+    return 0 if n_pos <= config.block_size else scheme_shapes(config).table_bytes(grown)
 
 
 def forward_bytes(config, batch, length, cached=False, n_keys=None):
     """{what: bytes} of the largest tensors of one float32 forward over `length` tokens (attending to n_keys
     keys, by default as many): the logits, the MLP's hidden layer before and after GELU, and the mask
-    GPT.attention_mask builds for ALiBi or several tokens into a KV cache (length x n_keys int64 distances, a
-    bool mask and float32 score biases, n_head of them for ALiBi)."""
-    tokens = batch * length
+    GPT.attention_mask builds for a score bias or several tokens into a KV cache (length x n_keys int64
+    distances, a bool mask and float32 score biases, n_head of them for a biased scheme)."""
+    tokens, scheme = batch * length, scheme_shapes(config)
     parts = {"logits": tokens * config.vocab_size * 4, "activations": 2 * tokens * 4 * config.n_embd * 4}
-    if config.pos == "alibi" or (cached and length > 1):
-        heads = config.n_head if config.pos == "alibi" else 1
+    if scheme.biased or (cached and length > 1):
+        heads = config.n_head if scheme.biased else 1
         parts["attention mask"] = length * (n_keys or length) * (8 + 1 + 2 * heads * 4)
+        parts["attention mask"] += scheme.bias_bytes(length, n_keys or length)
     return parts
 
 
@@ -86,12 +94,12 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     the last position, the int64 tokens and the largest forward pass: a prefill chunk against the keys cached
     by its end, or learned's window rerun once its table is full; cropped as the sampler crops."""
     total = n_prompt + max_new_tokens
-    learned = config.block_size if config.pos == "learned" else None
+    limit = scheme_shapes(config).length_limit
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
-        longest = min(n for n in (learned, max_context, total - 1) if n is not None)
+        longest = min(total - 1, window_length(limit, max_context) or total)
         parts = {"tokens": 2 * batch * total * 8, "position table": position_table_bytes(config, longest)}
         return parts | forward_bytes(config, batch, longest)
-    crop = None if learned is None else min(learned, max_context or learned)  # as generate_cached crops
+    crop = None if limit is None else window_length(limit, max_context)  # as generate_cached crops
     n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
     n_pos = min(n_run + max_new_tokens - 1, crop or total)
     window = max_context if crop is None else None

@@ -191,7 +191,11 @@ def check_finite(run, loss, step, last):
 def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it; the random generators last, as building the
     model drew from them."""
-    load_weights(path, run.model, lora.resume_state(path, ckpt, run.model))
+    try:
+        state = lora.resume_state(path, ckpt, run.model)
+    except ValueError as e:  # LoRA settings the run and its checkpoint do not share: a flag to fix
+        raise UserError(str(e)) from None
+    load_weights(path, run.model, state)
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     load_weights(path, run.optimizer, ckpt["optimizer"])
     # keep the moments, take this run's betas and weight decay (and fused on this device)
@@ -215,20 +219,6 @@ def restore_training(run, path, ckpt):
 # GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
 INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS,
               *LONGROPE_FIELDS, "dropout")  # fmt: skip
-POSITION_TABLE = "transformer.wpe.weight"  # learned's (block_size, n_embd) table, GPT-2's name
-
-
-def resize_position_table(table, n_pos):
-    """A learned (T, C) position table resized to n_pos rows by linear interpolation, as vision transformers
-    resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for RoPE (Chen et al. 2023):
-    new row p is the old table read at fractional position p * T / n_pos (the last row past the end), so
-    every trained row is kept when n_pos / T is whole."""
-    T = table.size(0)
-    where = torch.arange(n_pos, dtype=torch.float64) * T / n_pos
-    below = where.floor().long().clamp(max=T - 1)
-    above = (below + 1).clamp(max=T - 1)
-    weight = (where - below)[:, None]
-    return ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
 
 
 def saved_model_config(out_dir, names):
@@ -266,7 +256,7 @@ def init_from_settings(values, saved):
 
 def init_model_from(out_dir, model, meta, dataset):
     """Load out_dir's checkpoint into model, whose config may differ from it only in INIT_KNOBS -> a note for
-    the log when a learned position table was resized."""
+    the log when the position scheme fitted its entries (wpe.adapt_state: learned's table resized)."""
     path = checkpoint_path(out_dir)
     ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
@@ -275,9 +265,6 @@ def init_model_from(out_dir, model, meta, dataset):
             f"refusing to initialise from {path}: {changes}; --init_from may change only "
             f"{', '.join(INIT_KNOBS)} (the weights must fit)"
         )
-    state, note, n_pos = ckpt["model"], None, model.config.block_size
-    if POSITION_TABLE in state and (old := state[POSITION_TABLE].size(0)) != n_pos:
-        state = state | {POSITION_TABLE: resize_position_table(state[POSITION_TABLE], n_pos)}
-        note = f"the learned position table was resized from {old} to {n_pos} rows by linear interpolation"
+    state, note = model.transformer.wpe.adapt_state(ckpt["model"], "transformer.wpe.")
     load_weights(path, model, state)
     return note

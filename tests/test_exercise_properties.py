@@ -27,10 +27,12 @@ from positions import (
     apply_rope,
     cached_key_positions,
     causal_mask,
+    fire_input,
     rope_cos_sin,
     rope_frequencies,
     rope_inv_freq,
     sinusoidal_embedding,
+    t5_bucket,
     yarn_ramp,
 )
 
@@ -121,15 +123,15 @@ def test_sinusoidal_first_rows_worked_by_hand():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_learned_reserve_refuses_only_past_block_size(seed):
-    """reserve(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
+def test_learned_check_length_refuses_only_past_block_size(seed):
+    """check_length(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
     block = random.Random(seed).randint(1, 40)
     table = LearnedPositions(GPTConfig(block_size=block, n_embd=8, n_head=2, pos="learned"))
     for n in range(1, block + 1):
-        table.reserve(n)
+        table.check_length(n)
     for n in (block + 1, 2 * block + 3):
         with pytest.raises(ValueError, match=f"block_size={block}"):
-            table.reserve(n)
+            table.check_length(n)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -773,3 +775,119 @@ def test_r_squared_worked_by_hand():
     value = instruments.r_squared(y, torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=torch.float64))
     assert isinstance(value, float), f"r_squared returns a Python float, got {type(value).__name__}"
     near(value, 0.8, 1e-12, "r_squared((1, 2, 3, 4), (1, 2, 3, 5))")
+
+
+# -----------------------------------------------------------------------------
+# ex11: T5's buckets
+
+
+def t5_bucket_sizes(rng):
+    """Random (num_buckets, max_distance): an even count of buckets, max_distance past the exact half."""
+    num_buckets = 2 * rng.randint(2, 32)
+    return num_buckets, rng.randint(num_buckets // 2 + 1, 600)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_t5_bucket_follows_its_formula_at_random_sizes(seed):
+    """With n = num_buckets / 2: bucket d for d < n, else min(n + floor(ln(d / n) / ln(max_distance / n)
+    (num_buckets - n)), num_buckets - 1). T5 computes the log in float32: where the exact value lies within
+    1e-4 of a bucket border, either side is accepted."""
+    rng = random.Random(seed)
+    num_buckets, max_distance = t5_bucket_sizes(rng)
+    n = num_buckets // 2
+    distance = torch.tensor([*range(3 * max_distance), *rng.sample(range(10**6), 50)])
+    buckets = t5_bucket(distance, num_buckets, max_distance)
+    assert buckets.shape == distance.shape and buckets.dtype == torch.long, (buckets.shape, buckets.dtype)
+    for d, got in zip(distance.tolist(), buckets.tolist()):
+        if d < n:
+            assert got == d, f"t5_bucket({d}) with {num_buckets} buckets: got {got}, expected {d} (exact)"
+            continue
+        exact = n + math.log(d / n) / math.log(max_distance / n) * (num_buckets - n)
+        allowed = {min(math.floor(exact + e), num_buckets - 1) for e in (-1e-4, 0, 1e-4)}
+        assert got in allowed, (
+            f"t5_bucket({d}, {num_buckets}, {max_distance}): got {got}, expected {sorted(allowed)} "
+            f"(n + ln(d/n) / ln(max_distance/n) (num_buckets - n) = {exact:.6f}, capped at {num_buckets - 1})"
+        )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_t5_bucket_is_monotone_exact_below_half_and_capped_from_max_distance(seed):
+    """Buckets never decrease with the distance; d < num_buckets / 2 is its own bucket; every
+    d >= max_distance is in the last, num_buckets - 1; a later key (d < 0) is bucket 0; a 2-D grid of
+    distances i - j gets the bucket of each entry."""
+    rng = random.Random(seed)
+    num_buckets, max_distance = t5_bucket_sizes(rng)
+    distance = torch.arange(-9, 4 * max_distance)
+    buckets = t5_bucket(distance, num_buckets, max_distance)
+    assert (buckets[1:] >= buckets[:-1]).all(), "buckets must not decrease as the distance grows"
+    assert (buckets[distance < 0] == 0).all(), "a later key counts as distance 0"
+    small = (distance >= 0) & (distance < num_buckets // 2)
+    assert torch.equal(buckets[small], distance[small]), "each d < num_buckets / 2 is its own bucket"
+    far = buckets[distance >= max_distance]
+    assert (far == num_buckets - 1).all(), (
+        f"every d >= max_distance={max_distance} is in bucket {num_buckets - 1}"
+    )
+    grid = torch.arange(9)[:, None] - torch.arange(9)[None, :]  # i - j over a 9 x 9 grid
+    assert torch.equal(t5_bucket(grid, num_buckets, max_distance), buckets[grid + 9]), "entrywise on a grid"
+
+
+def test_t5_bucket_worked_by_hand():
+    """T5's 32 buckets to 128: 0 .. 15 exact, then 16 -> 16, 20 -> 17 (16 + floor(16 ln 1.25 / ln 8) = 16 +
+    floor(1.717)), 32 -> 21, 64 -> 26, 112 -> 30, 113 -> 31, 10^6 -> 31."""
+    distance = torch.tensor([0, 7, 15, 16, 20, 32, 64, 112, 113, 10**6])
+    expected = [0, 7, 15, 16, 17, 21, 26, 30, 31, 31]
+    assert t5_bucket(distance).tolist() == expected, (
+        f"got {t5_bucket(distance).tolist()}, expected {expected}"
+    )
+
+
+# -----------------------------------------------------------------------------
+# ex12: FIRE's progressive interpolation
+
+
+def fire_settings(rng):
+    """Random c > 0 and L >= 1, float64 tensors."""
+    c = torch.tensor(rng.uniform(0.01, 3.0), dtype=torch.float64)
+    return c, torch.tensor(rng.uniform(1.0, 50.0), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fire_input_follows_its_formula_at_random_positions(seed):
+    """fire_input(query_pos, key_pos, c, L)[a, b] = ln(1 + c (i - j)) / ln(1 + c max(L, i)) for query i =
+    query_pos[a] and key j = key_pos[b] <= i, whatever the positions' order, in c's dtype."""
+    rng = random.Random(seed)
+    c, L = fire_settings(rng)
+    query_pos = torch.tensor(rng.sample(range(300), rng.randint(1, 6)))
+    key_pos = torch.tensor(rng.sample(range(300), rng.randint(1, 8)))
+    x = fire_input(query_pos, key_pos, c, L)
+    assert x.shape == (len(query_pos), len(key_pos)) and x.dtype == torch.float64, (x.shape, x.dtype)
+    for a, i in enumerate(query_pos.tolist()):
+        for b, j in enumerate(key_pos.tolist()):
+            if j <= i:
+                expected = math.log1p(c.item() * (i - j)) / math.log1p(c.item() * max(L.item(), i))
+                near(
+                    x[a, b].item(), expected, 1e-12, f"query {i}, key {j}, c={c.item():.4g}, L={L.item():.4g}"
+                )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fire_input_is_in_0_1_zero_at_the_query_and_grows_with_the_distance(seed):
+    """Over all 0 <= j <= i < 10 x 64: inputs in [0, 1] (no extrapolation, at any length), 0 at j = i, larger
+    for a further key; for a fixed distance, no larger from a later query (a longer context squeezes it);
+    a function of (i, i - j) alone: one pair at a time gives the grid's value."""
+    rng = random.Random(seed)
+    c, L = fire_settings(rng)
+    pos = torch.arange(640)
+    x = fire_input(pos, pos, c, L)
+    causal = pos[:, None] >= pos[None, :]
+    assert x[causal].min() >= 0 and x[causal].max() <= 1 + 1e-12, (x[causal].min(), x[causal].max())
+    assert (x.diagonal() == 0).all(), "a query on itself (distance 0) gets input 0"
+    closer = causal[:, 1:]  # (i, j + 1) with j + 1 <= i: key j is one further back than key j + 1
+    assert (x[:, :-1][closer] > x[:, 1:][closer]).all(), "a further key gets a larger input"
+    by_distance = [x.diagonal(-d) for d in (1, 5, 100)]  # (i, i - d) for i = d, d + 1, ...
+    assert all((row[1:] <= row[:-1] + 1e-15).all() for row in by_distance), (
+        "a later query squeezes a distance"
+    )
+    for i, j in [(rng.randrange(640), 0) for _ in range(5)] + [(639, rng.randrange(640)) for _ in range(5)]:
+        one = fire_input(torch.tensor([i]), torch.tensor([j]), c, L)
+        near(one.item(), x[i, j].item(), 1e-15, f"fire_input at ({i}, {j}) alone and in the grid")

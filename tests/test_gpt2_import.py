@@ -1,8 +1,8 @@
 """OpenAI's GPT-2 through Hugging Face transformers: a converted model computes transformers' own logits.
 
 As minGPT's tests/test_huggingface_import.py, but offline: a small GPT2LMHeadModel with random weights stands
-in for the released ones (GPT.from_pretrained downloads those, then runs the same conversion,
-GPT.from_hf_gpt2).
+in for the released ones (plumbing.gpt2.from_pretrained downloads those, then runs the same conversion,
+from_hf_gpt2).
 """
 
 import os
@@ -15,8 +15,8 @@ import torch
 from conftest import ROOT
 
 from generation import generate_cached
-from model import GPT, gpt2_weights_from_hf
 from plumbing.checkpoint import build_model
+from plumbing.gpt2 import from_hf_gpt2, from_pretrained, gpt2_weights_from_hf
 
 REASON = "the GPT-2 import needs Hugging Face transformers: pip install transformers"
 
@@ -48,7 +48,7 @@ def tiny_hf_gpt2(seed=0):
 def test_converted_gpt2_gives_transformers_logits():
     """Same logits as GPT2LMHeadModel to 1e-5, in eval mode, over all 16 positions of a batch of two."""
     hf_model = tiny_hf_gpt2()
-    model = GPT.from_hf_gpt2(hf_model)
+    model = from_hf_gpt2(hf_model)
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf_model(idx).logits
@@ -77,7 +77,7 @@ def test_converted_gpt2_is_learned_gpt2_with_the_same_parameters():
     """pos=learned, biases on, GPT-2's vocabulary and context; the same number of parameters (the tied
     embedding counted once on both sides)."""
     hf_model = tiny_hf_gpt2()
-    model = GPT.from_hf_gpt2(hf_model)
+    model = from_hf_gpt2(hf_model)
     c = model.config
     assert (c.pos, c.bias, c.vocab_size, c.block_size) == ("learned", True, 50, 16)
     assert (c.n_layer, c.n_head, c.n_embd, c.dropout) == (2, 2, 32, 0.0)
@@ -88,7 +88,7 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
     """Greedy tokens from the KV cache equal transformers' generate(do_sample=False)
     up to the 16 positions."""
     hf_model = tiny_hf_gpt2()
-    model = GPT.from_hf_gpt2(hf_model)
+    model = from_hf_gpt2(hf_model)
     prompt = torch.randint(0, 50, (1, 4), generator=torch.Generator().manual_seed(2))
     expected = hf_model.generate(
         prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
@@ -99,7 +99,7 @@ def test_converted_gpt2_decodes_with_the_cache_like_transformers_greedy_search()
 def test_position_past_n_positions_is_a_clear_error():
     """GPT-2 has no position 16 when n_positions = 16:
     a ValueError that names block_size, not an index error."""
-    model = GPT.from_hf_gpt2(tiny_hf_gpt2())
+    model = from_hf_gpt2(tiny_hf_gpt2())
     with pytest.raises(ValueError, match="exceeds block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
 
@@ -107,7 +107,7 @@ def test_position_past_n_positions_is_a_clear_error():
 def test_only_openai_model_names_are_accepted():
     """A name that is not one of the four released models is refused before any download."""
     with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
-        GPT.from_pretrained("gpt3")
+        from_pretrained("gpt3")
 
 
 def test_from_pretrained_without_the_hub_says_why(tmp_path):
@@ -115,7 +115,7 @@ def test_from_pretrained_without_the_hub_says_why(tmp_path):
     (in a fresh process: transformers reads HF_HUB_OFFLINE when it is imported)."""
     pytest.importorskip("transformers", reason=REASON)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
-    code = "from model import GPT; GPT.from_pretrained('gpt2')"
+    code = "from plumbing.gpt2 import from_pretrained; from_pretrained('gpt2')"
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -137,4 +137,4 @@ def test_missing_transformers_names_the_pip_command(monkeypatch):
     (None in sys.modules is how Python marks a module as not importable.)"""
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match="pip install transformers"):
-        GPT.from_pretrained("gpt2")
+        from_pretrained("gpt2")

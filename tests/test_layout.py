@@ -1,9 +1,9 @@
 """Each package holds what its name says, and each rule the entry points share is written once.
 
 plumbing/ and measure/ import no entry point and take none of their types (train.py's Run and configs,
-sample.py's Loaded); the rules "learned has no positions past its table" (positions.position_limit,
-model.max_len) and "open a checkpoint, with a RoPE extension or without" (plumbing.checkpoint.open_model)
-give the same answer through every entry point that uses them."""
+sample.py's Loaded); the rules "learned has no positions past its table" (the scheme's length_limit,
+positions.window_length) and "open a checkpoint, with a RoPE extension or without"
+(plumbing.checkpoint.open_model) give the same answer through every entry point that uses them."""
 
 import ast
 import re
@@ -19,7 +19,8 @@ from measure import instruments
 from measure.losses import window_bytes
 from model import GPT, GPTConfig
 from plumbing.checkpoint import load_checkpoint
-from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor, position_limit
+from plumbing.memory import scheme_shapes
+from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
@@ -103,12 +104,12 @@ def compares_pos_to_learned(path):
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
-    """positions.position_limit says where a scheme's positions end; the model (and so generation and
-    measure.losses, which read model.max_len), eval_length's rows and the memory estimate all follow it."""
+    """The scheme's length_limit says where its positions end; the model (and so generation and
+    measure.losses, which read model.length_limit), eval_length's rows and the memory estimate follow it."""
     config = GPTConfig(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
-    limit = position_limit(pos, config.block_size)
-    assert (limit is not None) == (pos == "learned")
-    assert GPT(config).max_len == limit
+    limit = scheme_shapes(config).length_limit
+    assert limit == (config.block_size if pos == "learned" else None)
+    assert GPT(config).length_limit == limit
     source = eval_length.Source("x", Path("x.pt"), {"model_config": asdict(config)}, None)
     assert source.limit == limit
     assert eval_length.available(source, "plain", 2 * config.block_size) == (limit is None)
@@ -118,7 +119,7 @@ def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
 
 
 def test_no_entry_point_or_measure_writes_the_table_rule_again():
-    """sample.py, eval_length.py and measure/ ask position_limit or model.max_len, never pos == "learned",
+    """sample.py, eval_length.py and measure/ ask the scheme's length_limit, never pos == "learned",
     whether a model has positions past its table (the four-term split of qk_terms is about learned's
     embedding, not its length)."""
     paths = [
@@ -149,3 +150,11 @@ def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
     x = torch.randint(0, by_sample.config.vocab_size, (1, length))
     with torch.no_grad():
         torch.testing.assert_close(by_eval_length(x)[0], by_sample(x)[0], rtol=0, atol=0)
+
+
+def test_finetune_depends_on_no_other_package():
+    """finetune/ (S²-Attn, LoRA) imports torch and the root modules only (positions, model): plumbing.resume
+    imports finetune.lora, so an import back would be a cycle between the packages."""
+    packages = {"plumbing", "measure", "data", "experiments", "demo", "perf", "course"}
+    for path in sorted(ROOT.glob("finetune/*.py")):
+        assert {name.split(".")[0] for name in imported(path)} & packages == set(), path.name

@@ -80,7 +80,7 @@ def test_the_model_switches_to_the_long_factors_past_the_original_length_as_tran
     short, long = random_factors(rng, 4, 1.5), random_factors(rng, 4, 8.0)
     wpe = GPT(longrope_config(short, long, rope_factor=4.0)).transformer.wpe
     for L, factors in ((16, short), (17, long), (40, long)):
-        wpe.reserve(L)
+        wpe.grow(L)
         positions = torch.arange(L)
         inv_freq = rope_frequencies(8, BASE)[0].double() / torch.tensor(factors, dtype=torch.float64)
         expected = rope_cos_sin(positions, inv_freq.float(), longrope_scale(4.0, 16))
@@ -115,7 +115,7 @@ def test_positions_below_n_hat_rotate_as_plain_rope(keep_first):
     plain = GPT(tiny_config()).transformer.wpe
     for L in (16, 48):
         for module in (wpe, without, plain):
-            module.reserve(L)
+            module.grow(L)
         positions = torch.arange(L)
         ours, theirs, plains = wpe.rotation(positions), without.rotation(positions), plain.rotation(positions)
         first = min(keep_first, L)
@@ -221,12 +221,13 @@ def test_cached_decoding_equals_the_full_forward_across_the_switch(monkeypatch, 
     with torch.no_grad():
         for t, logits in zip(range(n_prompt, n_prompt + 30), seen):
             torch.testing.assert_close(logits, model(out[:, :t])[0][:, -1], rtol=0, atol=1e-5, msg=f"t={t}")
-    assert len(seen) == 30 and not model.transformer.wpe.long_context  # reset for the next caller
+    assert len(seen) == 30
 
 
 def test_generation_stopped_past_the_switch_leaves_the_model_short():
-    """A generation that stops early (Ctrl-C in sample.py, a callback that raises) after passing T still
-    resets long_context: the next forward of the same model uses the short factors up to T."""
+    """A generation that stops early (Ctrl-C in sample.py, a callback that raises) after passing T leaves no
+    state behind (the scheme decides short or long from the positions it is given): the next forward of the
+    same model uses the short factors up to T, as a fresh copy's."""
     import generation
 
     rng = random.Random(11)
@@ -239,9 +240,24 @@ def test_generation_stopped_past_the_switch_leaves_the_model_short():
 
     with pytest.raises(KeyboardInterrupt):
         generation.generate_cached(model, prompt, 5, temperature=0, on_token=stop)
-    assert model.transformer.wpe.long_context is False
     fresh = GPT(model.config)
     fresh.load_state_dict(model.state_dict())
     fresh.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(prompt[:, :8])[0], fresh(prompt[:, :8])[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_prompt", [5, 20])
+def test_compiled_decoding_across_the_switch_gives_the_eager_tokens(n_prompt):
+    """The switch is a tensor condition on the positions a step is given, so one compiled graph serves the
+    steps on both sides of T (no recompile), and its greedy tokens equal the eager cache's."""
+    import generation
+
+    rng = random.Random(7)
+    model = GPT(longrope_config(random_factors(rng, 4, 1.5), random_factors(rng, 4, 8.0), rope_keep_first=2))
+    model.eval()
+    prompt = torch.randint(0, 13, (2, n_prompt), generator=torch.Generator().manual_seed(0))
+    torch.compiler.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = generation.generate_cached(model, prompt, 30, temperature=0, compile=True, backend="eager")
+    assert torch.equal(compiled, generation.generate_cached(model, prompt, 30, temperature=0))

@@ -17,7 +17,6 @@ from measure.losses import validation_tokens
 from measure.retrieval import count_correct, passkey_batch
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import read_rope_factors
-from positions import longrope_baselines
 from tests.helpers import TINY_RUN
 
 
@@ -248,7 +247,7 @@ def test_passkey_fitness_prefers_factors_that_retrieve_past_the_trained_length()
     """At L = 2 T (long factors): plain RoPE's factors of 1 retrieve no key, YaRN's formula some; the passkey
     fitness ranks YaRN's first, as a search must to find factors that retrieve."""
     head_dim = 32
-    yarn = longrope_baselines(head_dim, 10000.0, 2.0, 32)["yarn"].tolist()
+    yarn = longrope.longrope_baselines(head_dim, 10000.0, 2.0, 32)["yarn"].tolist()
     results = fitness_and_retrieval({"plain": [1.0] * (head_dim // 2), "yarn": yarn}, 64, short=False)
     assert results["yarn"][1] > results["plain"][1] == 0
     assert results["yarn"][0] < results["plain"][0]

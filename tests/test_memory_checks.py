@@ -9,7 +9,7 @@ import train
 from data.passkey import prepare as passkey_prepare
 from model import GPT, GPTConfig
 from perf import ab, bench
-from plumbing.memory import activation_bytes, parameter_count, training_bytes
+from plumbing.memory import activation_bytes, forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES
 
 
@@ -57,6 +57,16 @@ def test_the_activation_estimate_bounds_what_autograd_keeps(pos, dropout):
     assert 0.75 <= sum(saved.values()) / activation_bytes(config, 3) <= 1.0
 
 
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_the_forward_estimate_counts_the_mask_of_every_score_bias(pos):
+    """Where GPT.attention_mask builds a mask (a scheme whose score_bias gives a bias: ALiBi's, T5's, FIRE's),
+    forward_bytes counts at least its bytes, asked of the scheme, not of its name."""
+    config = GPTConfig(n_layer=1, n_head=4, n_embd=16, block_size=8, vocab_size=11, pos=pos)
+    mask = GPT(config).attention_mask(torch.arange(32))
+    counted = forward_bytes(config, 1, 32).get("attention mask", 0)
+    assert mask is None or counted >= mask.nbytes, (counted, mask.nbytes)
+
+
 def never(what):
     def refuse(*args, **kwargs):
         raise AssertionError(f"{what} ran: the size should have been refused first")
@@ -71,7 +81,7 @@ CASES = [
     (train, [*TRAIN, "--n_embd=1048576"], 1, "lower --n_layer or --n_embd"),
     (train, [*TRAIN, "--grad_accum=1000000000"], 1, "lower --grad_accum"),
     (train, [*TRAIN, "--n_layer=100000", "--overwrite"], 1, "needs about"),
-    (bench, ["--device=cpu", "--n_layer=100000"], 1, "training 5 x"),
+    (bench, ["--device=cpu", "--n_layer=100000"], 1, f"training {len(POS_SCHEMES)} x"),
     (bench, ["--device=cpu", "--train_steps=0", "--gen_multiples", "1000000000"], 1, "lower --gen_multiples"),
     (ab, ["--against=HEAD", "--new_tokens=100000000000"], 1, "KV cache", "lower --new_tokens"),
     (passkey_prepare, ["--train_samples=10000000000", "--name=never"], 2, "lower --train_samples"),

@@ -11,6 +11,7 @@ import torch
 from model import GPT, CausalSelfAttention, GPTConfig
 from positions import (
     POS_SCHEMES,
+    POSITION_MODULES,
     alibi_bias,
     alibi_slopes,
     apply_rope,
@@ -94,7 +95,8 @@ def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
 def encode_with_scheme(pos, tokens, layer, table):
     """One unmasked attention layer over embedded tokens, with the scheme's position signal injected
     where the model injects it: added to the input (learned, sinusoidal), rotating q and k (rope),
-    or as a score bias (alibi, its linear part -m(i - j) without the causal mask)."""
+    or as a score bias (alibi, its linear part -m(i - j) without the causal mask; t5 and fire, their modules'
+    bias at random weights)."""
     x = table[tokens][None]  # (1, T, C)
     T, C = x.shape[1], x.shape[2]
     rope, bias = None, None
@@ -106,6 +108,10 @@ def encode_with_scheme(pos, tokens, layer, table):
         rope = rope_cos_sin_at(torch.arange(T), C // layer.n_head)
     elif pos == "alibi":
         bias = alibi_bias(alibi_slopes(layer.n_head).double(), T, T)[None]
+    elif pos in ("t5", "fire"):
+        torch.manual_seed(8)
+        scheme = POSITION_MODULES[pos](tiny_config(pos, n_head=layer.n_head)).double()
+        bias = scheme.score_bias(torch.arange(T), torch.arange(T))
     return layer(x, rope, NO_MASK if bias is None else bias)[0]
 
 
@@ -249,12 +255,16 @@ def test_sinusoidal_wavelengths_for_gpt2_width():
 # 7-9. The schemes inside the full model
 
 
-def test_only_learned_adds_parameters():
-    """rope, sinusoidal, alibi and none have exactly block_size * n_embd fewer parameters than learned."""
-    counts = {pos: GPT(tiny_config(pos)).num_params() for pos in POS_SCHEMES}
-    for pos in POS_SCHEMES:
-        if pos != "learned":
-            assert counts["learned"] - counts[pos] == 16 * 16
+def test_position_parameters_are_learneds_table_t5s_buckets_and_fires_mlp():
+    """Over none: learned adds its (block_size, n_embd) table, t5 a bias per bucket and head (32 x n_head),
+    fire its MLP 1 -> 32 -> n_head and its c and L; sinusoidal, rope and alibi add nothing."""
+    counts = {
+        pos: GPT(tiny_config(pos)).num_params() - GPT(tiny_config("none")).num_params() for pos in POS_SCHEMES
+    }
+    n_head = 2
+    fire = (1 * 32 + 32) + (32 * n_head + n_head) + 2
+    expected = dict(learned=16 * 16, sinusoidal=0, rope=0, alibi=0, none=0, t5=32 * n_head, fire=fire)
+    assert counts == expected
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -276,13 +286,15 @@ def test_learned_refuses_context_longer_than_block_size():
     """The learned table has no row past block_size:
     a clear error names block_size and the schemes that run longer."""
     model = GPT(tiny_config("learned"))
-    with pytest.raises(ValueError, match=r"block_size=16.*sinusoidal, rope, alibi and none"):
+    with pytest.raises(
+        ValueError, match=r"block_size=16.*sinusoidal, rope, alibi, none, t5 and fire run longer"
+    ):
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
 @pytest.mark.parametrize("pos", [p for p in POS_SCHEMES if p != "learned"])
 def test_other_schemes_run_at_four_times_block_size(pos):
-    """sinusoidal, rope, alibi and none extend to any length: a forward pass at 4 x block_size works, and
+    """All but learned extend to any length: a forward pass at 4 x block_size works, and
     its first block_size logits equal those of the shorter pass (the caches extend, they do not change)."""
     torch.manual_seed(0)
     model = GPT(tiny_config(pos)).eval()

@@ -159,7 +159,7 @@ class CopyAfterMarker(nn.Module):
     """Predicts, at each position, the character that followed the first marker as many places after it as
     this position is after the last marker: a perfect passkey retriever, written by hand."""
 
-    max_len = None
+    length_limit = None
 
     def forward(self, idx):
         B, T = idx.shape
@@ -176,7 +176,7 @@ class CopyAfterMarker(nn.Module):
 class FixedKey(nn.Module):
     """Always answers 12345."""
 
-    max_len = None
+    length_limit = None
 
     def forward(self, idx):
         B, T = idx.shape

@@ -15,14 +15,13 @@ from helpers import error_line
 import sample
 import train
 from generation import generate_cached
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, nope_layer_indices
 from plumbing.checkpoint import load_checkpoint
 from positions import (
     ROPE_SCALINGS,
     RotaryPositions,
     apply_rope,
     llama3_inv_freq,
-    nope_layer_indices,
     rope_cos_sin,
     rope_frequencies,
     rope_inv_freq,

@@ -8,6 +8,7 @@ from helpers import TINY_RUN, train_error_line
 import train
 from finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
+from positions import POSITION_MODULES, PositionScheme
 
 
 def visible(n_head, T, group):
@@ -39,17 +40,62 @@ def test_s2_attn_is_per_group_causal_attention_with_half_the_heads_shifted(seed)
     torch.testing.assert_close(shifted_sparse_attention(q, k, v, group), reference(q, k, v, group))
 
 
-def test_s2_attn_adds_a_distance_bias_such_as_alibis_in_every_group():
-    """ALiBi's mask (bias by distance, -inf above the diagonal) enters through its first G x G block."""
-    from positions import attention_mask
+class QueryDependentBias(PositionScheme):
+    """A toy scheme whose score bias depends on the query's position i itself, not only on i - j (as FIRE's
+    f(psi(i - j) / psi(max(L, i))) does): head h adds -c_h (i - j) / (i + 1) + d_h i / T."""
 
+    biased = True
+
+    def __init__(self, n_head, T):
+        super().__init__(None)
+        self.c = torch.linspace(0.5, 2.0, n_head, dtype=torch.float64)[:, None, None]
+        self.d = torch.linspace(-1.0, 1.0, n_head, dtype=torch.float64)[:, None, None]
+        self.T = T
+
+    def score_bias(self, query_pos, key_pos):
+        i, j = query_pos[:, None].double(), key_pos[None, :].double()
+        return (-self.c * (i - j) / (i + 1) + self.d * i / self.T)[None]  # (1, nh, n_query, n_key)
+
+
+def test_s2_attn_adds_a_distance_bias_such_as_alibis_in_every_group():
+    """ALiBi's bias (by distance) applies in every group, shifted ones included, as in full attention."""
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(3, 1, 4, 16, 8, generator=g, dtype=torch.float64)
+    config = GPTConfig(pos="alibi", block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
+    alibi = POSITION_MODULES["alibi"](config).double()
     pos = torch.arange(16)
-    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)[:, None, None]
-    bias = -slopes * (pos[:, None] - pos[None, :]).clamp(min=0)
-    mask = attention_mask(pos, pos, bias[None])
-    torch.testing.assert_close(shifted_sparse_attention(q, k, v, 4, mask), reference(q, k, v, 4, bias))
+    bias = alibi.score_bias(pos, pos)[0]
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, 4, alibi), reference(q, k, v, 4, bias))
+
+
+@pytest.mark.parametrize("group", [4, 8, 16])
+def test_s2_attn_reads_a_score_bias_at_each_groups_true_positions(group):
+    """A bias that depends on the query's position, not only on the distance: S²-Attn equals the brute-force
+    reference that applies its visibility (groups, the shifted half) and the bias at the true positions
+    (i, j) of every pair it lets through, in every head, shifted groups and the wrapped one included."""
+    g = torch.Generator().manual_seed(group)
+    T, n_head = 16, 4
+    q, k, v = torch.randn(3, 2, n_head, T, 8, generator=g, dtype=torch.float64)
+    scheme = QueryDependentBias(n_head, T)
+    i, j = torch.arange(T, dtype=torch.float64)[:, None], torch.arange(T, dtype=torch.float64)[None, :]
+    bias = -scheme.c * (i - j) / (i + 1) + scheme.d * i / T  # (nh, T, T) by the formula, every pair
+    expected = reference(q, k, v, group, bias)
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, group, scheme), expected)
+
+
+@pytest.mark.parametrize("pos", ["t5", "fire"])
+def test_s2_attn_adds_a_learned_relative_bias_at_the_true_positions(pos):
+    """With the scheme's own bias (random weights), S²-Attn equals the brute-force visibility with the bias
+    of each query and key at their true positions, in every group: FIRE's depends on the query's position."""
+    torch.manual_seed(2)
+    config = GPTConfig(pos=pos, block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
+    scheme = POSITION_MODULES[pos](config).double()  # PyTorch's initialisation: a bias of order 1
+    if pos == "fire":
+        scheme.L_log.data.fill_(0.0)  # L = 2: the queries of every group but the first lie past it
+    pos_ids = torch.arange(16)
+    bias = scheme.score_bias(pos_ids, pos_ids)
+    q, k, v = torch.randn(3, 1, 4, 16, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    torch.testing.assert_close(shifted_sparse_attention(q, k, v, 4, scheme), reference(q, k, v, 4, bias))
 
 
 def test_no_token_sees_a_later_one_across_the_wrap():
@@ -87,7 +133,7 @@ def test_s2_mask_blocks_the_wrapped_groups_halves_from_each_other():
     assert torch.equal(mask[0, -1], mask[1, 0])  # every other group: causal only
 
 
-@pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
+@pytest.mark.parametrize("pos", ["rope", "alibi", "none", "t5", "fire"])
 def test_model_uses_s2_attn_in_training_only(pos):
     """With s2_group set, eval mode (train.py's evaluation, sample.py, eval_length.py) is full attention,
     bit for bit; training mode differs, and is causal."""

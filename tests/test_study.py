@@ -8,14 +8,16 @@ import torch
 import train
 from experiments import extrapolation as study
 from experiments.runs import plan
+from positions import POS_SCHEMES
 
 
 def test_seeds_give_every_run_its_own_seed_and_folder_the_first_seed_train_pys_own():
     cfg = study.parse_args(["--seeds=3", "--extra"])
     plans = plan(study.base_commands(cfg, "shakespeare_char"))
-    assert len(plans) == 3 * 7 and len({p.out_dir for p in plans}) == 21
+    per_seed = len(POS_SCHEMES) + len(study.EXTRA_RUNS)  # every scheme, then the extra RoPE runs
+    assert len(plans) == 3 * per_seed and len({p.out_dir for p in plans}) == 3 * per_seed
     by_folder = {p.out_dir: p for p in plans}
-    for pos in ("learned", "sinusoidal", "rope", "alibi", "none"):
+    for pos in POS_SCHEMES:
         first = by_folder[f"out/shakespeare_char_{pos}"]  # the README's `python train.py --pos=X` run
         assert first.train_config["seed"] == 1337 and first.model_config["pos"] == pos
         for seed in (1338, 1339):
@@ -39,7 +41,9 @@ def test_passkey_study_trains_nope_longer_with_its_own_preset_only():
         for p in plan(study.base_commands(study.parse_args(["--task=passkey", "--extra"]), "passkey"))
     }
     assert steps.pop("out/passkey_none") == (5000, 5000)
-    assert set(steps.values()) == {(3000, 3000)} and len(steps) == 6
+    assert set(steps.values()) == {(3000, 3000)} and len(steps) == len(POS_SCHEMES) - 1 + len(
+        study.EXTRA_RUNS
+    )
     gpu = study.parse_args(["--task=passkey", "--config=configs/passkey_gpu.toml"])
     assert {p.train_config["max_iters"] for p in plan(study.base_commands(gpu, "passkey_ctx256"))} == {3000}
 

@@ -409,14 +409,14 @@ def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_cont
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
-def test_the_table_estimate_is_what_reserve_allocates(pos):
-    """position_table_bytes(n) is the table wpe.reserve(n) leaves, from a fresh model: none within block_size,
+def test_the_table_estimate_is_what_grow_allocates(pos):
+    """position_table_bytes(n) is the table wpe.grow(n) leaves, from a fresh model: none within block_size,
     at least twice the rows just past it, n rows far past it."""
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     for n_pos in (8, 9, 100):
         model = GPT(config)
         before = table_bytes(model)
-        model.transformer.wpe.reserve(n_pos)
+        model.transformer.wpe.grow(n_pos)
         assert position_table_bytes(config, n_pos) == (table_bytes(model) if n_pos > 8 else 0)
         assert (table_bytes(model) == before) == (n_pos <= 8)
 

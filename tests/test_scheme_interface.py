@@ -1,0 +1,156 @@
+"""A position scheme is one class. A toy scheme, written below as one PositionScheme subclass and registered
+in POSITION_MODULES, trains, decodes with the KV cache, is evaluated and is estimated, no other file touched;
+and no code outside positions.py compares a scheme's name: the rest of the repository asks the class."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import generation
+from measure.losses import position_losses, window_bytes
+from model import GPT, GPTConfig
+from plumbing.memory import forward_bytes, parameter_count, training_bytes
+from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
+
+ROOT = Path(__file__).resolve().parents[1]
+EXEMPT = ("tests", "experiments", ".venv")  # the tests; the study's comparison tables name its runs
+
+
+class SelfBias(PositionScheme):
+    """The toy: head h adds a learned b_h to the score of each query on its own key (i = j), nothing
+    elsewhere, and costs 3 FLOPs per key a token attends to (to show the count takes a scheme's own term)."""
+
+    biased = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.bias = nn.Parameter(torch.linspace(-1.0, 1.0, config.n_head))
+
+    def score_bias(self, query_pos, key_pos):
+        own = (query_pos[:, None] == key_pos[None, :]).to(self.bias.dtype)  # (n_query, n_key)
+        return (self.bias[:, None, None] * own)[None]  # (1, n_head, n_query, n_key)
+
+    def flops_per_token(self, seq_len):
+        return 3 * seq_len
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """GPTConfig(pos="toy"): the toy registered for this test only."""
+    monkeypatch.setitem(POSITION_MODULES, "toy", SelfBias)
+    return GPTConfig(pos="toy", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+
+
+def test_a_registered_scheme_trains(toy):
+    """A few AdamW steps through GPT: the loss falls and a gradient reaches the scheme's own parameter."""
+    torch.manual_seed(0)
+    model = GPT(toy)
+    optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), "cpu")
+    x = torch.randint(0, 11, (4, 8))
+    losses = []
+    for _ in range(5):
+        loss = model(x, x)[1]
+        optimizer.zero_grad()
+        loss.backward()
+        assert model.transformer.wpe.bias.grad.abs().sum() > 0
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_a_registered_scheme_decodes_with_the_kv_cache(toy, monkeypatch):
+    """generate_cached's logits at every step, past block_size too, equal GPT.forward's uncached ones."""
+    torch.manual_seed(0)
+    model = GPT(toy).eval()
+    seen = []
+    monkeypatch.setattr(
+        generation, "sample_next", lambda logits, *a: seen.append(logits) or logits.argmax(-1, True)
+    )
+    prompt = torch.randint(0, 11, (2, 3))
+    out = generation.generate_cached(model, prompt, 2 * toy.block_size, temperature=0)
+    with torch.no_grad():
+        for t, logits in zip(range(3, 3 + 2 * toy.block_size), seen):
+            torch.testing.assert_close(logits, model(out[:, :t])[0][:, -1], rtol=0, atol=1e-5, msg=f"t={t}")
+
+
+def test_a_registered_scheme_is_evaluated_past_block_size(toy):
+    """measure.losses at twice block_size: a finite loss at every position, and its memory estimate."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 11, (2, 2 * toy.block_size + 1))
+    losses = position_losses(GPT(toy).eval(), x[:, :-1], x[:, 1:])
+    assert losses.shape == (2 * toy.block_size,) and torch.isfinite(losses).all()
+    assert window_bytes(toy, 2, 2 * toy.block_size)["attention mask"] > 0
+
+
+def test_a_registered_scheme_is_estimated(toy):
+    """plumbing.memory counts its parameters (from the module) and its per-head bias in the mask; GPT's FLOP
+    count adds its own per-token term to 6N (its parameters left out) and attention's."""
+    model = GPT(toy)
+    assert (
+        parameter_count(toy)
+        == model.num_params()
+        == GPT(GPTConfig(**{**vars(toy), "pos": "none"})).num_params() + 2
+    )
+    assert training_bytes(toy, 1, 1)["weights"] == 4 * model.num_params()
+    mask = forward_bytes(toy, 1, 8)["attention mask"]  # int64 distances, bools, a float bias per head (2)
+    assert mask == 8 * 8 * (8 + 1 + 2 * toy.n_head * 4)
+    c = toy
+    attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+    assert model.flops_per_token() == 6 * (model.num_params() - 2) + attention + 3 * c.block_size
+
+
+# -----------------------------------------------------------------------------
+# No scheme's name compared outside positions.py
+
+
+SCHEME_CLASSES = {cls.__name__ for cls in POSITION_MODULES.values()}
+
+
+def strings(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(set(), *map(strings, node.elts))
+    return set()
+
+
+def name_comparisons(source):
+    """(line, code) of each comparison of a position scheme's name (config.pos == "rope", pos in ("alibi",
+    ...), config["pos"] != "learned") and each isinstance/issubclass with a scheme's class."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            names = any(strings(side) & set(POS_SCHEMES) for side in sides)
+            of_pos = any("pos" in ast.unparse(side) for side in sides if not strings(side))
+            if names and of_pos:
+                found.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "issubclass"):
+            named = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[-1])
+                     if isinstance(n, (ast.Name, ast.Attribute))}  # fmt: skip
+            if named & SCHEME_CLASSES:
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_name_check_finds_each_kind_of_comparison():
+    """The check below can fail: each way of asking a scheme's name instead of the scheme is caught."""
+    kinds = ['config.pos == "rope"', 'c["pos"] != "learned"', 'pos in ("alibi", "none")']
+    kinds += ["isinstance(wpe, RotaryPositions)", "isinstance(m, (nn.Linear, positions.ALiBiPositions))"]
+    for code in kinds:
+        assert name_comparisons(code), code
+    assert not name_comparisons('scaling in ("none", "plain")') and not name_comparisons('text == "none"')
+
+
+def test_no_code_outside_positions_compares_a_schemes_name():
+    """Every Python file but positions.py, the tests and experiments/ asks the scheme (rotates, biased,
+    length_limit, ...) instead of comparing config.pos to a name: a fork adds its scheme in positions.py."""
+    paths = [p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in EXEMPT]
+    assert len(paths) > 30 and ROOT / "model.py" in paths
+    found = {
+        str(p.relative_to(ROOT)): name_comparisons(p.read_text()) for p in paths if p.name != "positions.py"
+    }
+    assert {path: hits for path, hits in found.items() if hits} == {}

@@ -277,6 +277,13 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare(("rope_nope4", "plain", 1), ("rope", "plain", 1), "a layer in 4 without RoPE"),
         compare(("rope_nope4", "plain", 4), ("rope", "plain", 4), "a layer in 4 without RoPE"),
         compare(("rope_nope4", "plain", 8), ("rope", "plain", 8), "a layer in 4 without RoPE"),
+        *(compare((b, "plain", n), (b, "plain", 1), f"{b} past T") for b in ("t5", "fire") for n in (4, 8)),
+        *(
+            compare((b, "plain", n), ("rope", "plain", n), f"{b} against RoPE")
+            for b in ("t5", "fire")
+            for n in (1, 4)
+        ),
+        compare(("fire", "plain", 8), ("t5", "plain", 8), "FIRE against T5's buckets far past T"),
     ),
     "passkey": (
         compare(("rope", "plain", 2), ("rope", "plain", 1), "RoPE fails past T (Mohtashami & Jaggi)"),
@@ -295,6 +302,12 @@ COMPARISONS = {  # the claims docs/extrapolation.md and the README make of each 
         compare((*YARN_FT, 4), (*CONTROL, 4), "YaRN fine-tuned against the control"),
         compare(("rope_frac0.25", "plain", 2), ("rope", "plain", 2), "rotating a quarter of each head"),
         compare(("rope_nope4", "plain", 2), ("rope", "plain", 2), "a layer in 4 without RoPE"),
+        *(compare((b, "plain", 2), (b, "plain", 1), f"{b} past T") for b in ("t5", "fire")),
+        *(
+            compare((b, "plain", n), ("rope", "plain", n), f"{b} against RoPE")
+            for b in ("t5", "fire")
+            for n in (2, 4)
+        ),
     ),
 }
 LR = FT + "longrope"  # LongRoPE's fine-tune with its 4 T factors; LR + "_x8": progressive, LR + "_short"

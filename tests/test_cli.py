@@ -28,6 +28,7 @@ ENTRY_POINTS = (
     "eval_length",
     "perf.bench",
     "perf.ab",
+    "perf.threads",
     "demo.*",
     "experiments.*",
     "data.*.prepare",
@@ -139,9 +140,9 @@ def project_modules():
 
 def test_no_script_imports_another_script():
     """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab,
-    demo.*, experiments.*, data.*.prepare) share modules (model, generation, plumbing/*, data/common.py,
-    experiments/runs.py), never each other; no shared module imports one either, or the entry points would
-    import each other through it."""
+    perf.threads, demo.*, experiments.*, data.*.prepare) share modules (model, generation, plumbing/*,
+    data/common.py, experiments/runs.py), never each other; no shared module imports one either, or the entry
+    points would import each other through it."""
     modules = project_modules()
     is_one = lambda name, patterns: any(fnmatch(name, pattern) for pattern in patterns)
     entry_points = {name for name in modules if is_one(name, ENTRY_POINTS) > is_one(name, SHARED_MODULES)}

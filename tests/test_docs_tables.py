@@ -11,6 +11,7 @@ import pytest
 from experiments import extrapolation as study
 from experiments import longlora
 from experiments import longrope_ablation as ablation
+from perf import threads
 from plumbing.report import GENERATED, generated_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,8 @@ def produced(name):
     if name.startswith("longrope_"):  # experiments.longrope_ablation's {name}.csv
         path = DOCS / f"{name}.csv"
         return ablation.render(ablation.read_rows(path)) if path.is_file() else None
+    if name == "perf_threads":  # perf.threads' docs/perf_threads.csv
+        return threads.render(threads.read_rows(DOCS / "perf_threads.csv"))
     return extrapolation_tables().get(name)
 
 

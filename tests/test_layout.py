@@ -23,7 +23,7 @@ from plumbing.memory import scheme_shapes
 from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab"}
+ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab", "perf.threads"}
 SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("measure/*.py")])
 FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"  # RoPE, an older format
 

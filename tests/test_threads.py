@@ -5,6 +5,9 @@ step says so once, with the likely cause; progress off a terminal is a few plain
 import dataclasses
 import io
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +18,13 @@ from tqdm import tqdm
 import eval_length
 import sample
 import train
-from perf import ab, bench
+from perf import ab, bench, threads
 from plumbing import hardware
 from plumbing.cli import threads_flag
-from plumbing.report import SLOWDOWN, StepClock, progress_bar
+from plumbing.errors import UserError
+from plumbing.report import SLOWDOWN, StepClock, generated_blocks, progress_bar, step_line
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -162,3 +168,60 @@ def test_progress_is_a_few_plain_lines_when_not_on_a_terminal():
     assert silent.getvalue() == ""
     with progress_bar(10, "tok", file=Terminal()) as bar:
         assert isinstance(bar, tqdm)
+
+
+def test_perf_threads_tables_regenerates_the_committed_block_from_the_committed_csv(tmp_path, capsys):
+    """docs/perf.md's table of train.py's speed per machine state and --threads is what --tables makes of
+    docs/perf_threads.csv (tests/test_docs_tables.py checks the docs' copy; here the command itself)."""
+    shutil.copy(ROOT / "docs" / "perf_threads.csv", tmp_path)
+    block = generated_blocks((ROOT / "docs" / "perf.md").read_text(encoding="utf-8"))["perf_threads"]
+    assert threads.main(["--tables", f"--results={tmp_path}"]) == block
+    assert "| idle | 43 (41-44), takes 2 |" in block  # the median of the four windows, their range
+
+
+def test_perf_threads_reads_the_threads_and_ms_per_iter_from_the_lines_train_py_prints(monkeypatch):
+    """The figures come from train.py's own threads line and step lines (plumbing.report.step_line), and the
+    child runs without OMP_NUM_THREADS, which its --threads=auto would keep instead of reading the machine."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = SimpleNamespace(max_iters=60)
+    speed = lambda ms: {"ms_per_iter": ms, "tokens_per_sec": 1000.0}
+    lines = [
+        "threads: 2 of 2 cores (auto: the cores the 0 other running tasks leave free); --threads=N sets them"
+    ]
+    lines += [
+        step_line(step, cfg, 2.0, 1e-3, speed(ms), 5) for step, ms in ((20, 9.0), (40, 43.8), (60, 41.3))
+    ]
+    seen = {}
+
+    def run_python(args, env, **kwargs):
+        seen.update(args=args, env=env)
+        return SimpleNamespace(stdout="\n".join(lines) + "\n")
+
+    monkeypatch.setattr(threads, "run_python", run_python)
+    assert threads.train("auto") == [2, 43.8, 41.3]
+    assert "--threads=auto" in seen["args"] and "OMP_NUM_THREADS" not in seen["env"]
+
+
+@pytest.mark.parametrize("stop", [UserError("`python train.py ...` failed"), KeyboardInterrupt()])
+def test_perf_threads_stops_its_busy_processes_when_a_run_fails_or_is_interrupted(monkeypatch, stop):
+    """The busy loops of each machine state end with it, and those running when a train.py run fails (or
+    Ctrl-C strikes) are killed too: no spinning process outlives the measurement. Nothing is timed."""
+    started, runs = [], []
+    popen = subprocess.Popen
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(
+        threads.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1]
+    )
+
+    def train(flag):  # the first run beside three busy processes fails
+        runs.append([loop.poll() for loop in started])
+        if len(runs) == 13:
+            raise stop
+        return [2, 40.0, 41.0]
+
+    monkeypatch.setattr(threads, "train", train)
+    with pytest.raises(type(stop)):
+        threads.measure(2)
+    assert runs[0] == [] and runs[6] == [None]  # idle, then one busy process while the runs ran
+    assert runs[12][0] is not None and runs[12][1:] == [None] * 3  # that one stopped; three running
+    assert len(started) == 4 and all(loop.poll() is not None for loop in started)

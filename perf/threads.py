@@ -97,12 +97,12 @@ def main(argv=None):
         cfg = ThreadsConfig(**parse_flags(argv, PROG, __doc__, [("measurement", ThreadsConfig, None)]))
         path = ROOT / cfg.results / "perf_threads.csv"
         check_outputs({"results": path})
-    if not cfg.tables:
-        write_rows("results", path, COLUMNS, measure(os.cpu_count() or 1))
-    table = render(read_rows(path))
-    print(table)
-    fill_generated(ROOT / cfg.results, {"perf_threads": table})
-    return table
+        if not cfg.tables:
+            write_rows("results", path, COLUMNS, measure(os.cpu_count() or 1))
+        table = render(read_rows(path))
+        print(table)
+        fill_generated(ROOT / cfg.results, {"perf_threads": table})
+        return table
 
 
 if __name__ == "__main__":

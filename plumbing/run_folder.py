@@ -56,13 +56,6 @@ def read_lock(path):
     return None
 
 
-def describe_holder(held):
-    if held is None:
-        return "unreadable"
-    command = held.get("command", "an unknown command")
-    return f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: {command}"
-
-
 def holder_alive(held, path):
     """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot be
     checked: assumed alive, so never two runs in one folder. A lock copied from another folder (cp -r of a
@@ -109,29 +102,31 @@ def take_lock(path):
                 f.write(text)
             return text, note
         except FileExistsError:
-            held_text, held = read_lock(path), None
-            if held_text is None:
-                continue
-            with suppress(ValueError):
-                held = json.loads(held_text)
-            if not (isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0):
-                held = None
-            if holder_alive(held, path):
-                holder = describe_holder(held) if held else "a process that has just started"
-                raise UserError(
-                    f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
-                    f"another --out_dir (if it is no longer running, delete {path})"
-                ) from None
-            remove_stale_lock(path, held_text)
-            note = f"note: took over {path}, left by a run that no longer runs ({describe_holder(held)})"
+            held_text, held, holder = read_lock(path), None, "unreadable"
+        if held_text is None:
+            continue
+        with suppress(ValueError):
+            held = json.loads(held_text)
+        if isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0:
+            command = held.get("command", "an unknown command")
+            holder = f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: {command}"
+        else:
+            held = None
+        if holder_alive(held, path):
+            holder = holder if held else "a process that has just started"
+            raise UserError(
+                f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
+                f"another --out_dir (if it is no longer running, delete {path})"
+            )
+        remove_stale_lock(path, held_text)
+        note = f"note: took over {path}, left by a run that no longer runs ({holder})"
     raise UserError(f"could not take {path}: other runs keep taking it")
 
 
-def describe_run(out_dir):
-    """(what out_dir holds, what --resume does with it: None where it cannot), for the refusal."""
-    path = Path(out_dir) / "ckpt.pt"
+def describe_run(path):
+    """(what the run of checkpoint `path` is, what --resume does with it: None where it cannot)."""
     try:
-        ckpt = open_checkpoint(path if path.is_file() else Path(out_dir) / "best.pt", mmap=True)
+        ckpt = open_checkpoint(path, mmap=True)
     except UserError as e:  # unreadable, damaged, foreign (GPT-2's, nanoGPT's) or malicious
         return f"a checkpoint that cannot be continued ({e})", None
     if missing := [key for key in RESUME_KEYS if key not in ckpt]:
@@ -144,9 +139,10 @@ def describe_run(out_dir):
 
 def check_may_start(out_dir, resume, overwrite):
     """Refuse a new run in a folder holding one unless --resume or --overwrite (-> a note)."""
-    if resume or not any((Path(out_dir) / name).is_file() for name in ("ckpt.pt", "best.pt")):
+    saved = [path for path in (Path(out_dir) / "ckpt.pt", Path(out_dir) / "best.pt") if path.is_file()]
+    if resume or not saved:
         return None
-    run, resuming = describe_run(out_dir)
+    run, resuming = describe_run(saved[0])
     if overwrite:
         return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
     resuming = f"--resume {resuming}, " if resuming else ""

@@ -103,16 +103,37 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
 
 
 def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
-    """load_checkpoint, then a UserError naming the first entry that departs from SCHEMA: the one way an
-    entry point opens a checkpoint. vocabulary=False: meta's vocabulary unchecked (to read model_config)."""
+    """load_checkpoint, then a UserError naming the first entry that departs from SCHEMA, or a meta that
+    cannot say what its token ids mean: the one way an entry point opens a checkpoint. vocabulary=False:
+    meta's vocabulary unchecked (to read model_config)."""
     ckpt = load_checkpoint(path, map_location, mmap)
     error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
     if error := error or model_config_error(ckpt["model_config"]):
         raise UserError(
             f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
         )
-    if vocabulary:
-        check_meta(path, ckpt)
+    if not vocabulary:
+        return ckpt
+    meta = ckpt.get("meta")
+    if meta is None:  # SCHEMA checked one there is: a dict
+        raise UserError(
+            f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
+            "neither sampled from nor trained on; train.py writes one into every checkpoint"
+        )
+    tokenizer, vocab_size, chars = (meta.get(key) for key in VOCABULARY)
+    if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise UserError(
+            f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size {vocab_size!r}; "
+            f"expected one of {', '.join(TOKENIZERS)} and a positive size)"
+        )
+    one_each = isinstance(chars, (list, str)) and all(isinstance(c, str) and len(c) == 1 for c in chars)
+    if tokenizer == "char" and not (one_each and len(chars) == vocab_size):
+        raise UserError(
+            f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the {vocab_size} characters "
+            "its token ids stand for"
+        )
+    if (model_vocab := ckpt["model_config"]["vocab_size"]) != vocab_size:  # model_config checked: an int
+        raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
     return ckpt
 
 
@@ -172,7 +193,7 @@ MODEL_CONFIG = {
 SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
     "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the LATER_FIELDS older files lack)
-    "meta": dict,  # the dataset's tokenizer and vocabulary (check_meta): sampling needs nothing but this file
+    "meta": dict,  # the dataset's tokenizer and vocabulary (open_checkpoint): sampling needs no other file
     # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
     "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
     "iter_num": int,  # steps taken, the best validation loss so far and its step
@@ -245,30 +266,6 @@ def with_rope_variants(model_config, path=None):
                 file=sys.stderr,
             )
     return model_config | {name: GPT_DEFAULTS[name] for name in missing}
-
-
-def check_meta(path, ckpt):
-    """Refuse a checkpoint (its model_config checked) whose meta cannot say what its token ids mean."""
-    meta = ckpt.get("meta")
-    if not isinstance(meta, dict):
-        raise UserError(
-            f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
-            "neither sampled from nor trained on; train.py writes one into every checkpoint"
-        )
-    tokenizer, vocab_size, chars = (meta.get(key) for key in VOCABULARY)
-    if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise UserError(
-            f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size {vocab_size!r}; "
-            f"expected one of {', '.join(TOKENIZERS)} and a positive size)"
-        )
-    one_each = isinstance(chars, (list, str)) and all(isinstance(c, str) and len(c) == 1 for c in chars)
-    if tokenizer == "char" and not (one_each and len(chars) == vocab_size):
-        raise UserError(
-            f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the {vocab_size} characters "
-            "its token ids stand for"
-        )
-    if (model_vocab := ckpt["model_config"]["vocab_size"]) != vocab_size:  # model_config checked: an int
-        raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
 
 
 def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):

@@ -26,9 +26,7 @@ class UserError(ValueError):
 class Stopped(KeyboardInterrupt):
     """A signal raised as Python raises KeyboardInterrupt for SIGINT: with-blocks clean up on the way out."""
 
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
+    signum = property(lambda self: self.args[0])  # Stopped(signum)
 
 
 def quiet_ctrl_c():

@@ -149,7 +149,7 @@ def strip_sections(text):
 
 
 def student_readme(exercises, readme):
-    """course/student_README.md with the exercises' table, then the repository's README (for students)."""
+    """course/student_README.md with the exercises' table, then `readme` (the repository's, for students)."""
     rows = ["| id | exercise | functions to write | lesson section | difficulty | about |", "|---" * 6 + "|"]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
@@ -157,7 +157,7 @@ def student_readme(exercises, readme):
         rows.append(f"| {e.id} | {e.title} | {functions} | {section} | {e.difficulty} | {e.minutes} min |")
     n_functions = counted(sum(len(e.functions) for e in exercises), "function")
     text = STUDENT_README.read_text().replace("{{functions}}", n_functions)
-    return text.replace("{{exercises}}", "\n".join(rows)) + strip_sections(readme)[0]
+    return text.replace("{{exercises}}", "\n".join(rows)) + readme
 
 
 def classroom_config(exercises):
@@ -204,7 +204,7 @@ def make_copy(out_dir, exercises, classroom=False):
     for name in (name for name in files if name.endswith(".md")):  # the pages as students get them
         text, removed = strip_sections((source / name).read_text())
         if name == "README.md":
-            texts[Path(name)] = student_readme(exercises, (source / name).read_text())
+            texts[Path(name)] = student_readme(exercises, text)
             notes.rewritten.append({"page": name, "why": "the student README, then the repository's"})
         elif removed:
             texts[Path(name)] = text

@@ -77,28 +77,21 @@ def lesson_anchors(markdown):
     return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
 
 
-def check_table(source, exercises):
-    """Every function the exercises name exists in its module, and every section in the lesson."""
-    anchors = lesson_anchors((source / LESSON).read_text())
+def stripped_sources(source, exercises):
+    """Each exercise's functions cut from their modules, a UserError naming the exercise where one cannot be
+    or its section is no heading of the lesson. -> ({module path: its text with stubs for bodies}, {telling
+    line: "exercise N (module:function)"})"""
+    anchors, stubs, telling = lesson_anchors((source / LESSON).read_text()), {}, {}
     for exercise in exercises:
         if exercise.section not in anchors:
             raise UserError(f"{exercise.id}: section {exercise.section!r} is no heading of {LESSON}")
         for spec in exercise.functions:
             module, qualname = split_function(spec)
             try:
-                body_span((source / module_path(module)).read_text(), qualname)
+                text = (source / module_path(module)).read_text()
+                start, end, indent = body_span(text, qualname)
             except (OSError, SourceError) as e:
                 raise UserError(f"{exercise.id}: cannot cut {spec} from {module_path(module)}: {e}") from None
-
-
-def stripped_sources(source, exercises):
-    """-> ({module path: its text with stubs for bodies}, {telling line: "exercise N (module:function)"})"""
-    stubs, telling = {}, {}
-    for exercise in exercises:
-        for spec in exercise.functions:
-            module, qualname = split_function(spec)
-            text = (source / module_path(module)).read_text()
-            start, end, indent = body_span(text, qualname)
             stubs.setdefault(module_path(module), {})[qualname] = [stub_line(indent, exercise.stub_message)]
             for line in telling_lines(split_lines(text)[start:end]):
                 telling.setdefault(line, f"exercise {exercise.number} ({spec})")
@@ -156,7 +149,7 @@ def strip_sections(text):
 
 
 def student_readme(exercises, readme):
-    """course/student_README.md with the exercises' table, then the repository's README (for students)."""
+    """course/student_README.md with the exercises' table, then `readme` (the repository's, for students)."""
     rows = ["| id | exercise | functions to write | lesson section | difficulty | about |", "|---" * 6 + "|"]
     for e in exercises:
         functions = ", ".join(f"`{spec.replace(':', '.')}`" for spec in e.functions)
@@ -164,7 +157,7 @@ def student_readme(exercises, readme):
         rows.append(f"| {e.id} | {e.title} | {functions} | {section} | {e.difficulty} | {e.minutes} min |")
     n_functions = counted(sum(len(e.functions) for e in exercises), "function")
     text = STUDENT_README.read_text().replace("{{functions}}", n_functions)
-    return text.replace("{{exercises}}", "\n".join(rows)) + strip_sections(readme)[0]
+    return text.replace("{{exercises}}", "\n".join(rows)) + readme
 
 
 def classroom_config(exercises):
@@ -205,14 +198,13 @@ def make_copy(out_dir, exercises, classroom=False):
     if out_dir.resolve().is_relative_to(source.resolve()):
         inside = "is inside the repository it copies (its tests would run with the suite's)"
         raise UserError(f"{out_dir} {inside}: give a folder outside it", 2)
-    check_table(source, exercises)
-    files = tracked_files(source)
     texts, telling = stripped_sources(source, exercises)
+    files = tracked_files(source)
     notes = Notes(functions=[spec for e in exercises for spec in e.functions])
     for name in (name for name in files if name.endswith(".md")):  # the pages as students get them
         text, removed = strip_sections((source / name).read_text())
         if name == "README.md":
-            texts[Path(name)] = student_readme(exercises, (source / name).read_text())
+            texts[Path(name)] = student_readme(exercises, text)
             notes.rewritten.append({"page": name, "why": "the student README, then the repository's"})
         elif removed:
             texts[Path(name)] = text

@@ -32,7 +32,6 @@ from course.make import (
     MARKER,
     STUDENT_README,
     Notes,
-    check_table,
     handle_quotes,
     lesson_anchors,
     make_copy,
@@ -41,6 +40,7 @@ from course.make import (
     solution_leaks,
     split_function,
     strip_sections,
+    stripped_sources,
     tracked_files,
 )
 from course.source import (
@@ -117,7 +117,7 @@ def test_the_table_is_in_teaching_order_and_names_what_exists():
     assert [e.id for e in EXERCISES] == [f"ex{n}" for n in range(1, len(EXERCISES) + 1)] and len(
         EXERCISES
     ) >= 8
-    check_table(ROOT, EXERCISES)
+    stripped_sources(ROOT, EXERCISES)
     for field in ("functions", "tests"):
         names = [name for e in EXERCISES for name in getattr(e, field)]
         assert len(names) == len(set(names)), field

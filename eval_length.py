@@ -158,8 +158,6 @@ def parse_depths(text):
 
 @dataclass
 class Source:
-    """One checkpoint to evaluate, with the validation tokens of its dataset."""
-
     name: str  # as given on the command line
     path: Path
     ckpt: dict
@@ -187,10 +185,8 @@ class Source:
             return f"pos={self.config['pos']}, not RoPE"
         if self.config.get("rope_scaling"):
             return f"measured at its own rope_scaling={self.config['rope_scaling']}"
-        searched, original = (
-            longrope.get("rope_original_len"),
-            self.config["rope_original_len"] or self.block_size,
-        )
+        searched = longrope.get("rope_original_len")
+        original = self.config["rope_original_len"] or self.block_size
         if searched not in (None, original):
             return f"T = {original}, the factors were searched for {searched}"
         return None
@@ -380,7 +376,6 @@ def loss_table(rows, lengths):
 
 
 def passkey_table(rows, lengths, depths, trials):
-    """A cell: the exact-match rate pooled over depths, with its 95% Wilson interval."""
     caption = (
         f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
         f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
@@ -423,8 +418,7 @@ def plot_needles(path, rows):
         ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
         ax.set_ylabel("depth of the key", fontsize=7)
         ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, "plot", dpi=120)
+    save_figure(fig, path, "plot", dpi=120, tight=True)
 
 
 def bucketed(positions, bucket):
@@ -461,8 +455,7 @@ def plot(path, rows, bucket=1):
         by_length.legend(fontsize=7, frameon=False)
     axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
     axes[1, 0].set_ylabel("mean validation loss over L tokens")
-    fig.tight_layout()
-    save_figure(fig, path, "plot", dpi=120)
+    save_figure(fig, path, "plot", dpi=120, tight=True)
 
 
 def check_length(source, n, cfg, device):
@@ -523,31 +516,23 @@ def main(argv=None):
         if note := check_longrope(sources, lengths, cfg):
             print(note)
         print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
-        if cfg.task == "passkey":
-            depths = parse_depths(cfg.depths)
-            rows = evaluate(sources, lengths, cfg, device, depths)
-            print(passkey_table(rows, lengths, depths, cfg.trials))
-            if cfg.csv:
-                lines = [
-                    [*row.key(n), *c.fields()] for row in rows for n, cs in row.measures.items() for c in cs
-                ]
-                write_csv("csv", cfg.csv, PASSKEY_COLUMNS, lines)
-            if cfg.plot:
-                plot_needles(cfg.plot, rows)
-            return rows
-        rows = evaluate(sources, lengths, cfg, device)
-        print(loss_table(rows, lengths))
-        measures = [(row, n, m) for row in rows for n, m in row.measures.items()]
-        if cfg.csv:
-            write_csv("csv", cfg.csv, CSV_COLUMNS, [[*row.key(n), *m.fields()] for row, n, m in measures])
-        if cfg.positions_csv:
+        depths = parse_depths(cfg.depths) if cfg.task == "passkey" else None  # never empty for the passkey
+        rows = evaluate(sources, lengths, cfg, device, depths)
+        print(passkey_table(rows, lengths, depths, cfg.trials) if depths else loss_table(rows, lengths))
+        cells = [(row, n, c) for row in rows for n, m in row.measures.items() for c in (m if depths else [m])]
+        if cfg.csv:  # a line per Measure, or per Retrieval (a depth)
+            columns = PASSKEY_COLUMNS if depths else CSV_COLUMNS
+            write_csv("csv", cfg.csv, columns, [[*row.key(n), *c.fields()] for row, n, c in cells])
+        if cfg.positions_csv:  # --task=loss only (EvalConfig)
             lines = [
                 [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
-                for row, n, m in measures
+                for row, n, m in cells
                 for p, loss in enumerate(m.positions)
             ]
             write_csv("positions_csv", cfg.positions_csv, POSITION_COLUMNS, lines)
-        if cfg.plot:
+        if cfg.plot and depths:
+            plot_needles(cfg.plot, rows)
+        elif cfg.plot:
             plot(cfg.plot, rows, cfg.bucket)
     return rows
 

@@ -66,8 +66,7 @@ def sinusoidal_wavelengths(dim, base=10000.0):
 
 
 def figure_sinusoidal(out, dim=768, n_pos=512, **_):
-    plt = instruments.pyplot()
-    fig, (ax_table, ax_wave) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw=dict(width_ratios=[1.25, 1]))
+    fig, (ax_table, ax_wave) = instruments.pyplot().subplots(1, 2, figsize=(12, 4.6), width_ratios=[1.25, 1])
     table = sinusoidal_embedding(n_pos, dim, dtype=torch.float64).numpy()
     image = ax_table.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     ax_table.set(xlabel="channel (2i: sin, 2i + 1: cos)", ylabel="position p")
@@ -84,8 +83,7 @@ def figure_sinusoidal(out, dim=768, n_pos=512, **_):
     ax_wave.set(xlabel="pair i", ylabel="wavelength 2 pi 10000^(2i/d) (tokens)")
     ax_wave.set_title("each pair's wavelength: 2 pi to ~61,000 tokens")
     ax_wave.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    return [instruments.save_figure(fig, out / "sinusoidal.png")]
+    return [instruments.save_figure(fig, out / "sinusoidal.png", tight=True)]
 
 
 def rope_decay_bound(distances, head_dim=128, base=10000.0):
@@ -107,13 +105,12 @@ def rope_scores(q, k, distances, inv_freq):
 
 
 def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
-    plt = instruments.pyplot()
     distances = torch.arange(max_distance + 1)
     inv_freq = rope_frequencies(head_dim)[0].double()
     q, k = torch.randn(2, n_pairs, head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     same = rope_scores(q, q, distances, inv_freq) / (q * q).sum(-1, keepdim=True)  # q = k, relative to m = 0
     independent = rope_scores(q, k, distances, inv_freq) / (q.norm(dim=-1) * k.norm(dim=-1))[:, None]
-    fig, (ax_bound, ax_random) = plt.subplots(1, 2, figsize=(12, 4.3), sharex=True)
+    fig, (ax_bound, ax_random) = instruments.pyplot().subplots(1, 2, figsize=(12, 4.3), sharex=True)
     ax_bound.plot(distances, rope_decay_bound(distances, head_dim))
     ax_bound.set_title(f"Su et al. 3.4.3: the bound (1/(d/2)) sum_j |S_j|, d = {head_dim}, base 10^4")
     ax_bound.set_ylabel("relative to its value at distance 0")
@@ -127,19 +124,17 @@ def figure_rope_decay(out, head_dim=128, max_distance=1024, n_pairs=2000, **_):
         ax_random.plot(distances, scores.mean(dim=0), color=color, label=f"{label}: mean")
     ax_random.set_title(f"{n_pairs} random Gaussian pairs: q.k / (|q| |k|) after RoPE")
     ax_random.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return [instruments.save_figure(fig, out / "rope_decay.png")]
+    return [instruments.save_figure(fig, out / "rope_decay.png", tight=True)]
 
 
 # Figures of trained models, on the same prompt: the first validation window
 def figure_qk_terms(out, folders, head=0, **_):
     """Each term on its own colour scale (its spread in the title): the small ones still show their shape."""
-    plt = instruments.pyplot()
     model, tokenizer, ckpt = instruments.load(folders["learned"], torch.float64)
     idx = instruments.validation_windows(ckpt, 1)
     terms = instruments.qk_terms(model, idx, head)
     terms["sum = q k^T"] = sum(terms.values())
-    fig, axes = plt.subplots(1, 5, figsize=(20, 4.6), layout="constrained")
+    fig, axes = instruments.pyplot().subplots(1, 5, figsize=(20, 4.6), layout="constrained")
     positions = torch.arange(idx.size(-1))
     for ax, (name, term) in zip(axes, terms.items()):
         visible = term.masked_fill(~causal_mask(positions, positions), float("nan"))  # the future: blank
@@ -188,8 +183,7 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     for row in axes:
         row[0].set_ylabel("query position i")
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
-    fig.tight_layout()
-    paths = [instruments.save_figure(fig, out / "attention.png")]
+    paths = [instruments.save_figure(fig, out / "attention.png", tight=True)]
 
     positions = torch.arange(len(profiles[POS_SCHEMES[0], 0]))
     uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # 1/(i + 1) for j <= i
@@ -204,8 +198,7 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("mean attention probability")
     axes[1].legend()
-    fig.tight_layout()
-    return paths + [instruments.save_figure(fig, out / "attention_distance.png")]
+    return paths + [instruments.save_figure(fig, out / "attention_distance.png", tight=True)]
 
 
 def figure_probe(out, checkpoints=None, **_):
@@ -252,12 +245,10 @@ def figure_extrapolation(out, csv_path, **_):
         style["label"] = f"{label} ({Path(checkpoint).name})"
         axes[0].errorbar(column["length"], column["loss"], yerr=column["stderr"], capsize=2, **style)
         axes[1].plot(column["length"], column["loss_beyond"], **style)
-    block_sizes = {
-        r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])
-    }
+    trained = {r["block_size"] for rows in curves.values() for r in rows if not math.isnan(r["block_size"])}
     titles = ("validation loss over the whole window", "loss at positions past the trained length")
     for ax, title in zip(axes, titles):
-        for block_size in sorted(block_sizes):
+        for block_size in sorted(trained):
             ax.axvline(block_size, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set(xlabel="evaluation length (tokens); dashed: trained length", title=title)

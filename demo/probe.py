@@ -59,8 +59,7 @@ def run_probes(cfg):
 
 def draw(results, path):
     """R^2 per layer, one line per model, its shuffled baseline dotted in the same colour."""
-    plt = instruments.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = instruments.pyplot().subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, target in zip(axes, TARGETS):
         for i, (label, result) in enumerate(results.items()):
             r2, shuffled = zip(*result[target])
@@ -75,8 +74,7 @@ def draw(results, path):
     axes[0].set_ylabel("held-out R$^2$ (dotted: shuffled targets)")
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("Where does position live? Linear probes on the residual stream (T = 64)")
-    fig.tight_layout()
-    instruments.save_figure(fig, path, "figure")
+    instruments.save_figure(fig, path, "figure", tight=True)
 
 
 def main(argv=None):

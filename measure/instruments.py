@@ -69,9 +69,11 @@ def check_figure_paths(flag, paths):
     return True
 
 
-def save_figure(fig, path, flag="out", dpi=110):
-    """Written whole or not at all, to path exactly (no extension added); the same figure gives the same bytes
-    (no software version or date in a PNG's metadata)."""
+def save_figure(fig, path, flag="out", dpi=110, tight=False):
+    """Written whole or not at all, to path exactly (no extension added), after fig.tight_layout() if tight;
+    the same figure gives the same bytes (no software version or date in a PNG's metadata)."""
+    if tight:
+        fig.tight_layout()
     fmt = figure_format(path, flag)
     metadata = {"Software": None} if fmt == "png" else None
     write_output(flag, path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=metadata))
@@ -103,7 +105,6 @@ def validation_windows(ckpt, n_windows):
 
 @contextmanager
 def hooks(handles):
-    """Removes the hooks on the way out."""
     try:
         yield
     finally:

@@ -32,11 +32,18 @@ from pathlib import Path
 import torch
 
 from data.passkey.task import default_name
-from experiments.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
+from experiments.runs import (
+    ROOT,
+    ensure_trained,
+    evaluation_cells,
+    mean_sd,
+    paired_verdict,
+    read_rows,
+    run_python,
+)
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
-from measure.paired import paired_cell
 from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
@@ -344,10 +351,6 @@ def render(found):
     return "\n\n".join(f"{caption} ({name})\n\n{table}" for name, (caption, table) in found.items())
 
 
-FORMAT = {"passkey": lambda v: f"{v:.0%}", "loss": lambda v: f"{v:.3f}"}
-SPREAD = {"passkey": lambda v: f" ± {100 * v:.0f}", "loss": lambda v: f" ± {v:.3f}"}
-
-
 def cost_table(cost):
     number = lambda c: [c["method"], f"{int(c['tokens']):,}", f"{int(c['trained params']):,}"]
     figures = lambda c: [f"{float(c[k]):.3g}" for k in COST[3:]]
@@ -375,8 +378,8 @@ def curve_table(rows):
     budgets = sorted(
         {int(r["steps"]) for r in rows if r["phase"] == "report" and r["setting"] in CURVE_SETTINGS}
     )
-    mean = lambda s, t, n: FORMAT[t](statistics.fmean(seed_values(rows, s, t, LONG, n).values()))
-    both = lambda s, n: " / ".join(mean(s, t, n) for t in FORMAT)
+    mean = lambda s, t, n: mean_sd(list(seed_values(rows, s, t, LONG, n).values()), t, spread=False)
+    both = lambda s, n: " / ".join(mean(s, t, n) for t in ("passkey", "loss"))
     curve = markdown_table(
         ["setting", *(f"{n} steps" for n in budgets)],
         [[s, *(both(s, n) for n in budgets)] for s in CURVE_SETTINGS],
@@ -390,35 +393,20 @@ def quality_table(rows, task, steps):
     report = [r for r in rows if r["phase"] == "report" and r["task"] == task]
     lengths = sorted({int(r["length"]) for r in report})
     rate = {r["setting"]: r["learning_rate"] for r in report}
-    table = []
-    for s in dict.fromkeys(r["setting"] for r in report):
-        values = [
-            list(seed_values(rows, s, task, n, None if s == "base" else steps).values()) for n in lengths
-        ]
-        cells = [
-            FORMAT[task](statistics.fmean(v)) + (SPREAD[task](statistics.stdev(v)) if len(v) > 1 else "")
-            for v in values
-        ]
-        table.append([s if s == "base" else f"{s} (lr {rate[s]})", *cells])
+    values = lambda s, n: list(seed_values(rows, s, task, n, None if s == "base" else steps).values())
+    table = [
+        [s if s == "base" else f"{s} (lr {rate[s]})", *(mean_sd(values(s, n), task) for n in lengths)]
+        for s in dict.fromkeys(r["setting"] for r in report)
+    ]
     return markdown_table(["setting", *(f"{n} ({n // T} T)" for n in lengths)], table)
 
 
 def verdict_rows(rows, steps):
     """COMPARISONS' rows: for retrieval (points) and loss, a - b [low, high] and its word."""
-    table = []
-    for a, b, claim in COMPARISONS:
-        cells = [a, b, claim]
-        for task, higher_is_better in (("passkey", True), ("loss", False)):
-            x, y = (seed_values(rows, name, task, LONG, steps) for name in (a, b))
-            seeds = sorted(x.keys() & y.keys())
-            if len(seeds) < 2:
-                cells.append("n/a (fewer than 2 seeds)")
-                continue
-            scale, unit = (100, " points") if task == "passkey" else (1, "")
-            a_values, b_values = [x[s] for s in seeds], [y[s] for s in seeds]
-            cells.append(paired_cell(a_values, b_values, higher_is_better, scale, unit))
-        table.append(cells)
-    return table
+    cell = lambda a, b, task: paired_verdict(
+        seed_values(rows, a, task, LONG, steps), seed_values(rows, b, task, LONG, steps), task, unit=" points"
+    )
+    return [[a, b, claim, cell(a, b, "passkey"), cell(a, b, "loss")] for a, b, claim in COMPARISONS]
 
 
 def write_tables(cfg, results, footer):

@@ -16,13 +16,11 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.runs import ROOT, evaluation_cells, read_rows, run_python
-from measure.paired import paired_cell
+from experiments.runs import ROOT, evaluation_cells, mean_sd, paired_verdict, read_rows, run_python
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
@@ -158,36 +156,19 @@ def render(rows):
     """The mean ± sd table per variant and length, and the verdicts at the longest length."""
     tasks = [t for t in ("passkey", "loss") if any(r["task"] == t for r in rows)]
     lengths = sorted({int(r["length"]) for r in rows})
-    fmt = {"passkey": lambda v: f"{v:.0%}", "loss": lambda v: f"{v:.3f}"}
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    head, table = ["variant"], []
+    head = ["variant"]
     for task in tasks:
         head += [f"{'retrieval' if task == 'passkey' else 'loss'} at {n}" for n in lengths]
-    for variant in variants:
-        row = [variant]
-        for task in tasks:
-            for n in lengths:
-                values = list(cells(rows, variant, task, n).values())
-                sd = statistics.stdev(values) if len(values) > 1 else None
-                spread = "" if sd is None else f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}"
-                row.append(fmt[task](statistics.fmean(values)) + spread)
-        table.append(row)
+    values = lambda variant, task, n: list(cells(rows, variant, task, n).values())
+    table = [[v, *(mean_sd(values(v, t, n), t) for t in tasks for n in lengths)] for v in variants]
     units = len({(r["checkpoint"], r["search_seed"]) for r in rows if r["search_seed"]})
     parts = [f"Mean ± sd over {units} (checkpoint, search seed) pairs:", markdown_table(head, table)]
     verdicts, longest = [], lengths[-1]
     for a, b, question in COMPARISONS:
-        if a not in variants or b not in variants:
-            continue
-        row = [a, b, question]
-        for task in tasks:
-            x, y = cells(rows, a, task, longest), cells(rows, b, task, longest)
-            keys = sorted(x.keys() & y.keys())
-            if len(keys) < 2:
-                row.append("n/a (fewer than 2 pairs)")
-                continue
-            scale = 100 if task == "passkey" else 1
-            row.append(paired_cell([x[k] for k in keys], [y[k] for k in keys], task == "passkey", scale))
-        verdicts.append(row)
+        if a in variants and b in variants:
+            found = [paired_verdict(*(cells(rows, v, t, longest) for v in (a, b)), t, "pairs") for t in tasks]
+            verdicts.append([a, b, question, *found])
     if verdicts:
         what = [f"{'retrieval (points)' if t == 'passkey' else 'loss'} a - b at {longest}" for t in tasks]
         parts += [

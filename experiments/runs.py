@@ -7,12 +7,14 @@ import dataclasses
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.errors import UserError
 
@@ -92,6 +94,28 @@ def evaluation_cells(path, task, key):
     """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
     found = pooled_cells(read_rows(path), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+
+
+def mean_sd(values, task, spread=True):
+    """A table's cell over values: '56% ± 4' (passkey: rates, the sd in points) or '1.234 ± 0.012' (loss); the
+    mean alone for one value or without spread."""
+    mean = statistics.fmean(values)
+    text = f"{mean:.0%}" if task == "passkey" else f"{mean:.3f}"
+    if not spread or len(values) < 2:
+        return text
+    sd = statistics.stdev(values)
+    return text + (f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}")
+
+
+def paired_verdict(a, b, task, pairs="seeds", unit=""):
+    """A verdict's cell: a - b ({key: value} each) paired over the keys both hold, as paired_cell writes it
+    (retrieval: in points + unit, higher is better), or n/a under 2 pairs."""
+    keys = sorted(a.keys() & b.keys())
+    if len(keys) < 2:
+        return f"n/a (fewer than 2 {pairs})"
+    passkey = task == "passkey"
+    first, second = [a[k] for k in keys], [b[k] for k in keys]
+    return paired_cell(first, second, passkey, 100 if passkey else 1, unit if passkey else "")
 
 
 def plan(commands):

@@ -32,15 +32,7 @@ from pathlib import Path
 import torch
 
 from data.passkey.task import default_name
-from experiments.runs import (
-    ROOT,
-    ensure_trained,
-    evaluation_cells,
-    mean_sd,
-    paired_verdict,
-    read_rows,
-    run_python,
-)
+from experiments.runs import ROOT, ensure_trained, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
@@ -204,14 +196,10 @@ def fine_tune_command(cfg, base, setting, rate, steps, seed):
 def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):
     """eval_length.py on each folder's last checkpoint (ckpt.pt), RoPE as each records it, at these multiples
     of T -> {(folder name, length): retrieval pooled over depths, or the mean loss}"""
-    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
     lengths = ",".join(f"{m * T}t" for m in multiples)
-    command = ["eval_length.py", *(f"{f}/ckpt.pt" for f in folders), f"--task={task}", "--lengths", lengths]
-    command += [amount, "--rope_scalings", f"--dataset={data}", "--device=cpu", "--progress=false"]
-    command += ["--csv", path]
-    print(f"\n$ python {' '.join(map(str, command))}")
-    run_python(command)
-    return evaluation_cells(path, task, lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"])))
+    flags = ["--rope_scalings", f"--dataset={data}", "--device=cpu", "--progress=false"]
+    key = lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"]))
+    return eval_length(cfg, task, [f"{f}/ckpt.pt" for f in folders], lengths, path, key, *flags)
 
 
 def main(argv=None):

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.runs import ROOT, evaluation_cells, mean_sd, paired_verdict, read_rows, run_python
+from experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
@@ -86,11 +86,9 @@ def search(cfg, folder, variant, seed):
 def evaluate(cfg, folder, task, lengths, scalings, factors=None):
     """eval_length.py on one checkpoint -> {(scaling, length): retrieval pooled over depths, or the loss}"""
     path = ROOT / f"{run_folder(folder)}_ablation_{task}.csv"
-    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
-    command = ["eval_length.py", folder, f"--task={task}", "--lengths", lengths, amount, "--progress=false"]
-    command += ["--rope_scalings", *scalings, *([f"--rope_factors={factors}"] if factors else [])]
-    run_python([*command, "--device=cpu", "--csv", path])
-    return evaluation_cells(path, task, lambda r: (r["scaling"].split(" ")[0], int(r["length"])))
+    flags = ["--progress=false", "--device=cpu", *([f"--rope_factors={factors}"] if factors else [])]
+    key = lambda r: (r["scaling"].split(" ")[0], int(r["length"]))
+    return eval_length(cfg, task, [folder], lengths, path, key, *flags, "--rope_scalings", *scalings)
 
 
 def main(argv=None):

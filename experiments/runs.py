@@ -90,8 +90,14 @@ def pooled_cells(rows, task, key):
     return found
 
 
-def evaluation_cells(path, task, key):
-    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+def eval_length(cfg, task, checkpoints, lengths, path, key, *flags):
+    """`python eval_length.py checkpoints --task=task --lengths lengths *flags --csv path`, printed first,
+    with cfg's --trials (passkey) or --max_windows (loss) -> {key(row): the mean loss, or the exact match
+    pooled over depths}"""
+    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
+    command = ["eval_length.py", *checkpoints, f"--task={task}", "--lengths", lengths, amount, *flags]
+    print(f"\n$ python {' '.join(map(str, [*command, '--csv', path]))}")
+    run_python([*command, "--csv", path])
     found = pooled_cells(read_rows(path), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 

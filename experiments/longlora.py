@@ -204,8 +204,7 @@ def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)])
-        cfg = StudyConfig(**values)
+        cfg = StudyConfig(**parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)]))
         results = ROOT / cfg.results
         if cfg.tables:
             return write_tables(cfg, results, footer=None)
@@ -248,17 +247,11 @@ def run_study(cfg, results, argv):
             best[setting] = (rate, loss)
 
     # 2. every setting at its rate, over the seeds; the curve of the PI settings over more budgets
-    seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
+    budgets = [(s, cfg.max_iters) for s in SETTINGS] + [(s, n) for s in CURVE_SETTINGS for n in cfg.curve]
     runs = {
-        (s, seed, cfg.max_iters): fine_tune_command(cfg, base, s, best[s][0], cfg.max_iters, seed)
-        for s in SETTINGS
-        for seed in seeds
-    }
-    runs |= {
         (s, seed, steps): fine_tune_command(cfg, base, s, best[s][0], steps, seed)
-        for s in CURVE_SETTINGS
-        for steps in cfg.curve
-        for seed in seeds
+        for s, steps in budgets
+        for seed in range(FIRST_SEED, FIRST_SEED + cfg.seeds)
     }
     ensure_trained([command for command, _ in runs.values()], jobs=cfg.jobs)
 
@@ -299,7 +292,7 @@ def tables(rows, cost):
     report = [r for r in rows if r["phase"] == "report"]
     steps = int(next(r for r in rows if r["phase"] == "sweep")["steps"])  # the budget, the curve's apart
     listed = ", ".join(sorted({r["seed"] for r in report if r["setting"] != "base"}))
-    found = {
+    return {
         "longlora_cost": (
             "Cost of one fine-tuning step (ms/step timed in one thread on random tokens):",
             cost_table(cost),
@@ -331,7 +324,6 @@ def tables(rows, cost):
             ),
         ),
     }
-    return found
 
 
 def render(found):

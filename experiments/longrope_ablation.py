@@ -93,11 +93,9 @@ def evaluate(cfg, folder, task, lengths, scalings, factors=None):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        choices = {"variants": tuple(VARIANTS)}
-        sections = [("ablation", AblationConfig, None)]
-        cfg = AblationConfig(
-            **parse_flags(argv, PROG, __doc__, sections, choices=choices, positional=("checkpoints",))
-        )
+        sections, choices = [("ablation", AblationConfig, None)], {"variants": tuple(VARIANTS)}
+        values = parse_flags(argv, PROG, __doc__, sections, choices=choices, positional=("checkpoints",))
+        cfg = AblationConfig(**values)
         data, T = datasets(cfg)
         name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
         results = ROOT / cfg.results

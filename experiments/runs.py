@@ -65,8 +65,7 @@ def run_python(args, said="see its output above", **kwargs):
     args = [str(arg) for arg in args]
     done = subprocess.run([sys.executable, *args], cwd=ROOT, **kwargs)
     if done.returncode:
-        command = shlex.join(["python", *args])
-        raise UserError(f"`{command}` failed (exit status {done.returncode}); {said}")
+        raise UserError(f"`{shlex.join(['python', *args])}` failed (exit status {done.returncode}); {said}")
     return done
 
 

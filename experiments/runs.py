@@ -1,6 +1,7 @@
 """Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
 --pos=X ...` from the repository root), so the runs a user already made are used, not trained again: a
-finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it)."""
+finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it). And
+what the studies share: eval_length.py run on their checkpoints, their tables' mean ± sd and verdict cells."""
 
 import csv
 import dataclasses

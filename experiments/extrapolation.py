@@ -198,18 +198,6 @@ def search_longrope(cfg, ckpt, seed, name, *flags):
     return f"{out}/factors.json"
 
 
-def searched_runs(cfg, dataset, source, seed, first):
-    """--search_seeds N > 1: search k = 1 at 4 T is the fine-tune's (first: its factors file), k = 2 .. N
-    more for the rope run (seeds seed + 1000 (k - 1)), each put on its weights by a 0-step run
-    {source}_x4_search{k}. -> those runs"""
-    runs, flag = [], f"--factor={EXTENSION}"
-    for k in range(1, cfg.search_seeds + 1 if cfg.search_seeds > 1 else 1):
-        name = f"x{EXTENSION}_search{k}"
-        factors = first if k == 1 else search_longrope(cfg, source, seed + 1000 * (k - 1), name, flag)
-        runs.append(apply_factors(cfg, source, [f"--dataset={dataset}"], factors, seed, f"{source}_{name}"))
-    return runs
-
-
 def apply_factors(cfg, source, data, factors, seed, out):
     """The 0-step run `out`: source's weights with LongRoPE's factors (a factors.json), trained on nothing."""
     zero = [f"--init_from={source}", *data, f"--rope_factors={factors}", "--max_iters=0", "--eval_iters=1"]
@@ -219,18 +207,25 @@ def apply_factors(cfg, source, data, factors, seed, out):
 
 def longrope_runs(cfg, dataset, block_size, seed, fine_tune_flags):
     """LongRoPE, progressive as the paper's: factors for the rope run at 4 T, a fine-tune with them, from it
-    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs; with --search_seeds,
-    searched_runs too. -> (factors, runs)"""
-    source, long = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size
-    factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", f"--factor={EXTENSION}")
+    factors at 8 T and (short-context recovery) at T, put on its weights by 0-step runs; with --search_seeds
+    N > 1, search k = 1 at 4 T is the fine-tune's and k = 2 .. N more for the rope run (seeds seed + 1000 (k -
+    1)), each put on its weights by a 0-step run {source}_x4_search{k}. -> (factors, runs)"""
+    source, long, flag = base_dir(cfg, dataset, "rope", seed), EXTENSION * block_size, f"--factor={EXTENSION}"
+    factors = search_longrope(cfg, source, seed, f"x{EXTENSION}", flag)
     tuned = fine_tune_dir(source, long, LONGROPE)
     command = [f"--init_from={source}", f"--block_size={long}", f"--rope_factors={factors}"]
     train_runs(cfg, [[*command, *fine_tune_flags, f"--out_dir={tuned}"]])
-    applied, data = [], [flag for flag in fine_tune_flags if flag.startswith("--dataset=")]  # the fine-tune's
-    for name, flag in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
-        searched = search_longrope(cfg, tuned, seed, name, flag)
+    applied, data = [], [f for f in fine_tune_flags if f.startswith("--dataset=")]  # the fine-tune's
+    for name, more in ((f"x{2 * EXTENSION}", f"--factor={2 * EXTENSION}"), ("short", "--short")):
+        searched = search_longrope(cfg, tuned, seed, name, more)
         applied.append(apply_factors(cfg, tuned, data, searched, seed, f"{tuned}_{name}"))
-    return factors, [tuned, *applied, *searched_runs(cfg, dataset, source, seed, factors)]
+    for k in range(1, cfg.search_seeds + 1 if cfg.search_seeds > 1 else 1):
+        name = f"x{EXTENSION}_search{k}"
+        searched = factors if k == 1 else search_longrope(cfg, source, seed + 1000 * (k - 1), name, flag)
+        applied.append(
+            apply_factors(cfg, source, [f"--dataset={dataset}"], searched, seed, f"{source}_{name}")
+        )
+    return factors, [tuned, *applied]
 
 
 # A side of a comparison: a run (its folder name after the dataset's, less the seed; {long}: EXTENSION x T in
@@ -541,17 +536,19 @@ def docs_tables(task, per_seed, trained, longrope=False):
 
 
 def report(cfg, per_seed, trained):
-    """{name}_table.md's part before the per-seed tables: summary, then the verdicts if any was measured."""
+    """{name}_table.md's part before the per-seed tables: summary, the verdicts if any was measured, then
+    search_spread's table if any."""
     block_size = min(trained.values())
-    text = summary(cfg, list(per_seed.values()), block_size, list(per_seed))
+    parts = [summary(cfg, list(per_seed.values()), block_size, list(per_seed))]
     table = verdict_table(COMPARISONS[cfg.task], per_seed, block_size, cfg.task == "loss")
-    if table is None:
-        return text
-    caption = (
-        "Verdicts: a - b paired over the seeds that measured both, its 95% t interval and the word it "
-        f"supports for a ('level' where the interval holds 0; 'inconclusive' under {VERDICT_SEEDS} seeds)."
-    )
-    return "\n\n".join([text, caption, table])
+    if table is not None:
+        parts += [
+            "Verdicts: a - b paired over the seeds that measured both, its 95% t interval and the word it "
+            "supports for a ('level' where the interval holds 0; 'inconclusive' under "
+            f"{VERDICT_SEEDS} seeds).",
+            table,
+        ]
+    return "\n\n".join([*parts, *search_spread(cfg, per_seed, block_size)])
 
 
 def read_study(cfg):
@@ -574,7 +571,7 @@ def write_tables(cfg):
     path = results / f"{name}_table.md"
     old = path.read_text(encoding="utf-8") if path.is_file() else "\n"
     rest = old[old.index("\n\nSeed ") :] if "\n\nSeed " in old else "\n"
-    text = "\n\n".join([report(cfg, per_seed, trained), *search_spread(cfg, per_seed, min(trained.values()))])
+    text = report(cfg, per_seed, trained)
     write_output("results", path, lambda tmp: tmp.write_text(text + rest, encoding="utf-8"))
     print(f"{text}\nwrote {path}")
     longrope = cfg.longrope and len(cfg.schemes) == 1  # the LongRoPE study alone (its one scheme: checked)
@@ -671,8 +668,7 @@ def run_study(cfg, argv):
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])
     footer = measured("python -m experiments.extrapolation", argv, start, cfg.quick, threads=True)
-    spread = search_spread(cfg, per_seed, min(trained.values()))
-    text = "\n\n".join([report(cfg, per_seed, trained), *spread, *tables, footer])
+    text = "\n\n".join([report(cfg, per_seed, trained), *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     print(f"\n{text}\nwrote {cfg.results}/{name}.csv, {name}.png (if matplotlib) and {name}_table.md")

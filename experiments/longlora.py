@@ -32,11 +32,10 @@ from pathlib import Path
 import torch
 
 from data.passkey.task import default_name
-from experiments.runs import ROOT, ensure_trained, evaluation_cells, read_rows, run_python
+from experiments.runs import ROOT, ensure_trained, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
 from measure.instruments import pyplot, save_figure
-from measure.paired import paired_cell
 from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
@@ -197,20 +196,15 @@ def fine_tune_command(cfg, base, setting, rate, steps, seed):
 def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):
     """eval_length.py on each folder's last checkpoint (ckpt.pt), RoPE as each records it, at these multiples
     of T -> {(folder name, length): retrieval pooled over depths, or the mean loss}"""
-    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
     lengths = ",".join(f"{m * T}t" for m in multiples)
-    command = ["eval_length.py", *(f"{f}/ckpt.pt" for f in folders), f"--task={task}", "--lengths", lengths]
-    command += [amount, "--rope_scalings", f"--dataset={data}", "--device=cpu", "--progress=false"]
-    command += ["--csv", path]
-    print(f"\n$ python {' '.join(map(str, command))}")
-    run_python(command)
-    return evaluation_cells(path, task, lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"])))
+    flags = ["--rope_scalings", f"--dataset={data}", "--device=cpu", "--progress=false"]
+    key = lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"]))
+    return eval_length(cfg, task, [f"{f}/ckpt.pt" for f in folders], lengths, path, key, *flags)
 
 
 def main(argv=None):
     with one_line_errors(PROG):
-        values = parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)])
-        cfg = StudyConfig(**values)
+        cfg = StudyConfig(**parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)]))
         results = ROOT / cfg.results
         if cfg.tables:
             return write_tables(cfg, results, footer=None)
@@ -253,17 +247,11 @@ def run_study(cfg, results, argv):
             best[setting] = (rate, loss)
 
     # 2. every setting at its rate, over the seeds; the curve of the PI settings over more budgets
-    seeds = [FIRST_SEED + i for i in range(cfg.seeds)]
+    budgets = [(s, cfg.max_iters) for s in SETTINGS] + [(s, n) for s in CURVE_SETTINGS for n in cfg.curve]
     runs = {
-        (s, seed, cfg.max_iters): fine_tune_command(cfg, base, s, best[s][0], cfg.max_iters, seed)
-        for s in SETTINGS
-        for seed in seeds
-    }
-    runs |= {
         (s, seed, steps): fine_tune_command(cfg, base, s, best[s][0], steps, seed)
-        for s in CURVE_SETTINGS
-        for steps in cfg.curve
-        for seed in seeds
+        for s, steps in budgets
+        for seed in range(FIRST_SEED, FIRST_SEED + cfg.seeds)
     }
     ensure_trained([command for command, _ in runs.values()], jobs=cfg.jobs)
 
@@ -304,7 +292,7 @@ def tables(rows, cost):
     report = [r for r in rows if r["phase"] == "report"]
     steps = int(next(r for r in rows if r["phase"] == "sweep")["steps"])  # the budget, the curve's apart
     listed = ", ".join(sorted({r["seed"] for r in report if r["setting"] != "base"}))
-    found = {
+    return {
         "longlora_cost": (
             "Cost of one fine-tuning step (ms/step timed in one thread on random tokens):",
             cost_table(cost),
@@ -336,16 +324,11 @@ def tables(rows, cost):
             ),
         ),
     }
-    return found
 
 
 def render(found):
     """longlora_table.md's body: each table under its caption and its name."""
     return "\n\n".join(f"{caption} ({name})\n\n{table}" for name, (caption, table) in found.items())
-
-
-FORMAT = {"passkey": lambda v: f"{v:.0%}", "loss": lambda v: f"{v:.3f}"}
-SPREAD = {"passkey": lambda v: f" ± {100 * v:.0f}", "loss": lambda v: f" ± {v:.3f}"}
 
 
 def cost_table(cost):
@@ -375,8 +358,8 @@ def curve_table(rows):
     budgets = sorted(
         {int(r["steps"]) for r in rows if r["phase"] == "report" and r["setting"] in CURVE_SETTINGS}
     )
-    mean = lambda s, t, n: FORMAT[t](statistics.fmean(seed_values(rows, s, t, LONG, n).values()))
-    both = lambda s, n: " / ".join(mean(s, t, n) for t in FORMAT)
+    mean = lambda s, t, n: mean_sd(list(seed_values(rows, s, t, LONG, n).values()), t, spread=False)
+    both = lambda s, n: " / ".join(mean(s, t, n) for t in ("passkey", "loss"))
     curve = markdown_table(
         ["setting", *(f"{n} steps" for n in budgets)],
         [[s, *(both(s, n) for n in budgets)] for s in CURVE_SETTINGS],
@@ -390,35 +373,20 @@ def quality_table(rows, task, steps):
     report = [r for r in rows if r["phase"] == "report" and r["task"] == task]
     lengths = sorted({int(r["length"]) for r in report})
     rate = {r["setting"]: r["learning_rate"] for r in report}
-    table = []
-    for s in dict.fromkeys(r["setting"] for r in report):
-        values = [
-            list(seed_values(rows, s, task, n, None if s == "base" else steps).values()) for n in lengths
-        ]
-        cells = [
-            FORMAT[task](statistics.fmean(v)) + (SPREAD[task](statistics.stdev(v)) if len(v) > 1 else "")
-            for v in values
-        ]
-        table.append([s if s == "base" else f"{s} (lr {rate[s]})", *cells])
+    values = lambda s, n: list(seed_values(rows, s, task, n, None if s == "base" else steps).values())
+    table = [
+        [s if s == "base" else f"{s} (lr {rate[s]})", *(mean_sd(values(s, n), task) for n in lengths)]
+        for s in dict.fromkeys(r["setting"] for r in report)
+    ]
     return markdown_table(["setting", *(f"{n} ({n // T} T)" for n in lengths)], table)
 
 
 def verdict_rows(rows, steps):
     """COMPARISONS' rows: for retrieval (points) and loss, a - b [low, high] and its word."""
-    table = []
-    for a, b, claim in COMPARISONS:
-        cells = [a, b, claim]
-        for task, higher_is_better in (("passkey", True), ("loss", False)):
-            x, y = (seed_values(rows, name, task, LONG, steps) for name in (a, b))
-            seeds = sorted(x.keys() & y.keys())
-            if len(seeds) < 2:
-                cells.append("n/a (fewer than 2 seeds)")
-                continue
-            scale, unit = (100, " points") if task == "passkey" else (1, "")
-            a_values, b_values = [x[s] for s in seeds], [y[s] for s in seeds]
-            cells.append(paired_cell(a_values, b_values, higher_is_better, scale, unit))
-        table.append(cells)
-    return table
+    cell = lambda a, b, task: paired_verdict(
+        seed_values(rows, a, task, LONG, steps), seed_values(rows, b, task, LONG, steps), task, unit=" points"
+    )
+    return [[a, b, claim, cell(a, b, "passkey"), cell(a, b, "loss")] for a, b, claim in COMPARISONS]
 
 
 def write_tables(cfg, results, footer):

@@ -16,13 +16,11 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.runs import ROOT, evaluation_cells, read_rows, run_python
-from measure.paired import paired_cell
+from experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
@@ -88,20 +86,16 @@ def search(cfg, folder, variant, seed):
 def evaluate(cfg, folder, task, lengths, scalings, factors=None):
     """eval_length.py on one checkpoint -> {(scaling, length): retrieval pooled over depths, or the loss}"""
     path = ROOT / f"{run_folder(folder)}_ablation_{task}.csv"
-    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
-    command = ["eval_length.py", folder, f"--task={task}", "--lengths", lengths, amount, "--progress=false"]
-    command += ["--rope_scalings", *scalings, *([f"--rope_factors={factors}"] if factors else [])]
-    run_python([*command, "--device=cpu", "--csv", path])
-    return evaluation_cells(path, task, lambda r: (r["scaling"].split(" ")[0], int(r["length"])))
+    flags = ["--progress=false", "--device=cpu", *([f"--rope_factors={factors}"] if factors else [])]
+    key = lambda r: (r["scaling"].split(" ")[0], int(r["length"]))
+    return eval_length(cfg, task, [folder], lengths, path, key, *flags, "--rope_scalings", *scalings)
 
 
 def main(argv=None):
     with one_line_errors(PROG):
-        choices = {"variants": tuple(VARIANTS)}
-        sections = [("ablation", AblationConfig, None)]
-        cfg = AblationConfig(
-            **parse_flags(argv, PROG, __doc__, sections, choices=choices, positional=("checkpoints",))
-        )
+        sections, choices = [("ablation", AblationConfig, None)], {"variants": tuple(VARIANTS)}
+        values = parse_flags(argv, PROG, __doc__, sections, choices=choices, positional=("checkpoints",))
+        cfg = AblationConfig(**values)
         data, T = datasets(cfg)
         name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
         results = ROOT / cfg.results
@@ -158,36 +152,19 @@ def render(rows):
     """The mean ± sd table per variant and length, and the verdicts at the longest length."""
     tasks = [t for t in ("passkey", "loss") if any(r["task"] == t for r in rows)]
     lengths = sorted({int(r["length"]) for r in rows})
-    fmt = {"passkey": lambda v: f"{v:.0%}", "loss": lambda v: f"{v:.3f}"}
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    head, table = ["variant"], []
+    head = ["variant"]
     for task in tasks:
         head += [f"{'retrieval' if task == 'passkey' else 'loss'} at {n}" for n in lengths]
-    for variant in variants:
-        row = [variant]
-        for task in tasks:
-            for n in lengths:
-                values = list(cells(rows, variant, task, n).values())
-                sd = statistics.stdev(values) if len(values) > 1 else None
-                spread = "" if sd is None else f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}"
-                row.append(fmt[task](statistics.fmean(values)) + spread)
-        table.append(row)
+    values = lambda variant, task, n: list(cells(rows, variant, task, n).values())
+    table = [[v, *(mean_sd(values(v, t, n), t) for t in tasks for n in lengths)] for v in variants]
     units = len({(r["checkpoint"], r["search_seed"]) for r in rows if r["search_seed"]})
     parts = [f"Mean ± sd over {units} (checkpoint, search seed) pairs:", markdown_table(head, table)]
     verdicts, longest = [], lengths[-1]
     for a, b, question in COMPARISONS:
-        if a not in variants or b not in variants:
-            continue
-        row = [a, b, question]
-        for task in tasks:
-            x, y = cells(rows, a, task, longest), cells(rows, b, task, longest)
-            keys = sorted(x.keys() & y.keys())
-            if len(keys) < 2:
-                row.append("n/a (fewer than 2 pairs)")
-                continue
-            scale = 100 if task == "passkey" else 1
-            row.append(paired_cell([x[k] for k in keys], [y[k] for k in keys], task == "passkey", scale))
-        verdicts.append(row)
+        if a in variants and b in variants:
+            found = [paired_verdict(*(cells(rows, v, t, longest) for v in (a, b)), t, "pairs") for t in tasks]
+            verdicts.append([a, b, question, *found])
     if verdicts:
         what = [f"{'retrieval (points)' if t == 'passkey' else 'loss'} a - b at {longest}" for t in tasks]
         parts += [

@@ -1,18 +1,21 @@
 """Trained models for the demos, the figures and the study, made as the README tells a user (`python train.py
 --pos=X ...` from the repository root), so the runs a user already made are used, not trained again: a
-finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it)."""
+finished run reused, a stopped one continued, another run refused (the study's --retrain replaces it). And
+what the studies share: eval_length.py run on their checkpoints, their tables' mean ± sd and verdict cells."""
 
 import csv
 import dataclasses
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.errors import UserError
 
@@ -63,8 +66,7 @@ def run_python(args, said="see its output above", **kwargs):
     args = [str(arg) for arg in args]
     done = subprocess.run([sys.executable, *args], cwd=ROOT, **kwargs)
     if done.returncode:
-        command = shlex.join(["python", *args])
-        raise UserError(f"`{command}` failed (exit status {done.returncode}); {said}")
+        raise UserError(f"`{shlex.join(['python', *args])}` failed (exit status {done.returncode}); {said}")
     return done
 
 
@@ -88,10 +90,38 @@ def pooled_cells(rows, task, key):
     return found
 
 
-def evaluation_cells(path, task, key):
-    """eval_length.py's CSV at path -> {key(row): the mean loss, or the exact match pooled over depths}"""
+def eval_length(cfg, task, checkpoints, lengths, path, key, *flags):
+    """`python eval_length.py checkpoints --task=task --lengths lengths *flags --csv path`, printed first,
+    with cfg's --trials (passkey) or --max_windows (loss) -> {key(row): the mean loss, or the exact match
+    pooled over depths}"""
+    amount = f"--trials={cfg.trials}" if task == "passkey" else f"--max_windows={cfg.max_windows}"
+    command = ["eval_length.py", *checkpoints, f"--task={task}", "--lengths", lengths, amount, *flags]
+    print(f"\n$ python {' '.join(map(str, [*command, '--csv', path]))}")
+    run_python([*command, "--csv", path])
     found = pooled_cells(read_rows(path), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
+
+
+def mean_sd(values, task, spread=True):
+    """A table's cell over values: '56% ± 4' (passkey: rates, the sd in points) or '1.234 ± 0.012' (loss); the
+    mean alone for one value or without spread."""
+    mean = statistics.fmean(values)
+    text = f"{mean:.0%}" if task == "passkey" else f"{mean:.3f}"
+    if not spread or len(values) < 2:
+        return text
+    sd = statistics.stdev(values)
+    return text + (f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}")
+
+
+def paired_verdict(a, b, task, pairs="seeds", unit=""):
+    """A verdict's cell: a - b ({key: value} each) paired over the keys both hold, as paired_cell writes it
+    (retrieval: in points + unit, higher is better), or n/a under 2 pairs."""
+    keys = sorted(a.keys() & b.keys())
+    if len(keys) < 2:
+        return f"n/a (fewer than 2 {pairs})"
+    passkey = task == "passkey"
+    first, second = [a[k] for k in keys], [b[k] for k in keys]
+    return paired_cell(first, second, passkey, 100 if passkey else 1, unit if passkey else "")
 
 
 def plan(commands):

@@ -1,7 +1,7 @@
 """LongLoRA as its authors ran it (Chen et al. 2024; docs/extrapolation.md, "LongLoRA"): RoPE fine-tuned from
 T to 4 T with position interpolation, S²-Attn and LoRA, what each costs and keeps, in one command.
 
-    python -m experiments.longlora --jobs 2      # the whole study: about 90 minutes on 2 cores
+    python -m experiments.longlora --jobs 2      # the whole study: about 2.5 hours on 2 cores
     python -m experiments.longlora --tables      # only docs/longlora_table.md and the docs' blocks, from CSVs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
 
@@ -92,7 +92,7 @@ class StudyConfig:
     base_iters: int = 900  # the base's steps, its learning rate decayed over them (retrieval is learned late)
     max_iters: int = 1000  # fine-tuning steps at 4 T
     rates: list[float] = field(default_factory=lambda: [1e-4, 5e-4, 3e-3])  # the sweep, constant after warmup
-    curve: list[int] = field(default_factory=lambda: [250, 500, 2000])  # more budgets for pi_full and pi_s2
+    curve: list[int] = field(default_factory=lambda: [250, 500, 2000, 4000])  # budgets for pi_full, pi_s2
     batch_size: int = 4  # fine-tuning sequences per step, each 4 T tokens long
     trials: int = 20  # passkey: samples per length and depth
     max_windows: int = 16  # loss: windows per length, for the choice of rate and the report
@@ -263,9 +263,11 @@ def run_study(cfg, results, argv):
             if name == Path(base).name:
                 rows.append(("report", task, FIRST_SEED, "base", "", cfg.base_iters, length, value))
         for (setting, seed, steps), (_, out) in runs.items():
-            for length in (m * T for m in LENGTHS):
+            phases = ("report",) if steps == cfg.max_iters else ()  # the budget table: every budget
+            phases += ("budget",) if setting in CURVE_SETTINGS else ()
+            for phase, length in ((phase, m * T) for phase in phases for m in LENGTHS):
                 value = cells.get((Path(out).name, length), float("nan"))
-                rows.append(("report", task, seed, setting, best[setting][0], steps, length, value))
+                rows.append((phase, task, seed, setting, best[setting][0], steps, length, value))
 
     torch.set_num_threads(1)
     methods = METHODS | {f"s2_g{2 * T}": SETTINGS[f"none_s2_g{2 * T}"]}
@@ -275,12 +277,12 @@ def run_study(cfg, results, argv):
     return write_tables(cfg, results, measured(PROG, argv, start, cfg.quick))
 
 
-def seed_values(rows, setting, task, length, steps=None):
-    """{seed: value} of the report's rows of one setting at a length (and at `steps`, unless None)."""
+def seed_values(rows, setting, task, length, steps=None, phase="report"):
+    """{seed: value} of one phase's rows of one setting at a length (and at `steps`, unless None)."""
     return {
         int(r["seed"]): float(r["value"])
         for r in rows
-        if r["phase"] == "report"
+        if r["phase"] == phase
         and (r["setting"], r["task"], int(r["length"])) == (setting, task, length)
         and (steps is None or int(r["steps"]) == steps)
     }
@@ -305,7 +307,7 @@ def tables(rows, cost):
         "longlora_curve": (
             f"The budget: retrieval / test loss at {LONG} tokens against fine-tuning steps (mean over seeds "
             f"{listed}, each setting at its rate; the rate is constant, so a shorter run is the start of a "
-            "longer one), and the first verdict at the longest budget:",
+            "longer one), and whether each setting still gains between its two longest budgets:",
             curve_table(rows),
         ),
         "longlora_retrieval": (
@@ -353,19 +355,32 @@ def rate_table(rows):
 
 
 def curve_table(rows):
-    """CURVE_SETTINGS' retrieval / loss at 4 T per budget, mean over seeds; then COMPARISONS' first row
-    (S²-Attn against full attention) at the longest budget."""
-    budgets = sorted(
-        {int(r["steps"]) for r in rows if r["phase"] == "report" and r["setting"] in CURVE_SETTINGS}
-    )
-    mean = lambda s, t, n: mean_sd(list(seed_values(rows, s, t, LONG, n).values()), t, spread=False)
-    both = lambda s, n: " / ".join(mean(s, t, n) for t in ("passkey", "loss"))
+    """CURVE_SETTINGS' retrieval / loss at 4 T per budget (the budget phase's rows), mean over seeds; then
+    each setting's longest budget against the one before, paired over seeds: has it stopped improving?"""
+    budget = [r for r in rows if r["phase"] == "budget"]
+    steps = {s: sorted({int(r["steps"]) for r in budget if r["setting"] == s}) for s in CURVE_SETTINGS}
+
+    def cell(setting, n):
+        values = {task: seed_values(rows, setting, task, LONG, n, "budget") for task in ("passkey", "loss")}
+        if not all(values.values()):
+            return "n/a"  # not trained at this budget
+        return " / ".join(mean_sd(list(v.values()), task, spread=False) for task, v in values.items())
+
+    budgets = sorted(set().union(*steps.values()))
     curve = markdown_table(
         ["setting", *(f"{n} steps" for n in budgets)],
-        [[s, *(both(s, n) for n in budgets)] for s in CURVE_SETTINGS],
+        [[s, *(cell(s, n) for n in budgets)] for s in CURVE_SETTINGS],
     )
-    head = ["a", "b", "the claim", f"retrieval a - b at {budgets[-1]} steps", "loss a - b"]
-    return f"{curve}\n\n{markdown_table(head, verdict_rows(rows, budgets[-1])[:1])}"
+    gains = []
+    for setting in (s for s in CURVE_SETTINGS if len(steps[s]) > 1):
+        a, b = steps[setting][-1], steps[setting][-2]
+        row = [setting, str(a), str(b)]
+        for task in ("passkey", "loss"):
+            after, before = (seed_values(rows, setting, task, LONG, n, "budget") for n in (a, b))
+            row.append(paired_verdict(after, before, task, unit=" points"))
+        gains.append(row)
+    head = ["setting", "a (steps)", "b (steps)", "retrieval a - b", "loss a - b"]
+    return f"{curve}\n\n{markdown_table(head, gains)}"
 
 
 def quality_table(rows, task, steps):

@@ -75,7 +75,7 @@ def fake_study(monkeypatch, tmp_path, loss_of_rate):
             rate = float(re.search(r"_lr([0-9.e-]+)_", name).group(1)) if "_lr" in name else 1e-3
             seed = int(name.rsplit("seed", 1)[-1]) if "seed" in name else 0
             for m in multiples:
-                value = loss_of_rate(rate) + seed / 1e4 + ("s2" in name) * 0.1
+                value = loss_of_rate(rate) + seed / 1e4 + ("s2" in name) * 0.1 + ("_4000steps" in name) * 0.02
                 cells[(name, m * longlora.T)] = value if task == "loss" else 1 - value / 2
         return cells
 
@@ -99,13 +99,15 @@ def test_each_setting_is_trained_over_the_seeds_at_the_rate_it_chose_on_validati
     }
     others = [r for r in runs if r["seed"] in ("1338", "1339") and r["max_iters"] == "1000"]
     assert len(others) == 2 * len(longlora.SETTINGS) and {float(r["learning_rate"]) for r in others} == {5e-4}
-    curve = [r for r in runs if r.get("max_iters") in ("250", "500", "2000")]  # every seed
+    curve = [r for r in runs if r.get("max_iters") in ("250", "500", "2000", "4000")]  # every seed
     assert {(r["out_dir"].split("/")[-1].split("_lr")[0], r["seed"]) for r in curve} == {
         (s, seed) for s in longlora.CURVE_SETTINGS for seed in ("1337", "1338", "1339")
     }
     table = (tmp_path / "results" / "longlora_table.md").read_text()
     assert "| pi_full | 0.174 | **0.134** | 0.384 |" in table  # the rate table, the chosen rate in bold
     assert "| pi_s2 | pi_full | S²-Attn in training comes close to full attention | -5 points" in table
+    # the budget table: each PI setting's longest budget against the one before, paired over the seeds
+    assert "| pi_full | 4000 | 2000 | -1 points [-1, -1]: worse | +0.02 [+0.02, +0.02]: worse |" in table
 
 
 def test_the_study_refuses_a_results_file_that_is_a_folder_before_training(monkeypatch, tmp_path, capsys):

@@ -41,7 +41,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device
 from plumbing.outputs import check_outputs, write_output, write_rows
-from positions import LONGROPE, require, rope_frequencies, rope_inv_freq, rotary_dim
+from positions import LONGROPE, POSITION_MODULES, require, rope_frequencies, rope_inv_freq, rotary_dim
 
 PROG = "python -m experiments.longrope"
 N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
@@ -230,7 +230,10 @@ def main(argv=None):
         path = checkpoint_path(cfg.checkpoint)
         ckpt = load_checkpoint(path, mmap=True)
         config = ckpt["model_config"]
-        require(config["pos"] == "rope", f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies")
+        require(
+            POSITION_MODULES[config["pos"]].rotates,
+            f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies",
+        )
         T = config.get("rope_original_len") or config["block_size"]
         rotary = rotary_dim(config["n_embd"] // config["n_head"], config.get("rope_fraction", 1.0))
         s = config["rope_factor"] if cfg.short else cfg.factor

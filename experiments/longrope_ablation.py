@@ -26,7 +26,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
-from positions import require
+from positions import POSITION_MODULES, require
 
 PROG = "python -m experiments.longrope_ablation"
 VARIANTS = {  # name: experiments.longrope's flags
@@ -68,7 +68,7 @@ def datasets(cfg):
     found = {}
     for folder in cfg.checkpoints:
         ckpt = load_checkpoint(checkpoint_path(folder), mmap=True)
-        require(ckpt["model_config"]["pos"] == "rope", f"{folder}: not a RoPE checkpoint")
+        require(POSITION_MODULES[ckpt["model_config"]["pos"]].rotates, f"{folder}: not a RoPE checkpoint")
         found[folder] = (ckpt.get("train_config") or {}).get("dataset"), ckpt["model_config"]["block_size"]
     require(len(set(found.values())) == 1, f"the checkpoints differ in dataset or T: {found}")
     return {folder: dataset for folder, (dataset, _) in found.items()}, next(iter(found.values()))[1]

@@ -112,8 +112,8 @@ class CausalSelfAttention(nn.Module):
         hs = C // self.n_head
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
-            q, k = apply_rope(qkv[:2], *rope).unbind(0)
-            v = qkv[2]
+            qk, v = qkv.split([2, 1])  # split's backward: one concatenation (slicing's: zeros, then copies)
+            q, k, v = *apply_rope(qk, *rope).unbind(0), v.squeeze(0)
         else:
             q, k, v = qkv.unbind(0)
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says

@@ -1,6 +1,8 @@
 """A/B ratios for the model on nanoGPT's CPU recipe (4 layers, 4 heads, 128 dims, context 64, vocabulary 65,
 bias off, random weights): model.py at git revision REV (with REV's positions.py and generation.py, loaded
 beside this tree's) against this tree's, alternated in one process, medians; both must decode alike first.
+Training beside learned: each scheme's step over learned's, paired round by round (geometric mean, 95% t
+interval over the rounds' log ratios).
 
     python -m perf.ab --against=REV                  # tokens/s of greedy decoding from one token
     python -m perf.ab --against=REV --measure=train  # ms per optimizer step on 12 x 64 random tokens
@@ -11,6 +13,7 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
+import math
 import statistics
 import subprocess
 import sys
@@ -26,6 +29,7 @@ import torch
 import model as current
 import positions
 from generation import generate_cached
+from measure.paired import paired_difference
 from plumbing import hardware
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
@@ -106,14 +110,14 @@ def trainer(model, steps):
 
 
 def alternate(runs, rounds):
-    """{name: median seconds of one call}, each function called once per round, in turn."""
+    """{name: [seconds of each round's call]}, each function called once per round, in turn."""
     seconds = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(s) for name, s in seconds.items()}
+    return seconds
 
 
 def compare_decoding(cfg, sides):
@@ -127,20 +131,29 @@ def compare_decoding(cfg, sides):
         if not torch.equal(samplers["a"](), samplers["b"]()):
             raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
-        rows.append((pos, n / seconds["a"], n / seconds["b"]))
-    return rows
+        rows.append((pos, *(n / statistics.median(seconds[key]) for key in "ab")))
+    return rows, None
 
 
 def compare_training(cfg, sides):
-    """[(pos, REV's ms/step, this tree's ms/step)], every scheme of both sides interleaved round by round."""
+    """[(pos, REV's ms/step, this tree's ms/step)], medians, every scheme of both sides interleaved round by
+    round; and {(side, pos): each round's ms/step}."""
     models = {
         (key, pos): recipe_model(side.module, pos) for key, side in sides.items() for pos in cfg.schemes
     }
     runs = {key: trainer(model, cfg.steps) for key, model in models.items()}
     for run in runs.values():
         run()  # warm-up: the first steps allocate the optimizer state
-    seconds = alternate(runs, cfg.rounds)
-    return [(pos, *(1e3 * seconds[key, pos] / cfg.steps for key in "ab")) for pos in cfg.schemes]
+    ms = {key: [1e3 * s / cfg.steps for s in seconds] for key, seconds in alternate(runs, cfg.rounds).items()}
+    return [(pos, *(statistics.median(ms[key, pos]) for key in "ab")) for pos in cfg.schemes], ms
+
+
+def against(ms, reference):
+    """'1.043x learned [1.028, 1.062]': the rounds' ms/step over the reference's, paired round by round."""
+    if len(ms) < 2:
+        return f"{ms[0] / reference[0]:.3f}x learned"
+    mean, low, high = paired_difference([math.log(x) for x in ms], [math.log(x) for x in reference])
+    return f"{math.exp(mean):.3f}x learned [{math.exp(low):.3f}, {math.exp(high):.3f}]"
 
 
 def main(argv=None):
@@ -156,17 +169,19 @@ def main(argv=None):
     work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
     runs = f"{work} per run, median of {cfg.rounds} alternated runs"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {runs}")
-    rows = (compare_decoding if decode else compare_training)(cfg, sides)
+    rows, ms = compare_decoding(cfg, sides) if decode else compare_training(cfg, sides)
     unit = "tok/s" if decode else "ms/step"
     columns = ["pos", f"model.py at {cfg.against} {unit}", f"this tree {unit}", "this tree's speed-up"]
     if decode:
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
         cells = [[pos, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x"] for pos, a, b in rows]
-        learned = next((row for row in rows if row[0] == "learned" and len(rows) > 1), None)
-        if learned:  # among several schemes: each figure against learned's too
-            for cell, row in zip(cells, rows):
-                cell[1:3] = [f"{row[i]:.1f} ({row[i] / learned[i]:.2f}x learned)" for i in (1, 2)]
+        if "learned" in cfg.schemes and len(rows) > 1:  # among several schemes: each against learned's too
+            for cell, pos in zip(cells, cfg.schemes):
+                cell[1:3] = [
+                    f"{cell[i]} ({against(ms[key, pos], ms[key, 'learned'])})"
+                    for i, key in ((1, "a"), (2, "b"))
+                ]
     print("\n" + markdown_table(columns, cells))
     return rows
 

@@ -259,3 +259,13 @@ def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
         [f"--against={GPT_GENERATE_CACHED_REVISION}", "--pos=rope", "--new_tokens=6", "--rounds=1"]
     )
     assert [row[0] for row in decoding] == ["rope"] and all(x > 0 for x in decoding[0][1:])
+
+
+def test_ab_ratio_against_learned_is_the_geometric_mean_of_paired_rounds():
+    """perf.ab's ratio pairs each round with learned's round: rounds at 1.0x and 1.21x give 1.1x (not the
+    medians' ratio), inside its t interval; a constant ratio, a zero-width interval; one round, none."""
+    cell = ab.against([2.0, 2.42], [2.0, 2.0])
+    ratio, low, high = map(float, cell.replace("x learned [", " ").replace(",", " ").rstrip("]").split())
+    assert cell.startswith("1.100x learned [") and low < 1.0 < 1.21 < high
+    assert ab.against([2.0, 4.0, 3.0], [1.0, 2.0, 1.5]) == "2.000x learned [2.000, 2.000]"
+    assert ab.against([3.0], [2.0]) == "1.500x learned"

@@ -1,6 +1,6 @@
 """Regenerate the lesson's figures (docs/lesson.md) into docs/figures/, deterministically, offline, on a CPU.
 
-    python -m demo.figures                                  # all (the README's five runs, trained if missing)
+    python -m demo.figures                                  # all (README runs per scheme, trained if missing)
     python -m demo.figures --only=sinusoidal,rope_decay     # a subset (these two need no model)
     python -m demo.figures --checkpoints=DIR                # runs in DIR/<pos> or DIR/shakespeare_char_<pos>
 

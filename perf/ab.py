@@ -132,7 +132,7 @@ def compare_decoding(cfg, sides):
             raise SystemExit(f"{PROG}: {pos}: the two sides generate different tokens; nothing timed")
         seconds = alternate(samplers, cfg.rounds)
         rows.append((pos, *(n / statistics.median(seconds[key]) for key in "ab")))
-    return rows, None
+    return rows
 
 
 def compare_training(cfg, sides):
@@ -169,12 +169,13 @@ def main(argv=None):
     work = f"{cfg.new_tokens} new tokens" if decode else f"{cfg.steps} steps of 12 x 64 tokens"
     runs = f"{work} per run, median of {cfg.rounds} alternated runs"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {runs}")
-    rows, ms = compare_decoding(cfg, sides) if decode else compare_training(cfg, sides)
     unit = "tok/s" if decode else "ms/step"
     columns = ["pos", f"model.py at {cfg.against} {unit}", f"this tree {unit}", "this tree's speed-up"]
     if decode:
+        rows = compare_decoding(cfg, sides)
         cells = [[pos, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"] for pos, a, b in rows]
     else:
+        rows, ms = compare_training(cfg, sides)
         cells = [[pos, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x"] for pos, a, b in rows]
         if "learned" in cfg.schemes and len(rows) > 1:  # among several schemes: each against learned's too
             for cell, pos in zip(cells, cfg.schemes):

@@ -307,7 +307,8 @@ def tables(rows, cost):
         "longlora_curve": (
             f"The budget: retrieval / test loss at {LONG} tokens against fine-tuning steps (mean over seeds "
             f"{listed}, each setting at its rate; the rate is constant, so a shorter run is the start of a "
-            "longer one), and whether each setting still gains between its two longest budgets:",
+            "longer one); whether each setting still gains between its two longest budgets; and S²-Attn "
+            "against full attention at the longest budget both trained:",
             curve_table(rows),
         ),
         "longlora_retrieval": (
@@ -356,7 +357,8 @@ def rate_table(rows):
 
 def curve_table(rows):
     """CURVE_SETTINGS' retrieval / loss at 4 T per budget (the budget phase's rows), mean over seeds; then
-    each setting's longest budget against the one before, paired over seeds: has it stopped improving?"""
+    each setting's longest budget against the one before, paired over seeds: has it stopped improving? And
+    S²-Attn against full attention at the longest budget both trained."""
     budget = [r for r in rows if r["phase"] == "budget"]
     steps = {s: sorted({int(r["steps"]) for r in budget if r["setting"] == s}) for s in CURVE_SETTINGS}
 
@@ -371,16 +373,23 @@ def curve_table(rows):
         ["setting", *(f"{n} steps" for n in budgets)],
         [[s, *(cell(s, n) for n in budgets)] for s in CURVE_SETTINGS],
     )
-    gains = []
-    for setting in (s for s in CURVE_SETTINGS if len(steps[s]) > 1):
-        a, b = steps[setting][-1], steps[setting][-2]
-        row = [setting, str(a), str(b)]
-        for task in ("passkey", "loss"):
-            after, before = (seed_values(rows, setting, task, LONG, n, "budget") for n in (a, b))
-            row.append(paired_verdict(after, before, task, unit=" points"))
-        gains.append(row)
+
+    def paired(a, n_a, b, n_b):  # a at n_a steps against b at n_b, by retrieval and by loss
+        values = lambda s, n, task: seed_values(rows, s, task, LONG, n, "budget")
+        return [
+            paired_verdict(values(a, n_a, t), values(b, n_b, t), t, unit=" points")
+            for t in ("passkey", "loss")
+        ]
+
+    longest = {s: n[-2:] for s, n in steps.items() if len(n) > 1}
+    gains = [[s, str(a), str(b), *paired(s, a, s, b)] for s, (b, a) in longest.items()]
     head = ["setting", "a (steps)", "b (steps)", "retrieval a - b", "loss a - b"]
-    return f"{curve}\n\n{markdown_table(head, gains)}"
+    # the paper's question at the longest budget both settings trained: S²-Attn against full attention
+    full, s2 = CURVE_SETTINGS
+    n = max(set(steps[full]) & set(steps[s2]))
+    versus = [[s2, full, str(n), *paired(s2, n, full, n)]]
+    versus_head = ["a", "b", "steps", "retrieval a - b", "loss a - b"]
+    return f"{curve}\n\n{markdown_table(head, gains)}\n\n{markdown_table(versus_head, versus)}"
 
 
 def quality_table(rows, task, steps):

@@ -307,8 +307,8 @@ def tables(rows, cost):
         "longlora_curve": (
             f"The budget: retrieval / test loss at {LONG} tokens against fine-tuning steps (mean over seeds "
             f"{listed}, each setting at its rate; the rate is constant, so a shorter run is the start of a "
-            "longer one); whether each setting still gains between its two longest budgets; and S²-Attn "
-            "against full attention at the longest budget both trained:",
+            "longer one); whether each setting still gains between its two longest budgets; and the "
+            "paper's comparisons at the longest budget both sides trained:",
             curve_table(rows),
         ),
         "longlora_retrieval": (
@@ -356,11 +356,12 @@ def rate_table(rows):
 
 
 def curve_table(rows):
-    """CURVE_SETTINGS' retrieval / loss at 4 T per budget (the budget phase's rows), mean over seeds; then
-    each setting's longest budget against the one before, paired over seeds: has it stopped improving? And
-    S²-Attn against full attention at the longest budget both trained."""
+    """Retrieval / loss at 4 T per budget of every setting with budget rows (CURVE_SETTINGS', and any other
+    trained longer), mean over seeds; then each setting's longest budget against the one before, paired over
+    seeds: has it stopped improving? And the paper's comparisons at the longest budget both sides trained."""
     budget = [r for r in rows if r["phase"] == "budget"]
-    steps = {s: sorted({int(r["steps"]) for r in budget if r["setting"] == s}) for s in CURVE_SETTINGS}
+    steps = {s: sorted({int(r["steps"]) for r in budget if r["setting"] == s}) for s in SETTINGS}
+    steps = {s: n for s, n in steps.items() if n}
 
     def cell(setting, n):
         values = {task: seed_values(rows, setting, task, LONG, n, "budget") for task in ("passkey", "loss")}
@@ -370,8 +371,7 @@ def curve_table(rows):
 
     budgets = sorted(set().union(*steps.values()))
     curve = markdown_table(
-        ["setting", *(f"{n} steps" for n in budgets)],
-        [[s, *(cell(s, n) for n in budgets)] for s in CURVE_SETTINGS],
+        ["setting", *(f"{n} steps" for n in budgets)], [[s, *(cell(s, n) for n in budgets)] for s in steps]
     )
 
     def paired(a, n_a, b, n_b):  # a at n_a steps against b at n_b, by retrieval and by loss
@@ -384,10 +384,9 @@ def curve_table(rows):
     longest = {s: n[-2:] for s, n in steps.items() if len(n) > 1}
     gains = [[s, str(a), str(b), *paired(s, a, s, b)] for s, (b, a) in longest.items()]
     head = ["setting", "a (steps)", "b (steps)", "retrieval a - b", "loss a - b"]
-    # the paper's question at the longest budget both settings trained: S²-Attn against full attention
-    full, s2 = CURVE_SETTINGS
-    n = max(set(steps[full]) & set(steps[s2]))
-    versus = [[s2, full, str(n), *paired(s2, n, full, n)]]
+    # the paper's comparisons (S²-Attn, LoRA, embed/norm) at the longest budget both sides trained
+    common = {(a, b): set(steps.get(a, ())) & set(steps.get(b, ())) for a, b, _ in COMPARISONS[:3]}
+    versus = [[a, b, str(max(n)), *paired(a, max(n), b, max(n))] for (a, b), n in common.items() if n]
     versus_head = ["a", "b", "steps", "retrieval a - b", "loss a - b"]
     return f"{curve}\n\n{markdown_table(head, gains)}\n\n{markdown_table(versus_head, versus)}"
 

@@ -80,6 +80,7 @@ COMPARISONS = (
     ("pi_s2", "none_s2", "PI against no scaling, S²-Attn"),
     (f"none_s2_g{2 * T}", "none_s2", "S²-Attn with groups of 2 T against T, no scaling"),
 )
+PAPER_COMPARISONS = COMPARISONS[:3]  # LongLoRA's own: S²-Attn, LoRA, embed/norm
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
 COST = ("method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
@@ -373,20 +374,15 @@ def curve_table(rows):
     curve = markdown_table(
         ["setting", *(f"{n} steps" for n in budgets)], [[s, *(cell(s, n) for n in budgets)] for s in steps]
     )
-
-    def paired(a, n_a, b, n_b):  # a at n_a steps against b at n_b, by retrieval and by loss
-        values = lambda s, n, task: seed_values(rows, s, task, LONG, n, "budget")
-        return [
-            paired_verdict(values(a, n_a, t), values(b, n_b, t), t, unit=" points")
-            for t in ("passkey", "loss")
-        ]
-
     longest = {s: n[-2:] for s, n in steps.items() if len(n) > 1}
-    gains = [[s, str(a), str(b), *paired(s, a, s, b)] for s, (b, a) in longest.items()]
+    gains = [[s, str(a), str(b), *paired(rows, (s, a), (s, b), "budget")] for s, (b, a) in longest.items()]
     head = ["setting", "a (steps)", "b (steps)", "retrieval a - b", "loss a - b"]
-    # the paper's comparisons (S²-Attn, LoRA, embed/norm) at the longest budget both sides trained
-    common = {(a, b): set(steps.get(a, ())) & set(steps.get(b, ())) for a, b, _ in COMPARISONS[:3]}
-    versus = [[a, b, str(max(n)), *paired(a, max(n), b, max(n))] for (a, b), n in common.items() if n]
+    common = {(a, b): set(steps.get(a, ())) & set(steps.get(b, ())) for a, b, _ in PAPER_COMPARISONS}
+    versus = [
+        [a, b, str(max(n)), *paired(rows, (a, max(n)), (b, max(n)), "budget")]
+        for (a, b), n in common.items()
+        if n
+    ]
     versus_head = ["a", "b", "steps", "retrieval a - b", "loss a - b"]
     return f"{curve}\n\n{markdown_table(head, gains)}\n\n{markdown_table(versus_head, versus)}"
 
@@ -404,12 +400,16 @@ def quality_table(rows, task, steps):
     return markdown_table(["setting", *(f"{n} ({n // T} T)" for n in lengths)], table)
 
 
+def paired(rows, a, b, phase):
+    """(setting, steps) a against b at 4 T, paired over seeds: [retrieval (points), loss], each a - b [low,
+    high] and its word."""
+    values = lambda setting, steps, task: seed_values(rows, setting, task, LONG, steps, phase)
+    return [paired_verdict(values(*a, t), values(*b, t), t, unit=" points") for t in ("passkey", "loss")]
+
+
 def verdict_rows(rows, steps):
     """COMPARISONS' rows: for retrieval (points) and loss, a - b [low, high] and its word."""
-    cell = lambda a, b, task: paired_verdict(
-        seed_values(rows, a, task, LONG, steps), seed_values(rows, b, task, LONG, steps), task, unit=" points"
-    )
-    return [[a, b, claim, cell(a, b, "passkey"), cell(a, b, "loss")] for a, b, claim in COMPARISONS]
+    return [[a, b, claim, *paired(rows, (a, steps), (b, steps), "report")] for a, b, claim in COMPARISONS]
 
 
 def write_tables(cfg, results, footer):

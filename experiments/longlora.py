@@ -216,11 +216,12 @@ def main(argv=None):
 
 def run_study(cfg, results, argv):
     start = time.perf_counter()
+    if not cfg.figure_only:  # refused before any work, the figure included
+        long_config = GPTConfig(**MODEL, block_size=LONG, pos="rope")
+        check_training_memory(long_config, cfg.batch_size, 1, "cpu", copies=cfg.jobs)
     print(f"wrote {draw_pattern(results / 'figures' / 's2_attn.png')}")
     if cfg.figure_only:
         return None
-    long_config = GPTConfig(**MODEL, block_size=LONG, pos="rope")  # refused before any training
-    check_training_memory(long_config, cfg.batch_size, 1, "cpu", copies=cfg.jobs)
     for length, name, seed in ((T, default_name(T), 0), (LONG, default_name(LONG), 0), (LONG, TEST_DATA, 1)):
         if not (ROOT / "data" / name / "meta.json").is_file():
             small = ["--train_samples=1", f"--name={name}"] if name == TEST_DATA else []

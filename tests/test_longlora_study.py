@@ -120,10 +120,10 @@ def test_the_study_refuses_a_results_file_that_is_a_folder_before_training(monke
     assert err.endswith("longlora.csv: is a folder; give a file name")
 
 
-def test_the_study_refuses_a_batch_beyond_memory_before_training(monkeypatch, tmp_path):
+def test_the_study_refuses_a_batch_beyond_memory_before_any_work(monkeypatch, tmp_path):
     monkeypatch.setattr(longlora, "ensure_trained", lambda *a, **kw: pytest.fail("a run started"))
     monkeypatch.setattr(longlora, "run_python", lambda *a, **kw: pytest.fail("a script started"))
-    monkeypatch.setattr(longlora, "draw_pattern", lambda path: path)
+    monkeypatch.setattr(longlora, "draw_pattern", lambda path: pytest.fail("the figure was drawn"))
     cfg = longlora.StudyConfig(batch_size=10**7, out_root=str(tmp_path), results=str(tmp_path))
     with pytest.raises(UserError, match="lower"):
         longlora.run_study(cfg, tmp_path, [])

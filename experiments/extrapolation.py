@@ -36,8 +36,11 @@ from data.passkey.task import default_name, filler_length
 from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, pooled_cells, read_rows, run_python
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
+from model import GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
+from plumbing.hardware import resolve_device
+from plumbing.memory import check_training_memory
 from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
@@ -57,7 +60,8 @@ FINE_TUNES = (("rope", "linear"), ("rope", "yarn"), ("learned", None), ("rope", 
 QUICK_TRAIN = "--n_layer=4 --n_head=2 --n_embd=32 --max_iters=20 --eval_interval=20 --eval_iters=2".split()
 QUICK_TRAIN += ["--log_interval=10"]
 QUICK_FINE_TUNE = "--max_iters=4 --warmup_iters=1 --eval_interval=4 --eval_iters=1 --log_interval=2".split()
-QUICK_FINE_TUNE += ["--batch_size=4"]
+QUICK_BATCH = 4  # the fine-tunes' sequences per step
+QUICK_FINE_TUNE += [f"--batch_size={QUICK_BATCH}"]
 
 
 # name: the results files'; preset: the base runs' train.py --config (None: its defaults); lengths: multiples
@@ -187,6 +191,17 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
         commands[-1] += [f"--device={cfg.device}", f"--out_dir={out_dirs[-1]}"]
     train_runs(cfg, commands)
     return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
+
+
+def check_fine_tune_memory(cfg, model_config, dataset):
+    """Refuse, before any run trains, fine-tunes at EXTENSION x T beyond the device's memory; the vocabulary
+    the data's when prepared, else train.py's default (an upper bound)."""
+    prepared = (ROOT / "data" / dataset / "meta.json").is_file()
+    vocab = load_meta(ROOT / "data" / dataset)["vocab_size"] if prepared else model_config["vocab_size"]
+    batch, long = QUICK_BATCH if cfg.quick else cfg.batch_size, EXTENSION * model_config["block_size"]
+    for pos in sorted({pos for pos, _ in FINE_TUNES if pos in cfg.schemes}):
+        config = GPTConfig(**model_config | dict(block_size=long, vocab_size=vocab, pos=pos))
+        check_training_memory(config, batch, 1, resolve_device(cfg.device))
 
 
 def search_longrope(cfg, ckpt, seed, name, *flags):
@@ -626,6 +641,7 @@ def run_study(cfg, argv):
                 filler_length(n + 1)  # n inputs, and the key's last digit as their last target
         except ValueError as e:
             raise UserError(f"--lengths={cfg.lengths}: {e}; choose longer lengths", 2) from None
+    check_fine_tune_memory(cfg, preset.model_config, dataset)
     long_dataset = dataset
     if cfg.task == "passkey":
         if default_name(block_size) != dataset:  # checked before anything is prepared

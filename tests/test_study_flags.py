@@ -31,6 +31,7 @@ CASES = [
     (extrapolation, [*STUDY, "--results={file}"], 1, "--results=", "is a file, not a folder"),
     (extrapolation, [*STUDY, "--results={under}"], 1, "is a file, not a folder"),
     (extrapolation, [*STUDY, "--results={proc}"], 1, "cannot write there"),
+    (extrapolation, ["--out_root={dir}/study", "--batch_size=100000"], 1, "batches of 100000 x 256", "lower"),
     (probe, ["--checkpoints={dir}", "--figure={dir}"], 1, "--figure=", "is a folder"),
     (probe, ["--checkpoints={dir}", "--figure={proc}/probe.png"], 1, "cannot write there"),
     (probe, ["--checkpoints={dir}", "--figure={under}/probe.png"], 1, "is a file, not a folder"),

@@ -220,10 +220,10 @@ def summarize(out_dir, meta: dict) -> str:
 
 
 @contextmanager
-def exit_on_user_error():
-    """A prepare script's handler: one line and status 2 for a UserError, 130/143 for a signal."""
+def exit_on_user_error(prog=None):
+    """A prepare script's handler: `prog: error:` and status 2 for a UserError, 130/143 for a signal."""
     stopped = "stopped by {signal}: temporary files removed, no dataset half-written"
-    with one_line_errors(None, status=2, errors=(), stopped=stopped), StopSignals(request=False):
+    with one_line_errors(prog, status=2, errors=(), stopped=stopped), StopSignals(request=False):
         yield
 
 
@@ -231,7 +231,7 @@ def prepare_main(name, description, prepare):
     """The command line of a prepare.py whose only flag is --replace: prepare(out_dir, replace) writes it."""
     parser = ArgumentParser(prog=f"python -m data.{name}.prepare", description=description)
     parser.add_argument("--replace", action="store_true", help=REPLACE_HELP)
-    with exit_on_user_error():
+    with exit_on_user_error(parser.prog):
         meta = prepare(dataset_dir(name), parser.parse_args().replace)
     print(summarize(dataset_dir(name), meta))
 
@@ -284,7 +284,8 @@ def read_text(path) -> str:
     """The text of a UTF-8 file, or an error that says what to do about it."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: no such file; pass --input the path of a UTF-8 text file")
+        what = "is a folder" if path.is_dir() else "no such file"
+        raise UserError(f"{path}: {what}; pass --input the path of a UTF-8 text file")
     data = path.read_bytes()
     try:
         text = data.decode("utf-8-sig")  # -sig drops the byte-order mark some Windows editors write first

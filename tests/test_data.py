@@ -155,6 +155,7 @@ def test_text_prepare_makes_a_dataset_from_your_own_file(tmp_path):
 
 BAD_INPUTS = {
     "missing": (None, UserError, "no such file"),
+    "a folder": ("mkdir", UserError, "is a folder"),
     "empty": (b"", UserError, "is empty"),
     "non-UTF-8": ("café au lait, encore du café\n".encode("latin-1") * 50, UserError, "not UTF-8"),
     "too short": (b"To be, or not to be.\n", UserError, "too short"),
@@ -163,10 +164,13 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_text_prepare_errors_say_what_to_do_and_leave_nothing(tmp_path, capsys, case):
-    """Missing, empty, non-UTF-8 and too-short inputs raise a clear error, write nothing, and main exits 2."""
+    """Missing, folder, empty, non-UTF-8 and too-short inputs raise a clear error, write nothing, and main
+    exits 2 with one line that names the script."""
     content, error, phrase = BAD_INPUTS[case]
     path = tmp_path / "in.txt"
-    if content is not None:
+    if content == "mkdir":
+        path.mkdir()
+    elif content is not None:
         path.write_bytes(content)
     with pytest.raises(error, match=phrase):
         prepare_file(path, tmp_path / "out")
@@ -175,7 +179,7 @@ def test_text_prepare_errors_say_what_to_do_and_leave_nothing(tmp_path, capsys, 
         text_main(["--input", str(path), "--name", "posgpt_test_never_written"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and phrase in err and err.count("\n") == 1
+    assert err.startswith("python -m data.text.prepare: error: ") and phrase in err and err.count("\n") == 1
     assert not (DATA_ROOT / "posgpt_test_never_written").exists()
 
 

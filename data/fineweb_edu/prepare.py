@@ -102,7 +102,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out_dir = common.dataset_dir("fineweb_edu")
     total = args.val_tokens + (args.max_tokens if args.max_tokens is not None else SAMPLE_TOKENS)
-    with common.exit_on_user_error():
+    with common.exit_on_user_error(parser.prog):
         common.refuse_existing(out_dir, args.replace)  # before connecting to the Hub
         docs = stream_documents()
         meta = write_token_dataset(

@@ -45,7 +45,7 @@ def main(argv=None):
     add("--train_samples", type=int, default=TRAIN_SAMPLES)
     add("--val_samples", type=int, default=VAL_SAMPLES)
     add("--replace", action="store_true", help=common.REPLACE_HELP)
-    with common.exit_on_user_error():
+    with common.exit_on_user_error(parser.prog):
         args = parser.parse_args(argv)
         T, n_train, n_val = args.block_size, args.train_samples, args.val_samples
         if T + 1 < KEY_CHARACTERS:

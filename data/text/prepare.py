@@ -25,7 +25,7 @@ def main(argv=None):
     block_help = "the context you will train with: each split needs T + 1 tokens"
     add("--block_size", type=int, default=64, help=block_help)
     add("--replace", action="store_true", help=common.REPLACE_HELP)
-    with common.exit_on_user_error():
+    with common.exit_on_user_error(parser.prog):
         args = parser.parse_args(argv)
         name = Path(args.input).stem if args.name is None else args.name
         if common.bad_dataset_name(name):

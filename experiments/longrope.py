@@ -260,7 +260,7 @@ def main(argv=None):
             dataset = (ckpt.get("train_config") or {}).get("dataset")
             require(dataset, f"{path}: no train_config.dataset: the search measures loss on its train split")
             tokens = search_tokens(dataset)
-            starts = window_starts(len(tokens), length, cfg.windows)
+            starts = window_starts(len(tokens), length, cfg.windows, split="train")
 
         @torch.no_grad()
         def fitness(candidate):

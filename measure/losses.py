@@ -54,12 +54,12 @@ def validation_tokens(dataset, prepare=True):
     return np.memmap(data_dir / "val.bin", dtype=meta["dtype"], mode="r")
 
 
-def window_starts(n_tokens, length, max_windows=None):
+def window_starts(n_tokens, length, max_windows=None, split="validation"):
     """Starts of non-overlapping windows of `length` tokens (and the next-token target) in a split of
     n_tokens: all that fit, or max_windows spread evenly (the same every run). A UserError if none fits."""
     fit = (n_tokens - 1) // length
     if fit < 1:
-        raise UserError(f"a window of {length} tokens does not fit in the {n_tokens}-token validation split")
+        raise UserError(f"a window of {length} tokens does not fit in the {n_tokens}-token {split} split")
     n = fit if max_windows is None else min(fit, max_windows)
     return np.unique(np.linspace(0, fit - 1, n).round().astype(np.int64)) * length  # n distinct as n <= fit
 

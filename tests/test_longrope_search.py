@@ -206,6 +206,15 @@ def test_an_unwritable_out_is_a_one_line_error_before_the_search(rope_run, tmp_p
     assert stop.value.code != 0 and "\n" not in err and "is a file, not a folder" in err, err
 
 
+def test_a_factor_beyond_the_train_split_is_a_one_line_error_naming_that_split(rope_run, monkeypatch, capsys):
+    """The loss fitness reads windows of the train split (never an evaluation window): the error says so."""
+    monkeypatch.setattr(longrope, "evolve", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        longrope.main([str(rope_run), "--factor=100000"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code != 0 and "\n" not in err and "-token train split" in err, err
+
+
 # A tiny RoPE model trained to retrieve (2 layers x 64 dims, T = 32; 100% of the keys at T, 0% at 2 T plain):
 #     python -m data.passkey.prepare --block_size=32
 #     python train.py --dataset=passkey_ctx32 --block_size=32 --n_layer=2 --n_head=2 --n_embd=64 --bias=false

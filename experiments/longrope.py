@@ -252,7 +252,6 @@ def main(argv=None):
         out = Path(cfg.out or f"{run_folder(cfg.checkpoint)}_longrope_{'short' if cfg.short else f'x{s:g}'}")
         if (out / "factors.json").exists():
             raise UserError(f"{out}/factors.json exists: give another --out, or move it away", 2)
-        check_outputs({"out": out / "factors.json"})  # before the search, not after it
         if cfg.fitness == "passkey":
             stoi = passkey_vocabulary(ckpt, path)
             samples = [passkey_batch(stoi, length, d, cfg.windows, cfg.passkey_seed) for d in PASSKEY_DEPTHS]
@@ -261,6 +260,7 @@ def main(argv=None):
             require(dataset, f"{path}: no train_config.dataset: the search measures loss on its train split")
             tokens = search_tokens(dataset)
             starts = window_starts(len(tokens), length, cfg.windows, split="train")
+        check_outputs({"out": out / "factors.json"})  # before the search, not after it; its folder made last
 
         @torch.no_grad()
         def fitness(candidate):

@@ -213,6 +213,7 @@ def test_a_factor_beyond_the_train_split_is_a_one_line_error_naming_that_split(r
         longrope.main([str(rope_run), "--factor=100000"])
     err = capsys.readouterr().err.strip()
     assert stop.value.code != 0 and "\n" not in err and "-token train split" in err, err
+    assert not Path(f"{rope_run}_longrope_x100000").exists()  # no folder made for a search that cannot run
 
 
 # A tiny RoPE model trained to retrieve (2 layers x 64 dims, T = 32; 100% of the keys at T, 0% at 2 T plain):

@@ -41,7 +41,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import resolve_device
 from plumbing.memory import check_training_memory
-from plumbing.outputs import check_outputs, write_output, write_rows
+from plumbing.outputs import check_folder, check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
@@ -624,6 +624,7 @@ def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
+        check_folder("out_root", ROOT / cfg.out_root)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
 
 

@@ -24,6 +24,7 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from model import GPT, GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.memory import check_training_memory
-from plumbing.outputs import check_outputs, write_output, write_rows
+from plumbing.outputs import check_folder, check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table, measured
 from positions import require
 
@@ -98,7 +99,7 @@ class StudyConfig:
     trials: int = 20  # passkey: samples per length and depth
     max_windows: int = 16  # loss: windows per length, for the choice of rate and the report
     bench_steps: int = 5  # timed steps per method (after one untimed)
-    jobs: int = 1  # train.py runs side by side, each with its share of the cores
+    jobs: int = 1  # train.py runs side by side (at most the cores), each with its share of them
     out_root: str | None = None  # None: out/longlora (out/longlora_quick with --quick)
     results: str | None = None  # None: docs (out_root with --quick)
     quick: bool = False  # smoke run: a small model, a few steps, a few samples
@@ -109,6 +110,8 @@ class StudyConfig:
         for name in "seeds base_iters max_iters batch_size trials max_windows bench_steps jobs".split():
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.rates and all(r > 0 for r in self.rates), f"rates must be > 0, got {self.rates}")
+        cores = os.cpu_count() or 1  # more runs than cores take turns on them, each slowing the others
+        require(self.jobs <= cores, f"jobs={self.jobs}: give 1 to {cores} (the cores) runs side by side")
         require(all(n >= 1 for n in self.curve), f"curve's budgets must be >= 1 step, got {self.curve}")
         if self.quick:
             self.base_iters, self.max_iters, self.trials, self.max_windows, self.bench_steps = 10, 4, 2, 2, 1
@@ -211,6 +214,7 @@ def main(argv=None):
             return write_tables(cfg, results, footer=None)
         for name in ("longlora.csv", "longlora_cost.csv", "longlora_table.md"):  # before any training
             check_outputs({"results": results / name})
+        check_folder("out_root", ROOT / cfg.out_root)
         return run_study(cfg, results, argv)
 
 

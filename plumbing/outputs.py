@@ -67,8 +67,8 @@ def no_space(error, path, needed=None, kept=""):
 
 def check_outputs(outputs, inputs=()):
     """A one-line UserError naming the flag unless every output in outputs ({flag: path or None}) can be
-    written: its folder made (as the write will), a temporary file written, flushed to disk and removed there;
-    nor may two outputs name one file, or an output name an input (a checkpoint read)."""
+    written (check_writable); nor may two outputs name one file, or an output name an input (a checkpoint
+    read)."""
     inputs, written = {Path(source).resolve() for source in inputs}, {}
     for flag, path in [(flag, Path(path)) for flag, path in outputs.items() if path is not None]:
         where, real = f"--{flag}={path}", path.resolve()
@@ -81,19 +81,30 @@ def check_outputs(outputs, inputs=()):
         written[real] = flag
         if path.is_dir():
             raise UserError(f"{where}: is a folder; give a file name")
-        if in_the_way := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
-            raise UserError(f"{where}: {in_the_way} is a file, not a folder")
-        probe = temporary_path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(probe, "xb", buffering=0) as f:
-                f.write(bytes(PROBE_BYTES))
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None
-        finally:  # once closed: Windows removes no open file
-            with suppress(OSError):
-                probe.unlink()
+        check_writable(where, path)
+
+
+def check_folder(flag, folder):
+    """check_outputs for a folder the work fills with files of its own (a study's --out_root)."""
+    check_writable(f"--{flag}={folder}", Path(folder) / "probe")
+
+
+def check_writable(where, path):
+    """A one-line UserError starting `where` unless a file can be written at path: no file in the way of its
+    folders, its folder made (as the write will), a temporary file written, flushed to disk and removed."""
+    if in_the_way := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+        raise UserError(f"{where}: {in_the_way} is a file, not a folder")
+    probe = temporary_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(probe, "xb", buffering=0) as f:
+            f.write(bytes(PROBE_BYTES))
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None
+    finally:  # once closed: Windows removes no open file
+        with suppress(OSError):
+            probe.unlink()
 
 
 def write_output(flag, path, write):

@@ -120,6 +120,25 @@ def test_the_study_refuses_a_results_file_that_is_a_folder_before_training(monke
     assert err.endswith("longlora.csv: is a folder; give a file name")
 
 
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--jobs=1000"], "jobs=1000: give 1 to"),
+        (["--out_root=README.md"], "README.md is a file, not a folder"),
+        (["--out_root=/proc/longlora"], "--out_root=/proc/longlora: cannot write there"),
+    ],
+)
+def test_the_study_refuses_more_jobs_than_cores_or_an_unwritable_out_root_first(
+    monkeypatch, tmp_path, capsys, flags, words
+):
+    monkeypatch.setattr(longlora, "run_study", lambda *a: pytest.fail("the study started"))
+    with pytest.raises(SystemExit) as exit_info:
+        longlora.main([f"--results={tmp_path}", *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code != 0 and err.startswith(f"{longlora.PROG}: error: ") and "\n" not in err, err
+    assert words in err, err
+
+
 def test_the_study_refuses_a_batch_beyond_memory_before_any_work(monkeypatch, tmp_path):
     monkeypatch.setattr(longlora, "ensure_trained", lambda *a, **kw: pytest.fail("a run started"))
     monkeypatch.setattr(longlora, "run_python", lambda *a, **kw: pytest.fail("a script started"))

@@ -23,6 +23,7 @@ def places(tmp_path):
 
 
 STUDY = ["--quick", "--out_root={dir}/study"]
+OUT_ROOT = ["--quick", "--results={dir}/results"]  # the results elsewhere: --out_root is what is checked
 CASES = [
     (extrapolation, [*STUDY, "--lengths=nan"], 2, "lengths must be positive"),
     (extrapolation, [*STUDY, "--lengths=1,inf"], 2, "lengths must be positive"),
@@ -32,6 +33,9 @@ CASES = [
     (extrapolation, [*STUDY, "--results={under}"], 1, "is a file, not a folder"),
     (extrapolation, [*STUDY, "--results={proc}"], 1, "cannot write there"),
     (extrapolation, ["--out_root={dir}/study", "--batch_size=100000"], 1, "batches of 100000 x 256", "lower"),
+    (extrapolation, [*OUT_ROOT, "--out_root={file}"], 1, "--out_root=", "is a file, not a folder"),
+    (extrapolation, [*OUT_ROOT, "--out_root={under}"], 1, "--out_root=", "is a file, not a folder"),
+    (extrapolation, [*OUT_ROOT, "--out_root={proc}/study"], 1, "--out_root=", "cannot write there"),
     (probe, ["--checkpoints={dir}", "--figure={dir}"], 1, "--figure=", "is a folder"),
     (probe, ["--checkpoints={dir}", "--figure={proc}/probe.png"], 1, "cannot write there"),
     (probe, ["--checkpoints={dir}", "--figure={under}/probe.png"], 1, "is a file, not a folder"),

@@ -125,8 +125,7 @@ class Streamer:
     not printed yet; a token ending inside a multi-byte character is held back until whole (or close)."""
 
     def __init__(self, tokenizer, prompt_ids, block_size):
-        self.tokenizer, self.block_size = tokenizer, block_size
-        self.n_ids = len(prompt_ids)
+        self.tokenizer, self.block_size, self.n_ids = tokenizer, block_size, len(prompt_ids)
         self.pending = []  # ids generated but not printed yet
         print(mark_trained_length(tokenizer, prompt_ids, block_size), end="", flush=True)
 
@@ -187,9 +186,7 @@ def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
-    longrope = (
-        read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor) if cfg.rope_factors else None
-    )
+    longrope = cfg.rope_factors and read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor)
     original = checkpoint["model_config"]["rope_original_len"] or block_size
     check_original_len(longrope or {}, original, f"{out_dir}'s original length")
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)

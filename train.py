@@ -220,13 +220,7 @@ def start_run(cfg, model_config, procs):
     data_dir, meta = prepare_data(cfg.dataset, procs)
     run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
     if cfg.resume:  # checked against the settings before the weights are read into the run
-        path, ckpt, changes = resume.open_for_resume(
-            cfg.out_dir, cfg, run.model_config, meta, procs.world_size
-        )
-        changed = "; changed: " + ", ".join(changes) if changes else ""
-        best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
-        procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
-        resume.restore_training(run, path, ckpt)
+        resume.resume_run(run)
     if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
         procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
     return run
@@ -261,13 +255,17 @@ def train_step(run, lr):
 
 
 @torch.no_grad()
-def estimate_loss(model, sampler, eval_iters, autocast):
-    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train", "val"}"""
+def estimate_loss(model, sampler, eval_iters, autocast, stopping=lambda: False):
+    """Mean loss over eval_iters batches of each split, in eval mode (dropout off). -> {"train", "val"}, or
+    None once stopping() is true before a batch (a stop request: an evaluation can take minutes)."""
     model.eval()
     losses = {}
     for split in ("train", "val"):
         total = 0.0
         for _ in range(eval_iters):
+            if stopping():
+                model.train()
+                return None
             x, y = sampler.get_batch(split)
             with autocast:
                 total += model(x, y)[1].item()
@@ -277,13 +275,18 @@ def estimate_loss(model, sampler, eval_iters, autocast):
 
 
 def evaluate(run, wandb_run, signals):
-    """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints."""
+    """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints. -> the
+    losses, or None if a stop request cut the estimate short."""
     p, cfg = run.progress, run.cfg
     run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
-    estimate = {"train": math.nan, "val": math.nan}
+    estimate, cut = {"train": math.nan, "val": math.nan}, False
     if run.procs.master:
-        estimate = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast)
-    train_loss, val_loss = run.procs.share([estimate["train"], estimate["val"]], cfg.device)
+        requested = lambda: signals.received is not None
+        measured = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast, requested)
+        estimate, cut = measured or estimate, measured is None
+    train_loss, val_loss, cut = run.procs.share([estimate["train"], estimate["val"], float(cut)], cfg.device)
+    if cut:  # the loop stops, saying so
+        return None
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         what = f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss})"
         raise UserError(f"{what}: training stopped; {resume.kept_checkpoint(run)}")
@@ -329,8 +332,10 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
                 if due and not (cfg.resume and it == start_iter):  # evaluated before it was saved
                     with clock.evaluation():
-                        evals.append(evaluate(run, wandb_run, signals))
-                if it >= cfg.max_iters:
+                        evaluated = evaluate(run, wandb_run, signals)
+                    stop = stop or evaluated is None  # a stop request cut the evaluation short
+                    evals += [evaluated] if evaluated else []
+                if it >= cfg.max_iters and not stop:
                     break
                 if stop:
                     if p.saved_iter != it:
@@ -358,9 +363,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                         wandb_run.log({f"train/{k}": v for k, v in logged.items()}, step=it + 1)
     seconds = time.perf_counter() - start
     if not stopped:
-        best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
-        best = best if p.best_iter is not None else "no evaluation"
-        procs.log(f"done in {report.format_seconds(seconds)}: {best}")
+        procs.log(report.done_line(run, seconds))
     summary = {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num}
     summary |= {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals}
     summary |= {"losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}

@@ -193,6 +193,13 @@ def describe_model(model):
     return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
 
 
+def done_line(run, seconds):
+    """'done in 1m19s: best val loss 1.7588 at step 2000, in out/.../best.pt', the last line of a run."""
+    p = run.progress
+    best = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {run.best_path}"
+    return f"done in {format_seconds(seconds)}: {best if p.best_iter is not None else 'no evaluation'}"
+
+
 def header_line(run, one_per_process):
     """What is trained, on what, how (run: plumbing.resume.Run): the first line of every run's log."""
     cfg, procs = run.cfg, run.procs

@@ -171,6 +171,31 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_the_run_resumes_exactly(t
     assert ckpt_io.run_finished(checkpoint(out_dir)) and ckpt_io.run_finished(checkpoint(whole_dir))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_an_evaluation_stops_it_and_saves_the_step(tmp_path, sig):
+    """An evaluation can take minutes (200 batches of each split on a CPU): a stop request during one ends
+    it within a batch, writes the step's checkpoint and exits 128 + the signal, as a request between steps
+    does. The evaluation here (step 0's) would take minutes whole; the timeout leaves it seconds."""
+    out_dir = tmp_path / "stopped"
+    flags = [*RESUMABLE, f"--out_dir={out_dir}", "--max_iters=100000", "--eval_iters=100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *flags],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 0: evaluating on 100000 batches"):
+                break
+        time.sleep(0.2)  # inside the evaluation
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert f"stopped by {sig.name} after step 0: saved {out_dir / 'ckpt.pt'}" in out, out
+    assert checkpoint(out_dir)["iter_num"] == 0 and not (out_dir / LOCK_NAME).exists()
+
+
 def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):
     """Two Ctrl-C in a row: the first asks for a checkpoint and a stop, the second (in the middle of that, or
     after) stops at once: exit status 130, at most one line on stderr, no traceback, no lock left behind."""

@@ -213,12 +213,13 @@ TINY_RUN = [
 
 
 def stopped_by_ctrl_c(argv):
-    """train.main(argv) with a Ctrl-C (SIGINT) in its first forward pass: train.py finishes the step it is in,
-    saves ckpt.pt and stops, before max_iters."""
+    """train.main(argv) with a Ctrl-C (SIGINT) in its first training step's forward pass (after step 0's
+    evaluation): train.py finishes the step, saves ckpt.pt and stops, before max_iters."""
 
     def ctrl_c(module, args, output):
-        handle.remove()
-        signal.raise_signal(signal.SIGINT)
+        if module.training:
+            handle.remove()
+            signal.raise_signal(signal.SIGINT)
 
     handle = torch.nn.modules.module.register_module_forward_hook(ctrl_c)
     try:

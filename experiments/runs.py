@@ -8,16 +8,19 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
-from plumbing.errors import UserError
+from plumbing.errors import Stopped, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
@@ -60,14 +63,44 @@ class Plan:
         return f"a pos={m['pos']} model ({shape})" + (f" from {t['init_from']}" if t.get("init_from") else "")
 
 
+RUNNING = set()  # the child processes running now
+
+
+@contextmanager
+def sigterm_passed_on():
+    """While active in the main thread, a SIGTERM to this process (kill PID: it alone) goes on to every child
+    in RUNNING, where train.py saves and stops on it, then stops this one as Stopped (status 143) once they
+    have ended, instead of leaving them to train on unseen."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def pass_on(signum, frame):
+        for process in list(RUNNING):
+            process.send_signal(signum)
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, pass_on)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_python(args, said="see its output above", **kwargs):
-    """`python args...` from the repository root, its output shown; a failure is a UserError."""
+    """`python args...` from the repository root, its output shown; a failure is a UserError. -> the
+    CompletedProcess (its stdout with stdout=PIPE)."""
     sys.stdout.flush()  # what we printed comes before the command's output
     args = [str(arg) for arg in args]
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, **kwargs)
-    if done.returncode:
-        raise UserError(f"`{shlex.join(['python', *args])}` failed (exit status {done.returncode}); {said}")
-    return done
+    with sigterm_passed_on(), subprocess.Popen([sys.executable, *args], cwd=ROOT, **kwargs) as process:
+        RUNNING.add(process)
+        try:
+            stdout, stderr = process.communicate()  # on Stopped, Popen's exit waits for the child to end
+        finally:
+            RUNNING.discard(process)
+    if status := process.returncode:
+        raise UserError(f"`{shlex.join(['python', *args])}` failed (exit status {status}); {said}")
+    return subprocess.CompletedProcess(process.args, status, stdout, stderr)
 
 
 def read_rows(path):
@@ -198,7 +231,7 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
                 run_python(args, stdout=f, stderr=subprocess.STDOUT, env=env, said=f"see {output}")
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
+    with sigterm_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
         list(pool.map(lambda job: train(job[0], *job[1]), enumerate(todo, 1)))  # raises a run's failure
     return [ROOT / p.out_dir for p in plans]
 

@@ -189,14 +189,14 @@ def check_finite(run, loss, step, last):
 
 
 def resume_run(run):
-    """--resume: the run's out_dir/ckpt.pt opened and checked (open_for_resume), what resumes said, the run
-    restored from it (restore_training)."""
+    """--resume: the run's out_dir/ckpt.pt opened and checked (open_for_resume), the run restored from it
+    (restore_training, which checks LoRA's settings), then what resumed said."""
     cfg, procs = run.cfg, run.procs
     path, ckpt, changes = open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size)
+    restore_training(run, path, ckpt)
     changed = "; changed: " + ", ".join(changes) if changes else ""
     best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
     procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
-    restore_training(run, path, ckpt)
 
 
 def restore_training(run, path, ckpt):

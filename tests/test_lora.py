@@ -140,7 +140,11 @@ def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint
     assert not any(isinstance(m, lora.LoRALinear) for m in model.modules())
 
 
-def test_resuming_with_other_lora_settings_is_refused(capsys, tmp_path, base_run):
+def test_resuming_with_other_lora_settings_is_refused_before_it_says_it_resumes(capsys, tmp_path, base_run):
     train.main(fine_tune_flags(base_run, tmp_path, 2))
-    err = train_error_line(capsys, [*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"], 1)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main([*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"])
+    out, err = capsys.readouterr()
     assert "trained with rank 2, alpha 16, train 'embed,norm'" in err and "rank 3" in err
+    assert err.count("\n") == 1 and "resuming" not in out, out

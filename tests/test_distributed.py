@@ -5,6 +5,7 @@ Each test launches `torchrun --standalone --nproc_per_node=2` as a user would, o
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import torch
 import train
 from plumbing import checkpoint, distributed
 from plumbing.errors import UserError
+from plumbing.run_folder import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 # torchrun gives each worker one thread unless told otherwise; say so, keep the parent's pytest thread count
@@ -98,6 +100,29 @@ def test_torchrun_two_processes_match_one_process_with_the_same_global_batch(run
     )
     assert max((ddp["model"][k] - one["model"][k]).abs().max().item() for k in one["model"]) <= TOLERANCE
     assert len(ddp["rng"]) == 2 and len(one["rng"]) == 1  # each rank's generators are saved
+
+
+def test_a_sigterm_during_a_torchrun_evaluation_cuts_it_short_and_saves(tmp_path):
+    """torchrun passes a SIGTERM on to its workers: rank 0 stops its evaluation within a batch, tells the
+    others, and every rank saves and stops, where the whole evaluation would take minutes."""
+    out_dir = tmp_path / "ddp"
+    flags = [*FLAGS, "--max_iters=100000", "--eval_iters=100000", f"--out_dir={out_dir}"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    launcher = subprocess.Popen(
+        [*command, "train.py", *flags],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        for line in launcher.stdout:
+            if line.startswith("step 0: evaluating on 100000 batches"):
+                break
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert f"stopped by SIGTERM after step 0: saved {out_dir / 'ckpt.pt'}" in out, out
+    assert checkpoint.open_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 0
+    assert not (out_dir / LOCK_NAME).exists()
 
 
 def test_a_torchrun_checkpoint_resumes_in_one_process(runs, tmp_path):

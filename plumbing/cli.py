@@ -240,7 +240,7 @@ def read_rope_factors(path, rope_scaling=None, rope_factor=None):
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     for key in ("short_factor", "long_factor"):
         if not isinstance(table[key], list) or not all(map(number, table[key])):
-            raise UserError(f"{where}: {key} must be a list of numbers, got {table[key]!r}", 2)
+            raise UserError(f"{where}: {key} must be a list of finite numbers, got {table[key]!r}", 2)
     for key in ("factor", "attention_factor", "original_max_position_embeddings", "keep_first"):
         whole, value = key in ("original_max_position_embeddings", "keep_first"), table.get(key)
         if value is not None and not (number(value) and (not whole or isinstance(value, int))):

@@ -156,8 +156,9 @@ BAD_FILES = [
     ("not an object", "[1, 2]", "a JSON object"),
     ("missing keys", {"short_factor": [1, 1, 1, 1]}, "missing long_factor"),
     ("unknown key", {"short_factor": [1] * 4, "long_factor": [1] * 4, "long_mscale": 1.2}, "unknown key"),
-    ("not numbers", {"short_factor": [1, "2", 3, 4], "long_factor": [1] * 4}, "list of numbers"),
-    ("a boolean", {"short_factor": [1, True, 3, 4], "long_factor": [1] * 4}, "list of numbers"),
+    ("not numbers", {"short_factor": [1, "2", 3, 4], "long_factor": [1] * 4}, "list of finite numbers"),
+    ("a boolean", {"short_factor": [1, True, 3, 4], "long_factor": [1] * 4}, "list of finite numbers"),
+    ("not finite", {"short_factor": [1] * 4, "long_factor": [1, math.nan, 1, 1]}, "list of finite numbers"),
     ("another type", {"type": "yarn", "short_factor": [1] * 4, "long_factor": [1] * 4}, "is not longrope"),
     ("keep_first not whole", {"short_factor": [1] * 4, "long_factor": [1] * 4, "keep_first": 2.5}, "whole"),
 ]

@@ -290,7 +290,7 @@ def evaluate(run, wandb_run, signals):
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         what = f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss})"
         raise UserError(f"{what}: training stopped; {resume.kept_checkpoint(run)}")
-    improved = val_loss < p.best_val_loss
+    improved, p.evaluated_iter = val_loss < p.best_val_loss, p.iter_num
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     with signals.deferred():  # a second Ctrl-C now stops the script once the file is whole
@@ -324,13 +324,13 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
             procs.log(note)
         flops_per_step = run.model.flops_per_token() * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)
-        start_iter, clock = p.iter_num, report.StepClock(cfg, p.iter_num)
+        clock = report.StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
         with report.wandb_logging(run) as wandb_run, StopSignals() as signals:
             while True:
                 it = p.iter_num  # steps done
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
-                if due and not (cfg.resume and it == start_iter):  # evaluated before it was saved
+                if due and p.evaluated_iter != it:  # a resumed step was evaluated unless a signal cut it
                     with clock.evaluation():
                         evaluated = evaluate(run, wandb_run, signals)
                     stop = stop or evaluated is None  # a stop request cut the evaluation short

@@ -205,6 +205,7 @@ SCHEMA = {
     "rng": [RNG],  # one per rank
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
+    "evaluated_iter": (int, NONE),  # the step of its last whole evaluation (older files: iter_num)
 }
 
 

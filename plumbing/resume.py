@@ -25,8 +25,9 @@ from plumbing.checkpoint import (
 from plumbing.errors import UserError
 from positions import LONGROPE_FIELDS
 
-# Resuming needs these beyond what sampling needs (SCHEMA's order)
-RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "finished")]
+# Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack
+LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and restore_training read them with a default
+RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", *LATER_KEYS)]
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
@@ -40,6 +41,7 @@ class Progress:
     best_iter: int | None = None
     wandb_run_id: str | None = None
     saved_iter: int | None = None  # the step of the checkpoint on disk (ckpt.pt)
+    evaluated_iter: int | None = None  # the step of the last whole evaluation (a signal may cut one short)
 
 
 @dataclass
@@ -159,7 +161,8 @@ def write_checkpoints(run, improved):
             "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
             "rng": rng,
             "wandb_run_id": p.wandb_run_id,
-            "finished": p.iter_num >= run.cfg.max_iters,
+            "finished": p.iter_num >= run.cfg.max_iters and p.evaluated_iter == p.iter_num,
+            "evaluated_iter": p.evaluated_iter,
         }
         try:
             save_checkpoint(ckpt, run.ckpt_path)
@@ -220,6 +223,7 @@ def restore_training(run, path, ckpt):
     p = run.progress
     p.iter_num, p.best_val_loss, p.best_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_iter"]
     p.saved_iter, p.wandb_run_id = ckpt["iter_num"], ckpt["wandb_run_id"]
+    p.evaluated_iter = ckpt.get("evaluated_iter", ckpt["iter_num"])  # older files: evaluated when written
     if run.procs.rank < len(ckpt["rng"]):
         set_rng_state(ckpt["rng"][run.procs.rank], run.cfg.device)
     else:  # a rank the saved run did not have: a fresh stream of its own

@@ -20,6 +20,7 @@ from helpers import train_error_line
 
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
+from model import GPT
 from plumbing import checkpoint as ckpt_io
 from plumbing import distributed, resume
 from plumbing.run_folder import LOCK_NAME
@@ -194,6 +195,31 @@ def test_a_signal_during_an_evaluation_stops_it_and_saves_the_step(tmp_path, sig
     assert proc.returncode == 128 + sig, err
     assert f"stopped by {sig.name} after step 0: saved {out_dir / 'ckpt.pt'}" in out, out
     assert checkpoint(out_dir)["iter_num"] == 0 and not (out_dir / LOCK_NAME).exists()
+
+
+def test_a_step_whose_evaluation_a_signal_cut_is_evaluated_when_resumed(tmp_path):
+    """A Ctrl-C in the last step's evaluation: the checkpoint is the last step's but not finished (its
+    evaluation is missing), and --resume evaluates that step, then ends finished."""
+    out_dir, steps, sent = tmp_path / "cut", [], []
+    flags = [*RESUMABLE, f"--out_dir={out_dir}", "--max_iters=4"]
+
+    def ctrl_c_in_the_fourth_steps_evaluation(module, args, output):
+        if isinstance(module, GPT) and module.training:
+            steps.append(1)
+        elif isinstance(module, GPT) and len(steps) == 4 and not sent:
+            sent.append(signal.raise_signal(signal.SIGINT))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(ctrl_c_in_the_fourth_steps_evaluation)
+    try:
+        stopped = train.main(flags)
+    finally:
+        handle.remove()
+    assert stopped["stopped"] == "SIGINT" and [e["iter"] for e in stopped["evals"]] == [0, 2]
+    saved = checkpoint(out_dir)
+    assert saved["iter_num"] == 4 and not ckpt_io.run_finished(saved)
+    resumed = train.main([*flags, "--resume"])
+    assert [e["iter"] for e in resumed["evals"]] == [4] and resumed["stopped"] is None
+    assert ckpt_io.run_finished(checkpoint(out_dir))
 
 
 def test_a_second_ctrl_c_while_stopping_exits_130_without_a_traceback(tmp_path):

@@ -81,8 +81,9 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
         "rng",
         "wandb_run_id",
         "finished",
+        "evaluated_iter",
     }  # sampling's, resume's
-    assert ckpt["model_config"]["pos"] == pos
+    assert ckpt["model_config"]["pos"] == pos and ckpt["evaluated_iter"] == 3 and ckpt["finished"]
     assert (
         ckpt["model_config"]["vocab_size"] == ckpt["meta"]["vocab_size"] == 65
     )  # from the dataset, not the default

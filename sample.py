@@ -108,8 +108,7 @@ def load(out_dir, device, rope_scaling=None, rope_factor=1.0, checkpoint=None, l
     model, tokenizer, checkpoint = open_model(
         out_dir, device, checkpoint, rope_scaling, rope_factor, llama3_factors, longrope
     )
-    info = {key: value for key, value in checkpoint.items() if key not in ("model", "optimizer")}
-    return Loaded(model, tokenizer, info)
+    return Loaded(model, tokenizer, {k: v for k, v in checkpoint.items() if k not in ("model", "optimizer")})
 
 
 def mark_trained_length(tokenizer, ids, block_size):
@@ -216,11 +215,11 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     return samples, tokens_per_second
 
 
-def compare(cfg, device, threads=None):
+def compare(cfg, device):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
-    RoPE ones only), then a summary table; threads: a line to print first."""
-    if threads:
-        print(threads)
+    RoPE ones only), then a summary table."""
+    for out_dir in [name for name in cfg.compare if name not in GPT2_MODELS]:  # a wrong path fails first
+        open_checkpoint(checkpoint_path(out_dir), mmap=True)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
@@ -253,7 +252,8 @@ def main(argv=None):
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
-            return compare(cfg, device, threads)
+            print(threads)
+            return compare(cfg, device)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
         return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads)

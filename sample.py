@@ -215,11 +215,12 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     return samples, tokens_per_second
 
 
-def compare(cfg, device):
+def compare(cfg, device, threads):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
-    RoPE ones only), then a summary table."""
+    RoPE ones only), then a summary table; threads: a line to print once every checkpoint is found."""
     for out_dir in [name for name in cfg.compare if name not in GPT2_MODELS]:  # a wrong path fails first
         open_checkpoint(checkpoint_path(out_dir), mmap=True)
+    print(threads)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
@@ -252,8 +253,7 @@ def main(argv=None):
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare:
-            print(threads)
-            return compare(cfg, device)
+            return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
         return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads)

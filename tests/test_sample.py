@@ -225,8 +225,10 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
 def test_compare_refuses_a_missing_checkpoint_before_sampling_any(checkpoints, capsys, monkeypatch, tmp_path):
     """A wrong path among --compare's is one line before the first model is sampled, not after it."""
     monkeypatch.setattr(sample, "print_samples", lambda *a, **k: pytest.fail("a model was sampled"))
-    err = error_line(capsys, sample, ["--compare", checkpoints["rope"], str(tmp_path / "typo")], 1)
-    assert err.endswith(f"{tmp_path / 'typo' / 'ckpt.pt'}: no such checkpoint file"), err
+    with pytest.raises(SystemExit):
+        sample.main(["--compare", checkpoints["rope"], str(tmp_path / "typo")])
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith(f"{tmp_path / 'typo' / 'ckpt.pt'}: no such checkpoint file\n"), err
 
 
 def test_a_loaded_model_holds_the_only_copy_of_its_weights(checkpoints):

@@ -1,6 +1,9 @@
 """Helpers shared by the test files (pytest puts this folder on sys.path)."""
 
+import subprocess
+import time
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +51,20 @@ TINY_RUN = [
     *("--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu"),
     "--compile=false",
 ]
+
+
+def signalled_in_the_first_evaluation(command, sig, env, timeout):
+    """command (a train.py run with an evaluation of minutes) from the repository root, sent sig once step 0's
+    evaluation has begun. -> (the process, its stdout, its stderr), once it has ended (or been killed)."""
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], env=env, **pipes)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 0: evaluating on"):
+                break
+        time.sleep(0.2)  # inside the evaluation
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc, out, err

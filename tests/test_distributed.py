@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import signalled_in_the_first_evaluation
 
 import train
 from plumbing import checkpoint, distributed
@@ -108,18 +109,7 @@ def test_a_sigterm_during_a_torchrun_evaluation_cuts_it_short_and_saves(tmp_path
     out_dir = tmp_path / "ddp"
     flags = [*FLAGS, "--max_iters=100000", "--eval_iters=100000", f"--out_dir={out_dir}"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    launcher = subprocess.Popen(
-        [*command, "train.py", *flags],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        for line in launcher.stdout:
-            if line.startswith("step 0: evaluating on 100000 batches"):
-                break
-        launcher.send_signal(signal.SIGTERM)
-        out, _ = launcher.communicate(timeout=120)
-    finally:
-        launcher.kill()
+    _, out, _ = signalled_in_the_first_evaluation([*command, "train.py", *flags], signal.SIGTERM, ENV, 120)
     assert f"stopped by SIGTERM after step 0: saved {out_dir / 'ckpt.pt'}" in out, out
     assert checkpoint.open_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 0
     assert not (out_dir / LOCK_NAME).exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import train_error_line
+from helpers import signalled_in_the_first_evaluation, train_error_line
 
 import train
 from data.common import DATA_ROOT, load_meta, write_dataset
@@ -179,19 +179,7 @@ def test_a_signal_during_an_evaluation_stops_it_and_saves_the_step(tmp_path, sig
     does. The evaluation here (step 0's) would take minutes whole; the timeout leaves it seconds."""
     out_dir = tmp_path / "stopped"
     flags = [*RESUMABLE, f"--out_dir={out_dir}", "--max_iters=100000", "--eval_iters=100000"]
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *flags],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        for line in proc.stdout:
-            if line.startswith("step 0: evaluating on 100000 batches"):
-                break
-        time.sleep(0.2)  # inside the evaluation
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    proc, out, err = signalled_in_the_first_evaluation([sys.executable, "train.py", *flags], sig, ENV, 60)
     assert proc.returncode == 128 + sig, err
     assert f"stopped by {sig.name} after step 0: saved {out_dir / 'ckpt.pt'}" in out, out
     assert checkpoint(out_dir)["iter_num"] == 0 and not (out_dir / LOCK_NAME).exists()

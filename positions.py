@@ -170,23 +170,27 @@ def rotary_dim(head_dim, fraction=1.0):
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
-    """cos and sin of the rotation angles position * theta_i, in inv_freq's dtype. -> two (T, head_dim/2)"""
-    angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
-    return angle.cos() * attention_scale, angle.sin() * attention_scale
+    """The tables apply_rope multiplies by, times the attention scale, in inv_freq's dtype: each angle
+    position * theta_i twice, as transformers' cat((freqs, freqs)) (pair i is dimensions i and i + d/2), the
+    sin's first half negated so that turning a pair is two products and a sum (apply_rope). Built when the
+    table is, not per layer. -> cos (T, d) = (cos a, cos a), sin (T, d) = (-sin a, sin a)"""
+    angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]  # (T, d/2)
+    cos, sin = angle.cos() * attention_scale, angle.sin() * attention_scale
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: (T, d/2), d the dimensions
-    rotated (d < head_dim: the rest pass unchanged, transformers' partial_rotary_factor). Pairs are halves
-    (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up to a fixed
-    permutation of the head dimensions (tests/test_positions.py). As transformers, x cos + rotate_half(x) sin
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: rope_cos_sin's (T, d), d
+    the dimensions rotated (d < head_dim: the rest pass unchanged, transformers' partial_rotary_factor). Pairs
+    are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up
+    to a fixed permutation of the head dimensions (tests/test_positions.py). transformers' x cos +
+    rotate_half(x) sin with rotate_half's sign in the sin table: x cos + roll(x, d/2) sin, four kernels a call
     (full-width products: faster than half-width ones on the strided q and k), in cos's dtype, cast back."""
-    d = 2 * cos.size(-1)
+    d = cos.size(-1)
     if d < x.size(-1):
         return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
-    swapped = x.roll(d // 2, dims=-1)  # (x2, x1): rotate_half(x) = (-x2, x1) without the sign
-    rotated = x * torch.cat([cos, cos], dim=-1) + swapped * torch.cat([-sin, sin], dim=-1)
-    return rotated.to(x.dtype)
+    swapped = x.roll(d // 2, dims=-1)  # (x2, x1): rotate_half(x) = (-x2, x1), its sign in sin
+    return (x * cos + swapped * sin).to(x.dtype)
 
 
 def alibi_slopes(n_head):
@@ -261,8 +265,9 @@ def window_length(limit, max_context=None):
 class PositionScheme(nn.Module):
     """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
         embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
-        rotation(positions, seq_len)    -> (cos, sin) turning q and k, or None; seq_len: the length of their
-                                        sequence (a prefill's chunk is part of one), default the last + 1
+        rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
+                                        the length of their sequence (a prefill's chunk is part of one),
+                                        default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
                                         (cache slots, S²-Attn's groups), shared by the layers, or None
         check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
@@ -276,9 +281,11 @@ class PositionScheme(nn.Module):
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
     (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
-    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns)."""
+    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns);
+    step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or None: the step
+    is then static, one CUDA graph or compiled graph for every position (generation.py)."""
 
-    length_limit = recode_past = None
+    length_limit = recode_past = step_varies = None
     rotates = biased = embedding = False
     encodes = True
 
@@ -410,6 +417,8 @@ class RotaryPositions(PositionScheme):
         self.longrope = config.rope_short_factor, config.rope_long_factor, config.rope_attention_factor
         self.keep_first = config.rope_keep_first
         self.recode_past = self.original_len if self.scaling == LONGROPE else None
+        if self.scaling == "dynamic":
+            self.step_varies = "rope_scaling='dynamic' recomputes the frequencies from the length each step"
         self._tabulate(config.block_size)
 
     @classmethod

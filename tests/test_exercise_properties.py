@@ -173,19 +173,28 @@ def test_rope_inv_freq_is_base_to_the_minus_2i_over_d(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_rope_cos_sin_turn_each_pair_by_position_times_theta(seed):
-    """cos, sin = cos(m theta_i), sin(m theta_i) times the attention scale, (T, d/2), in theta's dtype, at any
-    positions (a KV cache asks for late ones alone)."""
+    """cos = cos(m theta_i) at columns i and i + d/2; sin = -sin(m theta_i) at i, +sin(m theta_i) at i + d/2;
+    times the attention scale, (T, d), in theta's dtype, at any positions (a KV cache asks for late ones
+    alone)."""
     rng = random.Random(seed)
     positions = torch.tensor(rng.sample(range(5000), rng.randint(1, 6)))
     theta = torch.rand(rng.randint(1, 9), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     scale = rng.choice([1.0, 1.25])
     cos, sin = rope_cos_sin(positions, theta, scale)
-    assert cos.shape == sin.shape == (len(positions), len(theta)) and cos.dtype == sin.dtype == torch.float64
+    half = len(theta)
+    assert cos.shape == sin.shape == (len(positions), 2 * half) and cos.dtype == sin.dtype == torch.float64
     for row, m in enumerate(positions.tolist()):
         for i, t in enumerate(theta.tolist()):
-            where = f"[{row}, {i}] at position {m}"
-            near(cos[row, i].item(), scale * math.cos(m * t), 1e-9, f"cos{where}", cos.dtype)
-            near(sin[row, i].item(), scale * math.sin(m * t), 1e-9, f"sin{where}", sin.dtype)
+            for column, sign in ((i, -1), (i + half, 1)):
+                where = f"[{row}, {column}] at position {m}"
+                near(cos[row, column].item(), scale * math.cos(m * t), 1e-9, f"cos{where}", cos.dtype)
+                near(sin[row, column].item(), sign * scale * math.sin(m * t), 1e-9, f"sin{where}", sin.dtype)
+
+
+def tables_of(angle):
+    """apply_rope's tables (rope_cos_sin's form) for angles (T, d/2), built here from the formula: cos of each
+    angle twice, sin of -angle then +angle."""
+    return torch.cat([angle, angle], dim=-1).cos(), torch.cat([-angle, angle], dim=-1).sin()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -197,7 +206,7 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, H, T, d, dtype=torch.float64, generator=g)
     angle = 10 * torch.randn(T, d // 2, dtype=torch.float64, generator=g)
-    out = apply_rope(x, angle.cos(), angle.sin())
+    out = apply_rope(x, *tables_of(angle))
     assert out.shape == x.shape and out.dtype == x.dtype
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
     expected = torch.cat([turned.real, turned.imag], dim=-1)
@@ -208,7 +217,7 @@ def test_apply_rope_turns_each_half_pair_by_plus_the_angle(seed):
         rtol=0,
         atol=1e-12,
     )
-    assert apply_rope(x.float(), angle.cos(), angle.sin()).dtype == torch.float32
+    assert apply_rope(x.float(), *tables_of(angle)).dtype == torch.float32
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -221,7 +230,7 @@ def test_apply_rope_turns_only_the_first_d_dimensions(seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, rng.randint(1, 5), head_dim, dtype=torch.float64, generator=g)
     angle = 10 * torch.randn(x.size(1), d // 2, dtype=torch.float64, generator=g)
-    out = apply_rope(x, angle.cos(), angle.sin())
+    out = apply_rope(x, *tables_of(angle))
     assert out.shape == x.shape
     turned = torch.complex(x[..., : d // 2], x[..., d // 2 : d]) * torch.polar(torch.ones_like(angle), angle)
     close(
@@ -239,7 +248,7 @@ def test_apply_rope_worked_by_hand():
     turn to (-2, -4): (-3, -2, 1, -4). Turning by -angle gives (3, -2, -1, -4); RoFormer's interleaved pairs
     (-2, 1, -3, -4)."""
     angle = torch.tensor([[math.pi / 2, math.pi]], dtype=torch.float64)
-    out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), angle.cos(), angle.sin())
+    out = apply_rope(torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), *tables_of(angle))
     close(
         out,
         torch.tensor([[-3.0, -2.0, 1.0, -4.0]], dtype=torch.float64),

@@ -139,7 +139,8 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
         on some lengths: 1 ulp apart, so no equality.)"""
         half = x.size(-1) // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # pair (a, b) -> (-b, a)
-        return (x * torch.cat([cos, cos], dim=-1) + rotated_half * torch.cat([sin, sin], dim=-1)).to(x.dtype)
+        unsigned_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # transformers' (sin a, sin a)
+        return (x * cos + rotated_half * unsigned_sin).to(x.dtype)
 
     model = tiny_model(rope_fraction=1.0)
     theta = (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)).float()
@@ -157,8 +158,9 @@ def test_fraction_one_rotates_the_whole_head_bit_for_bit(monkeypatch):
 def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
     """GPT-NeoX's partial rotary embedding in transformers (rotary_pct, the config's partial_rotary_factor):
     its inverse frequencies over int(head_dim * fraction) dimensions equal ours to float32 rounding (rtol
-    1e-6); its apply_rotary_pos_emb given our cos and sin rotates q and k exactly as apply_rope does, bit for
-    bit (rotate-half within the slice, the rest passed through); and with its own cos and sin they differ only
+    1e-6); its apply_rotary_pos_emb given our cos and sin (the sign of the sin's first half undone: its
+    rotate_half carries it) rotates q and k exactly as apply_rope does, bit for bit (rotate-half within the
+    slice, the rest passed through); and with its own cos and sin they differ only
     by float32's rounding of the angles m theta_i (theta rounded on one side, not the other), at most ~1e-5
     here at positions up to 255."""
     transformers_or_skip()
@@ -178,7 +180,7 @@ def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
         GPTConfig(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction)
     )
     rotary_dim = int(head_dim * fraction)
-    assert ours.cos.shape == (T, rotary_dim // 2) and hf_rotary.inv_freq.shape == (rotary_dim // 2,)
+    assert ours.cos.shape == (T, rotary_dim) and hf_rotary.inv_freq.shape == (rotary_dim // 2,)
     inv_freq, _ = rope_frequencies(rotary_dim)
     torch.testing.assert_close(inv_freq.double(), hf_rotary.inv_freq.double(), rtol=1e-6, atol=0)
 
@@ -186,7 +188,8 @@ def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
     q, k = torch.randn(2, n_head, T, head_dim, generator=g), torch.randn(2, n_head, T, head_dim, generator=g)
     positions = torch.arange(T)
     cos, sin = ours.rotation(positions)
-    hf_q, hf_k = apply_rotary_pos_emb(q, k, torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None])
+    unsigned_sin = torch.cat([-sin[:, : rotary_dim // 2], sin[:, rotary_dim // 2 :]], -1)  # (sin a, sin a)
+    hf_q, hf_k = apply_rotary_pos_emb(q, k, cos[None], unsigned_sin[None])
     assert torch.equal(apply_rope(q, cos, sin), hf_q) and torch.equal(apply_rope(k, cos, sin), hf_k)
     assert torch.equal(apply_rope(q, cos, sin)[..., rotary_dim:], q[..., rotary_dim:])
 
@@ -204,7 +207,7 @@ def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offs
     rope = RotaryPositions(GPTConfig(block_size=64, n_head=1, n_embd=head_dim, rope_fraction=0.25))
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)
-    assert rope.cos.shape == (64, rotary_dim // 2)
+    assert rope.cos.shape == (64, rotary_dim)
     cos, sin = rope_cos_sin(
         torch.arange(64), rope_frequencies(rotary_dim)[0].double()
     )  # float64 angles: exact

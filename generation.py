@@ -2,8 +2,10 @@
 Cached generation: model.py's GPT decoding one token at a time against the keys and values it has already
 computed, O(context) per token where GPT.generate, the reference, pays O(context^2). As gpt-fast's generate:
 each attention layer owns a preallocated KV cache (GPT.setup_cache), the prompt runs once (prefill), then one
-decode loop feeds each new token at its position, eagerly or through torch.compile (a CUDA graph on CUDA).
-tests/test_generation.py checks that cached and uncached logits agree to 1e-5 for every scheme.
+decode loop feeds each new token at its position. On a GPU a decode step is a few hundred small kernels, each
+launch costing more than its arithmetic, so there the step is static (the same shapes at every position, no
+host sync) and captured once as a CUDA graph: each token is then one replay (CUDAGraphStep). torch.compile
+fuses the same static step. tests/test_generation.py checks that every path gives the uncached logits.
 """
 
 import contextlib
@@ -16,7 +18,7 @@ from positions import require, window_length
 
 @torch.no_grad()
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
-                    on_token=None, compile=False, backend=None):  # fmt: skip
+                    on_token=None, compile=False, cuda_graph=None, backend=None):  # fmt: skip
     """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks),
     then each new token attends to the cached keys and values (decode); on_token(next_ids (B, 1)) per token.
     Positions count on past block_size; past a scheme's length_limit (learned's table) the window of its last
@@ -25,7 +27,12 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     last max_context tokens from position 0; and with dynamic NTK a key stays rotated for the length at which
     it was cached (as transformers). A scheme that encodes every position anew past a length (LongRoPE's long
     factors: recode_past) reruns the tokens so far when the sequence passes it, its cached keys rotated anew
-    (as transformers, PR #33129). compile: each decode step through torch.compile (backend: its backend)."""
+    (as transformers, PR #33129).
+    How a decode step runs (decode_mode): cuda_graph (None: on CUDA) makes the step static and, on CUDA,
+    captures it as one CUDA graph replayed per token (elsewhere the static step runs eagerly: what the graph
+    replays); compile runs the static step through torch.compile (backend: its backend), captured on CUDA
+    too. A scheme whose step varies with the length (step_varies: dynamic NTK) decodes eagerly under
+    cuda_graph; compile refuses it. Sampling runs outside the step, eagerly: seeded as the eager path."""
     B, n_prompt = idx.shape
     limit, recode_past = model.length_limit, model.transformer.wpe.recode_past
     crop = None if limit is None else window_length(limit, max_context)
@@ -34,12 +41,13 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     n_pos = n_pos if crop is None else min(n_pos, crop)
     window = max_context if crop is None else None
     chunk = prefill_chunk(model.config.block_size, window)
-    model.setup_cache(B, n_pos, window, chunk)
+    mode = decode_mode(model, idx.device, compile, cuda_graph)
+    model.setup_cache(B, n_pos, window, chunk, static=mode != "eager")
     out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
     out[:, :n_prompt] = idx
-    step = compile_cached_forward(model, backend) if compile else cached_forward
-    # Eager steps under inference_mode, a compiled one under no_grad (CUDA-graph bugs: pytorch#135892)
-    with contextlib.nullcontext() if compile else torch.inference_mode():
+    step = decode_step(model, mode, backend)
+    # Eager steps under inference_mode; a compiled or captured one under no_grad (pytorch#135892)
+    with torch.inference_mode() if mode == "eager" else contextlib.nullcontext():
         logits = prefill(model, prompt, chunk)
         position = torch.tensor([prompt.size(1)], device=idx.device)
         for t in range(n_prompt, n_prompt + max_new_tokens):
@@ -53,12 +61,70 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                 # the window is full: it slides, every position in it changes: no cache, from 0
                 logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
             elif t == recode_past:  # the sequence passes it: every position encoded anew, from the start
-                logits = prefill(model, out[:, : t + 1], chunk)
+                logits = prefill(model, out[:, : t + 1], chunk)  # the caches a captured step reads
                 position = position + 1
             else:
                 logits = step(model, idx_next, position)  # decode: one token against the cache
                 position = position + 1
     return out
+
+
+def decode_mode(model, device, compile=False, cuda_graph=None):
+    """How generate_cached runs its decode steps: "compiled" (torch.compile; captured on CUDA), "cuda_graph"
+    (the static step, captured on CUDA, eager elsewhere), or "eager" (only the slots written so far: the
+    fastest on a CPU, whose kernels cost their arithmetic, not their launch)."""
+    varies = model.transformer.wpe.step_varies
+    if compile:
+        require(varies is None, f"{varies}: a static decode step cannot; generate with compile=False")
+        return "compiled"
+    wanted = torch.device(device).type == "cuda" if cuda_graph is None else cuda_graph
+    return "cuda_graph" if wanted and varies is None else "eager"
+
+
+def decode_step(model, mode, backend=None):
+    """A decode step (model, idx (B, 1), position (1,)) -> logits (B, V) for decode_mode's mode."""
+    on_cuda = model.lm_head.weight.is_cuda
+    if mode == "compiled":
+        compiled = torch.compile(cached_forward, backend=backend or "inductor", fullgraph=True, dynamic=False)
+        return CUDAGraphStep(compiled) if on_cuda else compiled
+    return CUDAGraphStep(cached_forward) if mode == "cuda_graph" and on_cuda else cached_forward
+
+
+class CUDAGraphStep:
+    """A static decode step captured once as a CUDA graph, each later token one replay: one launch per token,
+    not one per kernel (PyTorch's "whole-network capture", the design of gpt-fast's decode loop). The graph
+    reads the token and the position from static buffers, copied in before each replay, and leaves the logits
+    in a static buffer; the KV caches it writes are the model's own, so a prefill between two replays
+    (LongRoPE's re-encoding) is seen by the next. Captured at the first call, with that call's inputs, after a
+    warm-up on a side stream (as torch.cuda.graphs asks: lazy initialisation, a compiled step's compilation):
+    the warm-up computes that very step, writing the same keys to the same slots, so its repeats change
+    nothing. step_fn: cached_forward, or a torch.compile of it (its kernels are captured the same way)."""
+
+    warmup_steps = 3
+
+    def __init__(self, step_fn):
+        self.step_fn, self.graph = step_fn, None
+
+    def __call__(self, model, idx, position):
+        if self.graph is None:
+            self.idx, self.position = idx.clone(), position.clone()
+            self.capture(model)
+        else:
+            self.idx.copy_(idx)
+            self.position.copy_(position)
+        self.graph.replay()
+        return self.logits
+
+    def capture(self, model):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_steps):
+                self.step_fn(model, self.idx, self.position)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.step_fn(model, self.idx, self.position)
 
 
 def prefill_chunk(block_size, window=None):
@@ -81,15 +147,3 @@ def cached_forward(model, idx, input_pos, seq_len=None):
     """Tokens idx (B, T) at positions input_pos (T,) through the model's KV caches, a prefill's chunk or one
     decode step (seq_len: the sequence's length, by default input_pos[-1] + 1). -> the last logits (B, V)"""
     return model(idx, input_pos=input_pos, seq_len=seq_len)[0][:, -1]
-
-
-def compile_cached_forward(model, backend=None):
-    """cached_forward through torch.compile with static shapes, in one graph: every slot of the cache is
-    attended to (empty and out-of-window ones masked) and the position is a tensor, so one graph serves
-    every decode step; on CUDA a CUDA graph (mode="reduce-overhead": one launch per token, not per kernel)."""
-    dynamic = "rope_scaling='dynamic' recomputes the frequencies from the length at every step, which a"
-    dynamic += " static decode step cannot do: generate with compile=False"
-    require(model.config.rope_scaling != "dynamic", dynamic)
-    mode = "reduce-overhead" if model.lm_head.weight.is_cuda and backend is None else None
-    backend = backend or "inductor"
-    return torch.compile(cached_forward, backend=backend, mode=mode, fullgraph=True, dynamic=False)

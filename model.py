@@ -176,6 +176,7 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight
         self.rope_layers = config.rope_layers  # whether each block rotates q and k (not the nope_layers)
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
+        self.static_cache = False  # attend to every slot of the KV caches, written or not (setup_cache)
         self.init_weights()
 
     def init_weights(self):
@@ -229,19 +230,22 @@ class GPT(nn.Module):
     def attention_mask(self, query_pos, cached=False):
         """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,
         no cache), else positions.attention_mask over the keys attended to: with KV caches the slots written
-        so far, or in a compiled step every slot, so that shapes never change (-1: an empty slot, masked)."""
+        so far, or with a static cache every slot, so that no shape depends on the position and the step can
+        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos)."""
         pos = self.transformer.wpe
         if not cached:
             return attention_mask(pos, query_pos, query_pos) if pos.biased else None
         key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))
-        if not torch.compiler.is_compiling():  # eager: only the slots written so far
+        if not self.static_cache:  # eager: only the slots written so far (reads the position: a host sync)
             key_pos = key_pos[: int(query_pos[-1]) + 1]
         return attention_mask(pos, query_pos, key_pos, self.cache_window)
 
-    def setup_cache(self, batch, n_pos, window=None, chunk=1, dtype=None):
+    def setup_cache(self, batch, n_pos, window=None, chunk=1, dtype=None, static=False):
         """Give every attention layer a KV cache for positions 0 .. n_pos - 1, fed at most `chunk` tokens a
         call; with a sliding window (each token sees the `window` latest) a ring of window + chunk - 1 slots,
-        so that a chunk never overwrites a key its own queries see. The position tables grow here, once."""
+        so that a chunk never overwrites a key its own queries see. The position tables grow here, once.
+        static: every step attends to every slot (masked), so that a decode step has the same shapes and
+        reads no position on the host: a CUDA graph or a compiled step serves every position."""
         self.transformer.wpe.check_length(n_pos)
         self.transformer.wpe.grow(n_pos)
         size = self.cache_size(n_pos, window, chunk)
@@ -249,7 +253,7 @@ class GPT(nn.Module):
         c, device = self.config, self.lm_head.weight.device
         for block in self.transformer.h:
             block.attn.kv_cache = KVCache(batch, c.n_head, size, c.head_dim, dtype, device, size < n_pos)
-        self.cache_window = window
+        self.cache_window, self.static_cache = window, static
 
     @staticmethod
     def cache_size(n_pos, window=None, chunk=1):  # slots per layer of setup_cache's KV caches

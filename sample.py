@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from generation import generate_cached
+from generation import decode_mode, generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
@@ -56,6 +56,7 @@ class SampleConfig:
     threads: str = threads_flag()
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
+    cuda_graph: bool = True  # on CUDA, each new token one replay of the decode step's CUDA graph; off: eager
     max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
     rope_scaling: str | None = None  # RoPE extension: linear | ntk | dynamic | yarn | llama3 | longrope
     rope_factor: float | None = None  # its factor s; default: the generated length over block_size
@@ -157,7 +158,8 @@ def sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream
         out = model.generate(idx, max_new_tokens, **sampling)
     else:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
-        out = generate_cached(model, idx, max_new_tokens, on_token=on_token, compile=cfg.compile, **sampling)
+        how = dict(on_token=on_token, compile=cfg.compile, cuda_graph=None if cfg.cuda_graph else False)
+        out = generate_cached(model, idx, max_new_tokens, **how, **sampling)  # cuda_graph None: on CUDA
         if on_token:
             on_token.close()
     synchronize(device)
@@ -203,16 +205,26 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     if (limit := model.length_limit) is not None and total_len > limit:
         print(f"note: pos={model.config.pos} has no positions past {limit}: from there on the model sees "
               f"only the last {limit} tokens (the context is cropped)")  # fmt: skip
+    varies = model.transformer.wpe.step_varies
+    if varies and cfg.kv_cache and cfg.cuda_graph and not cfg.compile and device.startswith("cuda"):
+        print(f"note: {varies}: decoding eagerly, without a CUDA graph")
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
     for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, model.config.block_size), end="")
         print("\n" + "-" * 60)
-    how = "KV cache" if cfg.kv_cache else "no cache"
-    how = "compiled KV cache, compile time included" if cfg.compile else how
-    print(f"{tokens_per_second:.1f} tokens/s ({how})")
+    print(f"{tokens_per_second:.1f} tokens/s ({decoding(model, cfg, device)})")
     return samples, tokens_per_second
+
+
+def decoding(model, cfg, device):
+    """How the tokens were decoded, for the tokens/s line (generation.decode_mode's choice)."""
+    if not cfg.kv_cache:
+        return "no cache"
+    mode = decode_mode(model, device, cfg.compile, None if cfg.cuda_graph else False)
+    how = dict(eager="KV cache", cuda_graph="KV cache, one CUDA graph replay a token")
+    return how.get(mode, "compiled KV cache, compile time included")
 
 
 def compare(cfg, device, threads):

@@ -8,9 +8,11 @@
 
 Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N plus attention), % of the peak
 (CUDA: the card's bf16 peak; CPU: a float32 torch.mm timed here), compile time. Generation: tokens/s of the
-KV-cached sampler, the uncached reference and compiled decoding, greedy, each checked to give the reference's
-tokens. Figures: the median of the repeats with their min and max, a loud note when their spread or the load
-makes them unreliable. Memory: CUDA's peak allocated, else max RSS. --config: a training preset's flag keys.
+KV-cached sampler (eager), the uncached reference, the CUDA-graph step (CUDA only) and compiled decoding,
+greedy, each checked to give the reference's tokens, and the operators one decode step launches (perf.ops: on
+a GPU they, not the arithmetic, set eager decoding's speed). Figures: the median of the repeats with their min
+and max, a loud note when their spread or the load makes them unreliable. Memory: CUDA's peak allocated, else
+max RSS. --config: a training preset's flag keys.
 """
 
 from plumbing.errors import quiet_ctrl_c
@@ -38,6 +40,7 @@ import torch
 from data.common import available_datasets, dataset_dir, load_meta
 from generation import generate_cached
 from model import GPT, GPTConfig
+from perf.ops import decode_step_ops
 from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import one_line_errors
@@ -48,7 +51,7 @@ from positions import POS_SCHEMES
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
-SAMPLERS = ("cached", "reference", "compiled")
+SAMPLERS = ("cached", "reference", "cuda_graph", "compiled")
 UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figure is noise-bound
 
 
@@ -230,23 +233,28 @@ def bench_training(cfg, peak, results, log, save):
 
 def bench_generation(cfg, pos, log):
     """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
-    The cached tokens are checked against the longest reference's so far, the compiled against the cached."""
+    The cached tokens are checked against the longest reference's so far, the graphed and compiled against the
+    cached."""
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_configs[pos]).to(cfg.device).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     samplers = {
-        "cached": partial(generate_cached, model, prompt, temperature=0),
+        "cached": partial(generate_cached, model, prompt, temperature=0, cuda_graph=False),
         "reference": partial(model.generate, prompt, temperature=0),
+        "cuda_graph": partial(generate_cached, model, prompt, temperature=0, cuda_graph=True),
         "compiled": partial(generate_cached, model, prompt, temperature=0, compile=True),
     }
     samplers["cached"](8), samplers["reference"](8)  # warm-up
     rows, longest, limit = [], None, cfg.reference_max_tokens
+    ops_per_step = len(decode_step_ops(cfg.model_configs[pos]))  # on the CPU: the same operators anywhere
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
         skipped = f"skipped: {n} new tokens > --reference_max_tokens={limit}" if limit and n > limit else None
         row = {"new_tokens": n, "multiple": multiple, "reference": skipped}  # reference: why it was skipped
         row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
-        outs, wanted = {}, {"cached": True, "reference": not skipped, "compiled": cfg.compile_decode}
+        graphed = cfg.device.startswith("cuda") and model.transformer.wpe.step_varies is None
+        outs, wanted = {}, {"cached": True, "reference": not skipped, "cuda_graph": graphed}
+        wanted["compiled"] = cfg.compile_decode
         for name in (name for name in SAMPLERS if wanted[name]):
             sample = partial(samplers[name], n)
             if name == "compiled":  # a new cache size and graph per length: reset, or hit the recompile limit
@@ -261,13 +269,15 @@ def bench_generation(cfg, pos, log):
         row["speedup"] = row["reference_tok_s"] and row["cached_tok_s"] / row["reference_tok_s"]
         if "reference" in outs and (longest is None or outs["reference"].size(1) > longest.size(1)):
             longest = outs["reference"]
-        row["compile_s"] = row["compiled_matches"] = row["cached_matches_reference"] = None
+        row["compile_s"] = row["cached_matches_reference"] = None
+        for name in ("cuda_graph", "compiled"):
+            row[f"{name}_matches"] = torch.equal(outs[name], outs["cached"]) if name in outs else None
         if "compiled" in outs:
             row["compile_s"] = max(0.0, first - n / row["compiled_tok_s"])
-            row["compiled_matches"] = torch.equal(outs["compiled"], outs["cached"])
         if longest is not None:  # up to the shorter of the two
             k = min(outs["cached"].size(1), longest.size(1))
             row["cached_matches_reference"] = torch.equal(outs["cached"][:, :k], longest[:, :k])
+        row["ops_per_step"] = ops_per_step
         rows.append(row)
         log(f"generated {pos} x{multiple}: {row['cached_tok_s']:.0f} tok/s cached")
     return rows
@@ -289,7 +299,7 @@ def warnings(report, cfg):
     figures = [(pos, "ms/step", t["step_ms_min"], t["step_ms_max"]) for pos, t in report["training"].items()]
     for pos, g in report["generation"].items():
         for row in g["rows"]:
-            for name in (name for name in SAMPLERS if row[f"{name}_tok_s_range"]):
+            for name in (name for name in SAMPLERS if row.get(f"{name}_tok_s_range")):
                 figures.append((pos, f"{name} tok/s at {row['new_tokens']}", *row[f"{name}_tok_s_range"]))
     wide = [f"{pos} {what} {high / low:.1f}x" for pos, what, low, high in figures if high > limit * low]
     notes = [f"the repeats spread by more than {limit}x (max/min): {', '.join(wide)}"] if wide else []
@@ -319,16 +329,18 @@ def print_report(report, cfg):
     if train:
         print(markdown_table(head.split("|"), train) + "\n")
     off = "-" if cfg.compile_decode else "off"  # the compiled column, when compiled decoding is off
-    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", off))}
+    missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", "-", off))}
     for pos, g in report["generation"].items():
         for r in g["rows"]:
             rates = [with_range(r[k], r[k + "_range"], ",.0f", m) for k, m in missing.items()]
-            matches = [m for m in (r["cached_matches_reference"], r["compiled_matches"]) if m is not None]
+            checks = ("cached_matches_reference", "cuda_graph_matches", "compiled_matches")
+            matches = [r[check] for check in checks if r.get(check) is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
-            cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, rates[2], same]
-            generate.append(cells + [f"{g['peak_memory_mb']:,.0f}"])
-    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|compiled tok/s|same tokens|peak MB"
+            cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, *rates[2:], same]
+            generate.append(cells + [str(r.get("ops_per_step", "-")), f"{g['peak_memory_mb']:,.0f}"])
+    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|CUDA graph tok/s|compiled tok/s|same tokens"
+    head += "|ops/step|peak MB"
     if generate:
         print(markdown_table(head.split("|"), generate))
     for note in report["warnings"]:

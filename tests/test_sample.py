@@ -117,6 +117,16 @@ def test_greedy_text_is_the_same_with_and_without_kv_cache(checkpoints, capsys, 
     assert cached == reference
 
 
+def test_cuda_graph_off_is_accepted_and_a_cpu_decodes_eagerly(checkpoints, capsys):
+    """--cuda_graph=off (the escape hatch on CUDA) changes nothing on a CPU, which decodes eagerly either way,
+    and the tokens/s line says how the tokens were decoded."""
+    flags = [f"--out_dir={checkpoints['rope']}", "--temperature=0", "--max_new_tokens=24", "--stream=off"]
+    (_, default, _), out = run_sample(capsys, *flags)
+    (_, off, _), out_off = run_sample(capsys, *flags, "--cuda_graph=off")
+    assert default == off
+    assert "tokens/s (KV cache)" in out and "tokens/s (KV cache)" in out_off
+
+
 @pytest.mark.parametrize("temperature", ["1e-45", "1e-30", "1e-300"])
 def test_a_tiny_temperature_is_greedy(checkpoints, capsys, temperature):
     """Below float32's range for logits / temperature (1e-45: inf, 1e-300: 0/0), sampling is the most likely

@@ -9,6 +9,7 @@ fuses the same static step. tests/test_generation.py checks that every path give
 """
 
 import contextlib
+from collections import namedtuple
 
 import torch
 
@@ -34,13 +35,10 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     too. A scheme whose step varies with the length (step_varies: dynamic NTK) decodes eagerly under
     cuda_graph; compile refuses it. Sampling runs outside the step, eagerly: seeded as the eager path."""
     B, n_prompt = idx.shape
-    limit, recode_past = model.length_limit, model.transformer.wpe.recode_past
-    crop = None if limit is None else window_length(limit, max_context)
-    prompt = idx if crop is None else idx[:, -crop:]
-    n_pos = prompt.size(1) + max_new_tokens - 1  # positions that get a key: the last token is never run
-    n_pos = n_pos if crop is None else min(n_pos, crop)
-    window = max_context if crop is None else None
-    chunk = prefill_chunk(model.config.block_size, window)
+    recode_past = model.transformer.wpe.recode_past
+    plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
+    crop, n_run, n_pos, window, chunk = plan
+    prompt = idx[:, n_prompt - n_run :]
     mode = decode_mode(model, idx.device, compile, cuda_graph)
     model.setup_cache(B, n_pos, window, chunk, static=mode != "eager")
     out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
@@ -67,6 +65,22 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                 logits = step(model, idx_next, position)  # decode: one token against the cache
                 position = position + 1
     return out
+
+
+CachePlan = namedtuple("CachePlan", "crop n_run n_pos window chunk")
+
+
+def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=None):
+    """What generate_cached runs and caches for a prompt of n_prompt tokens (plumbing/memory.py estimates the
+    same, before the model is built): crop, the window a scheme with a length_limit slides (learned's table),
+    or None; n_run, the prompt's latest tokens the prefill runs; n_pos, the positions that get a key (the
+    last new token is never run); window, the KV caches' sliding window (max_context, unless crop bounds the
+    context); chunk, the prefill's tokens a call. -> CachePlan"""
+    crop = None if length_limit is None else window_length(length_limit, max_context)
+    n_run = n_prompt if crop is None else min(n_prompt, crop)
+    n_pos = n_run + max_new_tokens - 1 if crop is None else min(n_run + max_new_tokens - 1, crop)
+    window = max_context if crop is None else None
+    return CachePlan(crop, n_run, n_pos, window, prefill_chunk(block_size, window))
 
 
 def decode_mode(model, device, compile=False, cuda_graph=None):

@@ -4,7 +4,7 @@ allocated and the largest transient of a step. The tests hold them against what 
 
 import torch
 
-from generation import prefill_chunk
+from generation import cache_plan
 from model import GPT
 from plumbing.hardware import check_memory
 from positions import POSITION_MODULES, window_length
@@ -88,24 +88,24 @@ def forward_bytes(config, batch, length, cached=False, n_keys=None):
     return parts
 
 
-def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, cached=True):
+def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, cached=True, static=False):
     """{what: bytes} generate_cached (cached=False: GPT.generate, the reference) allocates beyond the weights
     to append max_new_tokens to `batch` prompts of n_prompt tokens: the KV cache, the position table grown to
     the last position, the int64 tokens and the largest forward pass: a prefill chunk against the keys cached
-    by its end, or learned's window rerun once its table is full; cropped as the sampler crops."""
+    by its end (static: every slot, as a CUDA graph's step), or learned's window rerun once its table is
+    full; cropped as the sampler crops (generation.cache_plan)."""
     total = n_prompt + max_new_tokens
     limit = scheme_shapes(config).length_limit
     if not cached:  # each token reruns the whole context, which torch.cat copies into a longer one
         longest = min(total - 1, window_length(limit, max_context) or total)
         parts = {"tokens": 2 * batch * total * 8, "position table": position_table_bytes(config, longest)}
         return parts | forward_bytes(config, batch, longest)
-    crop = None if limit is None else window_length(limit, max_context)  # as generate_cached crops
-    n_run = min(n_prompt, crop or n_prompt)  # the prompt's tokens the prefill runs
-    n_pos = min(n_run + max_new_tokens - 1, crop or total)
-    window = max_context if crop is None else None
-    chunk = prefill_chunk(config.block_size, window)
+    crop, n_run, n_pos, window, chunk = cache_plan(
+        limit, config.block_size, n_prompt, max_new_tokens, max_context
+    )
     slots = GPT.cache_size(n_pos, window, chunk)
-    passes = [forward_bytes(config, batch, min(chunk, n_run), cached=True, n_keys=min(n_run, slots))]
+    n_keys = slots if static else min(n_run, slots)  # a static step attends to every slot, written or not
+    passes = [forward_bytes(config, batch, min(chunk, n_run), cached=True, n_keys=n_keys)]
     if crop is not None and total - 1 > crop:  # learned's full table: each token reruns its window
         passes.append(forward_bytes(config, batch, crop))
     cache, table = kv_cache_bytes(config, batch, slots), position_table_bytes(config, n_pos)
@@ -123,7 +123,8 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
     """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
-    parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached)
+    static = str(device).startswith("cuda")  # generate_cached's default there: the static, captured step
+    parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached, static)
     if weights:
         parts["weights"] = parameter_count(config) * 4
     check_memory(parts, device, f"generating {max_new_tokens:,} tokens in a batch of {batch}", advice)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments import extrapolation as study
-from experiments import longlora
+from experiments import findings, longlora
 from experiments import longrope_ablation as ablation
 from perf import threads
 from plumbing.report import GENERATED, generated_blocks
@@ -53,6 +53,11 @@ def extrapolation_tables():
     return found
 
 
+@cache
+def all_findings():
+    return findings.findings()
+
+
 def produced(name):
     """The text the code makes for block `name`, or None when no producer knows it."""
     if name.startswith("longlora_"):
@@ -65,6 +70,8 @@ def produced(name):
         return ablation.render(ablation.read_rows(path)) if path.is_file() else None
     if name == "perf_threads":  # perf.threads' docs/perf_threads.csv
         return threads.render(threads.read_rows(DOCS / "perf_threads.csv"))
+    if name.startswith("finding_"):  # experiments.findings' sentences
+        return all_findings().get(name)
     return extrapolation_tables().get(name)
 
 

@@ -82,10 +82,17 @@ def s2_group_lesson():
     g2, s2, full = (lora(s, "passkey") for s in (G2, "none_s2", "none_full"))
     return (
         f"Groups of 2 T instead of T, without scaling, retrieve {interval(g2, s2, True)} more than "
-        f"groups of T "
-        f"at 4 T, and still {interval(g2, full, True)} fewer than full attention (groups of T: "
-        f"{interval(s2, full, True)}; paired over the seeds): they recover part of the gap, not most of it."
+        f"groups of T at 4 T, and still {interval(g2, full, True)} fewer than full attention (groups of T: "
+        f"{interval(s2, full, True)}; paired over the seeds): they recover {recovered(g2, s2, full):.0%} of "
+        f"the "
+        "gap in the mean."
     )
+
+
+def recovered(g2, s2, full):
+    """The share of full attention's lead over groups of T that groups of 2 T close, in the seeds' means."""
+    mean = lambda values: sum(values.values()) / len(values)
+    return (mean(g2) - mean(s2)) / (mean(full) - mean(s2))
 
 
 def s2_group_study():
@@ -94,14 +101,13 @@ def s2_group_study():
     loss = interval(lora(G2, "loss"), lora("none_s2", "loss"), False)
     flops = attention_gflops("s2_g128") / attention_gflops("s2")
     return (
-        "- **Groups of 2 T: part of the gap, with more than the group varied.** "
+        f"- **Groups of 2 T: {recovered(g2, s2, full):.0%} of the gap, with more than the group varied.** "
         f"With groups of 2 T (`{G2}` against `none_s2`): {interval(g2, s2, True)} and {loss} in loss; "
         f"against full attention still {interval(g2, full, True)}. That run varied more than the group: it "
         f"ran only without scaling (no PI), at its own best rate ({learning_rate(G2)} against `none_s2`'s "
         f"{learning_rate('none_s2')} and `pi_s2`'s {learning_rate('pi_s2')}), and G = L / 2 costs "
         f"{flops:.0f} x the attention FLOPs of G = L / 4 (the cost table). Neither the depth, the "
-        f"width nor the "
-        "data was varied. LongLoRA trains its 4 x extensions with G = L / 4 = T, as here, and "
+        f"width nor the data was varied. LongLoRA trains its 4 x extensions with G = L / 4 = T, as here, and "
         "reports S²-Attn "
         "close to full attention there; the scale of this study (0.8M parameters, T = 64) is the likelier "
         "cause of the gap, and no run here tests it."
@@ -114,7 +120,7 @@ def lora_budget():
     short, long = lora("pi_s2_lora", "loss"), lora("pi_s2_lora", "loss", 8000, "budget")
     base = longlora.seed_values(longlora_rows()[0], "base", "loss", LONG)
     return (
-        "- **LoRA trained longer: a higher loss, across two bases.** "
+        f"- **LoRA trained longer, across two bases: {word(long, short, False, welch=True)} in loss.** "
         f"LoRA's test loss at 4 T is {sum(long.values()) / len(long):.3f} after 8,000 steps (the budget "
         f"rows) against {sum(short.values()) / len(short):.3f} after 1,000 (the report's) and the base's "
         f"{sum(base.values()) / len(base):.3f}: 8,000 against 1,000 steps {interval(long, short, False)} by "
@@ -128,21 +134,22 @@ def lora_budget():
 def pi_full_budget():
     """docs/extrapolation.md's limits: pi_full's retrieval and loss between its budgets, paired over seeds."""
     curve = {n: lora("pi_full", "passkey", n, "budget") for n in (1000, 2000, 4000, 8000, 16000)}
-    loss = {n: lora("pi_full", "loss", n, "budget") for n in (2000, 4000, 8000, 16000)}
+    loss = {n: lora("pi_full", "loss", n, "budget") for n in (4000, 8000, 16000)}
     s2 = {n: lora("pi_s2", "passkey", n, "budget") for n in (250, 500, 1000, 2000, 4000, 8000)}
     s2_loss = {n: lora("pi_s2", "loss", n, "budget") for n in (4000, 8000)}
-    step = lambda a, b: f"{interval(curve[a], curve[b], True)} from {b:,} to {a:,} steps"
+    step = lambda values, a, b, points: (
+        f"{interval(values[a], values[b], points)} from {b:,} to {a:,} ({word(values[a], values[b], points)})"
+    )
+    gains = ", ".join(step(curve, a, b, True) for a, b in ((4000, 2000), (8000, 4000), (16000, 8000)))
+    losses = ", ".join(step(loss, a, b, False) for a, b in ((8000, 4000), (16000, 8000)))
     low, high = min(min(v.values()) for v in s2.values()), max(max(v.values()) for v in s2.values())
     return (
         f"The budget table's `pi_full` retrieves {rate(curve[1000].values())} at 1,000 steps and "
-        f"{rate(curve[16000].values())} at 16,000, paired over the seeds: {step(4000, 2000)}, "
-        f"{step(8000, 4000)}, "
-        f"{step(16000, 8000)}: no step between two budgets resolves a gain past 2,000 steps, while its loss "
-        f"still falls from 4,000 to 8,000 ({interval(loss[8000], loss[4000], False)}) and is level "
-        f"from 8,000 to "
-        f"16,000 ({interval(loss[16000], loss[8000], False)}). `pi_s2` retrieves {100 * low:.0f} to "
-        f"{100 * high:.0f}% in every seed at every budget to 8,000 steps, its loss from 4,000 to 8,000 "
-        f"{interval(s2_loss[8000], s2_loss[4000], False)}."
+        f"{rate(curve[16000].values())} at 16,000 steps; between its budgets past 2,000, paired over the "
+        f"seeds: "
+        f"retrieval {gains}; the loss {losses}. `pi_s2` retrieves {100 * low:.0f} to {100 * high:.0f}% in "
+        f"every "
+        f"seed at every budget to 8,000 steps, its loss {step(s2_loss, 8000, 4000, False)}."
     )
 
 
@@ -158,17 +165,22 @@ def side(task, run, method, multiple):
     return study.side_values(per_seed, study.Side(run, method, multiple), block_size, task == "loss")
 
 
+def zero_shot(task, formula):
+    """LongRoPE's searched factors and a formula's, zero-shot at 4 T: ({seed: value}, {seed: value})."""
+    return side(task, "rope", "longrope", 4), side(task, "rope", formula, 4)
+
+
 def longrope_retrieval():
     """docs/extrapolation.md: LongRoPE zero-shot against the formulas at 4 T, for retrieval."""
-    searched = side("passkey", "rope", "longrope", 4)
-    yarn, llama3 = side("passkey", "rope", "yarn", 4), side("passkey", "rope", "llama3", 4)
+    (searched, yarn), (_, llama3) = zero_shot("passkey", "yarn"), zero_shot("passkey", "llama3")
     return (
-        f"- **At the searched length, searched factors and the formulas retrieve level: no "
-        f"difference is shown, "
-        f"nor equivalence.** At 4 T, LongRoPE zero-shot against YaRN: "
-        f"{interval(searched, yarn, True)}; against "
-        f"llama3: {interval(searched, llama3, True)} (paired over the {len(searched)} training seeds): the "
-        "intervals hold 0 and also differences as large as their ends."
+        f"- **At the searched length, searched factors against the formulas: {word(searched, yarn, True)} "
+        f"with YaRN, {word(searched, llama3, True)} with llama3.** At 4 T, LongRoPE zero-shot against YaRN: "
+        f"{interval(searched, yarn, True)}; against llama3: {interval(searched, llama3, True)} (paired over "
+        f"the "
+        f"{len(searched)} training seeds). A level interval shows no difference, and no equivalence either: "
+        f"it "
+        "holds differences as large as its ends."
     )
 
 
@@ -222,8 +234,7 @@ def fitness(readme=False):
     return (
         f"- **A passkey fitness against the loss fitness: {word(passkey, loss, True, True)} for retrieval, "
         f"{interval(passkey, loss, True, welch=True)} at 4 T** (Welch's interval over the {n} "
-        f"search seeds of "
-        f"each, unpaired: their seed numbers share nothing), at a loss {loss_loss} "
+        f"search seeds of each, unpaired: their seed numbers share nothing), at a loss {loss_loss} "
         f"({word(variant('passkey', 'loss'), variant('loss', 'loss'), False, True)}). The loss fitness, the "
         f"paper's, lowers the loss and leaves retrieval level with YaRN's formula ("
         f"{interval(loss, yarn, True)}, paired over the searches of the one model). {n} search seeds on one "
@@ -285,8 +296,7 @@ def readme_lengths():
     s2, full = lora("pi_s2", "passkey"), lora("pi_full", "passkey")
     yarn = lora("yarn_full", "passkey")
     flops = attention_gflops("full") / attention_gflops("s2")
-    searched, formula = side("loss", "rope", "longrope", 4), side("loss", "rope", "yarn", 4)
-    hits, hits_yarn = side("passkey", "rope", "longrope", 4), side("passkey", "rope", "yarn", 4)
+    (searched, formula), (hits, hits_yarn) = zero_shot("loss", "yarn"), zero_shot("passkey", "yarn")
     return (
         f"S²-Attn divides attention's FLOPs by {flops:.0f}, but with PI no S²-Attn fine-tune retrieves a key "
         f"({interval(s2, full, True)} against full attention at 4 T), and YaRN in place of PI adds "

@@ -567,10 +567,12 @@ class FIREPositions(PositionScheme):
     PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
     position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
     was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
-    so short contexts are not stretched. One f for every layer, computed once per forward as every score bias
-    here. c = e^c_log > 0, from 0.1 as that code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code
-    starts L at 512, a quarter of the paper's training length 2048): both stay positive with smooth gradients,
-    where that code takes |c| and |L|, and Adam moves both by relative steps, as its multiplier on L does."""
+    so short contexts are not stretched. One f shared by every layer, computed once per forward as every score
+    bias here: this repository's choice, not the public code's, which builds one FIRE module (its own f, c and
+    L) per attention layer; the studies here measure the shared f only. c = e^c_log > 0, from 0.1 as that
+    code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code starts L at 512, a quarter of the
+    paper's training length 2048): both stay positive with smooth gradients, where that code takes |c| and
+    |L|, and Adam moves both by relative steps, as its multiplier on L does."""
 
     hidden = 32  # f's hidden units
     biased = True

@@ -8,13 +8,20 @@
     python -m experiments.extrapolation --schemes rope --longrope --seeds 3   # LongRoPE beside YaRN, llama3
     python -m experiments.extrapolation --schemes rope --longrope --search_seeds 3   # and the search's spread
     python -m experiments.extrapolation --tables          # the tables again from the committed CSVs
+    python -m experiments.extrapolation --preset gpu      # nanoGPT's shakespeare_char scale on one GPU
+    python -m experiments.extrapolation --preset gpu --task passkey --seeds 2   # adds a seed to its CSV
 
 It runs train.py and eval_length.py as a user would, each command printed first: the schemes into
 {out_root}/{dataset}_{pos}[_seed{S}], their fine-tunes to 4 x T (FINE_TUNES; --longrope: LongRoPE's
 progressive runs), every run evaluated at 1 to 8 x T. It writes {name}.csv, {name}.png and {name}_table.md
 under --results (per seed, then the spread over seeds and the verdicts: paired differences with their 95%
-interval) and under docs/ fills the docs' generated blocks. Finished runs are reused (--retrain: trained
-again)."""
+interval) and under docs/ fills the docs' generated blocks. Finished runs are reused, a stopped one continues
+from its checkpoint (--retrain: trained again), so a later run with more --seeds trains only the new seeds and
+writes every seed's rows to the same CSV.
+
+--preset NAME takes the study's own settings from configs/{extrapolation|retrieval}_NAME.toml (by --task),
+any of the flags below; flags given override it. --preset gpu: configs/extrapolation_gpu.toml and
+retrieval_gpu.toml, the base runs at nanoGPT's shakespeare_char scale, --jobs of them at once on one GPU."""
 
 from plumbing.errors import quiet_ctrl_c
 
@@ -28,7 +35,7 @@ import statistics
 import subprocess
 import time
 from collections import namedtuple
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from data.common import load_meta
@@ -37,7 +44,7 @@ from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, poole
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from model import GPTConfig
-from plumbing.cli import parse_flags
+from plumbing.cli import build_parser, parse_flags, read_config_file
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import resolve_device
 from plumbing.memory import check_training_memory
@@ -95,11 +102,14 @@ class StudyConfig:
     schemes: list[str] = field(default_factory=lambda: [*POS_SCHEMES])  # the base runs' schemes
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
     search_seeds: int = 1  # --longrope: searches at 4 T per rope run (seeds S, S + 1000, ...): their spread
+    preset: str | None = None  # the study's settings from configs/{extrapolation|retrieval}_{preset}.toml
+    jobs: int = 1  # train.py runs side by side (base runs, a seed's fine-tunes), each output in {out_dir}.log
+    train_flags: str = ""  # train.py flags added to every base run, after the preset's ("--max_iters=2000")
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
     tables: bool = False  # no runs: the tables again from {results}/{name}.csv (and {name}_seed*.csv)
 
     def __post_init__(self):  # task and schemes: parse_flags' choices
-        for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds"):
+        for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds", "jobs"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         exists = self.config is None or (ROOT / self.config).is_file()
@@ -138,9 +148,33 @@ base_dir = lambda cfg, dataset, name, seed: (
 )
 
 
+def study_presets():
+    """The names NAME of configs/{extrapolation|retrieval}_NAME.toml: --preset's choices."""
+    names = [task.name for task in TASKS.values()]
+    found = {
+        p.stem.split("_", 1)[1] for p in (ROOT / "configs").glob("*_*.toml") if p.stem.split("_")[0] in names
+    }
+    return tuple(sorted(found))
+
+
 def parse_args(argv=None):
-    choices = {"task": tuple(TASKS), "schemes": POS_SCHEMES}
-    return StudyConfig(**parse_flags(argv, PROG, __doc__, [("study", StudyConfig, None)], choices=choices))
+    """StudyConfig from the flags, over --preset's file where one is given."""
+    choices, sections = (
+        {"task": tuple(TASKS), "schemes": POS_SCHEMES, "preset": study_presets()},
+        [("study", StudyConfig, None)],
+    )
+    values = parse_flags(argv, PROG, __doc__, sections, choices=choices)
+    if values["preset"]:  # its keys are flags, and flags given override them
+        path = ROOT / "configs" / f"{TASKS[values['task']].name}_{values['preset']}.toml"
+        if not path.is_file():
+            raise UserError(
+                f"--preset {values['preset']}: no {path.relative_to(ROOT)} for --task {values['task']}", 2
+            )
+        parser = build_parser(PROG, __doc__, sections, {}, choices, (), False)
+        valid = [f.name for f in fields(StudyConfig) if f.name not in ("task", "preset")]
+        defaults = read_config_file(parser, str(path), valid, False)
+        values = parse_flags(argv, PROG, __doc__, sections, defaults=defaults, choices=choices)
+    return StudyConfig(**values)
 
 
 def results_name(cfg):
@@ -160,7 +194,7 @@ def base_runs(cfg):
 def train_runs(cfg, commands, duration=None):
     """The runs of these train.py commands: reused, continued or trained (experiments/runs.py)."""
     elsewhere = "move it away, or pass another --out_root (--retrain trains it again, replacing it)"
-    ensure_trained(commands, None if cfg.quick else duration, cfg.retrain, elsewhere=elsewhere)
+    ensure_trained(commands, None if cfg.quick else duration, cfg.retrain, elsewhere=elsewhere, jobs=cfg.jobs)
 
 
 def base_commands(cfg, dataset):
@@ -168,7 +202,7 @@ def base_commands(cfg, dataset):
     quick = QUICK_TRAIN if cfg.quick else []
     return [
         [*preset_flags(cfg), *flags, f"--out_dir={base_dir(cfg, dataset, name, seed)}", f"--seed={seed}"]
-        + [f"--device={cfg.device}", *quick]
+        + [f"--device={cfg.device}", *quick, *cfg.train_flags.split()]
         for seed in seeds(cfg)
         for name, flags in base_runs(cfg)
     ]
@@ -628,11 +662,24 @@ def main(argv=None):
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
 
 
+def evaluated(csv_path, printed, said, runs):
+    """Whether csv_path holds the evaluation of these runs by the command `said` (the first line of printed,
+    the table it printed after it), made after every run's checkpoint: nothing to evaluate again."""
+    if not (csv_path.is_file() and printed.is_file()):
+        return False
+    if printed.read_text(encoding="utf-8").split("\n", 1)[0] != said:
+        return False
+    made = min(csv_path.stat().st_mtime, printed.stat().st_mtime)
+    checkpoints = [ROOT / run / "ckpt.pt" for run in runs]
+    return all(path.is_file() and path.stat().st_mtime <= made for path in checkpoints)
+
+
 def run_study(cfg, argv):
     """Train, fine-tune and evaluate every run of the study, write its tables. -> wall time in seconds"""
     start = time.perf_counter()
     results = ROOT / cfg.results
-    preset = plan([[*preset_flags(cfg), "--pos=rope", *(QUICK_TRAIN if cfg.quick else [])]])[0]
+    quick = QUICK_TRAIN if cfg.quick else []
+    preset = plan([[*preset_flags(cfg), "--pos=rope", *quick, *cfg.train_flags.split()]])[0]
     dataset, block_size = preset.train_config["dataset"], preset.model_config["block_size"]
     for m in multiples_of(cfg.lengths):  # before any run trains, as eval_length.py will require them
         n = round(m * block_size)
@@ -675,10 +722,17 @@ def run_study(cfg, argv):
     for i, seed in enumerate(seeds(cfg)):
         csv_path = ROOT / cfg.out_root / f"{name}_seed{seed}.csv"  # eval_length.py on the seed's runs
         command = ["eval_length.py", *runs[seed], *TASKS[cfg.task].eval_flags, "--lengths", lengths, amount]
-        command += [f"--device={cfg.device}", "--csv", csv_path, *(plot if i == 0 else [])]
-        command += [f"--rope_factors={factors[seed]}"] if cfg.longrope else []
-        print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
-        table = run_python(command, stdout=subprocess.PIPE, text=True).stdout
+        command += [f"--device={cfg.device}", *([f"--rope_factors={factors[seed]}"] if cfg.longrope else [])]
+        said, printed = " ".join(["python", *map(str, command)]), csv_path.with_suffix(".md")
+        if evaluated(csv_path, printed, said, runs[seed]):  # a later run with more seeds: this one is done
+            print(f"\nusing {csv_path}: seed {seed}'s runs, evaluated by `{said}` since they trained")
+            table = printed.read_text(encoding="utf-8").split("\n", 1)[1]
+        else:
+            command += ["--csv", csv_path, *(plot if i == 0 else [])]
+            print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
+            table = run_python(command, stdout=subprocess.PIPE, text=True).stdout
+            text = f"{said}\n{table}"
+            write_output("out_root", printed, lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
         records += read_rows(csv_path)
     per_seed, trained = read_cells(records, cfg.task)

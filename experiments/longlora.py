@@ -4,13 +4,20 @@ T to 4 T with position interpolation, S²-Attn and LoRA, what each costs and kee
     python -m experiments.longlora --jobs 2      # the whole study: about 2.5 hours on 2 cores
     python -m experiments.longlora --tables      # only docs/longlora_table.md and the docs' blocks, from CSVs
     python -m experiments.longlora --quick       # every step once, tiny: a smoke run
+    python -m experiments.longlora --jobs 2 --budgets pi_full:250,500,1000,2000,4000,8000,16000 \
+        pi_s2:250,500,1000,2000,4000,8000 pi_s2_lora:8000 pi_s2_lora_embed_norm:8000   # docs' budget rows
 
 The authors' recipe (dvlab-research/LongLoRA's fine-tune.py, eval.py, passkey_retrivial.py): PI at the
 extension factor, AdamW without weight decay, a constant rate after 20 warmup steps, LoRA of rank 8, and their
 Table 2's settings each with S²-Attn (G = L / 4) beside full attention; YaRN and no scaling as ablations. Each
 setting takes its best of --rates (the loss at 4 T, seed 1337) and is trained with --seeds seeds; reported on
 data no choice saw, with paired verdicts over seeds (measure/paired.py). Under --results: longlora.csv (every
-measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
+measured cell, its `base` column naming the base run each fine-tune started from), longlora_cost.csv (each
+step's cost) and longlora_table.md.
+
+--budgets SETTING:STEPS,... trains only those fine-tunes (each at the rate longlora.csv's sweep chose for it,
+over --seeds) from the base {out_root}/{budget_base}, trained first with the study's own command if missing,
+and replaces longlora.csv's budget rows of those settings: the budget table's rows, every setting present."""
 
 import sys
 
@@ -80,12 +87,13 @@ COMPARISONS = (
     ("pi_full", "none_full", "PI against no scaling, full attention"),
     ("pi_s2", "none_s2", "PI against no scaling, S²-Attn"),
     (f"none_s2_g{2 * T}", "none_s2", "S²-Attn with groups of 2 T against T, no scaling"),
+    (f"none_s2_g{2 * T}", "none_full", "S²-Attn with groups of 2 T against full attention, no scaling"),
 )
 PAPER_COMPARISONS = COMPARISONS[:3]  # LongLoRA's own: S²-Attn, LoRA, embed/norm
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
 COST = ("method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
-CSV_COLUMNS = ("phase", "task", "seed", "setting", "learning_rate", "steps", "length", "value")
+CSV_COLUMNS = ("phase", "task", "seed", "setting", "learning_rate", "steps", "length", "value", "base")
 
 
 @dataclass
@@ -105,6 +113,8 @@ class StudyConfig:
     quick: bool = False  # smoke run: a small model, a few steps, a few samples
     tables: bool = False  # only write the tables from the CSVs under --results (and the docs' blocks)
     figure_only: bool = False  # only draw docs/figures/s2_attn.png, S²-Attn's pattern
+    budgets: list[str] = field(default_factory=list)  # SETTING:STEPS,...: only these budget runs (see above)
+    budget_base: str = "passkey_rope_budget"  # --budgets: the base's folder under out_root
 
     def __post_init__(self):
         for name in "seeds base_iters max_iters batch_size trials max_windows bench_steps jobs".split():
@@ -113,12 +123,34 @@ class StudyConfig:
         cores = os.cpu_count() or 1  # more runs than cores take turns on them, each slowing the others
         require(self.jobs <= cores, f"jobs={self.jobs}: give 1 to {cores} (the cores) runs side by side")
         require(all(n >= 1 for n in self.curve), f"curve's budgets must be >= 1 step, got {self.curve}")
+        budget_steps(self.budgets)  # checks them
         if self.quick:
             self.base_iters, self.max_iters, self.trials, self.max_windows, self.bench_steps = 10, 4, 2, 2, 1
             self.rates, self.seeds, self.curve = self.rates[:1], min(self.seeds, 2), [2]
         self.rates, self.curve = sorted(set(self.rates)), sorted(set(self.curve) - {self.max_iters})
         self.out_root = self.out_root or ("out/longlora_quick" if self.quick else "out/longlora")
         self.results = self.results or (self.out_root if self.quick else "docs")
+
+
+def budget_steps(budgets):
+    """['pi_full:250,500', 'pi_s2:8000'] -> {'pi_full': [250, 500], 'pi_s2': [8000]}, else a ValueError."""
+    found = {}
+    for entry in budgets:
+        setting, _, steps = entry.partition(":")
+        require(setting in SETTINGS, f"budgets: {setting!r} is no setting; give one of {', '.join(SETTINGS)}")
+        try:
+            found[setting] = sorted({int(n) for n in steps.split(",")})
+        except ValueError:
+            found[setting] = [0]
+        require(
+            all(n >= 1 for n in found[setting]), f"budgets: {entry!r} is not SETTING:STEPS,... of steps >= 1"
+        )
+    return found
+
+
+def base_label(folder):
+    """longlora.csv's base column: the base run's folder name and its training seed."""
+    return f"{Path(folder).name} (seed {FIRST_SEED})"
 
 
 def step_cost(cfg, length, name, flags):
@@ -215,7 +247,7 @@ def main(argv=None):
         for name in ("longlora.csv", "longlora_cost.csv", "longlora_table.md"):  # before any training
             check_outputs({"results": results / name})
         check_folder("out_root", ROOT / cfg.out_root)
-        return run_study(cfg, results, argv)
+        return run_budgets(cfg, results, argv) if cfg.budgets else run_study(cfg, results, argv)
 
 
 def run_study(cfg, results, argv):
@@ -230,10 +262,7 @@ def run_study(cfg, results, argv):
         if not (ROOT / "data" / name / "meta.json").is_file():
             small = ["--train_samples=1", f"--name={name}"] if name == TEST_DATA else []
             run_python(["-m", "data.passkey.prepare", f"--block_size={length}", f"--seed={seed}", *small])
-    base, n = f"{cfg.out_root}/passkey_rope", cfg.base_iters  # the base: its rate decayed over its steps
-    flags = ["--config=configs/passkey.toml", "--pos=rope", f"--max_iters={n}", f"--lr_decay_iters={n}"]
-    flags += [f"--out_dir={base}", f"--seed={FIRST_SEED}", "--device=cpu", *(QUICK_BASE if cfg.quick else [])]
-    ensure_trained([flags])
+    base = train_base(cfg, f"{cfg.out_root}/passkey_rope")
     rows = []  # longlora.csv: CSV_COLUMNS
 
     # 1. the rate: every setting at every rate, seed 1337, by the loss at 4 T on the val split
@@ -248,7 +277,7 @@ def run_study(cfg, results, argv):
     best = {}
     for (setting, rate), (_, out) in sweep.items():
         loss = chosen.get((Path(out).name, LONG), float("inf"))
-        rows.append(("sweep", "loss", FIRST_SEED, setting, rate, cfg.max_iters, LONG, loss))
+        rows.append(("sweep", "loss", FIRST_SEED, setting, rate, cfg.max_iters, LONG, loss, base_label(base)))
         if setting not in best or loss < best[setting][1]:
             best[setting] = (rate, loss)
 
@@ -267,13 +296,17 @@ def run_study(cfg, results, argv):
         cells = evaluate(cfg, task, folders, ROOT / cfg.out_root / f"report_{task}.csv", data)
         for (name, length), value in cells.items():
             if name == Path(base).name:
-                rows.append(("report", task, FIRST_SEED, "base", "", cfg.base_iters, length, value))
+                rows.append(
+                    ("report", task, FIRST_SEED, "base", "", cfg.base_iters, length, value, base_label(base))
+                )
         for (setting, seed, steps), (_, out) in runs.items():
             phases = ("report",) if steps == cfg.max_iters else ()  # the budget table: every budget
             phases += ("budget",) if setting in CURVE_SETTINGS else ()
             for phase, length in ((phase, m * T) for phase in phases for m in LENGTHS):
                 value = cells.get((Path(out).name, length), float("nan"))
-                rows.append((phase, task, seed, setting, best[setting][0], steps, length, value))
+                rows.append(
+                    (phase, task, seed, setting, best[setting][0], steps, length, value, base_label(base))
+                )
 
     torch.set_num_threads(1)
     methods = METHODS | {f"s2_g{2 * T}": SETTINGS[f"none_s2_g{2 * T}"]}
@@ -281,6 +314,54 @@ def run_study(cfg, results, argv):
     write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
     write_rows("results", results / "longlora_cost.csv", COST, [list(c.values()) for c in cost])
     return write_tables(cfg, results, measured(PROG, argv, start, cfg.quick))
+
+
+def train_base(cfg, base):
+    """The base run `base` (a folder): configs/passkey.toml's rope model, its rate decayed over base_iters."""
+    n = cfg.base_iters
+    flags = ["--config=configs/passkey.toml", "--pos=rope", f"--max_iters={n}", f"--lr_decay_iters={n}"]
+    flags += [f"--out_dir={base}", f"--seed={FIRST_SEED}", "--device=cpu", *(QUICK_BASE if cfg.quick else [])]
+    ensure_trained([flags])
+    return base
+
+
+def run_budgets(cfg, results, argv):
+    """--budgets: each setting's fine-tunes at its budgets from the base {out_root}/{budget_base}, at the rate
+    results/longlora.csv's rows chose for it; their rows replace that file's budget rows of these settings."""
+    start, old = time.perf_counter(), read_rows(results / "longlora.csv")
+    rates = {
+        r["setting"]: float(r["learning_rate"]) for r in old if r["phase"] == "report" and r["learning_rate"]
+    }
+    budgets = budget_steps(cfg.budgets)
+    require(
+        not budgets.keys() - rates.keys(),
+        f"{results / 'longlora.csv'} chose no rate for {budgets.keys() - rates.keys()}",
+    )
+    base = train_base(cfg, f"{cfg.out_root}/{cfg.budget_base}")
+    runs = {
+        (s, seed, n): fine_tune_command(cfg, base, s, rates[s], n, seed)
+        for s, steps in budgets.items()
+        for n in steps
+        for seed in range(FIRST_SEED, FIRST_SEED + cfg.seeds)
+    }
+    ensure_trained([command for command, _ in runs.values()], jobs=cfg.jobs)
+    rows = [
+        [r.get(c, "") for c in CSV_COLUMNS]
+        for r in old
+        if not (r["phase"] == "budget" and r["setting"] in budgets)
+    ]
+    for task, data in (("passkey", default_name(LONG)), ("loss", TEST_DATA)):
+        folders = [out for _, out in runs.values()]
+        cells = evaluate(cfg, task, folders, ROOT / cfg.out_root / f"budget_{task}.csv", data)
+        for (setting, seed, steps), (_, out) in runs.items():
+            for length in (m * T for m in LENGTHS):
+                value = cells.get((Path(out).name, length), float("nan"))
+                rows.append(
+                    ("budget", task, seed, setting, rates[setting], steps, length, value, base_label(base))
+                )
+    write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
+    footer = measured(PROG, argv, start, cfg.quick).replace("Measured", "Budget rows measured", 1)
+    return write_tables(cfg, results, footer, keep=True)
 
 
 def seed_values(rows, setting, task, length, steps=None, phase="report"):
@@ -417,14 +498,27 @@ def verdict_rows(rows, steps):
     return [[a, b, claim, *paired(rows, (a, steps), (b, steps), "report")] for a, b, claim in COMPARISONS]
 
 
-def write_tables(cfg, results, footer):
-    """longlora_table.md from the CSVs under results; footer None keeps the file's own (--tables)."""
+def footers(path):
+    """The lines at the end of longlora_table.md that say how its CSV was measured: {first word: line}."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    kept = {}
+    for paragraph in reversed(old.rstrip().split("\n\n")):
+        if not paragraph.startswith(("Measured", "Budget rows")):
+            break
+        kept[paragraph.split(" ", 1)[0]] = paragraph.strip()
+    return dict(reversed(kept.items()))
+
+
+def write_tables(cfg, results, footer, keep=False):
+    """longlora_table.md from the CSVs under results; footer None keeps the file's own (--tables); keep: the
+    whole study's line kept beside footer (a budget run's)."""
     path = results / "longlora_table.md"
+    require(path.is_file() or not path.exists(), f"{path} is not a file")
+    found_lines = footers(path)
     if footer is None:
-        require(path.is_file() or not path.exists(), f"{path} is not a file")
-        old = path.read_text(encoding="utf-8") if path.is_file() else ""
-        last = old.rstrip().rsplit("\n\n", 1)[-1]
-        footer = last.strip() if last.startswith("Measured") else ""
+        footer = "\n\n".join(found_lines.values())
+    elif keep:  # the budget run's line replaces the earlier one, the whole study's stays
+        footer = "\n\n".join([*(line for word, line in found_lines.items() if word == "Measured"), footer])
     found = tables(read_rows(results / "longlora.csv"), read_rows(results / "longlora_cost.csv"))
     text = render(found)
     write_output("results", path, lambda tmp: tmp.write_text(f"{text}\n\n{footer}\n", encoding="utf-8"))

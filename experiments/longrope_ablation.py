@@ -7,9 +7,11 @@ checkpoint, zero-shot at s = --factor, beside YaRN at the same s.
         out/shakespeare_char_rope_seed1339 --factor 8 --variants loss                # 8 T without fine-tuning
 
 Each search is `python -m experiments.longrope` (reused when finished); each row is scored by eval_length.py
-on what no search saw, at T and at s x T, with paired verdicts over (checkpoint, search seed) pairs
-(measure/paired.py). Writes {name}.csv and {name}_table.md under --results (name: longrope_{dataset}_x{s},
-or --name)."""
+on what no search saw, at T and at s x T. A search against YaRN is paired over (checkpoint, search seed): the
+same model and windows, YaRN's one value per checkpoint. Two searched variants share the model but not a
+search: their search seeds' numbers pair nothing, so Welch's unpaired interval compares them
+(measure/paired.py). Writes {name}.csv and {name}_table.md under --results (name: longrope_{dataset}_x{s}, or
+--name)."""
 
 from plumbing.errors import quiet_ctrl_c
 
@@ -163,13 +165,16 @@ def render(rows):
     verdicts, longest = [], lengths[-1]
     for a, b, question in COMPARISONS:
         if a in variants and b in variants:
-            found = [paired_verdict(*(cells(rows, v, t, longest) for v in (a, b)), t, "pairs") for t in tasks]
-            verdicts.append([a, b, question, *found])
+            welch = b in VARIANTS  # both searched: nothing pairs one search with another
+            side = lambda v, t: cells(rows, v, t, longest)
+            found = [paired_verdict(side(a, t), side(b, t), t, "pairs", welch=welch) for t in tasks]
+            verdicts.append([a, b, question, "Welch" if welch else "paired", *found])
     if verdicts:
         what = [f"{'retrieval (points)' if t == 'passkey' else 'loss'} a - b at {longest}" for t in tasks]
         parts += [
-            f"Verdicts at {longest} tokens: the paired difference, its 95% t interval, the word it supports:",
-            markdown_table(["a", "b", "question", *what], verdicts),
+            f"Verdicts at {longest} tokens: a - b, its 95% t interval (paired over (checkpoint, search seed) "
+            "against a formula; Welch's, unpaired, between two searches), the word it supports:",
+            markdown_table(["a", "b", "question", "interval", *what], verdicts),
         ]
     return "\n\n".join(parts)
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from measure.paired import paired_cell
+from measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.errors import Stopped, UserError
 
@@ -146,15 +146,16 @@ def mean_sd(values, task, spread=True):
     return text + (f" ± {100 * sd:.0f}" if task == "passkey" else f" ± {sd:.3f}")
 
 
-def paired_verdict(a, b, task, pairs="seeds", unit=""):
+def paired_verdict(a, b, task, pairs="seeds", unit="", welch=False):
     """A verdict's cell: a - b ({key: value} each) paired over the keys both hold, as paired_cell writes it
-    (retrieval: in points + unit, higher is better), or n/a under 2 pairs."""
+    (retrieval: in points + unit, higher is better), or n/a under 2 pairs; welch: mean(a) - mean(b) over all
+    the values of each, Welch's unpaired interval (for sides that share no data or model key by key)."""
     keys = sorted(a.keys() & b.keys())
-    if len(keys) < 2:
+    first, second = ([*a.values()], [*b.values()]) if welch else ([a[k] for k in keys], [b[k] for k in keys])
+    if min(len(first), len(second)) < 2:
         return f"n/a (fewer than 2 {pairs})"
-    passkey = task == "passkey"
-    first, second = [a[k] for k in keys], [b[k] for k in keys]
-    return paired_cell(first, second, passkey, 100 if passkey else 1, unit if passkey else "")
+    passkey, interval = task == "passkey", welch_difference if welch else paired_difference
+    return paired_cell(first, second, passkey, 100 if passkey else 1, unit if passkey else "", interval)
 
 
 def plan(commands):

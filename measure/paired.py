@@ -1,6 +1,8 @@
 """A verdict over training seeds: two runs' results paired seed by seed (a seed draws the same batches
 for both), the mean of their differences and its 95% interval by Student's t with n - 1 degrees of freedom,
 and the word the interval supports. One seed's difference is a hypothesis; an interval holding 0 is "level".
+Where the sides share no data and no model seed by seed (two searches of one model, say), nothing pairs them:
+welch_difference's interval, Welch's unequal-variance t with the Welch-Satterthwaite degrees of freedom.
 
     paired_difference([0.80, 0.81, 0.79], [0.66, 0.65, 0.67])   # -> (0.14, 0.0903..., 0.1897...)
 """
@@ -41,6 +43,20 @@ def paired_difference(a, b, confidence=0.95):
     return mean, mean - half, mean + half
 
 
+def welch_difference(a, b, confidence=0.95):
+    """mean(a) - mean(b), unpaired -> (mean, low, high): Welch's t interval at `confidence`, 2 values or more
+    a side; df = (va/na + vb/nb)^2 / ((va/na)^2/(na - 1) + (vb/nb)^2/(nb - 1)), va, vb: variances."""
+    if min(len(a), len(b)) < 2:
+        raise ValueError(f"Welch's interval needs at least 2 values a side, got {len(a)} and {len(b)}")
+    ea, eb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)  # squared standard errors
+    mean = statistics.fmean(a) - statistics.fmean(b)
+    if ea + eb == 0:  # no spread on either side: the difference is exact
+        return mean, mean, mean
+    df = (ea + eb) ** 2 / (ea**2 / (len(a) - 1) + eb**2 / (len(b) - 1))
+    half = t_quantile(0.5 + confidence / 2, df) * math.sqrt(ea + eb)
+    return mean, mean - half, mean + half
+
+
 def verdict(low, high, higher_is_better):
     """The word an interval of a - b supports: "better" or "worse" for a when it excludes 0, else "level"."""
     if low > 0 or high < 0:
@@ -48,8 +64,9 @@ def verdict(low, high, higher_is_better):
     return "level"
 
 
-def paired_cell(a, b, higher_is_better, scale=1, unit=""):
-    """'+12.3 points [+4.56, +20.1]: better': a - b over the pairs (scaled), its interval and its word."""
-    mean, low, high = paired_difference(a, b)
+def paired_cell(a, b, higher_is_better, scale=1, unit="", interval=paired_difference):
+    """'+12.3 points [+4.56, +20.1]: better': a - b over the pairs (scaled), its interval and its word;
+    interval=welch_difference: mean(a) - mean(b), unpaired."""
+    mean, low, high = interval(a, b)
     word = verdict(low, high, higher_is_better)
     return f"{scale * mean:+.3g}{unit} [{scale * low:+.3g}, {scale * high:+.3g}]: {word}"

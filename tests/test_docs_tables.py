@@ -1,6 +1,8 @@
 """The docs' result tables are what the studies' code makes of the committed CSVs, never typed by hand: every
-generated block is its producer's output, every table of measured numbers in docs/extrapolation.md lies in
-such a block, and a verdict row is the paired-t interval worked by hand."""
+generated block is its producer's output, every table of measured numbers on a page (the README, perf.md and
+every other page but the studies' own *_table.md) lies in such a block or is allowed with its reason, every
+CSV in docs/ names a command that would rebuild it with its columns, and a verdict row is the paired-t
+interval worked by hand."""
 
 import re
 from functools import cache
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments import extrapolation as study
-from experiments import longlora
+from experiments import findings, longlora
 from experiments import longrope_ablation as ablation
 from perf import threads
 from plumbing.report import GENERATED, generated_blocks
@@ -24,20 +26,47 @@ BLOCKS = [
 ]
 # A cell holding a measured number: a decimal (1.234, 0.5) or a percentage (56%)
 MEASURED = re.compile(r"\d+\.\d+|\d+%")
-# Tables of docs/extrapolation.md that are not results, by their exact header: commands, columns, claims
-NOT_RESULTS = {
-    "| folder | command (beside the schedule flags) | what it is |",
-    "| paper | finding | rows to compare |",
-    "| ingredient | the authors (Llama 2 7B, 4,096 to 32,768 tokens) "
-    "| here (0.8M parameters, 64 to 256 tokens) |",
-}
-# Measurements with no committed CSV to generate them from: the search for the passkey recipe (scratch loops
-# not kept) and the recipe's training runs (best val loss from their checkpoints). They chose the recipe;
-# no verdict of the page stands on them
-NO_CSV = {
-    "| filler, keys per sample, model | steps | digit accuracy inside T |",
-    "| run (`python train.py --config configs/passkey.toml ...`) "
-    "| best val loss | exact match at L = T = 64 |",
+# The pages whose typed tables are checked: every page but the studies' own {name}_table.md, which their code
+# writes whole (tests/test_study.py, test_longlora_study.py)
+CHECKED = [page for page in PAGES if not page.name.endswith("_table.md")]
+# Tables of measured-looking numbers typed outside a generated block, by page and exact header, each with its
+# reason: not results, or results no committed CSV holds, which no verdict of the docs stands on
+TYPED = {
+    ("extrapolation.md", "| paper | finding | rows to compare |"): "the papers' claims, not results",
+    (
+        "extrapolation.md",
+        "| ingredient | the authors (Llama 2 7B, 4,096 to 32,768 tokens) "
+        "| here (0.8M parameters, 64 to 256 tokens) |",
+    ): "the two recipes' settings, not results",
+    ("extrapolation.md", "| filler, keys per sample, model | steps | digit accuracy inside T |"): (
+        "the search for the passkey recipe: scratch loops not kept; it chose the recipe, no verdict "
+        "stands on it"
+    ),
+    (
+        "extrapolation.md",
+        "| run (`python train.py --config configs/passkey.toml ...`) "
+        "| best val loss | exact match at L = T = 64 |",
+    ): "the recipe's training runs, best val loss from their checkpoints; no verdict stands on them",
+    ("README.md", "| checkpoint | loss < T | loss >= T |"): (
+        "one seed's printout of `sample.py --compare`, an example of the command's output; the study's "
+        "numbers are the generated table below it"
+    ),
+    ("usage.md", "| `--rope_scaling` | loss < T | loss >= T |"): "sample.py --compare's printout, an example",
+    ("usage.md", "| preset | what | command |"): "presets and commands, not results",
+    ("usage.md", "| method | what it does to theta_i |"): "formulas, not results",
+    ("claims.md", "| claim | demonstrated by | checked by |"): "claims and the tests that check them",
+    ("perf.md", "| target | measured | status |"): (
+        "perf.bench and perf.ab printouts of the day, dated, with the command; no CSV, and no verdict of the "
+        "length study stands on them"
+    ),
+    (
+        "perf.md",
+        "| pos | ms/step | x learned | % of peak | cached tok/s | reference tok/s | speed-up "
+        "| compiled tok/s |",
+    ): "perf.bench's printout; docs/perf_cpu.json holds every figure of the run",
+    ("perf.md", "| `--pos` | best val loss | wall time | ms/iter |"): (
+        "timings of one day's training runs by /usr/bin/time, dated; no CSV, no verdict stands on them"
+    ),
 }
 
 
@@ -53,6 +82,11 @@ def extrapolation_tables():
     return found
 
 
+@cache
+def all_findings():
+    return findings.findings()
+
+
 def produced(name):
     """The text the code makes for block `name`, or None when no producer knows it."""
     if name.startswith("longlora_"):
@@ -65,6 +99,8 @@ def produced(name):
         return ablation.render(ablation.read_rows(path)) if path.is_file() else None
     if name == "perf_threads":  # perf.threads' docs/perf_threads.csv
         return threads.render(threads.read_rows(DOCS / "perf_threads.csv"))
+    if name.startswith("finding_"):  # experiments.findings' sentences
+        return all_findings().get(name)
     return extrapolation_tables().get(name)
 
 
@@ -85,26 +121,40 @@ def tables(text):
     return found
 
 
-def typed_result_tables(text):
-    """The headers of the tables of measured numbers outside generated blocks, but for NOT_RESULTS and
-    NO_CSV."""
+def typed_result_tables(text, page=""):
+    """The headers of the tables of measured numbers outside generated blocks, but for page's in TYPED."""
     text = GENERATED.sub("", text)
     return [
         header
         for header, lines in tables(text)
-        if header not in NOT_RESULTS | NO_CSV and any(MEASURED.search(line) for line in lines[2:])
+        if (page, header) not in TYPED and any(MEASURED.search(line) for line in lines[2:])
     ]
 
 
-def test_every_table_of_measured_numbers_in_extrapolation_md_is_generated():
-    typed = typed_result_tables((DOCS / "extrapolation.md").read_text(encoding="utf-8"))
-    assert not typed, f"tables of measured numbers typed outside a generated block: {typed}"
+@pytest.mark.parametrize("page", CHECKED, ids=[p.name for p in CHECKED])
+def test_every_table_of_measured_numbers_is_generated_or_allowed_with_its_reason(page):
+    typed = typed_result_tables(page.read_text(encoding="utf-8"), page.name)
+    assert not typed, f"{page.name}: tables of measured numbers typed outside a generated block: {typed}"
+
+
+def test_the_readme_and_perf_md_are_checked_and_every_allowance_names_a_table_that_exists():
+    assert {"README.md", "perf.md", "extrapolation.md", "lesson.md"} <= {page.name for page in CHECKED}
+    headers = {
+        (page.name, header) for page in CHECKED for header, _ in tables(page.read_text(encoding="utf-8"))
+    }
+    assert not set(TYPED) - headers, f"allowances for tables no page holds: {set(TYPED) - headers}"
+    assert all(reason.strip() for reason in TYPED.values())
 
 
 def test_a_table_of_numbers_is_found_typed_and_taken_inside_a_block():
     table = "| run | 64t |\n|---|---|\n| rope | 1.759 |"
     assert typed_result_tables(f"text\n\n{table}\n\nmore") == ["| run | 64t |"]
     assert typed_result_tables(f"<!-- generated: x -->\n{table}\n<!-- end generated -->") == []
+    allowed = "| checkpoint | loss < T | loss >= T |\n|---|---|---|\n| rope | 1.6753 | 2.1983 |"
+    assert typed_result_tables(allowed, "README.md") == []
+    assert typed_result_tables(allowed, "perf.md") == [
+        "| checkpoint | loss < T | loss >= T |"
+    ]  # its page only
 
 
 def test_a_verdict_row_is_the_paired_t_interval_of_three_seeds():

@@ -174,3 +174,50 @@ def test_the_docs_longlora_tables_are_their_csvs():
         }
     assert blocks.keys() >= {"longlora_verdicts", "longlora_retrieval"}
     assert all(found[name][1] == body for name, body in blocks.items())
+
+
+def test_budgets_train_each_setting_at_its_chosen_rate_from_their_base_and_replace_only_their_rows(
+    monkeypatch, tmp_path
+):
+    """--budgets after the whole study: each named setting at each of its budgets over the seeds, at the rate
+    the sweep chose, from {out_root}/{budget_base}; its budget rows replace that setting's, every other row is
+    kept, each row's base column names its base, and the table's footer keeps the study's line beside its
+    own."""
+    trained, cfg = fake_study(monkeypatch, tmp_path, loss_of_rate=lambda rate: abs(rate - 5e-4) * 100)
+    results = Path(cfg.results)
+    before = longlora.read_rows(results / "longlora.csv")
+    (results / "longlora_table.md").write_text("tables\n\nMeasured by `python -m experiments.longlora`.\n")
+    trained.clear()
+    budgets = ["pi_s2_lora:8000", "pi_full:16000,8000"]
+    cfg = longlora.StudyConfig(out_root=cfg.out_root, results=str(results), budgets=budgets, seeds=2)
+    longlora.run_budgets(cfg, results, ["--budgets", *budgets])
+    runs = [flags_of(command) for command in trained]
+    assert runs[0]["out_dir"] == f"{cfg.out_root}/passkey_rope_budget" and "init_from" not in runs[0]
+    tuned = {(r["out_dir"].split("/")[-1].split("_lr")[0], r["max_iters"], r["seed"]) for r in runs[1:]}
+    assert tuned == {
+        (s, n, seed)
+        for s, n in (("pi_s2_lora", "8000"), ("pi_full", "8000"), ("pi_full", "16000"))
+        for seed in ("1337", "1338")
+    }
+    assert all(r["init_from"] == runs[0]["out_dir"] and float(r["learning_rate"]) == 5e-4 for r in runs[1:])
+    after = longlora.read_rows(results / "longlora.csv")
+    replaced = lambda r: r["phase"] == "budget" and r["setting"] in ("pi_s2_lora", "pi_full")
+    assert [r for r in after if not replaced(r)] == [r for r in before if not replaced(r)]
+    assert {r["base"] for r in after if replaced(r)} == {"passkey_rope_budget (seed 1337)"}
+    assert {r["base"] for r in after if not replaced(r)} == {"passkey_rope (seed 1337)"}
+    assert {(r["setting"], r["steps"]) for r in after if replaced(r)} == {
+        ("pi_s2_lora", "8000"),
+        ("pi_full", "8000"),
+        ("pi_full", "16000"),
+    }
+    table = (results / "longlora_table.md").read_text()
+    assert "\n\nMeasured by `python -m experiments.longlora`.\n\nBudget rows measured " in table
+    assert "`python -m experiments.longlora --budgets pi_s2_lora:8000 pi_full:16000,8000`" in table
+
+
+@pytest.mark.parametrize(
+    "budgets, words", [(["pi_fool:100"], "'pi_fool' is no setting"), (["pi_full:0"], "steps >= 1")]
+)
+def test_a_budget_of_no_setting_or_no_steps_is_refused(budgets, words):
+    with pytest.raises(ValueError, match=words):
+        longlora.StudyConfig(budgets=budgets)

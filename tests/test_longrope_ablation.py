@@ -1,5 +1,5 @@
 """experiments/longrope_ablation.py: searches varied by fitness and n-hat, each scored on what no search saw,
-and its verdicts the paired differences over (checkpoint, search seed) pairs."""
+and its verdicts: paired over (checkpoint, search seed) against a formula, Welch's between two searches."""
 
 import math
 
@@ -30,15 +30,23 @@ def test_a_formula_no_search_varies_pairs_with_every_search_seed_of_its_checkpoi
     }
 
 
-def test_verdicts_are_paired_t_intervals_over_the_search_pairs():
-    """passkey - loss retrieval over three search seeds: +10, +20, +30 points: mean 20, sd 10, t(2) 4.3027."""
-    rows = [row("a", "loss", s, "passkey", 256, 0.5) for s in range(3)]
-    rows += [row("a", "passkey", s, "passkey", 256, 0.5 + 0.1 * (s + 1)) for s in range(3)]
+def test_two_searches_are_compared_by_welch_and_a_search_against_yarn_is_paired():
+    """passkey - loss retrieval over three search seeds, loss 40, 50, 60% and passkey 60, 80, 70%: Welch's
+    interval (variances 100 and 100 points^2, df 4, t 2.7764): +20 -+ 2.7764 sqrt(200/3); paired by search
+    seed it would be +20 -+ 4.3027 x 10 / sqrt(3). loss - yarn (50% for the checkpoint) is paired: -10, 0,
+    +10."""
+    rows = [row("a", "loss", s, "passkey", 256, v) for s, v in enumerate((0.4, 0.5, 0.6))]
+    rows += [row("a", "passkey", s, "passkey", 256, v) for s, v in enumerate((0.6, 0.8, 0.7))]
+    rows += [row("a", "yarn", "", "passkey", 256, 0.5)]
     rows += [row("a", v, s, "passkey", 64, 1.0) for v in ("loss", "passkey") for s in range(3)]
+    rows += [row("a", "yarn", "", "passkey", 64, 1.0)]
     text = ablation.render(rows)
-    half = 4.302653 * 10 / math.sqrt(3)
+    half = 2.776445 * math.sqrt(200 / 3)
     interval = f"+20 [{20 - half:+.3g}, {20 + half:+.3g}]: level"
-    assert f"| passkey | loss | a passkey fitness against the loss fitness | {interval} |" in text
+    assert f"| passkey | loss | a passkey fitness against the loss fitness | Welch | {interval} |" in text
+    half = 4.302653 * 10 / math.sqrt(3)
+    interval = f"+0 [{-half:+.3g}, {half:+.3g}]: level"
+    assert f"| loss | yarn | searched factors against YaRN's formula | paired | {interval} |" in text
     assert "| passkey | 100% ± 0 | 70% ± 10 |" in text
 
 

@@ -123,8 +123,10 @@ def fmt(value, spec, missing=""):
     return missing if value is None else format(value, spec)
 
 
-# A block of a markdown page that code writes: <!-- generated: NAME -->, the text, <!-- end generated -->
-GENERATED = re.compile(r"(<!-- generated: (\S+) -->\n)(.*?)(\n<!-- end generated -->)", re.S)
+# A block of a markdown page that code writes: <!-- generated: NAME -->, the text, <!-- end generated -->; the
+# text may be empty and never holds another block's marker (a block never reaches into the next one)
+BODY = r"((?:(?!<!-- (?:end )?generated).)*?)"  # the text: anything but a marker, lazily
+GENERATED = re.compile(r"(<!-- generated: (\S+) -->\n)" + BODY + r"(\n?<!-- end generated -->)", re.S)
 
 
 def generated_blocks(text):
@@ -135,7 +137,7 @@ def generated_blocks(text):
 def fill_generated(results, texts):
     """Where results is docs/: rewrite the generated blocks that texts ({name: text}) names, on every page of
     docs/ and the README."""
-    fill = lambda m: m[1] + texts[m[2]] + m[4] if m[2] in texts else m[0]
+    fill = lambda m: f"{m[1]}{texts[m[2]]}\n<!-- end generated -->" if m[2] in texts else m[0]
     for page in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"] if Path(results) == ROOT / "docs" else []:
         if (new := GENERATED.sub(fill, old := page.read_text(encoding="utf-8"))) != old:
             page.write_text(new, encoding="utf-8")

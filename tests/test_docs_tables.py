@@ -178,3 +178,13 @@ def test_the_studys_table_files_begin_with_what_their_csvs_give(task):
     cfg = study.StudyConfig(task=task)
     text = (DOCS / f"{study.results_name(cfg)}_table.md").read_text(encoding="utf-8")
     assert text.startswith(study.report(cfg, *study.read_study(cfg)) + "\n\n")
+
+
+def test_an_empty_generated_block_is_read_alone_and_never_reaches_into_the_next():
+    """A block whose text is empty is its own block: the pattern never spans from one block's start to the
+    next block's end (a rewrite would delete the text between them)."""
+    end = "<!-- end generated -->"
+    page = f"a\n<!-- generated: one -->\n{end}\nkept\n<!-- generated: two -->\nx\n{end}\n"
+    assert generated_blocks(page) == {"one": "", "two": "x"}
+    filled = GENERATED.sub(lambda m: f"{m[1]}new\n<!-- end generated -->", page)
+    assert "kept" in filled and generated_blocks(filled) == {"one": "new", "two": "new"}

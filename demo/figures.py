@@ -14,6 +14,12 @@
 The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
 checkpoints give the same PNG bytes."""
 
+import sys
+
+if not __package__:  # `python demo/figures.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m demo.figures`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback

@@ -9,6 +9,12 @@ Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped wo
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
 section 1); any position scheme, or the causal mask alone, makes them differ."""
 
+import sys
+
+if not __package__:  # `python demo/permutation.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m demo.permutation`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback

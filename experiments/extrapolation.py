@@ -16,6 +16,14 @@ under --results (per seed, then the spread over seeds and the verdicts: paired d
 interval) and under docs/ fills the docs' generated blocks. Finished runs are reused (--retrain: trained
 again)."""
 
+import sys
+
+if not __package__:  # `python experiments/extrapolation.py`: the repository's packages are not importable
+    sys.exit(
+        f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.extrapolation`"
+    )
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback

@@ -15,9 +15,7 @@ measured cell), longlora_cost.csv (each step's cost) and longlora_table.md."""
 import sys
 
 if not __package__:  # `python experiments/longlora.py`: the repository's packages are not importable
-    sys.exit(
-        "experiments/longlora.py: error: run it from the repository root as `python -m experiments.longlora`"
-    )
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longlora`")
 
 from plumbing.errors import quiet_ctrl_c
 

@@ -17,6 +17,12 @@ mutations and crossovers; the same seed gives the same search (docs/extrapolatio
 factors.json (--rope_factors for train.py, sample.py and eval_length.py), fitness.csv and factors.png under
 --out ({checkpoint folder}_longrope_x{s}, or _short)."""
 
+import sys
+
+if not __package__:  # `python experiments/longrope.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longrope`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback

@@ -11,12 +11,19 @@ on what no search saw, at T and at s x T, with paired verdicts over (checkpoint,
 (measure/paired.py). Writes {name}.csv and {name}_table.md under --results (name: longrope_{dataset}_x{s},
 or --name)."""
 
+import sys
+
+if not __package__:  # `python experiments/longrope_ablation.py`: the repository's packages are not importable
+    sys.exit(
+        f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longrope_ablation`"
+    )
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -49,7 +49,7 @@ EVAL = ["{ckpt}", "--lengths=1", "--max_windows=1", "--device=cpu", "--progress=
 SCRIPTS = {
     "sample": (sample, "sample.py"),
     "train": (train, "train.py"),
-    "bench": (bench, "bench.py"),
+    "bench": (bench, "python -m perf.bench"),
     "eval_length": (eval_length, "eval_length.py"),
     "probe": (probe, "demo/probe.py"),
     "extrapolation": (extrapolation, "experiments/extrapolation.py"),

@@ -25,7 +25,6 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import math
 import os
 import re
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.runs import model_dirs, run_python
+from experiments.runs import model_dirs, read_rows, run_python
 from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -223,12 +222,11 @@ def read_extrapolation(path):
         except (TypeError, ValueError):
             return math.nan
 
-    curves = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
-            columns = ("block_size", "length", "loss", "loss_beyond", "stderr")
-            curves.setdefault(key, []).append({name: number(row.get(name)) for name in columns})
+    curves, study = {}, "python -m experiments.extrapolation"
+    for row in read_rows(path, ("checkpoint", "pos", "block_size", "length", "loss"), study):
+        key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
+        columns = ("block_size", "length", "loss", "loss_beyond", "stderr")
+        curves.setdefault(key, []).append({name: number(row.get(name)) for name in columns})
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in curves.items()}
 
 
@@ -277,6 +275,8 @@ def main(argv=None):
         except ImportError:
             raise UserError("matplotlib is not installed: pip install matplotlib") from None
         out, names = Path(cfg.out), cfg.names()
+        if "extrapolation" in names and Path(cfg.csv).is_file():
+            read_extrapolation(cfg.csv)  # a CSV that is not the study's: refused before any figure
         instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
         folders = {}
         if any(name in NEEDS_MODELS for name in names):

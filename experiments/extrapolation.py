@@ -41,7 +41,16 @@ from pathlib import Path
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
-from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, pooled_cells, read_rows, run_python
+from experiments.runs import (
+    DEFAULT_DURATION,
+    EVAL_COLUMNS,
+    ROOT,
+    ensure_trained,
+    plan,
+    pooled_cells,
+    read_rows,
+    run_python,
+)
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from model import GPTConfig
@@ -578,9 +587,12 @@ def read_study(cfg):
     """read_cells of {results}/{name}.csv and of any {name}_seed*.csv beside it (a seed evaluated apart), the
     latter only for seeds {name}.csv lacks: a seed's rows counted once."""
     results, name = ROOT / cfg.results, results_name(cfg)
-    per_seed, trained = read_cells(read_rows(results / f"{name}.csv"), cfg.task)
+    study = "python -m experiments.extrapolation (its flags, without --tables)"
+    per_seed, trained = read_cells(
+        read_rows(results / f"{name}.csv", EVAL_COLUMNS[cfg.task], study), cfg.task
+    )
     for path in sorted(results.glob(f"{name}_seed*.csv")):
-        more, runs = read_cells(read_rows(path), cfg.task)
+        more, runs = read_cells(read_rows(path, EVAL_COLUMNS[cfg.task], "eval_length.py"), cfg.task)
         per_seed |= {seed: cells for seed, cells in more.items() if seed not in per_seed}
         trained |= runs
     return dict(sorted(per_seed.items())), trained
@@ -688,7 +700,7 @@ def run_study(cfg, argv):
         print(f"\n$ {' '.join(['python', *map(str, command)])}   # seed {seed}")
         table = run_python(command, stdout=subprocess.PIPE, text=True).stdout
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        records += read_rows(csv_path)
+        records += read_rows(csv_path, EVAL_COLUMNS[cfg.task], "eval_length.py")
     per_seed, trained = read_cells(records, cfg.task)
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])

@@ -415,6 +415,14 @@ def verdict_rows(rows, steps):
     return [[a, b, claim, *paired(rows, (a, steps), (b, steps), "report")] for a, b, claim in COMPARISONS]
 
 
+def read_tables(results):
+    """tables() of longlora.csv and longlora_cost.csv under results, each checked to be the study's."""
+    return tables(
+        read_rows(results / "longlora.csv", CSV_COLUMNS, PROG),
+        read_rows(results / "longlora_cost.csv", COST, PROG),
+    )
+
+
 def write_tables(cfg, results, footer):
     """longlora_table.md from the CSVs under results; footer None keeps the file's own (--tables)."""
     path = results / "longlora_table.md"
@@ -423,7 +431,7 @@ def write_tables(cfg, results, footer):
         old = path.read_text(encoding="utf-8") if path.is_file() else ""
         last = old.rstrip().rsplit("\n\n", 1)[-1]
         footer = last.strip() if last.startswith("Measured") else ""
-    found = tables(read_rows(results / "longlora.csv"), read_rows(results / "longlora_cost.csv"))
+    found = read_tables(results)
     text = render(found)
     write_output("results", path, lambda tmp: tmp.write_text(f"{text}\n\n{footer}\n", encoding="utf-8"))
     print(f"{text}\n\n{footer}\nwrote {path}")

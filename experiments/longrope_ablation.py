@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output, write_rows
@@ -74,7 +74,7 @@ def datasets(cfg):
     """{checkpoint: its training dataset}, every checkpoint RoPE and trained on one dataset with one T."""
     found = {}
     for folder in cfg.checkpoints:
-        ckpt = load_checkpoint(checkpoint_path(folder), mmap=True)
+        ckpt = open_checkpoint(checkpoint_path(folder), mmap=True)
         require(POSITION_MODULES[ckpt["model_config"]["pos"]].rotates, f"{folder}: not a RoPE checkpoint")
         found[folder] = (ckpt.get("train_config") or {}).get("dataset"), ckpt["model_config"]["block_size"]
     require(len(set(found.values())) == 1, f"the checkpoints differ in dataset or T: {found}")
@@ -106,11 +106,13 @@ def main(argv=None):
         data, T = datasets(cfg)
         name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
         results = ROOT / cfg.results
+        rows = read_rows(results / f"{name}.csv", COLUMNS, PROG) if cfg.tables else None  # before any write
         for suffix in (".csv", "_table.md"):  # before any search
             check_outputs({"results": results / f"{name}{suffix}"})
-        if cfg.tables:  # the measurement's own line kept
-            old = (results / f"{name}_table.md").read_text(encoding="utf-8")
-            return write_table(results, name, old.rstrip().rsplit("\n", 1)[-1])
+        if cfg.tables:  # the measurement's own line kept, where the table is there
+            old = results / f"{name}_table.md"
+            footer = old.read_text(encoding="utf-8").rstrip().rsplit("\n", 1)[-1] if old.is_file() else ""
+            return write_table(results, name, footer, rows)
         return run(cfg, data, T, results, name, argv)
 
 
@@ -131,12 +133,13 @@ def run(cfg, data, T, results, name, argv):
                             rows.append((Path(folder).name, variant, seed, task, n, value))
     write_rows("results", results / f"{name}.csv", COLUMNS, rows)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    return write_table(results, name, f"Measured by `{command}`.")
+    written = read_rows(results / f"{name}.csv", COLUMNS, PROG)
+    return write_table(results, name, f"Measured by `{command}`.", written)
 
 
-def write_table(results, name, footer):
-    """{name}_table.md from {name}.csv, and under docs/ the docs' block of that name."""
-    table = render(read_rows(results / f"{name}.csv"))
+def write_table(results, name, footer, rows):
+    """{name}_table.md from {name}.csv's rows (read_rows), and under docs/ the docs' block of that name."""
+    table = render(rows)
     text = f"{table}\n\n{footer}\n"
     write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     print(f"{text}wrote {results / name}_table.md")

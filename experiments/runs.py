@@ -5,6 +5,7 @@ what the studies share: eval_length.py run on their checkpoints, their tables' m
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from measure.paired import paired_cell
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
+from plumbing.cli import read_text
 from plumbing.errors import Stopped, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,12 +105,30 @@ def run_python(args, said="see its output above", **kwargs):
     return subprocess.CompletedProcess(process.args, status, stdout, stderr)
 
 
-def read_rows(path):
-    """A CSV file's rows, as dicts; a missing one a UserError."""
+def read_rows(path, columns, made_by):
+    """A CSV file's rows, as dicts, each with `columns`: a file that is missing, unreadable, without those
+    columns or without rows is a one-line UserError naming the file and `made_by`, the command that writes
+    it."""
+    where, make = f"{path}", f"`{made_by}` writes it (or give --results)"
     if not Path(path).is_file():
-        raise UserError(f"{path}: no such file; run the study first (or give --results)", 2)
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        raise UserError(f"{where}: no such file; {make}", 2)
+    try:
+        reader = csv.DictReader(io.StringIO(read_text(path, where), newline=""))
+        rows = list(reader)
+    except csv.Error as e:
+        raise UserError(f"{where}: not a CSV file ({e}); {make}", 2) from None
+    if missing := [c for c in columns if c not in (reader.fieldnames or ())]:
+        raise UserError(f"{where}: no column {', '.join(missing)}, so not this table; {make}", 2)
+    if not rows:
+        raise UserError(f"{where}: a header and no rows; {make}", 2)
+    return rows
+
+
+# the columns of eval_length.py's CSV that pooled_cells and the studies' tables read, per --task
+EVAL_COLUMNS = {
+    "loss": ("checkpoint", "scaling", "block_size", "length", "loss"),
+    "passkey": ("checkpoint", "scaling", "block_size", "length", "trials", "correct"),
+}
 
 
 def pooled_cells(rows, task, key):
@@ -131,7 +151,7 @@ def eval_length(cfg, task, checkpoints, lengths, path, key, *flags):
     command = ["eval_length.py", *checkpoints, f"--task={task}", "--lengths", lengths, amount, *flags]
     print(f"\n$ python {' '.join(map(str, [*command, '--csv', path]))}")
     run_python([*command, "--csv", path])
-    found = pooled_cells(read_rows(path), task, key)
+    found = pooled_cells(read_rows(path, EVAL_COLUMNS[task], "eval_length.py"), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 

@@ -104,7 +104,7 @@ def main(argv=None):
         check_outputs({"results": path})
         if not cfg.tables:
             write_rows("results", path, COLUMNS, measure(os.cpu_count() or 1))
-        table = render(read_rows(path))
+        table = render(read_rows(path, COLUMNS, PROG))
         print(table)
         fill_generated(ROOT / cfg.results, {"perf_threads": table})
         return table

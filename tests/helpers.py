@@ -14,12 +14,12 @@ from plumbing.tokenizers import get_tokenizer
 
 def error_line(capsys, script, argv, status):
     """script.main(argv) exits with `status` (2: a bad flag or value, 1: a run that cannot start or go on) and
-    one line on stderr, `NAME.py: error: ...`, never argparse's usage block; -> that line."""
+    one line on stderr, `NAME.py: error: ...` (or its PROG's), never argparse's usage block; -> that line."""
     with pytest.raises(SystemExit) as exit_info:
         script.main(argv)
     assert exit_info.value.code == status
     err = capsys.readouterr().err.strip()
-    prog = f"{script.__name__.rsplit('.', 1)[-1]}.py"
+    prog = getattr(script, "PROG", f"{script.__name__.rsplit('.', 1)[-1]}.py")  # a `python -m` one's PROG
     assert err.startswith(f"{prog}: error: ") and "\n" not in err and "usage:" not in err, err
     return err
 

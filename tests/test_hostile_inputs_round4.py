@@ -9,9 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import TINY_RUN
 
 import eval_length
 import train
+from demo import figures
+from experiments import longlora, longrope
+from experiments import longrope_ablation as ablation
 from perf import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +91,143 @@ def test_threads_takes_ascii_digits_only(capsys, prog, threads):
     status, err = in_process(capsys, THREADS[prog], argv)
     line = one_line(err, prog)
     assert status == 2 and f"--threads={threads}: give auto or a number of threads from 1 to" in line
+
+
+# ---- inputs on a tiny trained run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny runs of two steps: rope (block_size TINY_BLOCK), t5, and rope with LoRA adapters."""
+    root = tmp_path_factory.mktemp("runs")
+    for name, flags in {
+        "rope": ["--pos=rope"],
+        "t5": ["--pos=t5"],
+        "lora": ["--pos=rope", "--lora_rank=2"],
+    }.items():
+        train.main([*TINY_RUN, *flags, f"--out_dir={root / name}"])
+    return root
+
+
+def damaged(runs, tmp_path, name, change):
+    """A copy of run `name`'s folder whose ckpt.pt is changed by change(ckpt) -> the folder."""
+    folder = tmp_path / f"{name}_damaged"
+    folder.mkdir()
+    ckpt = torch.load(runs / name / "ckpt.pt", weights_only=True)
+    torch.save(change(ckpt), folder / "ckpt.pt")
+    return folder
+
+
+def without(entry, key):
+    return lambda ckpt: ckpt | {entry: {k: v for k, v in ckpt[entry].items() if k != key}}
+
+
+def replaced(entry, key, value):
+    return lambda ckpt: ckpt | {entry: ckpt[entry] | {key: value}}
+
+
+def foreign_csv(path, header="a,b\n1,2\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header)
+    return path
+
+
+ABLATION, LONGROPE, LONGLORA = (
+    "python -m experiments.longrope_ablation",
+    "python -m experiments.longrope",
+    "python -m experiments.longlora",
+)
+# (entry point as typed, its main, argv ({run}: the rope run, {t5}, {lora}, {tmp}), what the line says)
+CASES = {
+    "ablation tables missing": (
+        ABLATION,
+        "{run} --tables --results={tmp}/empty",
+        "longrope_shakespeare_char_x4.csv: no such file; `python -m experiments.longrope_ablation` writes it",
+    ),
+    "ablation tables foreign": (
+        ABLATION,
+        "{run} --tables --results={tmp}/foreign",
+        "longrope_shakespeare_char_x4.csv: no column checkpoint, variant, search_seed, task, length, value",
+    ),
+    "longlora tables foreign": (
+        LONGLORA,
+        "--tables --results={tmp}/foreign",
+        "longlora.csv: no column phase",
+    ),
+    "longlora tables header only": (
+        LONGLORA,
+        "--tables --results={tmp}/header",
+        "longlora.csv: a header and no rows; `python -m experiments.longlora` writes it",
+    ),
+    "figures foreign csv": (
+        "demo/figures.py",
+        "--only=extrapolation --csv={tmp}/foreign/extrapolation.csv --out={tmp}/figures",
+        "extrapolation.csv: no column checkpoint, pos, block_size, length, loss",
+    ),
+    "search: no block_size": (
+        LONGROPE,
+        "{no_block_size}",
+        "damaged checkpoint (model_config has no block_size)",
+    ),
+    "ablation: no block_size": (
+        ABLATION,
+        "{no_block_size}",
+        "damaged checkpoint (model_config has no block_size)",
+    ),
+    "search: meta None": (LONGROPE, "{meta_none}", "damaged checkpoint (meta is None, not a dict)"),
+    "search: n_hat past L": (
+        LONGROPE,
+        "{run} --n_hat=100000 --factor=4",
+        "the length searched, L = 64: give an n_hat from 0 to 63",
+    ),
+    "search: short on plain": (
+        LONGROPE,
+        "{run} --short",
+        "--short searches the short factors of a run extended by its rope_factor s > 1",
+    ),
+    "lora: no state": ("train.py", "{lora_no_state}", "damaged checkpoint (lora has no state)"),
+    "lora: a string": ("train.py", "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
+    "lora: rank a string": (
+        "train.py",
+        "{lora_rank_string}",
+        "damaged checkpoint (lora.rank is '2', not a whole number >= 1)",
+    ),
+}
+LORA_RESUME = [*TINY_RUN, "--pos=rope", "--lora_rank=2", "--resume", "--max_iters=4", "--out_dir={folder}"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, case):
+    prog, argv, words = CASES[case]
+    mains = {
+        ABLATION: ablation.main,
+        LONGROPE: longrope.main,
+        LONGLORA: longlora.main,
+        "demo/figures.py": figures.main,
+        "train.py": train.main,
+    }
+    foreign_csv(tmp_path / "foreign" / "longrope_shakespeare_char_x4.csv")
+    foreign_csv(tmp_path / "foreign" / "longlora.csv")
+    foreign_csv(tmp_path / "foreign" / "extrapolation.csv")
+    foreign_csv(tmp_path / "header" / "longlora.csv", ",".join(longlora.CSV_COLUMNS) + "\n")
+    foreign_csv(tmp_path / "header" / "longlora_cost.csv", ",".join(longlora.COST) + "\n")
+    folders = {
+        "no_block_size": lambda: damaged(runs, tmp_path, "rope", without("model_config", "block_size")),
+        "meta_none": lambda: damaged(runs, tmp_path, "rope", lambda ckpt: ckpt | {"meta": None}),
+        "lora_no_state": lambda: damaged(runs, tmp_path, "lora", without("lora", "state")),
+        "lora_string": lambda: damaged(runs, tmp_path, "lora", lambda ckpt: ckpt | {"lora": "adapters"}),
+        "lora_rank_string": lambda: damaged(runs, tmp_path, "lora", replaced("lora", "rank", "2")),
+    }
+    for name, make in folders.items():
+        if "{" + name + "}" in argv:
+            folder = make()
+            argv = argv.replace(
+                "{" + name + "}",
+                " ".join(LORA_RESUME).format(folder=folder) if name.startswith("lora") else str(folder),
+            )
+    argv = argv.format(run=runs / "rope", tmp=tmp_path).split()
+    before = sorted(tmp_path.rglob("*"))
+    status, err = in_process(capsys, mains[prog], argv)
+    line = one_line(err, prog)
+    assert status in (1, 2) and words in line, line
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written

@@ -358,12 +358,13 @@ def build_model(path, ckpt, **overrides):
     return model
 
 
-def pretrained_checkpoint(name):
-    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's three entries."""
+def pretrained_checkpoint(name, flag="--init_from"):
+    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's three entries; a failure
+    names the flag that asked for them."""
     try:
         config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
-        raise UserError(f"--init_from={name}: {first_line(e)}") from None
+        raise UserError(f"{flag}={name}: {first_line(e)}") from None
     meta = {"tokenizer": "gpt2", "vocab_size": config.vocab_size}
     return {"model": state_dict, "model_config": dataclasses.asdict(config), "meta": meta}
 

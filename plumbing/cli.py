@@ -55,7 +55,10 @@ def flag_options(name, annotation, choices, positional):
     """argparse's options for a field annotated int, float, bool, str, list[...] or one | None. A bool is
     true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it), `--compile` alone
     true; a float is finite (a NaN passes every range check); an optional value is `none`, or not empty
-    (`--lengths=`, from an unset shell variable, would be taken for the default)."""
+    (`--lengths=`, from an unset shell variable, would be taken for the default); an optional list is None
+    when not given, so that one given empty (`--compare` and nothing: an unset variable) can be refused."""
+    lists = [t for t in typing.get_args(annotation) if typing.get_origin(t) is list]
+    annotation = lists[0] if lists else annotation  # list[X] | None: a list flag whose default is None
     if is_list := typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)

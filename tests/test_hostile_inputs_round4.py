@@ -13,6 +13,7 @@ import torch
 from helpers import TINY_RUN
 
 import eval_length
+import sample
 import train
 from demo import figures
 from experiments import longlora, longrope
@@ -231,3 +232,46 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
     line = one_line(err, prog)
     assert status in (1, 2) and words in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def nan_weights(ckpt):
+    ckpt["model"]["lm_head.weight"][0, 0] = float("nan")
+    return ckpt
+
+
+def without_newline(ckpt):
+    """A vocabulary whose newline is another character: the default prompt cannot be encoded."""
+    chars = ["~" if c == "\n" else c for c in ckpt["meta"]["chars"]]
+    return ckpt | {"meta": ckpt["meta"] | {"chars": chars}}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (nan_weights, "weights that are not finite"),
+        (without_newline, "the default prompt, a newline, is not in"),
+    ],
+)
+def test_compare_checks_every_checkpoint_before_the_first_sample(runs, tmp_path, capsys, change, words):
+    second = damaged(runs, tmp_path, "rope", change)
+    argv = ["--compare", str(runs / "rope"), str(second), "--max_new_tokens=4", "--device=cpu"]
+    status, err = in_process(capsys, sample.main, argv)
+    line = one_line(err, "sample.py")
+    assert status == 1 and words in line and str(second) in line
+    assert "===" not in capsys.readouterr().out  # nothing sampled
+
+
+def test_an_empty_compare_is_refused(runs, capsys):
+    status, err = in_process(capsys, sample.main, [f"--out_dir={runs / 'rope'}", "--compare"])
+    assert status == 2 and "--compare names no checkpoint" in one_line(err, "sample.py")
+
+
+def test_compare_names_why_a_loss_cannot_be_measured(runs, tmp_path, capsys):
+    unprepared = damaged(runs, tmp_path, "rope", replaced("train_config", "dataset", "not_prepared_here"))
+    rows = sample.main(
+        ["--compare", str(runs / "rope"), str(unprepared), "--max_new_tokens=4", "--device=cpu"]
+    )
+    out = capsys.readouterr().out
+    assert rows[0][3] is not None and rows[1][3] is None
+    row = next(line for line in out.splitlines() if line.startswith(str(unprepared)))
+    assert "no loss: " in row and "not_prepared_here" in row and "nan" not in row

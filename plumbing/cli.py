@@ -87,6 +87,12 @@ def flag_options(name, annotation, choices, positional):
     return options | (dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {})
 
 
+def list_flag(sections, name):
+    """Whether field `name` of sections' dataclasses is a list flag (list[X], or list[X] | None)."""
+    hints = [typing.get_type_hints(config_class).get(name) for _, config_class, _ in sections]
+    return any(list in (typing.get_origin(h), *map(typing.get_origin, typing.get_args(h))) for h in hints)
+
+
 def threads_flag():
     """Every entry point's --threads field (plumbing.hardware checks and applies it)."""
     help_text = "CPU threads, at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS"
@@ -183,6 +189,9 @@ def parse_flags(
                 guess = difflib.get_close_matches(typo, given, n=1, cutoff=0.7)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(given)}"
+            elif positional and (taken := re.match(r"argument --(\w+): invalid choice", message)):
+                if list_flag(sections, taken[1]):  # it took the words after it, a positional among them
+                    message += f"; --{taken[1]} takes every word after it: give {positional[0]} before it"
             raise UserError(message, 2) from None
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, description, sections, values, choices, (), False)

@@ -4,6 +4,8 @@ through the real entry point: main(argv) in-process where it can, a subprocess w
 script is started, a signal or a resource limit."""
 
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -133,11 +135,8 @@ def foreign_csv(path, header="a,b\n1,2\n"):
     return path
 
 
-ABLATION, LONGROPE, LONGLORA = (
-    "python -m experiments.longrope_ablation",
-    "python -m experiments.longrope",
-    "python -m experiments.longlora",
-)
+EVAL, ABLATION = "eval_length.py", "python -m experiments.longrope_ablation"
+LONGROPE, LONGLORA = "python -m experiments.longrope", "python -m experiments.longlora"
 # (entry point as typed, its main, argv ({run}: the rope run, {t5}, {lora}, {tmp}), what the line says)
 CASES = {
     "ablation tables missing": (
@@ -193,6 +192,16 @@ CASES = {
         "{lora_rank_string}",
         "damaged checkpoint (lora.rank is '2', not a whole number >= 1)",
     ),
+    "t5: rope_scalings": (
+        EVAL,
+        "{t5} --rope_scalings yarn --lengths=1,2",
+        "--rope_scalings=yarn extends RoPE; no checkpoint takes it: ",
+    ),
+    "a list flag before the run": (
+        EVAL,
+        "--rope_scalings yarn {run} --lengths=1",
+        "--rope_scalings takes every word after it: give checkpoints before it",
+    ),
 }
 LORA_RESUME = [*TINY_RUN, "--pos=rope", "--lora_rank=2", "--resume", "--max_iters=4", "--out_dir={folder}"]
 
@@ -201,6 +210,7 @@ LORA_RESUME = [*TINY_RUN, "--pos=rope", "--lora_rank=2", "--resume", "--max_iter
 def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, case):
     prog, argv, words = CASES[case]
     mains = {
+        EVAL: eval_length.main,
         ABLATION: ablation.main,
         LONGROPE: longrope.main,
         LONGLORA: longlora.main,
@@ -226,7 +236,7 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
                 "{" + name + "}",
                 " ".join(LORA_RESUME).format(folder=folder) if name.startswith("lora") else str(folder),
             )
-    argv = argv.format(run=runs / "rope", tmp=tmp_path).split()
+    argv = argv.format(run=runs / "rope", t5=runs / "t5", tmp=tmp_path).split()
     before = sorted(tmp_path.rglob("*"))
     status, err = in_process(capsys, mains[prog], argv)
     line = one_line(err, prog)
@@ -275,3 +285,36 @@ def test_compare_names_why_a_loss_cannot_be_measured(runs, tmp_path, capsys):
     assert rows[0][3] is not None and rows[1][3] is None
     row = next(line for line in out.splitlines() if line.startswith(str(unprepared)))
     assert "no loss: " in row and "not_prepared_here" in row and "nan" not in row
+
+
+def test_a_checkpoint_after_a_flag_is_taken(runs, capsys):
+    rows = eval_length.main(["--lengths", "1,2", str(runs / "rope"), "--max_windows=1", "--device=cpu"])
+    assert {row.checkpoint for row in rows} == {str(runs / "rope")}
+
+
+def test_a_full_disk_is_one_line_before_a_checkpoint_is_read(runs, tmp_path):
+    """No byte can be written (ulimit -f 0; SIGXFSZ ignored): torch finds no temporary folder once it reads
+    a checkpoint, so the outputs are checked first, and say there is no space."""
+
+    def no_file_space():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    argv = [
+        "eval_length.py",
+        str(runs / "rope"),
+        "--lengths=1",
+        f"--csv={tmp_path / 'full.csv'}",
+        "--device=cpu",
+    ]
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        preexec_fn=no_file_space,
+        timeout=120,
+    )
+    line = one_line(done.stderr, "eval_length.py")
+    assert done.returncode == 1 and "no space left" in line and done.stdout == ""

@@ -66,13 +66,16 @@ class Plan:
 
 
 RUNNING = set()  # the child processes running now
+# each child in a process group of its own: a terminal's Ctrl-C reaches it once, passed on from here
+OWN_GROUP = dict(process_group=0) if os.name == "posix" else {}
 
 
 @contextmanager
-def sigterm_passed_on():
-    """While active in the main thread, a SIGTERM to this process (kill PID: it alone) goes on to every child
-    in RUNNING, where train.py saves and stops on it, then stops this one as Stopped (status 143) once they
-    have ended, instead of leaving them to train on unseen."""
+def signals_passed_on():
+    """While active in the main thread, a SIGINT or SIGTERM to this process (Ctrl-C, kill PID, an IDE's stop
+    button, Jupyter's interrupt) goes on to every child in RUNNING, where train.py saves and stops on it, then
+    stops this one as Stopped (status 130 or 143) once they have ended, instead of leaving them to train on
+    unseen."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -82,11 +85,12 @@ def sigterm_passed_on():
             process.send_signal(signum)
         raise Stopped(signum)
 
-    previous = signal.signal(signal.SIGTERM, pass_on)
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_python(args, said="see its output above", **kwargs):
@@ -94,7 +98,8 @@ def run_python(args, said="see its output above", **kwargs):
     CompletedProcess (its stdout with stdout=PIPE)."""
     sys.stdout.flush()  # what we printed comes before the command's output
     args = [str(arg) for arg in args]
-    with sigterm_passed_on(), subprocess.Popen([sys.executable, *args], cwd=ROOT, **kwargs) as process:
+    command = [sys.executable, *args]
+    with signals_passed_on(), subprocess.Popen(command, cwd=ROOT, **OWN_GROUP, **kwargs) as process:
         RUNNING.add(process)
         try:
             stdout, stderr = process.communicate()  # on Stopped, Popen's exit waits for the child to end
@@ -251,7 +256,7 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
                 run_python(args, stdout=f, stderr=subprocess.STDOUT, env=env, said=f"see {output}")
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
 
-    with sigterm_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
+    with signals_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
         list(pool.map(lambda job: train(job[0], *job[1]), enumerate(todo, 1)))  # raises a run's failure
     return [ROOT / p.out_dir for p in plans]
 

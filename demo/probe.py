@@ -29,6 +29,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from positions import POS_SCHEMES
 
+PROG = "python -m demo.probe"
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
 NOPE_UNMASKED = "none, no mask"
 
@@ -83,8 +84,8 @@ def draw(results, path):
 
 
 def main(argv=None):
-    with one_line_errors("demo/probe.py"):
-        cfg = ProbeConfig(**parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)]))
+    with one_line_errors(PROG):
+        cfg = ProbeConfig(**parse_flags(argv, PROG, __doc__, [("probe", ProbeConfig, None)]))
         drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
         instruments.use_one_thread()
         results = run_probes(cfg)

@@ -56,14 +56,14 @@ from measure.retrieval import wilson_interval
 from model import GPTConfig
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import resolve_device
+from plumbing.hardware import check_device, check_device_name, resolve_device
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_folder, check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
 
-PROG = "experiments/extrapolation.py"
+PROG = "python -m experiments.extrapolation"
 EXTENSION = 4  # the fine-tunes' context: 4 x T
 FIRST_SEED = 1337  # train.py's default seed: its runs are the first seed's
 # --extra: RoPE as released models ship it: GPT-NeoX rotates 25% of each head, Llama 4 skips every 4th layer
@@ -119,6 +119,7 @@ class StudyConfig:
         for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        check_device_name(self.device)
         exists = self.config is None or (ROOT / self.config).is_file()
         require(exists, f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
@@ -643,6 +644,7 @@ def search_spread(cfg, per_seed, block_size):
 def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
+        check_device(resolve_device(cfg.device))  # as train.py and eval_length.py will, before any run
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
         check_folder("out_root", ROOT / cfg.out_root)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
@@ -704,7 +706,7 @@ def run_study(cfg, argv):
     per_seed, trained = read_cells(records, cfg.task)
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])
-    footer = measured("python -m experiments.extrapolation", argv, start, cfg.quick, threads=True)
+    footer = measured(PROG, argv, start, cfg.quick, threads=True)
     text = "\n\n".join([report(cfg, per_seed, trained), *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))

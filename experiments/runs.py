@@ -262,21 +262,24 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
 
 
 def find_checkpoint(pos, checkpoints):
-    """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/)."""
+    """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/), the
+    first holding best.pt or ckpt.pt; None where neither does."""
     folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
-    for folder in folders:
-        if checkpoint_path(folder).is_file():
-            return folder
-    expected = " or ".join(f"{folder}/" for folder in folders)
-    raise UserError(
-        f"no checkpoint of pos={pos} in {checkpoints}: expected {expected} holding best.pt or ckpt.pt"
-    )
+    return next((folder for folder in folders if checkpoint_path(folder).is_file()), None)
 
 
 def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a folder of runs)"):
     """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first; other:
     the flags a demo offers instead, named when an out_dir holds another run."""
-    if checkpoints is not None:
-        return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
+    if checkpoints is not None:  # the schemes with a run there (a folder from before some schemes existed)
+        found = {pos: folder for pos in schemes if (folder := find_checkpoint(pos, checkpoints))}
+        missing = [pos for pos in schemes if pos not in found]
+        expected = f"{checkpoints}/<pos>/ or {checkpoints}/shakespeare_char_<pos>/ holding best.pt or ckpt.pt"
+        if not found:
+            raise UserError(f"no checkpoint of pos={','.join(missing)} in {checkpoints}: expected {expected}")
+        if missing:
+            log(f"note: no checkpoint of pos={','.join(missing)} in {checkpoints} (expected {expected}): "
+                f"showing {', '.join(found)}")  # fmt: skip
+        return found
     commands, elsewhere = [[f"--pos={pos}"] for pos in schemes], f"move it away, or give {other}"
     return dict(zip(schemes, ensure_trained(commands, DEFAULT_DURATION, elsewhere=elsewhere, log=log)))

@@ -19,8 +19,8 @@ from helpers import TINY_RUN
 import eval_length
 import sample
 import train
-from demo import figures
-from experiments import longlora, longrope
+from demo import figures, permutation, probe
+from experiments import extrapolation, longlora, longrope
 from experiments import longrope_ablation as ablation
 from perf import bench
 from plumbing.checkpoint import open_checkpoint, run_finished
@@ -141,6 +141,7 @@ def foreign_csv(path, header="a,b\n1,2\n"):
 
 EVAL, ABLATION = "eval_length.py", "python -m experiments.longrope_ablation"
 LONGROPE, LONGLORA = "python -m experiments.longrope", "python -m experiments.longlora"
+STUDY_PROG, PERMUTATION = "python -m experiments.extrapolation", "python -m demo.permutation"
 # (entry point as typed, its main, argv ({run}: the rope run, {t5}, {lora}, {tmp}), what the line says)
 CASES = {
     "ablation tables missing": (
@@ -164,7 +165,7 @@ CASES = {
         "longlora.csv: a header and no rows; `python -m experiments.longlora` writes it",
     ),
     "figures foreign csv": (
-        "demo/figures.py",
+        "python -m demo.figures",
         "--only=extrapolation --csv={tmp}/foreign/extrapolation.csv --out={tmp}/figures",
         "extrapolation.csv: no column checkpoint, pos, block_size, length, loss",
     ),
@@ -206,6 +207,16 @@ CASES = {
         "--rope_scalings yarn {run} --lengths=1",
         "--rope_scalings takes every word after it: give checkpoints before it",
     ),
+    "study: a device it cannot use": (
+        STUDY_PROG,
+        "--device=cuda --quick --out_root={tmp}/o --results={tmp}/r",
+        "device='cuda' but torch.cuda.is_available() is False",
+    ),
+    "demo: no run of any scheme": (
+        PERMUTATION,
+        "--checkpoints={tmp}/empty_runs",
+        "no checkpoint of pos=learned,sinusoidal,rope,alibi,none,t5,fire in",
+    ),
 }
 LORA_RESUME = [*TINY_RUN, "--pos=rope", "--lora_rank=2", "--resume", "--max_iters=4", "--out_dir={folder}"]
 
@@ -213,12 +224,17 @@ LORA_RESUME = [*TINY_RUN, "--pos=rope", "--lora_rank=2", "--resume", "--max_iter
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, case):
     prog, argv, words = CASES[case]
+    if "cuda" in CASES[case][1] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    (tmp_path / "empty_runs").mkdir()
     mains = {
         EVAL: eval_length.main,
+        STUDY_PROG: extrapolation.main,
+        PERMUTATION: permutation.main,
         ABLATION: ablation.main,
         LONGROPE: longrope.main,
         LONGLORA: longlora.main,
-        "demo/figures.py": figures.main,
+        "python -m demo.figures": figures.main,
         "train.py": train.main,
     }
     foreign_csv(tmp_path / "foreign" / "longrope_shakespeare_char_x4.csv")
@@ -362,3 +378,17 @@ def test_a_signal_to_a_study_alone_stops_its_runs_which_save(tmp_path, sig, jobs
     assert not (out_dir / LOCK_NAME).exists()  # the run has ended
     saved = open_checkpoint(out_dir / "ckpt.pt")
     assert not run_finished(saved) and saved["iter_num"] >= 2
+
+
+@pytest.mark.parametrize(
+    "demo, flags", [(permutation, []), (probe, ["--windows=8"])], ids=["permutation", "probe"]
+)
+def test_a_demo_runs_on_the_schemes_whose_runs_are_there(runs, tmp_path, capsys, demo, flags):
+    """A folder of runs from before some schemes existed: the demo shows those there and names the rest."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "rope").symlink_to(runs / "rope")
+    demo.main([f"--checkpoints={tmp_path / 'runs'}", *flags])
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("note: no checkpoint of pos="))
+    assert "pos=learned,sinusoidal,alibi,none,t5,fire in" in note and note.endswith("showing rope")
+    assert "pos=rope" in out

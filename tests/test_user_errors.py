@@ -51,8 +51,8 @@ SCRIPTS = {
     "train": (train, "train.py"),
     "bench": (bench, "python -m perf.bench"),
     "eval_length": (eval_length, "eval_length.py"),
-    "probe": (probe, "demo/probe.py"),
-    "extrapolation": (extrapolation, "experiments/extrapolation.py"),
+    "probe": (probe, "python -m demo.probe"),
+    "extrapolation": (extrapolation, "python -m experiments.extrapolation"),
 }
 NO_MATPLOTLIB = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="--plot needs matplotlib"

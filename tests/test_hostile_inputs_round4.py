@@ -19,6 +19,7 @@ from helpers import TINY_RUN
 import eval_length
 import sample
 import train
+from data.common import BatchSampler
 from demo import figures, permutation, probe
 from experiments import extrapolation, longlora, longrope
 from experiments import longrope_ablation as ablation
@@ -392,3 +393,29 @@ def test_a_demo_runs_on_the_schemes_whose_runs_are_there(runs, tmp_path, capsys,
     note = next(line for line in out.splitlines() if line.startswith("note: no checkpoint of pos="))
     assert "pos=learned,sinusoidal,alibi,none,t5,fire in" in note and note.endswith("showing rope")
     assert "pos=rope" in out
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_signal_inside_an_evaluation_leaves_the_resumed_figures_those_of_the_straight_run(
+    tmp_path, monkeypatch, split
+):
+    """SIGTERM while the second evaluation draws its `split` batches (after its second): the run saves and
+    stops; resumed, it evaluates that step again and every evaluation after, each equal to the straight
+    run's. The evaluation stream is saved as it stood before the cut evaluation, not part-way."""
+    flags = [*TINY_RUN, "--max_iters=6", "--eval_interval=2", "--eval_iters=3"]
+    straight = {e["iter"]: e for e in train.main([*flags, f"--out_dir={tmp_path / 'straight'}"])["evals"]}
+    draw, sent = BatchSampler.get_batch, []
+
+    def get_batch(self, which):
+        batch = draw(self, which)
+        if self.rank == train.EVAL_STREAM and which == split and self.batches[split] == 3 + 2 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))  # the StopSignals handler takes it
+        return batch
+
+    monkeypatch.setattr(BatchSampler, "get_batch", get_batch)
+    cut = train.main([*flags, f"--out_dir={tmp_path / 'cut'}"])
+    assert sent and cut["stopped"] == "SIGTERM" and max(e["iter"] for e in cut["evals"]) == 0
+    resumed = train.main([*flags, f"--out_dir={tmp_path / 'cut'}", "--resume"])
+    assert [e["iter"] for e in resumed["evals"]] == [2, 4, 6]
+    for e in resumed["evals"]:
+        assert (e["train"], e["val"]) == (straight[e["iter"]]["train"], straight[e["iter"]]["val"]), e["iter"]

@@ -5,7 +5,6 @@ script is started, a signal or a resource limit."""
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_RUN
+from helpers import TINY_RUN, run_limited
 
 import eval_length
 import sample
@@ -317,26 +316,8 @@ def test_a_full_disk_is_one_line_before_a_checkpoint_is_read(runs, tmp_path):
     """No byte can be written (ulimit -f 0; SIGXFSZ ignored): torch finds no temporary folder once it reads
     a checkpoint, so the outputs are checked first, and say there is no space."""
 
-    def no_file_space():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-
-    argv = [
-        "eval_length.py",
-        str(runs / "rope"),
-        "--lengths=1",
-        f"--csv={tmp_path / 'full.csv'}",
-        "--device=cpu",
-    ]
-    done = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        preexec_fn=no_file_space,
-        timeout=120,
-    )
+    argv = [str(runs / "rope"), "--lengths=1", f"--csv={tmp_path / 'full.csv'}", "--device=cpu"]
+    done = run_limited(0, "eval_length.py", *argv)
     line = one_line(done.stderr, "eval_length.py")
     assert done.returncode == 1 and "no space left" in line and done.stdout == ""
 
@@ -419,3 +400,18 @@ def test_a_signal_inside_an_evaluation_leaves_the_resumed_figures_those_of_the_s
     assert [e["iter"] for e in resumed["evals"]] == [2, 4, 6]
     for e in resumed["evals"]:
         assert (e["train"], e["val"]) == (straight[e["iter"]]["train"], straight[e["iter"]]["val"]), e["iter"]
+
+
+def test_compare_checks_gpt2_weights_before_the_first_sample(runs, capsys, monkeypatch):
+    """GPT-2 second while offline: one line naming --compare, not --init_from, and no sample printed."""
+
+    def offline(name):
+        raise OSError("no connection to the Hugging Face Hub")
+
+    monkeypatch.setattr("plumbing.checkpoint.download_gpt2", offline)
+    argv = ["--compare", str(runs / "rope"), "gpt2", "--max_new_tokens=4", "--device=cpu"]
+    status, err = in_process(capsys, sample.main, argv)
+    assert status == 1 and one_line(err, "sample.py").endswith(
+        "--compare=gpt2: no connection to the Hugging Face Hub"
+    )
+    assert "===" not in capsys.readouterr().out

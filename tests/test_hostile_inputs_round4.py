@@ -3,12 +3,10 @@ entry point as typed, a non-zero exit status and no traceback, before any work s
 through the real entry point: main(argv) in-process where it can, a subprocess where the input is the way the
 script is started, a signal or a resource limit."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +21,6 @@ from demo import figures, permutation, probe
 from experiments import extrapolation, longlora, longrope
 from experiments import longrope_ablation as ablation
 from perf import bench
-from plumbing.checkpoint import open_checkpoint, run_finished
-from plumbing.run_folder import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -322,44 +318,8 @@ def test_a_full_disk_is_one_line_before_a_checkpoint_is_read(runs, tmp_path):
     assert done.returncode == 1 and "no space left" in line and done.stdout == ""
 
 
-# A study in miniature: one long train.py run through ensure_trained, as every study trains its runs
-STUDY = """
-import sys
-from experiments.runs import ensure_trained
-from plumbing.errors import one_line_errors
-with one_line_errors("study"):
-    ensure_trained([sys.argv[2:]], jobs=int(sys.argv[1]))
-"""
-
-
-@pytest.mark.parametrize("jobs", [1, 2])
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_to_a_study_alone_stops_its_runs_which_save(tmp_path, sig, jobs):
-    """kill -INT PID (an IDE's stop button, Jupyter's interrupt) or kill PID on the study alone, not its
-    process group: each run it started saves and stops, then the study exits 128 + the signal's number, with
-    no traceback and nothing left running."""
-    out_dir = tmp_path / "long"
-    flags = [*TINY_RUN, "--max_iters=100000", "--eval_interval=1000", f"--out_dir={out_dir}"]
-    env = ENV | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    study = subprocess.Popen([sys.executable, "-c", STUDY, str(jobs), *flags], cwd=ROOT, env=env, **pipes)
-    log = Path(f"{out_dir}.log")
-    try:
-        if jobs == 1:
-            next(line for line in study.stdout if line.startswith("step 2/"))
-        else:
-            while not (log.is_file() and "step 2/" in log.read_text()):
-                time.sleep(0.1)
-        study.send_signal(sig)
-        _, err = study.communicate(timeout=60)
-    finally:
-        study.kill()
-        if (lock := out_dir / LOCK_NAME).is_file():  # a run left training: stop it
-            os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)
-    assert study.returncode == 128 + sig and "Traceback" not in err, err
-    assert not (out_dir / LOCK_NAME).exists()  # the run has ended
-    saved = open_checkpoint(out_dir / "ckpt.pt")
-    assert not run_finished(saved) and saved["iter_num"] >= 2
+# A signal to a study's own process (SIGINT as SIGTERM): tests/test_runs.py,
+# test_a_signal_to_a_study_reaches_its_runs_which_save_before_it_stops
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,6 @@ class SampleConfig:
         require(self.rope_scaling != "longrope" or self.rope_factors, factors)  # beside: read_rope_factors
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
-        require(self.compare != [], "--compare names no checkpoint (an unset variable?): give the out_dirs")
         check_device_name(self.device)
         hardware.check_threads(self.threads)
 
@@ -222,6 +221,8 @@ def compare(cfg, device, threads):
     RoPE ones only), then a summary table; threads: a line to print once every checkpoint is checked. Each
     is opened and checked (its weights, its vocabulary against the prompt, its dataset) before any sample,
     then let go: one model in memory at a time."""
+    if not cfg.compare:
+        raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
     unmeasured = {}  # out_dir: why its loss cannot be measured, or None
     for out_dir in cfg.compare:
         loaded = load_for_generation(out_dir, cfg, device, True)[0]
@@ -259,7 +260,7 @@ def main(argv=None):
         check_device(device)
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
-        if cfg.compare:
+        if cfg.compare is not None:
             return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)

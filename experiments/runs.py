@@ -114,7 +114,7 @@ def read_rows(path, columns, made_by):
     """A CSV file's rows, as dicts, each with `columns`: a file that is missing, unreadable, without those
     columns or without rows is a one-line UserError naming the file and `made_by`, the command that writes
     it."""
-    where, make = f"{path}", f"`{made_by}` writes it (or give --results)"
+    where, make = f"{path}", f"`{made_by}` writes it"
     if not Path(path).is_file():
         raise UserError(f"{where}: no such file; {make}", 2)
     try:

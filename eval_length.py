@@ -179,12 +179,19 @@ class Source:
             return ["plain", *(m for m in rope_scalings if m != LONGROPE or fits)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
 
-    def no_longrope(self, longrope):
-        """Why the factors read from --rope_factors give this checkpoint no longrope row; None: they do."""
+    def no_rope_scalings(self):
+        """Why this checkpoint takes no --rope_scalings row (its scheme rotates nothing, or it is measured at
+        its own extension); None: it takes them."""
         if not self.scheme.rotates:
             return f"pos={self.config['pos']}, not RoPE"
         if self.config.get("rope_scaling"):
             return f"measured at its own rope_scaling={self.config['rope_scaling']}"
+        return None
+
+    def no_longrope(self, longrope):
+        """Why the factors read from --rope_factors give this checkpoint no longrope row; None: they do."""
+        if why := self.no_rope_scalings():
+            return why
         searched = longrope.get("rope_original_len")
         original = self.config["rope_original_len"] or self.block_size
         if searched not in (None, original):
@@ -475,6 +482,20 @@ def check_length(source, n, cfg, device):
     check_memory(parts, device, what, "lower --lengths or --batch_size")
 
 
+def check_rope_scalings(sources, cfg):
+    """Before any row: --rope_scalings given (other than its default, every one) where no checkpoint takes a
+    RoPE extension's row is a usage UserError; -> a note naming the checkpoints it gives none, or None."""
+    asked = [m for m in cfg.rope_scalings if m != LONGROPE]
+    if not asked or tuple(asked) == ROPE_SCALINGS:
+        return None
+    skipped = [f"{s.name} ({why})" for s in sources if (why := s.no_rope_scalings())]
+    if len(skipped) == len(sources):
+        raise UserError(
+            f"--rope_scalings={','.join(asked)} extends RoPE; no checkpoint takes it: {', '.join(skipped)}", 2
+        )
+    return f"note: --rope_scalings gives no rows to {', '.join(skipped)}" if skipped else None
+
+
 def check_longrope(sources, lengths, cfg):
     """Before any row: a one-line UserError if --rope_factors give no checkpoint a longrope row, or cannot
     give one its row at every length (GPTConfig refuses them: their count, the attention factor); -> a note
@@ -507,14 +528,16 @@ def main(argv=None):
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
-        sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
         outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
-        check_outputs(outputs, inputs=[source.path for source in sources])
+        # first: a full disk leaves torch no temporary folder, which reading a checkpoint may need
+        check_outputs(outputs, inputs=[checkpoint_path(name) for name in cfg.checkpoints])
+        sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
-        if note := check_longrope(sources, lengths, cfg):
-            print(note)
+        for note in (check_longrope(sources, lengths, cfg), check_rope_scalings(sources, cfg)):
+            if note:
+                print(note)
         print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
         depths = parse_depths(cfg.depths) if cfg.task == "passkey" else None  # never empty for the passkey
         rows = evaluate(sources, lengths, cfg, device, depths)

@@ -19,15 +19,14 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import math
 import time
 from collections import namedtuple
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from generation import decode_mode, generate_cached
-from measure.losses import inside_vs_beyond_loss, position_losses  # noqa: F401 (position_losses: public)
+from measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
@@ -44,7 +43,7 @@ from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_facto
 class SampleConfig:
     out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
     init_from: str | None = None  # instead of out_dir, OpenAI's: gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-    compare: list[str] = field(default_factory=list)  # several out_dirs side by side (overrides out_dir)
+    compare: list[str] | None = None  # several out_dirs side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 1  # independent samples, generated as one batch
     max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
@@ -167,14 +166,16 @@ def sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream
     return out.tolist(), cfg.num_samples * max_new_tokens / seconds
 
 
-def load_for_generation(out_dir, cfg, device, scale_rope_only=False):
+def load_for_generation(out_dir, cfg, device, compared=False):
     """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
-    the weights live once, in the model. A generation that would not fit in memory is refused here, first."""
+    the weights live once, in the model. A generation that would not fit in memory is refused here, first.
+    compared: one of --compare's, where --rope_scaling applies to the RoPE checkpoints only."""
     path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
-    checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir)
+    flag = "--compare" if compared else "--init_from"
+    checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
     block_size = checkpoint["model_config"]["block_size"]
-    if scale_rope_only and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
+    if compared and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
         cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
     try:
@@ -229,9 +230,16 @@ def decoding(model, cfg, device):
 
 def compare(cfg, device, threads):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
-    RoPE ones only), then a summary table; threads: a line to print once every checkpoint is found."""
-    for out_dir in [name for name in cfg.compare if name not in GPT2_MODELS]:  # a wrong path fails first
-        open_checkpoint(checkpoint_path(out_dir), mmap=True)
+    RoPE ones only), then a summary table; threads: a line to print once every checkpoint is checked. Each
+    is opened and checked (its weights, its vocabulary against the prompt, its dataset) before any sample,
+    then let go: one model in memory at a time."""
+    if not cfg.compare:
+        raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
+    unmeasured = {}  # out_dir: why its loss cannot be measured, or None
+    for out_dir in cfg.compare:
+        loaded = load_for_generation(out_dir, cfg, device, True)[0]
+        unmeasured[out_dir] = unmeasurable(loaded.checkpoint.get("train_config", {}).get("dataset"))
+        del loaded
     print(threads)
     rows = []
     for out_dir in cfg.compare:
@@ -249,9 +257,9 @@ def compare(cfg, device, threads):
     header = f"{'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
     print(f"{'checkpoint':<34} {header}")
     for out_dir, c, tokens_per_second, losses, _ in rows:
-        inside, beyond = losses or (math.nan, math.nan)
+        measured = f"{losses[0]:>9.4f} {losses[1]:>9.4f}" if losses else f"no loss: {unmeasured[out_dir]}"
         print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {c.rope_scaling or '-':<10} "
-              f"{tokens_per_second:>9.1f} {inside:>9.4f} {beyond:>9.4f}")  # fmt: skip
+              f"{tokens_per_second:>9.1f} {measured}")  # fmt: skip
     return rows
 
 
@@ -264,7 +272,7 @@ def main(argv=None):
         check_device(device)
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
-        if cfg.compare:
+        if cfg.compare is not None:
             return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)

@@ -282,8 +282,11 @@ def evaluate(run, wandb_run, signals):
     estimate, cut = {"train": math.nan, "val": math.nan}, False
     if run.procs.master:
         requested = lambda: signals.received is not None
+        before = run.eval_sampler.state_dict()
         measured = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast, requested)
         estimate, cut = measured or estimate, measured is None
+        if cut:  # the checkpoint keeps the stream as it stood, so --resume draws this evaluation's batches
+            run.eval_sampler.load_state_dict(before)
     train_loss, val_loss, cut = run.procs.share([estimate["train"], estimate["val"], float(cut)], cfg.device)
     if cut:  # the loop stops, saying so
         return None

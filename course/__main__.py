@@ -10,6 +10,11 @@
 The exercises: course/exercises.toml, described in docs/exercises.md."""
 
 import sys
+
+if not __package__:  # `python course/__main__.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m course`")
+
+
 from dataclasses import dataclass
 
 from course.exercises import EXERCISES, by_id

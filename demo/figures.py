@@ -14,12 +14,17 @@
 The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
 checkpoints give the same PNG bytes."""
 
+import sys
+
+if not __package__:  # `python demo/figures.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m demo.figures`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import csv
 import math
 import os
 import re
@@ -29,12 +34,13 @@ from pathlib import Path
 
 import torch
 
-from experiments.runs import model_dirs, run_python
+from experiments.runs import model_dirs, read_rows, run_python
 from measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_embedding
 
+PROG = "python -m demo.figures"
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
 SEED_FOLDER = re.compile(r"_seed\d+")  # the study's runs of seeds after the first: its table gives the spread
@@ -167,9 +173,9 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     plt = instruments.pyplot()
     from matplotlib.colors import PowerNorm
 
-    fig, axes = plt.subplots(2, len(POS_SCHEMES), figsize=(4 * len(POS_SCHEMES), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(folders), figsize=(4 * len(folders), 8), squeeze=False)
     profiles = {}  # (pos, row): attention against distance over n_windows windows
-    for column, pos in enumerate(POS_SCHEMES):
+    for column, pos in enumerate(folders):  # the schemes with a run (model_dirs)
         model, _, ckpt = instruments.load(folders[pos])
         windows = instruments.validation_windows(ckpt, n_windows)
         for row, layer in enumerate((0, model.config.n_layer - 1)):
@@ -185,12 +191,12 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     fig.suptitle("Attention probabilities of the trained models on the same prompt (colour: sqrt scale)")
     paths = [instruments.save_figure(fig, out / "attention.png", tight=True)]
 
-    positions = torch.arange(len(profiles[POS_SCHEMES[0], 0]))
+    positions = torch.arange(len(next(iter(profiles.values()))))
     uniform = causal_mask(positions, positions).float() / (positions + 1)[:, None]  # 1/(i + 1) for j <= i
     uniform_profile = attention_by_distance(uniform).numpy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for row, (ax, name) in enumerate(zip(axes, ("layer 1", "last layer"))):
-        for pos in POS_SCHEMES:
+        for pos in folders:
             ax.semilogy(profiles[pos, row].numpy(), label=pos)
         ax.semilogy(uniform_profile, color="grey", linestyle="--", label="uniform over j <= i")
         ax.set_title(f"{name}: mean attention at distance i - j ({n_windows} windows, all heads)")
@@ -217,12 +223,11 @@ def read_extrapolation(path):
         except (TypeError, ValueError):
             return math.nan
 
-    curves = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
-            columns = ("block_size", "length", "loss", "loss_beyond", "stderr")
-            curves.setdefault(key, []).append({name: number(row.get(name)) for name in columns})
+    curves, study = {}, "python -m experiments.extrapolation"
+    for row in read_rows(path, ("checkpoint", "pos", "block_size", "length", "loss"), study):
+        key = (row["checkpoint"], row["pos"], row.get("scaling") or "none")
+        columns = ("block_size", "length", "loss", "loss_beyond", "stderr")
+        curves.setdefault(key, []).append({name: number(row.get(name)) for name in columns})
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in curves.items()}
 
 
@@ -262,20 +267,24 @@ def figure_extrapolation(out, csv_path, **_):
 
 def main(argv=None):
     """Make the figures --only names; -> the paths written."""
-    with one_line_errors("demo/figures.py"):
+    with one_line_errors(PROG):
         sections = [("figures", FiguresConfig, None)]
-        cfg = FiguresConfig(**parse_flags(argv, "demo/figures.py", __doc__, sections))
+        cfg = FiguresConfig(**parse_flags(argv, PROG, __doc__, sections))
         instruments.use_one_thread()
         try:
             instruments.pyplot()
         except ImportError:
             raise UserError("matplotlib is not installed: pip install matplotlib") from None
         out, names = Path(cfg.out), cfg.names()
+        if "extrapolation" in names and Path(cfg.csv).is_file():
+            read_extrapolation(cfg.csv)  # a CSV that is not the study's: refused before any figure
         instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
         folders = {}
         if any(name in NEEDS_MODELS for name in names):
             started = time.perf_counter()
             folders = model_dirs(POS_SCHEMES, cfg.checkpoints)
+            if "qk_terms" in names and "learned" not in folders:  # its figure reads the learned run's terms
+                raise UserError(f"--only=qk_terms needs a run of pos=learned in {cfg.checkpoints}")
             shown = ", ".join(os.path.relpath(folder) for folder in folders.values())
             print(f"models ready in {time.perf_counter() - started:.0f} s: {shown}")
         written = []

@@ -9,6 +9,12 @@ Each cell is max |h(man bites dog)[swap] - h(dog bites man)| over the swapped wo
 stay put: 0 means the model saw the same thing up to the swap (attention is permutation equivariant: lesson
 section 1); any position scheme, or the causal mask alone, makes them differ."""
 
+import sys
+
+if not __package__:  # `python demo/permutation.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m demo.permutation`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -24,6 +30,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from positions import POS_SCHEMES
 
+PROG = "python -m demo.permutation"
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # below it, "same up to the swap": rounding only
 
@@ -48,7 +55,7 @@ class PermutationConfig:
 def parse_args(argv=None):
     choices = {"pos": (*POS_SCHEMES, "all"), "dtype": tuple(DTYPES)}
     sections = [("demo", PermutationConfig, None)]
-    return PermutationConfig(**parse_flags(argv, "demo/permutation.py", __doc__, sections, choices=choices))
+    return PermutationConfig(**parse_flags(argv, PROG, __doc__, sections, choices=choices))
 
 
 def pieces(tokenizer, sentence):
@@ -86,7 +93,7 @@ def report(results, cfg):
 
 
 def main(argv=None):
-    with one_line_errors("demo/permutation.py"):
+    with one_line_errors(PROG):
         cfg = parse_args(argv)
         instruments.use_one_thread()
         if cfg.checkpoint:

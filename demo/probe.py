@@ -10,12 +10,17 @@ a small ridge, fit on half the validation windows and scored (R^2) on the other 
 every block; beside each, the same probe on shuffled targets. NoPE is probed again without its causal mask:
 attention then sees a set, and position has no way in (lesson section 1)."""
 
+import sys
+
+if not __package__:  # `python demo/probe.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m demo.probe`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import sys
 from dataclasses import dataclass
 
 from experiments.runs import model_dirs
@@ -24,6 +29,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from positions import POS_SCHEMES
 
+PROG = "python -m demo.probe"
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
 NOPE_UNMASKED = "none, no mask"
 
@@ -78,8 +84,8 @@ def draw(results, path):
 
 
 def main(argv=None):
-    with one_line_errors("demo/probe.py"):
-        cfg = ProbeConfig(**parse_flags(argv, "demo/probe.py", __doc__, [("probe", ProbeConfig, None)]))
+    with one_line_errors(PROG):
+        cfg = ProbeConfig(**parse_flags(argv, PROG, __doc__, [("probe", ProbeConfig, None)]))
         drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
         instruments.use_one_thread()
         results = run_probes(cfg)

@@ -23,6 +23,14 @@ writes every seed's rows to the same CSV.
 any of the flags below; flags given override it. --preset gpu: configs/extrapolation_gpu.toml and
 retrieval_gpu.toml, the base runs at nanoGPT's shakespeare_char scale, --jobs of them at once on one GPU."""
 
+import sys
+
+if not __package__:  # `python experiments/extrapolation.py`: the repository's packages are not importable
+    sys.exit(
+        f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.extrapolation`"
+    )
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -40,20 +48,29 @@ from pathlib import Path
 
 from data.common import load_meta
 from data.passkey.task import default_name, filler_length
-from experiments.runs import DEFAULT_DURATION, ROOT, ensure_trained, plan, pooled_cells, read_rows, run_python
+from experiments.runs import (
+    DEFAULT_DURATION,
+    EVAL_COLUMNS,
+    ROOT,
+    ensure_trained,
+    plan,
+    pooled_cells,
+    read_rows,
+    run_python,
+)
 from measure.paired import paired_difference, verdict
 from measure.retrieval import wilson_interval
 from model import GPTConfig
 from plumbing.cli import build_parser, parse_flags, read_config_file
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import resolve_device
+from plumbing.hardware import check_device, check_device_name, resolve_device
 from plumbing.memory import check_training_memory
 from plumbing.outputs import check_folder, check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table, measured
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
 
-PROG = "experiments/extrapolation.py"
+PROG = "python -m experiments.extrapolation"
 EXTENSION = 4  # the fine-tunes' context: 4 x T
 FIRST_SEED = 1337  # train.py's default seed: its runs are the first seed's
 # --extra: RoPE as released models ship it: GPT-NeoX rotates 25% of each head, Llama 4 skips every 4th layer
@@ -112,6 +129,7 @@ class StudyConfig:
         for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds", "jobs"):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        check_device_name(self.device)
         exists = self.config is None or (ROOT / self.config).is_file()
         require(exists, f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")
@@ -604,9 +622,12 @@ def read_study(cfg):
     """read_cells of {results}/{name}.csv and of any {name}_seed*.csv beside it (a seed evaluated apart), the
     latter only for seeds {name}.csv lacks: a seed's rows counted once."""
     results, name = ROOT / cfg.results, results_name(cfg)
-    per_seed, trained = read_cells(read_rows(results / f"{name}.csv"), cfg.task)
+    study = "python -m experiments.extrapolation (its flags, without --tables)"
+    per_seed, trained = read_cells(
+        read_rows(results / f"{name}.csv", EVAL_COLUMNS[cfg.task], study), cfg.task
+    )
     for path in sorted(results.glob(f"{name}_seed*.csv")):
-        more, runs = read_cells(read_rows(path), cfg.task)
+        more, runs = read_cells(read_rows(path, EVAL_COLUMNS[cfg.task], "eval_length.py"), cfg.task)
         per_seed |= {seed: cells for seed, cells in more.items() if seed not in per_seed}
         trained |= runs
     return dict(sorted(per_seed.items())), trained
@@ -657,6 +678,7 @@ def search_spread(cfg, per_seed, block_size):
 def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
+        check_device(resolve_device(cfg.device))  # as train.py and eval_length.py will, before any run
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
         check_folder("out_root", ROOT / cfg.out_root)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
@@ -734,11 +756,11 @@ def run_study(cfg, argv):
             text = f"{said}\n{table}"
             write_output("out_root", printed, lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        records += read_rows(csv_path)
+        records += read_rows(csv_path, EVAL_COLUMNS[cfg.task], "eval_length.py")
     per_seed, trained = read_cells(records, cfg.task)
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])
-    footer = measured("python -m experiments.extrapolation", argv, start, cfg.quick, threads=True)
+    footer = measured(PROG, argv, start, cfg.quick, threads=True)
     text = "\n\n".join([report(cfg, per_seed, trained), *tables, footer])
     table_md = results / f"{name}_table.md"
     write_output("results", table_md, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))

@@ -22,9 +22,7 @@ and replaces longlora.csv's budget rows of those settings: the budget table's ro
 import sys
 
 if not __package__:  # `python experiments/longlora.py`: the repository's packages are not importable
-    sys.exit(
-        "experiments/longlora.py: error: run it from the repository root as `python -m experiments.longlora`"
-    )
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longlora`")
 
 from plumbing.errors import quiet_ctrl_c
 
@@ -328,7 +326,7 @@ def train_base(cfg, base):
 def run_budgets(cfg, results, argv):
     """--budgets: each setting's fine-tunes at its budgets from the base {out_root}/{budget_base}, at the rate
     results/longlora.csv's rows chose for it; their rows replace that file's budget rows of these settings."""
-    start, old = time.perf_counter(), read_rows(results / "longlora.csv")
+    start, old = time.perf_counter(), read_rows(results / "longlora.csv", CSV_COLUMNS, PROG)
     rates = {
         r["setting"]: float(r["learning_rate"]) for r in old if r["phase"] == "report" and r["learning_rate"]
     }
@@ -509,6 +507,14 @@ def footers(path):
     return dict(reversed(kept.items()))
 
 
+def read_tables(results):
+    """tables() of longlora.csv and longlora_cost.csv under results, each checked to be the study's."""
+    return tables(
+        read_rows(results / "longlora.csv", CSV_COLUMNS, PROG),
+        read_rows(results / "longlora_cost.csv", COST, PROG),
+    )
+
+
 def write_tables(cfg, results, footer, keep=False):
     """longlora_table.md from the CSVs under results; footer None keeps the file's own (--tables); keep: the
     whole study's line kept beside footer (a budget run's)."""
@@ -519,7 +525,7 @@ def write_tables(cfg, results, footer, keep=False):
         footer = "\n\n".join(found_lines.values())
     elif keep:  # the budget run's line replaces the earlier one, the whole study's stays
         footer = "\n\n".join([*(line for word, line in found_lines.items() if word == "Measured"), footer])
-    found = tables(read_rows(results / "longlora.csv"), read_rows(results / "longlora_cost.csv"))
+    found = read_tables(results)
     text = render(found)
     write_output("results", path, lambda tmp: tmp.write_text(f"{text}\n\n{footer}\n", encoding="utf-8"))
     print(f"{text}\n\n{footer}\nwrote {path}")

@@ -17,6 +17,12 @@ mutations and crossovers; the same seed gives the same search (docs/extrapolatio
 factors.json (--rope_factors for train.py, sample.py and eval_length.py), fitness.csv and factors.png under
 --out ({checkpoint folder}_longrope_x{s}, or _short)."""
 
+import sys
+
+if not __package__:  # `python experiments/longrope.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longrope`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -36,7 +42,7 @@ from data.passkey.task import CHARS, KEY_DIGITS
 from measure.instruments import pyplot, save_figure
 from measure.losses import token_losses, window_losses, window_starts
 from measure.retrieval import passkey_batch
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model, run_folder
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, resolve_device
@@ -228,7 +234,7 @@ def main(argv=None):
         device = resolve_device(cfg.device)
         check_device(device)
         path = checkpoint_path(cfg.checkpoint)
-        ckpt = load_checkpoint(path, mmap=True)
+        ckpt = open_checkpoint(path, mmap=True)
         config = ckpt["model_config"]
         require(
             POSITION_MODULES[config["pos"]].rotates,
@@ -237,7 +243,18 @@ def main(argv=None):
         T = config.get("rope_original_len") or config["block_size"]
         rotary = rotary_dim(config["n_embd"] // config["n_head"], config.get("rope_fraction", 1.0))
         s = config["rope_factor"] if cfg.short else cfg.factor
+        require(
+            not cfg.short or (config.get("rope_scaling") and s > 1),
+            f"{path}: --short searches the short factors of a run extended by its rope_factor s > 1 (a "
+            f"LongRoPE fine-tune); it has s = {s:g} (rope_scaling {config.get('rope_scaling')}): search long "
+            "factors with --factor instead",
+        )
         length = T if cfg.short else round(cfg.factor * T)
+        require(
+            cfg.n_hat is None or cfg.n_hat < length,
+            f"--n_hat={cfg.n_hat}: the first n_hat positions keep plain RoPE, the factors apply only below "
+            f"the length searched, L = {length}: give an n_hat from 0 to {length - 1}, or leave it out",
+        )
         top, n_hats = bound(cfg, length, T), N_HATS if cfg.n_hat is None else (cfg.n_hat,)
         if cfg.short:
             seeds = [(tuple([1.0] * (rotary // 2)), n_hats[0])]

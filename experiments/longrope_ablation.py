@@ -13,17 +13,24 @@ search: their search seeds' numbers pair nothing, so Welch's unpaired interval c
 (measure/paired.py). Writes {name}.csv and {name}_table.md under --results (name: longrope_{dataset}_x{s}, or
 --name)."""
 
+import sys
+
+if not __package__:  # `python experiments/longrope_ablation.py`: the repository's packages are not importable
+    sys.exit(
+        f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.longrope_ablation`"
+    )
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
-from plumbing.checkpoint import checkpoint_path, load_checkpoint, run_folder
+from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.outputs import check_outputs, write_output, write_rows
@@ -69,7 +76,7 @@ def datasets(cfg):
     """{checkpoint: its training dataset}, every checkpoint RoPE and trained on one dataset with one T."""
     found = {}
     for folder in cfg.checkpoints:
-        ckpt = load_checkpoint(checkpoint_path(folder), mmap=True)
+        ckpt = open_checkpoint(checkpoint_path(folder), mmap=True)
         require(POSITION_MODULES[ckpt["model_config"]["pos"]].rotates, f"{folder}: not a RoPE checkpoint")
         found[folder] = (ckpt.get("train_config") or {}).get("dataset"), ckpt["model_config"]["block_size"]
     require(len(set(found.values())) == 1, f"the checkpoints differ in dataset or T: {found}")
@@ -101,11 +108,13 @@ def main(argv=None):
         data, T = datasets(cfg)
         name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
         results = ROOT / cfg.results
+        rows = read_rows(results / f"{name}.csv", COLUMNS, PROG) if cfg.tables else None  # before any write
         for suffix in (".csv", "_table.md"):  # before any search
             check_outputs({"results": results / f"{name}{suffix}"})
-        if cfg.tables:  # the measurement's own line kept
-            old = (results / f"{name}_table.md").read_text(encoding="utf-8")
-            return write_table(results, name, old.rstrip().rsplit("\n", 1)[-1])
+        if cfg.tables:  # the measurement's own line kept, where the table is there
+            old = results / f"{name}_table.md"
+            footer = old.read_text(encoding="utf-8").rstrip().rsplit("\n", 1)[-1] if old.is_file() else ""
+            return write_table(results, name, footer, rows)
         return run(cfg, data, T, results, name, argv)
 
 
@@ -126,12 +135,13 @@ def run(cfg, data, T, results, name, argv):
                             rows.append((Path(folder).name, variant, seed, task, n, value))
     write_rows("results", results / f"{name}.csv", COLUMNS, rows)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    return write_table(results, name, f"Measured by `{command}`.")
+    written = read_rows(results / f"{name}.csv", COLUMNS, PROG)
+    return write_table(results, name, f"Measured by `{command}`.", written)
 
 
-def write_table(results, name, footer):
-    """{name}_table.md from {name}.csv, and under docs/ the docs' block of that name."""
-    table = render(read_rows(results / f"{name}.csv"))
+def write_table(results, name, footer, rows):
+    """{name}_table.md from {name}.csv's rows (read_rows), and under docs/ the docs' block of that name."""
+    table = render(rows)
     text = f"{table}\n\n{footer}\n"
     write_output("results", results / f"{name}_table.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     print(f"{text}wrote {results / name}_table.md")

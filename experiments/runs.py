@@ -5,6 +5,7 @@ what the studies share: eval_length.py run on their checkpoints, their tables' m
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
+from plumbing.cli import read_text
 from plumbing.errors import Stopped, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,13 +66,16 @@ class Plan:
 
 
 RUNNING = set()  # the child processes running now
+# each child in a process group of its own: a terminal's Ctrl-C reaches it once, passed on from here
+OWN_GROUP = dict(process_group=0) if os.name == "posix" else {}
 
 
 @contextmanager
-def sigterm_passed_on():
-    """While active in the main thread, a SIGTERM to this process (kill PID: it alone) goes on to every child
-    in RUNNING, where train.py saves and stops on it, then stops this one as Stopped (status 143) once they
-    have ended, instead of leaving them to train on unseen."""
+def signals_passed_on():
+    """While active in the main thread, a SIGINT or SIGTERM to this process (Ctrl-C, kill PID, an IDE's stop
+    button, Jupyter's interrupt) goes on to every child in RUNNING, where train.py saves and stops on it, then
+    stops this one as Stopped (status 130 or 143) once they have ended, instead of leaving them to train on
+    unseen."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -80,11 +85,12 @@ def sigterm_passed_on():
             process.send_signal(signum)
         raise Stopped(signum)
 
-    previous = signal.signal(signal.SIGTERM, pass_on)
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_python(args, said="see its output above", **kwargs):
@@ -92,7 +98,8 @@ def run_python(args, said="see its output above", **kwargs):
     CompletedProcess (its stdout with stdout=PIPE)."""
     sys.stdout.flush()  # what we printed comes before the command's output
     args = [str(arg) for arg in args]
-    with sigterm_passed_on(), subprocess.Popen([sys.executable, *args], cwd=ROOT, **kwargs) as process:
+    command = [sys.executable, *args]
+    with signals_passed_on(), subprocess.Popen(command, cwd=ROOT, **OWN_GROUP, **kwargs) as process:
         RUNNING.add(process)
         try:
             stdout, stderr = process.communicate()  # on Stopped, Popen's exit waits for the child to end
@@ -103,12 +110,30 @@ def run_python(args, said="see its output above", **kwargs):
     return subprocess.CompletedProcess(process.args, status, stdout, stderr)
 
 
-def read_rows(path):
-    """A CSV file's rows, as dicts; a missing one a UserError."""
+def read_rows(path, columns, made_by):
+    """A CSV file's rows, as dicts, each with `columns`: a file that is missing, unreadable, without those
+    columns or without rows is a one-line UserError naming the file and `made_by`, the command that writes
+    it."""
+    where, make = f"{path}", f"`{made_by}` writes it"
     if not Path(path).is_file():
-        raise UserError(f"{path}: no such file; run the study first (or give --results)", 2)
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        raise UserError(f"{where}: no such file; {make}", 2)
+    try:
+        reader = csv.DictReader(io.StringIO(read_text(path, where), newline=""))
+        rows = list(reader)
+    except csv.Error as e:
+        raise UserError(f"{where}: not a CSV file ({e}); {make}", 2) from None
+    if missing := [c for c in columns if c not in (reader.fieldnames or ())]:
+        raise UserError(f"{where}: no column {', '.join(missing)}, so not this table; {make}", 2)
+    if not rows:
+        raise UserError(f"{where}: a header and no rows; {make}", 2)
+    return rows
+
+
+# the columns of eval_length.py's CSV that pooled_cells and the studies' tables read, per --task
+EVAL_COLUMNS = {
+    "loss": ("checkpoint", "scaling", "block_size", "length", "loss"),
+    "passkey": ("checkpoint", "scaling", "block_size", "length", "trials", "correct"),
+}
 
 
 def pooled_cells(rows, task, key):
@@ -131,7 +156,7 @@ def eval_length(cfg, task, checkpoints, lengths, path, key, *flags):
     command = ["eval_length.py", *checkpoints, f"--task={task}", "--lengths", lengths, amount, *flags]
     print(f"\n$ python {' '.join(map(str, [*command, '--csv', path]))}")
     run_python([*command, "--csv", path])
-    found = pooled_cells(read_rows(path), task, key)
+    found = pooled_cells(read_rows(path, EVAL_COLUMNS[task], "eval_length.py"), task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 
@@ -232,27 +257,30 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
                 run_python(args, stdout=f, stderr=subprocess.STDOUT, env=env, said=f"see {output}")
         log(f"[{i}/{len(todo)}] {p.out_dir}: trained in {time.perf_counter() - started:.0f} s")
 
-    with sigterm_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
+    with signals_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
         list(pool.map(lambda job: train(job[0], *job[1]), enumerate(todo, 1)))  # raises a run's failure
     return [ROOT / p.out_dir for p in plans]
 
 
 def find_checkpoint(pos, checkpoints):
-    """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/)."""
+    """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/), the
+    first holding best.pt or ckpt.pt; None where neither does."""
     folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
-    for folder in folders:
-        if checkpoint_path(folder).is_file():
-            return folder
-    expected = " or ".join(f"{folder}/" for folder in folders)
-    raise UserError(
-        f"no checkpoint of pos={pos} in {checkpoints}: expected {expected} holding best.pt or ckpt.pt"
-    )
+    return next((folder for folder in folders if checkpoint_path(folder).is_file()), None)
 
 
 def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a folder of runs)"):
     """{pos: checkpoint folder}: from `checkpoints` when given, else the README's runs, trained first; other:
     the flags a demo offers instead, named when an out_dir holds another run."""
-    if checkpoints is not None:
-        return {pos: find_checkpoint(pos, checkpoints) for pos in schemes}
+    if checkpoints is not None:  # the schemes with a run there (a folder from before some schemes existed)
+        found = {pos: folder for pos in schemes if (folder := find_checkpoint(pos, checkpoints))}
+        missing = [pos for pos in schemes if pos not in found]
+        expected = f"{checkpoints}/<pos>/ or {checkpoints}/shakespeare_char_<pos>/ holding best.pt or ckpt.pt"
+        if not found:
+            raise UserError(f"no checkpoint of pos={','.join(missing)} in {checkpoints}: expected {expected}")
+        if missing:
+            log(f"note: no checkpoint of pos={','.join(missing)} in {checkpoints} (expected {expected}): "
+                f"showing {', '.join(found)}")  # fmt: skip
+        return found
     commands, elsewhere = [[f"--pos={pos}"] for pos in schemes], f"move it away, or give {other}"
     return dict(zip(schemes, ensure_trained(commands, DEFAULT_DURATION, elsewhere=elsewhere, log=log)))

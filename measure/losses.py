@@ -78,15 +78,24 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
 
 
 @torch.no_grad()
+def unmeasurable(dataset):
+    """Why a model trained on `dataset` has no validation loss to measure here (GPT-2's weights name no
+    dataset; one not prepared), or None when it has."""
+    if dataset is None:
+        return "its checkpoint names no dataset (GPT-2's weights)"
+    try:
+        validation_tokens(dataset, prepare=False)
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     """Mean val loss at positions < block_size and >= it over n_windows windows of `length` tokens. ->
-    (inside, beyond), or None without a prepared dataset (GPT-2 names none); a UserError if out of memory."""
-    if dataset is None:
+    (inside, beyond), or None where unmeasurable(dataset); a UserError if out of memory."""
+    if unmeasurable(dataset):
         return None
-    try:
-        val = validation_tokens(dataset, prepare=False)
-    except UserError:
-        return None
+    val = validation_tokens(dataset, prepare=False)
     length = min(length, len(val) - 1)
     what = f"measuring the validation loss over {n_windows} windows of {length:,} tokens"
     check_memory(window_bytes(model.config, n_windows, length), device, what, "lower --max_new_tokens")

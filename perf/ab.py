@@ -8,6 +8,12 @@ interval over the rounds' log ratios).
     python -m perf.ab --against=REV --measure=train  # ms per optimizer step on 12 x 64 random tokens
 """
 
+import sys
+
+if not __package__:  # `python perf/ab.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m perf.ab`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -16,7 +22,6 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 import math
 import statistics
 import subprocess
-import sys
 import time
 import types
 from collections import namedtuple

@@ -15,6 +15,12 @@ and max, a loud note when their spread or the load makes them unreliable. Memory
 max RSS. --config: a training preset's flag keys.
 """
 
+import sys
+
+if not __package__:  # `python perf/bench.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m perf.bench`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -28,7 +34,6 @@ import resource
 import shlex
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -48,6 +53,7 @@ from plumbing.outputs import check_outputs, write_output
 from plumbing.report import fmt, markdown_table
 from positions import POS_SCHEMES
 
+PROG = "python -m perf.bench"
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
@@ -116,7 +122,7 @@ class BenchConfig:
 def parse_args(argv=None):
     """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
     sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
-    cfg = BenchConfig(**parse_flags(argv, "bench.py", __doc__, sections, choices=choices, foreign_keys=True))
+    cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, choices=choices, foreign_keys=True))
     device = hardware.resolve_device(cfg.device)
     hardware.check_device(device)
     kind = device.split(":")[0]
@@ -399,7 +405,7 @@ def run(cfg, argv):
 def main(argv=None):
     """Run the benchmark; -> the report dict (also written to --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with one_line_errors("bench.py"):
+    with one_line_errors(PROG):
         return run(parse_args(argv), argv)
 
 

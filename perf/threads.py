@@ -8,6 +8,12 @@ the block perf_threads of docs/perf.md.
     python -m perf.threads --tables   # only the block, from the CSV: nothing measured
 """
 
+import sys
+
+if not __package__:  # `python perf/threads.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m perf.threads`")
+
+
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -17,7 +23,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -99,7 +104,7 @@ def main(argv=None):
         check_outputs({"results": path})
         if not cfg.tables:
             write_rows("results", path, COLUMNS, measure(os.cpu_count() or 1))
-        table = render(read_rows(path))
+        table = render(read_rows(path, COLUMNS, PROG))
         print(table)
         fill_generated(ROOT / cfg.results, {"perf_threads": table})
         return table

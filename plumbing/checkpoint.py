@@ -190,6 +190,14 @@ MODEL_CONFIG = {
     name: tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or hint
     for name, hint in typing.get_type_hints(GPTConfig).items()
 }
+whole = lambda v: type(v) is int  # an int, not a bool
+positive = lambda v: type(v) in (int, float) and 0 < v < float("inf")
+LORA = {  # finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
+    "rank": Check("a whole number >= 1", lambda v: whole(v) and v >= 1),
+    "alpha": Check("a positive number", positive),
+    "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
+    "state": {str: torch.Tensor},
+}
 SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
     "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the LATER_FIELDS older files lack)
@@ -206,6 +214,7 @@ SCHEMA = {
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
     "evaluated_iter": (int, NONE),  # the step of its last whole evaluation (older files: iter_num)
+    "lora": LORA,  # a LoRA run's adapters (finetune/lora.py), beside "model"'s merged weights
 }
 
 
@@ -349,12 +358,13 @@ def build_model(path, ckpt, **overrides):
     return model
 
 
-def pretrained_checkpoint(name):
-    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's three entries."""
+def pretrained_checkpoint(name, flag="--init_from"):
+    """OpenAI's GPT-2 weights (through the optional transformers) as a checkpoint's three entries; a failure
+    names the flag that asked for them."""
     try:
         config, state_dict = gpt2_weights_from_hf(download_gpt2(name))
     except (ImportError, OSError, RuntimeError) as e:
-        raise UserError(f"--init_from={name}: {first_line(e)}") from None
+        raise UserError(f"{flag}={name}: {first_line(e)}") from None
     meta = {"tokenizer": "gpt2", "vocab_size": config.vocab_size}
     return {"model": state_dict, "model_config": dataclasses.asdict(config), "meta": meta}
 

@@ -55,7 +55,10 @@ def flag_options(name, annotation, choices, positional):
     """argparse's options for a field annotated int, float, bool, str, list[...] or one | None. A bool is
     true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it), `--compile` alone
     true; a float is finite (a NaN passes every range check); an optional value is `none`, or not empty
-    (`--lengths=`, from an unset shell variable, would be taken for the default)."""
+    (`--lengths=`, from an unset shell variable, would be taken for the default); an optional list is None
+    when not given, so that one given empty (`--compare` and nothing: an unset variable) can be refused."""
+    lists = [t for t in typing.get_args(annotation) if typing.get_origin(t) is list]
+    annotation = lists[0] if lists else annotation  # list[X] | None: a list flag whose default is None
     if is_list := typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     args = typing.get_args(annotation)
@@ -82,6 +85,12 @@ def flag_options(name, annotation, choices, positional):
     if is_list:
         return options | dict(nargs="+" if positional else "*", metavar=name.upper())
     return options | (dict(nargs="?", const=True, metavar="BOOL") if kind is bool else {})
+
+
+def list_flag(sections, name):
+    """Whether field `name` of sections' dataclasses is a list flag (list[X], or list[X] | None)."""
+    hints = [typing.get_type_hints(config_class).get(name) for _, config_class, _ in sections]
+    return any(list in (typing.get_origin(h), *map(typing.get_origin, typing.get_args(h))) for h in hints)
 
 
 def threads_flag():
@@ -180,6 +189,9 @@ def parse_flags(
                 guess = difflib.get_close_matches(typo, given, n=1, cutoff=0.7)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(given)}"
+            elif positional and (taken := re.match(r"argument --(\w+): invalid choice", message)):
+                if list_flag(sections, taken[1]):  # it took the words after it, a positional among them
+                    message += f"; --{taken[1]} takes every word after it: give {positional[0]} before it"
             raise UserError(message, 2) from None
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, description, sections, values, choices, (), False)

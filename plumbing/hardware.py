@@ -39,7 +39,8 @@ def check_threads(threads):
     """A ValueError naming --threads unless auto or a whole number from 1 to the cores: more threads than
     cores only take turns on them, each slowing the others (docs/perf.md, Threads)."""
     cores = os.cpu_count() or 1
-    if threads != "auto" and not (threads.isdigit() and 1 <= int(threads) <= cores):
+    # str.isdigit() takes '¹' and '٣', which int() refuses or reads: ASCII digits only
+    if threads != "auto" and not (threads.isascii() and threads.isdigit() and 1 <= int(threads) <= cores):
         raise ValueError(
             f"--threads={threads}: give auto or a number of threads from 1 to {cores} (the cores)"
         )

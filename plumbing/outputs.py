@@ -101,7 +101,12 @@ def check_writable(where, path):
             f.write(bytes(PROBE_BYTES))
             os.fsync(f.fileno())
     except OSError as e:
-        raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None
+        full = (
+            "; no space left (a full disk, a quota, ulimit -f): free some space"
+            if e.errno in NO_SPACE
+            else ""
+        )
+        raise UserError(f"{where}: cannot write there ({e.strerror or e}){full}") from None
     finally:  # once closed: Windows removes no open file
         with suppress(OSError):
             probe.unlink()

@@ -25,9 +25,10 @@ from plumbing.checkpoint import (
 from plumbing.errors import UserError
 from positions import LONGROPE_FIELDS
 
-# Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack
+# Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack; "lora",
+# only a LoRA run's
 LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and restore_training read them with a default
-RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", *LATER_KEYS)]
+RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "lora", *LATER_KEYS)]
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 

@@ -1,6 +1,10 @@
 """Helpers shared by the test files (pytest puts this folder on sys.path)."""
 
+import os
+import resource
+import signal
 import subprocess
+import sys
 import time
 from functools import cache
 from pathlib import Path
@@ -14,12 +18,12 @@ from plumbing.tokenizers import get_tokenizer
 
 def error_line(capsys, script, argv, status):
     """script.main(argv) exits with `status` (2: a bad flag or value, 1: a run that cannot start or go on) and
-    one line on stderr, `NAME.py: error: ...`, never argparse's usage block; -> that line."""
+    one line on stderr, `NAME.py: error: ...` (or its PROG's), never argparse's usage block; -> that line."""
     with pytest.raises(SystemExit) as exit_info:
         script.main(argv)
     assert exit_info.value.code == status
     err = capsys.readouterr().err.strip()
-    prog = f"{script.__name__.rsplit('.', 1)[-1]}.py"
+    prog = getattr(script, "PROG", f"{script.__name__.rsplit('.', 1)[-1]}.py")  # a `python -m` one's PROG
     assert err.startswith(f"{prog}: error: ") and "\n" not in err and "usage:" not in err, err
     return err
 
@@ -68,3 +72,17 @@ def signalled_in_the_first_evaluation(command, sig, env, timeout):
     finally:
         proc.kill()
     return proc, out, err
+
+
+def run_limited(limit, *args):
+    """`python args...` from the repository root with at most `limit` bytes per file written (RLIMIT_FSIZE, a
+    full disk as a script meets it: SIGXFSZ ignored, a write past it fails with EFBIG). -> CompletedProcess"""
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
+    root = Path(__file__).resolve().parents[1]
+    pipes = dict(capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, preexec_fn=limited, **pipes)

@@ -5,36 +5,15 @@ point, SIGXFSZ ignored so that a write past it fails with EFBIG as one to a full
 import os
 import resource
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import TINY_RUN
+from helpers import TINY_RUN, run_limited
 
 from data.common import DATA_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 16_384  # bytes: more than a lock file or a probe, less than a tiny checkpoint or dataset
-
-
-def limited():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
-
-
-def run_limited(*args):
-    env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        env=env,
-        preexec_fn=limited,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs POSIX resource limits")
@@ -44,7 +23,7 @@ def test_a_write_past_the_space_left_is_one_line_and_keeps_what_was_whole(tmp_pa
     one line naming the file, the space it needs, and that nothing whole was lost; no file half-written."""
     if what == "checkpoint":
         out_dir = tmp_path / "run"
-        done = run_limited("train.py", *TINY_RUN, f"--out_dir={out_dir}")
+        done = run_limited(LIMIT, "train.py", *TINY_RUN, f"--out_dir={out_dir}")
         words = [
             f"could not write {out_dir / 'ckpt.pt'}: File too large (needs about",
             "no checkpoint was written",
@@ -55,7 +34,7 @@ def test_a_write_past_the_space_left_is_one_line_and_keeps_what_was_whole(tmp_pa
         text = tmp_path / "book.txt"
         text.write_text("to be or not to be, that is the question\n" * 2000)
         try:
-            done = run_limited("-m", "data.text.prepare", f"--input={text}", f"--name={name}")
+            done = run_limited(LIMIT, "-m", "data.text.prepare", f"--input={text}", f"--name={name}")
             left = sorted(p.name for p in DATA_ROOT.glob(f"*{name}*"))
         finally:
             shutil.rmtree(DATA_ROOT / name, ignore_errors=True)

@@ -90,15 +90,17 @@ def all_findings():
 def produced(name):
     """The text the code makes for block `name`, or None when no producer knows it."""
     if name.startswith("longlora_"):
-        found = longlora.tables(
-            *(longlora.read_rows(DOCS / f) for f in ("longlora.csv", "longlora_cost.csv"))
-        )
+        found = longlora.read_tables(DOCS)
         return found[name][1] if name in found else None
     if name.startswith("longrope_"):  # experiments.longrope_ablation's {name}.csv
         path = DOCS / f"{name}.csv"
-        return ablation.render(ablation.read_rows(path)) if path.is_file() else None
+        return (
+            ablation.render(ablation.read_rows(path, ablation.COLUMNS, ablation.PROG))
+            if path.is_file()
+            else None
+        )
     if name == "perf_threads":  # perf.threads' docs/perf_threads.csv
-        return threads.render(threads.read_rows(DOCS / "perf_threads.csv"))
+        return threads.render(threads.read_rows(DOCS / "perf_threads.csv", threads.COLUMNS, threads.PROG))
     if name.startswith("finding_"):  # experiments.findings' sentences
         return all_findings().get(name)
     return extrapolation_tables().get(name)

@@ -161,9 +161,7 @@ def test_run_as_a_script_it_says_how_to_run_it_in_one_line():
 def test_the_docs_longlora_tables_are_their_csvs():
     """docs/longlora_table.md, and every block the docs take from it, are what the study's code makes of
     docs/longlora.csv and docs/longlora_cost.csv: no number typed by hand."""
-    found = longlora.tables(
-        *(longlora.read_rows(DOCS / name) for name in ("longlora.csv", "longlora_cost.csv"))
-    )
+    found = longlora.read_tables(DOCS)
     assert (
         (DOCS / "longlora_table.md").read_text(encoding="utf-8").startswith(longlora.render(found) + "\n\n")
     )

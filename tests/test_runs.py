@@ -76,9 +76,12 @@ def first_steps_logged(out_dir, study, jobs):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_sigterm_to_a_study_reaches_its_runs_which_save_before_it_stops(tmp_path, jobs):
-    """kill PID on a study (nohup, tmux) signals it alone: it passes the SIGTERM on to the train.py runs it
-    started, which save and stop as train.py does, then stops itself, status 143; no run trains on unseen."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_a_study_reaches_its_runs_which_save_before_it_stops(tmp_path, sig, jobs):
+    """kill PID on a study (nohup, tmux), or kill -INT PID (an IDE's stop button, Jupyter's interrupt),
+    signals it alone, not its process group: it passes the signal on to the train.py runs it started, which
+    save and stop as train.py does, then stops itself, status 128 + the signal's number, no traceback; no run
+    trains on unseen."""
     out_dir = tmp_path / "long"
     flags = [*TINY_RUN, "--max_iters=100000", "--eval_interval=1000", f"--out_dir={out_dir}"]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -88,14 +91,14 @@ def test_a_sigterm_to_a_study_reaches_its_runs_which_save_before_it_stops(tmp_pa
     )  # fmt: skip
     try:
         first_steps_logged(out_dir, study, jobs)
-        study.send_signal(signal.SIGTERM)  # to the study only, not its process group
-        study.communicate(timeout=60)
+        study.send_signal(sig)  # to the study only, not its process group
+        _, err = study.communicate(timeout=60)
     finally:
         study.kill()
         lock = out_dir / LOCK_NAME
         if lock.is_file():  # a run left training: stop it
             os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)
-    assert study.returncode == 128 + signal.SIGTERM
+    assert study.returncode == 128 + sig and "Traceback" not in err, err
     assert not (out_dir / LOCK_NAME).exists()  # the run has ended
     saved = open_checkpoint(out_dir / "ckpt.pt")
     assert not run_finished(saved) and saved["iter_num"] >= 2

@@ -110,7 +110,7 @@ def test_study_flag_errors_are_one_line(capsys, argv, words):
     err = capsys.readouterr().err.strip()
     assert (
         exit_info.value.code == 2
-        and err.startswith("experiments/extrapolation.py: error: ")
+        and err.startswith("python -m experiments.extrapolation: error: ")
         and "\n" not in err
     )
     for word in words:

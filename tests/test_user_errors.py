@@ -49,10 +49,10 @@ EVAL = ["{ckpt}", "--lengths=1", "--max_windows=1", "--device=cpu", "--progress=
 SCRIPTS = {
     "sample": (sample, "sample.py"),
     "train": (train, "train.py"),
-    "bench": (bench, "bench.py"),
+    "bench": (bench, "python -m perf.bench"),
     "eval_length": (eval_length, "eval_length.py"),
-    "probe": (probe, "demo/probe.py"),
-    "extrapolation": (extrapolation, "experiments/extrapolation.py"),
+    "probe": (probe, "python -m demo.probe"),
+    "extrapolation": (extrapolation, "python -m experiments.extrapolation"),
 }
 NO_MATPLOTLIB = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="--plot needs matplotlib"

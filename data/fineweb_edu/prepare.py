@@ -10,6 +10,12 @@ published. Documents are streamed, tokenized in worker processes, each followed 
 as uint16: whole documents from the start of the stream to val until it holds --val_tokens, the rest to train.
 """
 
+import sys
+
+if not __package__:  # `python data/fineweb_edu/prepare.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.fineweb_edu.prepare`")
+
+
 import argparse
 import os
 import signal

@@ -8,6 +8,12 @@ characters (T = --block_size), so that train.py's windows (meta.json's sample_le
 Train samples use the training keys, val samples the evaluation keys (task.is_eval_key), each split from its
 own random stream."""
 
+import sys
+
+if not __package__:  # `python data/passkey/prepare.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.passkey.prepare`")
+
+
 import shutil
 
 import numpy as np

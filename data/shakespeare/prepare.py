@@ -8,6 +8,12 @@ Reads data/shakespeare_char/input.txt. tiktoken downloads the BPE on first use; 
 TIKTOKEN_CACHE_DIR at a folder holding its cached files. train.py prepares this dataset itself on first use.
 """
 
+import sys
+
+if not __package__:  # `python data/shakespeare/prepare.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.shakespeare.prepare`")
+
+
 from data.common import DATA_ROOT, prepare_file, prepare_main
 
 

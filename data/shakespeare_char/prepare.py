@@ -7,6 +7,14 @@
 input.txt here is the repo's one copy of the corpus (data/shakespeare reads it too). train.py prepares this
 dataset by itself on first use (data.common.ensure_prepared)."""
 
+import sys
+
+if not __package__:  # `python data/shakespeare_char/prepare.py`: the repository's packages are not importable
+    sys.exit(
+        f"{sys.argv[0]}: error: run it from the repository root as `python -m data.shakespeare_char.prepare`"
+    )
+
+
 from data.common import DATA_ROOT, prepare_file, prepare_main
 
 

@@ -7,6 +7,12 @@ Make a dataset from your own UTF-8 text file: val is the end of the text, as in 
     python train.py --dataset mybook
 """
 
+import sys
+
+if not __package__:  # `python data/text/prepare.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.text.prepare`")
+
+
 from pathlib import Path
 
 from data import common

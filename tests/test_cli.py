@@ -45,6 +45,7 @@ SHARED_MODULES = (
     "data.passkey.task",
     "course.*",
     "experiments.runs",  # the studies' and demos' trained runs: shared by them, run by none
+    "perf.ops",  # the operators a decode step launches: perf.bench's column and the tests' targets
 )
 
 

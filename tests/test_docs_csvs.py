@@ -116,7 +116,7 @@ def test_a_command_that_does_not_parse_or_writes_another_file_fails():
 
 
 def test_longlora_csv_names_the_base_of_every_row():
-    rows = longlora.read_rows(DOCS / "longlora.csv")
+    rows = longlora.read_rows(DOCS / "longlora.csv", longlora.CSV_COLUMNS, longlora.PROG)
     assert all(re.fullmatch(r"\S+ \(seed \d+\)", r["base"]) for r in rows)
     bases = {r["phase"]: r["base"] for r in rows}
     assert bases["budget"] != bases["report"] == bases["sweep"]  # the budget rows' base is another training

@@ -152,4 +152,6 @@ def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trai
     assert model.transformer.wpe.original_len == 16
     positions = torch.arange(32, dtype=torch.float32)
     cos = torch.cos(positions[:, None] * inv_freq[None]) * scale
-    torch.testing.assert_close(model.transformer.wpe.cos[:32], cos)
+    torch.testing.assert_close(
+        model.transformer.wpe.cos[:32], torch.cat([cos, cos], dim=-1)
+    )  # pair i: i, i + d/2

@@ -183,7 +183,7 @@ def test_budgets_train_each_setting_at_its_chosen_rate_from_their_base_and_repla
     own."""
     trained, cfg = fake_study(monkeypatch, tmp_path, loss_of_rate=lambda rate: abs(rate - 5e-4) * 100)
     results = Path(cfg.results)
-    before = longlora.read_rows(results / "longlora.csv")
+    before = longlora.read_rows(results / "longlora.csv", longlora.CSV_COLUMNS, longlora.PROG)
     (results / "longlora_table.md").write_text("tables\n\nMeasured by `python -m experiments.longlora`.\n")
     trained.clear()
     budgets = ["pi_s2_lora:8000", "pi_full:16000,8000"]
@@ -198,7 +198,7 @@ def test_budgets_train_each_setting_at_its_chosen_rate_from_their_base_and_repla
         for seed in ("1337", "1338")
     }
     assert all(r["init_from"] == runs[0]["out_dir"] and float(r["learning_rate"]) == 5e-4 for r in runs[1:])
-    after = longlora.read_rows(results / "longlora.csv")
+    after = longlora.read_rows(results / "longlora.csv", longlora.CSV_COLUMNS, longlora.PROG)
     replaced = lambda r: r["phase"] == "budget" and r["setting"] in ("pi_s2_lora", "pi_full")
     assert [r for r in after if not replaced(r)] == [r for r in before if not replaced(r)]
     assert {r["base"] for r in after if replaced(r)} == {"passkey_rope_budget (seed 1337)"}

@@ -218,9 +218,12 @@ def build_run(cfg, model_config, meta, data_dir, procs):
 def start_run(cfg, model_config, procs):
     """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
     data_dir, meta = prepare_data(cfg.dataset, procs)
-    run = build_run(cfg, replace(model_config, vocab_size=meta["vocab_size"]), meta, data_dir, procs)
-    if cfg.resume:  # checked against the settings before the weights are read into the run
-        resume.resume_run(run)
+    model_config = replace(model_config, vocab_size=meta["vocab_size"])
+    # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
+    opened = cfg.resume and resume.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)
+    run = build_run(cfg, model_config, meta, data_dir, procs)
+    if opened:  # checked against the settings before the weights are read into the run
+        resume.resume_run(run, *opened)
     if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
         procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
     return run

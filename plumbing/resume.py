@@ -192,15 +192,13 @@ def check_finite(run, loss, step, last):
     raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
 
 
-def resume_run(run):
-    """--resume: the run's out_dir/ckpt.pt opened and checked (open_for_resume), the run restored from it
-    (restore_training, which checks LoRA's settings), then what resumed said."""
-    cfg, procs = run.cfg, run.procs
-    path, ckpt, changes = open_for_resume(cfg.out_dir, cfg, run.model_config, run.meta, procs.world_size)
+def resume_run(run, path, ckpt, changes):
+    """--resume: the run restored from the checkpoint open_for_resume opened and checked (restore_training,
+    which checks LoRA's settings), then what resumed said."""
     restore_training(run, path, ckpt)
     changed = "; changed: " + ", ".join(changes) if changes else ""
     best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
-    procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
+    run.procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
 
 
 def restore_training(run, path, ckpt):

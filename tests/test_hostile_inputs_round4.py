@@ -34,10 +34,11 @@ def one_line(err, prog):
 
 
 def in_process(capsys, main, argv):
-    """main(argv) -> (its exit status, stderr)."""
+    """main(argv) -> (its exit status, stderr, stdout)."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
-    return exit_info.value.code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return exit_info.value.code, err, out
 
 
 # every entry point inside a package, run as a file: the line names its `python -m` form
@@ -91,7 +92,7 @@ THREADS = {"train.py": train.main, "eval_length.py": eval_length.main, "python -
 def test_threads_takes_ascii_digits_only(capsys, prog, threads):
     """str.isdigit() takes a superscript one and other scripts' digits; int() refuses or reads them."""
     argv = [f"--threads={threads}", "--device=cpu"] + (["out/none"] if prog == "eval_length.py" else [])
-    status, err = in_process(capsys, THREADS[prog], argv)
+    status, err, out = in_process(capsys, THREADS[prog], argv)
     line = one_line(err, prog)
     assert status == 2 and f"--threads={threads}: give auto or a number of threads from 1 to" in line
 
@@ -254,10 +255,11 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
             )
     argv = argv.format(run=runs / "rope", t5=runs / "t5", tmp=tmp_path).split()
     before = sorted(tmp_path.rglob("*"))
-    status, err = in_process(capsys, mains[prog], argv)
+    status, err, out = in_process(capsys, mains[prog], argv)
     line = one_line(err, prog)
     assert status in (1, 2) and words in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+    assert "LoRA rank" not in out  # a damaged checkpoint is refused before the model is built
 
 
 def nan_weights(ckpt):
@@ -281,14 +283,14 @@ def without_newline(ckpt):
 def test_compare_checks_every_checkpoint_before_the_first_sample(runs, tmp_path, capsys, change, words):
     second = damaged(runs, tmp_path, "rope", change)
     argv = ["--compare", str(runs / "rope"), str(second), "--max_new_tokens=4", "--device=cpu"]
-    status, err = in_process(capsys, sample.main, argv)
+    status, err, out = in_process(capsys, sample.main, argv)
     line = one_line(err, "sample.py")
     assert status == 1 and words in line and str(second) in line
     assert "===" not in capsys.readouterr().out  # nothing sampled
 
 
 def test_an_empty_compare_is_refused(runs, capsys):
-    status, err = in_process(capsys, sample.main, [f"--out_dir={runs / 'rope'}", "--compare"])
+    status, err, out = in_process(capsys, sample.main, [f"--out_dir={runs / 'rope'}", "--compare"])
     assert status == 2 and "--compare names no checkpoint" in one_line(err, "sample.py")
 
 
@@ -370,7 +372,7 @@ def test_compare_checks_gpt2_weights_before_the_first_sample(runs, capsys, monke
 
     monkeypatch.setattr("plumbing.checkpoint.download_gpt2", offline)
     argv = ["--compare", str(runs / "rope"), "gpt2", "--max_new_tokens=4", "--device=cpu"]
-    status, err = in_process(capsys, sample.main, argv)
+    status, err, out = in_process(capsys, sample.main, argv)
     assert status == 1 and one_line(err, "sample.py").endswith(
         "--compare=gpt2: no connection to the Hugging Face Hub"
     )

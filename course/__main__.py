@@ -50,10 +50,13 @@ def chosen(text, everything=None):
     return [e for e in EXERCISES if e.id in ids]
 
 
+PROG = "python -m course"  # as the user types it, in every error line
+
+
 def make(argv):
-    values = parse_flags(argv, "course make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
+    values = parse_flags(argv, f"{PROG} make", __doc__, [("make", MakeConfig, None)], positional=("out_dir",))
     # a UserError or ValueError: its own status, or 2; writing the copy, an OSError: status 1
-    with one_line_errors("course make", status=1, errors=(OSError,)), one_line_errors("course make"):
+    with one_line_errors(f"{PROG} make", status=1, errors=(OSError,)), one_line_errors(f"{PROG} make"):
         exercises = chosen(values["only"], everything="all")
         cfg = MakeConfig(**values)
         notes = make_copy(cfg.out_dir, exercises, classroom=cfg.classroom)
@@ -78,8 +81,8 @@ def make(argv):
 
 
 def check(argv):
-    values = parse_flags(argv, "course check", __doc__, [("check", CheckConfig, None)], positional=("dir",))
-    with one_line_errors("course check"):
+    values = parse_flags(argv, f"{PROG} check", __doc__, [("check", CheckConfig, None)], positional=("dir",))
+    with one_line_errors(f"{PROG} check"):
         verdicts, problems = check_copy(CheckConfig(**values).dir)
     print("\n".join(report_lines(verdicts)))
     if problems:
@@ -94,8 +97,9 @@ def grade_command(argv):
     # DIR is optional, where parse_flags' positionals are required; in `--only ex3` the word after is no DIR
     folder = any(not a.startswith("-") and b not in ("--only", "--config") for a, b in zip(argv, ["", *argv]))
     positional = ("dir",) if folder else ()
-    values = parse_flags(argv, "course grade", __doc__, [("grade", GradeConfig, None)], positional=positional)
-    with one_line_errors("course grade"):
+    sections = [("grade", GradeConfig, None)]
+    values = parse_flags(argv, f"{PROG} grade", __doc__, sections, positional=positional)
+    with one_line_errors(f"{PROG} grade"):
         cfg = GradeConfig(**values)
         ids = graded_by(cfg.dir)  # None: all
         exercises = chosen(cfg.only) if cfg.only else [e for e in EXERCISES if ids is None or e.id in ids]
@@ -112,7 +116,7 @@ def main(argv=None):
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())
         return 0
-    with one_line_errors("course", errors=()):  # a Ctrl-C while the tests run too: status 130, no traceback
+    with one_line_errors(PROG, errors=()):  # a Ctrl-C while the tests run too: status 130, no traceback
         if not argv or argv[0] not in ("make", "grade", "check"):
             raise UserError(f"give a command: {COMMANDS}" + (f"; got {argv[0]!r}" if argv else ""), 2)
         return {"make": make, "grade": grade_command, "check": check}[argv[0]](argv[1:])

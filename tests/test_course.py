@@ -379,6 +379,9 @@ def test_the_solution_passes_every_exercise_and_each_test_calls_its_own_exercise
 # The command line
 
 
+MAKE, CHECK, GRADE = (f"{course_cli.PROG} {command}" for command in ("make", "check", "grade"))
+
+
 def error_line(capsys, argv, prog):
     with pytest.raises(SystemExit) as exit_info:
         course_cli.main(argv)
@@ -390,20 +393,20 @@ def error_line(capsys, argv, prog):
 @pytest.mark.parametrize(
     "argv, prog, words",
     [
-        (["grade", str(ROOT), "--only=ex99"], "course grade", "--only='ex99': give one or more of ex1, ex2"),
-        (["grade", str(ROOT), "--only", "ex3,ex3"], "course grade", "each once"),
-        (["grade", "--onlyy=ex1"], "course grade", "unrecognized arguments: --onlyy=ex1"),
-        (["make"], "course make", "the following arguments are required: out_dir"),
-        (["check"], "course check", "the following arguments are required: dir"),
-        (["check", str(ROOT)], "course check", "is no student copy (it has no .course.json)"),
-        (["make", "elsewhere", "--only=ex0"], "course make", "--only='ex0': give all, or one or more of ex1"),
+        (["grade", str(ROOT), "--only=ex99"], GRADE, "--only='ex99': give one or more of ex1, ex2"),
+        (["grade", str(ROOT), "--only", "ex3,ex3"], GRADE, "each once"),
+        (["grade", "--onlyy=ex1"], GRADE, "unrecognized arguments: --onlyy=ex1"),
+        (["make"], MAKE, "the following arguments are required: out_dir"),
+        (["check"], CHECK, "the following arguments are required: dir"),
+        (["check", str(ROOT)], CHECK, "is no student copy (it has no .course.json)"),
+        (["make", "elsewhere", "--only=ex0"], MAKE, "--only='ex0': give all, or one or more of ex1"),
         (
             ["frobnicate"],
-            "course",
+            course_cli.PROG,
             "give a command: make OUT_DIR [--only=IDS] [--classroom], grade [DIR] "
             "[--only=IDS] or check DIR; got",
         ),
-        ([], "course", "give a command"),
+        ([], course_cli.PROG, "give a command"),
     ],
 )
 def test_command_mistakes_are_one_line_errors(capsys, argv, prog, words):
@@ -413,17 +416,17 @@ def test_command_mistakes_are_one_line_errors(capsys, argv, prog, words):
 def test_grading_a_folder_that_is_neither_this_repository_nor_a_copy_is_one_line(tmp_path, capsys):
     (tmp_path / "model.py").write_text("")
     assert "is neither this repository nor a student copy" in error_line(
-        capsys, ["grade", str(tmp_path)], "course grade"
+        capsys, ["grade", str(tmp_path)], GRADE
     )
-    assert "is not a folder" in error_line(capsys, ["grade", str(tmp_path / "model.py")], "course grade")
+    assert "is not a folder" in error_line(capsys, ["grade", str(tmp_path / "model.py")], GRADE)
 
 
 def test_make_refuses_a_folder_in_use_or_inside_the_repository(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
-    assert "exists and is not an empty folder" in error_line(capsys, ["make", str(tmp_path)], "course make")
+    assert "exists and is not an empty folder" in error_line(capsys, ["make", str(tmp_path)], MAKE)
     assert (tmp_path / "notes.txt").read_text() == "mine" and len(list(tmp_path.iterdir())) == 1
     inside = ROOT / "out" / "course-copy-refused"
-    assert "inside the repository it copies" in error_line(capsys, ["make", str(inside)], "course make")
+    assert "inside the repository it copies" in error_line(capsys, ["make", str(inside)], MAKE)
     assert not inside.exists()
 
 

@@ -7,6 +7,11 @@ A difference is paired (measure/paired.py) where both sides share the data and t
 Welch's unpaired interval where they do not (two searches of one model, runs from two bases); each sentence
 says which. tests/test_docs_tables.py checks that every block is what this module makes of the CSVs."""
 
+import sys
+
+if not __package__:  # `python experiments/findings.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.findings`")
+
 import argparse
 import math
 import textwrap

@@ -7,14 +7,20 @@ A difference is paired (measure/paired.py) where both sides share the data and t
 Welch's unpaired interval where they do not (two searches of one model, runs from two bases); each sentence
 says which. tests/test_docs_tables.py checks that every block is what this module makes of the CSVs."""
 
+import sys
+
+if not __package__:  # `python experiments/findings.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m experiments.findings`")
+
 import argparse
 import math
 import textwrap
 from functools import cache
 
-from experiments import extrapolation as study
-from experiments import longlora
-from experiments import longrope_ablation as ablation
+from experiments import extrapolation_results as study
+from experiments import longlora_results as longlora
+from experiments import longrope_ablation_results as ablation
+from experiments.runs import read_rows
 from measure.paired import paired_difference, verdict, welch_difference
 from plumbing.errors import one_line_errors
 from plumbing.report import ROOT, fill_generated
@@ -54,7 +60,7 @@ rate = lambda values: f"{100 * sum(values) / len(values):.0f}%"  # the mean of r
 
 @cache
 def longlora_rows():
-    return longlora.read_rows(DOCS / "longlora.csv"), longlora.read_rows(DOCS / "longlora_cost.csv")
+    return longlora.read_results(DOCS)
 
 
 def lora(setting, task, steps=1000, phase="report"):
@@ -209,7 +215,7 @@ def progressive(readme=False):
 
 
 def ablation_rows():
-    return ablation.read_rows(DOCS / "longrope_passkey_x4.csv")
+    return read_rows(DOCS / "longrope_passkey_x4.csv", ablation.COLUMNS, ablation.PROG)
 
 
 def variant(name, task):

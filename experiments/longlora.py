@@ -38,6 +38,17 @@ from pathlib import Path
 import torch
 
 from data.passkey.task import default_name
+from experiments.longlora_results import (
+    COST,
+    CSV_COLUMNS,
+    EXTENSION,
+    FIRST_SEED,
+    LONG,
+    PROG,
+    T,
+    read_results,
+    seed_values,
+)
 from experiments.runs import ROOT, ensure_trained, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from finetune import lora, s2
 from finetune.s2 import shifted_sparse_attention
@@ -50,9 +61,6 @@ from plumbing.outputs import check_folder, check_outputs, write_output, write_ro
 from plumbing.report import fill_generated, markdown_table, measured
 from positions import require
 
-PROG = "python -m experiments.longlora"
-T, EXTENSION, FIRST_SEED = 64, 4, 1337
-LONG = EXTENSION * T
 LENGTHS = (1, 2, 4, 8)  # evaluation lengths, multiples of T
 COST_LENGTHS = (LONG, 4 * LONG)  # the fine-tunes' length, and 4 times it for the trend
 TEST_DATA = f"{default_name(LONG)}_test"  # the reported loss's data: its own generator seed
@@ -90,8 +98,6 @@ COMPARISONS = (
 PAPER_COMPARISONS = COMPARISONS[:3]  # LongLoRA's own: S²-Attn, LoRA, embed/norm
 MODEL = dict(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=38)  # configs/passkey.toml's
 QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 --eval_interval=10".split()
-COST = ("method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
-CSV_COLUMNS = ("phase", "task", "seed", "setting", "learning_rate", "steps", "length", "value", "base")
 
 
 @dataclass
@@ -362,17 +368,6 @@ def run_budgets(cfg, results, argv):
     return write_tables(cfg, results, footer, keep=True)
 
 
-def seed_values(rows, setting, task, length, steps=None, phase="report"):
-    """{seed: value} of one phase's rows of one setting at a length (and at `steps`, unless None)."""
-    return {
-        int(r["seed"]): float(r["value"])
-        for r in rows
-        if r["phase"] == phase
-        and (r["setting"], r["task"], int(r["length"])) == (setting, task, length)
-        and (steps is None or int(r["steps"]) == steps)
-    }
-
-
 def tables(rows, cost):
     """{name: (caption, markdown table)} from longlora.csv's rows and longlora_cost.csv's: what the docs show,
     each under its name in longlora_table.md and in the docs' generated blocks."""
@@ -509,10 +504,7 @@ def footers(path):
 
 def read_tables(results):
     """tables() of longlora.csv and longlora_cost.csv under results, each checked to be the study's."""
-    return tables(
-        read_rows(results / "longlora.csv", CSV_COLUMNS, PROG),
-        read_rows(results / "longlora_cost.csv", COST, PROG),
-    )
+    return tables(*read_results(results))
 
 
 def write_tables(cfg, results, footer, keep=False):

@@ -29,6 +29,7 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.longrope_ablation_results import COLUMNS, PROG, cells
 from experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
 from plumbing.cli import parse_flags
@@ -37,7 +38,6 @@ from plumbing.outputs import check_outputs, write_output, write_rows
 from plumbing.report import fill_generated, markdown_table
 from positions import POSITION_MODULES, require
 
-PROG = "python -m experiments.longrope_ablation"
 VARIANTS = {  # name: experiments.longrope's flags
     "loss": (),  # the paper's: the loss at L, n-hat searched
     "passkey": ("--fitness=passkey",),
@@ -50,7 +50,6 @@ COMPARISONS = (  # (a, b, the question)
     ("loss_nhat0", "loss", "n-hat fixed at 0 against searched"),
     ("loss_nhat8", "loss", "n-hat fixed at 8 against searched"),
 )
-COLUMNS = ("checkpoint", "variant", "search_seed", "task", "length", "value")
 
 
 @dataclass
@@ -147,17 +146,6 @@ def write_table(results, name, footer, rows):
     print(f"{text}wrote {results / name}_table.md")
     fill_generated(results, {name: table})
     return text
-
-
-def cells(rows, variant, task, length):
-    """{(checkpoint, search seed): value}; YaRN and plain, which no search varies, under every search seed."""
-    seeds = {r["search_seed"] for r in rows if r["search_seed"]}
-    found = {}
-    for r in rows:
-        if (r["variant"], r["task"], int(r["length"])) == (variant, task, length):
-            for seed in [r["search_seed"]] if r["search_seed"] else seeds:
-                found[(r["checkpoint"], seed)] = float(r["value"])
-    return found
 
 
 def render(rows):

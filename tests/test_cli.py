@@ -45,6 +45,11 @@ SHARED_MODULES = (
     "data.passkey.task",
     "course.*",
     "experiments.runs",  # the studies' and demos' trained runs: shared by them, run by none
+    # each study's settings, run names and CSV columns with their readers: shared by the study and by
+    # experiments.findings, which writes the docs' sentences from the committed CSVs
+    "experiments.extrapolation_results",
+    "experiments.longlora_results",
+    "experiments.longrope_ablation_results",
     "perf.ops",  # the operators a decode step launches: perf.bench's column and the tests' targets
 )
 

@@ -53,6 +53,7 @@ AS_FILES = {
     "demo/permutation.py": "demo.permutation",
     "demo/probe.py": "demo.probe",
     "experiments/extrapolation.py": "experiments.extrapolation",
+    "experiments/findings.py": "experiments.findings",
     "experiments/longlora.py": "experiments.longlora",
     "experiments/longrope.py": "experiments.longrope",
     "experiments/longrope_ablation.py": "experiments.longrope_ablation",

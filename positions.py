@@ -280,14 +280,18 @@ class PositionScheme(nn.Module):
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
-    (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
-    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns);
-    step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or None: the step
-    is then static, one CUDA graph or compiled graph for every position (generation.py)."""
+    (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
+    trains it); encodes (any signal); recode_past, a length past which it encodes every position anew (a KV
+    cache reruns); step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or
+    None: the step is then static, one CUDA graph or compiled graph for every position (generation.py)."""
 
     length_limit = recode_past = step_varies = None
     rotates = biased = embedding = False
     encodes = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.biased = cls.score_bias is not PositionScheme.score_bias  # derived: overriding score_bias is all
 
     def __init__(self, config):
         super().__init__()
@@ -497,8 +501,6 @@ class ALiBiPositions(PositionScheme):
     """ALiBi: no embedding; each head h adds -m_h * (i - j) to the score of query i on key j,
     a recency bias that needs no table and so extends to any length."""
 
-    biased = True
-
     def __init__(self, config):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
@@ -538,7 +540,6 @@ class T5Positions(PositionScheme):
     the same order: one init function, and a near-zero bias at the start either way."""
 
     num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
-    biased = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -573,7 +574,6 @@ class FIREPositions(PositionScheme):
     where that code takes |c| and |L|, and Adam moves both by relative steps, as its multiplier on L does."""
 
     hidden = 32  # f's hidden units
-    biased = True
 
     def __init__(self, config):
         super().__init__(config)

@@ -44,8 +44,6 @@ class QueryDependentBias(PositionScheme):
     """A toy scheme whose score bias depends on the query's position i itself, not only on i - j (as FIRE's
     f(psi(i - j) / psi(max(L, i))) does): head h adds -c_h (i - j) / (i + 1) + d_h i / T."""
 
-    biased = True
-
     def __init__(self, n_head, T):
         super().__init__(None)
         self.c = torch.linspace(0.5, 2.0, n_head, dtype=torch.float64)[:, None, None]

@@ -23,8 +23,6 @@ class SelfBias(PositionScheme):
     """The toy: head h adds a learned b_h to the score of each query on its own key (i = j), nothing
     elsewhere, and costs 3 FLOPs per key a token attends to (to show the count takes a scheme's own term)."""
 
-    biased = True
-
     def __init__(self, config):
         super().__init__(config)
         self.bias = nn.Parameter(torch.linspace(-1.0, 1.0, config.n_head))
@@ -154,3 +152,26 @@ def test_no_code_outside_positions_compares_a_schemes_name():
         str(p.relative_to(ROOT)): name_comparisons(p.read_text()) for p in paths if p.name != "positions.py"
     }
     assert {path: hits for path, hits in found.items() if hits} == {}
+
+
+class UnflaggedBias(PositionScheme):
+    """A score bias and no flag: it overrides score_bias and sets nothing else, as a forker may write it."""
+
+    def score_bias(self, query_pos, key_pos):
+        distance = (query_pos[:, None] - key_pos[None, :]).clamp(min=0).float()
+        return (-0.3 * distance)[None, None]  # (1, 1, n_query, n_key)
+
+
+def test_a_score_bias_applies_in_training_as_in_cached_decoding(monkeypatch):
+    """Overriding score_bias is all it takes: the training forward (no cache) adds the bias as cached decoding
+    does, so both give the same logits; a flag a forker could forget would leave the forward without it."""
+    monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
+    torch.manual_seed(0)
+    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    model = GPT(config).eval()
+    x = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        full = model(x)[0]
+        model.setup_cache(2, 8, chunk=8)
+        cached = model(x, input_pos=torch.arange(8))[0]
+    torch.testing.assert_close(full, cached, rtol=0, atol=1e-5)

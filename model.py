@@ -259,14 +259,18 @@ class GPT(nn.Module):
     def cache_size(n_pos, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
         return n_pos if window is None else min(n_pos, window + chunk - 1)
 
-    def flops_per_token(self):
-        """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N (the
-        position scheme's parameters, looked up, left out) plus 12 L H Q T for attention's q k^T and p v,
-        plus what the scheme computes itself (wpe.flops_per_token)."""
+    def flops_per_token(self, batch_size=1):
+        """Training FLOPs per token at batch_size sequences of block_size a forward (PaLM appendix B, as
+        nanoGPT's estimate_mfu): 6N for the weights N (the position scheme's parameters, looked up, left out)
+        plus 12 L H Q T for attention's q k^T and p v, plus what the scheme computes itself
+        (wpe.flops_per_token). -> (FLOPs, note): the note None, or says that the scheme's own compute is not
+        counted (its flops_per_token is None: unknown)."""
         c, pos = self.config, self.transformer.wpe
         n = self.num_params() - sum(p.numel() for p in pos.parameters())
         attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
-        return 6 * n + attention + pos.flops_per_token(c.block_size)
+        own = pos.flops_per_token(c.block_size, batch_size)
+        note = None if own is not None else f"FLOPs of pos={c.pos}'s own compute not counted (unknown)"
+        return round(6 * n + attention + (own or 0)), note
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with decoupled weight decay on matrices only (embeddings included), none on biases and

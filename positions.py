@@ -276,7 +276,9 @@ class PositionScheme(nn.Module):
         init_weights()                  its parameters' initial values (GPT.init_weights calls it, then gives
                                         an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
-        flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
+        flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of
+                                        seq_len, beyond GPT.flops_per_token's 6 per weight (a bias built once
+                                        per forward is shared by the batch); None: unknown, noted uncounted
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
@@ -321,8 +323,8 @@ class PositionScheme(nn.Module):
     def table_bytes(self, n_pos):
         return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
 
-    def flops_per_token(self, seq_len):
-        return 0
+    def flops_per_token(self, seq_len, batch_size):
+        return None  # unknown: GPT.flops_per_token says it is not counted
 
     def bias_bytes(self, n_query, n_key):
         return 0
@@ -331,10 +333,17 @@ class PositionScheme(nn.Module):
         return state, None
 
 
+def elementwise_flops(scheme, seq_len, batch_size):
+    """flops_per_token of a scheme whose own compute is elementwise or a lookup (a table added, a rotation, a
+    bias by distance): 0, as 6N leaves out LayerNorm, GELU and the residual additions (PaLM appendix B)."""
+    return 0
+
+
 class NoPositions(PositionScheme):
     """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
 
     encodes = False
+    flops_per_token = elementwise_flops
 
 
 class LearnedPositions(PositionScheme):
@@ -342,6 +351,7 @@ class LearnedPositions(PositionScheme):
     None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
 
     embedding = True
+    flops_per_token = elementwise_flops
 
     def __init__(self, config):
         super().__init__(config)
@@ -385,6 +395,8 @@ class SinusoidalPositions(PositionScheme):
     """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
     amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
 
+    flops_per_token = elementwise_flops
+
     @classmethod
     def check_config(cls, c):
         require(c.n_embd % 2 == 0, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
@@ -411,6 +423,7 @@ class RotaryPositions(PositionScheme):
     rope_keep_first (n-hat) with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
     rotates = True
+    flops_per_token = elementwise_flops
 
     def __init__(self, config):
         super().__init__(config)
@@ -501,6 +514,8 @@ class ALiBiPositions(PositionScheme):
     """ALiBi: no embedding; each head h adds -m_h * (i - j) to the score of query i on key j,
     a recency bias that needs no table and so extends to any length."""
 
+    flops_per_token = elementwise_flops
+
     def __init__(self, config):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
@@ -540,6 +555,7 @@ class T5Positions(PositionScheme):
     the same order: one init function, and a near-zero bias at the start either way."""
 
     num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
+    flops_per_token = elementwise_flops  # a lookup
 
     def __init__(self, config):
         super().__init__(config)
@@ -586,8 +602,10 @@ class FIREPositions(PositionScheme):
         self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
         self.n_head = config.n_head
 
-    def flops_per_token(self, seq_len):  # f on each of a query's seq_len pairs, forward and backward
-        return 6 * self.hidden * (1 + self.n_head) * seq_len
+    def flops_per_token(self, seq_len, batch_size):
+        """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one forward,
+        whose bias all batch_size sequences share."""
+        return 6 * self.hidden * (1 + self.n_head) * seq_len * seq_len / (batch_size * seq_len)
 
     def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs
         return n_query * n_key * (1 + self.hidden + self.n_head) * 4

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import generation
 from measure.losses import position_losses, window_bytes
@@ -31,7 +32,7 @@ class SelfBias(PositionScheme):
         own = (query_pos[:, None] == key_pos[None, :]).to(self.bias.dtype)  # (n_query, n_key)
         return (self.bias[:, None, None] * own)[None]  # (1, n_head, n_query, n_key)
 
-    def flops_per_token(self, seq_len):
+    def flops_per_token(self, seq_len, batch_size):
         return 3 * seq_len
 
 
@@ -97,7 +98,37 @@ def test_a_registered_scheme_is_estimated(toy):
     assert mask == 8 * 8 * (8 + 1 + 2 * toy.n_head * 4)
     c = toy
     attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
-    assert model.flops_per_token() == 6 * (model.num_params() - 2) + attention + 3 * c.block_size
+    assert model.flops_per_token() == (6 * (model.num_params() - 2) + attention + 3 * c.block_size, None)
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_a_schemes_flops_per_token_are_the_matmuls_of_its_own_hooks_once_a_batch(pos):
+    """flops_per_token(T, B) times the B T tokens of a forward is what torch counts in the scheme's own hooks
+    (embed, rotation, score_bias) over one batch, forward and backward: a bias built once a forward is shared
+    by the batch, not counted once a sequence. Every registered scheme says its count (None: unknown)."""
+    B, T = 3, 8
+    scheme = GPT(
+        GPTConfig(pos=pos, block_size=T, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+    ).transformer.wpe
+    own, positions = scheme.flops_per_token(T, B), torch.arange(T)
+    assert own is not None, f"pos={pos} does not say its FLOPs per token"
+    tokens = torch.randn(B, T, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        rotation = scheme.rotation(positions) or ()
+        outputs = [scheme.embed(tokens, positions), *rotation, scheme.score_bias(positions, positions)]
+        sum(out.sum() for out in outputs if out is not None).backward()
+    assert counter.get_total_flops() == own * B * T
+
+
+def test_a_scheme_that_does_not_say_its_flops_is_noted_as_not_counted(monkeypatch):
+    """PositionScheme.flops_per_token's default is None, unknown: GPT.flops_per_token counts 6N and attention
+    and says that the scheme's own compute is left out, rather than counting it as 0."""
+    monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
+    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    flops, note = GPT(config).flops_per_token(batch_size=4)
+    assert note == "FLOPs of pos=unflagged's own compute not counted (unknown)"
+    none = GPT(GPTConfig(**{**vars(config), "pos": "none"})).flops_per_token(batch_size=4)
+    assert (flops, none[1]) == (none[0], None)
 
 
 # -----------------------------------------------------------------------------

@@ -103,7 +103,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.train_attention = None  # attention in training only, (q, k, v, dropout_p=) -> y (S²-Attn)
+        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -120,7 +120,7 @@ class CausalSelfAttention(nn.Module):
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
         if self.train_attention and self.training:  # LongLoRA's sparse attention, own mask (finetune/s2.py)
-            y = self.train_attention(q, k, v, dropout_p=dropout_p)
+            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
@@ -177,6 +177,7 @@ class GPT(nn.Module):
         self.rope_layers = config.rope_layers  # whether each block rotates q and k (not the nope_layers)
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.static_cache = False  # attend to every slot of the KV caches, written or not (setup_cache)
+        self.train_mask = None  # in training, positions -> the mask of the layers' train_attention (S²-Attn)
         self.init_weights()
 
     def init_weights(self):
@@ -231,8 +232,11 @@ class GPT(nn.Module):
         """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,
         no cache), else positions.attention_mask over the keys attended to: with KV caches the slots written
         so far, or with a static cache every slot, so that no shape depends on the position and the step can
-        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos)."""
+        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos). Training
+        with a train_mask (S²-Attn's groups): that one instead, never the T x T score bias."""
         pos = self.transformer.wpe
+        if not cached and self.training and self.train_mask:
+            return self.train_mask(query_pos)
         if not cached:
             return attention_mask(pos, query_pos, query_pos) if pos.biased else None
         key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))

@@ -603,8 +603,8 @@ class FIREPositions(PositionScheme):
         self.n_head = config.n_head
 
     def flops_per_token(self, seq_len, batch_size):
-        """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one forward,
-        whose bias all batch_size sequences share."""
+        """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one
+        forward, whose bias all batch_size sequences share."""
         return 6 * self.hidden * (1 + self.n_head) * seq_len * seq_len / (batch_size * seq_len)
 
     def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs

@@ -183,8 +183,10 @@ class GPT(nn.Module):
     def init_weights(self):
         """GPT-2's: Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1/0; the 2 n_layer
         projections adding into the residual stream (attn.c_proj, mlp.c_proj) 0.02 / sqrt(2 n_layer):
-        variance flat in depth."""
-        for module in self.modules():
+        variance flat in depth. apply visits a module's children before it: a position scheme's own
+        init_weights runs after its Linear and Embedding children got N(0, 0.02), the start it sets stands."""
+
+        def init(module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
@@ -193,6 +195,8 @@ class GPT(nn.Module):
                 module.reset_parameters()
             if isinstance(module, PositionScheme):
                 module.init_weights()  # its own parameters (learned's table: N(0, 0.02) as well)
+
+        self.apply(init)
         for block in self.transformer.h:
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))

@@ -35,7 +35,7 @@ class PositionScheme(nn.Module):
         check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
-        init_weights()                  its parameters' initial values (GPT.init_weights calls it, then gives
+        init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
                                         an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of

@@ -105,13 +105,14 @@ def test_a_registered_scheme_is_estimated(toy):
 def test_a_schemes_flops_per_token_are_the_matmuls_of_its_own_hooks_once_a_batch(pos):
     """flops_per_token(T, B) times the B T tokens of a forward is what torch counts in the scheme's own hooks
     (embed, rotation, score_bias) over one batch, forward and backward: a bias built once a forward is shared
-    by the batch, not counted once a sequence. Every registered scheme says its count (None: unknown)."""
+    by the batch, not counted once a sequence. A scheme that says None (unknown) is noted instead."""
     B, T = 3, 8
     scheme = GPT(
         GPTConfig(pos=pos, block_size=T, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     ).transformer.wpe
     own, positions = scheme.flops_per_token(T, B), torch.arange(T)
-    assert own is not None, f"pos={pos} does not say its FLOPs per token"
+    if own is None:  # unknown: said, not counted as 0 (test_a_scheme_that_does_not_say_its_flops_...)
+        return
     tokens = torch.randn(B, T, 16, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         rotation = scheme.rotation(positions) or ()
@@ -206,3 +207,28 @@ def test_a_score_bias_applies_in_training_as_in_cached_decoding(monkeypatch):
         model.setup_cache(2, 8, chunk=8)
         cached = model(x, input_pos=torch.arange(8))[0]
     torch.testing.assert_close(full, cached, rtol=0, atol=1e-5)
+
+
+class LinearBias(PositionScheme):
+    """A bias from an nn.Linear of the distance, whose init_weights starts it at a chosen slope."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.slope = nn.Linear(1, config.n_head)
+
+    def init_weights(self):
+        nn.init.constant_(self.slope.weight, -0.5)
+        nn.init.zeros_(self.slope.bias)
+
+    def score_bias(self, query_pos, key_pos):
+        distance = (query_pos[:, None] - key_pos[None, :]).clamp(min=0).float()[..., None]
+        return self.slope(distance).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
+def test_a_schemes_own_init_weights_runs_after_gpt_2s_draw_of_its_children(monkeypatch):
+    """GPT.init_weights gives every nn.Linear N(0, 0.02), the scheme's children too, and then calls the
+    scheme's init_weights: the start a scheme sets for its own nn.Linear stands in the built model."""
+    monkeypatch.setitem(POSITION_MODULES, "linear_bias", LinearBias)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11))
+    assert torch.equal(model.transformer.wpe.slope.weight, torch.full((2, 1), -0.5))

@@ -103,7 +103,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.train_attention = None  # attention in training only, (q, k, v, dropout_p=) -> y (S²-Attn)
+        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -120,7 +120,7 @@ class CausalSelfAttention(nn.Module):
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
         if self.train_attention and self.training:  # LongLoRA's sparse attention, own mask (finetune/s2.py)
-            y = self.train_attention(q, k, v, dropout_p=dropout_p)
+            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
@@ -177,13 +177,16 @@ class GPT(nn.Module):
         self.rope_layers = config.rope_layers  # whether each block rotates q and k (not the nope_layers)
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.static_cache = False  # attend to every slot of the KV caches, written or not (setup_cache)
+        self.train_mask = None  # in training, positions -> the mask of the layers' train_attention (S²-Attn)
         self.init_weights()
 
     def init_weights(self):
         """GPT-2's: Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1/0; the 2 n_layer
         projections adding into the residual stream (attn.c_proj, mlp.c_proj) 0.02 / sqrt(2 n_layer):
-        variance flat in depth."""
-        for module in self.modules():
+        variance flat in depth. apply visits a module's children before it: a position scheme's own
+        init_weights runs after its Linear and Embedding children got N(0, 0.02), the start it sets stands."""
+
+        def init(module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
@@ -192,6 +195,8 @@ class GPT(nn.Module):
                 module.reset_parameters()
             if isinstance(module, PositionScheme):
                 module.init_weights()  # its own parameters (learned's table: N(0, 0.02) as well)
+
+        self.apply(init)
         for block in self.transformer.h:
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
@@ -231,8 +236,11 @@ class GPT(nn.Module):
         """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,
         no cache), else positions.attention_mask over the keys attended to: with KV caches the slots written
         so far, or with a static cache every slot, so that no shape depends on the position and the step can
-        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos)."""
+        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos). Training
+        with a train_mask (S²-Attn's groups): that one instead, never the T x T score bias."""
         pos = self.transformer.wpe
+        if not cached and self.training and self.train_mask:
+            return self.train_mask(query_pos)
         if not cached:
             return attention_mask(pos, query_pos, query_pos) if pos.biased else None
         key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))
@@ -259,14 +267,18 @@ class GPT(nn.Module):
     def cache_size(n_pos, window=None, chunk=1):  # slots per layer of setup_cache's KV caches
         return n_pos if window is None else min(n_pos, window + chunk - 1)
 
-    def flops_per_token(self):
-        """Training FLOPs per token (PaLM appendix B, as nanoGPT's estimate_mfu): 6N for the weights N (the
-        position scheme's parameters, looked up, left out) plus 12 L H Q T for attention's q k^T and p v,
-        plus what the scheme computes itself (wpe.flops_per_token)."""
+    def flops_per_token(self, batch_size=1):
+        """Training FLOPs per token at batch_size sequences of block_size a forward (PaLM appendix B, as
+        nanoGPT's estimate_mfu): 6N for the weights N (the position scheme's parameters, looked up, left out)
+        plus 12 L H Q T for attention's q k^T and p v, plus what the scheme computes itself
+        (wpe.flops_per_token). -> (FLOPs, note): the note None, or says that the scheme's own compute is not
+        counted (its flops_per_token is None: unknown)."""
         c, pos = self.config, self.transformer.wpe
         n = self.num_params() - sum(p.numel() for p in pos.parameters())
         attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
-        return 6 * n + attention + pos.flops_per_token(c.block_size)
+        own = pos.flops_per_token(c.block_size, batch_size)
+        note = None if own is not None else f"FLOPs of pos={c.pos}'s own compute not counted (unknown)"
+        return round(6 * n + attention + (own or 0)), note
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with decoupled weight decay on matrices only (embeddings included), none on biases and

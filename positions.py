@@ -1,6 +1,8 @@
 """
-Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here:
-the pure functions (tables, frequencies, the rotation, ALiBi's slopes and bias, the mask), then the modules.
+Position encodings: how a GPT knows where each token is. Every scheme and RoPE context extension lives here,
+in the lesson's order (docs/lesson.md): the interface every scheme implements (PositionScheme), then each
+scheme, its math (pure functions: tables, frequencies, the rotation, the biases) beside its class, then the
+one mask attention adds a score bias to, and the registry.
 
     learned, sinusoidal   add a vector to the token embedding      (embed)
     rope                  rotates queries and keys                 (rotation, applied in CausalSelfAttention)
@@ -18,15 +20,79 @@ from types import MappingProxyType
 import torch
 import torch.nn as nn
 
-ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
-LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
-ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
-LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
-# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(
-    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
-    rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
-))  # fmt: skip
+# -----------------------------------------------------------------------------
+# The interface: what a scheme is, and what model.py asks of it
+
+
+class PositionScheme(nn.Module):
+    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
+        embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
+        rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
+                                        the length of their sequence (a prefill's chunk is part of one),
+                                        default the last + 1
+        score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
+                                        (cache slots, S²-Attn's groups), shared by the layers, or None
+        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
+        check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
+        grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
+        init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
+                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
+        table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
+        flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of
+                                        seq_len, beyond GPT.flops_per_token's 6 per weight (a bias built once
+                                        per forward is shared by the batch); None: unknown, noted uncounted
+        bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
+        adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
+    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
+    (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
+    trains it); encodes (any signal); recode_past, a length past which it encodes every position anew (a KV
+    cache reruns); step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or
+    None: the step is then static, one CUDA graph or compiled graph for every position (generation.py)."""
+
+    length_limit = recode_past = step_varies = None
+    rotates = biased = embedding = False
+    encodes = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.biased = cls.score_bias is not PositionScheme.score_bias  # derived: overriding score_bias is all
+
+    def __init__(self, config):
+        super().__init__()
+
+    def embed(self, tok_emb, positions):
+        return tok_emb
+
+    def rotation(self, positions, seq_len=None):
+        return None
+
+    def score_bias(self, query_pos, key_pos):
+        return None
+
+    @classmethod
+    def check_config(cls, config):
+        pass
+
+    def check_length(self, n_pos):
+        pass
+
+    def grow(self, n_pos):
+        pass
+
+    def init_weights(self):
+        pass
+
+    def table_bytes(self, n_pos):
+        return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
+
+    def flops_per_token(self, seq_len, batch_size):
+        return None  # unknown: GPT.flops_per_token says it is not counted
+
+    def bias_bytes(self, n_query, n_key):
+        return 0
+
+    def adapt_state(self, state, prefix):
+        return state, None
 
 
 def require(ok, message):
@@ -35,8 +101,80 @@ def require(ok, message):
         raise ValueError(message)
 
 
+def elementwise_flops(scheme, seq_len, batch_size):
+    """flops_per_token of a scheme whose own compute is elementwise or a lookup (a table added, a rotation, a
+    bias by distance): 0, as 6N leaves out LayerNorm, GELU and the residual additions (PaLM appendix B)."""
+    return 0
+
+
 # -----------------------------------------------------------------------------
-# Position encodings: the pure functions (the course and the tests call these)
+# 1-2. No position: the causal mask alone reveals order (none)
+
+
+def causal_mask(query_pos, key_pos, window=None):
+    """Query i sees key j if j <= i and, with a window, i - j < window (itself and the window - 1 before it).
+    A key position of -1 is an empty KV-cache slot, never seen. -> (n_query, n_key) bool"""
+    distance = query_pos[:, None] - key_pos[None, :]  # i - j
+    visible = (distance >= 0) & (key_pos >= 0)[None, :]
+    if window is not None:
+        visible = visible & (distance < window)
+    return visible
+
+
+class NoPositions(PositionScheme):
+    """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+
+    encodes = False
+    flops_per_token = elementwise_flops
+
+
+# -----------------------------------------------------------------------------
+# 3. Additive schemes: learned and sinusoidal, a vector added to each token
+
+
+class LearnedPositions(PositionScheme):
+    """GPT-2: a trained vector per position 0..block_size-1 (transformer.wpe.weight), added to the tokens.
+    None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
+
+    embedding = True
+    flops_per_token = elementwise_flops
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.length_limit = config.block_size
+        self.weight = nn.Parameter(torch.empty(config.block_size, config.n_embd))
+        self.init_weights()
+
+    def init_weights(self):
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def check_length(self, n_pos):
+        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward, naming
+        the schemes that run longer (every other of POSITION_MODULES)."""
+        if n_pos > self.length_limit:
+            past = f"pos=learned has no embedding past position {self.length_limit - 1}"
+            *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
+            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
+                             f"{', '.join(others)} and {last} run longer")  # fmt: skip
+
+    def embed(self, tok_emb, positions):
+        # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
+        return tok_emb + self.weight[positions]
+
+    def adapt_state(self, state, prefix):
+        """A (T, C) table of another block_size resized to this one's n_pos rows by linear interpolation, as
+        vision transformers resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for
+        RoPE (Chen et al. 2023): new row p is the old table at fractional position p * T / n_pos (the last row
+        past the end), so every trained row is kept when n_pos / T is whole."""
+        name, n_pos = f"{prefix}weight", self.length_limit
+        if name not in state or (T := state[name].size(0)) == n_pos:
+            return state, None
+        table, where = state[name], torch.arange(n_pos, dtype=torch.float64) * T / n_pos
+        below = where.floor().long().clamp(max=T - 1)
+        above, weight = (below + 1).clamp(max=T - 1), (where - below)[:, None]
+        resized = ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
+        note = f"the learned position table was resized from {T} to {n_pos} rows by linear interpolation"
+        return state | {name: resized}, note
 
 
 def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
@@ -49,10 +187,78 @@ def sinusoidal_embedding(n_pos, dim, base=10000.0, dtype=torch.float32):
     return pe.to(dtype)
 
 
+class SinusoidalPositions(PositionScheme):
+    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
+    amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
+
+    flops_per_token = elementwise_flops
+
+    @classmethod
+    def check_config(cls, c):
+        require(c.n_embd % 2 == 0, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.token_scale = math.sqrt(config.n_embd)
+        table = sinusoidal_embedding(config.block_size, config.n_embd)
+        self.register_buffer("table", table, persistent=False)
+
+    def grow(self, n_pos):
+        if n_pos > (rows := self.table.size(0)):  # past the cached length: generating beyond block_size
+            self.table = sinusoidal_embedding(max(n_pos, 2 * rows), self.table.size(1)).to(self.table.device)
+
+    def embed(self, tok_emb, positions):
+        return tok_emb * self.token_scale + self.table[positions].to(tok_emb.dtype)
+
+
+# -----------------------------------------------------------------------------
+# 4. RoPE: queries and keys rotated, scores depending on the offset; 4b-4c its context extensions
+
+
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
+LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
+ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
+LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
+# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
+ROPE_VARIANTS = MappingProxyType(dict(
+    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
+    rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
+))  # fmt: skip
+
+
 def rope_inv_freq(dim, base=10000.0):
     """RoPE's inverse frequencies theta_i = base^(-2i/dim), i < dim/2 (Su et al. 2021, eq. 15), float64:
     pair i turns by m theta_i at position m, a wavelength of 2 pi / theta_i tokens. -> (dim/2,)"""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def rotary_dim(head_dim, fraction=1.0):
+    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
+    return int(head_dim * fraction)
+
+
+def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
+    """The tables apply_rope multiplies by, times the attention scale, in inv_freq's dtype: each angle
+    position * theta_i twice, as transformers' cat((freqs, freqs)) (pair i is dimensions i and i + d/2), the
+    sin's first half negated so that turning a pair is two products and a sum (apply_rope). Built when the
+    table is, not per layer. -> cos (T, d) = (cos a, cos a), sin (T, d) = (-sin a, sin a)"""
+    angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]  # (T, d/2)
+    cos, sin = angle.cos() * attention_scale, angle.sin() * attention_scale
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: rope_cos_sin's (T, d), d
+    the dimensions rotated (d < head_dim: the rest pass unchanged, transformers' partial_rotary_factor). Pairs
+    are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up
+    to a fixed permutation of the head dimensions (tests/test_positions.py). transformers' x cos +
+    rotate_half(x) sin with rotate_half's sign in the sin table: x cos + roll(x, d/2) sin, four kernels a call
+    (full-width products: faster than half-width ones on the strided q and k), in cos's dtype, cast back."""
+    d = cos.size(-1)
+    if d < x.size(-1):
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
+    swapped = x.roll(d // 2, dims=-1)  # (x2, x1): rotate_half(x) = (-x2, x1), its sign in sin
+    return (x * cos + swapped * sin).to(x.dtype)
 
 
 def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
@@ -164,241 +370,6 @@ def default_rope_factor(length, original_len):
     return max(1.0, length / original_len)
 
 
-def rotary_dim(head_dim, fraction=1.0):
-    """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
-    return int(head_dim * fraction)
-
-
-def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
-    """The tables apply_rope multiplies by, times the attention scale, in inv_freq's dtype: each angle
-    position * theta_i twice, as transformers' cat((freqs, freqs)) (pair i is dimensions i and i + d/2), the
-    sin's first half negated so that turning a pair is two products and a sum (apply_rope). Built when the
-    table is, not per layer. -> cos (T, d) = (cos a, cos a), sin (T, d) = (-sin a, sin a)"""
-    angle = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]  # (T, d/2)
-    cos, sin = angle.cos() * attention_scale, angle.sin() * attention_scale
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-
-
-def apply_rope(x, cos, sin):
-    """Rotate each pair of x (..., T, head_dim) by its position's angle; cos, sin: rope_cos_sin's (T, d), d
-    the dimensions rotated (d < head_dim: the rest pass unchanged, transformers' partial_rotary_factor). Pairs
-    are halves (i, i + d/2), as GPT-NeoX and Llama; RoFormer's interleaved (2i, 2i+1) is the same rotation up
-    to a fixed permutation of the head dimensions (tests/test_positions.py). transformers' x cos +
-    rotate_half(x) sin with rotate_half's sign in the sin table: x cos + roll(x, d/2) sin, four kernels a call
-    (full-width products: faster than half-width ones on the strided q and k), in cos's dtype, cast back."""
-    d = cos.size(-1)
-    if d < x.size(-1):
-        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
-    swapped = x.roll(d // 2, dims=-1)  # (x2, x1): rotate_half(x) = (-x2, x1), its sign in sin
-    return (x * cos + swapped * sin).to(x.dtype)
-
-
-def alibi_slopes(n_head):
-    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence
-    from 2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code, the slopes of the
-    power of two below n, then every other slope of twice that power for the rest."""
-
-    def power_of_two_slopes(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (h + 1) for h in range(n)]
-
-    if math.log2(n_head).is_integer():
-        return torch.tensor(power_of_two_slopes(n_head))
-    closest = 2 ** math.floor(math.log2(n_head))
-    extra = power_of_two_slopes(2 * closest)[0::2][: n_head - closest]
-    return torch.tensor(power_of_two_slopes(closest) + extra)
-
-
-def alibi_bias(slopes, n_query, n_key):
-    """-m_h (i - j) for query i and key j, the queries the last n_query of n_key positions; the causal mask is
-    added separately. -> (n_head, n_query, n_key)"""
-    query_pos = torch.arange(n_key - n_query, n_key, device=slopes.device)
-    return alibi_bias_at(slopes, query_pos, torch.arange(n_key, device=slopes.device))
-
-
-def alibi_bias_at(slopes, query_pos, key_pos):
-    """alibi_bias between any positions, query_pos (T,) and key_pos (n_key,), as a KV cache holds them."""
-    distance = (query_pos[:, None] - key_pos[None, :]).to(slopes.dtype)  # i - j
-    return -slopes[:, None, None] * distance[None]
-
-
-def causal_mask(query_pos, key_pos, window=None):
-    """Query i sees key j if j <= i and, with a window, i - j < window (itself and the window - 1 before it).
-    A key position of -1 is an empty KV-cache slot, never seen. -> (n_query, n_key) bool"""
-    distance = query_pos[:, None] - key_pos[None, :]  # i - j
-    visible = (distance >= 0) & (key_pos >= 0)[None, :]
-    if window is not None:
-        visible = visible & (distance < window)
-    return visible
-
-
-def cached_key_positions(end, size):
-    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, p in slot
-    p % size (a ring, with a sliding window): the latest p < end with p = j (mod size), -1 while slot j is
-    empty. end: a (1,) long tensor, so that a compiled decode step computes it too. -> (size,)
-    Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
-    slot = torch.arange(size, device=end.device)
-    latest = end - 1 - (end - 1 - slot) % size
-    return latest.where(latest >= 0, -1)
-
-
-def attention_mask(scheme, query_pos, key_pos, window=None):
-    """The one additive mask of attention where SDPA's is_causal cannot serve (a score bias, a KV cache,
-    S²-Attn's groups), for queries at query_pos (T,) and keys at key_pos (n_key,): 0 where causal_mask lets
-    query i see key j (a window, empty cache slots), -inf elsewhere, plus scheme.score_bias at those very
-    positions (scheme None: no bias). -> (1, n_head or 1, T, n_key)"""
-    visible = causal_mask(query_pos, key_pos, window)[None, None]
-    bias = None if scheme is None else scheme.score_bias(query_pos, key_pos)
-    return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
-
-
-def window_length(limit, max_context=None):
-    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
-    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
-    return min((n for n in (limit, max_context) if n is not None), default=None)
-
-
-# -----------------------------------------------------------------------------
-# Position encodings: the modules, one class per scheme, model.py calling their hooks once per forward
-
-
-class PositionScheme(nn.Module):
-    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
-        embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
-        rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
-                                        the length of their sequence (a prefill's chunk is part of one),
-                                        default the last + 1
-        score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
-                                        (cache slots, S²-Attn's groups), shared by the layers, or None
-        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
-        check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
-        grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
-        init_weights()                  its parameters' initial values (GPT.init_weights calls it, then gives
-                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
-        table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
-        flops_per_token(seq_len)        training FLOPs per token beyond GPT.flops_per_token's 6 per weight
-        bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
-        adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
-    (RoPE's settings apply); biased (score_bias adds); embedding (--lora_train=embed trains it); encodes
-    (any signal); recode_past, a length past which it encodes every position anew (a KV cache reruns);
-    step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or None: the step
-    is then static, one CUDA graph or compiled graph for every position (generation.py)."""
-
-    length_limit = recode_past = step_varies = None
-    rotates = biased = embedding = False
-    encodes = True
-
-    def __init__(self, config):
-        super().__init__()
-
-    def embed(self, tok_emb, positions):
-        return tok_emb
-
-    def rotation(self, positions, seq_len=None):
-        return None
-
-    def score_bias(self, query_pos, key_pos):
-        return None
-
-    @classmethod
-    def check_config(cls, config):
-        pass
-
-    def check_length(self, n_pos):
-        pass
-
-    def grow(self, n_pos):
-        pass
-
-    def init_weights(self):
-        pass
-
-    def table_bytes(self, n_pos):
-        return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
-
-    def flops_per_token(self, seq_len):
-        return 0
-
-    def bias_bytes(self, n_query, n_key):
-        return 0
-
-    def adapt_state(self, state, prefix):
-        return state, None
-
-
-class NoPositions(PositionScheme):
-    """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
-
-    encodes = False
-
-
-class LearnedPositions(PositionScheme):
-    """GPT-2: a trained vector per position 0..block_size-1 (transformer.wpe.weight), added to the tokens.
-    None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
-
-    embedding = True
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.length_limit = config.block_size
-        self.weight = nn.Parameter(torch.empty(config.block_size, config.n_embd))
-        self.init_weights()
-
-    def init_weights(self):
-        nn.init.normal_(self.weight, mean=0.0, std=0.02)
-
-    def check_length(self, n_pos):
-        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward, naming
-        the schemes that run longer (every other of POSITION_MODULES)."""
-        if n_pos > self.length_limit:
-            past = f"pos=learned has no embedding past position {self.length_limit - 1}"
-            *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
-            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
-                             f"{', '.join(others)} and {last} run longer")  # fmt: skip
-
-    def embed(self, tok_emb, positions):
-        # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
-        return tok_emb + self.weight[positions]
-
-    def adapt_state(self, state, prefix):
-        """A (T, C) table of another block_size resized to this one's n_pos rows by linear interpolation, as
-        vision transformers resize theirs (Dosovitskiy et al. 2021, 3.2) and position interpolation does for
-        RoPE (Chen et al. 2023): new row p is the old table at fractional position p * T / n_pos (the last row
-        past the end), so every trained row is kept when n_pos / T is whole."""
-        name, n_pos = f"{prefix}weight", self.length_limit
-        if name not in state or (T := state[name].size(0)) == n_pos:
-            return state, None
-        table, where = state[name], torch.arange(n_pos, dtype=torch.float64) * T / n_pos
-        below = where.floor().long().clamp(max=T - 1)
-        above, weight = (below + 1).clamp(max=T - 1), (where - below)[:, None]
-        resized = ((1 - weight) * table[below].double() + weight * table[above].double()).to(table.dtype)
-        note = f"the learned position table was resized from {T} to {n_pos} rows by linear interpolation"
-        return state | {name: resized}, note
-
-
-class SinusoidalPositions(PositionScheme):
-    """Vaswani et al.: a fixed sin/cos table added to the tokens, extended on demand. The table has unit
-    amplitude, GPT-2's token embeddings std 0.02: tokens are scaled by sqrt(n_embd) (Vaswani et al. 3.4)."""
-
-    @classmethod
-    def check_config(cls, c):
-        require(c.n_embd % 2 == 0, f"sinusoidal pairs sin and cos: n_embd={c.n_embd} must be even")
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.token_scale = math.sqrt(config.n_embd)
-        table = sinusoidal_embedding(config.block_size, config.n_embd)
-        self.register_buffer("table", table, persistent=False)
-
-    def grow(self, n_pos):
-        if n_pos > (rows := self.table.size(0)):  # past the cached length: generating beyond block_size
-            self.table = sinusoidal_embedding(max(n_pos, 2 * rows), self.table.size(1)).to(self.table.device)
-
-    def embed(self, tok_emb, positions):
-        return tok_emb * self.token_scale + self.table[positions].to(tok_emb.dtype)
-
-
 class RotaryPositions(PositionScheme):
     """RoPE: rotate queries and keys so that q_m . k_n depends only on m - n. cos/sin tabulated for block_size
     positions, extended on demand, over the rotary_dim dimensions that turn. A context extension rescales
@@ -407,6 +378,7 @@ class RotaryPositions(PositionScheme):
     rope_keep_first (n-hat) with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
     rotates = True
+    flops_per_token = elementwise_flops
 
     def __init__(self, config):
         super().__init__(config)
@@ -493,11 +465,44 @@ class RotaryPositions(PositionScheme):
         return self.cos[positions], self.sin[positions]
 
 
+# -----------------------------------------------------------------------------
+# 5. ALiBi: a distance penalty on the scores
+
+
+def alibi_slopes(n_head):
+    """ALiBi's head slopes m_h (Press et al. 2022, section 3): for n a power of two the geometric sequence
+    from 2^(-8/n) with that ratio (8 heads: 1/2 ... 1/256); otherwise, as the paper's code, the slopes of the
+    power of two below n, then every other slope of twice that power for the rest."""
+
+    def power_of_two_slopes(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    if math.log2(n_head).is_integer():
+        return torch.tensor(power_of_two_slopes(n_head))
+    closest = 2 ** math.floor(math.log2(n_head))
+    extra = power_of_two_slopes(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(power_of_two_slopes(closest) + extra)
+
+
+def alibi_bias(slopes, n_query, n_key):
+    """-m_h (i - j) for query i and key j, the queries the last n_query of n_key positions; the causal mask is
+    added separately. -> (n_head, n_query, n_key)"""
+    query_pos = torch.arange(n_key - n_query, n_key, device=slopes.device)
+    return alibi_bias_at(slopes, query_pos, torch.arange(n_key, device=slopes.device))
+
+
+def alibi_bias_at(slopes, query_pos, key_pos):
+    """alibi_bias between any positions, query_pos (T,) and key_pos (n_key,), as a KV cache holds them."""
+    distance = (query_pos[:, None] - key_pos[None, :]).to(slopes.dtype)  # i - j
+    return -slopes[:, None, None] * distance[None]
+
+
 class ALiBiPositions(PositionScheme):
     """ALiBi: no embedding; each head h adds -m_h * (i - j) to the score of query i on key j,
     a recency bias that needs no table and so extends to any length."""
 
-    biased = True
+    flops_per_token = elementwise_flops
 
     def __init__(self, config):
         super().__init__(config)
@@ -509,8 +514,8 @@ class ALiBiPositions(PositionScheme):
 
 
 # -----------------------------------------------------------------------------
-# Relative biases the model learns: T5's buckets and FIRE, each a pure function, then its module. Both act as
-# ALiBi does, through score_bias, built once per forward (GPT.attention_mask) and shared by every layer.
+# 5b. Relative biases the model learns: T5's buckets and FIRE, each a pure function, then its module. Both
+# act as ALiBi does, through score_bias, built once per forward (GPT.attention_mask), shared by every layer.
 
 
 def t5_bucket(distance, num_buckets=32, max_distance=128):
@@ -538,7 +543,7 @@ class T5Positions(PositionScheme):
     the same order: one init function, and a near-zero bias at the start either way."""
 
     num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
-    biased = True
+    flops_per_token = elementwise_flops  # a lookup
 
     def __init__(self, config):
         super().__init__(config)
@@ -575,7 +580,6 @@ class FIREPositions(PositionScheme):
     |L|, and Adam moves both by relative steps, as its multiplier on L does."""
 
     hidden = 32  # f's hidden units
-    biased = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -588,8 +592,10 @@ class FIREPositions(PositionScheme):
         self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
         self.n_head = config.n_head
 
-    def flops_per_token(self, seq_len):  # f on each of a query's seq_len pairs, forward and backward
-        return 6 * self.hidden * (1 + self.n_head) * seq_len
+    def flops_per_token(self, seq_len, batch_size):
+        """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one
+        forward, whose bias all batch_size sequences share."""
+        return 6 * self.hidden * (1 + self.n_head) * seq_len * seq_len / (batch_size * seq_len)
 
     def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs
         return n_query * n_key * (1 + self.hidden + self.n_head) * 4
@@ -600,6 +606,37 @@ class FIREPositions(PositionScheme):
         return nn.functional.linear(hidden, self.w2, self.b2).permute(2, 0, 1)[None]  # (1, n_head, n_q, n_k)
 
 
+# -----------------------------------------------------------------------------
+# Attention's one mask: the causal mask and a scheme's score bias, for model.py and the KV cache
+
+
+def cached_key_positions(end, size):
+    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, p in slot
+    p % size (a ring, with a sliding window): the latest p < end with p = j (mod size), -1 while slot j is
+    empty. end: a (1,) long tensor, so that a compiled decode step computes it too. -> (size,)
+    Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
+    slot = torch.arange(size, device=end.device)
+    latest = end - 1 - (end - 1 - slot) % size
+    return latest.where(latest >= 0, -1)
+
+
+def attention_mask(scheme, query_pos, key_pos, window=None):
+    """The one additive mask of attention where SDPA's is_causal cannot serve (a score bias, a KV cache,
+    S²-Attn's groups), for queries at query_pos (T,) and keys at key_pos (n_key,): 0 where causal_mask lets
+    query i see key j (a window, empty cache slots), -inf elsewhere, plus scheme.score_bias at those very
+    positions (scheme None: no bias). -> (1, n_head or 1, T, n_key)"""
+    visible = causal_mask(query_pos, key_pos, window)[None, None]
+    bias = None if scheme is None else scheme.score_bias(query_pos, key_pos)
+    return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
+
+
+def window_length(limit, max_context=None):
+    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
+    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
+    return min((n for n in (limit, max_context) if n is not None), default=None)
+
+
+# -----------------------------------------------------------------------------
 # The one place where a scheme is chosen: a fork adds its class above and its name here
 POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions, rope=RotaryPositions,
                         alibi=ALiBiPositions, none=NoPositions,

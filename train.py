@@ -326,9 +326,10 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         p = run.progress
         procs.log(report.header_line(run, one_per_process))
         procs.log(threads)
-        if note := report.schedule_note(cfg, get_lr(cfg.max_iters - 1, cfg)):
+        flops_per_token, flops_note = run.model.flops_per_token(cfg.batch_size)
+        for note in filter(None, (report.schedule_note(cfg, get_lr(cfg.max_iters - 1, cfg)), flops_note)):
             procs.log(note)
-        flops_per_step = run.model.flops_per_token() * run.tokens_per_step
+        flops_per_step = flops_per_token * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)
         clock = report.StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None

@@ -26,26 +26,29 @@ def group_size(group, block_size, n_head):
 
 def use_s2_attn(model, group):
     """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full), the score
-    bias of model's position scheme read at each group's true positions."""
-    scheme = model.transformer.wpe
-    attention = partial(shifted_sparse_attention, group=group, scheme=scheme) if group else None
+    bias of model's position scheme read at each group's true positions: its mask built once a forward by
+    GPT.attention_mask (model.train_mask), from (G, G) biases, and shared by the layers."""
+    scheme, n_head = model.transformer.wpe, model.config.n_head
+    mask = lambda positions: s2_mask(n_head, positions.numel(), group, scheme, positions.device)
+    model.train_mask = mask if group else None
+    attention = partial(shifted_sparse_attention, group=group) if group else None
     for block in model.transformer.h:
         block.attn.train_attention = attention
 
 
-def shifted_sparse_attention(q, k, v, group, scheme=None, dropout_p=0.0):
+def shifted_sparse_attention(q, k, v, group, scheme=None, dropout_p=0.0, mask=None):
     """S²-Attn (LongLoRA, Chen et al. 2024), a training-only approximation of causal attention: each query
     sees the earlier keys of its group of G = `group` tokens, so scores cost T x G, not T x T. The second
     half of the heads works on groups shifted by G/2 (rolled by -G/2, rolled back after) and carries
     information across group borders. LongLoRA's non-flash path rolls the sequence, so its last shifted group
     (the sequence's end, then its start) lets early tokens see late ones; its flash path, as here, cuts that
     group into two separate causal pieces (s2_mask): no token sees a later one. q, k, v: (B, nh, T, hs),
-    nh even, G even and dividing T; scheme: the position scheme whose score bias applies (None: none).
-    -> (B, nh, T, hs)"""
+    nh even, G even and dividing T; scheme: the position scheme whose score bias applies (None: none); mask:
+    s2_mask's, when already built (a model's layers share one). -> (B, nh, T, hs)"""
     B, H, T, D = q.shape
     shift = lambda x, by: torch.cat((x[:, : H // 2], x[:, H // 2 :].roll(by, dims=2)), dim=1)
     grouped = lambda x: shift(x, -(group // 2)).reshape(B, H * (T // group), group, D)  # (B, nh * T/G, G, hs)
-    mask = s2_mask(H, T, group, scheme, q.device).to(q.dtype)
+    mask = (s2_mask(H, T, group, scheme, q.device) if mask is None else mask).to(q.dtype)
     y = F.scaled_dot_product_attention(*map(grouped, (q, k, v)), attn_mask=mask, dropout_p=dropout_p)
     return shift(y.view(B, H, T, D), group // 2)
 

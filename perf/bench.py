@@ -1,7 +1,7 @@
 """How fast each position scheme trains and generates on this machine, in one process: fair ratios.
 
     python -m perf.bench --quick                           # a quick figure: 10 steps, 2 x T new tokens
-    python -m perf.bench                                   # nanoGPT's CPU recipe model, all seven schemes
+    python -m perf.bench                                   # nanoGPT's CPU recipe model, every scheme
     python -m perf.bench --pos=rope --gen_multiples 1 4 --json=bench.json
     python -m perf.bench --pos=learned,rope,alibi --gen_multiples            # training only, three schemes
     python -m perf.bench --config configs/gpt2_124m.toml --device=cuda --grad_accum=2 --compile_decode
@@ -202,12 +202,13 @@ class Trainer:
         cfg, model, first = self.cfg, self.model, self.first
         seconds = sorted(self.step_seconds)
         ms, low, high = 1e3 * statistics.median(seconds), 1e3 * seconds[0], 1e3 * seconds[-1]
-        tokens, flops = cfg.batch_size * cfg.block_size * cfg.grad_accum, model.flops_per_token()
+        tokens = cfg.batch_size * cfg.block_size * cfg.grad_accum
+        flops, note = model.flops_per_token(cfg.batch_size)  # the scheme's bias: once per micro-batch
         compile_s = max(0.0, first - ms / 1e3) if cfg.compile and first is not None else None
         return {
             **dict(ms_per_step=ms, step_ms_min=low, step_ms_max=high, timed_steps=len(self.step_seconds)),
             **dict(tokens_per_step=tokens, first_step_s=first, compile_s=compile_s, flops_per_token=flops),
-            **dict(params=model.num_params(), peak_memory_mb=memory_mb),
+            **dict(params=model.num_params(), peak_memory_mb=memory_mb, flops_note=note),
             **hardware.speed(ms / 1e3, tokens, flops * tokens, peak),
         }
 
@@ -334,6 +335,8 @@ def print_report(report, cfg):
     head = "pos|params|ms/step (min-max)|x learned|tokens/s|compile s|FLOPs/token|TFLOP/s|% of peak|peak MB"
     if train:
         print(markdown_table(head.split("|"), train) + "\n")
+    for note in filter(None, (t.get("flops_note") for t in report["training"].values())):
+        print(f"Note: {note}: FLOPs/token, TFLOP/s and % of peak leave it out\n")
     off = "-" if cfg.compile_decode else "off"  # the compiled column, when compiled decoding is off
     missing = {f"{s}_tok_s": m for s, m in zip(SAMPLERS, ("-", "skipped", "-", off))}
     for pos, g in report["generation"].items():

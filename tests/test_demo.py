@@ -17,7 +17,7 @@ from measure import instruments
 from model import GPT, GPTConfig
 from plumbing.errors import UserError
 from plumbing.tokenizers import CharTokenizer, GPT2Tokenizer
-from positions import POS_SCHEMES
+from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
 
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
@@ -62,13 +62,13 @@ def test_the_causal_mask_alone_tells_the_swapped_sentences_apart():
     assert rows[-1][0] > 1e-6 and rows[-1][1] > 1e-6
 
 
-@pytest.mark.parametrize("pos", [p for p in POS_SCHEMES if p != "none"])
+@pytest.mark.parametrize("pos", [p for p in POS_SCHEMES if POSITION_MODULES[p].encodes])
 def test_every_position_scheme_tells_the_swapped_sentences_apart_even_without_the_mask(pos):
     """Each scheme breaks the symmetry by itself. The additive ones already in the embedding, at the swapped
     words only (the unchanged tokens keep their positions); RoPE and ALiBi only inside attention."""
     rows, _, _ = permutation.compare(tiny_model(pos), LETTERS, "dog bites man", mask=False)
     assert rows[-1][0] > 1e-6
-    additive = pos in ("learned", "sinusoidal")
+    additive = POSITION_MODULES[pos].embed is not PositionScheme.embed
     assert (rows[0][0] > 0) == additive and rows[0][1] == 0.0
 
 

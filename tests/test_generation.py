@@ -42,9 +42,9 @@ def layer_caches(model):
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_cached_decoding_matches_full_forward_at_every_step(pos):
     """Prefill + one-token decode steps give the full forward's logits at every position, to 1e-5 in float32,
-    up to 4 x block_size (up to block_size for learned, which has no positions past it)."""
+    up to 4 x block_size (up to its length_limit for a scheme with one: learned has no positions past it)."""
     model = tiny_model(pos)
-    length = BLOCK if pos == "learned" else 4 * BLOCK
+    length = model.length_limit or 4 * BLOCK
     idx = torch.randint(0, 32, (2, length), generator=torch.Generator().manual_seed(1))
     full_logits, _ = model(idx)
     torch.testing.assert_close(decode_step_by_step(model, idx, n_prompt=3), full_logits, rtol=0, atol=1e-5)
@@ -55,7 +55,7 @@ def test_sliding_window_decoding_matches_windowed_prefill(pos):
     """With max_context W each token sees only the W latest: decoding step by step equals running the whole
     sequence at once under the same banded mask."""
     model = tiny_model(pos)
-    length, window = (BLOCK, 5) if pos == "learned" else (3 * BLOCK, 7)
+    length, window = (model.length_limit, 5) if model.length_limit else (3 * BLOCK, 7)
     idx = torch.randint(0, 32, (1, length), generator=torch.Generator().manual_seed(2))
     model.setup_cache(1, length, window, chunk=length)
     windowed_full, _ = model(idx, input_pos=torch.arange(length))

@@ -28,7 +28,7 @@ def test_a_prompt_of_ten_blocks_decodes_with_the_cache_as_without(pos):
 
 
 @pytest.mark.parametrize("max_context", [None, 5])
-@pytest.mark.parametrize("pos", ["rope", "alibi", "learned"])
+@pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_the_estimate_of_a_long_prefill_is_the_mask_it_builds(pos, max_context, monkeypatch):
     """generation_bytes' attention mask is the largest (queries x keys) mask GPT.attention_mask builds while
     a 10 x block_size prompt decodes: block_size queries (or the window's) against the keys cached so far,
@@ -47,9 +47,11 @@ def test_the_estimate_of_a_long_prefill_is_the_mask_it_builds(pos, max_context, 
     n_prompt, new = 10 * BLOCK, 3
     generate_cached(model, torch.zeros(1, n_prompt, dtype=torch.long), new, max_context=max_context)
     queries, keys = max(shapes, key=lambda shape: shape[0] * shape[1])
-    heads = config.n_head if pos == "alibi" else 1
+    scheme = model.transformer.wpe
+    heads = config.n_head if scheme.biased else 1
     estimate = generation_bytes(config, 1, n_prompt, new, max_context)
-    assert estimate["attention mask"] == queries * keys * (8 + 1 + 2 * heads * 4)
+    own = scheme.bias_bytes(queries, keys) if scheme.biased else 0
+    assert estimate["attention mask"] == queries * keys * (8 + 1 + 2 * heads * 4) + own
     assert queries * keys < n_prompt * n_prompt / 4
 
 

@@ -93,26 +93,15 @@ def test_causal_mask_alone_lets_attention_count_from_a_distinct_first_token():
 
 
 def encode_with_scheme(pos, tokens, layer, table):
-    """One unmasked attention layer over embedded tokens, with the scheme's position signal injected
-    where the model injects it: added to the input (learned, sinusoidal), rotating q and k (rope),
-    or as a score bias (alibi, its linear part -m(i - j) without the causal mask; t5 and fire, their modules'
-    bias at random weights)."""
-    x = table[tokens][None]  # (1, T, C)
-    T, C = x.shape[1], x.shape[2]
-    rope, bias = None, None
-    if pos == "learned":
-        x = x + torch.randn(T, C, dtype=x.dtype, generator=torch.Generator().manual_seed(7))
-    elif pos == "sinusoidal":
-        x = x + sinusoidal_embedding(T, C, dtype=x.dtype)
-    elif pos == "rope":
-        rope = rope_cos_sin_at(torch.arange(T), C // layer.n_head)
-    elif pos == "alibi":
-        bias = alibi_bias(alibi_slopes(layer.n_head).double(), T, T)[None]
-    elif pos in ("t5", "fire"):
-        torch.manual_seed(8)
-        scheme = POSITION_MODULES[pos](tiny_config(pos, n_head=layer.n_head)).double()
-        bias = scheme.score_bias(torch.arange(T), torch.arange(T))
-    return layer(x, rope, NO_MASK if bias is None else bias)[0]
+    """One unmasked attention layer over embedded tokens, with the scheme's position signal injected where the
+    model injects it, through its own hooks at random weights: embed (added to the input), rotation (q and k
+    turned) and score_bias (added to the scores, without the causal mask)."""
+    torch.manual_seed(8)
+    scheme = POSITION_MODULES[pos](tiny_config(pos, n_head=layer.n_head)).double()
+    positions = torch.arange(len(tokens))
+    x = scheme.embed(table[tokens][None], positions)  # (1, T, C)
+    bias = scheme.score_bias(positions, positions)
+    return layer(x, scheme.rotation(positions), NO_MASK if bias is None else bias)[0]
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -125,7 +114,7 @@ def test_dog_bites_man_differs_from_man_bites_dog_only_with_positions(pos):
     out_dbm = encode_with_scheme(pos, torch.tensor([dog, bites, man]), layer, table)
     out_mbd = encode_with_scheme(pos, torch.tensor([man, bites, dog]), layer, table)
     same_up_to_swap = torch.allclose(out_mbd, out_dbm[[2, 1, 0]], rtol=0, atol=1e-12)
-    assert same_up_to_swap == (pos == "none")
+    assert same_up_to_swap == (not POSITION_MODULES[pos].encodes)
 
 
 # -----------------------------------------------------------------------------
@@ -256,15 +245,16 @@ def test_sinusoidal_wavelengths_for_gpt2_width():
 
 
 def test_position_parameters_are_learneds_table_t5s_buckets_and_fires_mlp():
-    """Over none: learned adds its (block_size, n_embd) table, t5 a bias per bucket and head (32 x n_head),
-    fire its MLP 1 -> 32 -> n_head and its c and L; sinusoidal, rope and alibi add nothing."""
-    counts = {
-        pos: GPT(tiny_config(pos)).num_params() - GPT(tiny_config("none")).num_params() for pos in POS_SCHEMES
+    """Every scheme's GPT holds the same parameters but the scheme's own: learned's (block_size, n_embd)
+    table, t5's bias per bucket and head (32 x n_head), fire's MLP 1 -> 32 -> n_head and its c and L."""
+    own = {
+        pos: sum(p.numel() for p in GPT(tiny_config(pos)).transformer.wpe.parameters()) for pos in POS_SCHEMES
     }
+    rest = {GPT(tiny_config(pos)).num_params() - own[pos] for pos in POS_SCHEMES}
+    assert len(rest) == 1
     n_head = 2
     fire = (1 * 32 + 32) + (32 * n_head + n_head) + 2
-    expected = dict(learned=16 * 16, sinusoidal=0, rope=0, alibi=0, none=0, t5=32 * n_head, fire=fire)
-    assert counts == expected
+    assert (own["learned"], own["t5"], own["fire"]) == (16 * 16, 32 * n_head, fire)
 
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
@@ -286,19 +276,23 @@ def test_learned_refuses_context_longer_than_block_size():
     """The learned table has no row past block_size:
     a clear error names block_size and the schemes that run longer."""
     model = GPT(tiny_config("learned"))
-    with pytest.raises(
-        ValueError, match=r"block_size=16.*sinusoidal, rope, alibi, none, t5 and fire run longer"
-    ):
+    *others, last = [pos for pos in POS_SCHEMES if pos != "learned"]
+    with pytest.raises(ValueError, match=rf"block_size=16.*{', '.join(others)} and {last} run longer"):
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-@pytest.mark.parametrize("pos", [p for p in POS_SCHEMES if p != "learned"])
+@pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_other_schemes_run_at_four_times_block_size(pos):
-    """All but learned extend to any length: a forward pass at 4 x block_size works, and
-    its first block_size logits equal those of the shorter pass (the caches extend, they do not change)."""
+    """Each scheme without a length_limit (all but learned) extends to any length: a forward pass at 4 x
+    block_size works, and its first block_size logits equal those of the shorter pass (the caches extend, they
+    do not change). One with a limit refuses the longer pass."""
     torch.manual_seed(0)
     model = GPT(tiny_config(pos)).eval()
     idx = torch.randint(0, 32, (1, 64))
+    if model.length_limit is not None:
+        with pytest.raises(ValueError, match=f"exceeds block_size={model.length_limit}"):
+            model(idx)
+        return
     short_logits, _ = model(idx[:, :16])
     long_logits, _ = model(idx)
     assert long_logits.shape == (1, 64, 32) and torch.isfinite(long_logits).all()

@@ -8,7 +8,7 @@ from helpers import TINY_RUN, train_error_line
 import train
 from finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
-from positions import POSITION_MODULES, PositionScheme
+from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
 
 
 def visible(n_head, T, group):
@@ -43,8 +43,6 @@ def test_s2_attn_is_per_group_causal_attention_with_half_the_heads_shifted(seed)
 class QueryDependentBias(PositionScheme):
     """A toy scheme whose score bias depends on the query's position i itself, not only on i - j (as FIRE's
     f(psi(i - j) / psi(max(L, i))) does): head h adds -c_h (i - j) / (i + 1) + d_h i / T."""
-
-    biased = True
 
     def __init__(self, n_head, T):
         super().__init__(None)
@@ -83,15 +81,17 @@ def test_s2_attn_reads_a_score_bias_at_each_groups_true_positions(group):
     torch.testing.assert_close(shifted_sparse_attention(q, k, v, group, scheme), expected)
 
 
-@pytest.mark.parametrize("pos", ["t5", "fire"])
-def test_s2_attn_adds_a_learned_relative_bias_at_the_true_positions(pos):
-    """With the scheme's own bias (random weights), S²-Attn equals the brute-force visibility with the bias
-    of each query and key at their true positions, in every group: FIRE's depends on the query's position."""
+BIASED = [pos for pos in POS_SCHEMES if POSITION_MODULES[pos].biased]
+
+
+@pytest.mark.parametrize("pos", BIASED)
+def test_s2_attn_adds_each_schemes_bias_at_the_true_positions(pos):
+    """With each biased scheme's own bias (random weights), S²-Attn equals the brute-force visibility with the
+    bias of each query and key at their true positions, in every group (FIRE's depends on the query's
+    position)."""
     torch.manual_seed(2)
     config = GPTConfig(pos=pos, block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
     scheme = POSITION_MODULES[pos](config).double()  # PyTorch's initialisation: a bias of order 1
-    if pos == "fire":
-        scheme.L_log.data.fill_(0.0)  # L = 2: the queries of every group but the first lie past it
     pos_ids = torch.arange(16)
     bias = scheme.score_bias(pos_ids, pos_ids)
     q, k, v = torch.randn(3, 1, 4, 16, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -133,7 +133,7 @@ def test_s2_mask_blocks_the_wrapped_groups_halves_from_each_other():
     assert torch.equal(mask[0, -1], mask[1, 0])  # every other group: causal only
 
 
-@pytest.mark.parametrize("pos", ["rope", "alibi", "none", "t5", "fire"])
+@pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_model_uses_s2_attn_in_training_only(pos):
     """With s2_group set, eval mode (train.py's evaluation, sample.py, eval_length.py) is full attention,
     bit for bit; training mode differs, and is causal."""
@@ -150,6 +150,24 @@ def test_model_uses_s2_attn_in_training_only(pos):
     x2 = x.clone()
     x2[:, 9:] = (x2[:, 9:] + 1) % 11
     assert torch.equal(model(x2)[0][:, :9], s2[:, :9])
+
+
+@pytest.mark.parametrize("pos", BIASED)
+def test_s2_attn_builds_the_bias_once_a_forward_from_group_sized_calls(pos, monkeypatch):
+    """A training forward under S²-Attn calls score_bias 2 T / G times (each group, plain and shifted), each
+    on G queries and G keys: never the full T x T, and not again in each of the three layers."""
+    torch.manual_seed(0)
+    T, G = 16, 4
+    model = GPT(GPTConfig(pos=pos, block_size=T, n_layer=3, n_head=2, n_embd=16, vocab_size=11)).train()
+    use_s2_attn(model, G)
+    scheme, shapes = model.transformer.wpe, []
+    score_bias = scheme.score_bias
+    monkeypatch.setattr(
+        scheme, "score_bias", lambda q, k: shapes.append((len(q), len(k))) or score_bias(q, k)
+    )
+    x = torch.randint(0, 11, (2, T))
+    model(x, x)[1].backward()
+    assert shapes == [(G, G)] * (2 * T // G)
 
 
 @pytest.mark.parametrize(

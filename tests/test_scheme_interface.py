@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import generation
 from measure.losses import position_losses, window_bytes
@@ -23,8 +24,6 @@ class SelfBias(PositionScheme):
     """The toy: head h adds a learned b_h to the score of each query on its own key (i = j), nothing
     elsewhere, and costs 3 FLOPs per key a token attends to (to show the count takes a scheme's own term)."""
 
-    biased = True
-
     def __init__(self, config):
         super().__init__(config)
         self.bias = nn.Parameter(torch.linspace(-1.0, 1.0, config.n_head))
@@ -33,7 +32,7 @@ class SelfBias(PositionScheme):
         own = (query_pos[:, None] == key_pos[None, :]).to(self.bias.dtype)  # (n_query, n_key)
         return (self.bias[:, None, None] * own)[None]  # (1, n_head, n_query, n_key)
 
-    def flops_per_token(self, seq_len):
+    def flops_per_token(self, seq_len, batch_size):
         return 3 * seq_len
 
 
@@ -99,7 +98,38 @@ def test_a_registered_scheme_is_estimated(toy):
     assert mask == 8 * 8 * (8 + 1 + 2 * toy.n_head * 4)
     c = toy
     attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
-    assert model.flops_per_token() == 6 * (model.num_params() - 2) + attention + 3 * c.block_size
+    assert model.flops_per_token() == (6 * (model.num_params() - 2) + attention + 3 * c.block_size, None)
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_a_schemes_flops_per_token_are_the_matmuls_of_its_own_hooks_once_a_batch(pos):
+    """flops_per_token(T, B) times the B T tokens of a forward is what torch counts in the scheme's own hooks
+    (embed, rotation, score_bias) over one batch, forward and backward: a bias built once a forward is shared
+    by the batch, not counted once a sequence. A scheme that says None (unknown) is noted instead."""
+    B, T = 3, 8
+    scheme = GPT(
+        GPTConfig(pos=pos, block_size=T, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+    ).transformer.wpe
+    own, positions = scheme.flops_per_token(T, B), torch.arange(T)
+    if own is None:  # unknown: said, not counted as 0 (test_a_scheme_that_does_not_say_its_flops_...)
+        return
+    tokens = torch.randn(B, T, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        rotation = scheme.rotation(positions) or ()
+        outputs = [scheme.embed(tokens, positions), *rotation, scheme.score_bias(positions, positions)]
+        sum(out.sum() for out in outputs if out is not None).backward()
+    assert counter.get_total_flops() == own * B * T
+
+
+def test_a_scheme_that_does_not_say_its_flops_is_noted_as_not_counted(monkeypatch):
+    """PositionScheme.flops_per_token's default is None, unknown: GPT.flops_per_token counts 6N and attention
+    and says that the scheme's own compute is left out, rather than counting it as 0."""
+    monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
+    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    flops, note = GPT(config).flops_per_token(batch_size=4)
+    assert note == "FLOPs of pos=unflagged's own compute not counted (unknown)"
+    none = GPT(GPTConfig(**{**vars(config), "pos": "none"})).flops_per_token(batch_size=4)
+    assert (flops, none[1]) == (none[0], None)
 
 
 # -----------------------------------------------------------------------------
@@ -154,3 +184,51 @@ def test_no_code_outside_positions_compares_a_schemes_name():
         str(p.relative_to(ROOT)): name_comparisons(p.read_text()) for p in paths if p.name != "positions.py"
     }
     assert {path: hits for path, hits in found.items() if hits} == {}
+
+
+class UnflaggedBias(PositionScheme):
+    """A score bias and no flag: it overrides score_bias and sets nothing else, as a forker may write it."""
+
+    def score_bias(self, query_pos, key_pos):
+        distance = (query_pos[:, None] - key_pos[None, :]).clamp(min=0).float()
+        return (-0.3 * distance)[None, None]  # (1, 1, n_query, n_key)
+
+
+def test_a_score_bias_applies_in_training_as_in_cached_decoding(monkeypatch):
+    """Overriding score_bias is all it takes: the training forward (no cache) adds the bias as cached decoding
+    does, so both give the same logits; a flag a forker could forget would leave the forward without it."""
+    monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
+    torch.manual_seed(0)
+    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    model = GPT(config).eval()
+    x = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        full = model(x)[0]
+        model.setup_cache(2, 8, chunk=8)
+        cached = model(x, input_pos=torch.arange(8))[0]
+    torch.testing.assert_close(full, cached, rtol=0, atol=1e-5)
+
+
+class LinearBias(PositionScheme):
+    """A bias from an nn.Linear of the distance, whose init_weights starts it at a chosen slope."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.slope = nn.Linear(1, config.n_head)
+
+    def init_weights(self):
+        nn.init.constant_(self.slope.weight, -0.5)
+        nn.init.zeros_(self.slope.bias)
+
+    def score_bias(self, query_pos, key_pos):
+        distance = (query_pos[:, None] - key_pos[None, :]).clamp(min=0).float()[..., None]
+        return self.slope(distance).permute(2, 0, 1)[None]  # (1, n_head, n_query, n_key)
+
+
+def test_a_schemes_own_init_weights_runs_after_gpt_2s_draw_of_its_children(monkeypatch):
+    """GPT.init_weights gives every nn.Linear N(0, 0.02), the scheme's children too, and then calls the
+    scheme's init_weights: the start a scheme sets for its own nn.Linear stands in the built model."""
+    monkeypatch.setitem(POSITION_MODULES, "linear_bias", LinearBias)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11))
+    assert torch.equal(model.transformer.wpe.slope.weight, torch.full((2, 1), -0.5))

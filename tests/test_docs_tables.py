@@ -32,7 +32,7 @@ CHECKED = [page for page in PAGES if not page.name.endswith("_table.md")]
 # Tables of measured-looking numbers typed outside a generated block, by page and exact header, each with its
 # reason: not results, or results no committed CSV holds, which no verdict of the docs stands on
 TYPED = {
-    ("add_a_scheme.md", "| hook | returns | who calls it |"): "the interface; its one number is GPT-2's init std",
+    ("add_a_scheme.md", "| hook | returns | who calls it |"): "the interface; one number: GPT-2's init",
     ("extrapolation.md", "| paper | finding | rows to compare |"): "the papers' claims, not results",
     (
         "extrapolation.md",

@@ -90,8 +90,7 @@ def s2_group_lesson():
         f"Groups of 2 T instead of T, without scaling, retrieve {interval(g2, s2, True)} more than "
         f"groups of T at 4 T, and still {interval(g2, full, True)} fewer than full attention (groups of T: "
         f"{interval(s2, full, True)}; paired over the seeds): they recover {recovered(g2, s2, full):.0%} of "
-        f"the "
-        "gap in the mean."
+        "the gap in the mean."
     )
 
 
@@ -152,10 +151,9 @@ def pi_full_budget():
     return (
         f"The budget table's `pi_full` retrieves {rate(curve[1000].values())} at 1,000 steps and "
         f"{rate(curve[16000].values())} at 16,000 steps; between its budgets past 2,000, paired over the "
-        f"seeds: "
-        f"retrieval {gains}; the loss {losses}. `pi_s2` retrieves {100 * low:.0f} to {100 * high:.0f}% in "
-        f"every "
-        f"seed at every budget to 8,000 steps, its loss {step(s2_loss, 8000, 4000, False)}."
+        f"seeds: retrieval {gains}; the loss {losses}. `pi_s2` retrieves {100 * low:.0f} to "
+        f"{100 * high:.0f}% in every seed at every budget to 8,000 steps, its loss "
+        f"{step(s2_loss, 8000, 4000, False)}."
     )
 
 
@@ -183,10 +181,8 @@ def longrope_retrieval():
         f"- **At the searched length, searched factors against the formulas: {word(searched, yarn, True)} "
         f"with YaRN, {word(searched, llama3, True)} with llama3.** At 4 T, LongRoPE zero-shot against YaRN: "
         f"{interval(searched, yarn, True)}; against llama3: {interval(searched, llama3, True)} (paired over "
-        f"the "
-        f"{len(searched)} training seeds). A level interval shows no difference, and no equivalence either: "
-        f"it "
-        "holds differences as large as its ends."
+        f"the {len(searched)} training seeds). A level interval shows no difference, and no equivalence "
+        "either: it holds differences as large as its ends."
     )
 
 
@@ -307,8 +303,8 @@ def readme_lengths():
         f"S²-Attn divides attention's FLOPs by {flops:.0f}, but with PI no S²-Attn fine-tune retrieves a key "
         f"({interval(s2, full, True)} against full attention at 4 T), and YaRN in place of PI adds "
         f"{interval(yarn, full, True)}. LongRoPE's factors, searched for the model on its train "
-        f"split (`python "
-        f"-m experiments.longrope`), change the loss against YaRN zero-shot at the length searched by "
+        "split (`python -m experiments.longrope`), change the loss against YaRN zero-shot at the length "
+        "searched by "
         f"{interval(searched, formula, False)} nats and, {progressive(readme=True)}; for passkey retrieval "
         f"they are level with YaRN ({interval(hits, hits_yarn, True)}), and {fitness(readme=True)}. Each "
         f"interval is 95%, paired over {len(searched)} training seeds unless named Welch's "

@@ -137,7 +137,7 @@ class CUDAGraphStep:
                 self.step_fn(model, self.idx, self.position)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=side):  # the warm-up's stream: its BLAS state made there
             self.logits = self.step_fn(model, self.idx, self.position)
 
 

@@ -91,8 +91,14 @@ def decode_mode(model, device, compile=False, cuda_graph=None):
     if compile:
         require(varies is None, f"{varies}: a static decode step cannot; generate with compile=False")
         return "compiled"
-    wanted = torch.device(device).type == "cuda" if cuda_graph is None else cuda_graph
+    wanted = captured_on(device) if cuda_graph is None else cuda_graph
     return "cuda_graph" if wanted and varies is None else "eager"
+
+
+def captured_on(device):
+    """Whether generate_cached captures its decode step by default on device: on CUDA, where each kernel's
+    launch costs more than its arithmetic."""
+    return torch.device(device).type == "cuda"
 
 
 def decode_step(model, mode, backend=None):

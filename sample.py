@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from generation import decode_mode, generate_cached
+from generation import captured_on, decode_mode, generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
@@ -207,7 +207,7 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
         print(f"note: pos={model.config.pos} has no positions past {limit}: from there on the model sees "
               f"only the last {limit} tokens (the context is cropped)")  # fmt: skip
     varies = model.transformer.wpe.step_varies
-    if varies and cfg.kv_cache and cfg.cuda_graph and not cfg.compile and device.startswith("cuda"):
+    if varies and cfg.kv_cache and cfg.cuda_graph and not cfg.compile and captured_on(device):
         print(f"note: {varies}: decoding eagerly, without a CUDA graph")
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
     samples, tokens_per_second = sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream)

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from data.common import available_datasets, dataset_dir, load_meta
-from generation import generate_cached
+from generation import decode_mode, generate_cached
 from model import GPT, GPTConfig
 from perf.ops import decode_step_ops
 from plumbing import hardware, memory
@@ -259,7 +259,7 @@ def bench_generation(cfg, pos, log):
         skipped = f"skipped: {n} new tokens > --reference_max_tokens={limit}" if limit and n > limit else None
         row = {"new_tokens": n, "multiple": multiple, "reference": skipped}  # reference: why it was skipped
         row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
-        graphed = cfg.device.startswith("cuda") and model.transformer.wpe.step_varies is None
+        graphed = decode_mode(model, cfg.device) == "cuda_graph"  # on CUDA, where the scheme's step is static
         outs, wanted = {}, {"cached": True, "reference": not skipped, "cuda_graph": graphed}
         wanted["compiled"] = cfg.compile_decode
         for name in (name for name in SAMPLERS if wanted[name]):

@@ -4,7 +4,7 @@ allocated and the largest transient of a step. The tests hold them against what 
 
 import torch
 
-from generation import cache_plan
+from generation import cache_plan, captured_on
 from model import GPT
 from plumbing.hardware import check_memory
 from positions import POSITION_MODULES, window_length
@@ -123,7 +123,7 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
     """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
-    static = str(device).startswith("cuda")  # generate_cached's default there: the static, captured step
+    static = captured_on(device)  # generate_cached's default there: the static, captured step
     parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached, static)
     if weights:
         parts["weights"] = parameter_count(config) * 4

@@ -77,7 +77,6 @@ def window_losses(model, tokens, length, starts, batch_size, device, on_batch=No
     return torch.cat(out)
 
 
-@torch.no_grad()
 def unmeasurable(dataset):
     """Why a model trained on `dataset` has no validation loss to measure here (GPT-2's weights name no
     dataset; one not prepared), or None when it has."""
@@ -90,12 +89,16 @@ def unmeasurable(dataset):
     return None
 
 
+@torch.no_grad()
 def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     """Mean val loss at positions < block_size and >= it over n_windows windows of `length` tokens. ->
-    (inside, beyond), or None where unmeasurable(dataset); a UserError if out of memory."""
-    if unmeasurable(dataset):
+    (inside, beyond), or None where unmeasurable(dataset) says why; a UserError if out of memory."""
+    if dataset is None:
         return None
-    val = validation_tokens(dataset, prepare=False)
+    try:
+        val = validation_tokens(dataset, prepare=False)
+    except UserError:
+        return None
     length = min(length, len(val) - 1)
     what = f"measuring the validation loss over {n_windows} windows of {length:,} tokens"
     check_memory(window_bytes(model.config, n_windows, length), device, what, "lower --max_new_tokens")

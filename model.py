@@ -119,7 +119,7 @@ class CausalSelfAttention(nn.Module):
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
         dropout_p = self.dropout if self.training else 0.0
-        if self.train_attention and self.training:  # LongLoRA's sparse attention, own mask (finetune/s2.py)
+        if self.train_attention and self.training:  # S²-Attn (LongLoRA), its own mask
             y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         elif mask is None:  # flash attention on CUDA
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)

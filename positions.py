@@ -216,7 +216,7 @@ class SinusoidalPositions(PositionScheme):
 
 
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed from the factor s alone
-LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
+LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
 LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
 # The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from generation import captured_on, decode_mode, generate_cached
-from measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
+from lab.measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
@@ -61,7 +61,7 @@ class SampleConfig:
     rope_factor: float | None = None  # its factor s; default: the generated length over block_size
     rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
-    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (experiments.longrope)
+    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (lab.experiments.longrope)
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):

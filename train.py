@@ -31,7 +31,7 @@ from types import MappingProxyType
 import torch
 
 from data.common import BatchSampler, prepare_data
-from finetune import lora, s2
+from lab.finetune import lora, s2
 from model import GPT, GPTConfig
 from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
@@ -88,9 +88,10 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     threads: str = threads_flag()
     seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
-    # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys (experiments.longrope)
+    # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys
+    # (lab.experiments.longrope)
     rope_factors: str | None = None
-    # long-context fine-tuning as LongLoRA's (Chen et al. 2024; finetune/): S²-Attn in training, LoRA
+    # long-context fine-tuning as LongLoRA's (Chen et al. 2024; lab/finetune/): S²-Attn in training, LoRA
     s2_attn: bool = False  # train with S²-Attn: attention within groups, half the heads shifted by half one
     s2_group: int | None = None  # S²-Attn's group in tokens; None: block_size / 4
     lora_rank: int = 0  # LoRA adapters of this rank on attention's c_attn and c_proj, rest frozen; 0: none

@@ -192,7 +192,8 @@ MODEL_CONFIG = {
 }
 whole = lambda v: type(v) is int  # an int, not a bool
 positive = lambda v: type(v) in (int, float) and 0 < v < float("inf")
-LORA = {  # finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
+# lab.finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
+LORA = {
     "rank": Check("a whole number >= 1", lambda v: whole(v) and v >= 1),
     "alpha": Check("a positive number", positive),
     "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
@@ -214,7 +215,7 @@ SCHEMA = {
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
     "evaluated_iter": (int, NONE),  # the step of its last whole evaluation (older files: iter_num)
-    "lora": LORA,  # a LoRA run's adapters (finetune/lora.py), beside "model"'s merged weights
+    "lora": LORA,  # a LoRA run's adapters (lab/finetune/lora.py), beside "model"'s merged weights
 }
 
 

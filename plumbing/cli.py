@@ -269,6 +269,6 @@ def check_original_len(longrope, original, what):
         raise UserError(
             f"--rope_factors: its factors were searched for an original length of {searched} tokens "
             f"(original_max_position_embeddings) but {what} is {original}; search factors for {original} "
-            "(python -m experiments.longrope)",
+            "(python -m lab.experiments.longrope)",
             2,
         )

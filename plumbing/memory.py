@@ -10,7 +10,7 @@ from plumbing.hardware import check_memory
 from positions import POSITION_MODULES, window_length
 
 SAMPLER_BYTES = 4096  # one training batch stream (data.common.BatchSampler: its torch.Generator, meta, paths)
-# what to lower for each part of training_bytes, named as train.py's and perf.bench's flags
+# what to lower for each part of training_bytes, named as train.py's and lab.perf.bench's flags
 TRAINING_ADVICE = {
     "weights": "--n_layer or --n_embd", "activations": "--batch_size, --block_size or --n_layer",
     "position table": "--block_size", "batch streams": "--grad_accum"}  # fmt: skip
@@ -113,13 +113,6 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
     return parts | max(passes, key=lambda forward: sum(forward.values()))
 
 
-def passkey_dataset_bytes(block_size, train_samples, val_samples):
-    """{what: bytes} data.passkey.prepare holds at its peak: both splits' ids as int64, and while a split is
-    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a string)."""
-    length, largest = block_size + 1, max(train_samples, val_samples)
-    return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
-
-
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
                             cached=True, weights=False):  # fmt: skip
     """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
@@ -128,17 +121,3 @@ def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, adv
     if weights:
         parts["weights"] = parameter_count(config) * 4
     check_memory(parts, device, f"generating {max_new_tokens:,} tokens in a batch of {batch}", advice)
-
-
-def check_benchmark_memory(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
-    """perf.bench's runs, each model checked before any is built: training (`copies` trainers at once), then
-    generating new_tokens from a token with the KV cache, and up to reference_max_tokens (0: all) without."""
-    advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
-    reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
-    for config in configs:
-        batches = 2 * batch * config.block_size * 8  # each of grad_accum streams holds an int64 (x, y) batch
-        if copies:
-            check_training_memory(config, batch, grad_accum, device, copies, batches)
-        for n, cached in ((new_tokens, True), (reference_tokens, False)):
-            if n:
-                check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune import lora
+from lab.finetune import lora
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
     SCHEMA,

@@ -1,5 +1,5 @@
 """Make the repository root importable (model.py, train.py, sample.py, data/) from the tests, and give the
-tests that grade each course exercise its marker (course/exercises.py: `python -m pytest -m ex3
+tests that grade each course exercise its marker (lab/course/exercises.py: `python -m pytest -m ex3
 --strict-markers`)."""
 
 import os
@@ -13,7 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course.exercises import EXERCISES  # noqa: E402  (needs the root on sys.path)
+from lab.course.exercises import EXERCISES  # noqa: E402  (needs the root on sys.path)
 
 # The suite runs thousands of tiny ops: extra intra-op threads only add synchronisation, and on a busy
 # machine their spin-waits make a 30 ms generation take seconds. The scripts' --threads=auto keeps
@@ -28,7 +28,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_configure(config):
-    # registered, so that --strict-markers (python -m course grade) refuses a marker no exercise has
+    # registered, so that --strict-markers (python -m lab.course grade) refuses a marker no exercise has
     for exercise in EXERCISES:
         config.addinivalue_line(
             "markers", f"{exercise.id}: grades course exercise {exercise.number}, {exercise.title}"

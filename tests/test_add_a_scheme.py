@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import positions
-from course.exercises import EXERCISES
-from experiments import extrapolation
-from perf import bench
+from lab.course.exercises import EXERCISES
+from lab.experiments import extrapolation
+from lab.perf import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "add_a_scheme.md").read_text()
@@ -50,17 +50,17 @@ def test_the_pages_commands_parse(monkeypatch):
     for module in (positions, extrapolation, bench):
         monkeypatch.setattr(module, "POS_SCHEMES", schemes)
     commands = [shlex.split(line) for block in blocks("sh") for line in block.splitlines() if line]
-    parsed = {"experiments.extrapolation": 0, "perf.bench": 0}
+    parsed = {"lab.experiments.extrapolation": 0, "lab.perf.bench": 0}
     for words in commands:
-        if words[:3] == ["python", "-m", "experiments.extrapolation"]:
+        if words[:3] == ["python", "-m", "lab.experiments.extrapolation"]:
             assert extrapolation.parse_args(words[3:]).schemes == ["step", "alibi"]
-        elif words[:3] == ["python", "-m", "perf.bench"]:
+        elif words[:3] == ["python", "-m", "lab.perf.bench"]:
             assert list(bench.parse_args(words[3:]).schemes) == ["step", "alibi"]
         else:
             assert words == ["python", "-m", "pytest", "-q"], words
             continue
         parsed[words[2]] += 1
-    assert parsed == {"experiments.extrapolation": 2, "perf.bench": 1}
+    assert parsed == {"lab.experiments.extrapolation": 2, "lab.perf.bench": 1}
 
 
 def follow_the_page(copy):
@@ -100,6 +100,6 @@ def test_the_page_followed_in_a_copy_keeps_the_scheme_tests_and_the_course_green
     passed = [line.split()[1] for line in tests.stdout.splitlines() if line.startswith("PASSED")]
     assert {node.split("::")[0] for node in passed if node.endswith("[step]")} == set(files)  # each ran it
     assert "tests/test_step.py::test_step_penalises_keys_past_its_reach_and_decodes_past_block_size" in passed
-    graded = run("course", "grade")
+    graded = run("lab.course", "grade")
     assert graded.returncode == 0, graded.stdout + graded.stderr
     assert f"all {len(EXERCISES)} exercises pass" in graded.stdout

@@ -1,5 +1,5 @@
-"""perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses bad
-flags in one line. Speed itself is measured by perf.bench, never asserted here."""
+"""lab.perf.bench runs end to end on a tiny model, reports only finite figures, writes its JSON, and refuses
+bad flags in one line. Speed itself is measured by lab.perf.bench, never asserted here."""
 
 import json
 import math
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import error_line
 
-from perf import ab, bench
+from lab.perf import ab, bench
 from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
         "compiled_decoding",
     } <= set(written)
     assert {"platform", "cpu_count", "gpu", "torch", "torch_threads"} <= set(written["machine"])
-    assert written["command"].startswith("python -m perf.bench --n_layer=1")
+    assert written["command"].startswith("python -m lab.perf.bench --n_layer=1")
     assert written["config"]["device"] == "cpu" and written["config"]["dtype"] == "float32"
     assert {
         "ms_per_step",
@@ -216,7 +216,7 @@ GPT_GENERATE_CACHED_REVISION = "491106f"
 
 
 def skip_without_git_history(revision="HEAD"):
-    """perf.ab --against reads model.py from git history: a tarball or a shallow clone may not hold it."""
+    """lab.perf.ab --against reads model.py from git history: a tarball or a shallow clone may not hold it."""
     try:
         found = (
             subprocess.run(
@@ -228,12 +228,12 @@ def skip_without_git_history(revision="HEAD"):
         found = False
     if not found:
         pytest.skip(
-            f"perf.ab --against needs {revision}:model.py from git history, which this checkout lacks"
+            f"lab.perf.ab --against needs {revision}:model.py from git history, which this checkout lacks"
         )
 
 
 def test_ab_checks_model_versions_before_timing_them():
-    """perf.ab: model.py loaded from a git revision (HEAD) decodes the same tokens beside this tree's (it
+    """lab.perf.ab: model.py loaded from a git revision (HEAD) decodes the same tokens beside this tree's (it
     refuses to time either otherwise); training steps too. Every figure is finite. Speed is not asserted."""
     skip_without_git_history()
     decoding = ab.main(["--against=HEAD", "--pos=rope,alibi", "--new_tokens=6", "--rounds=1"])
@@ -253,7 +253,8 @@ def test_ab_loads_a_revisions_generation_py_against_its_own_model_py():
 
 
 def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
-    """A revision without generation.py has GPT.generate_cached as a method: perf.ab calls that one there."""
+    """A revision without generation.py has GPT.generate_cached as a method: lab.perf.ab calls that one
+    there."""
     skip_without_git_history(GPT_GENERATE_CACHED_REVISION)
     decoding = ab.main(
         [f"--against={GPT_GENERATE_CACHED_REVISION}", "--pos=rope", "--new_tokens=6", "--rounds=1"]
@@ -262,7 +263,7 @@ def test_ab_measures_a_revision_whose_gpt_holds_generate_cached():
 
 
 def test_ab_ratio_against_learned_is_the_geometric_mean_of_paired_rounds():
-    """perf.ab's ratio pairs each round with learned's round: rounds at 1.0x and 1.21x give 1.1x (not the
+    """lab.perf.ab's ratio pairs each round with learned's round: rounds at 1.0x and 1.21x give 1.1x (not the
     medians' ratio), inside its t interval; a constant ratio, a zero-width interval; one round, none."""
     cell = ab.against([2.0, 2.42], [2.0, 2.0])
     ratio, low, high = map(float, cell.replace("x learned [", " ").replace(",", " ").rstrip("]").split())

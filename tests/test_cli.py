@@ -25,32 +25,35 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = (
     "train",
     "sample",
-    "eval_length",
-    "perf.bench",
-    "perf.ab",
-    "perf.threads",
-    "demo.*",
-    "experiments.*",
+    "lab.eval_length",
+    "lab.perf.bench",
+    "lab.perf.ab",
+    "lab.perf.threads",
+    "lab.demo.*",
+    "lab.experiments.*",
     "data.*.prepare",
-    "course.__main__",
+    "lab.course.__main__",
 )
 SHARED_MODULES = (
     "model",
     "generation",
     "positions",
     "plumbing.*",
-    "measure.*",
-    "finetune.*",
+    "lab",
+    "lab.tables",  # the studies' and benchmarks' tables, CSV cells and generated docs blocks
+    "lab.outputs",  # the files they write, checked before the work
+    "lab.measure.*",
+    "lab.finetune.*",
     "data.common",
     "data.passkey.task",
-    "course.*",
-    "experiments.runs",  # the studies' and demos' trained runs: shared by them, run by none
+    "lab.course.*",
+    "lab.experiments.runs",  # the studies' and demos' trained runs: shared by them, run by none
     # each study's settings, run names and CSV columns with their readers: shared by the study and by
-    # experiments.findings, which writes the docs' sentences from the committed CSVs
-    "experiments.extrapolation_results",
-    "experiments.longlora_results",
-    "experiments.longrope_ablation_results",
-    "perf.ops",  # the operators a decode step launches: perf.bench's column and the tests' targets
+    # lab.experiments.findings, which writes the docs' sentences from the committed CSVs
+    "lab.experiments.extrapolation_results",
+    "lab.experiments.longlora_results",
+    "lab.experiments.longrope_ablation_results",
+    "lab.perf.ops",  # the operators a decode step launches: lab.perf.bench's column and the tests' targets
 )
 
 
@@ -112,7 +115,7 @@ def project_files(suffix=""):
 
 
 def module_name(path):
-    """train.py -> train, data/common.py -> data.common, perf/__init__.py -> perf."""
+    """train.py -> train, data/common.py -> data.common, lab/perf/__init__.py -> perf."""
     parts = PurePosixPath(path).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -145,22 +148,22 @@ def project_modules():
 
 
 def test_no_script_imports_another_script():
-    """Entry points (train.py, sample.py, eval_length.py, and what runs as python -m: perf.bench, perf.ab,
-    perf.threads, demo.*, experiments.*, data.*.prepare) share modules (model, generation, plumbing/*,
-    data/common.py, experiments/runs.py), never each other; no shared module imports one either, or the entry
-    points would import each other through it."""
+    """Entry points (train.py, sample.py, lab/eval_length.py, and what runs as python -m: lab.perf.bench,
+    lab.perf.ab, lab.perf.threads, demo.*, experiments.*, data.*.prepare) share modules (model, generation,
+    plumbing/*, data/common.py, lab/experiments/runs.py), never each other; no shared module imports one
+    either, or the entry points would import each other through it."""
     modules = project_modules()
     is_one = lambda name, patterns: any(fnmatch(name, pattern) for pattern in patterns)
     entry_points = {name for name in modules if is_one(name, ENTRY_POINTS) > is_one(name, SHARED_MODULES)}
-    assert {"train", "sample", "eval_length", "perf.bench", "perf.ab"} <= entry_points
+    assert {"train", "sample", "lab.eval_length", "lab.perf.bench", "lab.perf.ab"} <= entry_points
     offenders = {path: sorted(imported_names(path) & entry_points - {name}) for name, path in modules.items()}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
 def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
-    generation.py and positions.py; shared code goes in plumbing/, measuring code in measure/ (data/common.py
-    holds the data format)."""
+    generation.py and positions.py; shared code goes in plumbing/, measuring code in lab/measure/
+    (data/common.py holds the data format)."""
     unsorted = [
         path
         for name, path in project_modules().items()
@@ -185,8 +188,8 @@ def test_the_root_holds_at_most_six_modules_and_no_file_shares_a_folders_name():
 
 
 def test_no_module_but_the_tests_edits_sys_path():
-    """Everything runs from the root (python train.py, python -m perf.ab, ...), where the modules import each
-    other as they are; a sys.path edit would make a script work only from where it was tried, or import a
+    """Everything runs from the root (python train.py, python -m lab.perf.ab, ...), where the modules import
+    each other as they are; a sys.path edit would make a script work only from where it was tried, or import a
     module twice under two names."""
 
     def touches_sys_path(path):
@@ -345,8 +348,9 @@ def test_python_version_check_is_one_line():
 
 
 def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names():
-    """cli.parse_list, behind perf.bench's and perf.ab's --pos: the names in the order given, `everything` for
-    all of them in their own order, and one line naming the choices for an unknown or repeated name."""
+    """cli.parse_list, behind lab.perf.bench's and lab.perf.ab's --pos: the names in the order given,
+    `everything` for all of them in their own order, and one line naming the choices for an unknown or
+    repeated name."""
     choices = ("learned", "rope", "alibi")
     assert parse_list("pos", "alibi,learned", choices) == ("alibi", "learned")
     assert parse_list("pos", "all", choices, everything="all") == choices

@@ -1,5 +1,6 @@
-"""Course mode end to end, in a tmp_path: python -m course make cuts the exercises of course/exercises.py out
-of the real code into a student copy, and python -m course grade grades each by its own tests.
+"""Course mode end to end, in a tmp_path: python -m lab.course make cuts the exercises of
+lab/course/exercises.py out of the real code into a student copy, and python -m lab.course grade grades each
+by its own tests.
 
 What must hold: the copy is the tracked files with stubs and nothing else (no solution text, no .git, no
 __pycache__), it imports and `python train.py --help` runs; every exercise fails there with its own
@@ -23,10 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import __main__ as course_cli
-from course.exercises import DIFFICULTIES, EXERCISES, by_id
-from course.grade import Verdict, check_copy, grade, graded_by, report_lines
-from course.make import (
+from lab.course import __main__ as course_cli
+from lab.course.exercises import DIFFICULTIES, EXERCISES, by_id
+from lab.course.grade import Verdict, check_copy, grade, graded_by, report_lines
+from lab.course.make import (
     CLASSROOM,
     INSTRUCTORS,
     MARKER,
@@ -43,7 +44,7 @@ from course.make import (
     stripped_sources,
     tracked_files,
 )
-from course.source import (
+from lab.course.source import (
     SourceError,
     body_lines,
     body_span,
@@ -292,7 +293,8 @@ def test_the_copy_imports_and_train_help_runs(student):
     """Stubs only raise when called: every module imports, and train.py --help lists its flags."""
     copy, _ = student
     code = (
-        "import generation, sample, measure.instruments, demo.permutation, demo.probe, runpy, sys; "
+        "import generation, sample, lab.measure.instruments, lab.demo.permutation, lab.demo.probe, runpy; "
+        "import sys; "
         "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300)
@@ -300,12 +302,12 @@ def test_the_copy_imports_and_train_help_runs(student):
 
 
 def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
-    """python -m course check COPY, the instructor's one command: grade's report, one line per exercise, each
-    failing with its own NotImplementedError (so no exercise's tests reach another's stub first) and no hints
-    (nothing begun), its total, then that the copy is ready to hand out; exit 0."""
+    """python -m lab.course check COPY, the instructor's one command: grade's report, one line per exercise,
+    each failing with its own NotImplementedError (so no exercise's tests reach another's stub first) and no
+    hints (nothing begun), its total, then that the copy is ready to hand out; exit 0."""
     copy, _ = student
     done = subprocess.run(
-        [sys.executable, "-m", "course", "check", str(copy)],
+        [sys.executable, "-m", "lab.course", "check", str(copy)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -436,8 +438,8 @@ def test_make_only_cuts_the_exercises_named_and_grade_defaults_to_them(tmp_path,
     copy = tmp_path / "alibi"
     assert course_cli.main(["make", str(copy), "--only=ex4"]) == 0
     out = capsys.readouterr().out
-    assert f"grade it: python -m course grade {copy}" in out
-    assert f"check it: python -m course check {copy}" in out
+    assert f"grade it: python -m lab.course grade {copy}" in out
+    assert f"check it: python -m lab.course check {copy}" in out
     assert ": 1 exercise, 3 function bodies to write" in out and "for students: README.md (the student" in out
     assert graded_by(copy) == ["ex4"]
     text = (copy / "positions.py").read_text()
@@ -481,7 +483,7 @@ def test_the_copy_is_written_for_students(student):
         "python3 -m venv .venv && . .venv/bin/activate",
         "pip install torch --index-url https://download.pytorch.org/whl/cpu",
         "pip install -r requirements.txt",
-        "python -m course grade --only=ex1",
+        "python -m lab.course grade --only=ex1",
         "`python train.py --pos=none` | nothing",
         "`python train.py` (pos=rope, the default) | ex7 (its plain case, no scaling), then ex3",
     ):
@@ -592,7 +594,7 @@ def test_a_float32_table_fails_ex1_with_the_numbers_the_dtype_and_the_hint(tmp_p
     path = copy / module_path(split_function(spec)[0])
     path.write_text(replace_bodies(path.read_text(), {split_function(spec)[1]: split_lines(FLOAT32_TABLE)}))
     done = subprocess.run(
-        [sys.executable, "-m", "course", "grade", str(copy)],
+        [sys.executable, "-m", "lab.course", "grade", str(copy)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -22,19 +22,20 @@ CK = "{ck}"  # the folder of five tiny checkpoints, one per scheme
 # (name, command, what shows it is working: a line it prints, or None: a child process it started); train.py
 # and sample.py have their own (tests/test_resume.py, tests/test_user_errors.py)
 CASES = [
-    ("eval_length", ["eval_length.py", f"{CK}/rope", f"{CK}/alibi", "--lengths=1,2,4,8,64t,512t,2000t",
+    ("eval_length", ["-m", "lab.eval_length", f"{CK}/rope", f"{CK}/alibi", "--lengths=1,2,4,8,64t,512t,2000t",
                      "--max_windows=100000", "--device=cpu"], "window"),
-    ("bench", ["-m", "perf.bench", "--device=cpu", "--pos=rope", "--n_layer=1", "--n_embd=32", "--n_head=2",
-               "--matmul_size=64", "--train_steps=1", "--warmup_steps=0", "--gen_multiples", "1", "1024"],
+    ("bench", ["-m", "lab.perf.bench", "--device=cpu", "--pos=rope", "--n_layer=1", "--n_embd=32",
+               "--n_head=2", "--matmul_size=64", "--train_steps=1", "--warmup_steps=0", "--gen_multiples",
+               "1", "1024"],
      "trained rope"),
-    ("perf.ab", ["-m", "perf.ab", "--against=HEAD", "--pos=rope", "--rounds=100"], "torch"),
-    ("demo.probe", ["-m", "demo.probe", f"--checkpoints={CK}", "--windows=100000"], "pos=learned"),
-    ("demo.permutation", ["-m", "demo.permutation", f"--checkpoints={CK}"], "pos=learned"),
-    ("demo.figures", ["-m", "demo.figures", f"--checkpoints={CK}", "--out={tmp}/figures",
+    ("perf.ab", ["-m", "lab.perf.ab", "--against=HEAD", "--pos=rope", "--rounds=100"], "torch"),
+    ("demo.probe", ["-m", "lab.demo.probe", f"--checkpoints={CK}", "--windows=100000"], "pos=learned"),
+    ("demo.permutation", ["-m", "lab.demo.permutation", f"--checkpoints={CK}"], "pos=learned"),
+    ("demo.figures", ["-m", "lab.demo.figures", f"--checkpoints={CK}", "--out={tmp}/figures",
                       "--only=attention"], "models ready"),
-    ("course grade", ["-m", "course", "grade"], None),
+    ("course grade", ["-m", "lab.course", "grade"], None),
     # the study once its train.py child prints its header: a child still importing torch prints a traceback
-    ("study", ["-m", "experiments.extrapolation", "--quick", "--out_root={tmp}/study", "--device=cpu"],
+    ("study", ["-m", "lab.experiments.extrapolation", "--quick", "--out_root={tmp}/study", "--device=cpu"],
      "| pos=learned |"),
 ]  # fmt: skip
 

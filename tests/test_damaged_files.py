@@ -17,12 +17,12 @@ import pytest
 import torch
 from helpers import TINY_RUN, error_line
 
-import eval_length
 import sample
 import train
 from data.common import DATA_ROOT, ensure_prepared, load_meta
-from experiments.runs import ensure_trained
-from perf import bench
+from lab import eval_length
+from lab.experiments.runs import ensure_trained
+from lab.perf import bench
 from plumbing.checkpoint import open_checkpoint
 from plumbing.run_folder import lock_record
 
@@ -105,8 +105,8 @@ EVAL = ["--lengths=1", "--max_windows=1", "--device=cpu", "--progress=false"]
 def test_a_damaged_checkpoint_is_one_line_in_every_entry_point(
     tmp_path, capsys, finished, case, init_status, spoil, words
 ):
-    """sample.py, eval_length.py, train.py --init_from and --resume each refuse the spoilt file in one line
-    naming the entry, and the run folder is left as it was."""
+    """sample.py, lab/eval_length.py, train.py --init_from and --resume each refuse the spoilt file in one
+    line naming the entry, and the run folder is left as it was."""
     ckpt = torch.load(_saved(finished, tmp_path / "whole.pt"), weights_only=True)  # a deep copy
     spoil(ckpt)
     out_dir = tmp_path / "run"
@@ -243,8 +243,8 @@ DAMAGED_META = [  # (case, a change to meta.json's fields, words the error must 
 
 @pytest.mark.parametrize("case, change, words", DAMAGED_META, ids=[c[0] for c in DAMAGED_META])
 def test_a_damaged_meta_json_is_one_line_in_every_entry_point(tmp_path, capsys, dataset, case, change, words):
-    """train.py, eval_length.py and perf.bench on a dataset whose meta.json is damaged: one line naming the
-    file and the field, the dataset as it was."""
+    """train.py, lab/eval_length.py and lab.perf.bench on a dataset whose meta.json is damaged: one line
+    naming the file and the field, the dataset as it was."""
     name, folder, meta = dataset
     (folder / "meta.json").write_text(json.dumps(meta | change))
     runs = [

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import generation
+from lab.perf.ops import RECIPE_SHAPE, decode_step_ops
 from model import GPT, GPTConfig
-from perf.ops import RECIPE_SHAPE, decode_step_ops
 from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS
 
 BLOCK = 16

@@ -1,6 +1,7 @@
-"""The demonstrations (python -m demo.permutation, python -m demo.probe), the instruments behind them and the
-figures (measure/instruments.py): each instrument reads the model's own modules, so each is checked against
-the model's own output; and how experiments/runs.py decides to reuse, continue or refuse a trained run.
+"""The demonstrations (python -m lab.demo.permutation, python -m lab.demo.probe), the instruments behind them
+and the figures (lab/measure/instruments.py): each instrument reads the model's own modules, so each is
+checked against the model's own output; and how lab/experiments/runs.py decides to reuse, continue or refuse a
+trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
 
@@ -11,9 +12,9 @@ import pytest
 import torch
 
 import train
-from demo import permutation
-from experiments import runs
-from measure import instruments
+from lab.demo import permutation
+from lab.experiments import runs
+from lab.measure import instruments
 from model import GPT, GPTConfig
 from plumbing.errors import UserError
 from plumbing.tokenizers import CharTokenizer, GPT2Tokenizer
@@ -42,7 +43,7 @@ def worst(rows):
 
 
 # -----------------------------------------------------------------------------
-# python -m demo.permutation
+# python -m lab.demo.permutation
 
 
 def test_without_positions_or_mask_the_swapped_sentence_gives_the_same_states_up_to_the_swap():
@@ -149,7 +150,7 @@ def test_the_four_qk_terms_add_up_to_the_scores():
 
 
 # -----------------------------------------------------------------------------
-# python -m demo.probe
+# python -m lab.demo.probe
 
 
 def test_probe_targets_count_back_to_the_latest_newline():
@@ -195,7 +196,7 @@ def test_permutation_flag_pos_none_means_the_nope_scheme():
 
 
 # -----------------------------------------------------------------------------
-# experiments/runs.py: which trained run the demos, the figures and the study use
+# lab/experiments/runs.py: which trained run the demos, the figures and the study use
 
 TINY_RUN = [
     "--n_layer=1",
@@ -252,7 +253,7 @@ def test_a_finished_run_is_reused_a_stopped_one_continued_and_another_run_refuse
 @pytest.mark.parametrize("demo", ["permutation", "probe"])
 def test_a_demo_blocked_by_another_run_names_the_flags_it_offers_instead(demo, monkeypatch, capsys):
     """An out_dir holding a run of other settings: the refusal names what that demo takes instead, and only
-    that (demo.permutation has --checkpoint=DIR, demo.probe only --checkpoints=DIR)."""
+    that (lab.demo.permutation has --checkpoint=DIR, lab.demo.probe only --checkpoints=DIR)."""
 
     def another_run(plan, elsewhere):
         raise UserError(f"{plan.out_dir} holds another run than `{plan.command}`: {elsewhere}")

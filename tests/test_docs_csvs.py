@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import eval_length
-from experiments import extrapolation as study
-from experiments import longlora
-from experiments import longrope_ablation as ablation
-from perf import threads
+from lab import eval_length
+from lab.experiments import extrapolation as study
+from lab.experiments import longlora
+from lab.experiments import longrope_ablation as ablation
+from lab.perf import threads
 from plumbing.cli import parse_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ SEED_CSV = re.compile(r"(.+)_seed(\d+)$")
 
 def source(csv_path):
     """The page that names the command of a CSV: its own {stem}_table.md ({name}_seed{S}.csv: {name}'s), the
-    LongLoRA study's for its cost, docs/perf.md for perf.threads'."""
+    LongLoRA study's for its cost, docs/perf.md for lab.perf.threads'."""
     stem = SEED_CSV.sub(r"\1", csv_path.stem)
     pages = {"longlora_cost": "longlora_table.md", "perf_threads": "perf.md"}
     return DOCS / pages.get(stem, f"{stem}_table.md")
@@ -50,20 +50,20 @@ def commands(csv_path):
 
 def parsed(module, argv):
     """The config the module's main builds from argv (its own parse_flags call), or pytest.fail."""
-    if module == "experiments.extrapolation":
+    if module == "lab.experiments.extrapolation":
         return study.parse_args(argv)
-    if module == "experiments.longlora":
+    if module == "lab.experiments.longlora":
         return longlora.StudyConfig(
             **parse_flags(argv, longlora.PROG, "", [("study", longlora.StudyConfig, None)])
         )
-    if module == "experiments.longrope_ablation":
+    if module == "lab.experiments.longrope_ablation":
         sections, choices = (
             [("ablation", ablation.AblationConfig, None)],
             {"variants": tuple(ablation.VARIANTS)},
         )
         values = parse_flags(argv, ablation.PROG, "", sections, choices=choices, positional=("checkpoints",))
         return ablation.AblationConfig(**values)
-    if module == "perf.threads":
+    if module == "lab.perf.threads":
         return threads.ThreadsConfig(
             **parse_flags(argv, threads.PROG, "", [("measurement", threads.ThreadsConfig, None)])
         )
@@ -72,16 +72,16 @@ def parsed(module, argv):
 
 def written(module, cfg):
     """{file name: its columns} of the CSVs the command writes (extrapolation: its per-seed files too)."""
-    if module == "experiments.extrapolation":
+    if module == "lab.experiments.extrapolation":
         name, columns = (
             study.results_name(cfg),
             eval_length.PASSKEY_COLUMNS if cfg.task == "passkey" else None,
         )
         columns = columns or eval_length.CSV_COLUMNS
         return {f"{name}.csv": columns} | {f"{name}_seed{s}.csv": columns for s in study.seeds(cfg)}
-    if module == "experiments.longlora":
+    if module == "lab.experiments.longlora":
         return {"longlora.csv": longlora.CSV_COLUMNS, "longlora_cost.csv": longlora.COST}
-    if module == "experiments.longrope_ablation":  # its name holds the dataset of the checkpoints given
+    if module == "lab.experiments.longrope_ablation":  # its name holds the dataset of the checkpoints given
         return {
             f"longrope_{dataset}_x{cfg.factor:g}.csv": ablation.COLUMNS
             for dataset in ("passkey", "shakespeare_char")
@@ -109,10 +109,10 @@ def test_every_csv_in_docs_names_a_command_that_writes_it_with_its_columns(path)
 def test_a_command_that_does_not_parse_or_writes_another_file_fails():
     """The checks can fail: a misspelt flag, and a study that writes another file than the CSV."""
     with pytest.raises(SystemExit):
-        parsed("experiments.extrapolation", ["--task", "passkey", "--seedz", "3"])
-    cfg = parsed("experiments.extrapolation", ["--task", "passkey"])
-    assert "extrapolation.csv" not in written("experiments.extrapolation", cfg)
-    assert "retrieval_seed1338.csv" not in written("experiments.extrapolation", cfg)  # one seed only
+        parsed("lab.experiments.extrapolation", ["--task", "passkey", "--seedz", "3"])
+    cfg = parsed("lab.experiments.extrapolation", ["--task", "passkey"])
+    assert "extrapolation.csv" not in written("lab.experiments.extrapolation", cfg)
+    assert "retrieval_seed1338.csv" not in written("lab.experiments.extrapolation", cfg)  # one seed only
 
 
 def test_longlora_csv_names_the_base_of_every_row():

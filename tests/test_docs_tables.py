@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import extrapolation as study
-from experiments import findings, longlora
-from experiments import longrope_ablation as ablation
-from perf import threads
-from plumbing.report import GENERATED, generated_blocks
+from lab.experiments import extrapolation as study
+from lab.experiments import findings, longlora
+from lab.experiments import longrope_ablation as ablation
+from lab.perf import threads
+from lab.tables import GENERATED, generated_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -57,14 +57,14 @@ TYPED = {
     ("usage.md", "| method | what it does to theta_i |"): "formulas, not results",
     ("claims.md", "| claim | demonstrated by | checked by |"): "claims and the tests that check them",
     ("perf.md", "| target | measured | status |"): (
-        "perf.bench and perf.ab printouts of the day, dated, with the command; no CSV, and no verdict of the "
-        "length study stands on them"
+        "lab.perf.bench and lab.perf.ab printouts of the day, dated, with the command; no CSV, and no "
+        "verdict of the length study stands on them"
     ),
     (
         "perf.md",
         "| pos | ms/step | x learned | % of peak | cached tok/s | reference tok/s | speed-up "
         "| compiled tok/s |",
-    ): "perf.bench's printout; docs/perf_cpu.json holds every figure of the run",
+    ): "lab.perf.bench's printout; docs/perf_cpu.json holds every figure of the run",
     ("perf.md", "| `--pos` | best val loss | wall time | ms/iter |"): (
         "timings of one day's training runs by /usr/bin/time, dated; no CSV, no verdict stands on them"
     ),
@@ -93,16 +93,16 @@ def produced(name):
     if name.startswith("longlora_"):
         found = longlora.read_tables(DOCS)
         return found[name][1] if name in found else None
-    if name.startswith("longrope_"):  # experiments.longrope_ablation's {name}.csv
+    if name.startswith("longrope_"):  # lab.experiments.longrope_ablation's {name}.csv
         path = DOCS / f"{name}.csv"
         return (
             ablation.render(ablation.read_rows(path, ablation.COLUMNS, ablation.PROG))
             if path.is_file()
             else None
         )
-    if name == "perf_threads":  # perf.threads' docs/perf_threads.csv
+    if name == "perf_threads":  # lab.perf.threads' docs/perf_threads.csv
         return threads.render(threads.read_rows(DOCS / "perf_threads.csv", threads.COLUMNS, threads.PROG))
-    if name.startswith("finding_"):  # experiments.findings' sentences
+    if name.startswith("finding_"):  # lab.experiments.findings' sentences
         return all_findings().get(name)
     return extrapolation_tables().get(name)
 
@@ -177,7 +177,7 @@ def test_a_verdict_row_is_the_paired_t_interval_of_three_seeds():
 @pytest.mark.parametrize("task", study.TASKS)
 def test_the_studys_table_files_begin_with_what_their_csvs_give(task):
     """docs/extrapolation_table.md and retrieval_table.md: the summary over seeds and the verdicts, before
-    the per-seed tables that eval_length.py printed."""
+    the per-seed tables that lab/eval_length.py printed."""
     cfg = study.StudyConfig(task=task)
     text = (DOCS / f"{study.results_name(cfg)}_table.md").read_text(encoding="utf-8")
     assert text.startswith(study.report(cfg, *study.read_study(cfg)) + "\n\n")

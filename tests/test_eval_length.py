@@ -1,4 +1,4 @@
-"""eval_length.py as a user runs it: tiny checkpoints trained for two steps with train.py, measured at and
+"""lab/eval_length.py as a user runs it: tiny checkpoints trained for two steps with train.py, measured at and
 past their trained length. CPU, fixed seeds, no mocks."""
 
 import csv
@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers import TINY_BLOCK, TINY_RUN, error_line
 
-import eval_length
 import train
-from measure.losses import validation_tokens, window_losses, window_starts
+from lab import eval_length
+from lab.measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS
 
@@ -26,7 +26,7 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """One tiny checkpoint per scheme, and "extended": rope fine-tuned for 0 steps at 2 x T with YaRN, so that
-    its model_config records rope_scaling (a context-extension run, as python -m experiments.extrapolation
+    its model_config records rope_scaling (a context-extension run, as python -m lab.experiments.extrapolation
     makes)."""
     root = tmp_path_factory.mktemp("ckpts")
     out_dirs = {pos: str(root / pos) for pos in POS_SCHEMES}
@@ -116,8 +116,8 @@ def test_every_rope_scaling_at_factor_one_equals_plain_rope(measured, checkpoint
     """At L <= T the factor is max(1, L / T) = 1, where linear, ntk, dynamic and yarn are plain RoPE: the same
     logits from the model functions, at any length for linear, ntk and yarn (their frequencies are plain at
     s = 1) and up to T for dynamic (whose base also grows with the length). So the table's rows show plain's
-    losses at every position there (eval_length.py reuses plain's measure instead of running the same model
-    again)."""
+    losses at every position there (lab/eval_length.py reuses plain's measure instead of running the same
+    model again)."""
     rows, _ = measured
     by_scaling = rows_of(rows, checkpoints["rope"])
     for scaling in ROPE_SCALINGS:
@@ -156,7 +156,7 @@ def test_dynamic_ntk_equals_plain_rope_up_to_the_trained_length(checkpoints):
 
 def test_learned_window_row_is_plain_within_the_table(measured, checkpoints):
     """Up to T learned's sliding window holds the whole context (evaluation.token_losses runs the plain
-    forward there): its window row shows its plain row's losses, which eval_length.py measures once."""
+    forward there): its window row shows its plain row's losses, which lab/eval_length.py measures once."""
     rows, _ = measured
     learned = rows_of(rows, checkpoints["learned"])
     for length in (BLOCK // 2, BLOCK):

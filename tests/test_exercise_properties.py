@@ -1,13 +1,13 @@
-"""Property tests that grade the course's exercises (course/exercises.py): each checks what a function must do
-over random sizes and seeds, plus a value worked by hand where a convention matters (which coordinates RoPE
-pairs, which head gets ALiBi's steepest slope), so that a body returning a constant, or one handling only the
-shapes of the lesson's snapshot tests, fails.
+"""Property tests that grade the course's exercises (lab/course/exercises.py): each checks what a function
+must do over random sizes and seeds, plus a value worked by hand where a convention matters (which coordinates
+RoPE pairs, which head gets ALiBi's steepest slope), so that a body returning a constant, or one handling only
+the shapes of the lesson's snapshot tests, fails.
 
 Each test calls the functions of one exercise and no other a student writes (tests/test_course.py checks it):
 ex6 and ex9 run pos="none" models one token at a time, which need no other exercise, and ex7's tests hand
 rope_frequencies the theta_i and the YaRN ramp it builds on. Small shapes, float64 where exactness is the
 point. A failing comparison's message (near, close) gives got, expected, the tolerance and the dtype:
-python -m course grade shows it, with the exercise's hints.
+python -m lab.course grade shows it, with the exercise's hints.
 """
 
 import math
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import positions
-from measure import instruments
+from lab.measure import instruments
 from model import GPT, GPTConfig, KVCache
 from positions import (
     LearnedPositions,
@@ -40,7 +40,7 @@ SEEDS = range(3)
 
 
 def near(got, expected, tol, what, dtype=None):
-    """|got - expected| < tol for two numbers. The message, which python -m course grade shows, gives the
+    """|got - expected| < tol for two numbers. The message, which python -m lab.course grade shows, gives the
     numbers: got, expected, the gap, the tolerance and the dtype, so that a float32 answer to a float64
     question reads as one, not as a wrong formula."""
     gap = abs(got - expected)

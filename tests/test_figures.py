@@ -1,6 +1,7 @@
-"""python -m demo.figures: the figures are deterministic, the analytic ones use the model's formulas, those of
-trained models come from the checkpoints given, and a missing extrapolation table is skipped, not an error.
-(The instruments behind the model figures are checked against the model itself in tests/test_demo.py.)"""
+"""python -m lab.demo.figures: the figures are deterministic, the analytic ones use the model's formulas,
+those of trained models come from the checkpoints given, and a missing extrapolation table is skipped, not an
+error. (The instruments behind the model figures are checked against the model itself in
+tests/test_demo.py.)"""
 
 import math
 from dataclasses import asdict
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from data.common import ensure_prepared, load_meta
-from demo import figures
+from lab.demo import figures
 from model import GPT, GPTConfig
 from positions import POS_SCHEMES, apply_rope, rope_cos_sin, rope_frequencies
 

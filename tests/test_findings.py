@@ -1,9 +1,10 @@
-"""experiments/findings.py: the docs' sentences with a number carry the interval the named pairing gives, in
-points for rates and in nats for losses, and an end near 0 keeps the digit that says which side of 0 it is."""
+"""lab/experiments/findings.py: the docs' sentences with a number carry the interval the named pairing gives,
+in points for rates and in nats for losses, and an end near 0 keeps the digit that says which side of 0 it
+is."""
 
 import math
 
-from experiments import findings
+from lab.experiments import findings
 
 
 def test_a_paired_interval_in_points_pairs_by_key_and_a_welch_one_does_not():

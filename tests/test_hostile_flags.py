@@ -11,15 +11,15 @@ import pytest
 import torch
 from helpers import TINY_RUN
 
-import course.__main__ as course_main
-import eval_length
+import lab.course.__main__ as course_main
 import sample
 import train
 from data.common import DATA_ROOT, ensure_prepared, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
+from lab import eval_length
+from lab.perf import bench
 from model import GPT, GPTConfig
-from perf import bench
 
 HUGE_SEED = str(2**64)
 RUN = [*TINY_RUN, "--out_dir={never}"]

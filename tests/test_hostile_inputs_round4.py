@@ -13,14 +13,14 @@ import pytest
 import torch
 from helpers import TINY_RUN, run_limited
 
-import eval_length
 import sample
 import train
 from data.common import BatchSampler
-from demo import figures, permutation, probe
-from experiments import extrapolation, longlora, longrope
-from experiments import longrope_ablation as ablation
-from perf import bench
+from lab import eval_length
+from lab.demo import figures, permutation, probe
+from lab.experiments import extrapolation, longlora, longrope
+from lab.experiments import longrope_ablation as ablation
+from lab.perf import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -43,23 +43,24 @@ def in_process(capsys, main, argv):
 
 # every entry point inside a package, run as a file: the line names its `python -m` form
 AS_FILES = {
-    "course/__main__.py": "course",
+    "lab/course/__main__.py": "lab.course",
     "data/fineweb_edu/prepare.py": "data.fineweb_edu.prepare",
     "data/passkey/prepare.py": "data.passkey.prepare",
     "data/shakespeare/prepare.py": "data.shakespeare.prepare",
     "data/shakespeare_char/prepare.py": "data.shakespeare_char.prepare",
     "data/text/prepare.py": "data.text.prepare",
-    "demo/figures.py": "demo.figures",
-    "demo/permutation.py": "demo.permutation",
-    "demo/probe.py": "demo.probe",
-    "experiments/extrapolation.py": "experiments.extrapolation",
-    "experiments/findings.py": "experiments.findings",
-    "experiments/longlora.py": "experiments.longlora",
-    "experiments/longrope.py": "experiments.longrope",
-    "experiments/longrope_ablation.py": "experiments.longrope_ablation",
-    "perf/ab.py": "perf.ab",
-    "perf/bench.py": "perf.bench",
-    "perf/threads.py": "perf.threads",
+    "lab/demo/figures.py": "lab.demo.figures",
+    "lab/eval_length.py": "lab.eval_length",
+    "lab/demo/permutation.py": "lab.demo.permutation",
+    "lab/demo/probe.py": "lab.demo.probe",
+    "lab/experiments/extrapolation.py": "lab.experiments.extrapolation",
+    "lab/experiments/findings.py": "lab.experiments.findings",
+    "lab/experiments/longlora.py": "lab.experiments.longlora",
+    "lab/experiments/longrope.py": "lab.experiments.longrope",
+    "lab/experiments/longrope_ablation.py": "lab.experiments.longrope_ablation",
+    "lab/perf/ab.py": "lab.perf.ab",
+    "lab/perf/bench.py": "lab.perf.bench",
+    "lab/perf/threads.py": "lab.perf.threads",
 }
 
 
@@ -67,7 +68,7 @@ def test_every_entry_point_in_a_package_is_in_the_table():
     """A new `python -m` entry point gets the same guard (and a row above)."""
     found = {
         path.relative_to(ROOT).as_posix()
-        for folder in ("course", "data", "demo", "experiments", "perf")
+        for folder in ("lab", "data")
         for path in (ROOT / folder).rglob("*.py")
         if 'if __name__ == "__main__"' in path.read_text()
     }
@@ -85,14 +86,20 @@ def test_an_entry_point_run_as_a_file_names_its_module_form(path):
     )
 
 
-THREADS = {"train.py": train.main, "eval_length.py": eval_length.main, "python -m perf.bench": bench.main}
+THREADS = {
+    "train.py": train.main,
+    "python -m lab.eval_length": eval_length.main,
+    "python -m lab.perf.bench": bench.main,
+}
 
 
 @pytest.mark.parametrize("threads", ["¹", "٣", "３"])
 @pytest.mark.parametrize("prog", sorted(THREADS))
 def test_threads_takes_ascii_digits_only(capsys, prog, threads):
     """str.isdigit() takes a superscript one and other scripts' digits; int() refuses or reads them."""
-    argv = [f"--threads={threads}", "--device=cpu"] + (["out/none"] if prog == "eval_length.py" else [])
+    argv = [f"--threads={threads}", "--device=cpu"] + (
+        ["out/none"] if prog == "python -m lab.eval_length" else []
+    )
     status, err, out = in_process(capsys, THREADS[prog], argv)
     line = one_line(err, prog)
     assert status == 2 and f"--threads={threads}: give auto or a number of threads from 1 to" in line
@@ -137,15 +144,16 @@ def foreign_csv(path, header="a,b\n1,2\n"):
     return path
 
 
-EVAL, ABLATION = "eval_length.py", "python -m experiments.longrope_ablation"
-LONGROPE, LONGLORA = "python -m experiments.longrope", "python -m experiments.longlora"
-STUDY_PROG, PERMUTATION = "python -m experiments.extrapolation", "python -m demo.permutation"
+EVAL, ABLATION = "python -m lab.eval_length", "python -m lab.experiments.longrope_ablation"
+LONGROPE, LONGLORA = "python -m lab.experiments.longrope", "python -m lab.experiments.longlora"
+STUDY_PROG, PERMUTATION = "python -m lab.experiments.extrapolation", "python -m lab.demo.permutation"
 # (entry point as typed, its main, argv ({run}: the rope run, {t5}, {lora}, {tmp}), what the line says)
 CASES = {
     "ablation tables missing": (
         ABLATION,
         "{run} --tables --results={tmp}/empty",
-        "longrope_shakespeare_char_x4.csv: no such file; `python -m experiments.longrope_ablation` writes it",
+        "longrope_shakespeare_char_x4.csv: no such file; "
+        "`python -m lab.experiments.longrope_ablation` writes it",
     ),
     "ablation tables foreign": (
         ABLATION,
@@ -160,10 +168,10 @@ CASES = {
     "longlora tables header only": (
         LONGLORA,
         "--tables --results={tmp}/header",
-        "longlora.csv: a header and no rows; `python -m experiments.longlora` writes it",
+        "longlora.csv: a header and no rows; `python -m lab.experiments.longlora` writes it",
     ),
     "figures foreign csv": (
-        "python -m demo.figures",
+        "python -m lab.demo.figures",
         "--only=extrapolation --csv={tmp}/foreign/extrapolation.csv --out={tmp}/figures",
         "extrapolation.csv: no column checkpoint, pos, block_size, length, loss",
     ),
@@ -232,7 +240,7 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
         ABLATION: ablation.main,
         LONGROPE: longrope.main,
         LONGLORA: longlora.main,
-        "python -m demo.figures": figures.main,
+        "python -m lab.demo.figures": figures.main,
         "train.py": train.main,
     }
     foreign_csv(tmp_path / "foreign" / "longrope_shakespeare_char_x4.csv")
@@ -316,8 +324,8 @@ def test_a_full_disk_is_one_line_before_a_checkpoint_is_read(runs, tmp_path):
     a checkpoint, so the outputs are checked first, and say there is no space."""
 
     argv = [str(runs / "rope"), "--lengths=1", f"--csv={tmp_path / 'full.csv'}", "--device=cpu"]
-    done = run_limited(0, "eval_length.py", *argv)
-    line = one_line(done.stderr, "eval_length.py")
+    done = run_limited(0, "-m", "lab.eval_length", *argv)
+    line = one_line(done.stderr, "python -m lab.eval_length")
     assert done.returncode == 1 and "no space left" in line and done.stdout == ""
 
 

@@ -131,8 +131,8 @@ def test_init_from_never_writes_into_the_folder_it_reads(trained, capsys):
 
 def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trained, tmp_path):
     """Fine-tuned at 2 x T with YaRN x2, the checkpoint records rope_original_len = T = 16, so the model it
-    rebuilds (as sample.py and eval_length.py do, with no flags) scales RoPE against 16 tokens, not the new
-    32."""
+    rebuilds (as sample.py and lab/eval_length.py do, with no flags) scales RoPE against 16 tokens, not the
+    new 32."""
     out_dir = tmp_path / "yarn"
     train.main(
         [

@@ -1,6 +1,6 @@
 """Each package holds what its name says, and each rule the entry points share is written once.
 
-plumbing/ and measure/ import no entry point and take none of their types (train.py's Run and configs,
+plumbing/ and lab/measure/ import no entry point and take none of their types (train.py's Run and configs,
 sample.py's Loaded); the rules "learned has no positions past its table" (the scheme's length_limit,
 positions.window_length) and "open a checkpoint, with a RoPE extension or without"
 (plumbing.checkpoint.open_model) give the same answer through every entry point that uses them."""
@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import eval_length
 import sample
-from measure import instruments
-from measure.losses import window_bytes
+from lab import eval_length
+from lab.measure import instruments
+from lab.measure.losses import window_bytes
 from model import GPT, GPTConfig
 from plumbing.checkpoint import load_checkpoint
 from plumbing.memory import scheme_shapes
 from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = {"train", "sample", "eval_length", "perf.bench", "perf.ab", "perf.threads"}
-SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("measure/*.py")])
+ENTRY_POINTS = {"train", "sample", "lab.eval_length", "lab.perf.bench", "lab.perf.ab", "lab.perf.threads"}
+SHARED = sorted([*ROOT.glob("plumbing/*.py"), *ROOT.glob("lab/measure/*.py")])
 FIXTURE = ROOT / "tests" / "fixtures" / "ckpt_rope_without_finished.pt"  # RoPE, an older format
 
 
@@ -44,8 +44,14 @@ def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
     assert re.findall(r"\b(?:train|sample|eval_length)\.[A-Z]\w*", path.read_text()) == []
 
 
-PACKAGES = ("data", "plumbing", "finetune", "measure", "experiments", "perf", "course", "demo")
+PACKAGES = ("data", "plumbing", "lab.finetune", "lab.measure", "lab.experiments", "lab.perf", "lab.course",
+            "lab.demo")  # fmt: skip
 MODULES = ("positions", "model", "generation")  # the top-level modules the packages may build on
+
+
+def node_of(name):
+    """The package of PACKAGES or module of MODULES a dotted module name belongs to, or None."""
+    return next((node for node in PACKAGES + MODULES if name == node or name.startswith(node + ".")), None)
 
 
 def import_graph():
@@ -53,9 +59,10 @@ def import_graph():
     files (inside functions too), nothing imported."""
     graph = {}
     for node in PACKAGES + MODULES:
-        paths = sorted((ROOT / node).rglob("*.py")) if node in PACKAGES else [ROOT / f"{node}.py"]
-        found = {name.split(".")[0] for path in paths for name in imported(path)}
-        graph[node] = sorted(found & set(PACKAGES + MODULES) - {node})
+        folder = ROOT / node.replace(".", "/")
+        paths = sorted(folder.rglob("*.py")) if node in PACKAGES else [ROOT / f"{node}.py"]
+        found = {node_of(name) for path in paths for name in imported(path)}
+        graph[node] = sorted(found - {None, node})
     return graph
 
 
@@ -87,9 +94,9 @@ def test_the_packages_import_each_other_without_a_cycle():
 
 
 def test_finetune_imports_no_other_package():
-    """finetune/ (LoRA, shifted sparse attention) is a layer over model code alone: it takes positions'
+    """lab/finetune/ (LoRA, shifted sparse attention) is a layer over model code alone: it takes positions'
     checks, and nothing of plumbing, data or the studies."""
-    assert set(import_graph()["finetune"]) <= set(MODULES)
+    assert set(import_graph()["lab.finetune"]) <= set(MODULES)
 
 
 def compares_pos_to_learned(path):
@@ -105,7 +112,8 @@ def compares_pos_to_learned(path):
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
     """The scheme's length_limit says where its positions end; the model (and so generation and
-    measure.losses, which read model.length_limit), eval_length's rows and the memory estimate follow it."""
+    lab.measure.losses, which read model.length_limit), eval_length's rows and the memory estimate follow
+    it."""
     config = GPTConfig(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     limit = scheme_shapes(config).length_limit
     assert GPT(config).length_limit == limit
@@ -119,23 +127,23 @@ def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
 
 
 def test_no_entry_point_or_measure_writes_the_table_rule_again():
-    """sample.py, eval_length.py and measure/ ask the scheme's length_limit, never pos == "learned",
+    """sample.py, lab/eval_length.py and lab/measure/ ask the scheme's length_limit, never pos == "learned",
     whether a model has positions past its table (the four-term split of qk_terms is about learned's
     embedding, not its length)."""
     paths = [
         ROOT / "sample.py",
-        ROOT / "eval_length.py",
-        ROOT / "measure" / "losses.py",
-        ROOT / "measure" / "retrieval.py",
+        ROOT / "lab/eval_length.py",
+        ROOT / "lab" / "measure" / "losses.py",
+        ROOT / "lab" / "measure" / "retrieval.py",
     ]
     assert {path.name: compares_pos_to_learned(path) for path in paths} == {path.name: [] for path in paths}
 
 
 @pytest.mark.parametrize("scaling", [None, *ROPE_SCALINGS])
 def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
-    """plumbing.checkpoint.open_model is the one opener: sample.py (load), eval_length.py (model_for) and the
-    demos (instruments.load) build the same model from the same file, with the same RoPE extension at the same
-    default factor (positions.default_rope_factor), and it gives the same logits."""
+    """plumbing.checkpoint.open_model is the one opener: sample.py (load), lab/eval_length.py (model_for) and
+    the demos (instruments.load) build the same model from the same file, with the same RoPE extension at the
+    same default factor (positions.default_rope_factor), and it gives the same logits."""
     ckpt = load_checkpoint(FIXTURE, mmap=True)
     T = ckpt["model_config"]["block_size"]
     length = 4 * T
@@ -153,8 +161,7 @@ def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
 
 
 def test_finetune_depends_on_no_other_package():
-    """finetune/ (S²-Attn, LoRA) imports torch and the root modules only (positions, model): plumbing.resume
-    imports finetune.lora, so an import back would be a cycle between the packages."""
-    packages = {"plumbing", "measure", "data", "experiments", "demo", "perf", "course"}
-    for path in sorted(ROOT.glob("finetune/*.py")):
-        assert {name.split(".")[0] for name in imported(path)} & packages == set(), path.name
+    """lab/finetune/ (S²-Attn, LoRA) imports torch and the root modules only (positions, model):
+    plumbing.resume imports lab.finetune.lora, so an import back would be a cycle between the packages."""
+    for path in sorted(ROOT.glob("lab/finetune/*.py")):
+        assert {node_of(name) for name in imported(path)} - {None, *MODULES} == set(), path.name

@@ -1,4 +1,4 @@
-"""The LongLoRA study (experiments/longlora.py) runs the authors' recipe: PI at the extension factor for
+"""The LongLoRA study (lab/experiments/longlora.py) runs the authors' recipe: PI at the extension factor for
 every fine-tune of their settings, their optimizer, each setting at the rate it chose on validation data,
 reported on data the choice never saw; its tables, here and in the docs, are its CSVs' and nothing else."""
 
@@ -11,9 +11,9 @@ import pytest
 from helpers import TINY_RUN
 
 import train
-from experiments import longlora
+from lab.experiments import longlora
+from lab.tables import generated_blocks
 from plumbing.errors import UserError
-from plumbing.report import generated_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -150,11 +150,12 @@ def test_the_study_refuses_a_batch_beyond_memory_before_any_work(monkeypatch, tm
 
 def test_run_as_a_script_it_says_how_to_run_it_in_one_line():
     done = subprocess.run(
-        [sys.executable, "experiments/longlora.py"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "lab/experiments/longlora.py"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "experiments/longlora.py: error: run it from the repository root as `python -m experiments.longlora`"
+        "lab/experiments/longlora.py: error: run it from the repository root as "
+        "`python -m lab.experiments.longlora`"
     ]
 
 
@@ -184,7 +185,9 @@ def test_budgets_train_each_setting_at_its_chosen_rate_from_their_base_and_repla
     trained, cfg = fake_study(monkeypatch, tmp_path, loss_of_rate=lambda rate: abs(rate - 5e-4) * 100)
     results = Path(cfg.results)
     before = longlora.read_rows(results / "longlora.csv", longlora.CSV_COLUMNS, longlora.PROG)
-    (results / "longlora_table.md").write_text("tables\n\nMeasured by `python -m experiments.longlora`.\n")
+    (results / "longlora_table.md").write_text(
+        "tables\n\nMeasured by `python -m lab.experiments.longlora`.\n"
+    )
     trained.clear()
     budgets = ["pi_s2_lora:8000", "pi_full:16000,8000"]
     cfg = longlora.StudyConfig(out_root=cfg.out_root, results=str(results), budgets=budgets, seeds=2)
@@ -209,8 +212,8 @@ def test_budgets_train_each_setting_at_its_chosen_rate_from_their_base_and_repla
         ("pi_full", "16000"),
     }
     table = (results / "longlora_table.md").read_text()
-    assert "\n\nMeasured by `python -m experiments.longlora`.\n\nBudget rows measured " in table
-    assert "`python -m experiments.longlora --budgets pi_s2_lora:8000 pi_full:16000,8000`" in table
+    assert "\n\nMeasured by `python -m lab.experiments.longlora`.\n\nBudget rows measured " in table
+    assert "`python -m lab.experiments.longlora --budgets pi_s2_lora:8000 pi_full:16000,8000`" in table
 
 
 @pytest.mark.parametrize(

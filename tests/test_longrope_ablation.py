@@ -1,11 +1,12 @@
-"""experiments/longrope_ablation.py: searches varied by fitness and n-hat, each scored on what no search saw,
-and its verdicts: paired over (checkpoint, search seed) against a formula, Welch's between two searches."""
+"""lab/experiments/longrope_ablation.py: searches varied by fitness and n-hat, each scored on what no search
+saw, and its verdicts: paired over (checkpoint, search seed) against a formula, Welch's between two
+searches."""
 
 import math
 
 import pytest
 
-from experiments import longrope_ablation as ablation
+from lab.experiments import longrope_ablation as ablation
 
 
 def row(checkpoint, variant, seed, task, length, value):

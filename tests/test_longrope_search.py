@@ -1,6 +1,6 @@
-"""LongRoPE's search (experiments/longrope.py): its candidates always keep the paper's constraints, the
+"""LongRoPE's search (lab/experiments/longrope.py): its candidates always keep the paper's constraints, the
 evolution never loses its best and repeats itself for a seed, and on a trained checkpoint it writes a factors
-file that train.py (--init_from), sample.py and eval_length.py take."""
+file that train.py (--init_from), sample.py and lab/eval_length.py take."""
 
 import csv
 import json
@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import eval_length
 import sample
 import train
-from experiments import longrope
-from measure.losses import validation_tokens
-from measure.retrieval import count_correct, passkey_batch
+from lab import eval_length
+from lab.experiments import longrope
+from lab.measure.losses import validation_tokens
+from lab.measure.retrieval import count_correct, passkey_batch
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import read_rope_factors
 from tests.helpers import TINY_RUN
@@ -87,7 +87,7 @@ def test_the_search_on_a_checkpoint_ends_no_worse_than_its_initial_population(ro
 
 def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, capsys):
     """The factors file: train.py fine-tunes at 4 T with it (recorded in the checkpoint), sample.py and
-    eval_length.py apply it to the plain checkpoint, and the fine-tuned one samples as recorded."""
+    lab/eval_length.py apply it to the plain checkpoint, and the fine-tuned one samples as recorded."""
     factors = tmp_path / "factors.json"
     table = {"type": "longrope", "short_factor": [1] * 4, "long_factor": [1, 1.5, 3, 4], "keep_first": 2}
     factors.write_text(json.dumps(table))
@@ -140,8 +140,8 @@ def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, cap
 
 
 def test_the_search_never_measures_an_evaluation_window(rope_run, tmp_path, monkeypatch):
-    """Every window the loss fitness reads lies in the dataset's train.bin; eval_length.py and the study
-    evaluate val.bin (measure.losses.validation_tokens): another file, so no window is shared."""
+    """Every window the loss fitness reads lies in the dataset's train.bin; lab/eval_length.py and the study
+    evaluate val.bin (lab.measure.losses.validation_tokens): another file, so no window is shared."""
     seen, real = [], longrope.window_losses
 
     def recording(model, tokens, length, starts, *rest):
@@ -184,7 +184,7 @@ def test_a_fixed_n_hat_is_kept_by_every_candidate(rope_run, tmp_path):
         (["--fitness=ppl"], ["fitness='ppl'", "loss or passkey"]),
         (["--n_hat=-1"], ["n_hat must be >= 0"]),
         (["--top=0.5"], ["top must be >= 1"]),
-        (["--passkey_seed=0"], ["passkey_seed must be >= 1", "eval_length.py's evaluation samples"]),
+        (["--passkey_seed=0"], ["passkey_seed must be >= 1", "lab/eval_length.py's evaluation samples"]),
         (["--fitness=passkey"], ["passkey vocabulary", "--fitness=loss"]),  # a shakespeare_char checkpoint
     ],
 )

@@ -1,4 +1,4 @@
-"""LoRA (finetune/lora.py): adapters start as the identity, merge exactly, leave frozen weights without
+"""LoRA (lab/finetune/lora.py): adapters start as the identity, merge exactly, leave frozen weights without
 gradients, and through train.py write plain checkpoints and resume bit for bit."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from helpers import TINY_BLOCK, TINY_RUN, train_error_line
 
 import train
-from finetune import lora
+from lab.finetune import lora
 from model import GPT, GPTConfig
 from plumbing.checkpoint import build_model, load_checkpoint
 
@@ -136,7 +136,7 @@ def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint
     for key in ("model", "lora", "optimizer"):
         assert same(a[key], b[key]), key
     assert a["train_config"]["s2_group"] == 2 * TINY_BLOCK // 4
-    model = build_model("ckpt.pt", a)  # what sample.py and eval_length.py open
+    model = build_model("ckpt.pt", a)  # what sample.py and lab/eval_length.py open
     assert not any(isinstance(m, lora.LoRALinear) for m in model.modules())
 
 

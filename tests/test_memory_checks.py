@@ -7,8 +7,8 @@ from helpers import TINY_RUN
 
 import train
 from data.passkey import prepare as passkey_prepare
+from lab.perf import ab, bench
 from model import GPT, GPTConfig
-from perf import ab, bench
 from plumbing.memory import activation_bytes, forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES
 

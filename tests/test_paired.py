@@ -1,4 +1,4 @@
-"""measure/paired.py: the paired-t interval behind every verdict over seeds, checked by hand and against
+"""lab/measure/paired.py: the paired-t interval behind every verdict over seeds, checked by hand and against
 published t quantiles."""
 
 import math
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from measure.paired import paired_cell, paired_difference, t_quantile, verdict, welch_difference
+from lab.measure.paired import paired_cell, paired_difference, t_quantile, verdict, welch_difference
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])

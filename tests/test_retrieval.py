@@ -1,5 +1,5 @@
 """Passkey retrieval: the dataset states each key where it is asked to, the scorer counts what a model
-retrieves, the two scoring paths agree, and eval_length.py --task=passkey writes what it promises."""
+retrieves, the two scoring paths agree, and lab/eval_length.py --task=passkey writes what it promises."""
 
 import csv
 import json
@@ -12,7 +12,6 @@ import torch
 import torch.nn as nn
 from helpers import error_line
 
-import eval_length
 import train
 from data.common import DATA_ROOT, load_meta
 from data.passkey import prepare as passkey_prepare
@@ -27,7 +26,8 @@ from data.passkey.task import (
     is_eval_key,
     training_sample,
 )
-from measure.retrieval import (
+from lab import eval_length
+from lab.measure.retrieval import (
     answers_by_forward,
     answers_by_greedy,
     count_correct,
@@ -226,7 +226,7 @@ def test_forward_and_greedy_scoring_agree_on_exact_match(pos, length):
 
 
 # -----------------------------------------------------------------------------
-# eval_length.py --task=passkey
+# lab/eval_length.py --task=passkey
 
 
 def test_passkey_csv_has_the_promised_columns_and_one_line_per_cell(tmp_path):

@@ -1,5 +1,5 @@
-"""experiments/runs.py's ensure_trained side by side (jobs > 1): every run trained and finished, each one's
-output in {out_dir}.log, each given its share of the cores, a finished one reused."""
+"""lab/experiments/runs.py's ensure_trained side by side (jobs > 1): every run trained and finished, each
+one's output in {out_dir}.log, each given its share of the cores, a finished one reused."""
 
 import json
 import os
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import TINY_RUN
 
-from experiments import runs
-from experiments.runs import ensure_trained
+from lab.experiments import runs
+from lab.experiments.runs import ensure_trained
 from plumbing.checkpoint import open_checkpoint, run_finished
 from plumbing.run_folder import LOCK_NAME
 
@@ -55,7 +55,7 @@ def test_one_after_another_every_run_gets_the_same_thread_count(tmp_path, monkey
 # A study in miniature: one long run through ensure_trained, as the studies train theirs
 STUDY = """
 import sys
-from experiments.runs import ensure_trained
+from lab.experiments.runs import ensure_trained
 from plumbing.errors import one_line_errors
 with one_line_errors("study"):
     ensure_trained([sys.argv[2:]], jobs=int(sys.argv[1]))

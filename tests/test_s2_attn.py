@@ -1,4 +1,4 @@
-"""S²-Attn (finetune.s2.shifted_sparse_attention): LongLoRA's grouped training attention, causal and
+"""S²-Attn (lab.finetune.s2.shifted_sparse_attention): LongLoRA's grouped training attention, causal and
 without its released code's wrap-around leak; full attention outside training."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from helpers import TINY_RUN, train_error_line
 
 import train
-from finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
+from lab.finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
 
@@ -135,7 +135,7 @@ def test_s2_mask_blocks_the_wrapped_groups_halves_from_each_other():
 
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_model_uses_s2_attn_in_training_only(pos):
-    """With s2_group set, eval mode (train.py's evaluation, sample.py, eval_length.py) is full attention,
+    """With s2_group set, eval mode (train.py's evaluation, sample.py, lab/eval_length.py) is full attention,
     bit for bit; training mode differs, and is causal."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(pos=pos, block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11))
@@ -190,9 +190,9 @@ def test_s2_group_defaults_to_a_quarter_of_block_size():
 
 
 def test_the_lessons_figure_shows_the_pattern_the_code_applies():
-    """docs/figures/s2_attn.png is drawn from experiments.longlora.visibility, read off the attention itself:
-    it equals the brute-force pattern."""
-    from experiments.longlora import visibility
+    """docs/figures/s2_attn.png is drawn from lab.experiments.longlora.visibility, read off the attention
+    itself: it equals the brute-force pattern."""
+    from lab.experiments.longlora import visibility
 
     assert torch.equal(visibility(2, 16, 4), visible(2, 16, 4))
     assert torch.equal(visibility(4, 24, 6), visible(4, 24, 6))

@@ -10,7 +10,7 @@ from helpers import TINY_BLOCK, TINY_RUN, error_line, skip_without_gpt2
 
 import sample
 import train
-from measure import losses
+from lab.measure import losses
 from plumbing.tokenizers import CharTokenizer, get_tokenizer
 from positions import POS_SCHEMES
 

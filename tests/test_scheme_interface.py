@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import generation
-from measure.losses import position_losses, window_bytes
+from lab.measure.losses import position_losses, window_bytes
 from model import GPT, GPTConfig
 from plumbing.memory import forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
@@ -76,7 +76,7 @@ def test_a_registered_scheme_decodes_with_the_kv_cache(toy, monkeypatch):
 
 
 def test_a_registered_scheme_is_evaluated_past_block_size(toy):
-    """measure.losses at twice block_size: a finite loss at every position, and its memory estimate."""
+    """lab.measure.losses at twice block_size: a finite loss at every position, and its memory estimate."""
     torch.manual_seed(0)
     x = torch.randint(0, 11, (2, 2 * toy.block_size + 1))
     losses = position_losses(GPT(toy).eval(), x[:, :-1], x[:, 1:])
@@ -176,7 +176,7 @@ def test_the_name_check_finds_each_kind_of_comparison():
 
 
 def test_no_code_outside_positions_compares_a_schemes_name():
-    """Every Python file but positions.py, the tests and experiments/ asks the scheme (rotates, biased,
+    """Every Python file but positions.py, the tests and lab/experiments/ asks the scheme (rotates, biased,
     length_limit, ...) instead of comparing config.pos to a name: a fork adds its scheme in positions.py."""
     paths = [p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in EXEMPT]
     assert len(paths) > 30 and ROOT / "model.py" in paths

@@ -1,13 +1,13 @@
-"""The study (python -m experiments.extrapolation): seeds give runs of their own, recorded in their
+"""The study (python -m lab.experiments.extrapolation): seeds give runs of their own, recorded in their
 checkpoints, and the summary over seeds says which orderings every seed keeps. Commands are read by train.py's
-own parser (experiments.runs.plan), runs are real tiny train.py runs."""
+own parser (lab.experiments.runs.plan), runs are real tiny train.py runs."""
 
 import pytest
 import torch
 
 import train
-from experiments import extrapolation as study
-from experiments.runs import plan
+from lab.experiments import extrapolation as study
+from lab.experiments.runs import plan
 from positions import POS_SCHEMES
 
 
@@ -110,7 +110,7 @@ def test_study_flag_errors_are_one_line(capsys, argv, words):
     err = capsys.readouterr().err.strip()
     assert (
         exit_info.value.code == 2
-        and err.startswith("python -m experiments.extrapolation: error: ")
+        and err.startswith("python -m lab.experiments.extrapolation: error: ")
         and "\n" not in err
     )
     for word in words:
@@ -133,9 +133,9 @@ def test_longrope_study_searches_fine_tunes_and_extends_progressively(monkeypatc
     assert factors == f"{source}_longrope_x4/factors.json"
     assert runs == [tuned, f"{tuned}_x8", f"{tuned}_short"]
     assert [search[:4] for search in searches] == [
-        ["-m", "experiments.longrope", source, "--factor=4"],
-        ["-m", "experiments.longrope", tuned, "--factor=8"],
-        ["-m", "experiments.longrope", tuned, "--short"],
+        ["-m", "lab.experiments.longrope", source, "--factor=4"],
+        ["-m", "lab.experiments.longrope", tuned, "--factor=8"],
+        ["-m", "lab.experiments.longrope", tuned, "--short"],
     ]
     ft, x8, short = commands
     assert {

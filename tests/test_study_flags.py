@@ -3,9 +3,9 @@ first computation: one line, a non-zero status, nothing trained or computed."""
 
 import pytest
 
-from demo import figures, probe
-from experiments import extrapolation
-from perf import ab
+from lab.demo import figures, probe
+from lab.experiments import extrapolation
+from lab.perf import ab
 
 
 def never(what):
@@ -52,7 +52,7 @@ CASES = [
 def test_a_bad_flag_or_output_is_one_line_before_any_work(
     script, argv, status, words, places, capsys, monkeypatch
 ):
-    """No run trained (experiments.runs.ensure_trained), no model probed or drawn, no revision loaded."""
+    """No run trained (lab.experiments.runs.ensure_trained), no model probed or drawn, no revision loaded."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(extrapolation, "ensure_trained", never("training"))
     monkeypatch.setattr(probe, "run_probes", never("the probes"))

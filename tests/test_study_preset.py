@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from experiments import extrapolation as study
+from lab.experiments import extrapolation as study
 
 # train.py flags that shrink the preset's 10.7M-parameter model and its schedule to a few seconds on a CPU
 TINY = "--n_layer=1 --n_head=2 --n_embd=16 --block_size=32 --batch_size=4 --max_iters=3 --lr_decay_iters=3"

@@ -15,14 +15,15 @@ import torch
 from helpers import TINY_RUN, error_line
 from tqdm import tqdm
 
-import eval_length
 import sample
 import train
-from perf import ab, bench, threads
+from lab import eval_length
+from lab.perf import ab, bench, threads
+from lab.tables import generated_blocks
 from plumbing import hardware
 from plumbing.cli import threads_flag
 from plumbing.errors import UserError
-from plumbing.report import SLOWDOWN, StepClock, generated_blocks, progress_bar, step_line
+from plumbing.report import SLOWDOWN, StepClock, progress_bar, step_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +106,7 @@ def test_every_entry_point_declares_threads_once_and_its_help_says_what_it_does(
 @pytest.mark.parametrize("script", [train, sample, eval_length, bench, ab])
 def test_a_bad_thread_count_is_one_line_naming_the_choices(capsys, script):
     argv = ["--threads=0", *{eval_length: ["out/x"], ab: ["--against=HEAD"]}.get(script, [])]
-    if script is ab:  # perf.ab's prog is its module name
+    if script is ab:  # lab.perf.ab's prog is its module name
         with pytest.raises(SystemExit, match="2"):
             ab.main(argv)
         err = capsys.readouterr().err.strip()
@@ -153,8 +154,8 @@ class Terminal(io.StringIO):
 
 
 def test_progress_is_a_few_plain_lines_when_not_on_a_terminal():
-    """eval_length.py's and data/fineweb_edu/prepare.py's progress: off a terminal (a log, a pipe), one whole
-    line per quarter, never a bar redrawn with carriage returns; on a terminal, tqdm's bar."""
+    """lab/eval_length.py's and data/fineweb_edu/prepare.py's progress: off a terminal (a log, a pipe), one
+    whole line per quarter, never a bar redrawn with carriage returns; on a terminal, tqdm's bar."""
     log = io.StringIO()
     with progress_bar(1000, "tok", "tokenizing", file=log) as bar:
         for _ in range(100):

@@ -16,14 +16,14 @@ import pytest
 import torch
 from helpers import TINY_RUN
 
-import eval_length
 import sample
 import train
-from demo import probe
-from experiments import extrapolation
 from generation import generate_cached
+from lab import eval_length
+from lab.demo import probe
+from lab.experiments import extrapolation
+from lab.perf import bench
 from model import GPT, GPTConfig
-from perf import bench
 from plumbing import hardware
 from plumbing.memory import generation_bytes, kv_cache_bytes, position_table_bytes
 from positions import POS_SCHEMES
@@ -49,10 +49,10 @@ EVAL = ["{ckpt}", "--lengths=1", "--max_windows=1", "--device=cpu", "--progress=
 SCRIPTS = {
     "sample": (sample, "sample.py"),
     "train": (train, "train.py"),
-    "bench": (bench, "python -m perf.bench"),
-    "eval_length": (eval_length, "eval_length.py"),
-    "probe": (probe, "python -m demo.probe"),
-    "extrapolation": (extrapolation, "python -m experiments.extrapolation"),
+    "bench": (bench, "python -m lab.perf.bench"),
+    "eval_length": (eval_length, "python -m lab.eval_length"),
+    "probe": (probe, "python -m lab.demo.probe"),
+    "extrapolation": (extrapolation, "python -m lab.experiments.extrapolation"),
 }
 NO_MATPLOTLIB = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="--plot needs matplotlib"
@@ -339,8 +339,8 @@ def test_ctrl_c_stops_sample_quietly_with_status_130(trained):
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs POSIX resource limits")
 def test_a_full_disk_is_found_before_the_evaluation_and_keeps_the_prior_csv(trained, tmp_path):
     """No byte can be written (RLIMIT_FSIZE 0 stands for a full disk; SIGXFSZ ignored, so a write fails with
-    an error instead of killing the process): eval_length.py says so in one line before it evaluates, and the
-    CSV of an earlier run is left whole."""
+    an error instead of killing the process): lab/eval_length.py says so in one line before it evaluates, and
+    the CSV of an earlier run is left whole."""
     prior = tmp_path / "loss.csv"
     prior.write_text("checkpoint,loss\nearlier run,1.5\n")
 
@@ -350,7 +350,8 @@ def test_a_full_disk_is_found_before_the_evaluation_and_keeps_the_prior_csv(trai
 
     process = run_script(
         [
-            "eval_length.py",
+            "-m",
+            "lab.eval_length",
             str(trained),
             "--lengths=1",
             "--max_windows=1",
@@ -363,7 +364,8 @@ def test_a_full_disk_is_found_before_the_evaluation_and_keeps_the_prior_csv(trai
     out, err = process.communicate(timeout=120)
     assert process.returncode == 1 and out == "", (out, err)
     assert (
-        err.startswith(f"eval_length.py: error: --csv={prior}: cannot write there (") and err.count("\n") == 1
+        err.startswith(f"python -m lab.eval_length: error: --csv={prior}: cannot write there (")
+        and err.count("\n") == 1
     ), err
     assert prior.read_text() == "checkpoint,loss\nearlier run,1.5\n" and os.listdir(tmp_path) == ["loss.csv"]
 
@@ -443,16 +445,16 @@ run(sys.argv[0], run_name="__main__")
     [
         "train.py",
         "sample.py",
-        "eval_length.py",
-        "perf.bench",
-        "demo.figures",
-        "demo.permutation",
-        "demo.probe",
-        "experiments.extrapolation",
-        "experiments.longlora",
-        "experiments.longrope",
-        "experiments.longrope_ablation",
-        "perf.ab",
+        "lab.eval_length",
+        "lab.perf.bench",
+        "lab.demo.figures",
+        "lab.demo.permutation",
+        "lab.demo.probe",
+        "lab.experiments.extrapolation",
+        "lab.experiments.longlora",
+        "lab.experiments.longrope",
+        "lab.experiments.longrope_ablation",
+        "lab.perf.ab",
     ],
 )
 def test_a_ctrl_c_while_torch_is_imported_is_status_130_without_a_traceback(entry):

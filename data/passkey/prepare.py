@@ -23,9 +23,15 @@ from data.passkey.task import CHARS, GENERATOR, KEY_CHARACTERS, default_name, tr
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory, format_bytes
-from plumbing.memory import passkey_dataset_bytes
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
+
+
+def passkey_dataset_bytes(block_size, train_samples, val_samples):
+    """{what: bytes} this script holds at its peak: both splits' ids as int64, and while a split is
+    built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a string)."""
+    length, largest = block_size + 1, max(train_samples, val_samples)
+    return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
 
 
 def prepare(
@@ -63,7 +69,7 @@ def main(argv=None):
         if args.name is not None and common.bad_dataset_name(args.name):
             parser.error(f"--name must be a plain folder name such as passkey_long, got {args.name!r}")
         check_seed("seed", args.seed)
-        # refused before hours of drawing: what memory (plumbing.memory) or disk (uint16 ids) cannot hold
+        # refused before hours of drawing: what memory or disk (uint16 ids) cannot hold
         what = f"{n_train + n_val:,} samples of {T + 1:,} characters"
         advice = "lower --train_samples, --val_samples or --block_size"
         check_memory(passkey_dataset_bytes(T, n_train, n_val), "cpu", what, advice)

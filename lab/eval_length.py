@@ -1,0 +1,572 @@
+"""
+Loss against length, or passkey retrieval against length: how each checkpoint does at, and past, the length it
+was trained on.
+
+    python -m lab.eval_length out/shakespeare_char_learned out/shakespeare_char_rope --lengths 0.5,1,2,4,8
+    python -m lab.eval_length out/shakespeare_char_rope out/shakespeare_char_alibi --lengths 32t,64t,256t \
+        --max_windows 32 --csv loss.csv --plot loss.png
+    python -m lab.eval_length out/passkey_rope out/passkey_alibi --task=passkey --csv pk.csv --plot pk.png
+
+--task=loss: the mean val loss over non-overlapping windows of L tokens, its standard error, and the mean loss
+at positions >= T (the trained block_size), by exact full forward passes. --task=passkey (checkpoints trained
+on data/passkey): the exact match of the five digits over --trials samples per length and depth of the key,
+with its 95% Wilson interval. A length is a multiple of T (a bare number up to 16, or ending in x: 0.5, 2,
+32x) or a count of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint
+and method: plain (as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L/T),
+no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
+"""
+
+import sys
+
+if not __package__:  # `python lab/eval_length.py`: the repository's packages are not importable
+    sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.eval_length`")
+
+
+from plumbing.errors import quiet_ctrl_c
+
+if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
+    quiet_ctrl_c()
+
+import csv
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.common import dataset_dir, load_meta
+from data.passkey.task import CHARS as PASSKEY_CHARS
+from data.passkey.task import filler_length
+from lab.measure.instruments import figure_format, pyplot, save_figure
+from lab.measure.losses import validation_tokens, window_bytes, window_losses, window_starts
+from lab.measure.retrieval import count_correct, passkey_batch, wilson_interval
+from lab.outputs import check_outputs, write_output
+from lab.tables import fmt, markdown_table
+from model import GPTConfig
+from plumbing import hardware
+from plumbing.checkpoint import (
+    check_same_vocabulary,
+    checkpoint_path,
+    open_checkpoint,
+    open_model,
+    rope_overrides,
+)
+from plumbing.cli import parse_flags, read_rope_factors, threads_flag
+from plumbing.errors import UserError, one_line_errors
+from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
+from plumbing.memory import scheme_shapes
+from plumbing.report import progress_bar
+from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
+
+PROG = "python -m lab.eval_length"  # as the user types it, in every error line
+ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
+CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
+POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
+PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_low", "ci_high")
+TASKS = ("loss", "passkey")
+CHOICES = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}  # checked by parse_flags
+DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
+MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
+LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
+LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2)), "longrope": (0, (1, 1))}
+
+
+@dataclass
+class EvalConfig:
+    checkpoints: list[str]  # out_dirs of train.py runs (best.pt, else ckpt.pt) or checkpoint files
+    task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
+    lengths: str | None = None  # 2 or 2x: 2 x T; 256 or 256t: 256 tokens; None: 0.5,1,2,4,8 (passkey: 1-8)
+    depths: str = "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler
+    trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
+    passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
+    rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions at s = L/T
+    rope_factors: str | None = None  # longrope's per-pair factors (JSON): a longrope row for RoPE checkpoints
+    max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
+    batch_size: int = 8  # windows per forward pass
+    dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: str = threads_flag()
+    csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
+    positions_csv: str | None = None  # write the mean loss at every position to this CSV file
+    plot: str | None = None  # draw loss by position and loss against length into this image file
+    bucket: int = 1  # positions averaged into each point of the plotted loss-by-position curves
+    progress: bool = True  # a progress bar on stderr
+
+    def __post_init__(self):  # task and rope_scalings: parse_flags checks them (CHOICES)
+        self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
+        parse_lengths(self.lengths)
+        parse_depths(self.depths)
+        if self.task == "passkey" and self.positions_csv:
+            raise ValueError("--positions_csv is the loss at every position: --task=loss only")
+        for name in ("max_windows", "batch_size", "bucket", "trials"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_device_name(self.device)
+        hardware.check_threads(self.threads)
+        if self.rope_factors and LONGROPE not in self.rope_scalings:
+            self.rope_scalings = [*self.rope_scalings, LONGROPE]
+        if LONGROPE in self.rope_scalings and not self.rope_factors:
+            raise ValueError("--rope_scalings=longrope takes its factors from --rope_factors=FILE")
+        self.longrope = read_rope_factors(self.rope_factors) if self.rope_factors else None
+        if self.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
+        if self.plot:
+            figure_format(self.plot, "plot")  # one matplotlib writes
+
+
+@dataclass(frozen=True)
+class Length:
+    value: float  # a multiple of T, or a number of tokens
+    multiple: bool  # True: value x T; False: value tokens
+
+    def tokens(self, block_size):
+        return round(self.value * block_size) if self.multiple else int(self.value)
+
+    def __str__(self):
+        return f"{self.value:g}x" if self.multiple else f"{int(self.value)}t"
+
+
+def parse_lengths(text):
+    """--lengths -> [Length]; a one-line ValueError for anything not a length of at least one token."""
+    lengths = []
+    for item in (item.strip() for item in text.split(",")):
+        spec = item.lower()
+        try:
+            value = float(spec[:-1] if spec.endswith(("x", "t")) else spec)
+        except ValueError:
+            raise ValueError(
+                f"--lengths: {item!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t (256 tokens)"
+            ) from None
+        multiple = spec.endswith("x") or (not spec.endswith("t") and value <= MAX_BARE_MULTIPLE)
+        if not math.isfinite(value) or value <= 0 or (not multiple and value < 1):
+            raise ValueError(f"--lengths: {item} is below 1: a length must be at least one token")
+        if not multiple and not value.is_integer():
+            raise ValueError(f"--lengths: {item} is not a whole number of tokens")
+        lengths.append(Length(value if multiple else int(value), multiple))
+    return lengths
+
+
+def parse_depths(text):
+    """--depths -> sorted [float] in [0, 1]: 0 is the first of the filler, 1 just before the question."""
+    depths = set()
+    for item in text.split(","):
+        try:
+            depth = float(item)
+        except ValueError:
+            depth = math.nan
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(
+                f"--depths: {item.strip()!r} is not a depth; give fractions from 0 to 1 such as 0,0.5,1"
+            )
+        depths.add(depth)
+    return sorted(depths)
+
+
+@dataclass
+class Source:
+    name: str  # as given on the command line
+    path: Path
+    ckpt: dict
+    tokens: object  # the val split (np.memmap); None for the passkey task
+
+    def __post_init__(self):
+        self.config = self.ckpt["model_config"]
+        self.block_size = self.config["block_size"]
+        self.scheme = scheme_shapes(GPTConfig(**self.config))  # its answers (a meta module: no memory)
+        self.limit = self.scheme.length_limit  # learned's table; None: unbounded
+
+    def methods(self, rope_scalings, longrope=None):
+        """The scaling names of its rows, its own (plain, or its recorded RoPE extension) first; longrope
+        only where `longrope`, the --rope_factors read, fits it (no_longrope)."""
+        if self.config.get("rope_scaling"):
+            return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
+        if self.scheme.rotates:
+            fits = longrope is not None and not self.no_longrope(longrope)
+            return ["plain", *(m for m in rope_scalings if m != LONGROPE or fits)]
+        return ["plain", "window"] if self.limit is not None else ["plain"]
+
+    def no_rope_scalings(self):
+        """Why this checkpoint takes no --rope_scalings row (its scheme rotates nothing, or it is measured at
+        its own extension); None: it takes them."""
+        if not self.scheme.rotates:
+            return f"pos={self.config['pos']}, not RoPE"
+        if self.config.get("rope_scaling"):
+            return f"measured at its own rope_scaling={self.config['rope_scaling']}"
+        return None
+
+    def no_longrope(self, longrope):
+        """Why the factors read from --rope_factors give this checkpoint no longrope row; None: they do."""
+        if why := self.no_rope_scalings():
+            return why
+        searched = longrope.get("rope_original_len")
+        original = self.config["rope_original_len"] or self.block_size
+        if searched not in (None, original):
+            return f"T = {original}, the factors were searched for {searched}"
+        return None
+
+
+def open_source(name, dataset=None, task="loss"):
+    """A checkpoint (folder or file) and, for the loss, its dataset's val split, or a one-line UserError."""
+    given = Path(name)
+    if not given.exists():
+        raise UserError(f"{name}: no such folder or checkpoint file")
+    path = given if given.is_file() else checkpoint_path(given)
+    ckpt = open_checkpoint(path, mmap=True)  # the weights are read per row, the optimizer state never
+    if task == "passkey":  # makes its own samples (lab/measure/retrieval.py)
+        return Source(name, path, ckpt, None)
+    dataset = dataset or ckpt.get("train_config", {}).get("dataset")
+    if dataset is None:
+        raise UserError(f"{path}: records no training dataset; say which with --dataset")
+    tokens = validation_tokens(dataset)
+    check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
+    return Source(name, path, ckpt, tokens)
+
+
+def lengths_for(source, lengths):
+    """{Length: tokens} for one checkpoint; a length that rounds to no token is a one-line UserError."""
+    resolved, T = {length: length.tokens(source.block_size) for length in lengths}, source.block_size
+    for length, n in resolved.items():
+        if n < 1:
+            raise UserError(f"--lengths: {length} of T = {T} ({source.name}) is {n} tokens, below 1")
+    return resolved
+
+
+def model_for(source, method, length, device, longrope=None):
+    """A row's model: the checkpoint as recorded, or a RoPE extension at s = max(1, length / T)."""
+    if method in ROPE_SCALING_CHOICES and not source.config.get("rope_scaling"):
+        factor = default_rope_factor(length, source.block_size)
+        longrope = longrope if method == LONGROPE else None
+        return open_model(source.path, device, source.ckpt, method, factor, longrope=longrope)[0]
+    return open_model(source.path, device, source.ckpt)[0]
+
+
+def available(source, method, length):
+    """A scheme with a table (learned) has no positions past it: its plain row is not available there."""
+    return not (method == "plain" and source.limit is not None and length > source.limit)
+
+
+def same_as_plain(source, method, length):
+    """Up to T, a RoPE extension applied here runs at s = 1 and learned's window holds the whole context."""
+    applied_here = method == "window" or (method in ROPE_SCALINGS and not source.config.get("rope_scaling"))
+    return applied_here and length <= source.block_size
+
+
+def label(source, method):
+    if method == "plain" or method == "window":
+        return method
+    if source.config.get("rope_scaling"):
+        return f"{method} x{source.config['rope_factor']:g} (as trained)"
+    return "longrope (--rope_factors)" if method == LONGROPE else f"{method} (s = L/T)"
+
+
+@dataclass
+class Measure:
+    length: int  # L, in tokens
+    windows: int  # windows of L tokens averaged (0: not available)
+    loss: float | None = None  # mean loss over every position of every window; None: not available
+    loss_beyond: float | None = None  # mean loss at positions >= T; None when L <= T
+    stderr: float | None = None  # standard error of the per-window mean loss; None under two windows
+    positions: list = field(default_factory=list)  # mean loss at each position 0 .. L-1 over the windows
+
+    def fields(self):  # CSV_COLUMNS after the row's
+        return [*(fmt(v, ".6f") for v in (self.loss, self.loss_beyond, self.stderr)), self.windows]
+
+
+@dataclass
+class Retrieval:
+    length: int  # L, in tokens
+    depth: float  # where the key was stated, as a fraction of the filler before it
+    trials: int  # 0: not available (learned past its table)
+    correct: int  # trials whose five digits were all the argmax
+
+    @property
+    def accuracy(self):
+        return self.correct / self.trials if self.trials else None
+
+    def fields(self):  # PASSKEY_COLUMNS after the row's; accuracy and interval empty if not available
+        low, high = wilson_interval(self.correct, self.trials) if self.trials else (None, None)
+        rates = (fmt(v, ".4f") for v in (self.accuracy, low, high))
+        return [f"{self.depth:g}", self.trials, self.correct, *rates]
+
+
+@dataclass
+class Row:
+    checkpoint: str
+    pos: str
+    scaling: str  # plain | linear | ntk | dynamic | yarn | llama3 | window
+    block_size: int  # T
+    label: str  # how the table names the method
+    measures: dict  # {L: Measure}, or {L: [Retrieval per depth]}
+    reference: float | None  # the checkpoint's plain loss at L = T (None for passkey)
+
+    def key(self, n):
+        return [self.checkpoint, self.pos, self.scaling, self.block_size, n]
+
+
+def passkey_vocabulary(source):
+    """{char: id} of a checkpoint trained on the passkey vocabulary; a one-line UserError for any other."""
+    chars = source.ckpt.get("meta", {}).get("chars") or []
+    missing = sorted(set(PASSKEY_CHARS).difference(chars))
+    if missing:
+        raise UserError(
+            f"{source.name}: --task=passkey needs a checkpoint trained on the passkey vocabulary "
+            f"(python train.py --config configs/passkey.toml); its vocabulary lacks {''.join(missing)!r}"
+        )
+    return {c: i for i, c in enumerate(chars)}
+
+
+def evaluate(sources, lengths, cfg, device, depths=None):
+    """A Row per checkpoint and method: the loss at every length, or with depths (--task=passkey) cfg.trials
+    samples at each length and depth. Each model runs once, under one progress bar, where it is available and
+    not plain's model (same_as_plain: there the row shows plain's), and for the loss each checkpoint's own row
+    at L = T too, the ratios' reference. -> [Row]"""
+    plan = []  # (source, method, L)
+    for source in sources:
+        asked = set(lengths_for(source, lengths).values())
+        for i, method in enumerate(source.methods(cfg.rope_scalings, cfg.longrope)):
+            for n in sorted(asked | {source.block_size} if i == 0 and depths is None else asked):
+                if available(source, method, n) and not same_as_plain(source, method, n):
+                    plan.append((source, method, n))
+    if depths is None:
+        starts = {(s.name, n): window_starts(len(s.tokens), n, cfg.max_windows) for s, _, n in plan}
+        total, unit = sum(len(starts[s.name, n]) for s, _, n in plan), "window"
+    else:
+        total, unit = len(plan) * len(depths) * cfg.trials, "trial"
+    results = {}
+    with progress_bar(total, unit, "evaluating", enabled=cfg.progress) as bar:
+        for source, method, n in plan:
+            bar.set_postfix_str(f"{source.name} {method} L={n}", refresh=False)
+            model = model_for(source, method, n, device, cfg.longrope)
+            if depths is None:  # (windows, L) token losses -> Measure
+                windows = starts[source.name, n]
+                losses = window_losses(model, source.tokens, n, windows, cfg.batch_size, device, bar.update)
+                losses, T, count = losses.double(), source.block_size, len(windows)
+                per_window = losses.mean(1)
+                beyond = losses[:, T:].mean().item() if n > T else None
+                stderr = (per_window.std() / math.sqrt(count)).item() if count > 1 else None
+                result = Measure(n, count, per_window.mean().item(), beyond, stderr, losses.mean(0).tolist())
+            else:
+                stoi, result = passkey_vocabulary(source), []
+                for depth in depths:
+                    tokens, answer_start = passkey_batch(stoi, n, depth, cfg.trials, cfg.passkey_seed)
+                    correct = count_correct(model, tokens.to(device), answer_start, cfg.batch_size)
+                    result.append(Retrieval(n, depth, cfg.trials, correct))
+                    bar.update(cfg.trials)
+            results[source.name, method, n] = result
+    rows = []
+    for source in sources:
+        methods = source.methods(cfg.rope_scalings, cfg.longrope)
+        reference = results[source.name, methods[0], source.block_size].loss if depths is None else None
+        for method in methods:
+            measures = {}
+            for n in lengths_for(source, lengths).values():
+                key = (source.name, "plain" if same_as_plain(source, method, n) else method, n)
+                empty = Measure(n, 0) if depths is None else [Retrieval(n, d, 0, 0) for d in depths]
+                measures[n] = results.get(key, empty)
+            pos, T = source.config["pos"], source.block_size
+            rows.append(Row(source.name, pos, method, T, label(source, method), measures, reference))
+    return rows
+
+
+def table(caption, rows, lengths, cell):
+    """The caption, then a markdown table: a line per row, a column per length, cell(row, its measure)."""
+    head = ["checkpoint", "pos", "T", "method", *(str(length) for length in lengths)]
+    lines = [
+        [row.checkpoint, row.pos, str(row.block_size), row.label]
+        + [cell(row, row.measures[length.tokens(row.block_size)]) for length in lengths]
+        for row in rows
+    ]
+    return "\n".join([caption, "", markdown_table(head, lines)])
+
+
+def loss_table(rows, lengths):
+    caption = (
+        "validation loss over non-overlapping windows of L tokens (2x: 2 x T; 256t: 256 tokens); in "
+        "brackets the ratio to the checkpoint's own loss at L = T; n/a: no positions past T"
+    )
+    cell = lambda row, m: "n/a" if m.loss is None else f"{m.loss:.3f} ({m.loss / row.reference:.2f})"
+    return table(caption, rows, lengths, cell)
+
+
+def passkey_table(rows, lengths, depths, trials):
+    caption = (
+        f"passkey retrieval: exact match of all five digits, {trials} trials at each of the depths "
+        f"{', '.join(f'{d:g}' for d in depths)}, pooled; in brackets the 95% Wilson interval; "
+        "n/a: no positions past T"
+    )
+
+    def cell(row, cells):
+        correct, n = sum(c.correct for c in cells), sum(c.trials for c in cells)
+        low, high = wilson_interval(correct, n)
+        return "n/a" if n == 0 else f"{correct / n:.0%} [{low:.0%}, {high:.0%}]"
+
+    return table(caption, rows, lengths, cell)
+
+
+def write_csv(flag, path, columns, lines):
+    def write(tmp):  # the header row, then lines; written whole or not at all
+        with open(tmp, "x", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([columns, *lines])
+
+    write_output(flag, path, write)
+
+
+def plot_needles(path, rows):
+    """Needle-in-a-haystack heatmaps, a panel per row: length across, depth down, exact match (grey: n/a)."""
+    plt, columns = pyplot(), min(4, len(rows))
+    cmap, lines = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey"), math.ceil(len(rows) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
+    for ax in axes.flat[len(rows) :]:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, rows):
+        lengths = sorted(row.measures)
+        depths = [c.depth for c in row.measures[lengths[0]]]
+        grid = np.array([[c.accuracy for c in row.measures[n]] for n in lengths], dtype=float).T  # None: NaN
+        ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            text = "n/a" if math.isnan(value) else f"{value:.0%}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
+        ax.set_ylabel("depth of the key", fontsize=7)
+        ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
+    save_figure(fig, path, "plot", dpi=120, tight=True)
+
+
+def bucketed(positions, bucket):
+    """(first position of each bucket, its mean loss): one point per `bucket` positions (the last: fewer)."""
+    points = torch.tensor(positions, dtype=torch.float64).split(bucket)
+    return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
+
+
+def plot(path, rows, bucket=1):
+    """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
+    longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
+    (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
+    plt, checkpoints = pyplot(), dict.fromkeys(row.checkpoint for row in rows)
+    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(LINESTYLES)}
+    size = (4.2 * len(checkpoints) + 1, 7.5)
+    fig, axes = plt.subplots(2, len(checkpoints), figsize=size, squeeze=False, sharey="row")
+    for column, checkpoint in enumerate(checkpoints):
+        by_position, by_length = axes[:, column]
+        for row in (row for row in rows if row.checkpoint == checkpoint):
+            measured = [m for m in row.measures.values() if m.loss is not None]
+            if not measured:
+                continue
+            style = dict(color=colors[row.scaling], linestyle=LINESTYLES[row.scaling], label=row.label)
+            longest = max(measured, key=lambda m: m.length)
+            by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
+            lengths, losses = [m.length for m in measured], [m.loss for m in measured]
+            by_length.plot(lengths, losses, marker="o", markersize=3, **style)
+            by_position.axvline(row.block_size, color="grey", linewidth=0.8)
+        by_position.set_title(Path(checkpoint).name, fontsize=10)
+        per = "position" if bucket == 1 else f"bucket of {bucket} positions"
+        by_position.set_xlabel(f"position (one point per {per}; grey: T)", fontsize=8)
+        by_length.set_xscale("log", base=2)
+        by_length.set_xlabel("L (tokens, log2)", fontsize=8)
+        by_length.legend(fontsize=7, frameon=False)
+    axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
+    axes[1, 0].set_ylabel("mean validation loss over L tokens")
+    save_figure(fig, path, "plot", dpi=120, tight=True)
+
+
+def check_length(source, n, cfg, device):
+    """A one-line UserError if `n` tokens cannot be measured: no window of n tokens fits in the split, a
+    passkey sample has no room for its key and question, or a batch would not fit in the memory available."""
+    if cfg.task == "passkey":
+        passkey_vocabulary(source)
+        try:
+            filler_length(n + 1)  # n inputs, and the last digit as their last target
+        except ValueError as e:
+            raise UserError(f"--lengths: {n} tokens of {source.name}: {e}; choose longer lengths") from None
+        batch = min(cfg.batch_size, cfg.trials)
+    else:
+        batch = min(cfg.batch_size, len(window_starts(len(source.tokens), n, cfg.max_windows)))
+    what = f"evaluating {source.name} at L = {n:,} tokens in batches of {batch}"
+    parts = window_bytes(GPTConfig(**source.config), batch, n)
+    check_memory(parts, device, what, "lower --lengths or --batch_size")
+
+
+def check_rope_scalings(sources, cfg):
+    """Before any row: --rope_scalings given (other than its default, every one) where no checkpoint takes a
+    RoPE extension's row is a usage UserError; -> a note naming the checkpoints it gives none, or None."""
+    asked = [m for m in cfg.rope_scalings if m != LONGROPE]
+    if not asked or tuple(asked) == ROPE_SCALINGS:
+        return None
+    skipped = [f"{s.name} ({why})" for s in sources if (why := s.no_rope_scalings())]
+    if len(skipped) == len(sources):
+        raise UserError(
+            f"--rope_scalings={','.join(asked)} extends RoPE; no checkpoint takes it: {', '.join(skipped)}", 2
+        )
+    return f"note: --rope_scalings gives no rows to {', '.join(skipped)}" if skipped else None
+
+
+def check_longrope(sources, lengths, cfg):
+    """Before any row: a one-line UserError if --rope_factors give no checkpoint a longrope row, or cannot
+    give one its row at every length (GPTConfig refuses them: their count, the attention factor); -> a note
+    naming the checkpoints they give none (no_longrope), None if they give every one."""
+    if not cfg.longrope:
+        return None
+    skipped = [f"{s.name} ({why})" for s in sources if (why := s.no_longrope(cfg.longrope))]
+    if len(skipped) == len(sources):
+        raise UserError(
+            f"--rope_factors {cfg.rope_factors} gives no checkpoint a longrope row: {', '.join(skipped)}", 2
+        )
+    for source in (s for s in sources if not s.no_longrope(cfg.longrope)):
+        for n in lengths_for(source, lengths).values():
+            factor = default_rope_factor(n, source.block_size)
+            try:
+                GPTConfig(**source.config | rope_overrides(LONGROPE, factor, longrope=cfg.longrope))
+            except ValueError as e:
+                raise UserError(f"--rope_factors {cfg.rope_factors} on {source.name}: {e}", 2) from None
+    return f"note: --rope_factors gives no longrope row to {', '.join(skipped)}" if skipped else None
+
+
+def main(argv=None):
+    """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
+    with one_line_errors(PROG):
+        sections, flags = (
+            [("evaluation", EvalConfig, None)],
+            dict(choices=CHOICES, positional=("checkpoints",)),
+        )
+        cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, **flags))
+        lengths = parse_lengths(cfg.lengths)
+        device = resolve_device(cfg.device)
+        check_device(device)
+        outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
+        # first: a full disk leaves torch no temporary folder, which reading a checkpoint may need
+        check_outputs(outputs, inputs=[checkpoint_path(name) for name in cfg.checkpoints])
+        sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
+        for source in sources:  # every length before any work
+            for n in lengths_for(source, lengths).values():
+                check_length(source, n, cfg, device)
+        for note in (check_longrope(sources, lengths, cfg), check_rope_scalings(sources, cfg)):
+            if note:
+                print(note)
+        print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
+        depths = parse_depths(cfg.depths) if cfg.task == "passkey" else None  # never empty for the passkey
+        rows = evaluate(sources, lengths, cfg, device, depths)
+        print(passkey_table(rows, lengths, depths, cfg.trials) if depths else loss_table(rows, lengths))
+        cells = [(row, n, c) for row in rows for n, m in row.measures.items() for c in (m if depths else [m])]
+        if cfg.csv:  # a line per Measure, or per Retrieval (a depth)
+            columns = PASSKEY_COLUMNS if depths else CSV_COLUMNS
+            write_csv("csv", cfg.csv, columns, [[*row.key(n), *c.fields()] for row, n, c in cells])
+        if cfg.positions_csv:  # --task=loss only (EvalConfig)
+            lines = [
+                [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
+                for row, n, m in cells
+                for p, loss in enumerate(m.positions)
+            ]
+            write_csv("positions_csv", cfg.positions_csv, POSITION_COLUMNS, lines)
+        if cfg.plot and depths:
+            plot_needles(cfg.plot, rows)
+        elif cfg.plot:
+            plot(cfg.plot, rows, cfg.bucket)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -10,8 +10,9 @@ each position scheme does there.
 
 The checkpoint carries the model config and the vocabulary: --out_dir is all it needs. The text marks where
 the trained length was crossed. --compare runs the same prompt, seed and settings through several checkpoints
-and reports each one's speed and validation loss inside vs beyond the trained length. A generation that would
-not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status 130).
+and reports each one's speed (their losses past the trained length: python -m lab.eval_length). A generation
+that would not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status
+130).
 """
 
 from plumbing.errors import quiet_ctrl_c
@@ -26,7 +27,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from generation import captured_on, decode_mode, generate_cached
-from lab.measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
 from plumbing import hardware
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
@@ -231,41 +231,27 @@ def decoding(model, cfg, device):
 def compare(cfg, device, threads):
     """Every checkpoint in cfg.compare with the same prompt, seed and settings (--rope_scaling applied to the
     RoPE ones only), then a summary table; threads: a line to print once every checkpoint is checked. Each
-    is opened and checked (its weights, its vocabulary against the prompt, its dataset) before any sample,
-    then let go: one model in memory at a time."""
+    is opened and checked (its weights, its vocabulary against the prompt) before any sample, then let go:
+    one model in memory at a time. Their losses past T: python -m lab.eval_length."""
     if not cfg.compare:
         raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
-    unmeasured = {}  # out_dir: why its loss cannot be measured, or None
     for out_dir in cfg.compare:
-        loaded = load_for_generation(out_dir, cfg, device, True)[0]
-        unmeasured[out_dir] = unmeasurable(loaded.checkpoint.get("train_config", {}).get("dataset"))
-        del loaded
+        load_for_generation(out_dir, cfg, device, True)
     print(threads)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
         loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, True)
-        length = len(prompt_ids) + max_new_tokens
-        # measured before generating: windows that would not fit in memory stop it before the work, not after
-        dataset = loaded.checkpoint.get("train_config", {}).get("dataset")
-        losses = inside_vs_beyond_loss(loaded.model, dataset, device, length)
         _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, False)
-        rows.append((out_dir, loaded.model.config, tokens_per_second, losses, length))  # one model at a time
-    print("\nvalidation loss at positions inside (< T) and beyond (>= T) the trained length T, over windows "
-          "of the generated length;\na scheme with a position table (learned) sees the last T tokens past it,"
-          " as it generates")  # fmt: skip
-    header = f"{'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9} {'loss < T':>9} {'loss >= T':>9}"
-    print(f"{'checkpoint':<34} {header}")
-    for out_dir, c, tokens_per_second, losses, _ in rows:
-        measured = f"{losses[0]:>9.4f} {losses[1]:>9.4f}" if losses else f"no loss: {unmeasured[out_dir]}"
-        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {c.rope_scaling or '-':<10} "
-              f"{tokens_per_second:>9.1f} {measured}")  # fmt: skip
+        rows.append((out_dir, loaded.model.config, tokens_per_second))  # one model at a time
+    print(f"\n{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9}")
+    for out_dir, c, speed in rows:
+        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {c.rope_scaling or '-':<10} {speed:>9.1f}")
     return rows
 
 
 def main(argv=None):
-    """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, its GPTConfig, tokens/s,
-    (loss < T, loss >= T) or None, the length those losses were measured over)."""
+    """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, GPTConfig, tokens/s)."""
     with one_line_errors("sample.py"):  # Ctrl-C too: quietly, with the status a shell gives it (130)
         cfg = parse_args(argv)
         device = resolve_device(cfg.device)

@@ -217,9 +217,8 @@ def test_rope_factor_defaults_to_generated_length_over_trained_length(checkpoint
     assert loaded.model.config.rope_factor == 4.0 and "rope scaling yarn x4" in out
 
 
-def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(checkpoints, capsys):
-    """--compare: a header per model, the same settings for each, and finite validation losses inside and
-    beyond the trained length (learned evaluated through its sliding window)."""
+def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_speeds(checkpoints, capsys):
+    """--compare: a header per model, the same settings for each, and a row per model with its speed."""
     dirs = [checkpoints[p] for p in ("learned", "rope", "alibi")]
     rows, out = run_sample(
         capsys, "--compare", *dirs, "--start=ROMEO:", "--seed=1", "--max_new_tokens=40", "--rope_scaling=ntk"
@@ -227,10 +226,9 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_losses(c
     assert [f"=== {d} ===" in out for d in dirs] == [True] * 3
     assert [row[1].pos for row in rows] == ["learned", "rope", "alibi"]  # each model's GPTConfig
     assert [row[1].rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
-    for _, _, tokens_per_second, (inside, beyond), length in rows:
-        assert tokens_per_second > 0 and length == len("ROMEO:") + 40
-        assert 0 < inside < 10 and 0 < beyond < 10
-    assert "loss >= T" in out
+    assert all(tokens_per_second > 0 for _, _, tokens_per_second in rows)
+    table = out.split("\ncheckpoint ")[-1].splitlines()[1:]
+    assert [line.split()[:2] for line in table] == [[d, row[1].pos] for d, row in zip(dirs, rows)]
 
 
 def test_compare_refuses_a_missing_checkpoint_before_sampling_any(checkpoints, capsys, monkeypatch, tmp_path):
@@ -255,16 +253,16 @@ def test_a_loaded_model_holds_the_only_copy_of_its_weights(checkpoints):
     assert "model" not in loaded.checkpoint and "optimizer" not in loaded.checkpoint
 
 
-def test_compare_reports_no_losses_for_a_checkpoint_without_a_dataset(checkpoints):
-    """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: --compare's losses are
-    missing for it (nan in the table), not a KeyError."""
+def test_no_losses_are_measured_for_a_checkpoint_without_a_dataset(checkpoints):
+    """OpenAI's GPT-2 (--init_from=gpt2) comes with no training dataset to evaluate on: its losses inside and
+    beyond T (lab.measure.losses) are missing, not a KeyError."""
     loaded = sample.load(checkpoints["rope"], "cpu")
     # a GPT2_MODELS name's checkpoint info, once loaded: its model config and meta, no training config
     info = {key: loaded.checkpoint[key] for key in ("model_config", "meta")}
     pretrained = sample.Loaded(loaded.model, loaded.tokenizer, info)
     dataset = lambda loaded: loaded.checkpoint.get("train_config", {}).get(
         "dataset"
-    )  # as sample.compare reads it
+    )  # as a checkpoint records it
     assert losses.inside_vs_beyond_loss(pretrained.model, dataset(pretrained), "cpu", 2 * BLOCK) is None
     assert losses.inside_vs_beyond_loss(loaded.model, dataset(loaded), "cpu", 2 * BLOCK) is not None
 
@@ -275,11 +273,11 @@ def test_learned_position_losses_beyond_the_table_use_the_sliding_window(checkpo
     loaded = sample.load(checkpoints["learned"], "cpu")
     x = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(0))
     y = torch.randint(0, 65, (2, 3 * BLOCK), generator=torch.Generator().manual_seed(1))
-    losses = sample.position_losses(loaded.model, x, y)
+    per_position = losses.position_losses(loaded.model, x, y)
     p = 2 * BLOCK + 5
     logits, _ = loaded.model(x[:, p - BLOCK + 1 : p + 1])
     expected = torch.nn.functional.cross_entropy(logits[:, -1], y[:, p])
-    torch.testing.assert_close(losses[p], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(per_position[p], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_sample_prefers_the_best_checkpoint_over_the_latest(checkpoints, tmp_path):

@@ -31,7 +31,6 @@ from types import MappingProxyType
 import torch
 
 from data.common import BatchSampler, prepare_data
-from lab.finetune import lora, s2
 from model import GPT, GPTConfig
 from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
@@ -39,7 +38,7 @@ from plumbing.cli import check_original_len, parse_flags, read_rope_factors, thr
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.memory import check_training_memory
-from plumbing.resume import Run
+from plumbing.resume import PLAIN, Run
 from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
 from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
 
@@ -91,13 +90,6 @@ class TrainConfig:
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys
     # (lab.experiments.longrope)
     rope_factors: str | None = None
-    # long-context fine-tuning as LongLoRA's (Chen et al. 2024; lab/finetune/): S²-Attn in training, LoRA
-    s2_attn: bool = False  # train with S²-Attn: attention within groups, half the heads shifted by half one
-    s2_group: int | None = None  # S²-Attn's group in tokens; None: block_size / 4
-    lora_rank: int = 0  # LoRA adapters of this rank on attention's c_attn and c_proj, rest frozen; 0: none
-    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
-    lora_dropout: float = 0.05  # dropout on the adapters' input
-    lora_train: str | None = None  # with LoRA also train: embed, norm or embed,norm (LongLoRA's LoRA+)
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
@@ -123,17 +115,19 @@ class TrainConfig:
         require(not (self.resume and self.overwrite), both)
         hardware.check_device_name(self.device)
         hardware.check_threads(self.threads)
-        lora.check_flags(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_train)
-        require(self.s2_attn or self.s2_group is None, "--s2_group needs --s2_attn")
 
 
-def parse_args(argv=None):
-    """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset. With --init_from the
-    model settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
+def parse_args(argv=None, extension=PLAIN):
+    """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset; the extension's own
+    flags (a training method's, plumbing.resume.Extension) go to its configure. With --init_from the model
+    settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
     model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+    own = [f.name for f in fields(extension.Flags)] if extension.Flags else []
     sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
+    sections += [(extension.prog, extension.Flags, None)] if own else []
     choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
-    values = parse_flags(argv, "train.py", __doc__, sections, MODEL_DEFAULTS, choices)
+    prog, doc = extension.prog, extension.__doc__ if own else __doc__
+    values = parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, choices)
     longrope, saved = {}, {}
     if values["rope_factors"]:  # GPTConfig's rope_factor, 1, is no factor given
         factor = values["rope_factor"] if values["rope_factor"] != GPTConfig.rope_factor else None
@@ -141,18 +135,17 @@ def parse_args(argv=None):
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, "train.py", __doc__, sections, defaults, choices)
+        values = parse_flags(argv, prog, doc, sections, defaults, choices)
     source = values["init_from"]
     trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
     check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
     values |= longrope
     if source:
         values |= resume.init_from_settings(values, saved)
-    cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags})
+    cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags + own})
     model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
-    lora.check_rank(cfg.lora_rank, model_config.n_embd)
-    if cfg.s2_attn:
-        cfg.s2_group = s2.group_size(cfg.s2_group, model_config.block_size, model_config.n_head)
+    if own:
+        extension.configure(extension.Flags(**{k: v for k, v in values.items() if k in own}), model_config)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
     hardware.check_device(cfg.device)
     check_torchrun_device(cfg.device)
@@ -186,9 +179,9 @@ def get_lr(it, cfg):
 # The run: data, model, optimizer, batch streams
 
 
-def build_run(cfg, model_config, meta, data_dir, procs):
-    """A fresh Run: the model (--init_from's weights, S²-Attn, LoRA), compiled and DDP-wrapped, the optimizer,
-    this rank's batch streams."""
+def build_run(cfg, model_config, meta, data_dir, procs, extension=PLAIN):
+    """A fresh Run: the model (--init_from's weights, then what the extension changes: lab/finetune's S²-Attn
+    and LoRA), compiled and DDP-wrapped, the optimizer, this rank's batch streams."""
     micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
     check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
     device_type = cfg.device.split(":")[0]
@@ -198,10 +191,8 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     if cfg.init_from and not cfg.resume:  # context extension: the weights of a trained run, a fresh optimizer
         note = resume.init_model_from(cfg.init_from, model, meta, cfg.dataset)
         procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
-    s2.use_s2_attn(model, cfg.s2_group)
-    if cfg.lora_rank:  # before the optimizer and the DDP wrapper, which take the trained parameters
-        lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_train)
-        procs.log(lora.describe(model))
+    if note := extension.adapt(model):  # before the optimizer and the DDP wrapper take the trained parameters
+        procs.log(note)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type)
     compiled = torch.compile(model) if cfg.compile else model
@@ -213,16 +204,16 @@ def build_run(cfg, model_config, meta, data_dir, procs):
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
     parts = (model, wrapped, compiled, optimizer, scaler, autocast, samplers, eval_sampler)
-    return Run(cfg, model_config, meta, procs, *parts)
+    return Run(cfg, model_config, meta, procs, *parts, extension)
 
 
-def start_run(cfg, model_config, procs):
+def start_run(cfg, model_config, procs, extension=PLAIN):
     """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
     data_dir, meta = prepare_data(cfg.dataset, procs)
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
     # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
     opened = cfg.resume and resume.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)
-    run = build_run(cfg, model_config, meta, data_dir, procs)
+    run = build_run(cfg, model_config, meta, data_dir, procs, extension)
     if opened:  # checked against the settings before the weights are read into the run
         resume.resume_run(run, *opened)
     if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
@@ -312,7 +303,7 @@ def evaluate(run, wandb_run, signals):
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
-def train(cfg, model_config, procs=None, resume_command="the same command with --resume"):
+def train(cfg, model_config, procs=None, resume_command="the same command with --resume", extension=PLAIN):
     """Train from scratch, or on from out_dir/ckpt.pt with cfg.resume, holding out_dir's lock: evaluate and
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
@@ -323,7 +314,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
     threads = hardware.use_threads(cfg.threads, cfg.device)
     with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
-        run = start_run(cfg, model_config, procs)
+        run = start_run(cfg, model_config, procs, extension)
         p = run.progress
         procs.log(report.header_line(run, one_per_process))
         procs.log(threads)
@@ -378,15 +369,17 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
     return summary
 
 
-def main(argv=None):
+def main(argv=None, extension=PLAIN):
     """Parse flags, join torchrun's processes if launched by it, train: -> train()'s summary. A UserError
-    is one line and its status; a second Ctrl-C stops at once, status 130 (the last checkpoint is whole)."""
+    is one line and its status; a second Ctrl-C stops at once, status 130 (the last checkpoint is whole).
+    extension: a training method's additions (plumbing.resume.Extension; lab/finetune), default none."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    interrupted = "train.py: interrupted: stopped at once (the last checkpoint written is whole)"
-    with one_line_errors("train.py", stopped=interrupted):
-        cfg, model_config = parse_args(argv)
+    interrupted = f"{extension.prog}: interrupted: stopped at once (the last checkpoint written is whole)"
+    with one_line_errors(extension.prog, stopped=interrupted):
+        cfg, model_config = parse_args(argv, extension)
         with processes(cfg) as procs:
-            return train(cfg, model_config, procs, procs.resume_command(argv, cfg.resume))
+            again = procs.resume_command(argv, cfg.resume, extension.prog)
+            return train(cfg, model_config, procs, again, extension)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,12 @@ class Processes:
         dist.gather_object(obj, gathered, dst=0)
         return gathered
 
-    def resume_command(self, argv, resuming):
-        """The command that continues this run: the same launcher and flags (argv), plus --resume."""
+    def resume_command(self, argv, resuming, prog="train.py"):
+        """The command that continues this run: the same launcher, program (train.py, or `python -m NAME`) and
+        flags (argv), plus --resume."""
         launcher = f"torchrun --standalone --nproc_per_node={self.world_size}" if self.launched else "python"
-        return f"{launcher} train.py {shlex.join([*argv, *([] if resuming else ['--resume'])])}"
+        program = prog.replace("python -m ", "-m ")  # torchrun runs a module as python does: -m NAME
+        return f"{launcher} {program} {shlex.join([*argv, *([] if resuming else ['--resume'])])}"
 
 
 def launched_by_torchrun():

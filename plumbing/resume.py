@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lab.finetune import lora
 from plumbing.checkpoint import (
     LLAMA3_FACTORS,
     SCHEMA,
@@ -31,6 +30,46 @@ LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and restore_training
 RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "lora", *LATER_KEYS)]
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
+
+
+class Extension:
+    """train.py's extension point: what a training method adds to a run, each default plain training. A method
+    (lab/finetune: S²-Attn and LoRA) subclasses it and runs train.main(argv, extension=its instance)."""
+
+    prog = "train.py"  # the command, as the user types it: its error lines and the resume command name it
+    Flags = None  # a dataclass of the method's own flags, parsed beside train.py's (--help lists them)
+    flags = None  # their values, once configure has checked them
+
+    def configure(self, flags, model_config):
+        """Take the method's flags (an instance of Flags), checked against the model (a ValueError: one
+        line)."""
+        self.flags = flags
+
+    def recorded(self):
+        """Its flags as the checkpoint's train_config records them beside train.py's."""
+        return asdict(self.flags) if self.flags is not None else {}
+
+    def adapt(self, model):
+        """Change the model before the optimizer, torch.compile and DDP take it -> a line for the log, or
+        None."""
+        return None
+
+    def checkpoint_entries(self, model):
+        """{"model": the plain GPT's state dict, and any entry the method keeps beside it for --resume}."""
+        return {"model": model.state_dict()}
+
+    def resume_state(self, path, ckpt, model):
+        """The state dict that puts the built model back where the checkpoint left it (a ValueError: one
+        line)."""
+        if ckpt.get("lora") is not None:  # adapters beside the merged weights: LoRA's run, not a plain one
+            raise ValueError(
+                f"refusing to resume {path}: it was trained with LoRA adapters, which this command does not "
+                f"add; resume it with the command that trained it (its train_config)"
+            )
+        return ckpt["model"]
+
+
+PLAIN = Extension()  # train.py's own: plain training
 
 
 @dataclass
@@ -61,6 +100,7 @@ class Run:
     autocast: typing.Any
     samplers: list  # this rank's micro-batch streams (data.common.BatchSampler)
     eval_sampler: typing.Any
+    extension: Extension = PLAIN  # what a training method adds (lab/finetune), or plain training
     progress: Progress = field(default_factory=Progress)
 
     ckpt_path = property(lambda r: Path(r.cfg.out_dir) / "ckpt.pt")
@@ -150,9 +190,9 @@ def write_checkpoints(run, improved):
     rng, p = run.procs.gather(rng_state(run.cfg.device)), run.progress
     if run.procs.master:
         ckpt = {
-            **lora.checkpoint_entries(run.model),  # "model": plain weights (LoRA merged); "lora" if adapted
+            **run.extension.checkpoint_entries(run.model),  # "model": plain weights; a method's own entries
             "model_config": asdict(run.model_config),
-            "train_config": asdict(run.cfg),
+            "train_config": asdict(run.cfg) | run.extension.recorded(),
             "iter_num": p.iter_num,
             "best_val_loss": p.best_val_loss,
             "best_iter": p.best_iter,
@@ -194,7 +234,7 @@ def check_finite(run, loss, step, last):
 
 def resume_run(run, path, ckpt, changes):
     """--resume: the run restored from the checkpoint open_for_resume opened and checked (restore_training,
-    which checks LoRA's settings), then what resumed said."""
+    which asks the run's extension for its weights), then what resumed said."""
     restore_training(run, path, ckpt)
     changed = "; changed: " + ", ".join(changes) if changes else ""
     best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
@@ -205,8 +245,8 @@ def restore_training(run, path, ckpt):
     """Put a freshly built run where the checkpoint left it; the random generators last, as building the
     model drew from them."""
     try:
-        state = lora.resume_state(path, ckpt, run.model)
-    except ValueError as e:  # LoRA settings the run and its checkpoint do not share: a flag to fix
+        state = run.extension.resume_state(path, ckpt, run.model)
+    except ValueError as e:  # a method's settings the run and its checkpoint do not share: a flag to fix
         raise UserError(str(e)) from None
     load_weights(path, run.model, state)
     settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import train
+from lab.finetune import __main__ as finetune
 from plumbing.errors import UserError
 from plumbing.tokenizers import get_tokenizer
 
@@ -30,6 +31,11 @@ def error_line(capsys, script, argv, status):
 
 def train_error_line(capsys, argv, status):
     return error_line(capsys, train, argv, status)
+
+
+def finetune_error_line(capsys, argv, status):
+    """error_line of python -m lab.finetune (train.py's run with S²-Attn and LoRA)."""
+    return error_line(capsys, finetune, argv, status)
 
 
 @cache

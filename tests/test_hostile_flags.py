@@ -18,6 +18,7 @@ from data.common import DATA_ROOT, ensure_prepared, load_meta
 from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
 from lab import eval_length
+from lab.finetune import __main__ as finetune
 from lab.perf import bench
 from model import GPT, GPTConfig
 
@@ -148,9 +149,15 @@ CASES = [
         "gives no checkpoint a longrope row: {rope} (T = 16, the factors were searched for 32)",
     ),
     ("factors of another count, eval", eval_length, ["{rope}", "--rope_factors={three}"], 2, "on {rope}: "),
-    ("lora_train twice", train, [*RUN, "--lora_rank=2", "--lora_train=embed,embed"], 2, "each once"),
+    ("lora_train twice", finetune, [*RUN, "--lora_rank=2", "--lora_train=embed,embed"], 2, "each once"),
     ("matmul past memory", bench, ["--device=cpu", "--matmul_size=10000000"], 1, "lower --matmul_size"),
-    ("lora_rank above n_embd", train, [*RUN, "--lora_rank=1000"], 2, "--lora_rank=1000 is above n_embd=16"),
+    (
+        "lora_rank above n_embd",
+        finetune,
+        [*RUN, "--lora_rank=1000"],
+        2,
+        "--lora_rank=1000 is above n_embd=16",
+    ),
 ]
 
 

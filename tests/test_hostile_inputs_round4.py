@@ -20,6 +20,7 @@ from lab import eval_length
 from lab.demo import figures, permutation, probe
 from lab.experiments import extrapolation, longlora, longrope
 from lab.experiments import longrope_ablation as ablation
+from lab.finetune import __main__ as finetune
 from lab.perf import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,7 @@ AS_FILES = {
     "data/text/prepare.py": "data.text.prepare",
     "lab/demo/figures.py": "lab.demo.figures",
     "lab/eval_length.py": "lab.eval_length",
+    "lab/finetune/__main__.py": "lab.finetune",
     "lab/demo/permutation.py": "lab.demo.permutation",
     "lab/demo/probe.py": "lab.demo.probe",
     "lab/experiments/extrapolation.py": "lab.experiments.extrapolation",
@@ -117,7 +119,8 @@ def runs(tmp_path_factory):
         "t5": ["--pos=t5"],
         "lora": ["--pos=rope", "--lora_rank=2"],
     }.items():
-        train.main([*TINY_RUN, *flags, f"--out_dir={root / name}"])
+        main = finetune.main if name == "lora" else train.main
+        main([*TINY_RUN, *flags, f"--out_dir={root / name}"])
     return root
 
 
@@ -144,6 +147,7 @@ def foreign_csv(path, header="a,b\n1,2\n"):
     return path
 
 
+FINETUNE = "python -m lab.finetune"
 EVAL, ABLATION = "python -m lab.eval_length", "python -m lab.experiments.longrope_ablation"
 LONGROPE, LONGLORA = "python -m lab.experiments.longrope", "python -m lab.experiments.longlora"
 STUDY_PROG, PERMUTATION = "python -m lab.experiments.extrapolation", "python -m lab.demo.permutation"
@@ -196,10 +200,10 @@ CASES = {
         "{run} --short",
         "--short searches the short factors of a run extended by its rope_factor s > 1",
     ),
-    "lora: no state": ("train.py", "{lora_no_state}", "damaged checkpoint (lora has no state)"),
-    "lora: a string": ("train.py", "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
+    "lora: no state": (FINETUNE, "{lora_no_state}", "damaged checkpoint (lora has no state)"),
+    "lora: a string": (FINETUNE, "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
     "lora: rank a string": (
-        "train.py",
+        FINETUNE,
         "{lora_rank_string}",
         "damaged checkpoint (lora.rank is '2', not a whole number >= 1)",
     ),
@@ -241,7 +245,7 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
         LONGROPE: longrope.main,
         LONGLORA: longlora.main,
         "python -m lab.demo.figures": figures.main,
-        "train.py": train.main,
+        FINETUNE: finetune.main,
     }
     foreign_csv(tmp_path / "foreign" / "longrope_shakespeare_char_x4.csv")
     foreign_csv(tmp_path / "foreign" / "longlora.csv")

@@ -12,6 +12,7 @@ from helpers import TINY_RUN
 
 import train
 from lab.experiments import longlora
+from lab.finetune import __main__ as finetune
 from lab.tables import generated_blocks
 from plumbing.errors import UserError
 
@@ -25,7 +26,8 @@ def flags_of(command):
 
 def test_every_setting_of_the_authors_trains_with_pi_at_the_extension_and_their_optimizer(tmp_path):
     """Their Table 2's settings with PI (linear x4), full attention beside them; no weight decay, a constant
-    rate after 20 warmup steps, LoRA dropout 0; read back through train.py's own flags."""
+    rate after 20 warmup steps, LoRA dropout 0; each run by python -m lab.finetune, read back through its own
+    flags (train.py's and LongLoRA's)."""
     cfg = longlora.StudyConfig(out_root=str(tmp_path))
     authors = [name for name in longlora.SETTINGS if name.startswith("pi_")]
     assert authors == ["pi_full", "pi_s2", "pi_s2_lora", "pi_s2_lora_embed_norm"]
@@ -39,11 +41,14 @@ def test_every_setting_of_the_authors_trains_with_pi_at_the_extension_and_their_
         assert float(given["min_lr"]) == float(given["learning_rate"]) == 5e-4  # constant after warmup
         assert ("lora_rank" in given) == ("lora" in name) and given.get("lora_dropout", "0") == "0"
         assert ("s2_attn" in given) == ("s2" in name) and out.endswith("_seed1338")
-        tiny = [flag for flag in command if not flag.startswith(("--block_size", "--dataset"))]
-        training, model = train.parse_args([*tiny, "--block_size=64"])  # the checkpoint records the scaling
+        assert command[:2] == ["-m", "lab.finetune"]
+        tiny = [flag for flag in command[2:] if not flag.startswith(("--block_size", "--dataset"))]
+        extension = finetune.extension()
+        training, model = train.parse_args([*tiny, "--block_size=64"], extension)  # the checkpoint records it
         assert (model.rope_scaling, model.rope_factor, model.rope_original_len) == ("linear", 4.0, 16)
         assert training.weight_decay == 0 and training.min_lr == 5e-4
-        assert training.lora_rank in (0, 8) and (training.lora_rank == 0 or training.lora_dropout == 0)
+        adapters = extension.flags
+        assert adapters.lora_rank in (0, 8) and (adapters.lora_rank == 0 or adapters.lora_dropout == 0)
 
 
 def test_the_ablations_are_labelled_and_the_group_of_2t_sees_every_distance_up_to_2t():

@@ -1,11 +1,12 @@
 """LoRA (lab/finetune/lora.py): adapters start as the identity, merge exactly, leave frozen weights without
-gradients, and through train.py write plain checkpoints and resume bit for bit."""
+gradients, and through python -m lab.finetune write plain checkpoints and resume bit for bit."""
 
 import pytest
 import torch
-from helpers import TINY_BLOCK, TINY_RUN, train_error_line
+from helpers import TINY_BLOCK, TINY_RUN, finetune_error_line
 
 import train
+from lab.finetune import __main__ as finetune
 from lab.finetune import lora
 from model import GPT, GPTConfig
 from plumbing.checkpoint import build_model, load_checkpoint
@@ -91,18 +92,18 @@ def test_lora_train_embed_trains_the_tied_matrix_by_its_input_gradient_only():
 
 
 def test_bad_lora_flags_are_one_line_errors(capsys, tmp_path):
-    err = train_error_line(
+    err = finetune_error_line(
         capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=ffn"], 2
     )
     assert "--lora_train='ffn': give one or more of embed, norm" in err
-    err = train_error_line(
+    err = finetune_error_line(
         capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=2", "--lora_train=embed,embed"], 2
     )
     assert "--lora_train='embed,embed': give one or more of embed, norm, comma-separated and each once" in err
-    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=17"], 2)
+    err = finetune_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_rank=17"], 2)
     assert "--lora_rank=17 is above n_embd=16, the smaller side of the adapted layers" in err
     assert not any(tmp_path.iterdir())
-    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_train=norm"], 2)
+    err = finetune_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--lora_train=norm"], 2)
     assert "needs --lora_rank" in err
 
 
@@ -126,10 +127,10 @@ def fine_tune_flags(base_run, out_dir, steps):
 def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint(tmp_path, base_run, capsys):
     """4 steps of S²-Attn + LoRA + embed/norm at 2 T in one go, and 2 steps then --resume for 2 more: the
     same losses, evaluations and checkpoint, bit for bit; the checkpoint's "model" is a plain GPT's."""
-    whole = train.main(fine_tune_flags(base_run, tmp_path / "whole", 4))
+    whole = finetune.main(fine_tune_flags(base_run, tmp_path / "whole", 4))
     assert "LoRA rank 2, alpha 16 + embed,norm: training" in capsys.readouterr().out
-    first = train.main(fine_tune_flags(base_run, tmp_path / "halves", 2))
-    second = train.main([*fine_tune_flags(base_run, tmp_path / "halves", 4), "--resume"])
+    first = finetune.main(fine_tune_flags(base_run, tmp_path / "halves", 2))
+    second = finetune.main([*fine_tune_flags(base_run, tmp_path / "halves", 4), "--resume"])
     assert {**first["losses"], **second["losses"]} == whole["losses"]
     assert first["evals"] + second["evals"] == whole["evals"]
     a, b = load_checkpoint(tmp_path / "halves" / "ckpt.pt"), load_checkpoint(tmp_path / "whole" / "ckpt.pt")
@@ -141,10 +142,10 @@ def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint
 
 
 def test_resuming_with_other_lora_settings_is_refused_before_it_says_it_resumes(capsys, tmp_path, base_run):
-    train.main(fine_tune_flags(base_run, tmp_path, 2))
+    finetune.main(fine_tune_flags(base_run, tmp_path, 2))
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        train.main([*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"])
+        finetune.main([*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"])
     out, err = capsys.readouterr()
     assert "trained with rank 2, alpha 16, train 'embed,norm'" in err and "rank 3" in err
     assert err.count("\n") == 1 and "resuming" not in out, out

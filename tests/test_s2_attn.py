@@ -3,9 +3,10 @@ without its released code's wrap-around leak; full attention outside training.""
 
 import pytest
 import torch
-from helpers import TINY_RUN, train_error_line
+from helpers import TINY_RUN, finetune_error_line
 
 import train
+from lab.finetune.longlora import LongLoRA
 from lab.finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
@@ -180,13 +181,14 @@ def test_s2_attn_builds_the_bias_once_a_forward_from_group_sized_calls(pos, monk
     ],
 )
 def test_a_group_that_does_not_fit_is_a_one_line_error(capsys, tmp_path, flags, words):
-    err = train_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", *flags], 2)
+    err = finetune_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", *flags], 2)
     assert words in err
 
 
 def test_s2_group_defaults_to_a_quarter_of_block_size():
-    cfg, _ = train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"])
-    assert cfg.s2_group == 4
+    extension = LongLoRA()
+    train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"], extension)
+    assert extension.flags.s2_group == 4
 
 
 def test_the_lessons_figure_shows_the_pattern_the_code_applies():

@@ -176,7 +176,7 @@ def step_cost(cfg, length, name, flags):
     group = int(given["s2_group"]) if "s2_group" in given else None  # None: L / 4
     group = s2.group_size(group, length, config.n_head) if "s2_attn" in given else None
     s2.use_s2_attn(model, group)
-    if "lora_rank" in given:  # with train.py's alpha
+    if "lora_rank" in given:  # with lab.finetune's alpha
         lora.add_adapters(
             model, int(given["lora_rank"]), 16.0, float(given["lora_dropout"]), given.get("lora_train")
         )
@@ -230,15 +230,16 @@ def draw_pattern(path, length=16, group=4):
 
 
 def fine_tune_command(cfg, base, setting, rate, steps, seed):
-    """train.py's flags for one fine-tune: the authors' optimizer (constant rate after 20 warmup steps, no
-    weight decay) at 4 T on data/passkey_ctx256, ten evaluations of the val loss on the way."""
+    """`python -m lab.finetune`'s arguments for one fine-tune: the authors' optimizer (constant rate after 20
+    warmup steps, no weight decay) at 4 T on data/passkey_ctx256, ten evaluations of the val loss on the
+    way."""
     out = f"{cfg.out_root}/{setting}_lr{rate:g}_{steps}steps_seed{seed}"
     tenth = max(1, steps // 10)
     flags = [f"--init_from={base}", f"--block_size={LONG}", f"--dataset={default_name(LONG)}"]
     flags += [f"--max_iters={steps}", f"--warmup_iters={min(20, steps - 1)}", f"--learning_rate={rate:g}"]
     flags += [f"--min_lr={rate:g}", "--weight_decay=0", f"--batch_size={cfg.batch_size}", "--eval_iters=10"]
     flags += [f"--eval_interval={tenth}", f"--log_interval={tenth}", f"--seed={seed}", "--device=cpu"]
-    return [*flags, *SETTINGS[setting], f"--out_dir={out}"], out
+    return ["-m", "lab.finetune", *flags, *SETTINGS[setting], f"--out_dir={out}"], out
 
 
 def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):

@@ -28,14 +28,18 @@ from plumbing.errors import Stopped, UserError
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's own reading of its flags, defaults and --config (entry points never import each other): the
-# settings each command will train with, one JSON line per command
+# settings each command will train with, one JSON line per command. A command starting `-m NAME` runs that
+# module, which extends train.py's run: its extension() (plumbing.resume.Extension) reads its own flags too
 PLAN_CODE = (
-    "import dataclasses, json, sys, train\n"
+    "import dataclasses, importlib, json, sys, train\n"
     "from plumbing.errors import one_line_errors\n"
     "for args in json.loads(sys.argv[1]):\n"
-    "    with one_line_errors('train.py'):\n"
-    "        cfg, model = train.parse_args(args)\n"
-    "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n"
+    "    module = args[:1] == ['-m'] and importlib.import_module(args[1] + '.__main__')\n"
+    "    extension = module.extension() if module else train.PLAIN\n"
+    "    with one_line_errors(extension.prog):\n"
+    "        cfg, model = train.parse_args(args[2:] if module else args, extension)\n"
+    "    trained = dataclasses.asdict(cfg) | extension.recorded()\n"
+    "    print(json.dumps([trained, dataclasses.asdict(model)]))\n"
 )
 # Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")
@@ -56,7 +60,9 @@ class Plan:
         t = self.train_config
         return t["out_dir"].format(dataset=t["dataset"], pos=self.model_config["pos"])
 
-    command = property(lambda self: shlex.join(["python", "train.py", *self.args]))
+    program = property(lambda self: self.args[:2] if self.args[:1] == ["-m"] else ["train.py"])
+    flags = property(lambda self: self.args[2:] if self.args[:1] == ["-m"] else self.args)
+    command = property(lambda self: shlex.join(["python", *self.program, *self.flags]))
 
     def describe(self):
         """'a pos=rope model (4 layers x 128 dims, T = 64, 2000 steps)'"""
@@ -247,7 +253,7 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
             took = f", about {duration}" if duration else ""
             said = f"training {p.describe()} into {p.out_dir}{took}"
         log(f"[{i}/{len(todo)}] {said}: {command}")
-        started, args = time.perf_counter(), ["train.py", *p.args, *EXTRA_FLAGS[action]]
+        started, args = time.perf_counter(), [*p.program, *p.flags, *EXTRA_FLAGS[action]]
         env = os.environ | {"OMP_NUM_THREADS": threads}  # the same for every run, whatever ran before it
         if jobs == 1:
             run_python(args, env=env)

@@ -57,7 +57,7 @@ from plumbing.cli import parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.memory import scheme_shapes
-from plumbing.report import progress_bar
+from plumbing.progress import progress_bar
 from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
 
 PROG = "python -m lab.eval_length"  # as the user types it, in every error line

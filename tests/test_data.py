@@ -16,21 +16,12 @@ import torch
 from helpers import skip_without_gpt2
 
 from data import common
-from data.common import (
-    DATA_ROOT,
-    FILES,
-    BatchSampler,
-    available_datasets,
-    ensure_prepared,
-    load_meta,
-    prepare_file,
-    staged_dataset,
-    write_dataset,
-)
+from data.common import DATA_ROOT, FILES, BatchSampler, available_datasets, ensure_prepared, load_meta
 from data.fineweb_edu.prepare import write_token_dataset
 from data.shakespeare import prepare as shakespeare_bpe
 from data.shakespeare_char import prepare as shakespeare_char
 from data.text.prepare import main as text_main
+from data.writing import prepare_file, staged_dataset, write_dataset
 from plumbing.errors import UserError
 from plumbing.tokenizers import get_tokenizer
 
@@ -264,7 +255,7 @@ def test_leftovers_of_a_killed_preparation_are_removed_by_the_next(tmp_path):
 
 STOP_DURING_PREPARATION = """
 import os, sys, time
-from data.common import exit_on_user_error, staged_dataset
+from data.writing import exit_on_user_error, staged_dataset
 with exit_on_user_error():
     with staged_dataset(sys.argv[1]) as tmp:
         tmp["train.bin"].write_bytes(bytes(1000))

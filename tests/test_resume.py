@@ -19,7 +19,8 @@ import torch
 from helpers import signalled_in_the_first_evaluation, train_error_line
 
 import train
-from data.common import DATA_ROOT, load_meta, write_dataset
+from data.common import DATA_ROOT, load_meta
+from data.writing import write_dataset
 from model import GPT
 from plumbing import checkpoint as ckpt_io
 from plumbing import distributed, resume

@@ -23,7 +23,8 @@ from lab.tables import generated_blocks
 from plumbing import hardware
 from plumbing.cli import threads_flag
 from plumbing.errors import UserError
-from plumbing.report import SLOWDOWN, StepClock, progress_bar, step_line
+from plumbing.progress import progress_bar
+from plumbing.report import SLOWDOWN, StepClock, step_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

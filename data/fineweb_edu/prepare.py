@@ -25,9 +25,10 @@ from itertools import islice
 
 import numpy as np
 
-from data import common
+from data import common, writing
 from plumbing.errors import UserError
-from plumbing.report import progress_bar
+from plumbing.progress import progress_bar
+from plumbing.tokenizers import GPT2Tokenizer
 
 HF_DATASET, HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens; sets the progress bar's ETA
@@ -35,7 +36,7 @@ SAMPLE_TOKENS = 10_000_000_000  # sample-10BT is named for its ~10B GPT-2 tokens
 
 def tokenize_docs(docs: list) -> list:
     """Each document's GPT-2 ids followed by <|endoftext|>, as uint16 arrays (runs in a worker process)."""
-    tok = common.GPT2Tokenizer()
+    tok = GPT2Tokenizer()
     return [np.array(tok.encode(doc) + [tok.eot_id], dtype=np.uint16) for doc in docs]
 
 
@@ -68,9 +69,9 @@ def write_token_dataset(
 ) -> dict:
     """Tokenize document strings into a GPT-2 dataset in out_dir; return the meta. Whole documents go to val
     until it holds val_tokens, then train until it holds max_tokens (None: all). total_tokens: for the ETA."""
-    tok_meta = common.GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
+    tok_meta = GPT2Tokenizer().to_meta()  # loads the BPE here, so a missing one fails before any work
     counts = {"train": 0, "val": 0}
-    with common.staged_dataset(out_dir, replace) as tmp:
+    with writing.staged_dataset(out_dir, replace) as tmp:
         bar = progress_bar(total_tokens, "tok", desc=f"tokenizing into {out_dir}")
         with open(tmp["train.bin"], "wb") as train_f, open(tmp["val.bin"], "wb") as val_f, bar:
             files = {"train": train_f, "val": val_f}
@@ -81,8 +82,8 @@ def write_token_dataset(
                 files[split].write(ids.tobytes())
                 counts[split] += len(ids)
                 bar.update(len(ids))
-        meta = common.complete_meta(tok_meta, counts["train"], counts["val"])
-        common.save_meta(tmp["meta.json"], meta)
+        meta = writing.complete_meta(tok_meta, counts["train"], counts["val"])
+        writing.save_meta(tmp["meta.json"], meta)
     return meta
 
 
@@ -104,17 +105,17 @@ def main(argv=None):
     add("--val_tokens", type=int, default=10_000_000, help="tokens of whole documents kept for val")
     cores = max(1, (os.cpu_count() or 2) - 1)
     add("--num_proc", type=int, default=cores, help="tokenizer processes (default: all cores but one)")
-    add("--replace", action="store_true", help=common.REPLACE_HELP)
+    add("--replace", action="store_true", help=writing.REPLACE_HELP)
     args = parser.parse_args(argv)
     out_dir = common.dataset_dir("fineweb_edu")
     total = args.val_tokens + (args.max_tokens if args.max_tokens is not None else SAMPLE_TOKENS)
-    with common.exit_on_user_error(parser.prog):
-        common.refuse_existing(out_dir, args.replace)  # before connecting to the Hub
+    with writing.exit_on_user_error(parser.prog):
+        writing.refuse_existing(out_dir, args.replace)  # before connecting to the Hub
         docs = stream_documents()
         meta = write_token_dataset(
             out_dir, docs, args.val_tokens, args.max_tokens, args.num_proc, 64, total, args.replace
         )
-    print(common.summarize(out_dir, meta))
+    print(writing.summarize(out_dir, meta))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ import shutil
 
 import numpy as np
 
-from data import common
+from data import common, writing
 from data.passkey.task import CHARS, GENERATOR, KEY_CHARACTERS, default_name, training_sample
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory, format_bytes
+from plumbing.tokenizers import CharTokenizer
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
 
@@ -37,14 +38,14 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
 def prepare(
     out_dir, replace=False, block_size=64, seed=0, train_samples=TRAIN_SAMPLES, val_samples=VAL_SAMPLES
 ):
-    length, tokenizer = block_size + 1, common.CharTokenizer(CHARS)  # block_size inputs and their targets
+    length, tokenizer = block_size + 1, CharTokenizer(CHARS)  # block_size inputs and their targets
     splits = []
     for i, (split, count) in enumerate(zip(common.SPLITS, (train_samples, val_samples))):
         rng = np.random.default_rng([seed, i])  # one stream per split
         text = "".join(training_sample(rng, length, split).text for _ in range(count))
         splits.append(np.array(tokenizer.encode(text), dtype=np.int64))
     meta = tokenizer.to_meta() | {"sample_length": length, "generator": dict(GENERATOR)}
-    return common.write_dataset(out_dir, *splits, meta, replace)
+    return writing.write_dataset(out_dir, *splits, meta, replace)
 
 
 def main(argv=None):
@@ -56,8 +57,8 @@ def main(argv=None):
     add("--seed", type=int, default=0, help="seeds the keys, markers and filler")
     add("--train_samples", type=int, default=TRAIN_SAMPLES)
     add("--val_samples", type=int, default=VAL_SAMPLES)
-    add("--replace", action="store_true", help=common.REPLACE_HELP)
-    with common.exit_on_user_error(parser.prog):
+    add("--replace", action="store_true", help=writing.REPLACE_HELP)
+    with writing.exit_on_user_error(parser.prog):
         args = parser.parse_args(argv)
         T, n_train, n_val = args.block_size, args.train_samples, args.val_samples
         if T + 1 < KEY_CHARACTERS:
@@ -78,7 +79,7 @@ def main(argv=None):
                             f"{format_bytes(free)} free; {advice}")  # fmt: skip
         out_dir = common.dataset_dir(args.name or default_name(T))
         meta = prepare(out_dir, args.replace, T, args.seed, n_train, n_val)
-    print(common.summarize(out_dir, meta))
+    print(writing.summarize(out_dir, meta))
 
 
 if __name__ == "__main__":

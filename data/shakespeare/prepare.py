@@ -14,7 +14,8 @@ if not __package__:  # `python data/shakespeare/prepare.py`: the repository's pa
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.shakespeare.prepare`")
 
 
-from data.common import DATA_ROOT, prepare_file, prepare_main
+from data.common import DATA_ROOT
+from data.writing import prepare_file, prepare_main
 
 
 def prepare(out_dir, replace: bool = False) -> dict:

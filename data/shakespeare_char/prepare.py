@@ -15,7 +15,8 @@ if not __package__:  # `python data/shakespeare_char/prepare.py`: the repository
     )
 
 
-from data.common import DATA_ROOT, prepare_file, prepare_main
+from data.common import DATA_ROOT
+from data.writing import prepare_file, prepare_main
 
 
 def prepare(out_dir, replace: bool = False) -> dict:

@@ -15,7 +15,7 @@ if not __package__:  # `python data/text/prepare.py`: the repository's packages 
 
 from pathlib import Path
 
-from data import common
+from data import common, writing
 from plumbing.cli import ArgumentParser
 
 
@@ -30,17 +30,17 @@ def main(argv=None):
     add("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
     block_help = "the context you will train with: each split needs T + 1 tokens"
     add("--block_size", type=int, default=64, help=block_help)
-    add("--replace", action="store_true", help=common.REPLACE_HELP)
-    with common.exit_on_user_error(parser.prog):
+    add("--replace", action="store_true", help=writing.REPLACE_HELP)
+    with writing.exit_on_user_error(parser.prog):
         args = parser.parse_args(argv)
         name = Path(args.input).stem if args.name is None else args.name
         if common.bad_dataset_name(name):
             parser.error(f"--name must be a plain folder name such as mybook, got {name!r}")
         out_dir = common.dataset_dir(name)
-        meta = common.prepare_file(
+        meta = writing.prepare_file(
             args.input, out_dir, args.tokenizer, args.val_fraction, args.block_size, args.replace
         )
-    print(common.summarize(out_dir, meta))
+    print(writing.summarize(out_dir, meta))
     print(f"train on it with --dataset {name}")
 
 

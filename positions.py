@@ -11,14 +11,18 @@ one mask attention adds a score bias to, and the registry.
     none                  nothing: only the causal mask reveals order
 
 A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
-it needs, never its name. This file imports nothing of the repository: the exercises point here.
+it needs, never its name. A scheme's settings are its Settings' fields (flags, checkpoints' model_config
+pos_settings). This file imports nothing of the repository but plumbing/fields.py (standard library only):
+the exercises point here.
 """
 
 import math
-from types import MappingProxyType
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
+
+from plumbing.fields import check_fields, require, setting
 
 # -----------------------------------------------------------------------------
 # The interface: what a scheme is, and what model.py asks of it
@@ -32,7 +36,9 @@ class PositionScheme(nn.Module):
                                         default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
                                         (cache slots, S²-Attn's groups), shared by the layers, or None
-        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
+        Settings                        its own settings: a dataclass of setting() fields, each named uniquely
+                                        across schemes (a flag), checked by their rules when built
+        check_config(config)            its settings' one-line ValueError against the GPT's (head size, layers)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
         init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
@@ -43,19 +49,26 @@ class PositionScheme(nn.Module):
                                         per forward is shared by the batch); None: unknown, noted uncounted
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
+        describe(head_dim)              -> (what sample.py says after pos=NAME, a part of its own or None)
+    Its answers: rope_layers, whether each layer takes rotation's (cos, sin), None: all (RoPE's nope layers:
+    not those); length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
     (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
     trains it); encodes (any signal); recode_past, a length past which it encodes every position anew (a KV
     cache reruns); step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or
     None: the step is then static, one CUDA graph or compiled graph for every position (generation.py)."""
 
-    length_limit = recode_past = step_varies = None
+    length_limit = recode_past = step_varies = rope_layers = None
     rotates = biased = embedding = False
     encodes = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.biased = cls.score_bias is not PositionScheme.score_bias  # derived: overriding score_bias is all
+
+    @dataclass
+    class Settings:  # none; a scheme's own: @dataclass class Settings(PositionScheme.Settings)
+        def __post_init__(self):
+            check_fields(self)
 
     def __init__(self, config):
         super().__init__()
@@ -94,11 +107,8 @@ class PositionScheme(nn.Module):
     def adapt_state(self, state, prefix):
         return state, None
 
-
-def require(ok, message):
-    """A config check: a one-line ValueError unless ok."""
-    if not ok:
-        raise ValueError(message)
+    def describe(self, head_dim):
+        return "", None
 
 
 def elementwise_flops(scheme, seq_len, batch_size):
@@ -219,11 +229,7 @@ ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed 
 LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched (experiments.longrope)
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
 LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
-# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(
-    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
-    rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
-))  # fmt: skip
+LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # llama3's blend
 
 
 def rope_inv_freq(dim, base=10000.0):
@@ -235,6 +241,27 @@ def rope_inv_freq(dim, base=10000.0):
 def rotary_dim(head_dim, fraction=1.0):
     """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
     return int(head_dim * fraction)
+
+
+def nope_layer_indices(n_layer, interval=0, layers=None):
+    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
+    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
+    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
+    skipped = []
+    if layers is not None:
+        items = [item.strip() for item in layers.split(",")]
+        once = len(set(items)) == len(items)
+        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
+        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
+        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
+        skipped = [int(item) for item in items]
+    elif interval:
+        every = "1 would skip RoPE in every layer: that is pos=none"
+        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
+        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
+        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    return skipped
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
@@ -324,15 +351,12 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
         longrope LongRoPE (Ding et al. 2024; Phi-3): theta_i / lambda_i, a factor per pair, short_factor while
                  seq_len <= T, long_factor past it; scale attention_factor, by default longrope_scale(s, T).
                  As transformers' _compute_longrope_parameters"""
-    if scaling not in (None, *ROPE_SCALING_CHOICES):
-        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALING_CHOICES)}")
-    if factor < 1.0:
-        raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
+    RotaryPositions.Settings(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
+                             rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor,
+                             rope_long_factor=long_factor, rope_attention_factor=attention_factor)  # fmt: skip
     if scaling in ("dynamic", "yarn", "llama3", LONGROPE) and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
-    if scaling == LONGROPE and (short_factor is None or long_factor is None):
-        raise ValueError("longrope rope scaling needs short_factor and long_factor, one per rotated pair")
     d, s = head_dim, factor
     theta = rope_inv_freq(d, base)
     attention_scale = 1.0
@@ -380,14 +404,79 @@ class RotaryPositions(PositionScheme):
     rotates = True
     flops_per_token = elementwise_flops
 
+    @dataclass
+    class Settings(PositionScheme.Settings):
+        rope_base: float = setting(10000.0, "RoPE's base b in theta_i = b^(-2i/head_dim)", above=1)
+        rope_scaling: str | None = setting(None, "None, or a context extension (set at inference)",
+                                           choices=ROPE_SCALING_CHOICES)  # fmt: skip
+        rope_factor: float = setting(
+            1.0, "the extension factor s: target context / the original length", at_least=1
+        )
+        rope_original_len: int | None = setting(
+            None, "the length rope_scaling extends; None: block_size", at_least=1
+        )
+        rope_low_freq_factor: float = setting(
+            1.0, "llama3: pairs turning fewer times than this over T get theta/s"
+        )
+        rope_high_freq_factor: float = setting(
+            4.0, "llama3: pairs turning more times keep theta; between: blended"
+        )
+        rope_fraction: float = setting(1.0, "share of each head's dims RoPE rotates, the first "
+                                       "(partial_rotary_factor)", above=0, at_most=1)  # fmt: skip
+        nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none",
+                                     at_least=0)  # fmt: skip
+        nope_layers: str | None = setting(
+            None, "or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7"
+        )
+        # longrope: theta_i divided by a factor per pair, the short ones up to rope_original_len, the long past it
+        rope_short_factor: list[float] | None = setting(
+            None, "longrope's factors at lengths <= rope_original_len"
+        )
+        rope_long_factor: list[float] | None = setting(None, "longrope's factors past it (--rope_factors=FILE "
+                                                       "gives both)")  # fmt: skip
+        rope_attention_factor: float | None = setting(None, "longrope's cos/sin scale; None: sqrt(1 + ln s / ln T)",
+                                                      above=0)  # fmt: skip
+        rope_keep_first: int = setting(0, "longrope's n-hat: positions below it keep plain RoPE's rotation",
+                                       at_least=0)  # fmt: skip
+
+        def __post_init__(self):
+            """Each setting's rule, then: llama3's factors with llama3 only, 0 < low < high; LongRoPE's with
+            longrope only, which needs its factors, each finite and >= 1; one way of naming nope layers."""
+            super().__post_init__()
+            changed = [f.name for f in fields(self) if getattr(self, f.name) != f.default]
+            llama3 = ", ".join(f"{n}={getattr(self, n)}" for n in changed if n in LLAMA3_FACTORS)
+            wrong = (
+                f"{llama3}: llama3's frequency factors, and this model has rope_scaling={self.rope_scaling!r}"
+            )
+            require(not llama3 or self.rope_scaling == "llama3", wrong + "; give rope_scaling=llama3, or leave "
+                    "them at 1 and 4")  # fmt: skip
+            check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
+            both = f"nope_interval={self.nope_interval} and nope_layers={self.nope_layers!r} both name the layers"
+            require(
+                not (self.nope_interval and self.nope_layers is not None),
+                f"{both} without RoPE: give one of them",
+            )
+            longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
+            if self.rope_scaling != LONGROPE:
+                has = f"this model has rope_scaling={self.rope_scaling!r}"
+                return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
+            for name in LONGROPE_FIELDS[:2]:
+                factors = getattr(self, name)
+                require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
+                valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
+                require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+
     def __init__(self, config):
         super().__init__(config)
-        self.dim, self.base = config.rotary_dim, config.rope_base
-        self.scaling, self.factor = config.rope_scaling, config.rope_factor
-        self.original_len = config.rope_original_len or config.block_size
-        self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
-        self.longrope = config.rope_short_factor, config.rope_long_factor, config.rope_attention_factor
-        self.keep_first = config.rope_keep_first
+        s = config.pos_settings
+        self.dim, self.base = rotary_dim(config.head_dim, s.rope_fraction), s.rope_base
+        self.scaling, self.factor = s.rope_scaling, s.rope_factor
+        self.original_len = s.rope_original_len or config.block_size
+        self.llama3_factors = s.rope_low_freq_factor, s.rope_high_freq_factor
+        self.longrope = s.rope_short_factor, s.rope_long_factor, s.rope_attention_factor
+        self.keep_first = s.rope_keep_first
+        skipped = nope_layer_indices(config.n_layer, s.nope_interval, s.nope_layers)
+        self.rope_layers = tuple(i not in skipped for i in range(config.n_layer))
         self.recode_past = self.original_len if self.scaling == LONGROPE else None
         if self.scaling == "dynamic":
             self.step_varies = "rope_scaling='dynamic' recomputes the frequencies from the length each step"
@@ -395,41 +484,35 @@ class RotaryPositions(PositionScheme):
 
     @classmethod
     def check_config(cls, c):
-        """RoPE's settings: pairs to turn; llama3's factors with llama3 only; an even count >= 2 rotated
-        (ntk: 4); LongRoPE's, longrope only: factors >= 1, one a pair, attention factor > 0, n-hat >= 0."""
-        head_dim, changed = c.n_embd // c.n_head, [n for n, v in ROPE_VARIANTS.items() if getattr(c, n) != v]
-        odd = c.rope_fraction == 1.0 and head_dim % 2
+        """RoPE's settings against the model: pairs to turn, an even count >= 2 rotated (ntk: 4), LongRoPE's
+        factors one a pair, the nope layers among the model's."""
+        s, head_dim = c.pos_settings, c.n_embd // c.n_head
+        odd = s.rope_fraction == 1.0 and head_dim % 2
         require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-        llama3 = ", ".join(f"{n}={getattr(c, n)}" for n in changed if n.endswith("_freq_factor"))
-        wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
-        fix = "; give rope_scaling=llama3, or leave them at 1 and 4"
-        require(not llama3 or c.rope_scaling == "llama3", wrong + fix)
-        check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
-        share = f"(the share of each head's dimensions RoPE rotates), got {c.rope_fraction}"
-        require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] {share}")
-        rotary = rotary_dim(head_dim, c.rope_fraction)
+        rotary = rotary_dim(head_dim, s.rope_fraction)
         if rotary < 2 or rotary % 2:
             valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-            turns = f"int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
+            turns = f"int({head_dim} x {s.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
             even = f"RoPE turns pairs, so that must be even and >= 2; give a multiple of 2/{head_dim}"
-            raise ValueError(f"rope_fraction={c.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
-        power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
-        few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
+            raise ValueError(f"rope_fraction={s.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
+        power = f"rope_scaling={s.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
+        few = s.rope_scaling in ("ntk", "dynamic") and rotary < 4
         require(not few, f"{power} rotated dimensions, this model rotates {rotary}")
-        longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
-        if c.rope_scaling != LONGROPE:
-            has = f"this model has rope_scaling={c.rope_scaling!r}"
-            return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
-        for name in LONGROPE_FIELDS[:2]:
-            factors = getattr(c, name)
-            require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-            count = f"{len(factors)} factors: this model rotates {rotary // 2} pairs, one factor each"
-            require(len(factors) == rotary // 2, f"{name} has {count}")
-            valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-            require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
-        scale = c.rope_attention_factor
-        require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
-        require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
+        for name in LONGROPE_FIELDS[:2] if s.rope_scaling == LONGROPE else ():
+            count = (
+                f"{len(getattr(s, name))} factors: this model rotates {rotary // 2} pairs, one factor each"
+            )
+            require(len(getattr(s, name)) == rotary // 2, f"{name} has {count}")
+        nope_layer_indices(c.n_layer, s.nope_interval, s.nope_layers)
+
+    def describe(self, head_dim):
+        scaling = "none" if self.scaling is None else f"{self.scaling} x{self.factor:g}"
+        if self.scaling == "llama3":
+            scaling += f" (frequency factors {self.llama3_factors[0]:g} and {self.llama3_factors[1]:g})"
+        turned = f" on {self.dim} of each head's {head_dim} dims" if self.dim < head_dim else ""
+        if nope := [str(i) for i, rotates in enumerate(self.rope_layers) if not rotates]:
+            turned += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
+        return turned, f"rope scaling {scaling}"
 
     def _cos_sin(self, positions, seq_len):
         scaling = self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors, *self.longrope
@@ -542,11 +625,28 @@ class T5Positions(PositionScheme):
     _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
     the same order: one init function, and a near-zero bias at the start either way."""
 
-    num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
     flops_per_token = elementwise_flops  # a lookup
+
+    @dataclass
+    class Settings(PositionScheme.Settings):  # T5's defaults (T5Config.relative_attention_num_buckets, ...)
+        t5_num_buckets: int = setting(
+            32, "T5's buckets of distance, half of them one distance each", at_least=2
+        )
+        t5_max_distance: int = setting(128, "T5's distance from which every key shares the last bucket",
+                                       at_least=1)  # fmt: skip
+
+        def __post_init__(self):
+            super().__post_init__()
+            exact = f"its first {self.t5_num_buckets // 2} buckets hold a distance each"
+            require(self.t5_max_distance > self.t5_num_buckets // 2, f"t5_max_distance={self.t5_max_distance} "
+                    f"must exceed t5_num_buckets // 2 = {self.t5_num_buckets // 2} ({exact})")  # fmt: skip
 
     def __init__(self, config):
         super().__init__(config)
+        self.num_buckets, self.max_distance = (
+            config.pos_settings.t5_num_buckets,
+            config.pos_settings.t5_max_distance,
+        )
         self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
 
     def score_bias(self, query_pos, key_pos):
@@ -579,10 +679,13 @@ class FIREPositions(PositionScheme):
     paper's training length 2048): both stay positive with smooth gradients, where that code takes |c| and
     |L|, and Adam moves both by relative steps, as its multiplier on L does."""
 
-    hidden = 32  # f's hidden units
+    @dataclass
+    class Settings(PositionScheme.Settings):
+        fire_hidden: int = setting(32, "FIRE's hidden units in its MLP f (the public code's 32)", at_least=1)
 
     def __init__(self, config):
         super().__init__(config)
+        self.hidden = config.pos_settings.fire_hidden  # f's hidden units
         # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
         # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
         first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)
@@ -642,3 +745,8 @@ POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions
                         alibi=ALiBiPositions, none=NoPositions,
                         t5=T5Positions, fire=FIREPositions)  # fmt: skip
 POS_SCHEMES = tuple(POSITION_MODULES)
+
+
+def scheme_settings():
+    """Every scheme's settings, read from POSITION_MODULES now: {setting name: (scheme name, its field)}."""
+    return {f.name: (name, f) for name, scheme in POSITION_MODULES.items() for f in fields(scheme.Settings)}

@@ -25,6 +25,7 @@ from dataclasses import MISSING, field, fields
 from pathlib import Path
 
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import choices_of, rule_text
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -124,10 +125,14 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
         except (OSError, TypeError):
             comments = {}
         comments |= {f.name: f.metadata["help"] for f in fields(config_class) if "help" in f.metadata}
+        declared = {f.name: f for f in fields(config_class)}
         for name, annotation in typing.get_type_hints(config_class).items():
             if names is None or name in names:
-                help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
-                options = flag_options(name, annotation, choices.get(name), name in positional)
+                rule = rule_text(declared[name])  # a setting()'s choices or bounds
+                said = f"{rule + '; ' if rule else ''}default: {defaults.get(name)}"
+                help_text = f"{comments.get(name, '')} ({said})".lstrip()
+                allowed = choices.get(name) or choices_of(declared[name])
+                options = flag_options(name, annotation, allowed, name in positional)
                 group.add_argument(name if name in positional else f"--{name}", help=help_text, **options)
     return parser
 
@@ -163,11 +168,20 @@ def read_config_file(parser, path, valid, foreign_keys):
 
 
 def parse_flags(
-    argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
+    argv,
+    prog,
+    description,
+    sections,
+    defaults=None,
+    choices=None,
+    positional=(),
+    foreign_keys=False,
+    given=None,
 ):
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
-    (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all). A mistake exits
-    with status 2 and one line naming the valid choices."""
+    (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all), each field's
+    help and choices its setting()'s (choices: more, by name). given: a set, filled with the names a flag or
+    a --config file gave. A mistake exits with status 2 and one line naming the valid choices."""
     names, values, choices = [], {}, choices or {}
     for _, config_class, only in sections:
         for f in fields(config_class):
@@ -196,8 +210,11 @@ def parse_flags(
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, description, sections, values, choices, (), False)
             for path in flags.pop("config"):
-                values |= read_config_file(file_parser, path, valid, foreign_keys)
+                from_file = read_config_file(file_parser, path, valid, foreign_keys)
+                values |= from_file
+                (set() if given is None else given).update(from_file)
         values |= flags
+        (set() if given is None else given).update(flags)
         for name in values:
             if name == "seed" or name.endswith("_seed"):
                 check_seed(name, values[name])

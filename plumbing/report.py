@@ -182,17 +182,12 @@ def schedule_note(cfg, final_lr):
 
 
 def describe_model(model):
-    """sample.py's line on the model it generates with: its scheme, trained length, RoPE scaling and size."""
+    """sample.py's line on the model it generates with: its scheme (RoPE: its scaling), trained length, size."""
     c, params = model.config, f"{model.num_params():,} parameters"
-    scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
-    if c.rope_scaling == "llama3":
-        scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
-    pos = c.pos
-    if c.rope_fraction < 1:
-        pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
-    if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
-        pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
+    detail, note = model.transformer.wpe.describe(c.head_dim)
+    return ", ".join(
+        [f"pos={c.pos}{detail}", f"trained length {c.block_size} tokens", *[note] * bool(note), params]
+    )
 
 
 def done_line(run, seconds):

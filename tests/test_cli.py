@@ -209,10 +209,22 @@ def top_level_imports(path):
     return found | {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
 
 
-def test_positions_imports_nothing_from_the_repository():
-    """positions.py, the file a student studies, needs torch and the standard library alone."""
-    assert top_level_imports("positions.py") - set(sys.stdlib_module_names) == {"torch"}
-    assert imported_modules("positions.py") - set(sys.stdlib_module_names) <= {"torch"}
+def test_positions_imports_nothing_from_the_repository_but_the_settings_leaf():
+    """positions.py, the file a student studies, needs torch, the standard library and plumbing/fields.py
+    (how a setting is declared), which needs the standard library alone."""
+    stdlib = set(sys.stdlib_module_names)
+    assert top_level_imports("positions.py") - stdlib == {"torch", "plumbing"}
+    repository = {
+        name for name in imported_names("positions.py") if name.split(".")[0] not in stdlib | {"torch"}
+    }
+    assert {name.rpartition(".")[0] if name.count(".") > 1 else name for name in repository} == {
+        "plumbing.fields"
+    }
+    assert (
+        top_level_imports("plumbing/fields.py") - stdlib
+        == set()
+        == imported_modules("plumbing/fields.py") - stdlib
+    )
 
 
 def test_model_imports_only_torch_and_positions():

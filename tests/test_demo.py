@@ -34,7 +34,7 @@ def tiny_model(pos, seed=0, **overrides):
         bias=False,
         pos=pos,
     )
-    return GPT(GPTConfig(**(fields | overrides))).double().eval()
+    return GPT(GPTConfig.from_flat(**(fields | overrides))).double().eval()
 
 
 def worst(rows):

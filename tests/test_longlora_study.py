@@ -41,7 +41,11 @@ def test_every_setting_of_the_authors_trains_with_pi_at_the_extension_and_their_
         assert ("s2_attn" in given) == ("s2" in name) and out.endswith("_seed1338")
         tiny = [flag for flag in command if not flag.startswith(("--block_size", "--dataset"))]
         training, model = train.parse_args([*tiny, "--block_size=64"])  # the checkpoint records the scaling
-        assert (model.rope_scaling, model.rope_factor, model.rope_original_len) == ("linear", 4.0, 16)
+        assert (
+            model.pos_settings.rope_scaling,
+            model.pos_settings.rope_factor,
+            model.pos_settings.rope_original_len,
+        ) == ("linear", 4.0, 16)
         assert training.weight_decay == 0 and training.min_lr == 5e-4
         assert training.lora_rank in (0, 8) and (training.lora_rank == 0 or training.lora_dropout == 0)
 

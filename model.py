@@ -35,95 +35,57 @@ class GPTConfig:
     model_config is asdict(config): the settings nested under pos_settings. from_flat builds one from flat
     values (flags, older checkpoints), each setting by its name."""
 
-    block_size: int = setting(
-        1024, "training context length T; only `learned` cannot run past it", at_least=1
-    )
+    # fmt: off
+    block_size: int = setting(1024, "training context length T; only `learned` runs no further", at_least=1)
     vocab_size: int = setting(50304, "GPT-2's 50257 padded up to a multiple of 64 for speed", at_least=1)
     n_layer: int = setting(12, "transformer blocks", at_least=1)
     n_head: int = setting(12, "attention heads per block", at_least=1)
     n_embd: int = setting(768, "width of the residual stream", at_least=1)
     dropout: float = setting(0.0, "dropout probability in training", at_least=0, below=1)
     bias: bool = setting(True, "biases in Linear and LayerNorm, as GPT-2; False is a bit faster")
-    pos: str = setting("rope", "the position scheme", choices=lambda: POSITION_MODULES)
+    pos: str = setting("rope", "the position scheme", choices=lambda: POSITION_MODULES)  # read when checked
     pos_settings: PositionScheme.Settings | dict | None = None  # the scheme's Settings (flags: each by name)
+    # fmt: on
 
     def __post_init__(self):
         check_fields(self)
-        require(
-            not self.n_embd % self.n_head, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}"
-        )
-        scheme = POSITION_MODULES[self.pos]
-        if isinstance(self.pos_settings, dict):
-            foreign = [name for name in self.pos_settings if name not in scheme.Settings.__dataclass_fields__]
-            require(not foreign, f"{', '.join(map(str, foreign))}: no setting of pos={self.pos}")
-            self.pos_settings = scheme.Settings(**self.pos_settings)
-        elif self.pos_settings is None:
-            self.pos_settings = scheme.Settings()
-        given = type(self.pos_settings).__qualname__
-        require(
-            type(self.pos_settings) is scheme.Settings, f"pos_settings is a {given}, not pos={self.pos}'s"
-        )
+        divisible = f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}"
+        require(not self.n_embd % self.n_head, divisible)
+        scheme, given = POSITION_MODULES[self.pos], self.pos_settings
+        if isinstance(given, dict) or given is None:  # asdict's dict of them, or None: the defaults
+            foreign = [str(name) for name in given or {} if name not in scheme.Settings.__dataclass_fields__]
+            require(not foreign, f"{', '.join(foreign)}: no setting of pos={self.pos}")
+            self.pos_settings = scheme.Settings(**(given or {}))
+        kind = type(self.pos_settings).__qualname__
+        require(type(self.pos_settings) is scheme.Settings, f"pos_settings is a {kind}, not pos={self.pos}'s")
         scheme.check_config(self)
 
     @classmethod
     def from_flat(cls, given=(), **values):
         """A GPTConfig from flat values: its fields, and the settings of its scheme by name. A setting of
         another scheme is refused in one line if named in `given` (what flags gave) or not at its default
-        (older checkpoints held every RoPE setting whatever the scheme); a name that is neither: TypeError,
-        as the dataclass's own."""
-        own, settings = {f.name for f in dataclasses.fields(cls)}, {}
-        pos = values.get("pos", cls.pos)
+        (older checkpoints held every RoPE setting whatever the scheme)."""
+        pos, settings = values.get("pos", cls.pos), values.pop("pos_settings", None) or {}
+        settings = asdict(settings) if is_dataclass(settings) else dict(settings)
         require(pos in POSITION_MODULES, f"pos={pos!r} is not one of {', '.join(POSITION_MODULES)}")
         for name, (scheme, f) in scheme_settings().items():
-            if (
-                name in values
-                and scheme != pos
-                and ((value := values.pop(name)) != f.default or name in given)
-            ):
-                raise ValueError(f"{name}={value!r} is a setting of pos={scheme}; this model has pos={pos}")
             if name in values:
-                settings[name] = values.pop(name)
-        if unknown := [name for name in values if name not in own]:
-            raise TypeError(f"GPTConfig has no field or setting {', '.join(unknown)}")
-        nested = values.pop("pos_settings", None) or {}
-        return cls(
-            **values, pos_settings={**(asdict(nested) if is_dataclass(nested) else nested), **settings}
-        )
+                value = values.pop(name)
+                foreign = scheme != pos and (value != f.default or name in given)
+                require(
+                    not foreign, f"{name}={value!r} is a setting of pos={scheme}; this model has pos={pos}"
+                )
+                settings |= {name: value} if scheme == pos else {}
+        return cls(**values, pos_settings=settings)
 
     def flat(self):
         """The GPT's fields and the scheme's settings side by side, as from_flat takes them (and flags)."""
-        return {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pos_settings"
-        } | asdict(self.pos_settings)
+        gpt = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pos_settings"}
+        return gpt | asdict(self.pos_settings)
 
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
-
-
-def model_sections(leave_out=("vocab_size",)):
-    """plumbing.cli.parse_flags' sections of a model's flags: GPTConfig's fields, then each scheme's settings,
-    a group each (the registry read now)."""
-    gpt = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in (*leave_out, "pos_settings")]
-    schemes = [(f"pos={name}'s settings", scheme.Settings, None) for name, scheme in POSITION_MODULES.items()]
-    return [("model", GPTConfig, gpt), *(section for section in schemes if dataclasses.fields(section[1]))]
-
-
-def check_settings(**values):
-    """Settings given by name (None: not given, left out) checked by their schemes' Settings, whose rules
-    they are: a one-line ValueError as a model with them would give."""
-    by_scheme, known = {}, scheme_settings()
-    for name, value in values.items():
-        if value is not None:
-            by_scheme.setdefault(known[name][0], {})[name] = value
-    for scheme, settings in by_scheme.items():
-        POSITION_MODULES[scheme].Settings(**settings)
-
-
-def section_names(sections):
-    """The flags' names of parse_flags' sections."""
-    return [f.name for _, config_class, only in sections for f in dataclasses.fields(config_class)
-            if only is None or f.name in only]  # fmt: skip
 
 
 class KVCache(nn.Module):

@@ -38,7 +38,7 @@ class PositionScheme(nn.Module):
                                         (cache slots, S²-Attn's groups), shared by the layers, or None
         Settings                        its own settings: a dataclass of setting() fields, each named uniquely
                                         across schemes (a flag), checked by their rules when built
-        check_config(config)            its settings' one-line ValueError against the GPT's (head size, layers)
+        check_config(config)            its settings' one-line ValueError against the GPT's (head size ...)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
         init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
@@ -49,7 +49,6 @@ class PositionScheme(nn.Module):
                                         per forward is shared by the batch); None: unknown, noted uncounted
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-        describe(head_dim)              -> (what sample.py says after pos=NAME, a part of its own or None)
     Its answers: rope_layers, whether each layer takes rotation's (cos, sin), None: all (RoPE's nope layers:
     not those); length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
     (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
@@ -106,9 +105,6 @@ class PositionScheme(nn.Module):
 
     def adapt_state(self, state, prefix):
         return state, None
-
-    def describe(self, head_dim):
-        return "", None
 
 
 def elementwise_flops(scheme, seq_len, batch_size):
@@ -351,9 +347,10 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
         longrope LongRoPE (Ding et al. 2024; Phi-3): theta_i / lambda_i, a factor per pair, short_factor while
                  seq_len <= T, long_factor past it; scale attention_factor, by default longrope_scale(s, T).
                  As transformers' _compute_longrope_parameters"""
-    RotaryPositions.Settings(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
-                             rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor,
-                             rope_long_factor=long_factor, rope_attention_factor=attention_factor)  # fmt: skip
+    rules = RotaryPositions.Settings  # RoPE's settings' rules, checked here as where a model is built
+    rules(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
+          rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor,
+          rope_long_factor=long_factor, rope_attention_factor=attention_factor)  # fmt: skip
     if scaling in ("dynamic", "yarn", "llama3", LONGROPE) and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
@@ -404,40 +401,30 @@ class RotaryPositions(PositionScheme):
     rotates = True
     flops_per_token = elementwise_flops
 
+    # fmt: off
     @dataclass
     class Settings(PositionScheme.Settings):
         rope_base: float = setting(10000.0, "RoPE's base b in theta_i = b^(-2i/head_dim)", above=1)
-        rope_scaling: str | None = setting(None, "None, or a context extension (set at inference)",
-                                           choices=ROPE_SCALING_CHOICES)  # fmt: skip
-        rope_factor: float = setting(
-            1.0, "the extension factor s: target context / the original length", at_least=1
-        )
-        rope_original_len: int | None = setting(
-            None, "the length rope_scaling extends; None: block_size", at_least=1
-        )
-        rope_low_freq_factor: float = setting(
-            1.0, "llama3: pairs turning fewer times than this over T get theta/s"
-        )
-        rope_high_freq_factor: float = setting(
-            4.0, "llama3: pairs turning more times keep theta; between: blended"
-        )
+        rope_scaling: str | None = setting(None, "a context extension (set at inference)",
+                                           choices=ROPE_SCALING_CHOICES)
+        rope_factor: float = setting(1.0, "the extension factor s: target context / the original length",
+                                     at_least=1)
+        rope_original_len: int | None = setting(None, "the length rope_scaling extends; None: block_size",
+                                                at_least=1)
+        rope_low_freq_factor: float = setting(1.0, "llama3: pairs turning fewer times over T get theta/s")
+        rope_high_freq_factor: float = setting(4.0, "llama3: pairs turning more keep theta; between: blended")
         rope_fraction: float = setting(1.0, "share of each head's dims RoPE rotates, the first "
-                                       "(partial_rotary_factor)", above=0, at_most=1)  # fmt: skip
+                                       "(partial_rotary_factor)", above=0, at_most=1)
         nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none",
-                                     at_least=0)  # fmt: skip
-        nope_layers: str | None = setting(
-            None, "or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7"
-        )
-        # longrope: theta_i divided by a factor per pair, the short ones up to rope_original_len, the long past it
-        rope_short_factor: list[float] | None = setting(
-            None, "longrope's factors at lengths <= rope_original_len"
-        )
-        rope_long_factor: list[float] | None = setting(None, "longrope's factors past it (--rope_factors=FILE "
-                                                       "gives both)")  # fmt: skip
-        rope_attention_factor: float | None = setting(None, "longrope's cos/sin scale; None: sqrt(1 + ln s / ln T)",
-                                                      above=0)  # fmt: skip
+                                     at_least=0)
+        nope_layers: str | None = setting(None, "or the layers that skip RoPE, 0-based, comma-separated: 3,7")
+        # longrope: theta_i / a factor per pair, the short ones up to rope_original_len, the long ones past it
+        rope_short_factor: list[float] | None = setting(None, "longrope's factors up to rope_original_len")
+        rope_long_factor: list[float] | None = setting(None, "past it (--rope_factors=FILE gives both)")
+        rope_attention_factor: float | None = setting(None, "longrope's cos/sin scale; None: sqrt(1 + ln s / "
+                                                      "ln T)", above=0)
         rope_keep_first: int = setting(0, "longrope's n-hat: positions below it keep plain RoPE's rotation",
-                                       at_least=0)  # fmt: skip
+                                       at_least=0)
 
         def __post_init__(self):
             """Each setting's rule, then: llama3's factors with llama3 only, 0 < low < high; LongRoPE's with
@@ -445,26 +432,22 @@ class RotaryPositions(PositionScheme):
             super().__post_init__()
             changed = [f.name for f in fields(self) if getattr(self, f.name) != f.default]
             llama3 = ", ".join(f"{n}={getattr(self, n)}" for n in changed if n in LLAMA3_FACTORS)
-            wrong = (
-                f"{llama3}: llama3's frequency factors, and this model has rope_scaling={self.rope_scaling!r}"
-            )
-            require(not llama3 or self.rope_scaling == "llama3", wrong + "; give rope_scaling=llama3, or leave "
-                    "them at 1 and 4")  # fmt: skip
+            has = f"this model has rope_scaling={self.rope_scaling!r}"
+            require(not llama3 or self.rope_scaling == "llama3", f"{llama3}: llama3's frequency factors, and "
+                    f"{has}; give rope_scaling=llama3, or leave them at 1 and 4")
             check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
-            both = f"nope_interval={self.nope_interval} and nope_layers={self.nope_layers!r} both name the layers"
-            require(
-                not (self.nope_interval and self.nope_layers is not None),
-                f"{both} without RoPE: give one of them",
-            )
+            both = f"nope_interval={self.nope_interval} and nope_layers={self.nope_layers!r} both name"
+            require(not (self.nope_interval and self.nope_layers is not None),
+                    f"{both} the layers without RoPE: give one of them")
             longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
             if self.rope_scaling != LONGROPE:
-                has = f"this model has rope_scaling={self.rope_scaling!r}"
                 return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
             for name in LONGROPE_FIELDS[:2]:
                 factors = getattr(self, name)
                 require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
                 valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
                 require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+    # fmt: on
 
     def __init__(self, config):
         super().__init__(config)
@@ -499,20 +482,9 @@ class RotaryPositions(PositionScheme):
         few = s.rope_scaling in ("ntk", "dynamic") and rotary < 4
         require(not few, f"{power} rotated dimensions, this model rotates {rotary}")
         for name in LONGROPE_FIELDS[:2] if s.rope_scaling == LONGROPE else ():
-            count = (
-                f"{len(getattr(s, name))} factors: this model rotates {rotary // 2} pairs, one factor each"
-            )
+            count = f"{len(getattr(s, name))} factors: this model rotates {rotary // 2} pairs, one each"
             require(len(getattr(s, name)) == rotary // 2, f"{name} has {count}")
         nope_layer_indices(c.n_layer, s.nope_interval, s.nope_layers)
-
-    def describe(self, head_dim):
-        scaling = "none" if self.scaling is None else f"{self.scaling} x{self.factor:g}"
-        if self.scaling == "llama3":
-            scaling += f" (frequency factors {self.llama3_factors[0]:g} and {self.llama3_factors[1]:g})"
-        turned = f" on {self.dim} of each head's {head_dim} dims" if self.dim < head_dim else ""
-        if nope := [str(i) for i, rotates in enumerate(self.rope_layers) if not rotates]:
-            turned += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-        return turned, f"rope scaling {scaling}"
 
     def _cos_sin(self, positions, seq_len):
         scaling = self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors, *self.longrope
@@ -627,19 +599,17 @@ class T5Positions(PositionScheme):
 
     flops_per_token = elementwise_flops  # a lookup
 
+    # fmt: off
     @dataclass
-    class Settings(PositionScheme.Settings):  # T5's defaults (T5Config.relative_attention_num_buckets, ...)
-        t5_num_buckets: int = setting(
-            32, "T5's buckets of distance, half of them one distance each", at_least=2
-        )
-        t5_max_distance: int = setting(128, "T5's distance from which every key shares the last bucket",
-                                       at_least=1)  # fmt: skip
+    class Settings(PositionScheme.Settings):  # T5's (T5Config.relative_attention_num_buckets, _max_distance)
+        t5_num_buckets: int = setting(32, "T5's buckets, the first half a distance each", at_least=2)
+        t5_max_distance: int = setting(128, "the distance from which keys share T5's last bucket", at_least=1)
 
         def __post_init__(self):
             super().__post_init__()
-            exact = f"its first {self.t5_num_buckets // 2} buckets hold a distance each"
-            require(self.t5_max_distance > self.t5_num_buckets // 2, f"t5_max_distance={self.t5_max_distance} "
-                    f"must exceed t5_num_buckets // 2 = {self.t5_num_buckets // 2} ({exact})")  # fmt: skip
+            n, exceed = self.t5_num_buckets // 2, f"t5_max_distance={self.t5_max_distance} must exceed"
+            require(self.t5_max_distance > n, f"{exceed} t5_num_buckets // 2 = {n}, the ones a bucket each")
+    # fmt: on
 
     def __init__(self, config):
         super().__init__(config)

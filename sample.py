@@ -27,9 +27,14 @@ import torch
 
 from generation import captured_on, decode_mode, generate_cached
 from measure.losses import inside_vs_beyond_loss, position_losses, unmeasurable  # noqa: F401 (position_losses: public)
-from model import check_settings
 from plumbing import hardware
-from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
+from plumbing.checkpoint import (
+    check_settings,
+    checkpoint_path,
+    open_checkpoint,
+    open_model,
+    pretrained_checkpoint,
+)
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, require, setting
@@ -96,7 +101,7 @@ class SampleConfig:
         if self.rope_factors and self.rope_scaling is None:
             self.rope_scaling = "longrope"
         require(self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling")
-        # the RoPE extension's flags: RoPE's settings' own rules (longrope's factors: read_rope_factors's file)
+        # the RoPE extension's flags, by RoPE's settings' rules (longrope's factors: read_rope_factors's)
         extension = dict(rope_factor=self.rope_factor, rope_low_freq_factor=self.rope_low_freq_factor,
                          rope_high_freq_factor=self.rope_high_freq_factor)  # fmt: skip
         check_settings(**extension, rope_scaling=None if self.rope_factors else self.rope_scaling)

@@ -32,10 +32,17 @@ import torch
 
 from data.common import BatchSampler, prepare_data
 from finetune import lora, s2
-from model import GPT, GPTConfig, model_sections, section_names
+from model import GPT, GPTConfig
 from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import check_original_len, parse_flags, read_rope_factors, threads_flag
+from plumbing.cli import (
+    check_original_len,
+    model_sections,
+    parse_flags,
+    read_rope_factors,
+    section_names,
+    threads_flag,
+)
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.fields import check_fields, require, setting

@@ -411,6 +411,17 @@ def open_model(
     return model, get_tokenizer(ckpt["meta"]), ckpt
 
 
+def check_settings(**values):
+    """Settings given by name (None: not given, left out) checked by their schemes' Settings, whose rules
+    they are: a one-line ValueError as a model with them would give."""
+    by_scheme, known = {}, scheme_settings()
+    for name, value in values.items():
+        if value is not None:
+            by_scheme.setdefault(known[name][0], {})[name] = value
+    for scheme, settings in by_scheme.items():
+        POSITION_MODULES[scheme].Settings(**settings)
+
+
 def rope_overrides(rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None):
     """The settings open_model's RoPE extension (its arguments) sets over a checkpoint's, by name."""
     scaling, default = {}, lambda name: scheme_settings()[name][1].default

@@ -14,6 +14,7 @@ if sys.version_info < (3, 11):  # noqa: UP036 - before tomllib's import fails wi
     sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
 
 import argparse
+import dataclasses
 import difflib
 import inspect
 import json
@@ -24,8 +25,10 @@ import typing
 from dataclasses import MISSING, field, fields
 from pathlib import Path
 
+from model import GPTConfig
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import choices_of, rule_text
+from positions import POSITION_MODULES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -135,6 +138,20 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
                 options = flag_options(name, annotation, allowed, name in positional)
                 group.add_argument(name if name in positional else f"--{name}", help=help_text, **options)
     return parser
+
+
+def model_sections(leave_out=("vocab_size",)):
+    """plumbing.cli.parse_flags' sections of a model's flags: GPTConfig's fields, then each scheme's settings,
+    a group each (the registry read now)."""
+    gpt = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in (*leave_out, "pos_settings")]
+    schemes = [(f"pos={name}'s settings", scheme.Settings, None) for name, scheme in POSITION_MODULES.items()]
+    return [("model", GPTConfig, gpt), *(section for section in schemes if dataclasses.fields(section[1]))]
+
+
+def section_names(sections):
+    """The flags' names of parse_flags' sections."""
+    return [f.name for _, config_class, only in sections for f in dataclasses.fields(config_class)
+            if only is None or f.name in only]  # fmt: skip
 
 
 def read_text(path, where, status=2):

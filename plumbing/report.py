@@ -182,12 +182,21 @@ def schedule_note(cfg, final_lr):
 
 
 def describe_model(model):
-    """sample.py's line on the model it generates with: its scheme (RoPE: its scaling), trained length, size."""
-    c, params = model.config, f"{model.num_params():,} parameters"
-    detail, note = model.transformer.wpe.describe(c.head_dim)
-    return ", ".join(
-        [f"pos={c.pos}{detail}", f"trained length {c.block_size} tokens", *[note] * bool(note), params]
-    )
+    """sample.py's line on the model it generates with: its scheme (RoPE: its rotated share, layers and
+    scaling), trained length and size."""
+    c, params, rope = model.config, f"{model.num_params():,} parameters", model.transformer.wpe
+    pos, scaled = c.pos, []
+    if rope.rotates:  # RoPE's settings apply
+        s = c.pos_settings
+        scaling = "none" if s.rope_scaling is None else f"{s.rope_scaling} x{s.rope_factor:g}"
+        if s.rope_scaling == "llama3":
+            scaling += f" (frequency factors {s.rope_low_freq_factor:g} and {s.rope_high_freq_factor:g})"
+        if rope.dim < c.head_dim:
+            pos += f" on {rope.dim} of each head's {c.head_dim} dims"
+        if nope := [str(i) for i, rotates in enumerate(model.rope_layers) if not rotates]:
+            pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
+        scaled = [f"rope scaling {scaling}"]
+    return ", ".join([f"pos={pos}", f"trained length {c.block_size} tokens", *scaled, params])
 
 
 def done_line(run, seconds):

@@ -22,10 +22,18 @@ from positions import (
     cached_key_positions,
     check_fields,
     require,
-    scheme_settings,
     setting,
     window_length,
 )
+
+
+def scheme_settings():
+    """Every scheme's settings, read from POSITION_MODULES now: {setting name: (scheme name, its field)}."""
+    return {
+        f.name: (name, f)
+        for name, scheme in POSITION_MODULES.items()
+        for f in dataclasses.fields(scheme.Settings)
+    }
 
 
 @dataclass

@@ -11,9 +11,8 @@ one mask attention adds a score bias to, and the registry.
     none                  nothing: only the causal mask reveals order
 
 A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
-it needs, never its name. A scheme's settings are its Settings' fields (flags, checkpoints' model_config
-pos_settings). This file imports nothing of the repository but plumbing/fields.py (standard library only):
-the exercises point here.
+it needs (its settings: its Settings), never its name. This file imports nothing of the repository but
+plumbing/fields.py (standard library only): the exercises point here.
 """
 
 import math
@@ -32,29 +31,26 @@ class PositionScheme(nn.Module):
     """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
         embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
         rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
-                                        the length of their sequence (a prefill's chunk is part of one),
-                                        default the last + 1
+                                        their sequence's length (a prefill chunk's), default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
                                         (cache slots, S²-Attn's groups), shared by the layers, or None
-        Settings                        its own settings: a dataclass of setting() fields, each named uniquely
-                                        across schemes (a flag), checked by their rules when built
+        Settings                        its settings: a dataclass of setting()s, named uniquely (flags)
         check_config(config)            its settings' one-line ValueError against the GPT's (head size ...)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
-        init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
-                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
+        init_weights()                  its parameters' initial values (after GPT.init_weights' N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of
                                         seq_len, beyond GPT.flops_per_token's 6 per weight (a bias built once
                                         per forward is shared by the batch); None: unknown, noted uncounted
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-    Its answers: rope_layers, whether each layer takes rotation's (cos, sin), None: all (RoPE's nope layers:
-    not those); length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
-    (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
-    trains it); encodes (any signal); recode_past, a length past which it encodes every position anew (a KV
-    cache reruns); step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or
-    None: the step is then static, one CUDA graph or compiled graph for every position (generation.py)."""
+    Its answers: rope_layers, whether each layer takes rotation's (cos, sin) (None: all); length_limit, the
+    longest sequence it encodes (None: any; past it, window_length); rotates (RoPE's settings apply); biased,
+    derived (it overrides score_bias); embedding (--lora_train=embed trains it); encodes (any signal);
+    recode_past, a length past which it encodes every position anew (a KV cache reruns); step_varies, why its
+    decode step's work depends on the length in Python (dynamic NTK), or None: the step is then static, one
+    CUDA graph or compiled graph for every position (generation.py)."""
 
     length_limit = recode_past = step_varies = rope_layers = None
     rotates = biased = embedding = False
@@ -72,39 +68,22 @@ class PositionScheme(nn.Module):
     def __init__(self, config):
         super().__init__()
 
-    def embed(self, tok_emb, positions):
-        return tok_emb
-
-    def rotation(self, positions, seq_len=None):
-        return None
-
-    def score_bias(self, query_pos, key_pos):
-        return None
-
+    # fmt: off
+    def embed(self, tok_emb, positions): return tok_emb
+    def rotation(self, positions, seq_len=None): return None
+    def score_bias(self, query_pos, key_pos): return None
     @classmethod
-    def check_config(cls, config):
-        pass
-
-    def check_length(self, n_pos):
-        pass
-
-    def grow(self, n_pos):
-        pass
-
-    def init_weights(self):
-        pass
+    def check_config(cls, config): pass
+    def check_length(self, n_pos): pass
+    def grow(self, n_pos): pass
+    def init_weights(self): pass
+    def flops_per_token(self, seq_len, batch_size): return None  # unknown: GPT.flops_per_token says so
+    def bias_bytes(self, n_query, n_key): return 0
+    def adapt_state(self, state, prefix): return state, None
+    # fmt: on
 
     def table_bytes(self, n_pos):
         return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
-
-    def flops_per_token(self, seq_len, batch_size):
-        return None  # unknown: GPT.flops_per_token says it is not counted
-
-    def bias_bytes(self, n_query, n_key):
-        return 0
-
-    def adapt_state(self, state, prefix):
-        return state, None
 
 
 def elementwise_flops(scheme, seq_len, batch_size):
@@ -246,15 +225,19 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     skipped = []
     if layers is not None:
         items = [item.strip() for item in layers.split(",")]
-        once = len(set(items)) == len(items)
-        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
-        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
-        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
+        valid = len(set(items)) == len(items) and all(
+            item.isdigit() and int(item) < n_layer for item in items
+        )
+        indices = (
+            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
+        )
+        require(valid, f"nope_layers={layers!r}: {indices}")
         skipped = [int(item) for item in items]
     elif interval:
-        every = "1 would skip RoPE in every layer: that is pos=none"
-        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
-        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
+        valid = (
+            f"give 0 (every layer rotates) or 2 to n_layer={n_layer} (1 would skip RoPE in every layer: that"
+        )
+        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid} is pos=none)")
         skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
     require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
     return skipped
@@ -405,30 +388,22 @@ class RotaryPositions(PositionScheme):
     @dataclass
     class Settings(PositionScheme.Settings):
         rope_base: float = setting(10000.0, "RoPE's base b in theta_i = b^(-2i/head_dim)", above=1)
-        rope_scaling: str | None = setting(None, "a context extension (set at inference)",
-                                           choices=ROPE_SCALING_CHOICES)
-        rope_factor: float = setting(1.0, "the extension factor s: target context / the original length",
-                                     at_least=1)
-        rope_original_len: int | None = setting(None, "the length rope_scaling extends; None: block_size",
-                                                at_least=1)
+        rope_scaling: str | None = setting(None, "an extension (at inference)", choices=ROPE_SCALING_CHOICES)
+        rope_factor: float = setting(1.0, "the extension factor s: target / original length", at_least=1)
+        rope_original_len: int | None = setting(None, "the length it extends; None: block_size", at_least=1)
         rope_low_freq_factor: float = setting(1.0, "llama3: pairs turning fewer times over T get theta/s")
         rope_high_freq_factor: float = setting(4.0, "llama3: pairs turning more keep theta; between: blended")
-        rope_fraction: float = setting(1.0, "share of each head's dims RoPE rotates, the first "
-                                       "(partial_rotary_factor)", above=0, at_most=1)
-        nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none",
-                                     at_least=0)
+        rope_fraction: float = setting(1.0, "share of a head's dims rotated, the first", above=0, at_most=1)
+        nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)", at_least=0)
         nope_layers: str | None = setting(None, "or the layers that skip RoPE, 0-based, comma-separated: 3,7")
         # longrope: theta_i / a factor per pair, the short ones up to rope_original_len, the long ones past it
         rope_short_factor: list[float] | None = setting(None, "longrope's factors up to rope_original_len")
         rope_long_factor: list[float] | None = setting(None, "past it (--rope_factors=FILE gives both)")
-        rope_attention_factor: float | None = setting(None, "longrope's cos/sin scale; None: sqrt(1 + ln s / "
-                                                      "ln T)", above=0)
-        rope_keep_first: int = setting(0, "longrope's n-hat: positions below it keep plain RoPE's rotation",
-                                       at_least=0)
+        rope_attention_factor: float | None = setting(None, "cos/sin scale; None: sqrt(1+ln s/ln T)", above=0)
+        rope_keep_first: int = setting(0, "longrope's n-hat: positions below turn as RoPE", at_least=0)
 
         def __post_init__(self):
-            """Each setting's rule, then: llama3's factors with llama3 only, 0 < low < high; LongRoPE's with
-            longrope only, which needs its factors, each finite and >= 1; one way of naming nope layers."""
+            """Then: llama3's factors with llama3 only; LongRoPE's with longrope, which needs them."""
             super().__post_init__()
             changed = [f.name for f in fields(self) if getattr(self, f.name) != f.default]
             llama3 = ", ".join(f"{n}={getattr(self, n)}" for n in changed if n in LLAMA3_FACTORS)
@@ -453,11 +428,10 @@ class RotaryPositions(PositionScheme):
         super().__init__(config)
         s = config.pos_settings
         self.dim, self.base = rotary_dim(config.head_dim, s.rope_fraction), s.rope_base
-        self.scaling, self.factor = s.rope_scaling, s.rope_factor
+        self.scaling, self.factor, self.keep_first = s.rope_scaling, s.rope_factor, s.rope_keep_first
         self.original_len = s.rope_original_len or config.block_size
         self.llama3_factors = s.rope_low_freq_factor, s.rope_high_freq_factor
         self.longrope = s.rope_short_factor, s.rope_long_factor, s.rope_attention_factor
-        self.keep_first = s.rope_keep_first
         skipped = nope_layer_indices(config.n_layer, s.nope_interval, s.nope_layers)
         self.rope_layers = tuple(i not in skipped for i in range(config.n_layer))
         self.recode_past = self.original_len if self.scaling == LONGROPE else None
@@ -467,8 +441,7 @@ class RotaryPositions(PositionScheme):
 
     @classmethod
     def check_config(cls, c):
-        """RoPE's settings against the model: pairs to turn, an even count >= 2 rotated (ntk: 4), LongRoPE's
-        factors one a pair, the nope layers among the model's."""
+        """Against the model: an even count >= 2 rotated (ntk: 4), a LongRoPE factor a pair, nope layers."""
         s, head_dim = c.pos_settings, c.n_embd // c.n_head
         odd = s.rope_fraction == 1.0 and head_dim % 2
         require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
@@ -590,12 +563,10 @@ def t5_bucket(distance, num_buckets=32, max_distance=128):
 
 class T5Positions(PositionScheme):
     """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
-    i - j (t5_bucket), added to the scores; T5 computes it in its first layer and every layer reuses it, as
-    score_bias here. Past max_distance every key gets the last bucket's bias: longer inputs meet no new
-    bias (they extrapolate as ALiBi does), but far keys are no longer told apart by distance.
-    Initialisation: transformers draws the table N(0, initializer_factor / sqrt(d_model)) (T5PreTrainedModel.
-    _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
-    the same order: one init function, and a near-zero bias at the start either way."""
+    i - j (t5_bucket), added to the scores, computed once and reused by every layer as T5's. Past max_distance
+    every key gets the last bucket's bias: no new bias, but far keys are no longer told apart by distance.
+    transformers draws the table N(0, initializer_factor / sqrt(d_model)) (0.036 at d_model 768); here
+    GPT.init_weights draws it N(0, 0.02) as every nn.Embedding: a near-zero bias at the start either way."""
 
     flops_per_token = elementwise_flops  # a lookup
 
@@ -637,17 +608,14 @@ def fire_input(query_pos, key_pos, c, threshold):
 
 class FIREPositions(PositionScheme):
     """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
-    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU: one
-    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public
-    PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
-    position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
-    was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
-    so short contexts are not stretched. One f shared by every layer, computed once per forward as every score
-    bias here: this repository's choice, not the public code's, which builds one FIRE module (its own f, c and
-    L) per attention layer; the studies here measure the shared f only. c = e^c_log > 0, from 0.1 as that
-    code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code starts L at 512, a quarter of the
-    paper's training length 2048): both stay positive with smooth gradients, where that code takes |c| and
-    |L|, and Adam moves both by relative steps, as its multiplier on L does."""
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> fire_hidden -> n_head with
+    ReLU whose outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public PyTorch
+    FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Every distance falls in [0, 1] at any
+    length: past the training length f meets only finer inputs (progressive interpolation); below L the input
+    is psi(i - j) / psi(L), short contexts unstretched. One f shared by every layer, computed once a forward
+    (the public code builds one per layer; the studies here measure the shared f). c = e^c_log > 0 from 0.1 as
+    that code, L = 1 + e^L_log > 1 from 1 + block_size / 4 (that code: 512, a quarter of the paper's 2048):
+    positive with smooth gradients where that code takes |c| and |L|, moved by Adam in relative steps."""
 
     @dataclass
     class Settings(PositionScheme.Settings):
@@ -715,8 +683,3 @@ POSITION_MODULES = dict(learned=LearnedPositions, sinusoidal=SinusoidalPositions
                         alibi=ALiBiPositions, none=NoPositions,
                         t5=T5Positions, fire=FIREPositions)  # fmt: skip
 POS_SCHEMES = tuple(POSITION_MODULES)
-
-
-def scheme_settings():
-    """Every scheme's settings, read from POSITION_MODULES now: {setting name: (scheme name, its field)}."""
-    return {f.name: (name, f) for name, scheme in POSITION_MODULES.items() for f in fields(scheme.Settings)}

@@ -19,19 +19,12 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_settings
 from plumbing.errors import UserError
 from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
 from plumbing.tokenizers import TOKENIZERS, get_tokenizer
-from positions import (
-    LLAMA3_FACTORS,
-    LONGROPE,
-    LONGROPE_FIELDS,
-    POSITION_MODULES,
-    PositionScheme,
-    scheme_settings,
-)
+from positions import LLAMA3_FACTORS, LONGROPE, LONGROPE_FIELDS, POSITION_MODULES, PositionScheme
 
 VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict

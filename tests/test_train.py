@@ -18,10 +18,10 @@ import torch
 from helpers import train_error_line
 
 import train
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_settings
 from plumbing import checkpoint, hardware
 from plumbing.errors import UserError
-from positions import POS_SCHEMES, scheme_settings
+from positions import POS_SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

@@ -76,6 +76,24 @@ DAMAGED_CHECKPOINTS = [
         "model_config: n_head must be >= 1 (a positive integer), got 0",
     ),
     ("unknown model field", 2, set_entry("model_config/n_experts", 8), "unknown fields n_experts"),
+    (
+        "unknown setting",
+        2,
+        set_entry("model_config/pos_settings/rope_warp", 2.0),
+        "model_config.pos_settings has rope_warp, no setting of pos=rope",
+    ),
+    (
+        "setting a string",
+        2,
+        set_entry("model_config/pos_settings/rope_base", "big"),
+        "model_config.pos_settings.rope_base is 'big', not a float",
+    ),
+    (
+        "settings a list",
+        2,
+        set_entry("model_config/pos_settings", [1]),
+        "model_config.pos_settings is a list",
+    ),
     ("model a list", 2, set_entry("model", []), "model is a list, not a dict"),
     (
         "a weight a string",

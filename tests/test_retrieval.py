@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import shutil
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -238,7 +239,7 @@ def test_passkey_csv_has_the_promised_columns_and_one_line_per_cell(tmp_path):
     torch.save(
         {
             "model": model.state_dict(),
-            "model_config": vars(model.config),
+            "model_config": asdict(model.config),
             "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS},
             "train_config": {"dataset": "passkey"},
         },
@@ -291,7 +292,7 @@ def test_passkey_on_a_checkpoint_of_another_vocabulary_is_one_line(capsys, tmp_p
     torch.save(
         {
             "model": model.state_dict(),
-            "model_config": vars(model.config),
+            "model_config": asdict(model.config),
             "meta": {"tokenizer": "char", "vocab_size": 65, "chars": [chr(32 + i) for i in range(65)]},
             "train_config": {"dataset": "shakespeare_char"},
         },

@@ -6,8 +6,9 @@ adds wpe.score_bias). With pos="learned" this is GPT-2. generation.py drives cac
 layer owns its cache).
 """
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 
 import torch
 import torch.nn as nn
@@ -15,64 +16,84 @@ import torch.nn.functional as F
 
 from positions import (
     POSITION_MODULES,
-    ROPE_SCALING_CHOICES,
-    ROPE_VARIANTS,
     PositionScheme,
     apply_rope,
     attention_mask,
     cached_key_positions,
+    check_fields,
     require,
-    rotary_dim,
+    setting,
     window_length,
 )
 
 
+def scheme_settings():
+    """Every scheme's settings, read from POSITION_MODULES now: {setting name: (scheme name, its field)}."""
+    return {
+        f.name: (name, f)
+        for name, scheme in POSITION_MODULES.items()
+        for f in dataclasses.fields(scheme.Settings)
+    }
+
+
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # training context length T; only `learned` cannot run past it
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
-    pos: str = "rope"  # the position scheme, a key of positions.POSITION_MODULES
-    rope_base: float = 10000.0  # RoPE's base b in theta_i = b^(-2i/head_dim)
-    rope_scaling: str | None = None  # None, or a context extension of ROPE_SCALINGS (set at inference)
-    rope_factor: float = 1.0  # the extension factor s: target context / the original length
-    rope_original_len: int | None = None  # the length rope_scaling extends; None: block_size
-    rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times than this over T get theta/s
-    rope_high_freq_factor: float = 4.0  # llama3: pairs turning more times keep theta; between: blended
-    rope_fraction: float = 1.0  # share of each head's dims RoPE rotates, the first (partial_rotary_factor)
-    nope_interval: int = 0  # every k-th layer (k-1, 2k-1, ...) skips RoPE, as Llama 4's; 0: none
-    nope_layers: str | None = None  # or the layers that skip RoPE, 0-based and comma-separated, e.g. 3,7
-    # longrope: theta_i divided by a factor per pair, the short ones up to rope_original_len, the long past it
-    rope_short_factor: list[float] | None = None  # longrope's factors at lengths <= rope_original_len
-    rope_long_factor: list[float] | None = None  # longrope's factors past it (--rope_factors=FILE gives both)
-    rope_attention_factor: float | None = None  # longrope's cos/sin scale; None: sqrt(1 + ln s / ln T)
-    rope_keep_first: int = 0  # longrope's n-hat: positions below it keep plain RoPE's rotation
+    """The GPT's fields, its position scheme `pos` and that scheme's settings, pos_settings: an instance of
+    its Settings (a dict of them, as asdict writes it, is built into one; None: the defaults). A checkpoint's
+    model_config is asdict(config): the settings nested under pos_settings. from_flat builds one from flat
+    values (flags, older checkpoints), each setting by its name."""
+
+    # fmt: off
+    block_size: int = setting(1024, "training context length T; only `learned` runs no further", at_least=1)
+    vocab_size: int = setting(50304, "GPT-2's 50257 padded up to a multiple of 64 for speed", at_least=1)
+    n_layer: int = setting(12, "transformer blocks", at_least=1)
+    n_head: int = setting(12, "attention heads per block", at_least=1)
+    n_embd: int = setting(768, "width of the residual stream", at_least=1)
+    dropout: float = setting(0.0, "dropout probability in training", at_least=0, below=1)
+    bias: bool = setting(True, "biases in Linear and LayerNorm, as GPT-2; False is a bit faster")
+    pos: str = setting("rope", "the position scheme", choices=lambda: POSITION_MODULES)  # read when checked
+    pos_settings: PositionScheme.Settings | dict | None = None  # the scheme's Settings (flags: each by name)
+    # fmt: on
 
     def __post_init__(self):
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            require(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        check_position_config(self)
+        check_fields(self)
+        divisible = f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}"
+        require(not self.n_embd % self.n_head, divisible)
+        scheme, given = POSITION_MODULES[self.pos], self.pos_settings
+        if isinstance(given, dict) or given is None:  # asdict's dict of them, or None: the defaults
+            foreign = [str(name) for name in given or {} if name not in scheme.Settings.__dataclass_fields__]
+            require(not foreign, f"{', '.join(foreign)}: no setting of pos={self.pos}")
+            self.pos_settings = scheme.Settings(**(given or {}))
+        kind = type(self.pos_settings).__qualname__
+        require(type(self.pos_settings) is scheme.Settings, f"pos_settings is a {kind}, not pos={self.pos}'s")
+        scheme.check_config(self)
+
+    @classmethod
+    def from_flat(cls, given=(), **values):
+        """A GPTConfig from flat values: its fields, and the settings of its scheme by name. A setting of
+        another scheme is refused in one line if named in `given` (what flags gave) or not at its default
+        (older checkpoints held every RoPE setting whatever the scheme)."""
+        pos, settings = values.get("pos", cls.pos), values.pop("pos_settings", None) or {}
+        settings = asdict(settings) if is_dataclass(settings) else dict(settings)
+        require(pos in POSITION_MODULES, f"pos={pos!r} is not one of {', '.join(POSITION_MODULES)}")
+        for name, (scheme, f) in scheme_settings().items():
+            if name in values:
+                value = values.pop(name)
+                foreign = scheme != pos and (value != f.default or name in given)
+                require(
+                    not foreign, f"{name}={value!r} is a setting of pos={scheme}; this model has pos={pos}"
+                )
+                settings |= {name: value} if scheme == pos else {}
+        return cls(**values, pos_settings=settings)
+
+    def flat(self):
+        """The GPT's fields and the scheme's settings side by side, as from_flat takes them (and flags)."""
+        gpt = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pos_settings"}
+        return gpt | asdict(self.pos_settings)
 
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
-
-    @property
-    def rotary_dim(self):
-        return rotary_dim(self.head_dim, self.rope_fraction)
-
-    @property
-    def rope_layers(self):
-        """(n_layer,) bools: whether each layer rotates q and k, False for the layers without RoPE."""
-        skipped = nope_layer_indices(self.n_layer, self.nope_interval, self.nope_layers)
-        return tuple(i not in skipped for i in range(self.n_layer))
 
 
 class KVCache(nn.Module):
@@ -174,7 +195,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying (Press & Wolf 2017), as GPT-2: the output head reuses the token embedding
         self.transformer.wte.weight = self.lm_head.weight
-        self.rope_layers = config.rope_layers  # whether each block rotates q and k (not the nope_layers)
+        # whether each block takes the rotation (RoPE's nope layers do not)
+        self.rope_layers = self.transformer.wpe.rope_layers or (True,) * config.n_layer
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.static_cache = False  # attend to every slot of the KV caches, written or not (setup_cache)
         self.train_mask = None  # in training, positions -> the mask of the layers' train_attention (S²-Attn)
@@ -324,51 +346,3 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-
-
-# -----------------------------------------------------------------------------
-# GPTConfig's checks of the position fields (its __post_init__), each a one-line ValueError
-
-
-def check_position_config(c):
-    """The position fields of a GPTConfig c, each a one-line ValueError naming what is valid: RoPE's settings
-    with RoPE only, then the scheme's own (check_config: RotaryPositions checks RoPE's), nope_layers."""
-    schemes, scalings = ", ".join(POSITION_MODULES), ", ".join(ROPE_SCALING_CHOICES)
-    require(c.pos in POSITION_MODULES, f"pos={c.pos!r} is not a position scheme; choose one of {schemes}")
-    scheme = POSITION_MODULES[c.pos]
-    require(c.rope_base > 1.0, f"rope_base must be > 1, got {c.rope_base}")
-    other = c.rope_scaling is not None and not scheme.rotates
-    require(not other, f"rope_scaling={c.rope_scaling!r} extends RoPE only; this model has pos={c.pos!r}")
-    known = c.rope_scaling in (None, *ROPE_SCALING_CHOICES)
-    require(known, f"rope_scaling={c.rope_scaling!r} is not one of {scalings}")
-    require(c.rope_factor >= 1.0, f"rope_factor must be >= 1, got {c.rope_factor}")
-    length = c.rope_original_len
-    require(length is None or length >= 1, f"rope_original_len must be a positive integer, got {length}")
-    given = ", ".join(f"{n}={getattr(c, n)}" for n, plain in ROPE_VARIANTS.items() if getattr(c, n) != plain)
-    only = f"only RoPE takes {given}, and this model has pos={c.pos!r}: use pos=rope"
-    require(not given or scheme.rotates, only)
-    scheme.check_config(c)  # the scheme's own settings
-    nope_layer_indices(c.n_layer, c.nope_interval, c.nope_layers)
-
-
-def nope_layer_indices(n_layer, interval=0, layers=None):
-    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
-    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
-    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
-    both = f"nope_interval={interval} and nope_layers={layers!r} both name the layers without RoPE"
-    require(not (interval and layers is not None), f"{both}: give one of them")
-    skipped = []
-    if layers is not None:
-        items = [item.strip() for item in layers.split(",")]
-        once = len(set(items)) == len(items)
-        valid = once and all(item.isdigit() and int(item) < n_layer for item in items)
-        indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer})"
-        require(valid, f"nope_layers={layers!r}: {indices}, comma-separated and each once")
-        skipped = [int(item) for item in items]
-    elif interval:
-        every = "1 would skip RoPE in every layer: that is pos=none"
-        valid = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} ({every})"
-        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid}")
-        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
-    require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
-    return skipped

@@ -11,14 +11,17 @@ one mask attention adds a score bias to, and the registry.
     none                  nothing: only the causal mask reveals order
 
 A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
-it needs, never its name. This file imports nothing of the repository: the exercises point here.
+it needs (its settings: its Settings), never its name. This file imports nothing of the repository but
+plumbing/fields.py (standard library only): the exercises point here.
 """
 
 import math
-from types import MappingProxyType
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
+
+from plumbing.fields import check_fields, require, setting
 
 # -----------------------------------------------------------------------------
 # The interface: what a scheme is, and what model.py asks of it
@@ -28,28 +31,28 @@ class PositionScheme(nn.Module):
     """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
         embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
         rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
-                                        the length of their sequence (a prefill's chunk is part of one),
-                                        default the last + 1
+                                        their sequence's length (a prefill chunk's), default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
                                         (cache slots, S²-Attn's groups), shared by the layers, or None
-        check_config(config)            its settings' one-line ValueError (GPTConfig's checks call it)
+        Settings                        its settings: a dataclass of setting()s, named uniquely (flags)
+        check_config(config)            its settings' one-line ValueError against the GPT's (head size ...)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
-        init_weights()                  its parameters' initial values (GPT.init_weights calls it after giving
-                                        an nn.Linear or nn.Embedding inside it GPT-2's N(0, 0.02))
+        init_weights()                  its parameters' initial values (after GPT.init_weights' N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of
                                         seq_len, beyond GPT.flops_per_token's 6 per weight (a bias built once
                                         per forward is shared by the batch); None: unknown, noted uncounted
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-    Its answers: length_limit, the longest sequence it encodes (None: any; past it, window_length); rotates
-    (RoPE's settings apply); biased, derived (it overrides score_bias), not set; embedding (--lora_train=embed
-    trains it); encodes (any signal); recode_past, a length past which it encodes every position anew (a KV
-    cache reruns); step_varies, why its decode step's work depends on the length in Python (dynamic NTK), or
-    None: the step is then static, one CUDA graph or compiled graph for every position (generation.py)."""
+    Its answers: rope_layers, whether each layer takes rotation's (cos, sin) (None: all); length_limit, the
+    longest sequence it encodes (None: any; past it, window_length); rotates (RoPE's settings apply); biased,
+    derived (it overrides score_bias); embedding (--lora_train=embed trains it); encodes (any signal);
+    recode_past, a length past which it encodes every position anew (a KV cache reruns); step_varies, why its
+    decode step's work depends on the length in Python (dynamic NTK), or None: the step is then static, one
+    CUDA graph or compiled graph for every position (generation.py)."""
 
-    length_limit = recode_past = step_varies = None
+    length_limit = recode_past = step_varies = rope_layers = None
     rotates = biased = embedding = False
     encodes = True
 
@@ -57,48 +60,30 @@ class PositionScheme(nn.Module):
         super().__init_subclass__(**kwargs)
         cls.biased = cls.score_bias is not PositionScheme.score_bias  # derived: overriding score_bias is all
 
+    @dataclass
+    class Settings:  # none; a scheme's own: @dataclass class Settings(PositionScheme.Settings)
+        def __post_init__(self):
+            check_fields(self)
+
     def __init__(self, config):
         super().__init__()
 
-    def embed(self, tok_emb, positions):
-        return tok_emb
-
-    def rotation(self, positions, seq_len=None):
-        return None
-
-    def score_bias(self, query_pos, key_pos):
-        return None
-
+    # fmt: off
+    def embed(self, tok_emb, positions): return tok_emb
+    def rotation(self, positions, seq_len=None): return None
+    def score_bias(self, query_pos, key_pos): return None
     @classmethod
-    def check_config(cls, config):
-        pass
-
-    def check_length(self, n_pos):
-        pass
-
-    def grow(self, n_pos):
-        pass
-
-    def init_weights(self):
-        pass
+    def check_config(cls, config): pass
+    def check_length(self, n_pos): pass
+    def grow(self, n_pos): pass
+    def init_weights(self): pass
+    def flops_per_token(self, seq_len, batch_size): return None  # unknown: GPT.flops_per_token says so
+    def bias_bytes(self, n_query, n_key): return 0
+    def adapt_state(self, state, prefix): return state, None
+    # fmt: on
 
     def table_bytes(self, n_pos):
         return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
-
-    def flops_per_token(self, seq_len, batch_size):
-        return None  # unknown: GPT.flops_per_token says it is not counted
-
-    def bias_bytes(self, n_query, n_key):
-        return 0
-
-    def adapt_state(self, state, prefix):
-        return state, None
-
-
-def require(ok, message):
-    """A config check: a one-line ValueError unless ok."""
-    if not ok:
-        raise ValueError(message)
 
 
 def elementwise_flops(scheme, seq_len, batch_size):
@@ -219,11 +204,7 @@ ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")  # each computed 
 LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or searched
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
 LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
-# The RoPE variants' settings at plain RoPE: GPTConfig's defaults, and what a checkpoint older than them meant
-ROPE_VARIANTS = MappingProxyType(dict(
-    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None,
-    rope_short_factor=None, rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
-))  # fmt: skip
+LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # llama3's blend
 
 
 def rope_inv_freq(dim, base=10000.0):
@@ -235,6 +216,31 @@ def rope_inv_freq(dim, base=10000.0):
 def rotary_dim(head_dim, fraction=1.0):
     """The dimensions of each head RoPE rotates, the first ones: int(head_dim * fraction), as transformers."""
     return int(head_dim * fraction)
+
+
+def nope_layer_indices(n_layer, interval=0, layers=None):
+    """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
+    layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
+    ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
+    skipped = []
+    if layers is not None:
+        items = [item.strip() for item in layers.split(",")]
+        valid = len(set(items)) == len(items) and all(
+            item.isdigit() and int(item) < n_layer for item in items
+        )
+        indices = (
+            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
+        )
+        require(valid, f"nope_layers={layers!r}: {indices}")
+        skipped = [int(item) for item in items]
+    elif interval:
+        valid = (
+            f"give 0 (every layer rotates) or 2 to n_layer={n_layer} (1 would skip RoPE in every layer: that"
+        )
+        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid} is pos=none)")
+        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
+    return skipped
 
 
 def rope_cos_sin(positions, inv_freq, attention_scale=1.0):
@@ -324,15 +330,13 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
         longrope LongRoPE (Ding et al. 2024; Phi-3): theta_i / lambda_i, a factor per pair, short_factor while
                  seq_len <= T, long_factor past it; scale attention_factor, by default longrope_scale(s, T).
                  As transformers' _compute_longrope_parameters"""
-    if scaling not in (None, *ROPE_SCALING_CHOICES):
-        raise ValueError(f"rope scaling {scaling!r} is not one of {', '.join(ROPE_SCALING_CHOICES)}")
-    if factor < 1.0:
-        raise ValueError(f"rope factor must be >= 1 (it extends the context), got {factor}")
+    rules = RotaryPositions.Settings  # RoPE's settings' rules, checked here as where a model is built
+    rules(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
+          rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor,
+          rope_long_factor=long_factor, rope_attention_factor=attention_factor)  # fmt: skip
     if scaling in ("dynamic", "yarn", "llama3", LONGROPE) and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
-    if scaling == LONGROPE and (short_factor is None or long_factor is None):
-        raise ValueError("longrope rope scaling needs short_factor and long_factor, one per rotated pair")
     d, s = head_dim, factor
     theta = rope_inv_freq(d, base)
     attention_scale = 1.0
@@ -380,14 +384,56 @@ class RotaryPositions(PositionScheme):
     rotates = True
     flops_per_token = elementwise_flops
 
+    # fmt: off
+    @dataclass
+    class Settings(PositionScheme.Settings):
+        rope_base: float = setting(10000.0, "RoPE's base b in theta_i = b^(-2i/head_dim)", above=1)
+        rope_scaling: str | None = setting(None, "an extension (at inference)", choices=ROPE_SCALING_CHOICES)
+        rope_factor: float = setting(1.0, "the extension factor s: target / original length", at_least=1)
+        rope_original_len: int | None = setting(None, "the length it extends; None: block_size", at_least=1)
+        rope_low_freq_factor: float = setting(1.0, "llama3: pairs turning fewer times over T get theta/s")
+        rope_high_freq_factor: float = setting(4.0, "llama3: pairs turning more keep theta; between: blended")
+        rope_fraction: float = setting(1.0, "share of a head's dims rotated, the first", above=0, at_most=1)
+        nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)", at_least=0)
+        nope_layers: str | None = setting(None, "or the layers that skip RoPE, 0-based, comma-separated: 3,7")
+        # longrope: theta_i / a factor per pair, the short ones up to rope_original_len, the long ones past it
+        rope_short_factor: list[float] | None = setting(None, "longrope's factors up to rope_original_len")
+        rope_long_factor: list[float] | None = setting(None, "past it (--rope_factors=FILE gives both)")
+        rope_attention_factor: float | None = setting(None, "cos/sin scale; None: sqrt(1+ln s/ln T)", above=0)
+        rope_keep_first: int = setting(0, "longrope's n-hat: positions below turn as RoPE", at_least=0)
+
+        def __post_init__(self):
+            """Then: llama3's factors with llama3 only; LongRoPE's with longrope, which needs them."""
+            super().__post_init__()
+            changed = [f.name for f in fields(self) if getattr(self, f.name) != f.default]
+            llama3 = ", ".join(f"{n}={getattr(self, n)}" for n in changed if n in LLAMA3_FACTORS)
+            has = f"this model has rope_scaling={self.rope_scaling!r}"
+            require(not llama3 or self.rope_scaling == "llama3", f"{llama3}: llama3's frequency factors, and "
+                    f"{has}; give rope_scaling=llama3, or leave them at 1 and 4")
+            check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
+            both = f"nope_interval={self.nope_interval} and nope_layers={self.nope_layers!r} both name"
+            require(not (self.nope_interval and self.nope_layers is not None),
+                    f"{both} the layers without RoPE: give one of them")
+            longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
+            if self.rope_scaling != LONGROPE:
+                return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
+            for name in LONGROPE_FIELDS[:2]:
+                factors = getattr(self, name)
+                require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
+                valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
+                require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+    # fmt: on
+
     def __init__(self, config):
         super().__init__(config)
-        self.dim, self.base = config.rotary_dim, config.rope_base
-        self.scaling, self.factor = config.rope_scaling, config.rope_factor
-        self.original_len = config.rope_original_len or config.block_size
-        self.llama3_factors = config.rope_low_freq_factor, config.rope_high_freq_factor
-        self.longrope = config.rope_short_factor, config.rope_long_factor, config.rope_attention_factor
-        self.keep_first = config.rope_keep_first
+        s = config.pos_settings
+        self.dim, self.base = rotary_dim(config.head_dim, s.rope_fraction), s.rope_base
+        self.scaling, self.factor, self.keep_first = s.rope_scaling, s.rope_factor, s.rope_keep_first
+        self.original_len = s.rope_original_len or config.block_size
+        self.llama3_factors = s.rope_low_freq_factor, s.rope_high_freq_factor
+        self.longrope = s.rope_short_factor, s.rope_long_factor, s.rope_attention_factor
+        skipped = nope_layer_indices(config.n_layer, s.nope_interval, s.nope_layers)
+        self.rope_layers = tuple(i not in skipped for i in range(config.n_layer))
         self.recode_past = self.original_len if self.scaling == LONGROPE else None
         if self.scaling == "dynamic":
             self.step_varies = "rope_scaling='dynamic' recomputes the frequencies from the length each step"
@@ -395,41 +441,23 @@ class RotaryPositions(PositionScheme):
 
     @classmethod
     def check_config(cls, c):
-        """RoPE's settings: pairs to turn; llama3's factors with llama3 only; an even count >= 2 rotated
-        (ntk: 4); LongRoPE's, longrope only: factors >= 1, one a pair, attention factor > 0, n-hat >= 0."""
-        head_dim, changed = c.n_embd // c.n_head, [n for n, v in ROPE_VARIANTS.items() if getattr(c, n) != v]
-        odd = c.rope_fraction == 1.0 and head_dim % 2
+        """Against the model: an even count >= 2 rotated (ntk: 4), a LongRoPE factor a pair, nope layers."""
+        s, head_dim = c.pos_settings, c.n_embd // c.n_head
+        odd = s.rope_fraction == 1.0 and head_dim % 2
         require(not odd, f"rope rotates pairs of dimensions: head size {head_dim} must be even")
-        llama3 = ", ".join(f"{n}={getattr(c, n)}" for n in changed if n.endswith("_freq_factor"))
-        wrong = f"{llama3}: llama3's frequency factors, and this model has rope_scaling={c.rope_scaling!r}"
-        fix = "; give rope_scaling=llama3, or leave them at 1 and 4"
-        require(not llama3 or c.rope_scaling == "llama3", wrong + fix)
-        check_llama3_factors(c.rope_low_freq_factor, c.rope_high_freq_factor)
-        share = f"(the share of each head's dimensions RoPE rotates), got {c.rope_fraction}"
-        require(0.0 < c.rope_fraction <= 1.0, f"rope_fraction must be in (0, 1] {share}")
-        rotary = rotary_dim(head_dim, c.rope_fraction)
+        rotary = rotary_dim(head_dim, s.rope_fraction)
         if rotary < 2 or rotary % 2:
             valid = ", ".join(f"{2 * k / head_dim:g}" for k in range(1, min(4, head_dim // 2) + 1))
-            turns = f"int({head_dim} x {c.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
+            turns = f"int({head_dim} x {s.rope_fraction}) = {rotary} of the head's {head_dim} dimensions"
             even = f"RoPE turns pairs, so that must be even and >= 2; give a multiple of 2/{head_dim}"
-            raise ValueError(f"rope_fraction={c.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
-        power = f"rope_scaling={c.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
-        few = c.rope_scaling in ("ntk", "dynamic") and rotary < 4
+            raise ValueError(f"rope_fraction={s.rope_fraction} rotates {turns}: {even} ({valid}, ... 1)")
+        power = f"rope_scaling={s.rope_scaling!r} raises the base to the power d/(d-2): it needs at least 4"
+        few = s.rope_scaling in ("ntk", "dynamic") and rotary < 4
         require(not few, f"{power} rotated dimensions, this model rotates {rotary}")
-        longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
-        if c.rope_scaling != LONGROPE:
-            has = f"this model has rope_scaling={c.rope_scaling!r}"
-            return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
-        for name in LONGROPE_FIELDS[:2]:
-            factors = getattr(c, name)
-            require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-            count = f"{len(factors)} factors: this model rotates {rotary // 2} pairs, one factor each"
-            require(len(factors) == rotary // 2, f"{name} has {count}")
-            valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-            require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
-        scale = c.rope_attention_factor
-        require(scale is None or scale > 0, f"rope_attention_factor must be > 0, got {scale}")
-        require(c.rope_keep_first >= 0, f"rope_keep_first must be >= 0, got {c.rope_keep_first}")
+        for name in LONGROPE_FIELDS[:2] if s.rope_scaling == LONGROPE else ():
+            count = f"{len(getattr(s, name))} factors: this model rotates {rotary // 2} pairs, one each"
+            require(len(getattr(s, name)) == rotary // 2, f"{name} has {count}")
+        nope_layer_indices(c.n_layer, s.nope_interval, s.nope_layers)
 
     def _cos_sin(self, positions, seq_len):
         scaling = self.scaling, self.factor, self.original_len, seq_len, *self.llama3_factors, *self.longrope
@@ -535,18 +563,31 @@ def t5_bucket(distance, num_buckets=32, max_distance=128):
 
 class T5Positions(PositionScheme):
     """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
-    i - j (t5_bucket), added to the scores; T5 computes it in its first layer and every layer reuses it, as
-    score_bias here. Past max_distance every key gets the last bucket's bias: longer inputs meet no new
-    bias (they extrapolate as ALiBi does), but far keys are no longer told apart by distance.
-    Initialisation: transformers draws the table N(0, initializer_factor / sqrt(d_model)) (T5PreTrainedModel.
-    _init_weights; 0.036 at d_model 768); here GPT.init_weights draws it N(0, 0.02) as every nn.Embedding,
-    the same order: one init function, and a near-zero bias at the start either way."""
+    i - j (t5_bucket), added to the scores, computed once and reused by every layer as T5's. Past max_distance
+    every key gets the last bucket's bias: no new bias, but far keys are no longer told apart by distance.
+    transformers draws the table N(0, initializer_factor / sqrt(d_model)) (0.036 at d_model 768); here
+    GPT.init_weights draws it N(0, 0.02) as every nn.Embedding: a near-zero bias at the start either way."""
 
-    num_buckets, max_distance = 32, 128  # T5's (T5Config.relative_attention_num_buckets and _max_distance)
     flops_per_token = elementwise_flops  # a lookup
+
+    # fmt: off
+    @dataclass
+    class Settings(PositionScheme.Settings):  # T5's (T5Config.relative_attention_num_buckets, _max_distance)
+        t5_num_buckets: int = setting(32, "T5's buckets, the first half a distance each", at_least=2)
+        t5_max_distance: int = setting(128, "the distance from which keys share T5's last bucket", at_least=1)
+
+        def __post_init__(self):
+            super().__post_init__()
+            n, exceed = self.t5_num_buckets // 2, f"t5_max_distance={self.t5_max_distance} must exceed"
+            require(self.t5_max_distance > n, f"{exceed} t5_num_buckets // 2 = {n}, the ones a bucket each")
+    # fmt: on
 
     def __init__(self, config):
         super().__init__(config)
+        self.num_buckets, self.max_distance = (
+            config.pos_settings.t5_num_buckets,
+            config.pos_settings.t5_max_distance,
+        )
         self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
 
     def score_bias(self, query_pos, key_pos):
@@ -567,22 +608,22 @@ def fire_input(query_pos, key_pos, c, threshold):
 
 class FIREPositions(PositionScheme):
     """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
-    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> 32 -> n_head with ReLU: one
-    MLP whose n_head outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public
-    PyTorch FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Normalising by the query's
-    position squeezes every distance into [0, 1] at any length: past the training length f meets no input it
-    was not trained on, only finer ones (progressive interpolation); below L the input is psi(i - j) / psi(L),
-    so short contexts are not stretched. One f shared by every layer, computed once per forward as every score
-    bias here: this repository's choice, not the public code's, which builds one FIRE module (its own f, c and
-    L) per attention layer; the studies here measure the shared f only. c = e^c_log > 0, from 0.1 as that
-    code, and L = 1 + e^L_log > 1, from 1 + block_size / 4 (that code starts L at 512, a quarter of the
-    paper's training length 2048): both stay positive with smooth gradients, where that code takes |c| and
-    |L|, and Adam moves both by relative steps, as its multiplier on L does."""
+    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> fire_hidden -> n_head with
+    ReLU whose outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public PyTorch
+    FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Every distance falls in [0, 1] at any
+    length: past the training length f meets only finer inputs (progressive interpolation); below L the input
+    is psi(i - j) / psi(L), short contexts unstretched. One f shared by every layer, computed once a forward
+    (the public code builds one per layer; the studies here measure the shared f). c = e^c_log > 0 from 0.1 as
+    that code, L = 1 + e^L_log > 1 from 1 + block_size / 4 (that code: 512, a quarter of the paper's 2048):
+    positive with smooth gradients where that code takes |c| and |L|, moved by Adam in relative steps."""
 
-    hidden = 32  # f's hidden units
+    @dataclass
+    class Settings(PositionScheme.Settings):
+        fire_hidden: int = setting(32, "FIRE's hidden units in its MLP f (the public code's 32)", at_least=1)
 
     def __init__(self, config):
         super().__init__(config)
+        self.hidden = config.pos_settings.fire_hidden  # f's hidden units
         # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
         # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
         first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)

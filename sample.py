@@ -28,60 +28,83 @@ import torch
 
 from generation import captured_on, decode_mode, generate_cached
 from plumbing import hardware
-from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, pretrained_checkpoint
+from plumbing.checkpoint import (
+    check_settings,
+    checkpoint_path,
+    open_checkpoint,
+    open_model,
+    pretrained_checkpoint,
+)
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
 from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
-from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor, require
+from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor
 
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
-    init_from: str | None = None  # instead of out_dir, OpenAI's: gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-    compare: list[str] | None = None  # several out_dirs side by side (overrides out_dir)
-    start: str = "\n"  # the prompt, or FILE:path to read it from a file
-    num_samples: int = 1  # independent samples, generated as one batch
-    max_new_tokens: int | None = None  # default: 4 x the trained block_size, to show what happens past it
-    temperature: float = 0.8  # < 1 sharpens, > 1 flattens; 0 always takes the most likely token
-    top_k: int | None = 200  # sample only among the k most likely tokens (0 or None: all)
-    top_p: float | None = None  # nucleus sampling: the smallest set of tokens whose probability reaches top_p
-    seed: int = 1337  # same seed, same settings: same text
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    out_dir: str = setting("out/shakespeare_char_rope", "where train.py wrote best.pt / ckpt.pt")
+    init_from: str | None = setting(
+        None, "instead of out_dir, OpenAI's: gpt2 | gpt2-medium | gpt2-large | gpt2-xl", choices=GPT2_MODELS
+    )
+    compare: list[str] | None = setting(None, "several out_dirs side by side (overrides out_dir)")
+    start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
+    num_samples: int = setting(1, "independent samples, generated as one batch", at_least=1)
+    max_new_tokens: int | None = setting(
+        None, "default: 4 x the trained block_size, to show what happens past it", at_least=1
+    )
+    temperature: float = setting(
+        0.8, "< 1 sharpens, > 1 flattens; 0 always takes the most likely token", at_least=0
+    )
+    top_k: int | None = setting(
+        200, "sample only among the k most likely tokens (0 or None: all)", at_least=0
+    )
+    top_p: float | None = setting(
+        None,
+        "nucleus sampling: the smallest set of tokens whose probability reaches top_p",
+        above=0,
+        at_most=1,
+    )
+    seed: int = setting(1337, "same seed, same settings: same text", at_least=0)
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
     threads: str = threads_flag()
-    kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
-    compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
-    cuda_graph: bool = True  # on CUDA, each new token one replay of the decode step's CUDA graph; off: eager
-    max_context: int | None = None  # attend to at most this many latest tokens (a sliding window)
-    rope_scaling: str | None = None  # RoPE extension: linear | ntk | dynamic | yarn | llama3 | longrope
-    rope_factor: float | None = None  # its factor s; default: the generated length over block_size
-    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
-    rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
-    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (lab.experiments.longrope)
-    stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
+    kv_cache: bool = setting(True, "False: the reference sampler that recomputes the whole context per token")
+    compile: bool = setting(False, "compile the cached decode step once (static shapes; CUDA graphs on CUDA)")
+    cuda_graph: bool = setting(
+        True, "on CUDA, each new token one replay of the decode step's CUDA graph; off: eager"
+    )
+    max_context: int | None = setting(
+        None, "attend to at most this many latest tokens (a sliding window)", at_least=1
+    )
+    rope_scaling: str | None = setting(None, "RoPE extension", choices=ROPE_SCALING_CHOICES)
+    rope_factor: float | None = setting(None, "its factor s; default: the generated length over block_size")
+    rope_low_freq_factor: float | None = setting(
+        None, "llama3's: pairs turning fewer times get theta/s; None: 1"
+    )
+    rope_high_freq_factor: float | None = setting(
+        None, "llama3's: pairs turning more times keep theta; None: 4"
+    )
+    rope_factors: str | None = setting(
+        None, "longrope's per-pair factors, a JSON file (lab.experiments.longrope)"
+    )
+    stream: bool = setting(True, "print tokens as they are produced (one sample, with the KV cache)")
 
     def __post_init__(self):
+        check_fields(self)
         if self.top_k == 0:
             self.top_k = None
         if self.rope_factors and self.rope_scaling is None:
             self.rope_scaling = "longrope"
-        for name in ("num_samples", "max_new_tokens", "top_k", "max_context", "rope_factor"):
-            at_least = 0 if name == "top_k" else 1  # top_k=0 was read as None above
-            value = getattr(self, name)
-            require(value is None or value >= 1, f"{name} must be >= {at_least}, got {value}")
-        require(self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        require(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         require(self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling")
-        blend = "--rope_low_freq_factor and --rope_high_freq_factor shape llama3's blend: give "
-        blend += "--rope_scaling=llama3"
-        unset = self.rope_low_freq_factor is self.rope_high_freq_factor is None
-        require(unset or self.rope_scaling == "llama3", blend)
-        factors = "--rope_scaling=longrope takes its factors from --rope_factors=FILE"
-        require(self.rope_scaling != "longrope" or self.rope_factors, factors)  # beside: read_rope_factors
+        # the RoPE extension's flags, by RoPE's settings' rules (longrope's factors: read_rope_factors's)
+        extension = dict(rope_factor=self.rope_factor, rope_low_freq_factor=self.rope_low_freq_factor,
+                         rope_high_freq_factor=self.rope_high_freq_factor)  # fmt: skip
+        check_settings(**extension, rope_scaling=None if self.rope_factors else self.rope_scaling)
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
         check_device_name(self.device)
@@ -90,10 +113,7 @@ class SampleConfig:
 
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a bad flag or value is one line and status 2, as in train.py."""
-    choices = {"rope_scaling": ROPE_SCALING_CHOICES, "init_from": GPT2_MODELS}
-    return SampleConfig(
-        **parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)], choices=choices)
-    )
+    return SampleConfig(**parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)]))
 
 
 MARKER = "[[trained length {} ends here]]"  # where the text crosses the trained length
@@ -174,7 +194,10 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
     flag = "--compare" if compared else "--init_from"
     checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
-    block_size = checkpoint["model_config"]["block_size"]
+    block_size, settings = (
+        checkpoint["model_config"]["block_size"],
+        checkpoint["model_config"]["pos_settings"],
+    )
     if compared and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
         cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
@@ -189,7 +212,7 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
     llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
     longrope = cfg.rope_factors and read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor)
-    original = checkpoint["model_config"]["rope_original_len"] or block_size
+    original = settings.get("rope_original_len") or block_size
     check_original_len(longrope or {}, original, f"{out_dir}'s original length")
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
@@ -246,7 +269,8 @@ def compare(cfg, device, threads):
         rows.append((out_dir, loaded.model.config, tokens_per_second))  # one model at a time
     print(f"\n{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9}")
     for out_dir, c, speed in rows:
-        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {c.rope_scaling or '-':<10} {speed:>9.1f}")
+        scaling = getattr(c.pos_settings, "rope_scaling", None)
+        print(f"{out_dir:<34} {c.pos:<11} {c.block_size:>5} {scaling or '-':<10} {speed:>9.1f}")
     return rows
 
 

@@ -34,13 +34,20 @@ from data.common import BatchSampler, prepare_data
 from model import GPT, GPTConfig
 from plumbing import hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import check_original_len, parse_flags, read_rope_factors, threads_flag
+from plumbing.cli import (
+    check_original_len,
+    model_sections,
+    parse_flags,
+    read_rope_factors,
+    section_names,
+    threads_flag,
+)
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
+from plumbing.fields import check_fields, require, setting
 from plumbing.memory import check_training_memory
 from plumbing.resume import PLAIN, Run
 from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
-from positions import POS_SCHEMES, ROPE_SCALING_CHOICES, require
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
 # macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
@@ -56,60 +63,84 @@ EVAL_STREAM = 2**31 - 1
 @dataclass
 class TrainConfig:
     # data
-    dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
-    batch_size: int = 12  # sequences per micro-batch, each block_size tokens long
-    grad_accum: int | None = None  # micro-batches per optimizer step, all processes; None: one each
+    dataset: str = setting(
+        "shakespeare_char", "a folder under data/; the embedded ones are prepared on first use"
+    )
+    batch_size: int = setting(12, "sequences per micro-batch, each block_size tokens long", at_least=1)
+    grad_accum: int | None = setting(
+        None, "micro-batches per optimizer step, all processes; None: one each", at_least=1
+    )
     # AdamW; model.configure_optimizers decays 2-D weights only
-    learning_rate: float = 1e-3  # peak learning rate, reached at the end of warmup
-    weight_decay: float = 0.1  # decoupled weight decay (Loshchilov & Hutter 2019) on 2-D weights
-    beta1: float = 0.9  # AdamW beta1: decay of the gradient's running mean
-    beta2: float = 0.99  # AdamW beta2; 0.99 > GPT-2's 0.95 as few tokens per step are noisy
-    grad_clip: float = 1.0  # rescale the gradient when its global norm exceeds this; 0 disables
+    learning_rate: float = setting(1e-3, "peak learning rate, reached at the end of warmup", above=0)
+    weight_decay: float = setting(
+        0.1, "decoupled weight decay (Loshchilov & Hutter 2019) on 2-D weights", at_least=0
+    )
+    beta1: float = setting(0.9, "AdamW beta1: decay of the gradient's running mean", at_least=0, below=1)
+    beta2: float = setting(
+        0.99, "AdamW beta2; 0.99 > GPT-2's 0.95 as few tokens per step are noisy", at_least=0, below=1
+    )
+    grad_clip: float = setting(
+        1.0, "rescale the gradient when its global norm exceeds this; 0 disables", at_least=0
+    )
     # learning rate schedule: linear warmup, cosine decay to min_lr at lr_decay_iters, then flat (see get_lr)
-    max_iters: int = 2000  # optimizer steps in the run (with the defaults: nanoGPT's CPU recipe)
-    warmup_iters: int = 100  # steps of linear warmup from ~0 to learning_rate
-    lr_decay_iters: int | None = None  # step where the cosine reaches min_lr; None: max_iters
-    min_lr: float = 1e-4  # floor of the schedule, ~learning_rate / 10 (Chinchilla)
+    max_iters: int = setting(
+        2000, "optimizer steps in the run (with the defaults: nanoGPT's CPU recipe)", at_least=0
+    )
+    warmup_iters: int = setting(100, "steps of linear warmup from ~0 to learning_rate", at_least=0)
+    lr_decay_iters: int | None = setting(
+        None, "step where the cosine reaches min_lr; None: max_iters", at_least=0
+    )
+    min_lr: float = setting(1e-4, "floor of the schedule, ~learning_rate / 10 (Chinchilla)", at_least=0)
     # evaluation and logging
-    eval_interval: int = 250  # steps between train/val loss estimates, each followed by a checkpoint
-    eval_iters: int = 50  # batches per split averaged in each estimate (configs/cpu_recipe.toml: 200)
-    log_interval: int = 50  # steps between log lines
-    wandb: bool = False  # log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)
-    wandb_project: str = "posgpt"  # the W&B project the run goes to
-    wandb_run_name: str | None = None  # the W&B run's display name; None: out_dir's folder name
+    eval_interval: int = setting(
+        250, "steps between train/val loss estimates, each followed by a checkpoint", at_least=1
+    )
+    eval_iters: int = setting(
+        50, "batches per split averaged in each estimate (configs/cpu_recipe.toml: 200)", at_least=1
+    )
+    log_interval: int = setting(50, "steps between log lines", at_least=1)
+    wandb: bool = setting(
+        False, "log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)"
+    )
+    wandb_project: str = setting("posgpt", "the W&B project the run goes to")
+    wandb_run_name: str | None = setting(None, "the W&B run's display name; None: out_dir's folder name")
     # system
-    out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
-    resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
-    overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
-    init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
-    device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
-    dtype: str = "auto"  # autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32
-    compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
+    out_dir: str = setting("out/{dataset}_{pos}", "checkpoint folder; {dataset} and {pos} are filled in")
+    resume: bool = setting(
+        False, "continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams"
+    )
+    overwrite: bool = setting(
+        False, "start again in an out_dir that holds a run, replacing it (without: refused)"
+    )
+    init_from: str | None = setting(
+        None, "a new run from this out_dir's (or checkpoint's) weights and model flags"
+    )
+    device: str = setting(
+        "auto", "auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK"
+    )
+    dtype: str = setting(
+        "auto",
+        "autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32",
+        choices=hardware.DTYPES,
+    )
+    compile: bool | None = setting(
+        None, "torch.compile; None: on CUDA only (on a CPU it costs more than it saves)"
+    )
     threads: str = threads_flag()
-    seed: int = 1337  # seeds the initialisation, the dropout masks and the batch streams
+    seed: int = setting(1337, "seeds the initialisation, the dropout masks and the batch streams", at_least=0)
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys
-    # (lab.experiments.longrope)
     rope_factors: str | None = None
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
+        check_fields(self)
         v = vars(self)
-        at_least_0 = ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr")
-        for n in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            require(v[n] is None or v[n] >= 1, f"{n} must be a positive integer, got {v[n]}")
-        for n in (*at_least_0, "seed"):
-            require(v[n] >= 0, f"{n} must be >= 0, got {v[n]}")
-        for n in ("beta1", "beta2"):
-            require(0.0 <= v[n] < 1.0, f"{n} must be in [0, 1), got {v[n]}")
         for n in ("out_dir", "init_from"):  # an unset shell variable (--out_dir=$OUT) must not mean "here"
             empty = f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME"
             require(v[n] is None or v[n].strip(), empty)
-        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
         require(self.min_lr <= self.learning_rate, too_high)
-        dtypes = ", ".join(hardware.DTYPES)
-        require(self.dtype in hardware.DTYPES, f"dtype={self.dtype!r} is not a dtype; choose one of {dtypes}")
         require(self.wandb_project.strip(), "wandb_project must not be empty")
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
         require(not (self.resume and self.overwrite), both)
@@ -121,21 +152,20 @@ def parse_args(argv=None, extension=PLAIN):
     """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset; the extension's own
     flags (a training method's, plumbing.resume.Extension) go to its configure. With --init_from the model
     settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
-    model_flags = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+    sections, given = [("training", TrainConfig, None), *model_sections()], set()
+    model_flags = section_names(sections[1:])
     own = [f.name for f in fields(extension.Flags)] if extension.Flags else []
-    sections = [("training", TrainConfig, None), ("model", GPTConfig, model_flags)]
     sections += [(extension.prog, extension.Flags, None)] if own else []
-    choices = {"pos": POS_SCHEMES, "dtype": hardware.DTYPES, "rope_scaling": ROPE_SCALING_CHOICES}
     prog, doc = extension.prog, extension.__doc__ if own else __doc__
-    values = parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, choices)
+    values = parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, given=given)
     longrope, saved = {}, {}
-    if values["rope_factors"]:  # GPTConfig's rope_factor, 1, is no factor given
-        factor = values["rope_factor"] if values["rope_factor"] != GPTConfig.rope_factor else None
+    if values["rope_factors"]:
+        factor = values["rope_factor"] if "rope_factor" in given else None
         longrope = read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
     if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
         saved = resume.saved_model_config(values["init_from"], model_flags)
         defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, prog, doc, sections, defaults, choices)
+        values = parse_flags(argv, prog, doc, sections, defaults)
     source = values["init_from"]
     trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
     check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
@@ -143,7 +173,8 @@ def parse_args(argv=None, extension=PLAIN):
     if source:
         values |= resume.init_from_settings(values, saved)
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags + own})
-    model_config = GPTConfig(**{k: v for k, v in values.items() if k in model_flags})
+    # a setting given of another scheme than pos is refused, at its default too
+    model_config = GPTConfig.from_flat(given=given | set(longrope), **{k: values[k] for k in model_flags})
     if own:
         extension.configure(extension.Flags(**{k: v for k, v in values.items() if k in own}), model_config)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))

@@ -55,6 +55,7 @@ from plumbing.checkpoint import (
 )
 from plumbing.cli import parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
 from plumbing.memory import scheme_shapes
 from plumbing.progress import progress_bar
@@ -66,7 +67,6 @@ CSV_COLUMNS = (*ROW_COLUMNS, "loss", "loss_beyond", "stderr", "windows")
 POSITION_COLUMNS = ("checkpoint", "scaling", "length", "position", "loss")
 PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_low", "ci_high")
 TASKS = ("loss", "passkey")
-CHOICES = {"rope_scalings": ROPE_SCALING_CHOICES, "task": TASKS}  # checked by parse_flags
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
 LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
@@ -76,33 +76,49 @@ LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2)), 
 @dataclass
 class EvalConfig:
     checkpoints: list[str]  # out_dirs of train.py runs (best.pt, else ckpt.pt) or checkpoint files
-    task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
-    lengths: str | None = None  # 2 or 2x: 2 x T; 256 or 256t: 256 tokens; None: 0.5,1,2,4,8 (passkey: 1-8)
-    depths: str = "0,0.25,0.5,0.75,1"  # passkey: where the key is stated, as a fraction of the filler
-    trials: int = 50  # passkey: samples per (length, depth), each with a fresh key and filler
-    passkey_seed: int = 0  # passkey: seeds the evaluation samples (keys apart from training's: data/passkey)
-    rope_scalings: list[str] = field(default_factory=lambda: [*ROPE_SCALINGS])  # RoPE extensions at s = L/T
-    rope_factors: str | None = None  # longrope's per-pair factors (JSON): a longrope row for RoPE checkpoints
-    max_windows: int | None = None  # windows per length, spread evenly over the split; None: all that fit
-    batch_size: int = 8  # windows per forward pass
-    dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    task: str = setting(
+        "loss", "loss: validation loss against length; passkey: retrieval of a key stated once", choices=TASKS
+    )
+    lengths: str | None = setting(
+        None, "2 or 2x: 2 x T; 256 or 256t: 256 tokens; None: 0.5,1,2,4,8 (passkey: 1-8)"
+    )
+    depths: str = setting(
+        "0,0.25,0.5,0.75,1", "passkey: where the key is stated, as a fraction of the filler"
+    )
+    trials: int = setting(
+        50, "passkey: samples per (length, depth), each with a fresh key and filler", at_least=1
+    )
+    passkey_seed: int = setting(
+        0, "passkey: seeds the evaluation samples (keys apart from training's: data/passkey)", at_least=0
+    )
+    rope_scalings: list[str] = setting(
+        [*ROPE_SCALINGS], "RoPE extensions at s = L/T", choices=ROPE_SCALING_CHOICES
+    )
+    rope_factors: str | None = setting(
+        None, "longrope's per-pair factors (JSON): a longrope row for RoPE checkpoints"
+    )
+    max_windows: int | None = setting(
+        None, "windows per length, spread evenly over the split; None: all that fit", at_least=1
+    )
+    batch_size: int = setting(8, "windows per forward pass", at_least=1)
+    dataset: str | None = setting(None, "evaluate on this dataset's val split; None: each checkpoint's own")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
     threads: str = threads_flag()
-    csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
-    positions_csv: str | None = None  # write the mean loss at every position to this CSV file
-    plot: str | None = None  # draw loss by position and loss against length into this image file
-    bucket: int = 1  # positions averaged into each point of the plotted loss-by-position curves
-    progress: bool = True  # a progress bar on stderr
+    csv: str | None = setting(None, "write one line per (checkpoint, method, length) to this CSV file")
+    positions_csv: str | None = setting(None, "write the mean loss at every position to this CSV file")
+    plot: str | None = setting(None, "draw loss by position and loss against length into this image file")
+    bucket: int = setting(
+        1, "positions averaged into each point of the plotted loss-by-position curves", at_least=1
+    )
+    progress: bool = setting(True, "a progress bar on stderr")
 
-    def __post_init__(self):  # task and rope_scalings: parse_flags checks them (CHOICES)
+    def __post_init__(self):
+        check_fields(self)
         self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
         parse_depths(self.depths)
         if self.task == "passkey" and self.positions_csv:
             raise ValueError("--positions_csv is the loss at every position: --task=loss only")
-        for name in ("max_windows", "batch_size", "bucket", "trials"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device_name(self.device)
         hardware.check_threads(self.threads)
         if self.rope_factors and LONGROPE not in self.rope_scalings:
@@ -172,9 +188,11 @@ class Source:
     tokens: object  # the val split (np.memmap); None for the passkey task
 
     def __post_init__(self):
-        self.config = self.ckpt["model_config"]
+        self.config = GPTConfig(**self.ckpt["model_config"]).flat()  # its fields and settings, by name
         self.block_size = self.config["block_size"]
-        self.scheme = scheme_shapes(GPTConfig(**self.config))  # its answers (a meta module: no memory)
+        self.scheme = scheme_shapes(
+            GPTConfig.from_flat(**self.config)
+        )  # its answers (a meta module: no memory)
         self.limit = self.scheme.length_limit  # learned's table; None: unbounded
 
     def methods(self, rope_scalings, longrope=None):
@@ -201,7 +219,7 @@ class Source:
         if why := self.no_rope_scalings():
             return why
         searched = longrope.get("rope_original_len")
-        original = self.config["rope_original_len"] or self.block_size
+        original = self.config.get("rope_original_len") or self.block_size
         if searched not in (None, original):
             return f"T = {original}, the factors were searched for {searched}"
         return None
@@ -486,7 +504,7 @@ def check_length(source, n, cfg, device):
     else:
         batch = min(cfg.batch_size, len(window_starts(len(source.tokens), n, cfg.max_windows)))
     what = f"evaluating {source.name} at L = {n:,} tokens in batches of {batch}"
-    parts = window_bytes(GPTConfig(**source.config), batch, n)
+    parts = window_bytes(GPTConfig.from_flat(**source.config), batch, n)
     check_memory(parts, device, what, "lower --lengths or --batch_size")
 
 
@@ -519,7 +537,7 @@ def check_longrope(sources, lengths, cfg):
         for n in lengths_for(source, lengths).values():
             factor = default_rope_factor(n, source.block_size)
             try:
-                GPTConfig(**source.config | rope_overrides(LONGROPE, factor, longrope=cfg.longrope))
+                GPTConfig.from_flat(**source.config | rope_overrides(LONGROPE, factor, longrope=cfg.longrope))
             except ValueError as e:
                 raise UserError(f"--rope_factors {cfg.rope_factors} on {source.name}: {e}", 2) from None
     return f"note: --rope_factors gives no longrope row to {', '.join(skipped)}" if skipped else None
@@ -528,10 +546,7 @@ def check_longrope(sources, lengths, cfg):
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     with one_line_errors(PROG):
-        sections, flags = (
-            [("evaluation", EvalConfig, None)],
-            dict(choices=CHOICES, positional=("checkpoints",)),
-        )
+        sections, flags = ([("evaluation", EvalConfig, None)], dict(positional=("checkpoints",)))
         cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, **flags))
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_settings
 from plumbing.errors import UserError
 from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
 from plumbing.tokenizers import TOKENIZERS, get_tokenizer
-from positions import LONGROPE, LONGROPE_FIELDS, ROPE_VARIANTS
+from positions import LLAMA3_FACTORS, LONGROPE, LONGROPE_FIELDS, POSITION_MODULES, PositionScheme
 
-LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # GPTConfig's fields for llama3's blend
 VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
 # What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
 SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
@@ -98,7 +97,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     if missing := [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]:
         raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
     if isinstance(ckpt["model_config"], dict):
-        ckpt["model_config"] = with_rope_variants(ckpt["model_config"], path)
+        ckpt["model_config"] = current_model_config(ckpt["model_config"], path)
     return ckpt
 
 
@@ -180,14 +179,16 @@ RNG = {  # plumbing.resume.rng_state
     "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
     "cuda": (torch.Tensor, NONE),
 }  # fmt: skip
-# GPTConfig's fields added after train.py's first checkpoints; at their defaults (no RoPE extension, one
-# scaled against block_size, every RoPE variant off) they build what the code before them built
-LATER_FIELDS = ("rope_scaling", "rope_factor", "rope_original_len", *ROPE_VARIANTS)
-GPT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
-OLDER_FILES_SAID = set()  # the older files with_rope_variants has named
-# asdict(GPTConfig): each field as GPTConfig types it (int | None: int or None; list[float]: a list)
+OLDER_FILES_SAID = set()  # the older files current_model_config has named
+
+
+def type_spec(hint):  # a field's annotation as a spec: int | None -> (int, None); list[float] -> list
+    return tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or typing.get_origin(hint) or hint
+
+
+# asdict(GPTConfig): each field as GPTConfig types it, the scheme's settings a dict (model_config_error)
 MODEL_CONFIG = {
-    name: tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or hint
+    name: dict if name == "pos_settings" else type_spec(hint)
     for name, hint in typing.get_type_hints(GPTConfig).items()
 }
 whole = lambda v: type(v) is int  # an int, not a bool
@@ -201,7 +202,7 @@ LORA = {
 }
 SCHEMA = {
     "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
-    "model_config": MODEL_CONFIG,  # (load_checkpoint fills in the LATER_FIELDS older files lack)
+    "model_config": MODEL_CONFIG,  # (load_checkpoint makes an older one today's: current_model_config)
     "meta": dict,  # the dataset's tokenizer and vocabulary (open_checkpoint): sampling needs no other file
     # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
     "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
@@ -254,9 +255,17 @@ def schema_error(value, spec, name):
 
 
 def model_config_error(model_config):
-    """Fields of model_config GPTConfig has not, or what its checks refuse (SCHEMA typed them), or None."""
+    """Fields of model_config GPTConfig has not, settings its scheme has not or of the wrong type, or what
+    their checks refuse (SCHEMA typed the fields), or None."""
     if unknown := [name for name in model_config if name not in MODEL_CONFIG]:
         return f"model_config has unknown fields {', '.join(map(str, unknown))}"
+    pos, settings = model_config["pos"], model_config["pos_settings"]
+    if scheme := POSITION_MODULES.get(pos):
+        specs = {name: type_spec(hint) for name, hint in typing.get_type_hints(scheme.Settings).items()}
+        if unknown := [name for name in settings if name not in specs]:
+            return f"model_config.pos_settings has {', '.join(map(str, unknown))}, no setting of pos={pos}"
+        if error := schema_error(settings, specs, "model_config.pos_settings"):
+            return error
     try:
         GPTConfig(**model_config)
     except ValueError as e:
@@ -264,19 +273,32 @@ def model_config_error(model_config):
     return None
 
 
-def with_rope_variants(model_config, path=None):
-    """model_config with the RoPE settings it predates (LATER_FIELDS) at GPTConfig's defaults, which build the
-    model the code that wrote it built, so that sampling, resuming or --init_from takes it as it was; said
-    once for each file `path`."""
-    if missing := [name for name in LATER_FIELDS if name not in model_config]:
-        if path is not None and str(path) not in OLDER_FILES_SAID:
+def current_model_config(model_config, path=None):
+    """A checkpoint's model_config in today's form, asdict(GPTConfig): an older one's settings, side by side
+    with the GPT's fields, nested under pos_settings, another scheme's (at their defaults: RoPE's were in
+    every file) dropped; a setting it lacks (it predates it) at its default, which builds the model the code
+    that wrote it built; said once for each file `path`. Anything else is left for model_config_error."""
+    gpt, others = [f.name for f in dataclasses.fields(GPTConfig)], scheme_settings()
+    pos = model_config.get("pos", GPTConfig.pos)
+    scheme = POSITION_MODULES.get(pos, PositionScheme) if isinstance(pos, str) else PositionScheme
+    settings = model_config.get("pos_settings", {})
+    if not isinstance(settings, dict):
+        return model_config
+    own = {f.name: f for f in dataclasses.fields(scheme.Settings)}
+    flat = {name: value for name, value in model_config.items() if name not in gpt}
+    foreign = {name for name, value in flat.items() if name in others and name not in own and
+               others[name][1].default == value}  # fmt: skip
+    settings = {name: value for name, value in flat.items() if name in own} | settings
+    if (missing := [name for name in own if name not in settings]) and path is not None:
+        if str(path) not in OLDER_FILES_SAID:
             OLDER_FILES_SAID.add(str(path))
             print(
                 f"note: {path} is from an older version of posgpt, before {some(missing)}: those settings "
                 "take the values that version built with",
                 file=sys.stderr,
             )
-    return model_config | {name: GPT_DEFAULTS[name] for name in missing}
+    kept = {name: value for name, value in model_config.items() if name not in own and name not in foreign}
+    return kept | {"pos_settings": settings | {name: own[name].default for name in missing}}
 
 
 def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
@@ -352,7 +374,7 @@ def load_weights(path, module, state_dict):
 def build_model(path, ckpt, **overrides):
     """The GPT of a loaded checkpoint, settings overridden (e.g. rope_scaling); one refused a UserError."""
     try:
-        model = GPT(GPTConfig(**(ckpt["model_config"] | overrides)))
+        model = GPT(GPTConfig.from_flat(**(GPTConfig(**ckpt["model_config"]).flat() | overrides)))
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     load_weights(path, model, ckpt["model"])
@@ -383,14 +405,25 @@ def open_model(
     return model, get_tokenizer(ckpt["meta"]), ckpt
 
 
+def check_settings(**values):
+    """Settings given by name (None: not given, left out) checked by their schemes' Settings, whose rules
+    they are: a one-line ValueError as a model with them would give."""
+    by_scheme, known = {}, scheme_settings()
+    for name, value in values.items():
+        if value is not None:
+            by_scheme.setdefault(known[name][0], {})[name] = value
+    for scheme, settings in by_scheme.items():
+        POSITION_MODULES[scheme].Settings(**settings)
+
+
 def rope_overrides(rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None):
-    """The GPTConfig fields open_model's RoPE extension (its arguments) sets over a checkpoint's."""
-    scaling = {}
+    """The settings open_model's RoPE extension (its arguments) sets over a checkpoint's, by name."""
+    scaling, default = {}, lambda name: scheme_settings()[name][1].default
     if rope_scaling is not None:
         scaling = dict(rope_scaling=rope_scaling, rope_factor=rope_factor)
         if rope_scaling != "llama3":  # llama3's frequency factors mean nothing to another method
-            scaling |= {name: ROPE_VARIANTS[name] for name in LLAMA3_FACTORS}
+            scaling |= {name: default(name) for name in LLAMA3_FACTORS}
         if rope_scaling != LONGROPE:  # nor LongRoPE's factors
-            scaling |= {name: ROPE_VARIANTS[name] for name in LONGROPE_FIELDS}
+            scaling |= {name: default(name) for name in LONGROPE_FIELDS}
     scaling |= {name: value for name, value in zip(LLAMA3_FACTORS, llama3_factors) if value is not None}
     return scaling | (longrope or {})

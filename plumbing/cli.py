@@ -14,6 +14,7 @@ if sys.version_info < (3, 11):  # noqa: UP036 - before tomllib's import fails wi
     sys.exit(f"posgpt needs Python 3.11 or newer (for tomllib); this is Python {sys.version.split()[0]}")
 
 import argparse
+import dataclasses
 import difflib
 import inspect
 import json
@@ -24,7 +25,10 @@ import typing
 from dataclasses import MISSING, field, fields
 from pathlib import Path
 
+from model import GPTConfig
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import choices_of, rule_text
+from positions import POSITION_MODULES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -124,12 +128,30 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
         except (OSError, TypeError):
             comments = {}
         comments |= {f.name: f.metadata["help"] for f in fields(config_class) if "help" in f.metadata}
+        declared = {f.name: f for f in fields(config_class)}
         for name, annotation in typing.get_type_hints(config_class).items():
             if names is None or name in names:
-                help_text = f"{comments.get(name, '')} (default: {defaults.get(name)})".lstrip()
-                options = flag_options(name, annotation, choices.get(name), name in positional)
+                rule = rule_text(declared[name])  # a setting()'s choices or bounds
+                said = f"{rule + '; ' if rule else ''}default: {defaults.get(name)}"
+                help_text = f"{comments.get(name, '')} ({said})".lstrip()
+                allowed = choices.get(name) or choices_of(declared[name])
+                options = flag_options(name, annotation, allowed, name in positional)
                 group.add_argument(name if name in positional else f"--{name}", help=help_text, **options)
     return parser
+
+
+def model_sections(leave_out=("vocab_size",)):
+    """plumbing.cli.parse_flags' sections of a model's flags: GPTConfig's fields, then each scheme's settings,
+    a group each (the registry read now)."""
+    gpt = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in (*leave_out, "pos_settings")]
+    schemes = [(f"pos={name}'s settings", scheme.Settings, None) for name, scheme in POSITION_MODULES.items()]
+    return [("model", GPTConfig, gpt), *(section for section in schemes if dataclasses.fields(section[1]))]
+
+
+def section_names(sections):
+    """The flags' names of parse_flags' sections."""
+    return [f.name for _, config_class, only in sections for f in dataclasses.fields(config_class)
+            if only is None or f.name in only]  # fmt: skip
 
 
 def read_text(path, where, status=2):
@@ -163,11 +185,20 @@ def read_config_file(parser, path, valid, foreign_keys):
 
 
 def parse_flags(
-    argv, prog, description, sections, defaults=None, choices=None, positional=(), foreign_keys=False
+    argv,
+    prog,
+    description,
+    sections,
+    defaults=None,
+    choices=None,
+    positional=(),
+    foreign_keys=False,
+    given=None,
 ):
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
-    (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all). A mistake exits
-    with status 2 and one line naming the valid choices."""
+    (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all), each field's
+    help and choices its setting()'s (choices: more, by name). given: a set, filled with the names a flag or
+    a --config file gave. A mistake exits with status 2 and one line naming the valid choices."""
     names, values, choices = [], {}, choices or {}
     for _, config_class, only in sections:
         for f in fields(config_class):
@@ -196,8 +227,11 @@ def parse_flags(
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, description, sections, values, choices, (), False)
             for path in flags.pop("config"):
-                values |= read_config_file(file_parser, path, valid, foreign_keys)
+                from_file = read_config_file(file_parser, path, valid, foreign_keys)
+                values |= from_file
+                (set() if given is None else given).update(from_file)
         values |= flags
+        (set() if given is None else given).update(flags)
         for name in values:
             if name == "seed" or name.endswith("_seed"):
                 check_seed(name, values[name])

@@ -93,17 +93,21 @@ def schedule_note(cfg, final_lr):
 
 
 def describe_model(model):
-    """sample.py's line on the model it generates with: its scheme, trained length, RoPE scaling and size."""
-    c, params = model.config, f"{model.num_params():,} parameters"
-    scaling = "none" if c.rope_scaling is None else f"{c.rope_scaling} x{c.rope_factor:g}"
-    if c.rope_scaling == "llama3":
-        scaling += f" (frequency factors {c.rope_low_freq_factor:g} and {c.rope_high_freq_factor:g})"
-    pos = c.pos
-    if c.rope_fraction < 1:
-        pos += f" on {c.rotary_dim} of each head's {c.head_dim} dims"
-    if nope := [str(i) for i, rotates in enumerate(c.rope_layers) if not rotates]:
-        pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
-    return f"pos={pos}, trained length {c.block_size} tokens, rope scaling {scaling}, {params}"
+    """sample.py's line on the model it generates with: its scheme (RoPE: its rotated share, layers and
+    scaling), trained length and size."""
+    c, params, rope = model.config, f"{model.num_params():,} parameters", model.transformer.wpe
+    pos, scaled = c.pos, []
+    if rope.rotates:  # RoPE's settings apply
+        s = c.pos_settings
+        scaling = "none" if s.rope_scaling is None else f"{s.rope_scaling} x{s.rope_factor:g}"
+        if s.rope_scaling == "llama3":
+            scaling += f" (frequency factors {s.rope_low_freq_factor:g} and {s.rope_high_freq_factor:g})"
+        if rope.dim < c.head_dim:
+            pos += f" on {rope.dim} of each head's {c.head_dim} dims"
+        if nope := [str(i) for i, rotates in enumerate(model.rope_layers) if not rotates]:
+            pos += f" (none in layer{'s' * (len(nope) > 1)} {', '.join(nope)})"
+        scaled = [f"rope scaling {scaling}"]
+    return ", ".join([f"pos={pos}", f"trained length {c.block_size} tokens", *scaled, params])
 
 
 def done_line(run, seconds):

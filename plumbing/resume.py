@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model import GPTConfig
 from plumbing.checkpoint import (
-    LLAMA3_FACTORS,
     SCHEMA,
     check_same_vocabulary,
     checkpoint_path,
@@ -22,7 +22,7 @@ from plumbing.checkpoint import (
     save_checkpoint,
 )
 from plumbing.errors import UserError
-from positions import LONGROPE_FIELDS
+from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
 
 # Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack; "lora",
 # only a LoRA run's
@@ -141,7 +141,9 @@ def set_rng_state(state, device):
 
 
 def model_differences(saved, wanted, may_change):
-    """Each GPTConfig field but may_change that differs, as "--name=new but the checkpoint has old"."""
+    """Each field or setting (by name: GPTConfig.flat) but may_change that differs between a checkpoint's
+    model_config and a GPTConfig, as "--name=new but the checkpoint has old"."""
+    saved, wanted = GPTConfig(**saved).flat(), wanted.flat()
     differ = [name for name in wanted if name not in may_change and saved.get(name) != wanted[name]]
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
@@ -164,14 +166,13 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
             "(written by an older train.py?); start a new run with another --out_dir"
         )
     check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
-    saved, wanted = ckpt["model_config"], asdict(model_config)
-    if changes := model_differences(saved, wanted, MODEL_KNOBS):
+    if changes := model_differences(ckpt["model_config"], model_config, MODEL_KNOBS):
         raise UserError(
             f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
             "(only training settings such as max_iters or learning_rate may change), or start a "
             "new run with another --out_dir"
         )
-    knobs = [(name, saved.get(name), wanted[name]) for name in MODEL_KNOBS]
+    knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS]
     knobs += [
         (name, value, getattr(train_config, name))
         for name, value in ckpt["train_config"].items()
@@ -276,13 +277,13 @@ INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", 
 
 
 def saved_model_config(out_dir, names):
-    """The model settings (those in names) of the checkpoint in out_dir: an --init_from run's defaults. A
-    folder with no checkpoint it can read is a bad flag: status 2."""
+    """The model fields and settings (those in names, flat) of the checkpoint in out_dir: an --init_from
+    run's defaults. A folder with no checkpoint it can read is a bad flag: status 2."""
     try:
         saved = open_checkpoint(checkpoint_path(out_dir), mmap=True, vocabulary=False)["model_config"]
     except UserError as e:
         raise UserError(str(e), status=2) from None
-    return {name: value for name, value in saved.items() if name in names}
+    return {name: value for name, value in GPTConfig(**saved).flat().items() if name in names}
 
 
 def fine_tune_dir(source, block_size, rope_scaling):
@@ -314,7 +315,7 @@ def init_model_from(out_dir, model, meta, dataset):
     path = checkpoint_path(out_dir)
     ckpt = open_checkpoint(path, mmap=True)
     check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
-    if changes := model_differences(ckpt["model_config"], asdict(model.config), INIT_KNOBS):
+    if changes := model_differences(ckpt["model_config"], model.config, INIT_KNOBS):
         raise UserError(
             f"refusing to initialise from {path}: {changes}; --init_from may change only "
             f"{', '.join(INIT_KNOBS)} (the weights must fit)"

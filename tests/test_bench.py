@@ -205,7 +205,7 @@ def test_a_presets_bad_values_are_one_line_errors_naming_the_choices(capsys, tmp
     preset.write_text('dtype = "bf16"\nlearning_rate = 1e-3\n')
     err = error_line(capsys, bench, [f"--config={preset}"], 2)
     assert str(preset) in err and "'bf16'" in err and "bfloat16" in err, err
-    with pytest.raises(ValueError, match="dtype='bf16' is not a dtype; choose one of auto, .*bfloat16"):
+    with pytest.raises(ValueError, match="dtype='bf16' is not one of auto, .*bfloat16"):
         bench.BenchConfig(dtype="bf16")
     err = error_line(capsys, bench, ["--dataset=shakespear", "--vocab_size=65"], 2)
     assert "dataset='shakespear' is not a dataset here" in err and "shakespeare_char" in err, err

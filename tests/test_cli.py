@@ -52,6 +52,7 @@ SHARED_MODULES = (
     "lab.finetune.s2",
     "lab.finetune.longlora",  # the two joined to train.py's run: the extension lab.finetune runs
     "data.common",
+    "data.writing",  # writing a dataset: the prepare scripts share it
     "data.passkey.task",
     "lab.course.*",
     "lab.experiments.runs",  # the studies' and demos' trained runs: shared by them, run by none
@@ -174,7 +175,7 @@ def test_no_script_imports_another_script():
 def test_every_module_is_an_entry_point_or_a_shared_module():
     """A new module says which it is by where it lives: at the root only the entry points and model.py and
     generation.py and positions.py; shared code goes in plumbing/, measuring code in lab/measure/
-    (data/common.py holds the data format)."""
+    (data/common.py reads the data format, data/writing.py writes it)."""
     unsorted = [
         path
         for name, path in project_modules().items()
@@ -223,10 +224,22 @@ def top_level_imports(path):
     return found | {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
 
 
-def test_positions_imports_nothing_from_the_repository():
-    """positions.py, the file a student studies, needs torch and the standard library alone."""
-    assert top_level_imports("positions.py") - set(sys.stdlib_module_names) == {"torch"}
-    assert imported_modules("positions.py") - set(sys.stdlib_module_names) <= {"torch"}
+def test_positions_imports_nothing_from_the_repository_but_the_settings_leaf():
+    """positions.py, the file a student studies, needs torch, the standard library and plumbing/fields.py
+    (how a setting is declared), which needs the standard library alone."""
+    stdlib = set(sys.stdlib_module_names)
+    assert top_level_imports("positions.py") - stdlib == {"torch", "plumbing"}
+    repository = {
+        name for name in imported_names("positions.py") if name.split(".")[0] not in stdlib | {"torch"}
+    }
+    assert {name.rpartition(".")[0] if name.count(".") > 1 else name for name in repository} == {
+        "plumbing.fields"
+    }
+    assert (
+        top_level_imports("plumbing/fields.py") - stdlib
+        == set()
+        == imported_modules("plumbing/fields.py") - stdlib
+    )
 
 
 def test_model_imports_only_torch_and_positions():

@@ -18,7 +18,7 @@ TINY = dict(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16)
 
 def model_and_batch(pos, seed=0):
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**TINY, pos=pos))
+    model = GPT(GPTConfig.from_flat(**TINY, pos=pos))
     x, y = torch.randint(65, (2, 16)), torch.randint(65, (2, 16))
     return model, x, y
 

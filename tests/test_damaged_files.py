@@ -69,8 +69,31 @@ DAMAGED_CHECKPOINTS = [
     ("model_config a list", 2, set_entry("model_config", [1, 2]), "model_config is a list, not a dict"),
     ("model_config without block_size", 2, set_entry("model_config/block_size", DELETE), "has no block_size"),
     ("n_head a string", 2, set_entry("model_config/n_head", "2"), "model_config.n_head is '2', not an int"),
-    ("n_head zero", 2, set_entry("model_config/n_head", 0), "model_config: n_head must be a positive"),
+    (
+        "n_head zero",
+        2,
+        set_entry("model_config/n_head", 0),
+        "model_config: n_head must be >= 1 (a positive integer), got 0",
+    ),
     ("unknown model field", 2, set_entry("model_config/n_experts", 8), "unknown fields n_experts"),
+    (
+        "unknown setting",
+        2,
+        set_entry("model_config/pos_settings/rope_warp", 2.0),
+        "model_config.pos_settings has rope_warp, no setting of pos=rope",
+    ),
+    (
+        "setting a string",
+        2,
+        set_entry("model_config/pos_settings/rope_base", "big"),
+        "model_config.pos_settings.rope_base is 'big', not a float",
+    ),
+    (
+        "settings a list",
+        2,
+        set_entry("model_config/pos_settings", [1]),
+        "model_config.pos_settings is a list",
+    ),
     ("model a list", 2, set_entry("model", []), "model is a list, not a dict"),
     (
         "a weight a string",

@@ -20,7 +20,7 @@ on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def tiny_model(pos, **overrides):
     torch.manual_seed(0)
     fields = dict(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos=pos)
-    return GPT(GPTConfig(**fields | overrides)).eval()
+    return GPT(GPTConfig.from_flat(**fields | overrides)).eval()
 
 
 def longrope_fields(seed=7):
@@ -112,7 +112,7 @@ def test_every_schemes_decode_step_meets_its_operator_target():
     """At the shakespeare_char recipe's shape (6 layers), the operators one decode step launches (views left
     out): RoPE at most 4 a layer more than learned (its roll, two products and a sum; the tables indexed once
     per forward, in their final form), every other scheme at most 15 more (its bias, once per forward)."""
-    counts = {pos: len(decode_step_ops(GPTConfig(**RECIPE_SHAPE, pos=pos))) for pos in POS_SCHEMES}
+    counts = {pos: len(decode_step_ops(GPTConfig.from_flat(**RECIPE_SHAPE, pos=pos))) for pos in POS_SCHEMES}
     learned, layers = counts["learned"], RECIPE_SHAPE["n_layer"]
     for pos, count in counts.items():
         allowed = learned + (4 * layers if POSITION_MODULES[pos].rotates else 15)
@@ -122,9 +122,11 @@ def test_every_schemes_decode_step_meets_its_operator_target():
 def test_the_operator_count_sees_a_layers_work():
     """The counter can fail: one more layer is more operators, and every layer's RoPE shows."""
     shape = RECIPE_SHAPE | dict(n_layer=2)
-    two, three = (len(decode_step_ops(GPTConfig(**shape | dict(n_layer=n), pos="rope"))) for n in (2, 3))
+    two, three = (
+        len(decode_step_ops(GPTConfig.from_flat(**shape | dict(n_layer=n), pos="rope"))) for n in (2, 3)
+    )
     assert three > two
-    assert decode_step_ops(GPTConfig(**shape, pos="rope")).count("aten.roll.default") == 2
+    assert decode_step_ops(GPTConfig.from_flat(**shape, pos="rope")).count("aten.roll.default") == 2
 
 
 # -----------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def tiny_model(pos, seed=0, **overrides):
         bias=False,
         pos=pos,
     )
-    return GPT(GPTConfig(**(fields | overrides))).double().eval()
+    return GPT(GPTConfig.from_flat(**(fields | overrides))).double().eval()
 
 
 def worst(rows):
@@ -259,7 +259,7 @@ def test_a_demo_blocked_by_another_run_names_the_flags_it_offers_instead(demo, m
         raise UserError(f"{plan.out_dir} holds another run than `{plan.command}`: {elsewhere}")
 
     monkeypatch.setattr(runs, "decide", another_run)
-    module = __import__(f"demo.{demo}", fromlist=["main"])
+    module = __import__(f"lab.demo.{demo}", fromlist=["main"])
     with pytest.raises(SystemExit) as stopped:
         module.main([])
     err = capsys.readouterr().err

@@ -73,7 +73,7 @@ def nope_model(seed, **overrides):
     at a time through a KV cache only ex6's."""
     torch.manual_seed(seed)
     fields = dict(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos="none")
-    return GPT(GPTConfig(**(fields | overrides))).double().eval()
+    return GPT(GPTConfig.from_flat(**(fields | overrides))).double().eval()
 
 
 # -----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_sinusoidal_first_rows_worked_by_hand():
 def test_learned_check_length_refuses_only_past_block_size(seed):
     """check_length(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
     block = random.Random(seed).randint(1, 40)
-    table = LearnedPositions(GPTConfig(block_size=block, n_embd=8, n_head=2, pos="learned"))
+    table = LearnedPositions(GPTConfig.from_flat(block_size=block, n_embd=8, n_head=2, pos="learned"))
     for n in range(1, block + 1):
         table.check_length(n)
     for n in (block + 1, 2 * block + 3):
@@ -141,7 +141,7 @@ def test_learned_embed_adds_the_rows_at_the_given_positions(seed):
     rng = random.Random(seed)
     block, n_embd, B, T = rng.randint(4, 30), 2 * rng.randint(1, 8), rng.randint(1, 3), rng.randint(1, 4)
     torch.manual_seed(seed)
-    table = LearnedPositions(GPTConfig(block_size=block, n_embd=n_embd, n_head=1, pos="learned"))
+    table = LearnedPositions(GPTConfig.from_flat(block_size=block, n_embd=n_embd, n_head=1, pos="learned"))
     positions = torch.tensor(rng.sample(range(block), T))
     tok = torch.randn(B, T, n_embd)
     out = table.embed(tok, positions)

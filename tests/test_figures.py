@@ -100,7 +100,7 @@ def tiny_checkpoints(folder):
     meta = load_meta(ensure_prepared("shakespeare_char"))
     for i, pos in enumerate(POS_SCHEMES):
         torch.manual_seed(i)
-        config = GPTConfig(
+        config = GPTConfig.from_flat(
             block_size=16, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=16, bias=False, pos=pos
         )
         ckpt = {

@@ -23,7 +23,7 @@ def tiny_model(pos, seed=0, **overrides):
     torch.manual_seed(seed)
     fields = dict(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos=pos)
     fields.update(overrides)
-    return GPT(GPTConfig(**fields)).eval()
+    return GPT(GPTConfig.from_flat(**fields)).eval()
 
 
 def decode_step_by_step(model, idx, n_prompt, window=None):
@@ -239,10 +239,12 @@ def test_yarn_keeps_pairs_that_turn_often_and_interpolates_the_rest():
 
 def test_rope_scaling_on_another_scheme_is_an_error():
     """A context-extension method for RoPE makes no sense for other schemes: say so."""
-    with pytest.raises(ValueError, match="extends RoPE only"):
-        GPTConfig(pos="alibi", rope_scaling="yarn", rope_factor=4.0)
+    with pytest.raises(
+        ValueError, match="rope_scaling=.yarn. is a setting of pos=rope; this model has pos=alibi"
+    ):
+        GPTConfig.from_flat(pos="alibi", rope_scaling="yarn", rope_factor=4.0)
     with pytest.raises(ValueError, match="linear, ntk, dynamic, yarn"):
-        GPTConfig(pos="rope", rope_scaling="cubic")
+        GPTConfig.from_flat(pos="rope", rope_scaling="cubic")
 
 
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn", "llama3"])
@@ -275,7 +277,12 @@ def test_dynamic_ntk_cache_keeps_each_key_rotated_for_the_length_it_was_cached_a
 
         def rotated(p, length):
             inv_freq, scale = rope_frequencies(
-                cfg.head_dim, cfg.rope_base, "dynamic", cfg.rope_factor, BLOCK, length
+                cfg.head_dim,
+                cfg.pos_settings.rope_base,
+                "dynamic",
+                cfg.pos_settings.rope_factor,
+                BLOCK,
+                length,
             )
             cos, sin = rope_cos_sin(torch.tensor([p]), inv_freq, scale)  # float32 tables, as the model's
             return apply_rope(raw[:, :, p : p + 1], cos, sin)

@@ -34,7 +34,7 @@ def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hostile")
     meta = load_meta(ensure_prepared("shakespeare_char"))
     meta["chars"] = ["\u00e9" if c == "\n" else c for c in meta["chars"]]
-    config = GPTConfig(block_size=16, vocab_size=meta["vocab_size"], n_layer=1, n_head=2, n_embd=16)
+    config = GPTConfig.from_flat(block_size=16, vocab_size=meta["vocab_size"], n_layer=1, n_head=2, n_embd=16)
     (folder / "run").mkdir()
     torch.save(
         {"model": GPT(config).state_dict(), "model_config": asdict(config), "meta": meta},

@@ -57,11 +57,11 @@ def test_init_from_starts_a_new_run_from_the_weights_with_the_checkpoints_model(
     )
     assert result["iter_num"] == 2 and list(result["losses"]) == [1, 2]
     saved, source = weights(out_dir), weights(trained["rope"])
-    assert saved["model_config"]["rope_original_len"] == 16  # YaRN scales against the length first trained on
+    settings = saved["model_config"]["pos_settings"]
+    assert settings["rope_original_len"] == 16  # YaRN scales against the length first trained on
+    plain = {"rope_scaling": None, "rope_factor": 1.0, "rope_original_len": None}
     assert (
-        saved["model_config"]
-        | {"block_size": 16, "rope_scaling": None, "rope_factor": 1.0, "rope_original_len": None}
-        == source["model_config"]
+        saved["model_config"] | {"block_size": 16, "pos_settings": settings | plain} == source["model_config"]
     )
     assert saved["train_config"]["init_from"] == str(trained["rope"])
     assert "initialised from" in capsys.readouterr().out
@@ -147,7 +147,8 @@ def test_a_yarn_fine_tune_keeps_scaling_against_the_length_first_trained_on(trai
         ]
     )
     model, _, ckpt = checkpoint.open_model(out_dir)
-    assert ckpt["model_config"]["rope_original_len"] == 16 and model.config.rope_scaling == "yarn"
+    settings = ckpt["model_config"]["pos_settings"]
+    assert settings["rope_original_len"] == 16 and model.config.pos_settings.rope_scaling == "yarn"
     inv_freq, scale = rope_frequencies(8, scaling="yarn", factor=2.0, original_len=16)
     assert model.transformer.wpe.original_len == 16
     positions = torch.arange(32, dtype=torch.float32)

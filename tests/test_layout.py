@@ -47,23 +47,32 @@ def test_no_shared_module_imports_an_entry_point_or_takes_its_types(path):
 PACKAGES = ("data", "plumbing", "lab.finetune", "lab.measure", "lab.experiments", "lab.perf", "lab.course",
             "lab.demo")  # fmt: skip
 MODULES = ("positions", "model", "generation")  # the top-level modules the packages may build on
+LEAVES = ("plumbing.fields",)  # modules under every layer, positions.py included: they import no other
 
 
 def node_of(name):
-    """The package of PACKAGES or module of MODULES a dotted module name belongs to, or None."""
-    return next((node for node in PACKAGES + MODULES if name == node or name.startswith(node + ".")), None)
+    """The leaf, package of PACKAGES or module of MODULES a dotted module name belongs to, or None."""
+    nodes = LEAVES + PACKAGES + MODULES  # a leaf first: it is a node of its own, not of its package
+    return next((node for node in nodes if name == node or name.startswith(node + ".")), None)
 
 
 def import_graph():
-    """{package or top-level module: the others of the repo it imports}, read from every import in its
-    files (inside functions too), nothing imported."""
-    graph = {}
-    for node in PACKAGES + MODULES:
-        folder = ROOT / node.replace(".", "/")
-        paths = sorted(folder.rglob("*.py")) if node in PACKAGES else [ROOT / f"{node}.py"]
+    """{package, top-level module or leaf: the others of the repo it imports}, read from every import in its
+    files (inside functions too), nothing imported; a leaf is a node of its own, not of its package."""
+    graph, nodes = {}, PACKAGES + MODULES + LEAVES
+    leaf_paths = [ROOT / f"{leaf.replace('.', '/')}.py" for leaf in LEAVES]
+    for node in nodes:
+        if node in PACKAGES:  # its leaves are nodes of their own
+            paths = [p for p in sorted((ROOT / node.replace(".", "/")).rglob("*.py")) if p not in leaf_paths]
+        else:
+            paths = [ROOT / f"{node.replace('.', '/')}.py"]
         found = {node_of(name) for path in paths for name in imported(path)}
         graph[node] = sorted(found - {None, node})
     return graph
+
+
+def test_a_leaf_imports_nothing_of_the_repository():
+    assert [import_graph()[leaf] for leaf in LEAVES] == [[] for _ in LEAVES]
 
 
 def cycle(graph):
@@ -108,7 +117,7 @@ def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
     """The scheme's length_limit says where its positions end; the model (and so generation and
     lab.measure.losses, which read model.length_limit), eval_length's rows and the memory estimate follow
     it."""
-    config = GPTConfig(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+    config = GPTConfig.from_flat(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     limit = scheme_shapes(config).length_limit
     assert GPT(config).length_limit == limit
     assert pos != "learned" or limit == config.block_size  # learned's: its table
@@ -146,7 +155,10 @@ def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
     by_sample = sample.load(FIXTURE, "cpu", scaling, default_rope_factor(length, T)).model
     assert by_eval_length.config == by_sample.config
     if scaling is not None:
-        assert (by_sample.config.rope_scaling, by_sample.config.rope_factor) == (scaling, 4.0)
+        assert (by_sample.config.pos_settings.rope_scaling, by_sample.config.pos_settings.rope_factor) == (
+            scaling,
+            4.0,
+        )
     else:
         assert by_sample.config == instruments.load(FIXTURE)[0].config
     x = torch.randint(0, by_sample.config.vocab_size, (1, length))

@@ -21,7 +21,9 @@ def test_a_prompt_of_ten_blocks_decodes_with_the_cache_as_without(pos):
     """A prompt 10 x block_size long: generate_cached (chunked prefill) gives the reference sampler's greedy
     tokens, for every scheme (learned: both see the last block_size tokens, its window)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=BLOCK, vocab_size=11, pos=pos)).eval()
+    model = GPT(
+        GPTConfig.from_flat(n_layer=2, n_head=2, n_embd=16, block_size=BLOCK, vocab_size=11, pos=pos)
+    ).eval()
     prompt = torch.randint(11, (2, 10 * BLOCK))
     cached = generate_cached(model, prompt, 2 * BLOCK, temperature=0)
     assert torch.equal(cached, model.generate(prompt, 2 * BLOCK, temperature=0))
@@ -33,7 +35,7 @@ def test_the_estimate_of_a_long_prefill_is_the_mask_it_builds(pos, max_context, 
     """generation_bytes' attention mask is the largest (queries x keys) mask GPT.attention_mask builds while
     a 10 x block_size prompt decodes: block_size queries (or the window's) against the keys cached so far,
     never prompt x prompt."""
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=BLOCK, vocab_size=11, pos=pos)
+    config = GPTConfig.from_flat(n_layer=1, n_head=2, n_embd=16, block_size=BLOCK, vocab_size=11, pos=pos)
     model = GPT(config).eval()
     shapes, build = [], GPT.attention_mask
 

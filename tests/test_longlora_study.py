@@ -45,7 +45,8 @@ def test_every_setting_of_the_authors_trains_with_pi_at_the_extension_and_their_
         tiny = [flag for flag in command[2:] if not flag.startswith(("--block_size", "--dataset"))]
         extension = finetune.extension()
         training, model = train.parse_args([*tiny, "--block_size=64"], extension)  # the checkpoint records it
-        assert (model.rope_scaling, model.rope_factor, model.rope_original_len) == ("linear", 4.0, 16)
+        scaling = model.pos_settings
+        assert (scaling.rope_scaling, scaling.rope_factor, scaling.rope_original_len) == ("linear", 4.0, 16)
         assert training.weight_decay == 0 and training.min_lr == 5e-4
         adapters = extension.flags
         assert adapters.lora_rank in (0, 8) and (adapters.lora_rank == 0 or adapters.lora_dropout == 0)

@@ -24,7 +24,9 @@ def random_factors(rng, n_pairs, top):
 
 
 def tiny_config(**longrope):
-    return GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=16, pos="rope", **longrope)
+    return GPTConfig.from_flat(
+        block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=16, pos="rope", **longrope
+    )
 
 
 def longrope_config(short, long, **more):

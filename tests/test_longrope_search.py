@@ -15,6 +15,7 @@ from lab import eval_length
 from lab.experiments import longrope
 from lab.measure.losses import validation_tokens
 from lab.measure.retrieval import count_correct, passkey_batch
+from model import GPTConfig
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
 from plumbing.cli import read_rope_factors
 from tests.helpers import TINY_RUN
@@ -101,7 +102,7 @@ def test_searched_factors_work_through_every_entry_point(rope_run, tmp_path, cap
             f"--out_dir={tuned}",
         ]
     )
-    config = load_checkpoint(checkpoint_path(tuned))["model_config"]
+    config = load_checkpoint(checkpoint_path(tuned))["model_config"]["pos_settings"]
     assert config["rope_scaling"] == "longrope" and config["rope_original_len"] == 16
     assert config["rope_long_factor"] == [1, 1.5, 3, 4] and config["rope_keep_first"] == 2
     for argv in ([f"--out_dir={rope_run}", f"--rope_factors={factors}"], [f"--out_dir={tuned}"]):
@@ -229,7 +230,8 @@ def fitness_and_retrieval(candidates, length, short):
     """{name: (passkey fitness, keys retrieved of 48)} of the trained retriever with each candidate's factors
     as its short or long ones, on the search's own samples (16 per depth 0, 0.5, 1) of `length` tokens."""
     ckpt = load_checkpoint(PASSKEY_RETRIEVER)
-    config, stoi = ckpt["model_config"], longrope.passkey_vocabulary(ckpt, PASSKEY_RETRIEVER)
+    config = GPTConfig(**ckpt["model_config"]).flat()  # its fields and settings, by name
+    stoi = longrope.passkey_vocabulary(ckpt, PASSKEY_RETRIEVER)
     seed = longrope.SearchConfig(checkpoint="-").passkey_seed
     samples = [passkey_batch(stoi, length, depth, 16, seed) for depth in (0.0, 0.5, 1.0)]
     results = {}

@@ -11,7 +11,7 @@ from lab.finetune import lora
 from model import GPT, GPTConfig
 from plumbing.checkpoint import build_model, load_checkpoint
 
-CONFIG = GPTConfig(pos="rope", block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+CONFIG = GPTConfig.from_flat(pos="rope", block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
 
 
 def same(a, b):

@@ -19,7 +19,9 @@ def test_the_weights_and_adamw_state_are_what_one_step_allocates(pos, bias):
     """After one AdamW step the weights, their gradients and AdamW's two moments are, to the byte,
     training_bytes' weights, gradients and AdamW state (its step counters, one float per tensor, aside), and
     parameter_count is the model's own count."""
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, pos=pos, bias=bias)
+    config = GPTConfig.from_flat(
+        n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, pos=pos, bias=bias
+    )
     model = GPT(config)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     x = torch.randint(11, (3, 8))
@@ -39,7 +41,9 @@ def test_the_weights_and_adamw_state_are_what_one_step_allocates(pos, bias):
 def test_the_activation_estimate_bounds_what_autograd_keeps(pos, dropout):
     """The tensors one training forward saves for backward (counted through saved_tensors_hooks, each storage
     once, weights and tables left out) are 75% to 100% of activation_bytes."""
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=50, pos=pos, dropout=dropout)
+    config = GPTConfig.from_flat(
+        n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=50, pos=pos, dropout=dropout
+    )
     torch.manual_seed(0)
     model = GPT(config).train()
     own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
@@ -61,7 +65,7 @@ def test_the_activation_estimate_bounds_what_autograd_keeps(pos, dropout):
 def test_the_forward_estimate_counts_the_mask_of_every_score_bias(pos):
     """Where GPT.attention_mask builds a mask (a scheme whose score_bias gives a bias: ALiBi's, T5's, FIRE's),
     forward_bytes counts at least its bytes, asked of the scheme, not of its name."""
-    config = GPTConfig(n_layer=1, n_head=4, n_embd=16, block_size=8, vocab_size=11, pos=pos)
+    config = GPTConfig.from_flat(n_layer=1, n_head=4, n_embd=16, block_size=8, vocab_size=11, pos=pos)
     mask = GPT(config).attention_mask(torch.arange(32))
     counted = forward_bytes(config, 1, 32).get("attention mask", 0)
     assert mask is None or counted >= mask.nbytes, (counted, mask.nbytes)

@@ -12,9 +12,16 @@ from helpers import TINY_RUN
 
 import sample
 import train
-from model import GPTConfig
+from model import GPT, GPTConfig
 from plumbing import checkpoint
-from positions import ROPE_VARIANTS
+from positions import POSITION_MODULES
+
+# the RoPE settings a file without them meant: plain RoPE, no extension, scaled against block_size
+PLAIN_ROPE = dict(
+    rope_scaling=None, rope_factor=1.0, rope_original_len=None, rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None, rope_short_factor=None,
+    rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
+)  # fmt: skip
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # the fixture's name: what its format holds, oldest first
@@ -41,25 +48,29 @@ def older_notes(err):
 def test_every_format_has_its_fixture_and_each_lacks_fields_gptconfig_gained():
     for lacking in FORMATS:
         raw = torch.load(FIXTURES / f"ckpt_rope_without_{lacking}.pt", weights_only=True)["model_config"]
-        assert set(raw) < set(checkpoint.MODEL_CONFIG) and set(checkpoint.MODEL_CONFIG) - set(raw) <= set(
-            checkpoint.LATER_FIELDS
+        settings = set(raw) - set(checkpoint.MODEL_CONFIG)  # flat, beside the GPT's fields
+        assert set(checkpoint.MODEL_CONFIG) - set(raw) == {"pos_settings"} and raw["pos"] == "rope", lacking
+        assert settings < set(POSITION_MODULES["rope"].Settings.__dataclass_fields__), lacking
+        assert set(PLAIN_ROPE) - settings and set(checkpoint.current_model_config(raw)) == set(
+            checkpoint.MODEL_CONFIG
         ), lacking
         assert (FIXTURES / f"ckpt_rope_without_{lacking}.pt").stat().st_size < 200_000
 
 
 def test_the_fields_older_files_lack_default_to_the_model_those_versions_built():
     """No RoPE extension (rope_scaling None, factor 1), one scaled against block_size, every variant plain."""
-    defaults = {name: checkpoint.GPT_DEFAULTS[name] for name in checkpoint.LATER_FIELDS}
-    assert defaults == dict(rope_scaling=None, rope_factor=1.0, rope_original_len=None) | dict(ROPE_VARIANTS)
-    config = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, vocab_size=65, **defaults)
-    assert config.rope_layers == (True,) and config.rotary_dim == 8
+    raw = dict(block_size=16, n_layer=1, n_head=2, n_embd=16, vocab_size=65, pos="rope", rope_base=10000.0)
+    config = checkpoint.current_model_config(raw)
+    assert config["pos_settings"] == PLAIN_ROPE | dict(rope_base=10000.0)
+    model = GPT(GPTConfig(**config))
+    assert model.rope_layers == (True,) and model.transformer.wpe.dim == 8
 
 
 @pytest.mark.parametrize("run", list(FORMATS), indirect=True)
 def test_each_older_format_samples_and_is_said_once_to_be_older(run, capsys):
     loaded, samples, _ = sample.main([f"--out_dir={run}", "--max_new_tokens=20", "--stream=false"])
     err = capsys.readouterr().err
-    assert len(samples[0]) == 21 and loaded.model.config.rope_original_len is None
+    assert len(samples[0]) == 21 and loaded.model.config.pos_settings.rope_original_len is None
     assert len(older_notes(err)) == 1 and "damaged" not in err, err
 
 

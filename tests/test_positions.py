@@ -24,7 +24,7 @@ from positions import (
 def tiny_config(pos, **overrides):
     fields = dict(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, pos=pos)
     fields.update(overrides)
-    return GPTConfig(**fields)
+    return GPTConfig.from_flat(**fields)
 
 
 def attention_layer(n_embd=16, n_head=2, seed=0):

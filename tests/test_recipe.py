@@ -108,7 +108,7 @@ def test_sinusoidal_scales_token_embeddings_by_sqrt_n_embd():
     at the input of the first block, through GPT.forward."""
     torch.manual_seed(0)
     model = GPT(
-        GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")
+        GPTConfig.from_flat(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32, pos="sinusoidal")
     ).double()
     idx = torch.randint(0, 16, (1, 8))
     first_block_input = []
@@ -123,7 +123,9 @@ def test_residual_projections_start_smaller_by_sqrt_two_n_layer():
     so the 2 n_layer additions to the residual stream keep its variance near that of one."""
     torch.manual_seed(0)
     n_layer = 8
-    model = GPT(GPTConfig(block_size=8, vocab_size=64, n_layer=n_layer, n_head=4, n_embd=256, pos="none"))
+    model = GPT(
+        GPTConfig.from_flat(block_size=8, vocab_size=64, n_layer=n_layer, n_head=4, n_embd=256, pos="none")
+    )
     for block in model.transformer.h:
         for proj in (block.attn.c_proj, block.mlp.c_proj):
             assert proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.03)
@@ -134,7 +136,7 @@ def test_residual_projections_start_smaller_by_sqrt_two_n_layer():
 def test_output_head_is_the_token_embedding():
     """Weight tying (Press & Wolf 2017), as GPT-2: lm_head and wte are one matrix, saved under both of GPT-2's
     names (so GPT-2's checkpoints load) but one tensor."""
-    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, pos="none"))
+    model = GPT(GPTConfig.from_flat(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, pos="none"))
     assert model.lm_head.weight is model.transformer.wte.weight
     state = model.state_dict()
     assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()

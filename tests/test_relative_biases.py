@@ -12,7 +12,7 @@ from positions import FIREPositions, T5Positions, fire_input, t5_bucket
 
 def tiny_config(pos, **overrides):
     fields = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=16, dropout=0.0, pos=pos)
-    return GPTConfig(**fields | overrides)
+    return GPTConfig.from_flat(**fields | overrides)
 
 
 def random_positions(g, n, high):

@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import shutil
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -214,7 +215,7 @@ def test_forward_and_greedy_scoring_agree_on_exact_match(pos, length):
     writes it: checked with the model's own greedy answer (all correct) and with one digit changed (none)."""
     torch.manual_seed(0)
     model = GPT(
-        GPTConfig(block_size=24, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32, pos=pos)
+        GPTConfig.from_flat(block_size=24, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32, pos=pos)
     ).eval()
     tokens, answer_start = passkey_batch(STOI, length, 0.5, 6, seed=1)
     greedy = answers_by_greedy(model, tokens, answer_start)
@@ -231,12 +232,14 @@ def test_forward_and_greedy_scoring_agree_on_exact_match(pos, length):
 
 def test_passkey_csv_has_the_promised_columns_and_one_line_per_cell(tmp_path):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, pos="rope"))
+    model = GPT(
+        GPTConfig.from_flat(block_size=16, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, pos="rope")
+    )
     ckpt = tmp_path / "ckpt.pt"
     torch.save(
         {
             "model": model.state_dict(),
-            "model_config": vars(model.config),
+            "model_config": asdict(model.config),
             "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS},
             "train_config": {"dataset": "passkey"},
         },
@@ -284,12 +287,12 @@ def test_passkey_flag_errors_are_one_line(capsys, argv, words):
 
 
 def test_passkey_on_a_checkpoint_of_another_vocabulary_is_one_line(capsys, tmp_path):
-    model = GPT(GPTConfig(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16, pos="rope"))
+    model = GPT(GPTConfig.from_flat(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16, pos="rope"))
     ckpt = tmp_path / "ckpt.pt"
     torch.save(
         {
             "model": model.state_dict(),
-            "model_config": vars(model.config),
+            "model_config": asdict(model.config),
             "meta": {"tokenizer": "char", "vocab_size": 65, "chars": [chr(32 + i) for i in range(65)]},
             "train_config": {"dataset": "shakespeare_char"},
         },

@@ -15,16 +15,18 @@ from helpers import error_line
 import sample
 import train
 from generation import generate_cached
-from model import GPT, GPTConfig, nope_layer_indices
+from model import GPT, GPTConfig
 from plumbing.checkpoint import load_checkpoint
 from positions import (
     ROPE_SCALINGS,
     RotaryPositions,
     apply_rope,
     llama3_inv_freq,
+    nope_layer_indices,
     rope_cos_sin,
     rope_frequencies,
     rope_inv_freq,
+    rotary_dim,
 )
 
 BLOCK = 16
@@ -33,7 +35,7 @@ BLOCK = 16
 def tiny_model(seed=0, **overrides):
     torch.manual_seed(seed)
     fields = dict(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0, pos="rope")
-    return GPT(GPTConfig(**fields | overrides)).eval()
+    return GPT(GPTConfig.from_flat(**fields | overrides)).eval()
 
 
 def transformers_or_skip():
@@ -177,7 +179,7 @@ def test_partial_rotation_matches_transformers_gpt_neox(head_dim, fraction):
     )
     hf_rotary = GPTNeoXRotaryEmbedding(hf_config)
     ours = RotaryPositions(
-        GPTConfig(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction)
+        GPTConfig.from_flat(block_size=T, n_head=n_head, n_embd=head_dim * n_head, rope_fraction=fraction)
     )
     rotary_dim = int(head_dim * fraction)
     assert ours.cos.shape == (T, rotary_dim) and hf_rotary.inv_freq.shape == (rotary_dim // 2,)
@@ -204,7 +206,7 @@ def test_the_unrotated_dimensions_share_of_every_score_is_the_same_at_every_offs
     same q_pass . k_pass whatever m and n: it carries no position. The rotated share depends on m - n only,
     and does change with it."""
     head_dim, rotary_dim = 16, 4
-    rope = RotaryPositions(GPTConfig(block_size=64, n_head=1, n_embd=head_dim, rope_fraction=0.25))
+    rope = RotaryPositions(GPTConfig.from_flat(block_size=64, n_head=1, n_embd=head_dim, rope_fraction=0.25))
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)
     assert rope.cos.shape == (64, rotary_dim)
@@ -271,12 +273,14 @@ def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
     transformers' Llama4TextConfig derives no_rope_layers = [int((i + 1) % 4 != 0)], 1 marking a layer that
     uses RoPE (the flag shipped inverted once, huggingface/transformers#43756); the model hands those two
     layers no rotation."""
-    config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=8, n_head=2, n_embd=16, nope_interval=4)
+    config = GPTConfig.from_flat(
+        block_size=BLOCK, vocab_size=32, n_layer=8, n_head=2, n_embd=16, nope_interval=4
+    )
     assert nope_layer_indices(8, interval=4) == [3, 7]
-    assert config.rope_layers == (True, True, True, False, True, True, True, False)
+    assert GPT(config).rope_layers == (True, True, True, False, True, True, True, False)
     assert (
-        GPTConfig(**{**vars(config), "nope_interval": 0, "nope_layers": "3,7"}).rope_layers
-        == config.rope_layers
+        GPT(GPTConfig.from_flat(**{**config.flat(), "nope_interval": 0, "nope_layers": "3,7"})).rope_layers
+        == GPT(config).rope_layers
     )
     given = attention_arguments(GPT(config).eval(), torch.zeros(1, 4, dtype=torch.long))
     assert [i for i, (x, rope, *_) in enumerate(given) if rope is None] == [3, 7]
@@ -285,7 +289,9 @@ def test_interval_4_of_8_layers_skips_layers_3_and_7_as_llama4():
     except ImportError:
         return  # transformers' derivation is reproduced above; compared when it is installed
     hf = Llama4TextConfig(num_hidden_layers=8, no_rope_layer_interval=4)
-    assert hf.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0] == [int(rotates) for rotates in config.rope_layers]
+    assert (
+        hf.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0] == [int(rotates) for rotates in GPT(config).rope_layers]
+    )
 
 
 def test_a_nope_layers_scores_ignore_the_distance_while_a_rope_layers_do_not():
@@ -352,9 +358,15 @@ TINY = [
         (["--nope_interval=2", "--nope_layers=1"], ["give one of them"]),
         (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
         (["--rope_scaling=llama3", "--rope_low_freq_factor=4"], ["need 0 < low < high"]),
-        (["--pos=alibi", "--rope_fraction=0.5"], ["only RoPE takes rope_fraction=0.5", "pos='alibi'"]),
-        (["--pos=learned", "--nope_interval=2"], ["only RoPE takes nope_interval=2"]),
-        (["--pos=sinusoidal", "--rope_high_freq_factor=8"], ["only RoPE takes rope_high_freq_factor=8.0"]),
+        (["--pos=alibi", "--rope_fraction=0.5"], ["rope_fraction=0.5 is a setting of pos=rope", "pos=alibi"]),
+        (
+            ["--pos=learned", "--nope_interval=2"],
+            ["nope_interval=2 is a setting of pos=rope; this model has pos=learned"],
+        ),
+        (
+            ["--pos=sinusoidal", "--rope_high_freq_factor=8"],
+            ["rope_high_freq_factor=8.0 is a setting of pos=rope"],
+        ),
         (["--rope_fraction=abc"], ["expected a number"]),
     ],
 )
@@ -367,8 +379,8 @@ def test_bad_rope_variant_flags_are_one_line_errors(capsys, argv, words):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--rope_low_freq_factor=2"], ["shape llama3's blend: give --rope_scaling=llama3"]),
-        (["--rope_scaling=yarn", "--rope_high_freq_factor=8"], ["give --rope_scaling=llama3"]),
+        (["--rope_low_freq_factor=2"], ["llama3's frequency factors", "give rope_scaling=llama3"]),
+        (["--rope_scaling=yarn", "--rope_high_freq_factor=8"], ["give rope_scaling=llama3"]),
         (["--rope_scaling=cubic"], ["'yarn', 'llama3'"]),
     ],
 )
@@ -389,7 +401,7 @@ def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(vari
     """asdict(GPTConfig) puts every variant field in model_config; sample.py rebuilds that model and runs
     Llama 3 scaling on it at inference, its factors from the flags, 4 x block_size tokens, the cache and the
     reference sampler agreeing."""
-    config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]
+    config = load_checkpoint(variant_run / "ckpt.pt")["model_config"]["pos_settings"]
     assert {
         k: config[k]
         for k in (
@@ -418,7 +430,7 @@ def test_the_checkpoint_records_the_variants_and_samples_with_llama3_past_t(vari
     ]
     loaded, cached, _ = sample.main(flags)
     out = capsys.readouterr().out
-    c = loaded.model.config
+    c = loaded.model.config.pos_settings
     assert (c.rope_scaling, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor) == (
         "llama3",
         4,
@@ -454,7 +466,7 @@ def test_a_llama3_fine_tune_records_its_factors_and_scales_against_the_first_len
             f"--out_dir={out_dir}",
         ]
     )
-    config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]
+    config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]["pos_settings"]
     assert (config["rope_scaling"], config["rope_original_len"], config["rope_high_freq_factor"]) == (
         "llama3",
         16,
@@ -470,7 +482,7 @@ def test_a_llama3_fine_tune_records_its_factors_and_scales_against_the_first_len
 def test_a_fraction_rounding_to_an_even_number_of_dimensions_is_accepted():
     """transformers' rotary dim is int(head_dim * fraction): 0.3 of 16 is 4 dimensions, even, so valid."""
     _, model_config = train.parse_args([*TINY, "--rope_fraction=0.3"])
-    assert model_config.rotary_dim == 4
+    assert rotary_dim(model_config.head_dim, model_config.pos_settings.rope_fraction) == 4
 
 
 def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
@@ -481,15 +493,20 @@ def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
     raw = torch.load(fixture, weights_only=True)["model_config"]
     assert "rope_fraction" not in raw
     config = load_checkpoint(fixture)["model_config"]
-    assert config == raw | dict(
-        rope_low_freq_factor=1.0,
-        rope_high_freq_factor=4.0,
-        rope_fraction=1.0,
-        nope_interval=0,
-        nope_layers=None,
-        rope_short_factor=None,
-        rope_long_factor=None,
-        rope_attention_factor=None,
-        rope_keep_first=0,
+    settings = {name: value for name, value in raw.items() if name.startswith("rope_")}
+    assert config == {name: value for name, value in raw.items() if name not in settings} | dict(
+        pos_settings=settings
+        | dict(
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_fraction=1.0,
+            nope_interval=0,
+            nope_layers=None,
+            rope_short_factor=None,
+            rope_long_factor=None,
+            rope_attention_factor=None,
+            rope_keep_first=0,
+        )
     )
-    assert GPTConfig(**config).rope_layers == (True,) and GPTConfig(**config).rotary_dim == 8
+    model = GPT(GPTConfig(**config))
+    assert model.rope_layers == (True,) and model.transformer.wpe.dim == 8

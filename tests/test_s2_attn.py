@@ -60,7 +60,7 @@ def test_s2_attn_adds_a_distance_bias_such_as_alibis_in_every_group():
     """ALiBi's bias (by distance) applies in every group, shifted ones included, as in full attention."""
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(3, 1, 4, 16, 8, generator=g, dtype=torch.float64)
-    config = GPTConfig(pos="alibi", block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
+    config = GPTConfig.from_flat(pos="alibi", block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
     alibi = POSITION_MODULES["alibi"](config).double()
     pos = torch.arange(16)
     bias = alibi.score_bias(pos, pos)[0]
@@ -91,7 +91,7 @@ def test_s2_attn_adds_each_schemes_bias_at_the_true_positions(pos):
     bias of each query and key at their true positions, in every group (FIRE's depends on the query's
     position)."""
     torch.manual_seed(2)
-    config = GPTConfig(pos=pos, block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
+    config = GPTConfig.from_flat(pos=pos, block_size=16, n_layer=1, n_head=4, n_embd=16, vocab_size=11)
     scheme = POSITION_MODULES[pos](config).double()  # PyTorch's initialisation: a bias of order 1
     pos_ids = torch.arange(16)
     bias = scheme.score_bias(pos_ids, pos_ids)
@@ -139,7 +139,7 @@ def test_model_uses_s2_attn_in_training_only(pos):
     """With s2_group set, eval mode (train.py's evaluation, sample.py, lab/eval_length.py) is full attention,
     bit for bit; training mode differs, and is causal."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(pos=pos, block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11))
+    model = GPT(GPTConfig.from_flat(pos=pos, block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11))
     x = torch.randint(0, 11, (2, 16))
     model.eval()
     full = model(x)[0]
@@ -159,7 +159,9 @@ def test_s2_attn_builds_the_bias_once_a_forward_from_group_sized_calls(pos, monk
     on G queries and G keys: never the full T x T, and not again in each of the three layers."""
     torch.manual_seed(0)
     T, G = 16, 4
-    model = GPT(GPTConfig(pos=pos, block_size=T, n_layer=3, n_head=2, n_embd=16, vocab_size=11)).train()
+    model = GPT(
+        GPTConfig.from_flat(pos=pos, block_size=T, n_layer=3, n_head=2, n_embd=16, vocab_size=11)
+    ).train()
     use_s2_attn(model, G)
     scheme, shapes = model.transformer.wpe, []
     score_bias = scheme.score_bias

@@ -188,7 +188,10 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path, capsys):
         ("--device=tpu", "choose from auto, cpu, cuda, cuda:N, mps"),
         ("--kv_cache=maybe", "expected a boolean"),
         ("--rope_factor=2", "rope_factor needs --rope_scaling"),
-        ("--rope_high_freq_factor=8", "shape llama3's blend: give --rope_scaling=llama3"),
+        (
+            "--rope_high_freq_factor=8",
+            "llama3's frequency factors, and this model has rope_scaling=None; give rope_scaling=llama3",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_errors(flag, message, capsys):
@@ -201,7 +204,7 @@ def test_bad_flags_are_one_line_errors(flag, message, capsys):
 def test_rope_scaling_on_a_non_rope_checkpoint_is_a_clear_error(checkpoints, capsys):
     """--rope_scaling extends RoPE; asking it of an ALiBi model is an error that says so."""
     err = error_line(capsys, sample, [f"--out_dir={checkpoints['alibi']}", "--rope_scaling=yarn"], 1)
-    assert re.search("extends RoPE only; this model has pos='alibi'", err)
+    assert re.search("rope_scaling='yarn' is a setting of pos=rope; this model has pos=alibi", err)
 
 
 def test_rope_factor_defaults_to_generated_length_over_trained_length(checkpoints, capsys):
@@ -214,7 +217,7 @@ def test_rope_factor_defaults_to_generated_length_over_trained_length(checkpoint
         "--rope_scaling=yarn",
         "--stream=off",
     )
-    assert loaded.model.config.rope_factor == 4.0 and "rope scaling yarn x4" in out
+    assert loaded.model.config.pos_settings.rope_factor == 4.0 and "rope scaling yarn x4" in out
 
 
 def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_speeds(checkpoints, capsys):
@@ -225,7 +228,8 @@ def test_compare_runs_every_checkpoint_with_the_same_prompt_and_reports_speeds(c
     )
     assert [f"=== {d} ===" in out for d in dirs] == [True] * 3
     assert [row[1].pos for row in rows] == ["learned", "rope", "alibi"]  # each model's GPTConfig
-    assert [row[1].rope_scaling for row in rows] == [None, "ntk", None]  # scaling applies to RoPE only
+    scalings = [getattr(row[1].pos_settings, "rope_scaling", None) for row in rows]
+    assert scalings == [None, "ntk", None]  # scaling applies to RoPE only
     assert all(tokens_per_second > 0 for _, _, tokens_per_second in rows)
     table = out.split("\ncheckpoint ")[-1].splitlines()[1:]
     assert [line.split()[:2] for line in table] == [[d, row[1].pos] for d, row in zip(dirs, rows)]

@@ -38,9 +38,9 @@ class SelfBias(PositionScheme):
 
 @pytest.fixture
 def toy(monkeypatch):
-    """GPTConfig(pos="toy"): the toy registered for this test only."""
+    """GPTConfig.from_flat(pos="toy"): the toy registered for this test only."""
     monkeypatch.setitem(POSITION_MODULES, "toy", SelfBias)
-    return GPTConfig(pos="toy", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    return GPTConfig.from_flat(pos="toy", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
 
 
 def test_a_registered_scheme_trains(toy):
@@ -91,7 +91,7 @@ def test_a_registered_scheme_is_estimated(toy):
     assert (
         parameter_count(toy)
         == model.num_params()
-        == GPT(GPTConfig(**{**vars(toy), "pos": "none"})).num_params() + 2
+        == GPT(GPTConfig.from_flat(**{**vars(toy), "pos": "none"})).num_params() + 2
     )
     assert training_bytes(toy, 1, 1)["weights"] == 4 * model.num_params()
     mask = forward_bytes(toy, 1, 8)["attention mask"]  # int64 distances, bools, a float bias per head (2)
@@ -108,7 +108,7 @@ def test_a_schemes_flops_per_token_are_the_matmuls_of_its_own_hooks_once_a_batch
     by the batch, not counted once a sequence. A scheme that says None (unknown) is noted instead."""
     B, T = 3, 8
     scheme = GPT(
-        GPTConfig(pos=pos, block_size=T, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+        GPTConfig.from_flat(pos=pos, block_size=T, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     ).transformer.wpe
     own, positions = scheme.flops_per_token(T, B), torch.arange(T)
     if own is None:  # unknown: said, not counted as 0 (test_a_scheme_that_does_not_say_its_flops_...)
@@ -125,10 +125,10 @@ def test_a_scheme_that_does_not_say_its_flops_is_noted_as_not_counted(monkeypatc
     """PositionScheme.flops_per_token's default is None, unknown: GPT.flops_per_token counts 6N and attention
     and says that the scheme's own compute is left out, rather than counting it as 0."""
     monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
-    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    config = GPTConfig.from_flat(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
     flops, note = GPT(config).flops_per_token(batch_size=4)
     assert note == "FLOPs of pos=unflagged's own compute not counted (unknown)"
-    none = GPT(GPTConfig(**{**vars(config), "pos": "none"})).flops_per_token(batch_size=4)
+    none = GPT(GPTConfig.from_flat(**{**vars(config), "pos": "none"})).flops_per_token(batch_size=4)
     assert (flops, none[1]) == (none[0], None)
 
 
@@ -199,7 +199,7 @@ def test_a_score_bias_applies_in_training_as_in_cached_decoding(monkeypatch):
     does, so both give the same logits; a flag a forker could forget would leave the forward without it."""
     monkeypatch.setitem(POSITION_MODULES, "unflagged", UnflaggedBias)
     torch.manual_seed(0)
-    config = GPTConfig(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
+    config = GPTConfig.from_flat(pos="unflagged", block_size=8, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
     model = GPT(config).eval()
     x = torch.randint(0, 11, (2, 8))
     with torch.no_grad():
@@ -230,5 +230,7 @@ def test_a_schemes_own_init_weights_runs_after_gpt_2s_draw_of_its_children(monke
     scheme's init_weights: the start a scheme sets for its own nn.Linear stands in the built model."""
     monkeypatch.setitem(POSITION_MODULES, "linear_bias", LinearBias)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11))
+    model = GPT(
+        GPTConfig.from_flat(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
+    )
     assert torch.equal(model.transformer.wpe.slope.weight, torch.full((2, 1), -0.5))

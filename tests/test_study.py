@@ -22,8 +22,11 @@ def test_seeds_give_every_run_its_own_seed_and_folder_the_first_seed_train_pys_o
         assert first.train_config["seed"] == 1337 and first.model_config["pos"] == pos
         for seed in (1338, 1339):
             assert by_folder[f"out/shakespeare_char_{pos}_seed{seed}"].train_config["seed"] == seed
-    assert by_folder["out/shakespeare_char_rope_frac0.25_seed1339"].model_config["rope_fraction"] == 0.25
-    assert by_folder["out/shakespeare_char_rope_nope4"].model_config["nope_interval"] == 4
+    assert (
+        by_folder["out/shakespeare_char_rope_frac0.25_seed1339"].model_config["pos_settings"]["rope_fraction"]
+        == 0.25
+    )
+    assert by_folder["out/shakespeare_char_rope_nope4"].model_config["pos_settings"]["nope_interval"] == 4
 
 
 def test_passkey_study_trains_with_its_preset_into_folders_of_its_own():

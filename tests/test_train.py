@@ -18,7 +18,7 @@ import torch
 from helpers import train_error_line
 
 import train
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_settings
 from plumbing import checkpoint, hardware
 from plumbing.errors import UserError
 from positions import POS_SCHEMES
@@ -89,7 +89,7 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
     )  # from the dataset, not the default
     assert ckpt["train_config"]["device"] == "cpu" and ckpt["best_val_loss"] == result["best_val_loss"]
     assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
-    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model = GPT(GPTConfig.from_flat(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])  # strict: every parameter name matches
 
 
@@ -106,7 +106,7 @@ def test_cuda_run_compiles_with_autocast_and_saves_plain_names(tmp_path):
         "float16",
     )
     assert not [key for key in ckpt["model"] if key.startswith("_orig_mod.")]
-    GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
+    GPT(GPTConfig.from_flat(**ckpt["model_config"])).load_state_dict(ckpt["model"])
 
 
 def test_loss_decreases_on_a_short_run(tmp_path):
@@ -218,15 +218,16 @@ def test_dropout_zero_and_boolean_spellings_parse():
 
 
 def test_every_config_field_has_a_flag(capsys):
-    """Each field of TrainConfig and GPTConfig (but vocab_size, read from the dataset)
-    is settable from the CLI."""
+    """Each field of TrainConfig and GPTConfig (but vocab_size, read from the dataset, and pos_settings, whose
+    settings are flags each) and each scheme's setting is settable from the CLI."""
     with pytest.raises(SystemExit):
         train.main(["--help"])
     help_text = capsys.readouterr().out
     names = [f.name for f in dataclasses.fields(train.TrainConfig)] + [
         f.name for f in dataclasses.fields(GPTConfig)
     ]
-    assert [name for name in names if f"--{name} " not in help_text] == ["vocab_size"]
+    names += list(scheme_settings())
+    assert [name for name in names if f"--{name} " not in help_text] == ["vocab_size", "pos_settings"]
 
 
 def test_default_out_dir_names_dataset_and_pos():
@@ -288,11 +289,11 @@ def test_a_mapped_load_gives_the_same_checkpoint_in_either_file_format(tmp_path)
         torch.save(saved, tmp_path / name, _use_new_zipfile_serialization=zip_format)
         mapped = checkpoint.load_checkpoint(tmp_path / name, mmap=True)
         full = checkpoint.load_checkpoint(tmp_path / name, mmap=False)
-        # both get the RoPE variants' fields this old file lacks (with_rope_variants); nothing else changes
+        # both get the settings this old file lacks (current_model_config); nothing else changes
         assert (
             mapped["model_config"]
             == full["model_config"]
-            == checkpoint.with_rope_variants(saved["model_config"])
+            == checkpoint.current_model_config(saved["model_config"])
         )
         assert torch.equal(mapped["model"]["w"], saved["model"]["w"]) and torch.equal(
             full["model"]["w"], saved["model"]["w"]
@@ -370,9 +371,12 @@ def test_flops_per_token_is_palm_6n_plus_attention():
     """6N + 12 * n_layer * n_head * head_dim * block_size (PaLM appendix B); the learned position table is a
     lookup, not a matmul, so learned and none cost the same."""
     config = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    rope = GPT(GPTConfig(**config, pos="rope"))
+    rope = GPT(GPTConfig.from_flat(**config, pos="rope"))
     assert rope.flops_per_token() == (6 * rope.num_params() + 12 * 2 * 2 * 16 * 16, None)
-    learned, none = GPT(GPTConfig(**config, pos="learned")), GPT(GPTConfig(**config, pos="none"))
+    learned, none = (
+        GPT(GPTConfig.from_flat(**config, pos="learned")),
+        GPT(GPTConfig.from_flat(**config, pos="none")),
+    )
     assert learned.num_params() == none.num_params() + 16 * 32
     assert learned.flops_per_token() == none.flops_per_token()
 

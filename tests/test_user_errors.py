@@ -271,14 +271,6 @@ CASES = [
         id="sample-memory-small-machine",
     ),
     case(
-        "sample",
-        ["--compare", "{ckpt}", "--max_new_tokens=64"],
-        1,
-        "measuring the validation loss over 8 windows of 65 tokens needs about",
-        available=100_000,
-        id="sample-compare-memory-small-machine",
-    ),
-    case(
         "eval_length",
         ["{ckpt}", "--lengths=4", "--device=cpu", "--progress=false"],
         1,
@@ -396,7 +388,7 @@ def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_cont
     """generation_bytes' KV cache, grown position table and token buffer are, to the byte, the tensors
     generate_cached allocates: the caches it gives the layers, the table the model holds after it (0 where
     none grew) and the tokens it returns; learned cropped to its table, max_context a ring of slots."""
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
+    config = GPTConfig.from_flat(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     model = GPT(config).eval()
     batch, n_prompt, new = 3, 4, 20
     table_before = table_bytes(model)
@@ -414,7 +406,7 @@ def test_the_generation_estimate_is_what_generate_cached_allocates(pos, max_cont
 def test_the_table_estimate_is_what_grow_allocates(pos):
     """position_table_bytes(n) is the table wpe.grow(n) leaves, from a fresh model: none within block_size,
     at least twice the rows just past it, n rows far past it."""
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
+    config = GPTConfig.from_flat(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65, pos=pos)
     for n_pos in (8, 9, 100):
         model = GPT(config)
         before = table_bytes(model)

@@ -185,7 +185,10 @@ def check_fine_tune_memory(cfg, model_config, dataset):
     vocab = load_meta(ROOT / "data" / dataset)["vocab_size"] if prepared else model_config["vocab_size"]
     batch, long = QUICK_BATCH if cfg.quick else cfg.batch_size, EXTENSION * model_config["block_size"]
     for pos in sorted({pos for pos, _ in FINE_TUNES if pos in cfg.schemes}):
-        config = GPTConfig(**model_config | dict(block_size=long, vocab_size=vocab, pos=pos))
+        gpt = {
+            name: value for name, value in model_config.items() if name != "pos_settings"
+        }  # pos's defaults
+        config = GPTConfig(**gpt | dict(block_size=long, vocab_size=vocab, pos=pos))
         check_training_memory(config, batch, 1, resolve_device(cfg.device))
 
 

@@ -43,6 +43,7 @@ from lab.measure.instruments import pyplot, save_figure
 from lab.measure.losses import token_losses, window_losses, window_starts
 from lab.measure.retrieval import passkey_batch
 from lab.outputs import check_outputs, write_output, write_rows
+from model import GPTConfig
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -237,7 +238,7 @@ def main(argv=None):
         check_device(device)
         path = checkpoint_path(cfg.checkpoint)
         ckpt = open_checkpoint(path, mmap=True)
-        config = ckpt["model_config"]
+        config = GPTConfig(**ckpt["model_config"]).flat()  # its fields and settings, by name
         require(
             POSITION_MODULES[config["pos"]].rotates,
             f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies",

@@ -210,6 +210,14 @@ def differences(saved, wanted):
     ]
 
 
+def flat(model_config):
+    """A model_config's fields and its scheme's settings (nested under pos_settings) side by side."""
+    settings = model_config.get("pos_settings")
+    return {k: v for k, v in model_config.items() if k != "pos_settings"} | (
+        settings if isinstance(settings, dict) else {}
+    )
+
+
 def relative_init_from(config):
     if not (config.get("init_from") and config.get("out_dir")):
         return config
@@ -223,7 +231,7 @@ def decide(plan, elsewhere="move it away"):
     if not path.is_file():
         return "train", None
     ckpt = open_checkpoint(path, mmap=True)
-    changed = differences(ckpt.get("model_config", {}), plan.model_config)
+    changed = differences(flat(ckpt.get("model_config", {})), flat(plan.model_config))
     changed += differences(ckpt.get("train_config", {}), plan.train_config | {"out_dir": plan.out_dir})
     if changed:
         why = "; ".join(changed)

@@ -35,7 +35,7 @@ import shlex
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -51,6 +51,7 @@ from model import GPT, GPTConfig
 from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import one_line_errors
+from plumbing.fields import check_fields, setting
 from positions import POS_SCHEMES
 
 PROG = "python -m lab.perf.bench"
@@ -63,32 +64,40 @@ UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figur
 
 @dataclass
 class BenchConfig:
-    pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
-    quick: bool = False  # a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens
-    block_size: int = 64  # training context T; generation lengths are multiples of it
-    vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
-    dataset: str | None = None  # whose vocabulary to use: its meta.json, else GPT-2's 50257
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 128  # model width
-    dropout: float = 0.0  # dropout in training steps
-    bias: bool = False  # biases in Linear and LayerNorm
-    batch_size: int = 12  # sequences per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    train_steps: int = 30  # timed optimizer steps per scheme; 0 skips training
-    warmup_steps: int = 3  # untimed first steps, reported as compile time; 0: none
-    rounds: int | None = None  # steps alternate between schemes in this many rounds; None: 3 on CPU, else 1
-    gen_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # new tokens / block_size
-    repeats: int = 3  # timed runs per generation figure, the median reported
-    reference_max_tokens: int = 1024  # skip the O(n^2) uncached reference past this many new tokens; 0: never
-    compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere
-    compile: bool | None = None  # torch.compile the training step; None: on CUDA only
+    pos: str = setting("all", "schemes to measure, in the order to run them (learned,rope,alibi), or all")
+    quick: bool = setting(
+        False, "a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens"
+    )
+    block_size: int = setting(64, "training context T; generation lengths are multiples of it")
+    vocab_size: int | None = setting(None, "None: --dataset's vocabulary (shakespeare_char's 65 without one)")
+    dataset: str | None = setting(None, "whose vocabulary to use: its meta.json, else GPT-2's 50257")
+    n_layer: int = setting(4, "transformer blocks")
+    n_head: int = setting(4, "attention heads per block")
+    n_embd: int = setting(128, "model width")
+    dropout: float = setting(0.0, "dropout in training steps")
+    bias: bool = setting(False, "biases in Linear and LayerNorm")
+    batch_size: int = setting(12, "sequences per micro-batch", at_least=1)
+    grad_accum: int = setting(1, "micro-batches per optimizer step", at_least=1)
+    train_steps: int = setting(30, "timed optimizer steps per scheme; 0 skips training", at_least=0)
+    warmup_steps: int = setting(3, "untimed first steps, reported as compile time; 0: none", at_least=0)
+    rounds: int | None = setting(
+        None, "steps alternate between schemes in this many rounds; None: 3 on CPU, else 1"
+    )
+    gen_multiples: list[int] = setting([1, 4, 16], "new tokens / block_size", at_least=1)
+    repeats: int = setting(3, "timed runs per generation figure, the median reported", at_least=1)
+    reference_max_tokens: int = setting(
+        1024, "skip the O(n^2) uncached reference past this many new tokens; 0: never", at_least=0
+    )
+    compile_decode: bool | None = setting(None, "also time compiled decoding; None: as --compile")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
+    dtype: str = setting(
+        "auto", "training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere", choices=hardware.DTYPES
+    )
+    compile: bool | None = setting(None, "torch.compile the training step; None: on CUDA only")
     threads: str = threads_flag()
-    matmul_size: int = 2048  # side of the float32 torch.mm timed for the CPU's peak
-    seed: int = 1337  # seeds the weights and the random batches
-    json: str | None = None  # write every figure, the machine and the command line to this file
+    matmul_size: int = setting(2048, "side of the float32 torch.mm timed for the CPU's peak", at_least=1)
+    seed: int = setting(1337, "seeds the weights and the random batches")
+    json: str | None = setting(None, "write every figure, the machine and the command line to this file")
 
     def __post_init__(self):
         if self.quick:
@@ -101,19 +110,11 @@ class BenchConfig:
         vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared
         self.vocab_size = vocab if self.vocab_size is None else self.vocab_size
         hardware.check_threads(self.threads)
-        lows = dict(batch_size=1, grad_accum=1, repeats=1, matmul_size=1)
-        for name, low in (lows | dict(train_steps=0, warmup_steps=0, reference_max_tokens=0)).items():
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        check_fields(self)
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
             message = f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
             raise ValueError(message)
-        if any(m < 1 for m in self.gen_multiples):
-            raise ValueError(f"gen_multiples must be >= 1, got {self.gen_multiples}")
         hardware.check_device_name(self.device)
-        if self.dtype not in hardware.DTYPES:  # a BenchConfig built in code skips the flag's choices
-            choices = ", ".join(hardware.DTYPES)
-            raise ValueError(f"dtype={self.dtype!r} is not a dtype; choose one of {choices}")
         self.schemes = parse_list("pos", self.pos, POS_SCHEMES, everything="all")
         model_fields = {key: getattr(self, key) for key in MODEL_KEYS}  # GPTConfig checks them too
         self.model_configs = {pos: GPTConfig(**model_fields, pos=pos) for pos in self.schemes}
@@ -121,8 +122,8 @@ class BenchConfig:
 
 def parse_args(argv=None):
     """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
-    sections, choices = [("benchmark", BenchConfig, None)], {"dtype": hardware.DTYPES}
-    cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, choices=choices, foreign_keys=True))
+    sections = [("benchmark", BenchConfig, None)]
+    cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, foreign_keys=True))
     device = hardware.resolve_device(cfg.device)
     hardware.check_device(device)
     kind = device.split(":")[0]

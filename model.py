@@ -44,14 +44,14 @@ class GPTConfig:
     values (flags, older checkpoints), each setting by its name."""
 
     # fmt: off
-    block_size: int = setting(1024, "training context length T; only `learned` runs no further", at_least=1)
-    vocab_size: int = setting(50304, "GPT-2's 50257 padded up to a multiple of 64 for speed", at_least=1)
-    n_layer: int = setting(12, "transformer blocks", at_least=1)
-    n_head: int = setting(12, "attention heads per block", at_least=1)
-    n_embd: int = setting(768, "width of the residual stream", at_least=1)
-    dropout: float = setting(0.0, "dropout probability in training", at_least=0, below=1)
-    bias: bool = setting(True, "biases in Linear and LayerNorm, as GPT-2; False is a bit faster")
-    pos: str = setting("rope", "the position scheme", choices=lambda: POSITION_MODULES)  # read when checked
+    block_size: int = setting(1024, at_least=1)  # training context length T; only `learned` runs no further
+    vocab_size: int = setting(50304, at_least=1)  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = setting(12, at_least=1)  # transformer blocks
+    n_head: int = setting(12, at_least=1)  # attention heads per block
+    n_embd: int = setting(768, at_least=1)  # width of the residual stream
+    dropout: float = setting(0.0, at_least=0, below=1)  # dropout probability in training
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
+    pos: str = setting("rope", choices=lambda: POSITION_MODULES)  # the position scheme
     pos_settings: PositionScheme.Settings | dict | None = None  # the scheme's Settings (flags: each by name)
     # fmt: on
 

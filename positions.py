@@ -387,20 +387,20 @@ class RotaryPositions(PositionScheme):
     # fmt: off
     @dataclass
     class Settings(PositionScheme.Settings):
-        rope_base: float = setting(10000.0, "RoPE's base b in theta_i = b^(-2i/head_dim)", above=1)
-        rope_scaling: str | None = setting(None, "an extension (at inference)", choices=ROPE_SCALING_CHOICES)
-        rope_factor: float = setting(1.0, "the extension factor s: target / original length", at_least=1)
-        rope_original_len: int | None = setting(None, "the length it extends; None: block_size", at_least=1)
-        rope_low_freq_factor: float = setting(1.0, "llama3: pairs turning fewer times over T get theta/s")
-        rope_high_freq_factor: float = setting(4.0, "llama3: pairs turning more keep theta; between: blended")
-        rope_fraction: float = setting(1.0, "share of a head's dims rotated, the first", above=0, at_most=1)
-        nope_interval: int = setting(0, "every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)", at_least=0)
-        nope_layers: str | None = setting(None, "or the layers that skip RoPE, 0-based, comma-separated: 3,7")
+        rope_base: float = setting(10000.0, above=1)  # RoPE's base b in theta_i = b^(-2i/head_dim)
+        rope_scaling: str | None = setting(None, choices=ROPE_SCALING_CHOICES)  # an extension (at inference)
+        rope_factor: float = setting(1.0, at_least=1)  # the extension factor s: target / original length
+        rope_original_len: int | None = setting(None, at_least=1)  # the length it extends; None: block_size
+        rope_low_freq_factor: float = 1.0  # llama3: pairs turning fewer times over T get theta/s
+        rope_high_freq_factor: float = 4.0  # llama3: pairs turning more keep theta; between: blended
+        rope_fraction: float = setting(1.0, above=0, at_most=1)  # share of a head's dims rotated, the first
+        nope_interval: int = setting(0, at_least=0)  # every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)
+        nope_layers: str | None = None  # or the layers that skip RoPE, 0-based, comma-separated: 3,7
         # longrope: theta_i / a factor per pair, the short ones up to rope_original_len, the long ones past it
-        rope_short_factor: list[float] | None = setting(None, "longrope's factors up to rope_original_len")
-        rope_long_factor: list[float] | None = setting(None, "past it (--rope_factors=FILE gives both)")
-        rope_attention_factor: float | None = setting(None, "cos/sin scale; None: sqrt(1+ln s/ln T)", above=0)
-        rope_keep_first: int = setting(0, "longrope's n-hat: positions below turn as RoPE", at_least=0)
+        rope_short_factor: list[float] | None = None  # longrope's factors up to rope_original_len
+        rope_long_factor: list[float] | None = None  # past it (--rope_factors=FILE gives both)
+        rope_attention_factor: float | None = setting(None, above=0)  # cos/sin scale; None: sqrt(1+ln s/ln T)
+        rope_keep_first: int = setting(0, at_least=0)  # longrope's n-hat: positions below turn as RoPE
 
         def __post_init__(self):
             """Then: llama3's factors with llama3 only; LongRoPE's with longrope, which needs them."""
@@ -573,8 +573,8 @@ class T5Positions(PositionScheme):
     # fmt: off
     @dataclass
     class Settings(PositionScheme.Settings):  # T5's (T5Config.relative_attention_num_buckets, _max_distance)
-        t5_num_buckets: int = setting(32, "T5's buckets, the first half a distance each", at_least=2)
-        t5_max_distance: int = setting(128, "the distance from which keys share T5's last bucket", at_least=1)
+        t5_num_buckets: int = setting(32, at_least=2)  # T5's buckets, the first half a distance each
+        t5_max_distance: int = setting(128, at_least=1)  # the distance from which keys share T5's last bucket
 
         def __post_init__(self):
             super().__post_init__()
@@ -619,7 +619,7 @@ class FIREPositions(PositionScheme):
 
     @dataclass
     class Settings(PositionScheme.Settings):
-        fire_hidden: int = setting(32, "FIRE's hidden units in its MLP f (the public code's 32)", at_least=1)
+        fire_hidden: int = setting(32, at_least=1)  # FIRE's hidden units in its MLP f (the public code's 32)
 
     def __init__(self, config):
         super().__init__(config)

@@ -48,51 +48,28 @@ from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_facto
 
 @dataclass
 class SampleConfig:
-    out_dir: str = setting("out/shakespeare_char_rope", "where train.py wrote best.pt / ckpt.pt")
-    init_from: str | None = setting(
-        None, "instead of out_dir, OpenAI's: gpt2 | gpt2-medium | gpt2-large | gpt2-xl", choices=GPT2_MODELS
-    )
-    compare: list[str] | None = setting(None, "several out_dirs side by side (overrides out_dir)")
-    start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
-    num_samples: int = setting(1, "independent samples, generated as one batch", at_least=1)
-    max_new_tokens: int | None = setting(
-        None, "default: 4 x the trained block_size, to show what happens past it", at_least=1
-    )
-    temperature: float = setting(
-        0.8, "< 1 sharpens, > 1 flattens; 0 always takes the most likely token", at_least=0
-    )
-    top_k: int | None = setting(
-        200, "sample only among the k most likely tokens (0 or None: all)", at_least=0
-    )
-    top_p: float | None = setting(
-        None,
-        "nucleus sampling: the smallest set of tokens whose probability reaches top_p",
-        above=0,
-        at_most=1,
-    )
-    seed: int = setting(1337, "same seed, same settings: same text", at_least=0)
-    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
+    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
+    init_from: str | None = setting(None, choices=GPT2_MODELS)  # instead of out_dir, OpenAI's GPT-2 weights
+    compare: list[str] | None = None  # several out_dirs side by side (overrides out_dir)
+    start: str = "\n"  # the prompt, or FILE:path to read it from a file
+    num_samples: int = setting(1, at_least=1)  # independent samples, generated as one batch
+    max_new_tokens: int | None = setting(None, at_least=1)  # default: 4 x the trained block_size, past it
+    temperature: float = setting(0.8, at_least=0)  # < 1 sharpens, > 1 flattens; 0: the most likely token
+    top_k: int | None = setting(200, at_least=0)  # only among the k most likely tokens (0 or None: all)
+    top_p: float | None = setting(None, above=0, at_most=1)  # nucleus: the fewest tokens of probability top_p
+    seed: int = setting(1337, at_least=0)  # same seed, same settings: same text
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: str = threads_flag()
-    kv_cache: bool = setting(True, "False: the reference sampler that recomputes the whole context per token")
-    compile: bool = setting(False, "compile the cached decode step once (static shapes; CUDA graphs on CUDA)")
-    cuda_graph: bool = setting(
-        True, "on CUDA, each new token one replay of the decode step's CUDA graph; off: eager"
-    )
-    max_context: int | None = setting(
-        None, "attend to at most this many latest tokens (a sliding window)", at_least=1
-    )
-    rope_scaling: str | None = setting(None, "RoPE extension", choices=ROPE_SCALING_CHOICES)
-    rope_factor: float | None = setting(None, "its factor s; default: the generated length over block_size")
-    rope_low_freq_factor: float | None = setting(
-        None, "llama3's: pairs turning fewer times get theta/s; None: 1"
-    )
-    rope_high_freq_factor: float | None = setting(
-        None, "llama3's: pairs turning more times keep theta; None: 4"
-    )
-    rope_factors: str | None = setting(
-        None, "longrope's per-pair factors, a JSON file (lab.experiments.longrope)"
-    )
-    stream: bool = setting(True, "print tokens as they are produced (one sample, with the KV cache)")
+    kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
+    compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
+    cuda_graph: bool = True  # on CUDA, a token one replay of the decode step's CUDA graph; off: eager
+    max_context: int | None = setting(None, at_least=1)  # attend to at most this many latest tokens
+    rope_scaling: str | None = setting(None, choices=ROPE_SCALING_CHOICES)  # RoPE extension
+    rope_factor: float | None = None  # its factor s; default: the generated length over block_size
+    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
+    rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
+    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (lab.experiments.longrope)
+    stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
 
     def __post_init__(self):
         check_fields(self)

@@ -63,71 +63,37 @@ EVAL_STREAM = 2**31 - 1
 @dataclass
 class TrainConfig:
     # data
-    dataset: str = setting(
-        "shakespeare_char", "a folder under data/; the embedded ones are prepared on first use"
-    )
-    batch_size: int = setting(12, "sequences per micro-batch, each block_size tokens long", at_least=1)
-    grad_accum: int | None = setting(
-        None, "micro-batches per optimizer step, all processes; None: one each", at_least=1
-    )
+    dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
+    batch_size: int = setting(12, at_least=1)  # sequences per micro-batch, each block_size tokens long
+    grad_accum: int | None = setting(None, at_least=1)  # micro-batches a step, all processes; None: one each
     # AdamW; model.configure_optimizers decays 2-D weights only
-    learning_rate: float = setting(1e-3, "peak learning rate, reached at the end of warmup", above=0)
-    weight_decay: float = setting(
-        0.1, "decoupled weight decay (Loshchilov & Hutter 2019) on 2-D weights", at_least=0
-    )
-    beta1: float = setting(0.9, "AdamW beta1: decay of the gradient's running mean", at_least=0, below=1)
-    beta2: float = setting(
-        0.99, "AdamW beta2; 0.99 > GPT-2's 0.95 as few tokens per step are noisy", at_least=0, below=1
-    )
-    grad_clip: float = setting(
-        1.0, "rescale the gradient when its global norm exceeds this; 0 disables", at_least=0
-    )
+    learning_rate: float = setting(1e-3, above=0)  # peak learning rate, reached at the end of warmup
+    weight_decay: float = setting(0.1, at_least=0)  # decoupled weight decay (Loshchilov & Hutter 2019), 2-D
+    beta1: float = setting(0.9, at_least=0, below=1)  # AdamW beta1: decay of the gradient's running mean
+    beta2: float = setting(0.99, at_least=0, below=1)  # AdamW beta2; > GPT-2's 0.95: small steps are noisy
+    grad_clip: float = setting(1.0, at_least=0)  # rescale the gradient past this global norm; 0 disables
     # learning rate schedule: linear warmup, cosine decay to min_lr at lr_decay_iters, then flat (see get_lr)
-    max_iters: int = setting(
-        2000, "optimizer steps in the run (with the defaults: nanoGPT's CPU recipe)", at_least=0
-    )
-    warmup_iters: int = setting(100, "steps of linear warmup from ~0 to learning_rate", at_least=0)
-    lr_decay_iters: int | None = setting(
-        None, "step where the cosine reaches min_lr; None: max_iters", at_least=0
-    )
-    min_lr: float = setting(1e-4, "floor of the schedule, ~learning_rate / 10 (Chinchilla)", at_least=0)
+    max_iters: int = setting(2000, at_least=0)  # optimizer steps in the run (defaults: nanoGPT's CPU recipe)
+    warmup_iters: int = setting(100, at_least=0)  # steps of linear warmup from ~0 to learning_rate
+    lr_decay_iters: int | None = setting(None, at_least=0)  # where the cosine reaches min_lr; None: max_iters
+    min_lr: float = setting(1e-4, at_least=0)  # floor of the schedule, ~learning_rate / 10 (Chinchilla)
     # evaluation and logging
-    eval_interval: int = setting(
-        250, "steps between train/val loss estimates, each followed by a checkpoint", at_least=1
-    )
-    eval_iters: int = setting(
-        50, "batches per split averaged in each estimate (configs/cpu_recipe.toml: 200)", at_least=1
-    )
-    log_interval: int = setting(50, "steps between log lines", at_least=1)
-    wandb: bool = setting(
-        False, "log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)"
-    )
-    wandb_project: str = setting("posgpt", "the W&B project the run goes to")
-    wandb_run_name: str | None = setting(None, "the W&B run's display name; None: out_dir's folder name")
+    eval_interval: int = setting(250, at_least=1)  # steps between loss estimates, each with a checkpoint
+    eval_iters: int = setting(50, at_least=1)  # batches per split in an estimate (cpu_recipe.toml: 200)
+    log_interval: int = setting(50, at_least=1)  # steps between log lines
+    wandb: bool = False  # log to Weights & Biases (pip install wandb; WANDB_MODE=offline logs to files only)
+    wandb_project: str = "posgpt"  # the W&B project the run goes to
+    wandb_run_name: str | None = None  # the W&B run's display name; None: out_dir's folder name
     # system
-    out_dir: str = setting("out/{dataset}_{pos}", "checkpoint folder; {dataset} and {pos} are filled in")
-    resume: bool = setting(
-        False, "continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams"
-    )
-    overwrite: bool = setting(
-        False, "start again in an out_dir that holds a run, replacing it (without: refused)"
-    )
-    init_from: str | None = setting(
-        None, "a new run from this out_dir's (or checkpoint's) weights and model flags"
-    )
-    device: str = setting(
-        "auto", "auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK"
-    )
-    dtype: str = setting(
-        "auto",
-        "autocast; auto: bfloat16 on CUDA (or float16, loss scaled), else float32",
-        choices=hardware.DTYPES,
-    )
-    compile: bool | None = setting(
-        None, "torch.compile; None: on CUDA only (on a CPU it costs more than it saves)"
-    )
+    out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
+    resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
+    overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
+    init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
+    device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
+    dtype: str = setting("auto", choices=hardware.DTYPES)  # autocast; auto: bfloat16 on CUDA, else float32
+    compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     threads: str = threads_flag()
-    seed: int = setting(1337, "seeds the initialisation, the dropout masks and the batch streams", at_least=0)
+    seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams
     # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys
     rope_factors: str | None = None
 

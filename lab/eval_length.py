@@ -100,17 +100,17 @@ class EvalConfig:
     max_windows: int | None = setting(
         None, "windows per length, spread evenly over the split; None: all that fit", at_least=1
     )
-    batch_size: int = setting(8, "windows per forward pass", at_least=1)
-    dataset: str | None = setting(None, "evaluate on this dataset's val split; None: each checkpoint's own")
-    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
+    batch_size: int = setting(8, at_least=1)  # windows per forward pass
+    dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: str = threads_flag()
-    csv: str | None = setting(None, "write one line per (checkpoint, method, length) to this CSV file")
-    positions_csv: str | None = setting(None, "write the mean loss at every position to this CSV file")
-    plot: str | None = setting(None, "draw loss by position and loss against length into this image file")
+    csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
+    positions_csv: str | None = None  # write the mean loss at every position to this CSV file
+    plot: str | None = None  # draw loss by position and loss against length into this image file
     bucket: int = setting(
         1, "positions averaged into each point of the plotted loss-by-position curves", at_least=1
     )
-    progress: bool = setting(True, "a progress bar on stderr")
+    progress: bool = True  # a progress bar on stderr
 
     def __post_init__(self):
         check_fields(self)

@@ -5,8 +5,8 @@ choices from the same metadata. Standard library only: positions.py imports it.
 
     @dataclass
     class Config:
-        batch_size: int = setting(12, "sequences per micro-batch", at_least=1)
-        dtype: str = setting("auto", "autocast", choices=("auto", "float32"))
+        batch_size: int = setting(12, at_least=1)  # sequences per micro-batch (the comment: its --help)
+        dtype: str = setting("auto", "autocast", choices=("auto", "float32"))  # or the help given
 
         def __post_init__(self):
             check_fields(self)  # batch_size must be >= 1 (a positive integer), got 0
@@ -21,13 +21,14 @@ def require(ok, message):
         raise ValueError(message)
 
 
-def setting(default, help, *, choices=None, at_least=None, above=None, below=None, at_most=None):
-    """A dataclass field: its default, its --help text, and its rule: one of `choices` (a tuple, or a
-    function returning one, read when checked: a registry that grows), or a number within the bounds
-    (at_least <= v, above < v, v < below, v <= at_most); a list's items each. None passes every rule."""
+def setting(default, help=None, *, choices=None, at_least=None, above=None, below=None, at_most=None):
+    """A dataclass field: its default, its --help text (None: the comment after the field, as plumbing/cli
+    reads it), and its rule: one of `choices` (a tuple, or a function returning one, read when checked: a
+    registry that grows), or a number within the bounds (at_least <= v, above < v, v < below, v <= at_most);
+    a list's items each. None passes every rule."""
     rule = dict(choices=choices, at_least=at_least, above=above, below=below, at_most=at_most)
     rule = {name: bound for name, bound in rule.items() if bound is not None}
-    metadata = dict(help=help, rule=rule)
+    metadata = dict(rule=rule) | ({} if help is None else dict(help=help))
     if isinstance(default, list):  # each instance its own copy
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -64,40 +64,40 @@ UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figur
 
 @dataclass
 class BenchConfig:
-    pos: str = setting("all", "schemes to measure, in the order to run them (learned,rope,alibi), or all")
+    pos: str = "all"  # schemes to measure, in the order to run them (learned,rope,alibi), or all
     quick: bool = setting(
         False, "a short run (replaces the flags of QUICK): 10 training steps, 2 x T new tokens"
     )
-    block_size: int = setting(64, "training context T; generation lengths are multiples of it")
-    vocab_size: int | None = setting(None, "None: --dataset's vocabulary (shakespeare_char's 65 without one)")
-    dataset: str | None = setting(None, "whose vocabulary to use: its meta.json, else GPT-2's 50257")
-    n_layer: int = setting(4, "transformer blocks")
-    n_head: int = setting(4, "attention heads per block")
-    n_embd: int = setting(128, "model width")
-    dropout: float = setting(0.0, "dropout in training steps")
-    bias: bool = setting(False, "biases in Linear and LayerNorm")
-    batch_size: int = setting(12, "sequences per micro-batch", at_least=1)
-    grad_accum: int = setting(1, "micro-batches per optimizer step", at_least=1)
-    train_steps: int = setting(30, "timed optimizer steps per scheme; 0 skips training", at_least=0)
-    warmup_steps: int = setting(3, "untimed first steps, reported as compile time; 0: none", at_least=0)
+    block_size: int = 64  # training context T; generation lengths are multiples of it
+    vocab_size: int | None = None  # None: --dataset's vocabulary (shakespeare_char's 65 without one)
+    dataset: str | None = None  # whose vocabulary to use: its meta.json, else GPT-2's 50257
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    n_embd: int = 128  # model width
+    dropout: float = 0.0  # dropout in training steps
+    bias: bool = False  # biases in Linear and LayerNorm
+    batch_size: int = setting(12, at_least=1)  # sequences per micro-batch
+    grad_accum: int = setting(1, at_least=1)  # micro-batches per optimizer step
+    train_steps: int = setting(30, at_least=0)  # timed optimizer steps per scheme; 0 skips training
+    warmup_steps: int = setting(3, at_least=0)  # untimed first steps, reported as compile time; 0: none
     rounds: int | None = setting(
         None, "steps alternate between schemes in this many rounds; None: 3 on CPU, else 1"
     )
-    gen_multiples: list[int] = setting([1, 4, 16], "new tokens / block_size", at_least=1)
-    repeats: int = setting(3, "timed runs per generation figure, the median reported", at_least=1)
+    gen_multiples: list[int] = setting([1, 4, 16], at_least=1)  # new tokens / block_size
+    repeats: int = setting(3, at_least=1)  # timed runs per generation figure, the median reported
     reference_max_tokens: int = setting(
         1024, "skip the O(n^2) uncached reference past this many new tokens; 0: never", at_least=0
     )
-    compile_decode: bool | None = setting(None, "also time compiled decoding; None: as --compile")
-    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
+    compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = setting(
         "auto", "training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere", choices=hardware.DTYPES
     )
-    compile: bool | None = setting(None, "torch.compile the training step; None: on CUDA only")
+    compile: bool | None = None  # torch.compile the training step; None: on CUDA only
     threads: str = threads_flag()
-    matmul_size: int = setting(2048, "side of the float32 torch.mm timed for the CPU's peak", at_least=1)
-    seed: int = setting(1337, "seeds the weights and the random batches")
-    json: str | None = setting(None, "write every figure, the machine and the command line to this file")
+    matmul_size: int = setting(2048, at_least=1)  # side of the float32 torch.mm timed for the CPU's peak
+    seed: int = 1337  # seeds the weights and the random batches
+    json: str | None = None  # write every figure, the machine and the command line to this file
 
     def __post_init__(self):
         if self.quick:

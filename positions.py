@@ -222,23 +222,14 @@ def nope_layer_indices(n_layer, interval=0, layers=None):
     """The layers that skip RoPE (0-based): every interval-th as Llama 4 (transformers' no_rope_layers marks a
     layer that USES RoPE, (i + 1) % interval != 0: interval 4 of 8 skips 3 and 7), or those in `layers`
     ("3,7"). Never all of them: a model without RoPE anywhere is pos=none."""
-    skipped = []
-    if layers is not None:
-        items = [item.strip() for item in layers.split(",")]
-        valid = len(set(items)) == len(items) and all(
-            item.isdigit() and int(item) < n_layer for item in items
-        )
-        indices = (
-            f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
-        )
-        require(valid, f"nope_layers={layers!r}: {indices}")
-        skipped = [int(item) for item in items]
-    elif interval:
-        valid = (
-            f"give 0 (every layer rotates) or 2 to n_layer={n_layer} (1 would skip RoPE in every layer: that"
-        )
-        require(2 <= interval <= n_layer, f"nope_interval={interval}: {valid} is pos=none)")
-        skipped = [i for i in range(n_layer) if (i + 1) % interval == 0]
+    items = [item.strip() for item in layers.split(",")] if layers is not None else []
+    valid = len(set(items)) == len(items) and all(item.isdigit() and int(item) < n_layer for item in items)
+    indices = f"give layer indices from 0 to {n_layer - 1} (n_layer={n_layer}), comma-separated and each once"
+    require(valid, f"nope_layers={layers!r}: {indices}")
+    every = f"give 0 (every layer rotates) or 2 to n_layer={n_layer} (1 skips RoPE everywhere: pos=none)"
+    require(interval in (0, *range(2, n_layer + 1)), f"nope_interval={interval}: {every}")
+    every_kth = [i for i in range(n_layer) if interval and (i + 1) % interval == 0]
+    skipped = [int(item) for item in items] or every_kth
     require(len(skipped) < n_layer, f"nope_layers={layers!r} skips RoPE in every layer: that is pos=none")
     return skipped
 
@@ -288,12 +279,6 @@ def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
     return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
 
 
-def check_llama3_factors(low_freq_factor, high_freq_factor):
-    if not 0.0 < low_freq_factor < high_freq_factor:
-        given = f"low_freq_factor={low_freq_factor} and high_freq_factor={high_freq_factor}"
-        raise ValueError(f"llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), got {given}")
-
-
 def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_len):
     """Llama 3.1's rescaling of theta_i (Meta's released code; transformers' _compute_llama3_parameters), by
     the rotations r_i = T theta_i / 2 pi each pair makes over original_len = T: pairs with r_i > high keep
@@ -304,7 +289,6 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
     ... give r = 10.2, 5.73, 3.22, 1.81, 1.019, ...: pairs 0 and 1 kept (r > 4), 5 to 15 divided by 4 (r < 1),
     2, 3, 4 blended (smooth 0.740, 0.270, 0.006): theta' / theta = 1/s + smooth (1 - 1/s) = 0.805, 0.453,
     0.255."""
-    check_llama3_factors(low_freq_factor, high_freq_factor)
     rotations = original_len * inv_freq / (2 * math.pi)  # r_i = T / wavelength_i
     smooth = (rotations - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
@@ -410,7 +394,9 @@ class RotaryPositions(PositionScheme):
             has = f"this model has rope_scaling={self.rope_scaling!r}"
             require(not llama3 or self.rope_scaling == "llama3", f"{llama3}: llama3's frequency factors, and "
                     f"{has}; give rope_scaling=llama3, or leave them at 1 and 4")
-            check_llama3_factors(self.rope_low_freq_factor, self.rope_high_freq_factor)
+            low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
+            require(0 < low < high, "llama3's frequency factors need 0 < low < high (Llama 3.1: 1 and 4), "
+                    f"got low_freq_factor={low} and high_freq_factor={high}")
             both = f"nope_interval={self.nope_interval} and nope_layers={self.nope_layers!r} both name"
             require(not (self.nope_interval and self.nope_layers is not None),
                     f"{both} the layers without RoPE: give one of them")

@@ -306,13 +306,8 @@ def test_every_exercise_fails_in_a_fresh_copy_with_its_own_stub(student):
     each failing with its own NotImplementedError (so no exercise's tests reach another's stub first) and no
     hints (nothing begun), its total, then that the copy is ready to hand out; exit 0."""
     copy, _ = student
-    done = subprocess.run(
-        [sys.executable, "-m", "lab.course", "check", str(copy)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, "-m", "lab.course", "check", str(copy)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = done.stdout.splitlines()
     ready = (
         f"ready to hand out: {len(EXERCISES)} exercises not started, no solution quoted, "

@@ -13,8 +13,8 @@ from collections import namedtuple
 
 import torch
 
-from model import sample_next
-from positions import require, window_length
+from model import sample_next, window_length
+from positions import require
 
 
 @torch.no_grad()

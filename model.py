@@ -19,11 +19,9 @@ from positions import (
     PositionScheme,
     apply_rope,
     attention_mask,
-    cached_key_positions,
     check_fields,
     require,
     setting,
-    window_length,
 )
 
 
@@ -94,6 +92,16 @@ class GPTConfig:
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+
+def cached_key_positions(end, size):
+    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, p in slot
+    p % size (a ring, with a sliding window): the latest p < end with p = j (mod size), -1 while slot j is
+    empty. end: a (1,) long tensor, so that a compiled decode step computes it too. -> (size,)
+    Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
+    slot = torch.arange(size, device=end.device)
+    latest = end - 1 - (end - 1 - slot) % size
+    return latest.where(latest >= 0, -1)
 
 
 class KVCache(nn.Module):
@@ -324,6 +332,12 @@ class GPT(nn.Module):
             idx_next = sample_next(logits[:, -1, :], temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+def window_length(limit, max_context=None):
+    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
+    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
+    return min((n for n in (limit, max_context) if n is not None), default=None)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):

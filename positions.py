@@ -10,9 +10,9 @@ one mask attention adds a score bias to, and the registry.
     t5, fire              add a learned bias to the scores         (score_bias: T5's buckets, FIRE's MLP)
     none                  nothing: only the causal mask reveals order
 
-A scheme is one PositionScheme subclass, named in POSITION_MODULES: the rest of the repository asks it what
-it needs (its settings: its Settings), never its name. This file imports nothing of the repository but
-plumbing/fields.py (standard library only): the exercises point here.
+A scheme is one PositionScheme subclass, its Settings inside, named in POSITION_MODULES: the rest of the
+repository asks it, never its name. It imports only plumbing/fields.py of this repository; the exercises point
+here.
 """
 
 import math
@@ -40,9 +40,8 @@ class PositionScheme(nn.Module):
         grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
         init_weights()                  its parameters' initial values (after GPT.init_weights' N(0, 0.02))
         table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
-        flops_per_token(seq_len, batch_size)  its own training FLOPs per token at batch_size sequences of
-                                        seq_len, beyond GPT.flops_per_token's 6 per weight (a bias built once
-                                        per forward is shared by the batch); None: unknown, noted uncounted
+        flops_per_token(seq_len, batch_size)  its own training FLOPs a token beyond 6 a weight, batch_size
+                                        sequences sharing what a forward builds once; None: unknown
         bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: rope_layers, whether each layer takes rotation's (cos, sin) (None: all); length_limit, the
@@ -380,7 +379,6 @@ class RotaryPositions(PositionScheme):
         rope_fraction: float = setting(1.0, above=0, at_most=1)  # share of a head's dims rotated, the first
         nope_interval: int = setting(0, at_least=0)  # every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)
         nope_layers: str | None = None  # or the layers that skip RoPE, 0-based, comma-separated: 3,7
-        # longrope: theta_i / a factor per pair, the short ones up to rope_original_len, the long ones past it
         rope_short_factor: list[float] | None = None  # longrope's factors up to rope_original_len
         rope_long_factor: list[float] | None = None  # past it (--rope_factors=FILE gives both)
         rope_attention_factor: float | None = setting(None, above=0)  # cos/sin scale; None: sqrt(1+ln s/ln T)
@@ -556,7 +554,6 @@ class T5Positions(PositionScheme):
 
     flops_per_token = elementwise_flops  # a lookup
 
-    # fmt: off
     @dataclass
     class Settings(PositionScheme.Settings):  # T5's (T5Config.relative_attention_num_buckets, _max_distance)
         t5_num_buckets: int = setting(32, at_least=2)  # T5's buckets, the first half a distance each
@@ -566,14 +563,11 @@ class T5Positions(PositionScheme):
             super().__post_init__()
             n, exceed = self.t5_num_buckets // 2, f"t5_max_distance={self.t5_max_distance} must exceed"
             require(self.t5_max_distance > n, f"{exceed} t5_num_buckets // 2 = {n}, the ones a bucket each")
-    # fmt: on
 
     def __init__(self, config):
         super().__init__(config)
-        self.num_buckets, self.max_distance = (
-            config.pos_settings.t5_num_buckets,
-            config.pos_settings.t5_max_distance,
-        )
+        s = config.pos_settings
+        self.num_buckets, self.max_distance = s.t5_num_buckets, s.t5_max_distance
         self.relative_attention_bias = nn.Embedding(self.num_buckets, config.n_head)  # T5's name and shape
 
     def score_bias(self, query_pos, key_pos):
@@ -634,17 +628,7 @@ class FIREPositions(PositionScheme):
 
 
 # -----------------------------------------------------------------------------
-# Attention's one mask: the causal mask and a scheme's score bias, for model.py and the KV cache
-
-
-def cached_key_positions(end, size):
-    """The position each of a KV cache's `size` slots holds once positions 0 .. end - 1 are written, p in slot
-    p % size (a ring, with a sliding window): the latest p < end with p = j (mod size), -1 while slot j is
-    empty. end: a (1,) long tensor, so that a compiled decode step computes it too. -> (size,)
-    Worked: end = 11, size = 4 -> (8, 9, 10, 7); end = 6, size = 8 -> (0, 1, 2, 3, 4, 5, -1, -1)."""
-    slot = torch.arange(size, device=end.device)
-    latest = end - 1 - (end - 1 - slot) % size
-    return latest.where(latest >= 0, -1)
+# Attention's one mask: the causal mask and a scheme's score bias (model.py, its KV cache, S²-Attn)
 
 
 def attention_mask(scheme, query_pos, key_pos, window=None):
@@ -655,12 +639,6 @@ def attention_mask(scheme, query_pos, key_pos, window=None):
     visible = causal_mask(query_pos, key_pos, window)[None, None]
     bias = None if scheme is None else scheme.score_bias(query_pos, key_pos)
     return torch.where(visible, 0.0 if bias is None else bias, float("-inf"))
-
-
-def window_length(limit, max_context=None):
-    """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
-    table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
-    return min((n for n in (limit, max_context) if n is not None), default=None)
 
 
 # -----------------------------------------------------------------------------

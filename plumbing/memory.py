@@ -5,9 +5,9 @@ allocated and the largest transient of a step. The tests hold them against what 
 import torch
 
 from generation import cache_plan, captured_on
-from model import GPT
+from model import GPT, window_length
 from plumbing.hardware import check_memory
-from positions import POSITION_MODULES, window_length
+from positions import POSITION_MODULES
 
 SAMPLER_BYTES = 4096  # one training batch stream (data.common.BatchSampler: its torch.Generator, meta, paths)
 # what to lower for each part of training_bytes, named as train.py's and lab.perf.bench's flags

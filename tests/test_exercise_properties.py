@@ -17,14 +17,13 @@ import pytest
 import torch
 
 import positions
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig, KVCache, cached_key_positions
 from positions import (
     LearnedPositions,
     alibi_bias,
     alibi_bias_at,
     alibi_slopes,
     apply_rope,
-    cached_key_positions,
     causal_mask,
     rope_cos_sin,
     rope_inv_freq,

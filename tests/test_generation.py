@@ -6,15 +6,8 @@ import pytest
 import torch
 
 from generation import generate_cached
-from model import GPT, GPTConfig, sample_next
-from positions import (
-    POS_SCHEMES,
-    ROPE_SCALINGS,
-    apply_rope,
-    cached_key_positions,
-    rope_cos_sin,
-    rope_frequencies,
-)
+from model import GPT, GPTConfig, cached_key_positions, sample_next
+from positions import POS_SCHEMES, ROPE_SCALINGS, apply_rope, rope_cos_sin, rope_frequencies
 
 BLOCK = 16
 

@@ -2,7 +2,7 @@
 
 plumbing/ and lab/measure/ import no entry point and take none of their types (train.py's Run and configs,
 sample.py's Loaded); the rules "learned has no positions past its table" (the scheme's length_limit,
-positions.window_length) and "open a checkpoint, with a RoPE extension or without"
+model.window_length) and "open a checkpoint, with a RoPE extension or without"
 (plumbing.checkpoint.open_model) give the same answer through every entry point that uses them."""
 
 import ast

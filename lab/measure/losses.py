@@ -1,16 +1,16 @@
 """Validation loss per position, inside and past the trained length (lab/eval_length.py, sample.py --compare):
 full forward passes in eval mode; past a scheme's length_limit (learned's table), a sliding window
-(positions.window_length)."""
+(model.window_length)."""
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
+from model import window_length
 from plumbing.errors import UserError
 from plumbing.hardware import check_memory
 from plumbing.memory import forward_bytes, position_table_bytes, scheme_shapes
-from positions import window_length
 
 
 @torch.no_grad()

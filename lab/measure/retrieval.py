@@ -14,7 +14,7 @@ import torch
 
 from data.passkey.task import KEY_DIGITS, eval_sample
 from generation import generate_cached
-from positions import window_length
+from model import window_length
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 

@@ -48,11 +48,11 @@ TYPED = {
         "| run (`python train.py --config configs/passkey.toml ...`) "
         "| best val loss | exact match at L = T = 64 |",
     ): "the recipe's training runs, best val loss from their checkpoints; no verdict stands on them",
-    ("README.md", "| checkpoint | loss < T | loss >= T |"): (
-        "one seed's printout of `sample.py --compare`, an example of the command's output; the study's "
+    ("README.md", "| checkpoint | pos | T | method | 1x | 4x |"): (
+        "one seed's printout of `python -m lab.eval_length`, an example of the command's output; the study's "
         "numbers are the generated table below it"
     ),
-    ("usage.md", "| `--rope_scaling` | loss < T | loss >= T |"): "sample.py --compare's printout, an example",
+    ("usage.md", "| checkpoint | pos | T | method | 1x | 4x |"): "lab.eval_length's printout, an example",
     ("usage.md", "| preset | what | command |"): "presets and commands, not results",
     ("usage.md", "| method | what it does to theta_i |"): "formulas, not results",
     ("claims.md", "| claim | demonstrated by | checked by |"): "claims and the tests that check them",
@@ -153,11 +153,10 @@ def test_a_table_of_numbers_is_found_typed_and_taken_inside_a_block():
     table = "| run | 64t |\n|---|---|\n| rope | 1.759 |"
     assert typed_result_tables(f"text\n\n{table}\n\nmore") == ["| run | 64t |"]
     assert typed_result_tables(f"<!-- generated: x -->\n{table}\n<!-- end generated -->") == []
-    allowed = "| checkpoint | loss < T | loss >= T |\n|---|---|---|\n| rope | 1.6753 | 2.1983 |"
+    header = "| checkpoint | pos | T | method | 1x | 4x |"
+    allowed = f"{header}\n|---|---|---|---|---|---|\n| rope | rope | 64 | plain | 1.775 | 2.097 |"
     assert typed_result_tables(allowed, "README.md") == []
-    assert typed_result_tables(allowed, "perf.md") == [
-        "| checkpoint | loss < T | loss >= T |"
-    ]  # its page only
+    assert typed_result_tables(allowed, "perf.md") == [header]  # its page only
 
 
 def test_a_verdict_row_is_the_paired_t_interval_of_three_seeds():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.experiments.runs import EVAL_COLUMNS, ROOT, pooled_cells, read_rows
+from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device_name
 from positions import POS_SCHEMES, require
 
@@ -34,30 +35,35 @@ TASKS = {
 class StudyConfig:
     task: str = "loss"  # loss: validation loss against length; passkey: retrieval of a key stated once
     config: str | None = None  # the base runs' train.py preset; None: the task's
-    seeds: int = 1  # training seeds per run: 1337, 1338, ...; tables give their mean and spread
+    seeds: int = setting(
+        1, at_least=1
+    )  # training seeds per run: 1337, 1338, ...; tables: their mean and spread
     out_root: str | None = None  # folder; None: out, out/<preset> (other preset), out/study_quick (--quick)
     results: str | None = None  # results folder; None: docs, docs/<preset> (other preset), out_root (--quick)
     retrain: bool = False  # train and fine-tune again even where a checkpoint exists
-    max_iters: int = 200  # fine-tuning steps at 4 x T (Peng et al. 2023 fine-tune YaRN for 400 steps)
+    max_iters: int = setting(200, at_least=1)  # fine-tuning steps at 4 x T (Peng et al. 2023: 400 for YaRN)
     learning_rate: float = 3e-4  # fine-tuning peak learning rate, under pretraining's 1e-3 (Chen et al. 2023)
-    batch_size: int = 8  # fine-tuning sequences per step, each 4 x T tokens long
+    batch_size: int = setting(8, at_least=1)  # fine-tuning sequences per step, each 4 x T tokens long
     lengths: str | None = None  # evaluation lengths, multiples of the base T; None: the task's
-    max_windows: int = 64  # loss: evaluation windows per length and row, spread over the validation split
-    trials: int = 50  # passkey: samples per length and depth
+    max_windows: int = setting(
+        64, at_least=1
+    )  # loss: evaluation windows per length and row, over the val split
+    trials: int = setting(50, at_least=1)  # passkey: samples per length and depth
     device: str = "auto"  # passed to train.py and lab/eval_length.py
     extra: bool = False  # also train and evaluate EXTRA_RUNS (partial RoPE, RoPE skipping every 4th layer)
     schemes: list[str] = field(default_factory=lambda: [*POS_SCHEMES])  # the base runs' schemes
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
-    search_seeds: int = 1  # --longrope: searches at 4 T per rope run (seeds S, S + 1000, ...): their spread
+    search_seeds: int = setting(
+        1, at_least=1
+    )  # --longrope: searches at 4 T per rope run (seeds S, S + 1000, ...)
     preset: str | None = None  # the study's settings from configs/{extrapolation|retrieval}_{preset}.toml
-    jobs: int = 1  # train.py runs side by side (base runs, a seed's fine-tunes), each output in {out_dir}.log
+    jobs: int = setting(1, at_least=1)  # train.py runs side by side, each one's output in {out_dir}.log
     train_flags: str = ""  # train.py flags added to every base run, after the preset's ("--max_iters=2000")
     quick: bool = False  # smoke run: a small model, 20 training and 4 fine-tuning steps, a few windows
     tables: bool = False  # no runs: the tables again from {results}/{name}.csv (and {name}_seed*.csv)
 
     def __post_init__(self):  # task and schemes: parse_flags' choices
-        for name in ("seeds", "max_iters", "batch_size", "max_windows", "trials", "search_seeds", "jobs"):
-            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         check_device_name(self.device)
         exists = self.config is None or (ROOT / self.config).is_file()

@@ -24,6 +24,7 @@ import sys
 if not __package__:  # `python lab/experiments/longlora.py`: the repository's packages are not importable
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.experiments.longlora`")
 
+from plumbing import fields
 from plumbing.errors import quiet_ctrl_c
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
@@ -110,16 +111,18 @@ QUICK_BASE = "--n_layer=2 --n_head=2 --n_embd=32 --eval_iters=2 --batch_size=4 -
 
 @dataclass
 class StudyConfig:
-    seeds: int = 3  # fine-tuning seeds per setting: 1337, 1338, ...; the base is trained once (seed 1337)
-    base_iters: int = 900  # the base's steps, its learning rate decayed over them (retrieval is learned late)
-    max_iters: int = 1000  # fine-tuning steps at 4 T
+    seeds: int = fields.setting(3, at_least=1)  # fine-tuning seeds per setting: 1337, ...; one base (1337)
+    base_iters: int = fields.setting(900, at_least=1)  # the base's steps, its rate decayed over them
+    max_iters: int = fields.setting(1000, at_least=1)  # fine-tuning steps at 4 T
     rates: list[float] = field(default_factory=lambda: [1e-4, 5e-4, 3e-3])  # the sweep, constant after warmup
     curve: list[int] = field(default_factory=lambda: [250, 500, 2000, 4000])  # budgets for pi_full, pi_s2
-    batch_size: int = 4  # fine-tuning sequences per step, each 4 T tokens long
-    trials: int = 20  # passkey: samples per length and depth
-    max_windows: int = 16  # loss: windows per length, for the choice of rate and the report
-    bench_steps: int = 5  # timed steps per method (after one untimed)
-    jobs: int = 1  # train.py runs side by side (at most the cores), each with its share of them
+    batch_size: int = fields.setting(4, at_least=1)  # fine-tuning sequences per step, each 4 T tokens long
+    trials: int = fields.setting(20, at_least=1)  # passkey: samples per length and depth
+    max_windows: int = fields.setting(
+        16, at_least=1
+    )  # loss: windows per length, to choose the rate and to report
+    bench_steps: int = fields.setting(5, at_least=1)  # timed steps per method (after one untimed)
+    jobs: int = fields.setting(1, at_least=1)  # runs side by side (at most the cores), each its share of them
     out_root: str | None = None  # None: out/longlora (out/longlora_quick with --quick)
     results: str | None = None  # None: docs (out_root with --quick)
     quick: bool = False  # smoke run: a small model, a few steps, a few samples
@@ -129,8 +132,7 @@ class StudyConfig:
     budget_base: str = "passkey_rope_budget"  # --budgets: the base's folder under out_root
 
     def __post_init__(self):
-        for name in "seeds base_iters max_iters batch_size trials max_windows bench_steps jobs".split():
-            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        fields.check_fields(self)
         require(self.rates and all(r > 0 for r in self.rates), f"rates must be > 0, got {self.rates}")
         cores = os.cpu_count() or 1  # more runs than cores take turns on them, each slowing the others
         require(self.jobs <= cores, f"jobs={self.jobs}: give 1 to {cores} (the cores) runs side by side")
@@ -288,11 +290,11 @@ def run_study(cfg, results, argv):
     path = ROOT / cfg.out_root / "sweep_loss.csv"
     chosen = evaluate(cfg, "loss", [out for _, out in sweep.values()], path, default_name(LONG), (EXTENSION,))
     best = {}
-    for (setting, rate), (_, out) in sweep.items():
+    for (name, rate), (_, out) in sweep.items():
         loss = chosen.get((Path(out).name, LONG), float("inf"))
-        rows.append(("sweep", "loss", FIRST_SEED, setting, rate, cfg.max_iters, LONG, loss, base_label(base)))
-        if setting not in best or loss < best[setting][1]:
-            best[setting] = (rate, loss)
+        rows.append(("sweep", "loss", FIRST_SEED, name, rate, cfg.max_iters, LONG, loss, base_label(base)))
+        if name not in best or loss < best[name][1]:
+            best[name] = (rate, loss)
 
     # 2. every setting at its rate, over the seeds; the curve of the PI settings over more budgets
     budgets = [(s, cfg.max_iters) for s in SETTINGS] + [(s, n) for s in CURVE_SETTINGS for n in cfg.curve]
@@ -366,12 +368,10 @@ def run_budgets(cfg, results, argv):
     for task, data in (("passkey", default_name(LONG)), ("loss", TEST_DATA)):
         folders = [out for _, out in runs.values()]
         cells = evaluate(cfg, task, folders, ROOT / cfg.out_root / f"budget_{task}.csv", data)
-        for (setting, seed, steps), (_, out) in runs.items():
+        for (name, seed, steps), (_, out) in runs.items():
             for length in (m * T for m in LENGTHS):
                 value = cells.get((Path(out).name, length), float("nan"))
-                rows.append(
-                    ("budget", task, seed, setting, rates[setting], steps, length, value, base_label(base))
-                )
+                rows.append(("budget", task, seed, name, rates[name], steps, length, value, base_label(base)))
     write_rows("results", results / "longlora.csv", CSV_COLUMNS, rows)
     footer = measured(PROG, argv, start, cfg.quick).replace("Measured", "Budget rows measured", 1)
     return write_tables(cfg, results, footer, keep=True)

@@ -24,6 +24,7 @@ if not __package__:  # `python lab/experiments/longrope.py`: the repository's pa
 
 
 from plumbing.errors import quiet_ctrl_c
+from plumbing.fields import check_fields, setting
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
@@ -72,11 +73,13 @@ class SearchConfig:
     checkpoint: str  # a RoPE run's folder or checkpoint file
     factor: float = 4.0  # s: the search's length is s x the original length T (long factors)
     short: bool = False  # search the short factors at L = T instead (the paper's short-context recovery)
-    population: int = 16  # candidates per generation (the paper: 64)
-    generations: int = 12  # (the paper: 40)
-    parents: int = 4  # the best kept each generation, which breed the rest
+    population: int = setting(16, at_least=1)  # candidates per generation (the paper: 64)
+    generations: int = setting(12, at_least=1)  # (the paper: 40)
+    parents: int = setting(4, at_least=1)  # the best kept each generation, which breed the rest
     mutation: float = 0.3  # probability that a mutation changes each factor, and n-hat (the paper: 0.3)
-    windows: int = 8  # loss: train-split windows of L tokens per fitness; passkey: samples per depth
+    windows: int = setting(
+        8, at_least=1
+    )  # loss: train-split windows of L tokens a fitness; passkey: samples a depth
     fitness: str = "loss"  # loss: the train split's loss; passkey: the loss on the key's digits at the answer
     n_hat: int | None = None  # the first positions kept at plain RoPE, fixed; None: searched over N_HATS
     top: float | None = None  # the factors' bound, a multiple of L/T (2: 2 L/T); None: 1 + L/T, as released
@@ -87,8 +90,7 @@ class SearchConfig:
 
     def __post_init__(self):
         require(self.factor > 1 or self.short, f"factor must be > 1 (the extension), got {self.factor}")
-        for name in ("population", "generations", "parents", "windows"):
-            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         p, n = self.parents, self.population
         require(p < n, f"parents={p} must be < population={n}")
         require(0 <= self.mutation <= 1, f"mutation must be in [0, 1], got {self.mutation}")

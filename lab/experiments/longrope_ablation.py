@@ -24,6 +24,7 @@ if not __package__:  # run as a file: the repository's packages are not importab
 
 
 from plumbing.errors import quiet_ctrl_c
+from plumbing.fields import check_fields, setting
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
@@ -59,17 +60,16 @@ class AblationConfig:
     checkpoints: list[str]  # RoPE runs' folders or checkpoint files (several: training seeds)
     factor: float = 4.0  # s: the searches' and YaRN's extension, zero-shot
     variants: list[str] = field(default_factory=lambda: [*VARIANTS])  # searches to run
-    seeds: int = 3  # search seeds per checkpoint and variant: 0, 1, ...
-    trials: int = 20  # passkey: lab/eval_length.py's samples per length and depth
-    max_windows: int = 64  # loss: windows per length
+    seeds: int = setting(3, at_least=1)  # search seeds per checkpoint and variant: 0, 1, ...
+    trials: int = setting(20, at_least=1)  # passkey: lab/eval_length.py's samples per length and depth
+    max_windows: int = setting(64, at_least=1)  # loss: windows per length
     results: str = "docs"  # folder of {name}.csv and {name}_table.md
     name: str | None = None  # None: longrope_{dataset}_x{factor}
     tables: bool = False  # only {name}_table.md and the docs' block from {name}.csv: no search, no evaluation
 
     def __post_init__(self):  # variants: parse_flags' choices
         require(self.factor > 1, f"factor must be > 1 (the extension), got {self.factor}")
-        for name in ("seeds", "trials", "max_windows"):
-            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         require(self.variants, f"--variants is empty: give some of {', '.join(VARIANTS)}")
 
 

@@ -171,11 +171,9 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
     flag = "--compare" if compared else "--init_from"
     checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
-    block_size, settings = (
-        checkpoint["model_config"]["block_size"],
-        checkpoint["model_config"]["pos_settings"],
-    )
-    if compared and not POSITION_MODULES[checkpoint["model_config"]["pos"]].rotates:
+    saved = checkpoint["model_config"]  # open_checkpoint brought an older one up to date
+    block_size, settings = saved["block_size"], saved["pos_settings"]
+    if compared and not POSITION_MODULES[saved["pos"]].rotates:
         rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
         cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
     try:

@@ -209,7 +209,9 @@ def start_run(cfg, model_config, procs, extension=PLAIN):
     data_dir, meta = prepare_data(cfg.dataset, procs)
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
     # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
-    opened = cfg.resume and resume.open_for_resume(cfg.out_dir, cfg, model_config, meta, procs.world_size)
+    opened = cfg.resume and resume.open_for_resume(
+        cfg.out_dir, cfg, model_config, meta, procs.world_size, extension
+    )
     run = build_run(cfg, model_config, meta, data_dir, procs, extension)
     if opened:  # checked against the settings before the weights are read into the run
         resume.resume_run(run, *opened)

@@ -148,9 +148,10 @@ def model_differences(saved, wanted, may_change):
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
 
-def open_for_resume(out_dir, train_config, model_config, meta, world_size):
+def open_for_resume(out_dir, train_config, model_config, meta, world_size, extension=PLAIN):
     """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device; one of another
-    vocabulary, position scheme or model shape refused. changes: the knobs changed, "name old -> new"."""
+    vocabulary, position scheme or model shape refused. changes: the knobs changed, "name old -> new", the
+    extension's flags among them."""
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
@@ -173,10 +174,11 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size):
             "new run with another --out_dir"
         )
     knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS]
+    current = vars(train_config) | extension.recorded()
     knobs += [
-        (name, value, getattr(train_config, name))
+        (name, value, current[name])
         for name, value in ckpt["train_config"].items()
-        if name not in NOT_COMPARED and hasattr(train_config, name)
+        if name not in NOT_COMPARED and name in current
     ]
     ignored = {"seed": " (ignored: the saved random and data streams continue)"}
     changes = [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]

@@ -3,7 +3,7 @@ gradients, and through python -m lab.finetune write plain checkpoints and resume
 
 import pytest
 import torch
-from helpers import TINY_BLOCK, TINY_RUN, finetune_error_line
+from helpers import TINY_BLOCK, TINY_RUN, finetune_error_line, train_error_line
 
 import train
 from lab.finetune import __main__ as finetune
@@ -139,6 +139,24 @@ def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint
     assert a["train_config"]["s2_group"] == 2 * TINY_BLOCK // 4
     model = build_model("ckpt.pt", a)  # what sample.py and lab/eval_length.py open
     assert not any(isinstance(m, lora.LoRALinear) for m in model.modules())
+
+
+def test_train_py_refuses_to_resume_a_lora_run_naming_the_command_that_can(capsys, tmp_path, base_run):
+    """train.py adds no adapters: its --resume of a run lab.finetune trained with LoRA would load merged
+    weights into a model the adapters' state does not fit, so it stops in one line and says which can."""
+    finetune.main(fine_tune_flags(base_run, tmp_path, 2))
+    capsys.readouterr()
+    flags = [f"--init_from={base_run}", f"--block_size={2 * TINY_BLOCK}", f"--out_dir={tmp_path}", "--resume"]
+    err = train_error_line(capsys, [*TINY_RUN, *flags, "--max_iters=4"], 1)
+    assert "trained with LoRA adapters" in err and "resume it with the command that trained it" in err
+    assert "resuming" not in capsys.readouterr().out
+
+
+def test_a_resumed_fine_tune_names_the_fine_tuning_flags_it_changed(capsys, tmp_path, base_run):
+    finetune.main(fine_tune_flags(base_run, tmp_path, 2))
+    capsys.readouterr()
+    finetune.main([*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_dropout=0.2"])
+    assert "changed: " in (out := capsys.readouterr().out) and "lora_dropout 0.1 -> 0.2" in out, out
 
 
 def test_resuming_with_other_lora_settings_is_refused_before_it_says_it_resumes(capsys, tmp_path, base_run):

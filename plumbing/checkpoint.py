@@ -187,16 +187,12 @@ def type_spec(hint):  # a field's annotation as a spec: int | None -> (int, None
 
 
 # asdict(GPTConfig): each field as GPTConfig types it, the scheme's settings a dict (model_config_error)
-MODEL_CONFIG = {
-    name: dict if name == "pos_settings" else type_spec(hint)
-    for name, hint in typing.get_type_hints(GPTConfig).items()
-}
-whole = lambda v: type(v) is int  # an int, not a bool
-positive = lambda v: type(v) in (int, float) and 0 < v < float("inf")
+MODEL_CONFIG = {name: type_spec(hint) for name, hint in typing.get_type_hints(GPTConfig).items()}
+MODEL_CONFIG["pos_settings"] = dict
 # lab.finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
 LORA = {
-    "rank": Check("a whole number >= 1", lambda v: whole(v) and v >= 1),
-    "alpha": Check("a positive number", positive),
+    "rank": Check("a whole number >= 1", lambda v: type(v) is int and v >= 1),  # an int, not a bool
+    "alpha": Check("a positive number", lambda v: type(v) in (int, float) and 0 < v < float("inf")),
     "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
     "state": {str: torch.Tensor},
 }
@@ -289,14 +285,14 @@ def current_model_config(model_config, path=None):
     foreign = {name for name, value in flat.items() if name in others and name not in own and
                others[name][1].default == value}  # fmt: skip
     settings = {name: value for name, value in flat.items() if name in own} | settings
-    if (missing := [name for name in own if name not in settings]) and path is not None:
-        if str(path) not in OLDER_FILES_SAID:
-            OLDER_FILES_SAID.add(str(path))
-            print(
-                f"note: {path} is from an older version of posgpt, before {some(missing)}: those settings "
-                "take the values that version built with",
-                file=sys.stderr,
-            )
+    missing = [name for name in own if name not in settings]
+    if missing and path is not None and str(path) not in OLDER_FILES_SAID:
+        OLDER_FILES_SAID.add(str(path))
+        print(
+            f"note: {path} is from an older version of posgpt, before {some(missing)}: those settings take "
+            "the values that version built with",
+            file=sys.stderr,
+        )
     kept = {name: value for name, value in model_config.items() if name not in own and name not in foreign}
     return kept | {"pos_settings": settings | {name: own[name].default for name in missing}}
 

@@ -26,7 +26,7 @@ from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
 
 # Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack; "lora",
 # only a LoRA run's
-LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and restore_training read them with a default
+LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and resume_run read them with a default
 RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "lora", *LATER_KEYS)]
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
@@ -41,8 +41,7 @@ class Extension:
     flags = None  # their values, once configure has checked them
 
     def configure(self, flags, model_config):
-        """Take the method's flags (an instance of Flags), checked against the model (a ValueError: one
-        line)."""
+        """Take the method's flags (a Flags), checked against the model: a ValueError, one line."""
         self.flags = flags
 
     def recorded(self):
@@ -50,8 +49,7 @@ class Extension:
         return asdict(self.flags) if self.flags is not None else {}
 
     def adapt(self, model):
-        """Change the model before the optimizer, torch.compile and DDP take it -> a line for the log, or
-        None."""
+        """Change the model before the optimizer, torch.compile and DDP take it -> a log line, or None."""
         return None
 
     def checkpoint_entries(self, model):
@@ -59,8 +57,7 @@ class Extension:
         return {"model": model.state_dict()}
 
     def resume_state(self, path, ckpt, model):
-        """The state dict that puts the built model back where the checkpoint left it (a ValueError: one
-        line)."""
+        """The state dict that puts the built model where its checkpoint left it (a ValueError: one line)."""
         if ckpt.get("lora") is not None:  # adapters beside the merged weights: LoRA's run, not a plain one
             raise ValueError(
                 f"refusing to resume {path}: it was trained with LoRA adapters, which this command does not "
@@ -149,9 +146,8 @@ def model_differences(saved, wanted, may_change):
 
 
 def open_for_resume(out_dir, train_config, model_config, meta, world_size, extension=PLAIN):
-    """(path, checkpoint, changes) of out_dir/ckpt.pt, loaded on train_config.device; one of another
-    vocabulary, position scheme or model shape refused. changes: the knobs changed, "name old -> new", the
-    extension's flags among them."""
+    """(path, checkpoint, changes) of out_dir/ckpt.pt on train_config.device; one of another vocabulary,
+    position scheme or model shape refused. changes: "name old -> new" for each knob or flag changed."""
     path = Path(out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
@@ -173,9 +169,8 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size, exten
             "(only training settings such as max_iters or learning_rate may change), or start a "
             "new run with another --out_dir"
         )
-    knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS]
     current = vars(train_config) | extension.recorded()
-    knobs += [
+    knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS] + [
         (name, value, current[name])
         for name, value in ckpt["train_config"].items()
         if name not in NOT_COMPARED and name in current
@@ -236,17 +231,9 @@ def check_finite(run, loss, step, last):
 
 
 def resume_run(run, path, ckpt, changes):
-    """--resume: the run restored from the checkpoint open_for_resume opened and checked (restore_training,
-    which asks the run's extension for its weights), then what resumed said."""
-    restore_training(run, path, ckpt)
-    changed = "; changed: " + ", ".join(changes) if changes else ""
-    best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
-    run.procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
-
-
-def restore_training(run, path, ckpt):
-    """Put a freshly built run where the checkpoint left it; the random generators last, as building the
-    model drew from them."""
+    """--resume: put a freshly built run where the checkpoint open_for_resume opened and checked left it (the
+    run's extension gives its weights; the random generators last, as building the model drew from them), then
+    log what resumed."""
     try:
         state = run.extension.resume_state(path, ckpt, run.model)
     except ValueError as e:  # a method's settings the run and its checkpoint do not share: a flag to fix
@@ -270,6 +257,9 @@ def restore_training(run, path, ckpt):
         set_rng_state(ckpt["rng"][run.procs.rank], run.cfg.device)
     else:  # a rank the saved run did not have: a fresh stream of its own
         torch.manual_seed(run.cfg.seed + run.procs.rank + p.iter_num)
+    changed = "; changed: " + ", ".join(changes) if changes else ""
+    best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
+    run.procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
 
 
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning

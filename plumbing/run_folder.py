@@ -24,9 +24,8 @@ def format_out_dir(template, dataset, pos):
     try:
         return template.format(dataset=dataset, pos=pos)
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(
-            f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})"
-        ) from None
+        only = "only {dataset} and {pos} can be filled in"
+        raise ValueError(f"out_dir={template!r}: {only} ({e!r})") from None
 
 
 def process_start(pid):

@@ -109,10 +109,8 @@ def load_meta(data_dir) -> dict:
         raise UserError(f"{e}: re-run {again}") from None
     for name in [meta["generator"]["name"]] if meta.get("generator") else GENERATED:
         if stale := importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir):
-            raise UserError(
-                f"{data_dir} {stale[0]}: make it again with {_from_root(stale[1])} --replace (runs trained "
-                f"on it keep their checkpoints)"
-            )
+            again = f"make it again with {_from_root(stale[1])} --replace"
+            raise UserError(f"{data_dir} {stale[0]}: {again} (runs trained on it keep their checkpoints)")
     return meta
 
 
@@ -128,20 +126,17 @@ def ensure_prepared(name: str, data_root=DATA_ROOT) -> Path:
     """The folder of dataset `name`, prepared first if EMBEDDED and none of its files are there."""
     data_dir = Path(data_root) / name
     if bad_dataset_name(name) or not data_dir.is_dir():
-        raise UserError(
-            f"unknown dataset {name!r}: available are {', '.join(available_datasets(data_root))}; "
-            f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}"
-        )
+        available = ", ".join(available_datasets(data_root))
+        own = f"or make one from your own text with {_from_root('python -m data.text.prepare --input FILE')}"
+        raise UserError(f"unknown dataset {name!r}: available are {available}; {own}")
     found = dataset_files(data_dir)
     if len(found) == len(FILES):
         return data_dir
+    again, missing = _prepare_command(data_dir), ", ".join(f for f in FILES if f not in found)
     if found:
-        missing = ", ".join(f for f in FILES if f not in found)
-        raise UserError(
-            f"dataset {name!r} in {data_dir} is incomplete (no {missing}): run {_prepare_command(data_dir)}"
-        )
+        raise UserError(f"dataset {name!r} in {data_dir} is incomplete (no {missing}): run {again}")
     if name not in EMBEDDED:
-        raise UserError(f"dataset {name!r} is not prepared: run {_prepare_command(data_dir)}")
+        raise UserError(f"dataset {name!r} is not prepared: run {again}")
     print(f"dataset {name!r} is not prepared yet: preparing it in {data_dir} (once)")
     importlib.import_module(f"{__package__}.{name}.prepare").prepare(data_dir)
     return data_dir
@@ -185,12 +180,10 @@ def check_split(data_dir, split: str, meta: dict, block_size: int = None) -> Non
     path, again = data_dir / f"{split}.bin", _prepare_command(data_dir)
     if not path.is_file():
         raise UserError(f"{path} not found: prepare the dataset with {again}")
-    stat = path.stat()
-    if stat.st_size != tokens * dtype.itemsize:
-        raise UserError(
-            f"{path} holds {stat.st_size} bytes, but meta.json says {tokens} {dtype} tokens "
-            f"({tokens * dtype.itemsize} bytes): re-run {again}"
-        )
+    stat, size = path.stat(), tokens * dtype.itemsize
+    if stat.st_size != size:
+        says = f"meta.json says {tokens} {dtype} tokens ({size} bytes)"
+        raise UserError(f"{path} holds {stat.st_size} bytes, but {says}: re-run {again}")
     vocab_size = meta["vocab_size"]
     if vocab_size <= np.iinfo(dtype).max:  # else the dtype cannot hold an id past the vocabulary
         largest = _largest_id(str(path), dtype.name, stat.st_ino, stat.st_size, stat.st_mtime_ns)

@@ -48,10 +48,8 @@ def parse_list(name, text, choices, everything=None):
     items = tuple(text.split(","))
     if any(item not in choices for item in items) or len(set(items)) < len(items):
         either = f"{everything}, or " if everything else ""
-        raise ValueError(
-            f"{name}={text!r}: give {either}one or more of {', '.join(choices)}, comma-separated and "
-            "each once"
-        )
+        give = f"give {either}one or more of {', '.join(choices)}, comma-separated and each once"
+        raise ValueError(f"{name}={text!r}: {give}")
     return items
 
 
@@ -70,9 +68,8 @@ def flag_options(name, annotation, choices, positional):
 
     def convert(text):
         if optional and not text.strip():
-            raise argparse.ArgumentTypeError(
-                "is empty (an unset shell variable?): give a value or leave the flag out"
-            )
+            empty = "is empty (an unset shell variable?): give a value or leave the flag out"
+            raise argparse.ArgumentTypeError(empty)
         if optional and text.lower() == "none":
             return None
         if kind not in EXPECTED:
@@ -148,10 +145,15 @@ def model_sections(leave_out=("vocab_size",)):
     return [("model", GPTConfig, gpt), *(section for section in schemes if dataclasses.fields(section[1]))]
 
 
+def section_fields(sections):
+    """The dataclass fields of parse_flags' sections, a flag each."""
+    return [f for _, config_class, only in sections for f in fields(config_class)
+            if only is None or f.name in only]  # fmt: skip
+
+
 def section_names(sections):
     """The flags' names of parse_flags' sections."""
-    return [f.name for _, config_class, only in sections for f in dataclasses.fields(config_class)
-            if only is None or f.name in only]  # fmt: skip
+    return [f.name for f in section_fields(sections)]
 
 
 def read_text(path, where, status=2):
@@ -170,10 +172,8 @@ def read_config_file(parser, path, valid, foreign_keys):
         table = tomllib.loads(read_text(path, f"--config {path}"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"--config {path}: not valid TOML: {e}", 2) from None
-    if not foreign_keys and (unknown := [key for key in table if key not in valid]):
-        raise UserError(
-            f"{path}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}", 2
-        )
+    if not foreign_keys and (unknown := ", ".join(repr(key) for key in table if key not in valid)):
+        raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}", 2)
     table = {key: value for key, value in table.items() if key in valid}
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
@@ -185,56 +185,45 @@ def read_config_file(parser, path, valid, foreign_keys):
 
 
 def parse_flags(
-    argv,
-    prog,
-    description,
-    sections,
-    defaults=None,
-    choices=None,
-    positional=(),
-    foreign_keys=False,
-    given=None,
+    argv, prog, doc, sections, defaults=None, choices=None, positional=(), foreign_keys=False, given=None
 ):
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
     (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all), each field's
     help and choices its setting()'s (choices: more, by name). given: a set, filled with the names a flag or
     a --config file gave. A mistake exits with status 2 and one line naming the valid choices."""
-    names, values, choices = [], {}, choices or {}
-    for _, config_class, only in sections:
-        for f in fields(config_class):
-            if only is None or f.name in only:
-                names.append(f.name)
-                if f.default is not MISSING or f.default_factory is not MISSING:
-                    values[f.name] = f.default if f.default is not MISSING else f.default_factory()
+    names, choices, given = section_names(sections), choices or {}, set() if given is None else given
+    values = {f.name: f.default_factory() if f.default is MISSING else f.default
+              for f in section_fields(sections)
+              if (f.default, f.default_factory) != (MISSING, MISSING)}  # fmt: skip
     values |= dict(defaults or {})
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
-    parser = build_parser(prog, description, sections, values, choices, positional, files)
+    parser = build_parser(prog, doc, sections, values, choices, positional, files)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
         except UserError as e:
-            message, given = str(e), [f"--{name}" for name in ["config", *valid]]
+            message, flag_names = str(e), [f"--{name}" for name in ["config", *valid]]
             if message.startswith("unrecognized arguments"):  # name the valid flags, and guess the one meant
                 typo = message.split(":", 1)[1].split()[0].split("=")[0]
-                guess = difflib.get_close_matches(typo, given, n=1, cutoff=0.7)
+                guess = difflib.get_close_matches(typo, flag_names, n=1, cutoff=0.7)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
-                message += f"{hint}; valid flags: {' '.join(given)}"
+                message += f"{hint}; valid flags: {' '.join(flag_names)}"
             elif positional and (taken := re.match(r"argument --(\w+): invalid choice", message)):
                 if list_flag(sections, taken[1]):  # it took the words after it, a positional among them
                     message += f"; --{taken[1]} takes every word after it: give {positional[0]} before it"
             raise UserError(message, 2) from None
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
-            file_parser = build_parser(prog, description, sections, values, choices, (), False)
+            file_parser = build_parser(prog, doc, sections, values, choices, (), False)
             for path in flags.pop("config"):
                 from_file = read_config_file(file_parser, path, valid, foreign_keys)
                 values |= from_file
-                (set() if given is None else given).update(from_file)
+                given.update(from_file)
         values |= flags
-        (set() if given is None else given).update(flags)
-        for name in values:
+        given.update(flags)
+        for name, value in values.items():
             if name == "seed" or name.endswith("_seed"):
-                check_seed(name, values[name])
+                check_seed(name, value)
     return values
 
 
@@ -249,10 +238,8 @@ ROPE_FACTORS_KEYS = ("type", "rope_type", *ROPE_FACTORS_FIELDS)
 
 def read_prompt(start):
     """sample.py's --start: the prompt itself, or FILE:path to a UTF-8 file holding it."""
-    if not start.startswith("FILE:"):
-        return start
     path = start.removeprefix("FILE:")
-    return read_text(path, f"prompt file {path}", status=1)
+    return start if path == start else read_text(path, f"prompt file {path}", status=1)
 
 
 def read_rope_factors(path, rope_scaling=None, rope_factor=None):
@@ -300,9 +287,6 @@ def check_original_len(longrope, original, what):
     the length they extend (None: any): factors searched for another length scale the wrong rotations."""
     searched = longrope.get("rope_original_len")
     if None not in (searched, original) and searched != original:
-        raise UserError(
-            f"--rope_factors: its factors were searched for an original length of {searched} tokens "
-            f"(original_max_position_embeddings) but {what} is {original}; search factors for {original} "
-            "(python -m lab.experiments.longrope)",
-            2,
-        )
+        was = f"--rope_factors: its factors were searched for an original length of {searched} tokens"
+        fix = f"search factors for {original} (python -m lab.experiments.longrope)"
+        raise UserError(f"{was} (original_max_position_embeddings) but {what} is {original}; {fix}", 2)

@@ -41,9 +41,8 @@ def check_threads(threads):
     cores = os.cpu_count() or 1
     # str.isdigit() takes '¹' and '٣', which int() refuses or reads: ASCII digits only
     if threads != "auto" and not (threads.isascii() and threads.isdigit() and 1 <= int(threads) <= cores):
-        raise ValueError(
-            f"--threads={threads}: give auto or a number of threads from 1 to {cores} (the cores)"
-        )
+        give = f"give auto or a number of threads from 1 to {cores} (the cores)"
+        raise ValueError(f"--threads={threads}: {give}")
 
 
 def runnable_others(reads=5, interval=0.01):

@@ -24,9 +24,8 @@ def format_out_dir(template, dataset, pos):
     try:
         return template.format(dataset=dataset, pos=pos)
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(
-            f"out_dir={template!r}: only {{dataset}} and {{pos}} can be filled in ({e!r})"
-        ) from None
+        only = "only {dataset} and {pos} can be filled in"
+        raise ValueError(f"out_dir={template!r}: {only} ({e!r})") from None
 
 
 def process_start(pid):
@@ -114,10 +113,8 @@ def take_lock(path):
             held = None
         if holder_alive(held, path):
             holder = holder if held else "a process that has just started"
-            raise UserError(
-                f"{path.parent} is in use by another run ({holder}); wait for it to end or give "
-                f"another --out_dir (if it is no longer running, delete {path})"
-            )
+            wait = f"wait for it to end or give another --out_dir (if it is no longer running, delete {path})"
+            raise UserError(f"{path.parent} is in use by another run ({holder}); {wait}")
         remove_stale_lock(path, held_text)
         note = f"note: took over {path}, left by a run that no longer runs ({holder})"
     raise UserError(f"could not take {path}: other runs keep taking it")
@@ -146,19 +143,15 @@ def check_may_start(out_dir, resume, overwrite):
     if overwrite:
         return f"note: --overwrite: {out_dir} holds {run}; this run replaces it at its first evaluation"
     resuming = f"--resume {resuming}, " if resuming else ""
-    raise UserError(
-        f"{out_dir} holds {run}: {resuming}--overwrite starts again and replaces it (or give another "
-        "--out_dir)"
-    )
+    again = "--overwrite starts again and replaces it (or give another --out_dir)"
+    raise UserError(f"{out_dir} holds {run}: {resuming}{again}")
 
 
 def check_out_dir(out_dir):
     """A file given for the run's folder (a checkpoint) is an error naming the folder to give instead."""
     if Path(out_dir).is_file():
-        raise ValueError(
-            f"--out_dir={out_dir} is a file: give the folder that holds the run, "
-            f"--out_dir={Path(out_dir).parent}"
-        )
+        give = f"give the folder that holds the run, --out_dir={Path(out_dir).parent}"
+        raise ValueError(f"--out_dir={out_dir} is a file: {give}")
 
 
 @contextmanager

@@ -27,12 +27,8 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     last max_context tokens from position 0; and with dynamic NTK a key stays rotated for the length at which
     it was cached (as transformers). A scheme that encodes every position anew past a length (LongRoPE's long
     factors: recode_past) reruns the tokens so far when the sequence passes it, its cached keys rotated anew
-    (as transformers, PR #33129).
-    How a decode step runs (decode_mode): cuda_graph (None: on CUDA) makes the step static and, on CUDA,
-    captures it as one CUDA graph replayed per token (elsewhere the static step runs eagerly: what the graph
-    replays); compile runs the static step through torch.compile (backend: its backend), captured on CUDA
-    too. A scheme whose step varies with the length (step_varies: dynamic NTK) decodes eagerly under
-    cuda_graph; compile refuses it. Sampling runs outside the step, eagerly: seeded as the eager path."""
+    (as transformers, PR #33129). compile, cuda_graph (None: on CUDA): how a decode step runs, decode_mode's
+    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path."""
     B, n_prompt = idx.shape
     plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
     crop, n_run, n_pos, window, chunk = plan
@@ -78,9 +74,11 @@ def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=N
 
 
 def decode_mode(model, device, compile=False, cuda_graph=None):
-    """How generate_cached runs its decode steps: "compiled" (torch.compile; captured on CUDA), "cuda_graph"
-    (the static step, captured on CUDA, eager elsewhere), or "eager" (only the slots written so far: the
-    fastest on a CPU, whose kernels cost their arithmetic, not their launch)."""
+    """How generate_cached runs its decode steps: "compiled" (the static step through torch.compile; captured
+    on CUDA), "cuda_graph" (the static step, captured on CUDA as one graph replayed per token, eager
+    elsewhere: what the graph replays), or "eager" (only the slots written so far: the fastest on a CPU,
+    whose kernels cost their arithmetic, not their launch). A scheme whose step varies with the length
+    (step_varies: dynamic NTK) decodes eagerly under cuda_graph; compile refuses it."""
     varies = model.transformer.wpe.step_varies
     if compile:
         require(varies is None, f"{varies}: a static decode step cannot; generate with compile=False")

@@ -33,10 +33,8 @@ def scheme_settings():
 class GPTConfig:
     """The GPT's fields, its position scheme `pos` and that scheme's settings, pos_settings: an instance of
     its Settings (a dict of them, as asdict writes it, is built into one; None: the defaults). A checkpoint's
-    model_config is asdict(config): the settings nested under pos_settings. from_flat builds one from flat
-    values (flags, older checkpoints), each setting by its name."""
+    model_config is asdict(config): the settings nested under pos_settings."""
 
-    # fmt: off
     block_size: int = setting(1024, at_least=1)  # training context length T; only `learned` runs no further
     vocab_size: int = setting(50304, at_least=1)  # GPT-2's 50257 padded up to a multiple of 64 for speed
     n_layer: int = setting(12, at_least=1)  # transformer blocks
@@ -46,7 +44,6 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
     pos: str = setting("rope", choices=lambda: POSITION_MODULES)  # the position scheme
     pos_settings: PositionScheme.Settings | dict | None = None  # the scheme's Settings (flags: each by name)
-    # fmt: on
 
     def __post_init__(self):
         check_fields(self)

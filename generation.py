@@ -9,7 +9,6 @@ fuses the same static step. tests/test_generation.py checks that every path give
 """
 
 import contextlib
-from collections import namedtuple
 
 import torch
 
@@ -28,26 +27,19 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     last max_context tokens from position 0; and with dynamic NTK a key stays rotated for the length at which
     it was cached (as transformers). A scheme that encodes every position anew past a length (LongRoPE's long
     factors: recode_past) reruns the tokens so far when the sequence passes it, its cached keys rotated anew
-    (as transformers, PR #33129).
-    How a decode step runs (decode_mode): cuda_graph (None: on CUDA) makes the step static and, on CUDA,
-    captures it as one CUDA graph replayed per token (elsewhere the static step runs eagerly: what the graph
-    replays); compile runs the static step through torch.compile (backend: its backend), captured on CUDA
-    too. A scheme whose step varies with the length (step_varies: dynamic NTK) decodes eagerly under
-    cuda_graph; compile refuses it. Sampling runs outside the step, eagerly: seeded as the eager path."""
+    (as transformers, PR #33129). compile, cuda_graph (None: on CUDA): how a decode step runs, decode_mode's
+    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path."""
     B, n_prompt = idx.shape
-    recode_past = model.transformer.wpe.recode_past
     plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
     crop, n_run, n_pos, window, chunk = plan
-    prompt = idx[:, n_prompt - n_run :]
     mode = decode_mode(model, idx.device, compile, cuda_graph)
     model.setup_cache(B, n_pos, window, chunk, static=mode != "eager")
-    out = torch.empty(B, n_prompt + max_new_tokens, dtype=idx.dtype, device=idx.device)
-    out[:, :n_prompt] = idx
+    out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # the prompt, then the new tokens
     step = decode_step(model, mode, backend)
     # Eager steps under inference_mode; a compiled or captured one under no_grad (pytorch#135892)
     with torch.inference_mode() if mode == "eager" else contextlib.nullcontext():
-        logits = prefill(model, prompt, chunk)
-        position = torch.tensor([prompt.size(1)], device=idx.device)
+        logits = prefill(model, idx[:, n_prompt - n_run :], chunk)  # the prompt's latest n_run tokens
+        position = torch.tensor([n_run], device=idx.device)
         for t in range(n_prompt, n_prompt + max_new_tokens):
             idx_next = sample_next(logits, temperature, top_k, top_p)
             out[:, t : t + 1] = idx_next
@@ -58,16 +50,12 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             if crop is not None and t + 1 > crop:
                 # the window is full: it slides, every position in it changes: no cache, from 0
                 logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
-            elif t == recode_past:  # the sequence passes it: every position encoded anew, from the start
+            elif t == model.transformer.wpe.recode_past:  # the sequence passes it: every position anew
                 logits = prefill(model, out[:, : t + 1], chunk)  # the caches a captured step reads
-                position = position + 1
             else:
                 logits = step(model, idx_next, position)  # decode: one token against the cache
-                position = position + 1
+            position = position + 1  # the next token's (unused once the window slides)
     return out
-
-
-CachePlan = namedtuple("CachePlan", "crop n_run n_pos window chunk")
 
 
 def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=None):
@@ -75,18 +63,22 @@ def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=N
     same, before the model is built): crop, the window a scheme with a length_limit slides (learned's table),
     or None; n_run, the prompt's latest tokens the prefill runs; n_pos, the positions that get a key (the
     last new token is never run); window, the KV caches' sliding window (max_context, unless crop bounds the
-    context); chunk, the prefill's tokens a call. -> CachePlan"""
+    context); chunk, the prefill's tokens a call: with a window its length, so that a chunk fits the ring of
+    window + chunk - 1 slots, else block_size, so that a long prompt's attention mask is block_size x the keys
+    so far, never n_prompt x n_prompt. -> (crop, n_run, n_pos, window, chunk)"""
     crop = None if length_limit is None else window_length(length_limit, max_context)
     n_run = n_prompt if crop is None else min(n_prompt, crop)
     n_pos = n_run + max_new_tokens - 1 if crop is None else min(n_run + max_new_tokens - 1, crop)
     window = max_context if crop is None else None
-    return CachePlan(crop, n_run, n_pos, window, prefill_chunk(block_size, window))
+    return crop, n_run, n_pos, window, window or block_size
 
 
 def decode_mode(model, device, compile=False, cuda_graph=None):
-    """How generate_cached runs its decode steps: "compiled" (torch.compile; captured on CUDA), "cuda_graph"
-    (the static step, captured on CUDA, eager elsewhere), or "eager" (only the slots written so far: the
-    fastest on a CPU, whose kernels cost their arithmetic, not their launch)."""
+    """How generate_cached runs its decode steps: "compiled" (the static step through torch.compile; captured
+    on CUDA), "cuda_graph" (the static step, captured on CUDA as one graph replayed per token, eager
+    elsewhere: what the graph replays), or "eager" (only the slots written so far: the fastest on a CPU,
+    whose kernels cost their arithmetic, not their launch). A scheme whose step varies with the length
+    (step_varies: dynamic NTK) decodes eagerly under cuda_graph; compile refuses it."""
     varies = model.transformer.wpe.step_varies
     if compile:
         require(varies is None, f"{varies}: a static decode step cannot; generate with compile=False")
@@ -103,11 +95,10 @@ def captured_on(device):
 
 def decode_step(model, mode, backend=None):
     """A decode step (model, idx (B, 1), position (1,)) -> logits (B, V) for decode_mode's mode."""
-    on_cuda = model.lm_head.weight.is_cuda
+    step = cached_forward
     if mode == "compiled":
-        compiled = torch.compile(cached_forward, backend=backend or "inductor", fullgraph=True, dynamic=False)
-        return CUDAGraphStep(compiled) if on_cuda else compiled
-    return CUDAGraphStep(cached_forward) if mode == "cuda_graph" and on_cuda else cached_forward
+        step = torch.compile(cached_forward, backend=backend or "inductor", fullgraph=True, dynamic=False)
+    return CUDAGraphStep(step) if mode != "eager" and model.lm_head.weight.is_cuda else step
 
 
 class CUDAGraphStep:
@@ -145,13 +136,6 @@ class CUDAGraphStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=side):  # the warm-up's stream: its BLAS state made there
             self.logits = self.step_fn(model, self.idx, self.position)
-
-
-def prefill_chunk(block_size, window=None):
-    """The prompt's tokens per prefill call: with a window its length, so that a chunk fits the ring of
-    window + chunk - 1 slots; else block_size, so that a long prompt's attention mask is block_size x the
-    keys so far, never n_prompt x n_prompt (plumbing/memory.py estimates it)."""
-    return window or block_size
 
 
 def prefill(model, tokens, chunk):

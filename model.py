@@ -6,9 +6,8 @@ adds wpe.score_bias). With pos="learned" this is GPT-2. generation.py drives cac
 layer owns its cache).
 """
 
-import dataclasses
 import math
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 
 import torch
 import torch.nn as nn
@@ -27,21 +26,15 @@ from positions import (
 
 def scheme_settings():
     """Every scheme's settings, read from POSITION_MODULES now: {setting name: (scheme name, its field)}."""
-    return {
-        f.name: (name, f)
-        for name, scheme in POSITION_MODULES.items()
-        for f in dataclasses.fields(scheme.Settings)
-    }
+    return {f.name: (name, f) for name, scheme in POSITION_MODULES.items() for f in fields(scheme.Settings)}
 
 
 @dataclass
 class GPTConfig:
     """The GPT's fields, its position scheme `pos` and that scheme's settings, pos_settings: an instance of
     its Settings (a dict of them, as asdict writes it, is built into one; None: the defaults). A checkpoint's
-    model_config is asdict(config): the settings nested under pos_settings. from_flat builds one from flat
-    values (flags, older checkpoints), each setting by its name."""
+    model_config is asdict(config): the settings nested under pos_settings."""
 
-    # fmt: off
     block_size: int = setting(1024, at_least=1)  # training context length T; only `learned` runs no further
     vocab_size: int = setting(50304, at_least=1)  # GPT-2's 50257 padded up to a multiple of 64 for speed
     n_layer: int = setting(12, at_least=1)  # transformer blocks
@@ -51,7 +44,6 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
     pos: str = setting("rope", choices=lambda: POSITION_MODULES)  # the position scheme
     pos_settings: PositionScheme.Settings | dict | None = None  # the scheme's Settings (flags: each by name)
-    # fmt: on
 
     def __post_init__(self):
         check_fields(self)
@@ -77,16 +69,14 @@ class GPTConfig:
         for name, (scheme, f) in scheme_settings().items():
             if name in values:
                 value = values.pop(name)
-                foreign = scheme != pos and (value != f.default or name in given)
-                require(
-                    not foreign, f"{name}={value!r} is a setting of pos={scheme}; this model has pos={pos}"
-                )
+                foreign = f"{name}={value!r} is a setting of pos={scheme}; this model has pos={pos}"
+                require(scheme == pos or (value == f.default and name not in given), foreign)
                 settings |= {name: value} if scheme == pos else {}
         return cls(**values, pos_settings=settings)
 
     def flat(self):
         """The GPT's fields and the scheme's settings side by side, as from_flat takes them (and flags)."""
-        gpt = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pos_settings"}
+        gpt = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pos_settings"}
         return gpt | asdict(self.pos_settings)
 
     @property
@@ -138,8 +128,7 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
         GPT.attention_mask built; input_pos: the positions of x when decoding against self.kv_cache."""
         B, T, C = x.size()
-        hs = C // self.n_head
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:  # RoPE acts here, on queries and keys (rotated in one call), before the scores
             qk, v = qkv.split([2, 1])  # split's backward: one concatenation (slicing's: zeros, then copies)
             q, k, v = *apply_rope(qk, *rope).unbind(0), v.squeeze(0)
@@ -243,8 +232,7 @@ class GPT(nn.Module):
         given. input_pos: None for positions 0 .. T-1; or, decoding against the KV caches (setup_cache),
         the (T,) positions of idx, consecutive and continuing those already cached. seq_len: the length of the
         sequence they belong to where it is longer (a prefill's chunk), for the scheme (LongRoPE)."""
-        T = idx.size(1)
-        pos = self.transformer.wpe
+        T, pos = idx.size(1), self.transformer.wpe
         if input_pos is None:
             pos.check_length(T)  # learned refuses past its table, in one line
             pos.grow(T)  # tables grow here, outside any step
@@ -256,11 +244,9 @@ class GPT(nn.Module):
         for block, rotates in zip(self.transformer.h, self.rope_layers):
             x = block(x, rope if rotates else None, mask, input_pos)  # a layer in nope_layers gets no RoPE
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            flat = logits.view(-1, logits.size(-1)).float()
-            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=-1)
 
     def attention_mask(self, query_pos, cached=False):
         """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,

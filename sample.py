@@ -22,7 +22,7 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 
 import time
 from collections import namedtuple
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -39,7 +39,6 @@ from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
-from plumbing.hardware import check_device, check_device_name, resolve_device, synchronize
 from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
@@ -84,7 +83,7 @@ class SampleConfig:
         check_settings(**extension, rope_scaling=None if self.rope_factors else self.rope_scaling)
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
-        check_device_name(self.device)
+        hardware.check_device_name(self.device)
         hardware.check_threads(self.threads)
 
 
@@ -143,26 +142,6 @@ class Streamer:
         self.pending = []
 
 
-def sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream):
-    """cfg.num_samples continuations of prompt_ids. -> (list of token id lists, tokens per second)"""
-    model = loaded.model
-    torch.manual_seed(cfg.seed)
-    idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
-    sampling = {name: getattr(cfg, name) for name in ("temperature", "top_k", "top_p", "max_context")}
-    start = time.perf_counter()
-    if not cfg.kv_cache:
-        out = model.generate(idx, max_new_tokens, **sampling)
-    else:
-        on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
-        how = dict(on_token=on_token, compile=cfg.compile, cuda_graph=None if cfg.cuda_graph else False)
-        out = generate_cached(model, idx, max_new_tokens, **how, **sampling)  # cuda_graph None: on CUDA
-        if on_token:
-            on_token.close()
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    return out.tolist(), cfg.num_samples * max_new_tokens / seconds
-
-
 def load_for_generation(out_dir, cfg, device, compared=False):
     """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
@@ -173,9 +152,8 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
     saved = checkpoint["model_config"]  # open_checkpoint brought an older one up to date
     block_size, settings = saved["block_size"], saved["pos_settings"]
-    if compared and not POSITION_MODULES[saved["pos"]].rotates:
-        rope_flags = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
-        cfg = replace(cfg, **dict.fromkeys((*rope_flags, "rope_factors")))
+    if compared and not POSITION_MODULES[saved["pos"]].rotates:  # every --rope_* flag is RoPE's extension
+        cfg = replace(cfg, **{f.name: None for f in fields(cfg) if f.name.startswith("rope_")})
     try:
         prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     except UserError as e:  # say the prompt was the default one, not the user's
@@ -197,8 +175,8 @@ def load_for_generation(out_dir, cfg, device, compared=False):
 
 
 def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threads=None):
-    """Generate and print cfg.num_samples continuations of prompt_ids (threads: a line to print under the
-    model's). -> (samples, tokens/s)"""
+    """Generate (seeded with cfg.seed) and print cfg.num_samples continuations of prompt_ids, streaming one
+    sample as it is produced (threads: a line to print under the model's). -> (samples, tokens/s)"""
     model, total_len = loaded.model, len(prompt_ids) + max_new_tokens
     print(describe_model(model) + (f"\n{threads}" if threads else ""))
     if (limit := model.length_limit) is not None and total_len > limit:
@@ -208,7 +186,21 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     if varies and cfg.kv_cache and cfg.cuda_graph and not cfg.compile and captured_on(device):
         print(f"note: {varies}: decoding eagerly, without a CUDA graph")
     stream = stream and cfg.kv_cache and cfg.num_samples == 1
-    samples, tokens_per_second = sample_continuations(loaded, cfg, prompt_ids, max_new_tokens, device, stream)
+    torch.manual_seed(cfg.seed)
+    idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
+    sampling = {name: getattr(cfg, name) for name in ("temperature", "top_k", "top_p", "max_context")}
+    start = time.perf_counter()
+    if not cfg.kv_cache:
+        out = model.generate(idx, max_new_tokens, **sampling)
+    else:
+        on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
+        how = dict(on_token=on_token, compile=cfg.compile, cuda_graph=None if cfg.cuda_graph else False)
+        out = generate_cached(model, idx, max_new_tokens, **how, **sampling)  # cuda_graph None: on CUDA
+        if on_token:
+            on_token.close()
+    hardware.synchronize(device)
+    tokens_per_second = cfg.num_samples * max_new_tokens / (time.perf_counter() - start)
+    samples = out.tolist()
     for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, model.config.block_size), end="")
@@ -253,8 +245,8 @@ def main(argv=None):
     """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, GPTConfig, tokens/s)."""
     with one_line_errors("sample.py"):  # Ctrl-C too: quietly, with the status a shell gives it (130)
         cfg = parse_args(argv)
-        device = resolve_device(cfg.device)
-        check_device(device)
+        device = hardware.resolve_device(cfg.device)
+        hardware.check_device(device)
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare is not None:

@@ -32,16 +32,8 @@ import torch
 
 from data.common import BatchSampler, prepare_data
 from model import GPT, GPTConfig
-from plumbing import hardware, report, resume
+from plumbing import cli, hardware, report, resume
 from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.cli import (
-    check_original_len,
-    model_sections,
-    parse_flags,
-    read_rope_factors,
-    section_names,
-    threads_flag,
-)
 from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
 from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
 from plumbing.fields import check_fields, require, setting
@@ -92,10 +84,9 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
     dtype: str = setting("auto", choices=hardware.DTYPES)  # autocast; auto: bfloat16 on CUDA, else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
-    threads: str = threads_flag()
+    threads: str = cli.threads_flag()
     seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams
-    # longrope's per-pair factors: a JSON file with a Phi-3 config's rope_scaling keys
-    rope_factors: str | None = None
+    rope_factors: str | None = None  # longrope's per-pair factors: JSON, a Phi-3 config's rope_scaling keys
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
@@ -118,23 +109,21 @@ def parse_args(argv=None, extension=PLAIN):
     """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset; the extension's own
     flags (a training method's, plumbing.resume.Extension) go to its configure. With --init_from the model
     settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
-    sections, given = [("training", TrainConfig, None), *model_sections()], set()
-    model_flags = section_names(sections[1:])
+    sections, given = [("training", TrainConfig, None), *cli.model_sections()], set()
+    model_flags = cli.section_names(sections[1:])
     own = [f.name for f in fields(extension.Flags)] if extension.Flags else []
     sections += [(extension.prog, extension.Flags, None)] if own else []
     prog, doc = extension.prog, extension.__doc__ if own else __doc__
-    values = parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, given=given)
+    values = cli.parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, given=given)
     longrope, saved = {}, {}
     if values["rope_factors"]:
         factor = values["rope_factor"] if "rope_factor" in given else None
-        longrope = read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
-    if values["init_from"]:  # parse again, the checkpoint's model config under the config file and flags
-        saved = resume.saved_model_config(values["init_from"], model_flags)
-        defaults = MODEL_DEFAULTS | saved | {"out_dir": None}
-        values = parse_flags(argv, prog, doc, sections, defaults)
-    source = values["init_from"]
+        longrope = cli.read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
+    if source := values["init_from"]:  # parse again: the checkpoint's model config under --config and flags
+        saved = resume.saved_model_config(source, model_flags)
+        values = cli.parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS | saved | {"out_dir": None})
     trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
-    check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
+    cli.check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
     values |= longrope
     if source:
         values |= resume.init_from_settings(values, saved)

@@ -26,7 +26,7 @@ from plumbing.cli import read_text
 from plumbing.errors import Stopped, UserError
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DURATION = "1.5-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
+DEFAULT_DURATION = "1-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's own reading of its flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command. A command starting `-m NAME` runs that
 # module, which extends train.py's run: its extension() (plumbing.resume.Extension) reads its own flags too

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from plumbing.errors import UserError
-from plumbing.tokenizers import TOKENIZERS
+from plumbing.tokenizers import vocabulary_error
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
@@ -47,16 +47,14 @@ def _check_meta(meta, where) -> None:
         require(type(value) is int and value >= minimum, f"{key} must be an int >= {minimum}, got {value!r}")
 
     require(isinstance(meta, dict), "meta must be a JSON object")
-    tokenizer, dtype, chars, generator = map(meta.get, ("tokenizer", "dtype", "chars", "generator"))
-    require(tokenizer in TOKENIZERS, f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
-    for key in ("vocab_size", "train_tokens", "val_tokens"):
-        require_int(key, 1 if key == "vocab_size" else 0)
+    for key in ("train_tokens", "val_tokens"):
+        require_int(key, 0)
+    why = vocabulary_error(meta)
+    require(why is None, why)
+    dtype, generator = meta.get("dtype"), meta.get("generator")
     require(dtype in ("uint16", "uint32"), f"dtype must be uint16 or uint32, got {dtype!r}")
     vocab_size = meta["vocab_size"]
     require(vocab_size <= np.iinfo(dtype).max + 1, f"vocab_size {vocab_size} does not fit in {dtype}")
-    one_char_each = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
-    ok = tokenizer != "char" or (one_char_each and len(chars) == vocab_size)
-    require(ok, "a char dataset needs chars: a list of vocab_size single characters")
     if generator is not None:
         segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
         settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)

@@ -23,7 +23,7 @@ from model import GPT, GPTConfig, scheme_settings
 from plumbing.errors import UserError
 from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
-from plumbing.tokenizers import TOKENIZERS, get_tokenizer
+from plumbing.tokenizers import get_tokenizer, vocabulary_error
 from positions import LLAMA3_FACTORS, LONGROPE, LONGROPE_FIELDS, POSITION_MODULES, PositionScheme
 
 VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
@@ -119,20 +119,10 @@ def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
             f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
             "neither sampled from nor trained on; train.py writes one into every checkpoint"
         )
-    tokenizer, vocab_size, chars = (meta.get(key) for key in VOCABULARY)
-    if tokenizer not in TOKENIZERS or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise UserError(
-            f"{path}: its meta names no vocabulary (tokenizer {tokenizer!r}, vocab_size {vocab_size!r}; "
-            f"expected one of {', '.join(TOKENIZERS)} and a positive size)"
-        )
-    one_each = isinstance(chars, (list, str)) and all(isinstance(c, str) and len(c) == 1 for c in chars)
-    if tokenizer == "char" and not (one_each and len(chars) == vocab_size):
-        raise UserError(
-            f"{path}: its meta has no vocabulary: a char tokenizer needs chars, the {vocab_size} characters "
-            "its token ids stand for"
-        )
-    if (model_vocab := ckpt["model_config"]["vocab_size"]) != vocab_size:  # model_config checked: an int
-        raise UserError(f"{path}: its meta has {vocab_size} tokens but its model {model_vocab}")
+    if why := vocabulary_error(meta):
+        raise UserError(f"{path}: its meta has no vocabulary: {why}")
+    if (model_vocab := ckpt["model_config"]["vocab_size"]) != meta["vocab_size"]:  # both checked: ints
+        raise UserError(f"{path}: its meta has {meta['vocab_size']} tokens but its model {model_vocab}")
     return ckpt
 
 

@@ -62,6 +62,20 @@ class GPT2Tokenizer:
         return {"tokenizer": self.name, "vocab_size": self.vocab_size}
 
 
+def vocabulary_error(meta: dict):
+    """Why meta (a dataset's meta.json, a checkpoint's meta) says not what its token ids mean, or None: it
+    needs a tokenizer of TOKENIZERS, vocab_size >= 1 and, for char, the vocab_size characters (chars)."""
+    tokenizer, vocab_size, chars = (meta.get(key) for key in ("tokenizer", "vocab_size", "chars"))
+    one_each = isinstance(chars, (list, str)) and all(isinstance(c, str) and len(c) == 1 for c in chars)
+    if tokenizer not in TOKENIZERS:
+        return f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}"
+    if type(vocab_size) is not int or vocab_size < 1:
+        return f"vocab_size must be an int >= 1, got {vocab_size!r}"
+    if tokenizer == "char" and not (one_each and len(chars) == vocab_size):
+        return f"a char tokenizer needs chars, the {vocab_size} characters its token ids stand for"
+    return None
+
+
 def get_tokenizer(meta: dict):
     """The tokenizer a dataset was prepared with, from its meta (checked by load_meta or the checkpoint)."""
     return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else GPT2Tokenizer()

@@ -260,7 +260,7 @@ DAMAGED_META = [  # (case, a change to meta.json's fields, words the error must 
         "generator must",
     ),
     ("vocab_size a string", {"vocab_size": "65"}, "vocab_size must be an int >= 1, got '65'"),
-    ("chars cut short", {"chars": ["a"]}, "a char dataset needs chars"),
+    ("chars cut short", {"chars": ["a"]}, "a char tokenizer needs chars, the 65 characters"),
 ]
 
 

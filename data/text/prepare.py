@@ -17,6 +17,7 @@ from pathlib import Path
 
 from data import common, writing
 from plumbing.cli import ArgumentParser
+from plumbing.tokenizers import TOKENIZERS
 
 
 def main(argv=None):
@@ -25,7 +26,7 @@ def main(argv=None):
     add = parser.add_argument
     add("--input", required=True, help="the UTF-8 text file")
     tokenizer_help = "char: one token per character; gpt2: GPT-2 BPE"
-    add("--tokenizer", choices=common.TOKENIZERS, default="char", help=tokenizer_help)
+    add("--tokenizer", choices=TOKENIZERS, default="char", help=tokenizer_help)
     add("--name", help="dataset name, the folder under data/ (default: the file name without suffix)")
     add("--val_fraction", type=float, default=0.1, help="fraction of the text, from its end, kept for val")
     block_help = "the context you will train with: each split needs T + 1 tokens"

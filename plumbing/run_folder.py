@@ -134,8 +134,19 @@ def describe_run(path):
     return f"a run stopped at {step}", "continues it"
 
 
+def check_checkpoint_names_free(out_dir):
+    """Refuse a folder (or anything else not a regular file) named ckpt.pt or best.pt in out_dir: the run's
+    checkpoint writes could not replace it, and would fail only at the first evaluation, after training."""
+    for path in (Path(out_dir) / "ckpt.pt", Path(out_dir) / "best.pt"):
+        if path.exists() and not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise UserError(f"{path} is {kind}, not a checkpoint: move it away or give another --out_dir")
+
+
 def check_may_start(out_dir, resume, overwrite):
-    """Refuse a new run in a folder holding one unless --resume or --overwrite (-> a note)."""
+    """Refuse a new run in a folder holding one unless --resume or --overwrite (-> a note), and any run where
+    a checkpoint's name is taken by something else."""
+    check_checkpoint_names_free(out_dir)
     saved = [path for path in (Path(out_dir) / "ckpt.pt", Path(out_dir) / "best.pt") if path.is_file()]
     if resume or not saved:
         return None
@@ -148,10 +159,16 @@ def check_may_start(out_dir, resume, overwrite):
 
 
 def check_out_dir(out_dir):
-    """A file given for the run's folder (a checkpoint) is an error naming the folder to give instead."""
-    if Path(out_dir).is_file():
-        give = f"give the folder that holds the run, --out_dir={Path(out_dir).parent}"
-        raise ValueError(f"--out_dir={out_dir} is a file: {give}")
+    """A file given for the run's folder (a checkpoint: the folder to give instead is named; or anything else
+    that is not a folder, /dev/null) is an error."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        folder = (
+            f"the folder that holds the run, --out_dir={path.parent}"
+            if path.is_file()
+            else "a folder for the run"
+        )
+        raise ValueError(f"--out_dir={out_dir} is a file: give {folder}")
 
 
 @contextmanager

@@ -302,6 +302,35 @@ def test_a_bad_flag_or_dataset_is_one_line(tmp_path, capsys, finished, dataset, 
     assert files(tmp_path) == before and files(data_dir) == data_before and not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("name", ["ckpt.pt", "best.pt"])
+@pytest.mark.parametrize("how", ["new run", "--resume", "--overwrite"])
+def test_a_folder_named_like_a_checkpoint_is_refused_before_training(tmp_path, capsys, name, how):
+    """A folder called ckpt.pt or best.pt in out_dir, which no checkpoint write could replace: every run there
+    (a new one, --resume, --overwrite) is refused in one line naming it, exit 1, before any step, and the
+    folder is left as it was (no lock, no checkpoint beside it)."""
+    out_dir = tmp_path / "run"
+    (out_dir / name).mkdir(parents=True)
+    (out_dir / name / "mine.txt").write_text("mine")
+    flags = {"new run": [], "--resume": ["--resume"], "--overwrite": ["--overwrite"]}[how]
+    err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}", *flags], status=1)
+    assert err == (
+        f"train.py: error: {out_dir / name} is a folder, not a checkpoint: move it away or give another "
+        "--out_dir"
+    )
+    assert files(out_dir) == {f"{name}/mine.txt": b"mine"} and sorted(os.listdir(out_dir)) == [name]
+
+
+@pytest.mark.parametrize("kind", ["/dev/null", "a named pipe"])
+def test_an_out_dir_that_is_no_folder_is_one_line_naming_it_a_file(tmp_path, capsys, kind):
+    """--out_dir naming something that exists and is not a folder (a device, a pipe) is refused as a file,
+    exit 2, like a checkpoint file given for its folder, not as a folder train.py cannot write."""
+    path = tmp_path / "pipe" if kind == "a named pipe" else Path(kind)
+    if kind == "a named pipe":
+        os.mkfifo(path)
+    err = train_error_line(capsys, [*TINY, f"--out_dir={path}"], status=2)
+    assert err == f"train.py: error: --out_dir={path} is a file: give a folder for the run"
+
+
 def test_python_train_py_errors_are_one_line_without_a_traceback(tmp_path, finished):
     """The same through `python train.py`, as a user runs it: an empty --out_dir, a folder holding a finished
     run, and a malicious checkpoint are one line on stderr, a non-zero exit, no traceback; nothing is

@@ -4,6 +4,7 @@ All on CPU with tiny models through train.main, the code path `python train.py` 
 """
 
 import dataclasses
+import json
 import math
 import os
 import pickle
@@ -174,6 +175,88 @@ def test_config_file_is_read_and_flags_override_it(tmp_path):
     assert (model_config.n_layer, model_config.dropout, model_config.bias) == (3, 0.1, True)  # from the file
     assert model_config.pos == "learned" and cfg.max_iters == 7  # flags win
     assert model_config.n_embd == 128 and cfg.batch_size == 12  # untouched defaults: nanoGPT's CPU recipe
+
+
+PAIRS = 8  # TINY's head: 32 / 2 = 16 dims, 8 rotated pairs, a LongRoPE factor each
+
+
+def factors_file(tmp_path, **more):
+    path = tmp_path / "factors.json"
+    path.write_text(json.dumps({"short_factor": [1.0] * PAIRS, "long_factor": [2.0] * PAIRS} | more))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "file_keys, flags, names",
+    [
+        ({}, ["--rope_short_factor", *["2"] * PAIRS], "--rope_short_factor both set rope_short_factor"),
+        ({}, ["--rope_long_factor", *["3"] * PAIRS], "--rope_long_factor both set rope_long_factor"),
+        ({"attention_factor": 1.2}, ["--rope_attention_factor=1.5"], "both set rope_attention_factor"),
+        ({"keep_first": 2}, ["--rope_keep_first=3"], "--rope_keep_first both set rope_keep_first"),
+        ({"attention_factor": 1.2}, ["--config={toml}"], "both set rope_attention_factor"),  # a key: given
+    ],
+)
+def test_a_longrope_setting_in_the_factors_file_and_a_flag_is_refused(
+    capsys, tmp_path, file_keys, flags, names
+):
+    """--rope_factors=FILE and a flag (or --config key) setting the same LongRoPE field: one line, exit 2,
+    naming both, instead of the file's value silently winning over the flag."""
+    toml = tmp_path / "run.toml"
+    toml.write_text("rope_attention_factor = 1.5\n")
+    factors = factors_file(tmp_path, **file_keys)
+    argv = [*TINY, f"--rope_factors={factors}", *(flag.format(toml=toml) for flag in flags)]
+    err = train_error_line(capsys, argv, status=2)
+    assert f"--rope_factors {factors} and" in err and names in err, err
+
+
+def test_a_longrope_setting_the_factors_file_leaves_out_is_taken_from_its_flag(tmp_path):
+    """A flag for a LongRoPE field the file does not set is no conflict: the model has both."""
+    factors = factors_file(tmp_path)
+    _, model_config = train.parse_args([*TINY, f"--rope_factors={factors}", "--rope_attention_factor=1.5"])
+    settings = model_config.pos_settings
+    assert (settings.rope_scaling, settings.rope_attention_factor) == ("longrope", 1.5)
+    assert settings.rope_long_factor == [2.0] * PAIRS
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--rope_factor=4"], "--rope_factor=4.0 needs --rope_scaling"),
+        (["--rope_original_len=4"], "--rope_original_len=4 needs --rope_scaling"),
+        (["--rope_factor=1", "--rope_scaling=none"], "--rope_factor=1.0 needs --rope_scaling"),
+        (["--config={toml}"], "--rope_factor=4.0 needs --rope_scaling"),  # a --config key is given too
+    ],
+)
+def test_a_rope_extension_setting_without_rope_scaling_is_refused(capsys, tmp_path, flags, words):
+    """--rope_factor or --rope_original_len given (by a flag or --config) without --rope_scaling: a setting
+    that scales nothing, refused in one line, exit 2, as sample.py refuses it; nothing is written."""
+    toml = tmp_path / "run.toml"
+    toml.write_text("rope_factor = 4.0\n")
+    argv = [*TINY, f"--out_dir={tmp_path / 'run'}", *(flag.format(toml=toml) for flag in flags)]
+    err = train_error_line(capsys, argv, status=2)
+    assert words in err and "drop --rope_" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_rope_extension_settings_with_a_scaling_or_a_checkpoints_are_accepted(tmp_path):
+    """The rule is on flags given without an extension only: with --rope_scaling; at their defaults; and on
+    --init_from a checkpoint whose extension sets them (a fine-tune's: rope_scaling=yarn), a new
+    --rope_factor for that extension."""
+    _, given = train.parse_args([*TINY, "--rope_scaling=yarn", "--rope_factor=4", "--rope_original_len=8"])
+    assert (given.pos_settings.rope_factor, given.pos_settings.rope_original_len) == (4.0, 8)
+    assert train.parse_args(TINY)[1].pos_settings.rope_factor == 1.0
+    flat = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False)
+    extended = GPTConfig.from_flat(**flat, rope_scaling="yarn", rope_factor=2.0, rope_original_len=16)
+    meta = {"tokenizer": "char", "vocab_size": 65}
+    source = tmp_path / "ctx32"
+    source.mkdir()
+    state = {"model": GPT(extended).state_dict(), "model_config": dataclasses.asdict(extended), "meta": meta}
+    torch.save(state, source / "ckpt.pt")
+    _, model_config = train.parse_args(
+        [*TINY, f"--init_from={source}", "--block_size=64", "--rope_factor=4", f"--out_dir={tmp_path / 'x'}"]
+    )
+    settings = model_config.pos_settings
+    assert (settings.rope_scaling, settings.rope_factor, settings.rope_original_len) == ("yarn", 4.0, 16)
 
 
 @pytest.mark.parametrize("name", ["cpu_recipe", "shakespeare_char"])

@@ -81,15 +81,31 @@ def step_line(step, cfg, loss, lr, speed, seconds_left):
     )
 
 
-def schedule_note(cfg, final_lr):
-    """The warning when --max_iters cuts a schedule short (its last step at final_lr), or None."""
-    if cfg.lr_decay_iters <= cfg.max_iters:
-        return None
-    end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
-    return (
-        f"note: lr_decay_iters={cfg.lr_decay_iters} > max_iters={cfg.max_iters}: {end}; "
-        f"--lr_decay_iters={cfg.max_iters} decays within the run"
-    )
+def schedule_notes(cfg, final_lr):
+    """The warnings on a schedule the run does not follow (its last step at final_lr): --max_iters cuts its
+    warmup or its decay short, or its decay ends before its warmup does (train.get_lr)."""
+    notes, run = [], f"max_iters={cfg.max_iters}"
+    if cfg.max_iters == 0:  # no step: no learning rate
+        return notes
+    if cfg.warmup_iters > cfg.max_iters:
+        end = f"the run ends at lr {final_lr:.3g}, never reaching learning_rate={cfg.learning_rate:g}"
+        notes.append(
+            f"note: warmup_iters={cfg.warmup_iters} > {run}: {end}; "
+            f"--warmup_iters={cfg.max_iters // 10} (a tenth of the run) warms up within it"
+        )
+    elif 0 < cfg.warmup_iters < cfg.max_iters and cfg.lr_decay_iters <= cfg.warmup_iters:
+        jump = f"the rate jumps from its warmup to min_lr={cfg.min_lr:g} at step {cfg.warmup_iters}, no decay"
+        notes.append(
+            f"note: lr_decay_iters={cfg.lr_decay_iters} <= warmup_iters={cfg.warmup_iters}: {jump}; "
+            f"--lr_decay_iters={cfg.max_iters} decays over the rest of the run"
+        )
+    if cfg.lr_decay_iters > cfg.max_iters:
+        end = f"the run ends at lr {final_lr:.3g}, before its decay to min_lr={cfg.min_lr:g}"
+        notes.append(
+            f"note: lr_decay_iters={cfg.lr_decay_iters} > {run}: {end}; "
+            f"--lr_decay_iters={cfg.max_iters} decays within the run"
+        )
+    return notes
 
 
 def describe_model(model):

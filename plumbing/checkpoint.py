@@ -160,6 +160,12 @@ Check = namedtuple("Check", "what fits")  # a spec no type says: `what` a value 
 tensor_of = lambda what, shape, dtype: Check(
     what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
 )
+# weights and AdamW's moments: a tensor of integers or complex numbers would be cast without a word
+FLOATS = Check("a Tensor of floats", lambda t: isinstance(t, torch.Tensor) and t.is_floating_point())
+STEP = Check("an int >= 0", lambda v: type(v) is int and v >= 0)  # a step count (not a bool)
+STEP_OR_NONE = Check("an int >= 0 or None", lambda v: v is None or STEP.fits(v))
+# a cross-entropy; inf before the first evaluation, NaN never (no loss would be below it: best.pt frozen)
+LOSS = Check("a loss >= 0 (inf before any evaluation)", lambda v: type(v) in (int, float) and v >= 0)
 SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
 RNG = {  # plumbing.resume.rng_state
     "python": Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
@@ -167,7 +173,8 @@ RNG = {  # plumbing.resume.rng_state
     "numpy": {"bit_generator": str, "key": tensor_of("624 int64s", (624,), torch.int64), "pos": int,
               "has_gauss": int, "gauss": (float, int)},
     "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
-    "cuda": (torch.Tensor, NONE),
+    "cuda": Check("a Tensor of uint8 or None", lambda v: v is None or
+                  isinstance(v, torch.Tensor) and v.dtype == torch.uint8),
 }  # fmt: skip
 OLDER_FILES_SAID = set()  # the older files current_model_config has named
 
@@ -184,30 +191,32 @@ LORA = {
     "rank": Check("a whole number >= 1", lambda v: type(v) is int and v >= 1),  # an int, not a bool
     "alpha": Check("a positive number", lambda v: type(v) in (int, float) and 0 < v < float("inf")),
     "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
-    "state": {str: torch.Tensor},
+    "state": {str: FLOATS},
 }
 SCHEMA = {
-    "model": {str: torch.Tensor},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
+    "model": {str: FLOATS},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
     "model_config": MODEL_CONFIG,  # (load_checkpoint makes an older one today's: current_model_config)
     "meta": dict,  # the dataset's tokenizer and vocabulary (open_checkpoint): sampling needs no other file
     # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
     "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
-    "iter_num": int,  # steps taken, the best validation loss so far and its step
-    "best_val_loss": (float, int),
-    "best_iter": (int, NONE),
-    "optimizer": {"state": dict, "param_groups": list},  # AdamW's state_dict
+    "iter_num": STEP,  # steps taken, the best validation loss so far and its step
+    "best_val_loss": LOSS,
+    "best_iter": STEP_OR_NONE,
+    "optimizer": {"state": {str: {str: FLOATS}}, "param_groups": list},  # AdamW's state_dict (step: a float)
     "scaler": dict,  # the float16 GradScaler's state_dict ({} unless float16)
     "sampler": {"train": SAMPLER, "eval": SAMPLER},  # batches drawn per split
     "rng": [RNG],  # one per rank
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
-    "evaluated_iter": (int, NONE),  # the step of its last whole evaluation (older files: iter_num)
+    "evaluated_iter": STEP_OR_NONE,  # the step of its last whole evaluation (older files: iter_num)
     "lora": LORA,  # a LoRA run's adapters (lab/finetune/lora.py), beside "model"'s merged weights
 }
 
 
 def shown(value):
     text = repr(value) if isinstance(value, (str, int, float, bool, NONE)) else a_type(type(value))
+    if isinstance(value, torch.Tensor):
+        text += f" of {str(value.dtype).removeprefix('torch.')}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -45,6 +45,18 @@ def nan_weights(ckpt):
     ckpt["model"]["transformer.h.0.attn.c_attn.weight"][0, 0] = math.nan
 
 
+def as_dtype(path, dtype):
+    """A change that stores the tensor at path ("model/lm_head.weight") as dtype."""
+
+    def change(ckpt):
+        *parents, last = path.split("/")
+        for key in parents:  # optimizer.state's keys are ints
+            ckpt = ckpt[int(key) if key.isdigit() else key]
+        ckpt[last] = ckpt[last].to(dtype)
+
+    return change
+
+
 def set_entry(path, value):
     """A change to one entry of the checkpoint dict, path like "rng/0/python"."""
 
@@ -112,6 +124,35 @@ DAMAGED_CHECKPOINTS = [
     ("empty sampler", 2, set_entry("sampler", {}), "sampler has no train, eval"),
     ("iter_num a string", 2, set_entry("iter_num", "2"), "iter_num is '2', not an int"),
     ("max_iters a string", 2, set_entry("train_config/max_iters", "2"), "train_config.max_iters is '2'"),
+    ("iter_num negative", 2, set_entry("iter_num", -5), "iter_num is -5, not an int >= 0"),
+    ("best_iter negative", 2, set_entry("best_iter", -1), "best_iter is -1, not an int >= 0 or None"),
+    ("evaluated_iter negative", 2, set_entry("evaluated_iter", -2), "evaluated_iter is -2, not an int >= 0"),
+    ("best_val_loss NaN", 2, set_entry("best_val_loss", math.nan), "best_val_loss is nan, not a loss >= 0"),
+    ("best_val_loss -inf", 2, set_entry("best_val_loss", -math.inf), "best_val_loss is -inf, not a loss"),
+    (
+        "int64 weights",
+        2,
+        as_dtype("model/transformer.h.0.ln_1.weight", torch.int64),
+        "model.transformer.h.0.ln_1.weight is a Tensor of int64, not a Tensor of floats",
+    ),
+    (
+        "complex weights",
+        2,
+        as_dtype("model/transformer.wte.weight", torch.complex64),
+        "model.transformer.wte.weight is a Tensor of complex64, not a Tensor of floats",
+    ),
+    (
+        "int64 optimizer moments",
+        2,
+        as_dtype("optimizer/state/0/exp_avg", torch.int64),
+        "optimizer.state.0.exp_avg is a Tensor of int64, not a Tensor of floats",
+    ),
+    (
+        "cuda rng of int64",
+        2,
+        set_entry("rng/0/cuda", torch.zeros(16, dtype=torch.int64)),
+        "rng[0].cuda is a Tensor of int64, not a Tensor of uint8 or None",
+    ),
     (
         "NaN weights",
         1,
@@ -157,6 +198,22 @@ def _saved(ckpt, path):
 def test_the_schema_accepts_what_train_py_writes(finished, tmp_path):
     """The schema is no stricter than train.py: its own checkpoint loads whole."""
     assert open_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()
+
+
+def test_a_checkpoint_written_before_any_evaluation_is_accepted_and_resumes(finished, tmp_path, capsys):
+    """A run stopped before its first evaluation wrote best_val_loss inf, best_iter and evaluated_iter None:
+    the schema takes them (a NaN or negative loss, or a negative step, is damage); --resume evaluates."""
+    unevaluated = {"best_val_loss": math.inf, "best_iter": None, "evaluated_iter": None, "finished": False}
+    ckpt = finished | unevaluated
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    assert open_checkpoint(_saved(ckpt, out_dir / "ckpt.pt"))["best_val_loss"] == math.inf
+    result = train.main([*TINY_RUN, f"--out_dir={out_dir}", "--resume"])
+    assert (
+        f"resuming {out_dir / 'ckpt.pt'} at step 2 (best val loss inf at step None)"
+        in capsys.readouterr().out
+    )
+    assert result["iter_num"] == 2 and math.isfinite(result["best_val_loss"]) and result["best_iter"] == 2
 
 
 # -----------------------------------------------------------------------------

@@ -331,8 +331,7 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
         procs.log(report.header_line(run, one_per_process))
         procs.log(threads)
         flops_per_token, flops_note = run.model.flops_per_token(cfg.batch_size)
-        schedule = report.schedule_notes(cfg, get_lr(cfg.max_iters - 1, cfg))
-        for note in [*schedule, flops_note] if flops_note else schedule:
+        for note in filter(None, [*report.schedule_notes(cfg, get_lr(cfg.max_iters - 1, cfg)), flops_note]):
             procs.log(note)
         flops_per_step = flops_per_token * run.tokens_per_step
         peak = hardware.peak_flops(cfg.device)

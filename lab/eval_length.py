@@ -14,6 +14,8 @@ with its 95% Wilson interval. A length is a multiple of T (a bare number up to 1
 32x) or a count of tokens (a bare whole number above 16, or ending in t: 64, 256, 8t). A row per checkpoint
 and method: plain (as trained, or at its recorded RoPE extension); for RoPE each extension at s = max(1, L/T),
 no retraining; for learned, which has no positions past T, a window of its last T tokens, as it generates.
+A file already at --csv, --positions_csv or --plot is replaced when this command wrote it (a CSV with one of
+its headers, an image of the format asked for), any other only with --replace.
 """
 
 import sys
@@ -42,7 +44,7 @@ from data.passkey.task import filler_length
 from lab.measure.instruments import figure_format, pyplot, save_figure
 from lab.measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from lab.measure.retrieval import count_correct, passkey_batch, wilson_interval
-from lab.outputs import check_outputs, write_output
+from lab.outputs import check_outputs, csv_file, figure_file, write_output
 from lab.tables import fmt, markdown_table
 from model import GPTConfig
 from plumbing import hardware
@@ -69,6 +71,7 @@ PASSKEY_COLUMNS = (*ROW_COLUMNS, "depth", "trials", "correct", "accuracy", "ci_l
 TASKS = ("loss", "passkey")
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
+LENGTH_FORMS = "2 or 2x (2 x T) or 256 or 256t (256 tokens)"
 LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
 LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2)), "longrope": (0, (1, 1))}
 
@@ -111,14 +114,13 @@ class EvalConfig:
         1, "positions averaged into each point of the plotted loss-by-position curves", at_least=1
     )
     progress: bool = True  # a progress bar on stderr
+    replace: bool = False  # --csv, --positions_csv and --plot may replace a file this command did not write
 
     def __post_init__(self):
         check_fields(self)
         self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
         parse_depths(self.depths)
-        if self.task == "passkey" and self.positions_csv:
-            raise ValueError("--positions_csv is the loss at every position: --task=loss only")
         check_device_name(self.device)
         hardware.check_threads(self.threads)
         if self.rope_factors and LONGROPE not in self.rope_scalings:
@@ -145,23 +147,28 @@ class Length:
 
 
 def parse_lengths(text):
-    """--lengths -> [Length]; a one-line ValueError for anything not a length of at least one token."""
-    lengths = []
+    """--lengths -> [Length]; a one-line ValueError for anything not a length of at least one token, or a
+    length given twice (1 and 1x are one: the same column twice)."""
+    lengths = {}  # {Length: the item that gave it}
     for item in (item.strip() for item in text.split(",")):
         spec = item.lower()
         try:
             value = float(spec[:-1] if spec.endswith(("x", "t")) else spec)
         except ValueError:
-            raise ValueError(
-                f"--lengths: {item!r} is not a length; write 2 or 2x (2 x T) or 256 or 256t (256 tokens)"
-            ) from None
+            value = None
+        if value is None or not math.isfinite(value):
+            finite = "" if value is None else " (not a finite number)"
+            raise ValueError(f"--lengths: {item!r} is not a length{finite}; write {LENGTH_FORMS}")
         multiple = spec.endswith("x") or (not spec.endswith("t") and value <= MAX_BARE_MULTIPLE)
-        if not math.isfinite(value) or value <= 0 or (not multiple and value < 1):
+        if value <= 0 or (not multiple and value < 1):
             raise ValueError(f"--lengths: {item} is below 1: a length must be at least one token")
         if not multiple and not value.is_integer():
             raise ValueError(f"--lengths: {item} is not a whole number of tokens")
-        lengths.append(Length(value if multiple else int(value), multiple))
-    return lengths
+        length = Length(value if multiple else int(value), multiple)
+        if length in lengths:
+            raise ValueError(f"--lengths: {lengths[length]} and {item} are one length; give each once")
+        lengths[length] = item
+    return list(lengths)
 
 
 def parse_depths(text):
@@ -186,6 +193,7 @@ class Source:
     path: Path
     ckpt: dict
     tokens: object  # the val split (np.memmap); None for the passkey task
+    data_dir: Path | None = None  # the folder of that split's dataset; None for the passkey task
 
     def __post_init__(self):
         self.config = GPTConfig(**self.ckpt["model_config"]).flat()  # its fields and settings, by name
@@ -239,7 +247,7 @@ def open_source(name, dataset=None, task="loss"):
         raise UserError(f"{path}: records no training dataset; say which with --dataset")
     tokens = validation_tokens(dataset)
     check_same_vocabulary(path, ckpt["meta"], load_meta(dataset_dir(dataset)), dataset, "evaluate")
-    return Source(name, path, ckpt, tokens)
+    return Source(name, path, ckpt, tokens, dataset_dir(dataset))
 
 
 def lengths_for(source, lengths):
@@ -247,7 +255,8 @@ def lengths_for(source, lengths):
     resolved, T = {length: length.tokens(source.block_size) for length in lengths}, source.block_size
     for length, n in resolved.items():
         if n < 1:
-            raise UserError(f"--lengths: {length} of T = {T} ({source.name}) is {n} tokens, below 1")
+            why = f"{length} of T = {T} ({source.name}) is {n} tokens, below 1"
+            raise UserError(f"--lengths: {why}; give longer lengths", 2)  # a bad value, as 0 is
     return resolved
 
 
@@ -543,18 +552,75 @@ def check_longrope(sources, lengths, cfg):
     return f"note: --rope_factors gives no longrope row to {', '.join(skipped)}" if skipped else None
 
 
+def check_flags_used(cfg, given):
+    """A flag given (`given`: parse_flags') that this evaluation does not read is a usage UserError: ignored,
+    it would look like a setting that took effect. -> None"""
+    loss, passkey, plot = cfg.task == "loss", cfg.task == "passkey", "--plot with --task=loss"
+    used = {  # flag: (read here, what reads it)
+        "depths": (passkey, "--task=passkey"),
+        "trials": (passkey, "--task=passkey"),
+        "passkey_seed": (passkey, "--task=passkey"),
+        "max_windows": (loss, "--task=loss"),
+        "dataset": (loss, "--task=loss"),  # the passkey task makes its own samples
+        "positions_csv": (loss, "--task=loss"),  # the loss at every position
+        "bucket": (loss and cfg.plot, plot),  # points of the loss-by-position curves
+        "replace": (any(output_flags(cfg).values()), "--csv, --positions_csv or --plot"),
+    }
+    for flag, (read, by) in used.items():
+        if flag in given and not read:
+            raise UserError(f"--{flag} applies to {by} only: leave it out, or give {by}", 2)
+
+
+def check_checkpoints_distinct(names):
+    """A checkpoint given twice (or as its folder and its file) is a usage UserError: its rows twice."""
+    seen = {}  # {checkpoint file: the name that gave it}
+    for name in names:
+        real = checkpoint_path(name).resolve()
+        if real in seen:
+            twice = "given twice" if seen[real] == name else f"the same checkpoint as {seen[real]} ({real})"
+            raise UserError(f"{name}: {twice}; give each checkpoint once", 2)
+        seen[real] = name
+
+
+def output_flags(cfg):
+    return {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
+
+
+def check_files(cfg, sources=None):
+    """check_outputs on --csv, --positions_csv and --plot: before the checkpoints are read, where they go
+    (none a checkpoint); once `sources` are open, none in the folder of a dataset they read either, nor over a
+    file this command did not write (a CSV of another header, a file that is no image) without --replace."""
+    inputs = [checkpoint_path(name) for name in cfg.checkpoints]
+    if sources is None:
+        return check_outputs(output_flags(cfg), inputs)
+    inputs += [source.data_dir for source in sources if source.data_dir is not None]
+    mine = csv_file(CSV_COLUMNS, PASSKEY_COLUMNS, POSITION_COLUMNS)  # a rerun may change the task
+    earlier = {"csv": mine, "positions_csv": mine}
+    earlier |= {"plot": figure_file(figure_format(cfg.plot, "plot"))} if cfg.plot else {}
+    return check_outputs(output_flags(cfg), inputs, earlier, cfg.replace)
+
+
+def parse_args(argv=None):
+    """The flags (sys.argv[1:] when None) -> EvalConfig, each rule on them checked: a bad one is a UserError
+    of status 2 (or parse_flags' exit)."""
+    sections, given = [("evaluation", EvalConfig, None)], set()
+    cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoints",), given=given))
+    check_flags_used(cfg, given)
+    check_checkpoints_distinct(cfg.checkpoints)
+    return cfg
+
+
 def main(argv=None):
     """Evaluate, print the table, write --csv, --positions_csv and --plot. -> [Row]"""
     with one_line_errors(PROG):
-        sections, flags = ([("evaluation", EvalConfig, None)], dict(positional=("checkpoints",)))
-        cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, **flags))
+        cfg = parse_args(argv)
         lengths = parse_lengths(cfg.lengths)
         device = resolve_device(cfg.device)
         check_device(device)
-        outputs = {"csv": cfg.csv, "positions_csv": cfg.positions_csv, "plot": cfg.plot}
         # first: a full disk leaves torch no temporary folder, which reading a checkpoint may need
-        check_outputs(outputs, inputs=[checkpoint_path(name) for name in cfg.checkpoints])
+        check_files(cfg)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
+        check_files(cfg, sources)  # again, with the datasets the checkpoints name, and files already there
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
@@ -569,7 +635,7 @@ def main(argv=None):
         if cfg.csv:  # a line per Measure, or per Retrieval (a depth)
             columns = PASSKEY_COLUMNS if depths else CSV_COLUMNS
             write_csv("csv", cfg.csv, columns, [[*row.key(n), *c.fields()] for row, n, c in cells])
-        if cfg.positions_csv:  # --task=loss only (EvalConfig)
+        if cfg.positions_csv:  # --task=loss only (check_flags_used)
             lines = [
                 [row.checkpoint, row.scaling, n, p, fmt(loss, ".6f")]
                 for row, n, m in cells

@@ -3,22 +3,42 @@ naming its flag), then written atomically (plumbing.outputs.replace_atomically).
 
 import csv
 import os
+import re
 from contextlib import suppress
 from pathlib import Path
 
 from plumbing.errors import UserError
 from plumbing.outputs import NO_SPACE, PROBE_BYTES, replace_atomically, temporary_path
 
+# How each figure format matplotlib writes begins (re.match on its first bytes): what marks a file as a figure
+# an earlier run wrote. raw and rgba are bare pixels with no mark: a file there is always the user's.
+FIGURE_STARTS = {
+    "png": rb"\x89PNG\r\n\x1a\n",
+    "pdf": rb"%PDF-",
+    "eps": rb"%!PS",
+    "ps": rb"%!PS",
+    "svg": rb"<\?xml[^>]*>\s*<(!DOCTYPE )?svg",
+    "svgz": rb"\x1f\x8b",  # gzip
+    "jpg": rb"\xff\xd8\xff",
+    "jpeg": rb"\xff\xd8\xff",
+    "tif": rb"II\*\x00|MM\x00\*",
+    "tiff": rb"II\*\x00|MM\x00\*",
+    "webp": rb"RIFF.{4}WEBP",
+    "gif": rb"GIF8[79]a",
+    "avif": rb".{4}ftypavi[fs]",
+    "pgf": rb"%% Creator: Matplotlib",
+}
+HEAD_BYTES = 4096  # read of an existing file to tell what it is: a header line, a format's first bytes
 
-def check_outputs(outputs, inputs=()):
+
+def check_outputs(outputs, inputs=(), earlier=None, replace=False):
     """A one-line UserError naming the flag unless every output in outputs ({flag: path or None}) can be
-    written (check_writable); nor may two outputs name one file, or an output name an input (a checkpoint
-    read)."""
-    inputs, written = {Path(source).resolve() for source in inputs}, {}
-    for flag, path in [(flag, Path(path)) for flag, path in outputs.items() if path is not None]:
+    written: none an input of the run (check_not_input), no two one file, each a place for a file, writable
+    (check_writable); then none over a file the user made (check_not_theirs, for the flags in `earlier`)."""
+    given, written = {flag: Path(path) for flag, path in outputs.items() if path is not None}, {}
+    for flag, path in given.items():
         where, real = f"--{flag}={path}", path.resolve()
-        if real in inputs:
-            raise UserError(f"{where}: that file is an input of this run; write the output to another one")
+        check_not_input(where, real, inputs)
         if real in written:
             raise UserError(
                 f"{where}: --{written[real]} writes that file too; give each output a file of its own"
@@ -26,7 +46,62 @@ def check_outputs(outputs, inputs=()):
         written[real] = flag
         if path.is_dir():
             raise UserError(f"{where}: is a folder; give a file name")
+        if path.exists() and not path.is_file():  # a device, a pipe: the write would replace the node itself
+            raise UserError(f"{where}: is not a regular file; give a file name")
         check_writable(where, path)
+    for flag, path in given.items():  # once every output can be written: the message about the place first
+        if flag in (earlier or {}):
+            check_not_theirs(flag, path, *earlier[flag], replace)
+
+
+def check_not_input(where, real, inputs):
+    """A one-line UserError if the output (resolved: real) is a file the run reads (a checkpoint) or lies in a
+    folder it reads (a dataset's): the output would replace what the run has just read."""
+    for source in (Path(source).resolve() for source in inputs):
+        if real == source:
+            raise UserError(f"{where}: that file is an input of this run; write the output to another one")
+        if source.is_dir() and real.is_relative_to(source):
+            raise UserError(f"{where}: {source} is a folder this run reads; write the output outside it")
+
+
+def check_not_theirs(flag, path, what, ours, replace):
+    """The rule on an existing file at an output: a file the command wrote before (ours(path): a CSV with its
+    header, a figure in the format asked for) is replaced, the normal rerun, as the studies replace their
+    results; any other file is the user's, kept unless `replace` (the command's --replace, as data's prepare
+    scripts take it). A one-line UserError if not."""
+    if replace or not (path.exists() or path.is_symlink()) or ours(path):
+        return
+    raise UserError(
+        f"--{flag}={path}: that file exists and is no earlier output of this command (not {what}); "
+        "give another file, or add --replace to replace it"
+    )
+
+
+def head(path):
+    """The first HEAD_BYTES of a file; b"" if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(HEAD_BYTES)
+    except OSError:
+        return b""
+
+
+def csv_file(*headers):
+    """check_not_theirs's (what, ours) for a CSV output: ours if its first line is one of `headers` (column
+    names), as csv.writer wrote it."""
+    lines = {",".join(columns).encode() for columns in headers}
+    return (
+        "a CSV with the header this command writes",
+        lambda path: head(path).split(b"\n")[0].rstrip(b"\r") in lines,
+    )
+
+
+def figure_file(fmt):
+    """check_not_theirs's (what, ours) for a figure in matplotlib's format fmt: ours if it begins as that
+    format does (FIGURE_STARTS)."""
+    start = FIGURE_STARTS.get(fmt)
+    ours = lambda path: start is not None and re.match(start, head(path), re.DOTALL) is not None
+    return f"a .{fmt} image", ours
 
 
 def check_folder(flag, folder):

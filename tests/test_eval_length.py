@@ -5,12 +5,14 @@ import csv
 import importlib.util
 import json
 import math
+import re
 
 import pytest
 import torch
 from helpers import TINY_BLOCK, TINY_RUN, error_line
 
 import train
+from data.common import dataset_dir
 from lab import eval_length
 from lab.measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
@@ -58,6 +60,7 @@ def measured(checkpoints, tmp_path_factory):
     files = {"csv": out / "loss.csv", "positions_csv": out / "positions.csv"}
     if HAS_MATPLOTLIB:
         files["plot"] = out / "loss.png"
+    bucket = ["--bucket=4"] if HAS_MATPLOTLIB else []  # its points are the plot's: refused without --plot
     rows = eval_length.main(
         [
             *checkpoints.values(),
@@ -66,7 +69,7 @@ def measured(checkpoints, tmp_path_factory):
             "--batch_size=2",
             "--device=cpu",
             "--progress=false",
-            "--bucket=4",
+            *bucket,
             *[f"--{flag}={path}" for flag, path in files.items()],
         ]
     )
@@ -249,6 +252,23 @@ def test_lengths_are_multiples_of_t_or_token_counts():
             eval_length.parse_lengths(text)
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("inf", "'inf' is not a length (not a finite number)"),  # not "below 1": it is not
+        ("nan", "'nan' is not a length (not a finite number)"),
+        ("-inf", "'-inf' is not a length (not a finite number)"),
+        ("1e400t", "'1e400t' is not a length (not a finite number)"),
+        ("1,2,1", "1 and 1 are one length; give each once"),  # the same column twice
+        ("2,2x", "2 and 2x are one length"),
+        ("64,64t", "64 and 64t are one length"),
+    ],
+)
+def test_a_length_that_is_no_finite_number_or_is_given_twice_is_refused_as_such(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        eval_length.parse_lengths(text)
+
+
 def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     """A bad path, a file that is not a checkpoint, a length below one token: one line on stderr each."""
     assert "no such folder or checkpoint file" in error_line(
@@ -260,8 +280,8 @@ def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     assert "not a posgpt checkpoint" in error_line(capsys, eval_length, [str(tmp_path / "other.pt")], 1)
     assert "below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0"], 2)
-    assert "is 0 tokens, below 1" in error_line(
-        capsys, eval_length, [checkpoints["rope"], "--lengths=0.01"], 1
+    assert "is 0 tokens, below 1" in error_line(  # a bad value, as --lengths=0 is: status 2
+        capsys, eval_length, [checkpoints["rope"], "--lengths=0.01"], 2
     )
     assert "invalid choice: 'cubic'" in error_line(
         capsys, eval_length, [checkpoints["rope"], "--rope_scalings", "cubic"], 2
@@ -308,3 +328,119 @@ def test_rope_factors_name_a_rope_checkpoint_of_another_t_and_refuse_when_none_f
     err = error_line(capsys, eval_length, [str(longer), *flags], 2)
     why = f"(T = {2 * BLOCK}, the factors were searched for {BLOCK})"
     assert err.endswith(f"gives no checkpoint a longrope row: {longer} {why}")
+
+
+EVAL = ["--lengths=1", "--max_windows=1", "--device=cpu", "--progress=false"]  # the cheapest evaluation
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--depths=0.5"], "--depths applies to --task=passkey only"),
+        (["--trials=50"], "--trials applies to --task=passkey only"),  # given at its default: still given
+        (["--passkey_seed=3"], "--passkey_seed applies to --task=passkey only"),
+        (["--bucket=5"], "--bucket applies to --plot with --task=loss only"),
+        (["--replace"], "--replace applies to --csv, --positions_csv or --plot only"),
+        (["--task=passkey", "--max_windows=2"], "--max_windows applies to --task=loss only"),
+        (["--task=passkey", "--dataset=shakespeare_char"], "--dataset applies to --task=loss only"),
+        (["--task=passkey", "--positions_csv=p.csv"], "--positions_csv applies to --task=loss only"),
+    ],
+)
+def test_a_flag_given_that_the_task_or_outputs_do_not_read_is_refused(checkpoints, capsys, flags, message):
+    """Ignored, it would look like a setting that took effect: one line, status 2, naming what reads it."""
+    err = error_line(capsys, eval_length, [checkpoints["rope"], "--device=cpu", *flags], 2)
+    assert message in err and "leave it out" in err
+
+
+def test_a_checkpoint_given_twice_is_refused(checkpoints, capsys):
+    """Its rows would be printed twice: refused as a bad value (status 2), by name or as folder and file."""
+    rope = checkpoints["rope"]
+    err = error_line(capsys, eval_length, [rope, rope, *EVAL], 2)
+    assert err.endswith(f"{rope}: given twice; give each checkpoint once")
+    best = checkpoint_path(rope)
+    err = error_line(capsys, eval_length, [rope, str(best), *EVAL], 2)
+    assert err.endswith(
+        f"{best}: the same checkpoint as {rope} ({best.resolve()}); give each checkpoint once"
+    )
+
+
+def test_an_output_in_the_folder_of_the_dataset_it_reads_is_refused(checkpoints, capsys):
+    """--csv at the dataset's meta.json, or at a new file beside it: the folder the evaluation has just read
+    is an input, as the checkpoints are; one line, the folder as it was, with --replace too."""
+    folder = dataset_dir(load_checkpoint(checkpoint_path(checkpoints["rope"]))["train_config"]["dataset"])
+    before = {path: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    try:
+        for output in (folder / "meta.json", folder / "loss.csv"):
+            for replace in ([], ["--replace"]):
+                err = error_line(
+                    capsys, eval_length, [checkpoints["rope"], *EVAL, f"--csv={output}", *replace], 1
+                )
+                assert err.endswith(
+                    f"{folder.resolve()} is a folder this run reads; write the output outside it"
+                )
+        assert {path: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    finally:  # a command that wrote there spoilt the dataset the other tests read: put it back
+        for path in (path for path in folder.iterdir() if path.is_file() and path not in before):
+            path.unlink()
+        for path, data in before.items():
+            if path.read_bytes() != data:
+                path.write_bytes(data)
+
+
+def test_an_output_replaces_a_file_this_command_wrote_and_no_other_unless_replace(
+    checkpoints, tmp_path, capsys
+):
+    """A file of the user's at --csv, --positions_csv or --plot (a script, a CSV of other columns, text named
+    .png) is refused in one line and kept; --replace replaces it; the command's own CSV or figure is replaced
+    again without a flag, the normal rerun (as the studies replace their results)."""
+    script, other = tmp_path / "train.py", tmp_path / "other.csv"
+    script.write_text("print('mine')\n")
+    other.write_text("checkpoint,loss\nearlier run,1.5\n")
+    argv = [checkpoints["rope"], *EVAL]
+    for flag, path in (("csv", script), ("positions_csv", other)):
+        err = error_line(capsys, eval_length, [*argv, f"--{flag}={path}"], 1)
+        assert err.endswith(
+            f"--{flag}={path}: that file exists and is no earlier output of this command (not a CSV with the "
+            "header this command writes); give another file, or add --replace to replace it"
+        )
+    assert (
+        script.read_text() == "print('mine')\n" and other.read_text() == "checkpoint,loss\nearlier run,1.5\n"
+    )
+    eval_length.main([*argv, f"--csv={script}", "--replace"])
+    assert script.read_text().splitlines()[0] == ",".join(eval_length.CSV_COLUMNS)
+    own = {"csv": tmp_path / "loss.csv", "positions_csv": tmp_path / "positions.csv"}
+    for _ in range(2):  # written, then written again over its own
+        eval_length.main([*argv, *(f"--{flag}={path}" for flag, path in own.items())])
+    assert own["positions_csv"].read_text().splitlines()[0] == ",".join(eval_length.POSITION_COLUMNS)
+    if HAS_MATPLOTLIB:
+        picture = tmp_path / "loss.png"
+        picture.write_text("not a picture\n")
+        capsys.readouterr()
+        assert "(not a .png image)" in error_line(capsys, eval_length, [*argv, f"--plot={picture}"], 1)
+        assert picture.read_text() == "not a picture\n"
+        picture.unlink()
+        for _ in range(2):
+            eval_length.main([*argv, f"--plot={picture}"])
+        assert picture.read_bytes().startswith(PNG)
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="figures need matplotlib")
+def test_a_figure_is_taken_for_an_earlier_output_in_each_format_matplotlib_writes(tmp_path):
+    """lab.outputs.figure_file knows each format's first bytes: a figure saved in it is an earlier output (a
+    rerun replaces it), a text file of that name is not."""
+    from lab.measure.instruments import pyplot
+    from lab.outputs import FIGURE_STARTS, figure_file
+
+    fig, checked = pyplot().figure(figsize=(1, 1)), []
+    for fmt in FIGURE_STARTS:
+        path, text = tmp_path / f"figure.{fmt}", tmp_path / f"text.{fmt}"
+        try:
+            fig.savefig(path, format=fmt)
+        except RuntimeError:  # pgf with text to typeset needs LaTeX
+            continue
+        text.write_text("notes\n")
+        _, ours = figure_file(fmt)
+        assert ours(path) and not ours(text), fmt
+        checked.append(fmt)
+    assert {"png", "pdf", "svg"} <= set(checked)

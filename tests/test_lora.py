@@ -107,6 +107,26 @@ def test_bad_lora_flags_are_one_line_errors(capsys, tmp_path):
     assert "needs --lora_rank" in err
 
 
+@pytest.mark.parametrize(
+    "flag", ["--lora_alpha=5", "--lora_dropout=0.5", "--lora_alpha=16", "--lora_dropout=0.05"]
+)
+def test_a_lora_setting_given_without_lora_rank_is_refused_as_lora_train_is(capsys, tmp_path, flag):
+    """Without adapters it changes nothing: one line, status 2, nothing written; given at its default too."""
+    err = finetune_error_line(capsys, [*TINY_RUN, f"--out_dir={tmp_path}", flag], 2)
+    assert err.endswith(f"{flag.split('=')[0]} sets LoRA's adapters: it needs --lora_rank")
+    assert not any(tmp_path.iterdir())
+
+
+def test_lora_settings_not_given_are_recorded_as_their_defaults():
+    """The checkpoint's train_config says what the run used, with LoRA or without (as before they could be
+    left unset), so that a resume or a study compares like with like."""
+    for rank, flags in ((0, []), (2, ["--lora_rank=2"])):
+        extension = finetune.extension()
+        train.parse_args([*TINY_RUN, "--out_dir=out/x", *flags], extension)
+        recorded = extension.recorded()
+        assert (recorded["lora_rank"], recorded["lora_alpha"], recorded["lora_dropout"]) == (rank, 16.0, 0.05)
+
+
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("base")

@@ -187,6 +187,26 @@ def test_a_group_that_does_not_fit_is_a_one_line_error(capsys, tmp_path, flags, 
     assert words in err
 
 
+@pytest.mark.parametrize(
+    "block_size, words",
+    [
+        (6, "the default --s2_group, block_size // 4 = 1 (block_size=6), must be even and >= 2"),
+        (20, "the default --s2_group, block_size // 4 = 5 (block_size=20), must be even and >= 2"),
+        (18, "the default --s2_group, block_size // 4 = 4 (block_size=18), must divide block_size=18"),
+    ],
+)
+def test_a_default_group_that_does_not_fit_names_block_size_not_a_flag_never_given(
+    capsys, tmp_path, block_size, words
+):
+    """No --s2_group given: the group is block_size // 4, so the line names block_size and how to choose."""
+    err = finetune_error_line(
+        capsys, [*TINY_RUN, f"--out_dir={tmp_path}", "--s2_attn", f"--block_size={block_size}"], 2
+    )
+    assert words in err and err.endswith(
+        "give an --s2_group (even, dividing block_size) or a block_size that is a multiple of 8"
+    )
+
+
 def test_s2_group_defaults_to_a_quarter_of_block_size():
     extension = LongLoRA()
     train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"], extension)

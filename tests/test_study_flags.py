@@ -67,3 +67,27 @@ def test_a_bad_flag_or_output_is_one_line_before_any_work(
     assert exit_info.value.code == status and "\n" not in err and "Traceback" not in err, err
     assert "error: " in err and all(word in err for word in words), err
     assert files() == before  # no file written or left behind (a folder may be made, as the write will)
+
+
+class Ran(Exception):
+    """The command a study would run, caught instead of run."""
+
+
+@pytest.mark.parametrize("task", ["passkey", "loss"])
+def test_the_longlora_studys_evaluation_gives_lab_eval_length_only_flags_its_task_reads(task, monkeypatch):
+    """lab.eval_length refuses a flag its --task does not read (--dataset with the passkey task, which makes
+    its own samples): each command the study runs passes its checks, as the study writes it."""
+    from lab import eval_length
+    from lab.experiments import longlora, runs
+
+    def caught(args, *_, **__):
+        raise Ran(args)
+
+    monkeypatch.setattr(runs, "run_python", caught)
+    with pytest.raises(Ran) as ran:
+        longlora.evaluate(
+            longlora.StudyConfig(quick=True), task, ["out/a", "out/b"], "out/x.csv", "passkey_ctx"
+        )
+    command = [str(arg) for arg in ran.value.args[0]]
+    assert command[:2] == ["-m", "lab.eval_length"] and f"--task={task}" in command
+    assert eval_length.parse_args(command[2:]).task == task

@@ -248,7 +248,8 @@ def evaluate(cfg, task, folders, path, data, multiples=LENGTHS):
     """lab/eval_length.py on each folder's last checkpoint (ckpt.pt), RoPE as each records it, at these
     multiples of T -> {(folder name, length): retrieval pooled over depths, or the mean loss}"""
     lengths = ",".join(f"{m * T}t" for m in multiples)
-    flags = ["--rope_scalings", f"--dataset={data}", "--device=cpu", "--progress=false"]
+    flags = ["--rope_scalings", "--device=cpu", "--progress=false"]
+    flags += [f"--dataset={data}"] if task == "loss" else []  # the passkey task makes its own samples
     key = lambda r: (Path(r["checkpoint"]).parent.name, int(r["length"]))
     return eval_length(cfg, task, [f"{f}/ckpt.pt" for f in folders], lengths, path, key, *flags)
 

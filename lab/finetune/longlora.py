@@ -15,8 +15,8 @@ class FineTuneFlags:
     s2_attn: bool = False  # train with S²-Attn: attention within groups, half the heads shifted by half one
     s2_group: int | None = None  # S²-Attn's group in tokens; None: block_size / 4
     lora_rank: int = 0  # LoRA adapters of this rank on attention's c_attn and c_proj, rest frozen; 0: none
-    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
-    lora_dropout: float = 0.05  # dropout on the adapters' input
+    lora_alpha: float | None = None  # the adapters' scale is lora_alpha / lora_rank; None: 16
+    lora_dropout: float | None = None  # dropout on the adapters' input; None: 0.05
     lora_train: str | None = None  # with LoRA also train: embed, norm or embed,norm (LongLoRA's LoRA+)
 
 
@@ -34,6 +34,10 @@ class LongLoRA(Extension):
     def configure(self, flags, model_config):
         lora.check_flags(flags.lora_rank, flags.lora_alpha, flags.lora_dropout, flags.lora_train)
         lora.check_rank(flags.lora_rank, model_config.n_embd)
+        # the run records what it used: the defaults where a flag was not given (None)
+        alpha = lora.ALPHA if flags.lora_alpha is None else flags.lora_alpha
+        dropout = lora.DROPOUT if flags.lora_dropout is None else flags.lora_dropout
+        flags = replace(flags, lora_alpha=alpha, lora_dropout=dropout)
         require(flags.s2_attn or flags.s2_group is None, "--s2_group needs --s2_attn")
         if flags.s2_attn:
             group = s2.group_size(flags.s2_group, model_config.block_size, model_config.n_head)

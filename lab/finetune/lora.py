@@ -16,6 +16,7 @@ TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
 TRAINABLE = ("embed", "norm")  # --lora_train: the input embeddings (token, learned's table); LayerNorms
 SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
 SAID = "rank {rank}, alpha {alpha:g}, train {train!r}"  # SETTINGS as a refused resume names them
+ALPHA, DROPOUT = 16.0, 0.05  # --lora_alpha and --lora_dropout where not given: LongLoRA's (peft's LoraConfig)
 
 
 class LoRALinear(nn.Module):
@@ -50,15 +51,18 @@ class InputOnlyHead(nn.Linear):
 
 
 def check_flags(rank, alpha, dropout, train):
-    """train.py's LoRA flags, each a one-line ValueError. -> --lora_train as a tuple"""
+    """lab.finetune's LoRA flags, each a one-line ValueError; alpha, dropout and train None where not given,
+    as each must be without --lora_rank: without adapters it would change nothing. -> --lora_train as a
+    tuple"""
     require(rank >= 0, f"lora_rank must be >= 0 (0: no LoRA), got {rank}")
-    require(alpha > 0, f"lora_alpha must be > 0, got {alpha}")
-    require(0.0 <= dropout < 1.0, f"lora_dropout must be in [0, 1), got {dropout}")
+    require(alpha is None or alpha > 0, f"lora_alpha must be > 0, got {alpha}")
+    require(dropout is None or 0.0 <= dropout < 1.0, f"lora_dropout must be in [0, 1), got {dropout}")
     names = tuple(train.split(",")) if train else ()
     each_once = all(name in TRAINABLE for name in names) and len(set(names)) == len(names)
     choices = f"give one or more of {', '.join(TRAINABLE)}, comma-separated and each once"
     require(each_once, f"--lora_train={train!r}: {choices}")
-    require(rank or not names, "--lora_train names what LoRA also trains: it needs --lora_rank")
+    for flag, value in (("lora_alpha", alpha), ("lora_dropout", dropout), ("lora_train", train)):
+        require(rank or value is None, f"--{flag} sets LoRA's adapters: it needs --lora_rank")
     return names
 
 

@@ -15,11 +15,13 @@ from positions import attention_mask, require
 def group_size(group, block_size, n_head):
     """S²-Attn's group for a run of block_size tokens: `group`, or block_size / 4 (LongLoRA's) when None; a
     ValueError unless it is even (half a group is the shift) and divides block_size, and n_head is even."""
-    group = block_size // 4 if group is None else group
-    require(
-        group >= 2 and group % 2 == 0, f"--s2_group={group} must be even and >= 2: half a group is the shift"
-    )
-    require(block_size % group == 0, f"s2_group={group} must divide block_size={block_size}")
+    said, fix = f"--s2_group={group}", ""
+    if group is None:  # the default's failure is block_size's: say so, and how to choose instead
+        group = block_size // 4
+        said = f"the default --s2_group, block_size // 4 = {group} (block_size={block_size}),"
+        fix = "; give an --s2_group (even, dividing block_size) or a block_size that is a multiple of 8"
+    require(group >= 2 and group % 2 == 0, f"{said} must be even and >= 2: half a group is the shift{fix}")
+    require(block_size % group == 0, f"{said} must divide block_size={block_size}{fix}")
     require(n_head % 2 == 0, f"--s2_attn shifts half of the heads: n_head={n_head} must be even")
     return group
 

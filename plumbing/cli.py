@@ -37,6 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message, 2)
 
 
+# what an empty value (`--flag=` from an unset shell variable, or '' in a list) gets: never read as a default
+# or as a path, where "" is the current folder
+EMPTY = "is empty (an unset shell variable?): give a value or leave the flag out"
 BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
 EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 
@@ -57,8 +60,9 @@ def flag_options(name, annotation, choices, positional):
     """argparse's options for a field annotated int, float, bool, str, list[...] or one | None. A bool is
     true/false, 1/0, yes/no, on/off in any case (`--compile=False` as nanoGPT writes it), `--compile` alone
     true; a float is finite (a NaN passes every range check); an optional value is `none`, or not empty
-    (`--lengths=`, from an unset shell variable, would be taken for the default); an optional list is None
-    when not given, so that one given empty (`--compare` and nothing: an unset variable) can be refused."""
+    (`--lengths=`, from an unset shell variable, would be taken for the default), nor is a list's item
+    (`--compare ''`: a path, read as the current folder); an optional list is None when not given, so that
+    one given empty (`--compare` and nothing: an unset variable) can be refused."""
     lists = [t for t in typing.get_args(annotation) if typing.get_origin(t) is list]
     annotation = lists[0] if lists else annotation  # list[X] | None: a list flag whose default is None
     if is_list := typing.get_origin(annotation) is list:
@@ -67,9 +71,8 @@ def flag_options(name, annotation, choices, positional):
     kind, optional = next((t for t in args if t is not type(None)), annotation), type(None) in args
 
     def convert(text):
-        if optional and not text.strip():
-            empty = "is empty (an unset shell variable?): give a value or leave the flag out"
-            raise argparse.ArgumentTypeError(empty)
+        if (optional or is_list) and not text.strip():
+            raise argparse.ArgumentTypeError(EMPTY)
         if optional and text.lower() == "none":
             return None
         if kind not in EXPECTED:
@@ -106,6 +109,13 @@ def check_seed(name, value):
         raise UserError(f"--{name}={value}: a seed is a whole number from 0 to 2**63 - 1", 2)
 
 
+def not_empty(text):
+    """A path flag's value, refused empty (EMPTY): "" would read as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
+    return text
+
+
 def build_parser(prog, description, sections, defaults, choices, positional, with_config):
     """A flag per field, --config with with_config; defaults SUPPRESSed: parsing gives only what is given."""
     parser = ArgumentParser(
@@ -117,7 +127,7 @@ def build_parser(prog, description, sections, defaults, choices, positional, wit
     )
     if with_config:
         help_text = "read settings from a TOML file (several: in order, each overriding the ones before)"
-        parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text)
+        parser.add_argument("--config", metavar="FILE.toml", action="append", help=help_text, type=not_empty)
     for title, config_class, names in sections:
         group = parser.add_argument_group(title)
         try:  # the comment after each field is its --help (none without source: a frozen app), or its help
@@ -239,7 +249,13 @@ ROPE_FACTORS_KEYS = ("type", "rope_type", *ROPE_FACTORS_FIELDS)
 def read_prompt(start):
     """sample.py's --start: the prompt itself, or FILE:path to a UTF-8 file holding it."""
     path = start.removeprefix("FILE:")
-    return start if path == start else read_text(path, f"prompt file {path}", status=1)
+    if path == start:
+        return start
+    if not path.strip():  # "" would read as the current folder
+        raise UserError(
+            "--start=FILE: the path is empty (an unset shell variable?): give FILE:path or a prompt", 2
+        )
+    return read_text(path, f"prompt file {path}", status=1)
 
 
 def read_rope_factors(path, rope_scaling=None, rope_factor=None):

@@ -383,3 +383,23 @@ def test_a_list_flag_keeps_the_order_given_and_refuses_unknown_or_repeated_names
             ValueError, match=r"give one or more of learned, rope, alibi, comma-separated and each once"
         ):
             parse_list("pos", bad, choices)
+
+
+@pytest.mark.parametrize(
+    "script, argv, names",
+    [
+        (train, ["--config="], "argument --config: "),
+        (sample, ["--config", ""], "argument --config: "),
+        (sample, ["--start=FILE:"], "--start=FILE: "),
+        (sample, ["--compare", ""], "argument --compare: "),
+        (sample, ["--compare", "out/a", " "], "argument --compare: "),
+    ],
+    ids=["config", "config-sample", "prompt-file", "compare", "compare-second"],
+)
+def test_an_empty_path_is_refused_as_empty_not_read_as_the_current_folder(capsys, script, argv, names):
+    """An empty path (an unset shell variable) given to --config, --start=FILE: or as one of --compare's is
+    refused as every other empty value is, status 2, naming the flag: not opened as '' (the current folder:
+    "Is a directory", or its ckpt.pt)."""
+    err = error_line(capsys, script, argv, 2)
+    assert names in err and "is empty (an unset shell variable?)" in err, err
+    assert "Is a directory" not in err and "ckpt.pt" not in err, err

@@ -1,5 +1,7 @@
 """The tokenizers a dataset's meta.json and a checkpoint's meta name: what its token ids mean."""
 
+from collections import Counter
+
 import tiktoken
 
 from plumbing.errors import UserError
@@ -64,15 +66,31 @@ class GPT2Tokenizer:
 
 def vocabulary_error(meta: dict):
     """Why meta (a dataset's meta.json, a checkpoint's meta) says not what its token ids mean, or None: it
-    needs a tokenizer of TOKENIZERS, vocab_size >= 1 and, for char, the vocab_size characters (chars)."""
+    needs a tokenizer of TOKENIZERS, vocab_size >= 1 and, for char, chars: vocab_size characters, each once
+    (a repeated one would have several ids: which one a text gets would be a guess)."""
     tokenizer, vocab_size, chars = (meta.get(key) for key in ("tokenizer", "vocab_size", "chars"))
-    one_each = isinstance(chars, (list, str)) and all(isinstance(c, str) and len(c) == 1 for c in chars)
     if tokenizer not in TOKENIZERS:
         return f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}"
     if type(vocab_size) is not int or vocab_size < 1:
         return f"vocab_size must be an int >= 1, got {vocab_size!r}"
-    if tokenizer == "char" and not (one_each and len(chars) == vocab_size):
-        return f"a char tokenizer needs chars, the {vocab_size} characters its token ids stand for"
+    if tokenizer == "char" and (wrong := chars_error(chars, vocab_size)):
+        need = f"a char tokenizer needs chars, the {vocab_size} characters its token ids stand for, each once"
+        return f"{need}; {wrong}"
+    return None
+
+
+def chars_error(chars, vocab_size):
+    """What is wrong with a char vocabulary's chars for vocab_size ids (vocabulary_error's), or None."""
+    if chars is None:
+        return "chars is missing"
+    if not isinstance(chars, (list, str)):
+        return f"chars is a {type(chars).__name__}, not a list"
+    if not_one := [c for c in chars if not (isinstance(c, str) and len(c) == 1)]:
+        return f"chars holds {not_one[0]!r}, not one character"
+    if len(chars) != vocab_size:
+        return f"chars has {len(chars)}, too {'few' if len(chars) < vocab_size else 'many'}"
+    if repeated := sorted(c for c, n in Counter(chars).items() if n > 1):
+        return f"chars repeats {', '.join(map(repr, repeated[:5]))}: a character would have several ids"
     return None
 
 

@@ -11,7 +11,7 @@ from helpers import TINY_BLOCK, TINY_RUN, error_line, skip_without_gpt2
 import sample
 import train
 from lab.measure import losses
-from plumbing.tokenizers import CharTokenizer, get_tokenizer
+from plumbing.tokenizers import CharTokenizer, get_tokenizer, vocabulary_error
 from positions import POS_SCHEMES
 
 BLOCK = TINY_BLOCK
@@ -318,3 +318,43 @@ def test_compiled_decoding_gives_the_same_greedy_text(checkpoints, capsys):
     with pytest.raises(SystemExit):
         sample.main([*flags, "--compile", "--kv_cache=off"])
     assert "--compile compiles the KV-cached decode step" in capsys.readouterr().err
+
+
+def damaged(out_dir, tmp_path, change, name="damaged"):
+    """A copy of out_dir's ckpt.pt, read as torch.load(weights_only=True) reads it, change(ckpt) applied, saved
+    in its own folder: a damaged file as a user meets one. -> the folder"""
+    ckpt = torch.load(f"{out_dir}/ckpt.pt", weights_only=True)
+    change(ckpt)
+    (tmp_path / name).mkdir()
+    torch.save(ckpt, tmp_path / name / "ckpt.pt")
+    return tmp_path / name
+
+
+@pytest.mark.parametrize(
+    "chars, words",
+    [
+        (["a"] * 65, "chars repeats 'a': a character would have several ids"),
+        (list("abc"), "chars has 3, too few"),
+        (list("abc") * 30, "chars has 90, too many"),
+        ([1] * 65, "chars holds 1, not one character"),
+        ({"a": 0}, "chars is a dict, not a list"),
+        (None, "chars is missing"),
+    ],
+    ids=["repeated", "too-few", "too-many", "not-strings", "not-a-list", "missing"],
+)
+def test_a_char_vocabulary_says_what_is_wrong_with_its_characters(chars, words):
+    """vocabulary_error, the one rule for a dataset's meta.json and a checkpoint's meta: a char vocabulary
+    is vocab_size characters, each once (a repeated one makes a text's ids a guess), and each way one is not
+    is named, after what is needed."""
+    meta = {"tokenizer": "char", "vocab_size": 65} | ({} if chars is None else {"chars": chars})
+    why = vocabulary_error(meta)
+    assert why.startswith("a char tokenizer needs chars, the 65 characters") and words in why, why
+    assert vocabulary_error(meta | {"chars": [chr(32 + i) for i in range(65)]}) is None
+
+
+def test_a_checkpoint_whose_characters_repeat_is_refused_in_one_line(checkpoints, capsys, tmp_path):
+    """A checkpoint whose meta repeats a character (65 x 'a') is refused when opened, naming the file and
+    the repeat, whatever the prompt: not accepted until a prompt happens to need another character."""
+    folder = damaged(checkpoints["rope"], tmp_path, lambda c: c["meta"].__setitem__("chars", ["a"] * 65))
+    err = error_line(capsys, sample, [f"--out_dir={folder}", "--start=aaa", "--max_new_tokens=2"], 1)
+    assert f"{folder / 'ckpt.pt'}: " in err and "chars repeats 'a'" in err, err

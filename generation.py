@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from model import sample_next, window_length
+from model import check_finite_logits, sample_next, window_length
 from positions import require
 
 
@@ -28,7 +28,8 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     it was cached (as transformers). A scheme that encodes every position anew past a length (LongRoPE's long
     factors: recode_past) reruns the tokens so far when the sequence passes it, its cached keys rotated anew
     (as transformers, PR #33129). compile, cuda_graph (None: on CUDA): how a decode step runs, decode_mode's
-    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path."""
+    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path. The
+    prefill's logits are checked finite once (model.check_finite_logits), never a decoded token's."""
     B, n_prompt = idx.shape
     plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
     crop, n_run, n_pos, window, chunk = plan
@@ -39,6 +40,7 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     # Eager steps under inference_mode; a compiled or captured one under no_grad (pytorch#135892)
     with torch.inference_mode() if mode == "eager" else contextlib.nullcontext():
         logits = prefill(model, idx[:, n_prompt - n_run :], chunk)  # the prompt's latest n_run tokens
+        check_finite_logits(logits)  # once, after the prefill: the one host sync this adds
         position = torch.tensor([n_run], device=idx.device)
         for t in range(n_prompt, n_prompt + max_new_tokens):
             idx_next = sample_next(logits, temperature, top_k, top_p)

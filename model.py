@@ -310,13 +310,21 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
         """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each.
-        Learned sees the last block_size tokens; max_context crops further, positions restarting at 0."""
+        Learned sees the last block_size tokens; max_context crops further, positions restarting at 0. The
+        prompt's logits are checked finite (check_finite_logits), as generate_cached checks its prefill's; the
+        later ones on the device, read once at the end: argmax would turn NaN into tokens without a word."""
         crop = window_length(self.length_limit, max_context)
-        for _ in range(max_new_tokens):
+        finite = torch.ones((), dtype=torch.bool, device=idx.device)  # every logit so far; no sync a token
+        for step in range(max_new_tokens):
             context = idx if crop is None else idx[:, -crop:]
-            logits, _ = self(context)
-            idx_next = sample_next(logits[:, -1, :], temperature, top_k, top_p)
+            logits = self(context)[0][:, -1, :]
+            if step == 0:
+                check_finite_logits(logits)
+            finite &= torch.isfinite(logits).all()
+            idx_next = sample_next(logits, temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
+        if not finite:
+            raise NonFiniteLogits("while generating")
         return idx
 
 
@@ -324,6 +332,26 @@ def window_length(limit, max_context=None):
     """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
     table) the window of its last `limit`, positions from 0, narrowed by max_context if given; None: all."""
     return min((n for n in (limit, max_context) if n is not None), default=None)
+
+
+class NonFiniteLogits(ValueError):
+    """Logits that are NaN or inf `where`: the weights, not the user's settings (one line, exit status 1)."""
+
+    status = 1  # plumbing.errors.one_line_errors exits with it: a damaged model, not a bad flag
+
+    def __init__(self, where):
+        super().__init__(
+            f"the model's logits are not finite (NaN or inf) {where}: weights that overflow, a diverged or "
+            "damaged checkpoint; use another checkpoint"
+        )
+
+
+def check_finite_logits(logits, where="on this prompt"):
+    """Raise NonFiniteLogits unless every logit is finite: weights that overflow (finite, but huge) give inf
+    or NaN, which torch.multinomial refuses with a traceback and argmax turns into garbage. One host sync:
+    the decoding loops call it once, on the prompt's logits, never per token (generation.py)."""
+    if not torch.isfinite(logits).all():
+        raise NonFiniteLogits(where)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
@@ -345,4 +373,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         # the top token always stays
         sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+    try:  # multinomial refuses NaN or inf itself (a check it makes anyway): named here, at no cost per token
+        return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+    except RuntimeError:
+        check_finite_logits(logits, "while generating")
+        raise

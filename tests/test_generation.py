@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+import generation
 from generation import generate_cached
-from model import GPT, GPTConfig, cached_key_positions, sample_next
+from model import GPT, GPTConfig, NonFiniteLogits, cached_key_positions, sample_next
 from positions import POS_SCHEMES, ROPE_SCALINGS, apply_rope, rope_cos_sin, rope_frequencies
 
 BLOCK = 16
@@ -375,3 +376,46 @@ def test_compiled_decoding_refuses_dynamic_ntk():
         generate_cached(
             model, torch.zeros(1, 1, dtype=torch.long), 4, temperature=0, compile=True, backend="eager"
         )
+
+
+def overflowing(model, weight, scale):
+    """model with the parameter named `weight` times scale: finite weights whose forward overflows."""
+    with torch.no_grad():
+        model.get_parameter(weight).mul_(scale)
+    return model
+
+
+OVERFLOWS = [("transformer.h.0.attn.c_attn.weight", 1e30), ("transformer.wte.weight", 1e36)]
+
+
+@pytest.mark.parametrize("temperature", [0.8, 0.0], ids=["sampled", "greedy"])
+@pytest.mark.parametrize("weight, scale", OVERFLOWS, ids=["attention", "embedding"])
+@pytest.mark.parametrize("sampler", ["cached", "reference"])
+def test_logits_that_overflow_are_named_not_sampled(sampler, weight, scale, temperature):
+    """Finite weights whose forward overflows to inf or NaN: both samplers raise NonFiniteLogits (one line,
+    exit status 1 through plumbing.errors), sampled or greedy: not torch.multinomial's traceback, nor tokens
+    argmax picked from NaN."""
+    model = overflowing(tiny_model("rope"), weight, scale)
+    idx = torch.randint(0, 32, (2, 3), generator=torch.Generator().manual_seed(0))
+    generate = generate_cached if sampler == "cached" else GPT.generate
+    with pytest.raises(NonFiniteLogits, match=r"logits are not finite \(NaN or inf\)") as error:
+        generate(model, idx, 8, temperature=temperature)
+    assert error.value.status == 1
+
+
+def test_cached_decoding_checks_the_logits_once_not_per_token(monkeypatch):
+    """generate_cached reads the logits' finiteness once, after the prefill: a check per decoded token would
+    be a host synchronisation per token, which its static, captured step avoids."""
+    checked = []
+    monkeypatch.setattr(generation, "check_finite_logits", lambda logits: checked.append(logits.shape))
+    generate_cached(tiny_model("rope"), torch.zeros(2, 3, dtype=torch.long), 8)
+    assert checked == [(2, 32)]
+
+
+def test_sampling_non_finite_logits_names_them():
+    """sample_next on NaN or inf logits raises NonFiniteLogits (from the check torch.multinomial makes anyway,
+    at no cost per token), not multinomial's RuntimeError."""
+    for bad in (float("nan"), float("inf")):
+        logits = torch.zeros(2, 5).index_fill_(1, torch.tensor([1]), bad)
+        with pytest.raises(NonFiniteLogits, match="while generating"):
+            sample_next(logits, temperature=1.0, top_k=None)

@@ -114,10 +114,16 @@ def generation_bytes(config, batch, n_prompt, max_new_tokens, max_context=None, 
 
 
 def check_generation_memory(config, batch, n_prompt, max_new_tokens, device, advice, max_context=None,
-                            cached=True, weights=False):  # fmt: skip
-    """Refuse generation beyond device's memory (weights=True: the float32 weights too, not yet built)."""
+                            cached=True, weights=False, model_advice=None):  # fmt: skip
+    """Refuse generation beyond device's memory (weights=True: a model not yet built, whose float32 weights
+    and the position table its scheme builds at block_size count too: RoPE's at a block_size of 10**9 would
+    be tens of GB before any step; a table grown later is built beside it). model_advice: the advice where
+    the model itself is the most of it, which no generation setting makes fit (a checkpoint's)."""
     static = captured_on(device)  # generate_cached's default there: the static, captured step
     parts = generation_bytes(config, batch, n_prompt, max_new_tokens, max_context, cached, static)
     if weights:
         parts["weights"] = parameter_count(config) * 4
+        parts["position table at block_size"] = scheme_shapes(config).table_bytes(config.block_size)
+        if model_advice and max(parts, key=parts.get) in ("weights", "position table at block_size"):
+            advice = model_advice
     check_memory(parts, device, f"generating {max_new_tokens:,} tokens in a batch of {batch}", advice)

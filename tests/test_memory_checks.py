@@ -9,6 +9,8 @@ import train
 from data.passkey import prepare as passkey_prepare
 from lab.perf import ab, bench
 from model import GPT, GPTConfig
+from plumbing import hardware, memory
+from plumbing.errors import UserError
 from plumbing.memory import activation_bytes, forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES
 
@@ -106,3 +108,38 @@ def test_a_size_that_cannot_fit_is_one_line_before_any_allocation(
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == status and "\n" not in err and "needs about" in err, err
     assert "error: " in err and all(word in err for word in words), err
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_a_model_not_yet_built_counts_the_tables_its_scheme_builds_at_block_size(pos, monkeypatch):
+    """check_generation_memory(weights=True), for a model not built yet, counts beside its weights the tables
+    a fresh GPT's scheme builds at block_size (RoPE's cos and sin, sinusoidal's), to the byte: built before
+    any step, a block_size of 10**9 allocates tens of GB there."""
+    config = GPTConfig.from_flat(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, pos=pos)
+    parts = {}
+    monkeypatch.setattr(memory, "check_memory", lambda counted, *args: parts.update(counted))
+    memory.check_generation_memory(config, 1, 1, 4, "cpu", "lower --max_new_tokens", weights=True)
+    built = GPT(config)
+    tables = sum(b.nbytes for b in built.transformer.wpe.buffers() if b.dim() == 2)
+    assert parts["position table at block_size"] == tables
+    assert parts["weights"] == sum(p.nbytes for p in built.parameters())
+
+
+def test_the_advice_says_when_the_model_itself_does_not_fit(monkeypatch):
+    """Where the weights or the tables built at block_size are the most of it, no generation setting helps:
+    the refusal gives model_advice instead of the flags to lower; otherwise those flags."""
+    monkeypatch.setattr(hardware, "available_memory", lambda device: 10**6)
+    huge = GPTConfig.from_flat(n_layer=1, n_head=2, n_embd=16, block_size=10**8, vocab_size=11, pos="rope")
+    small = GPTConfig.from_flat(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, pos="rope")
+    for config, n_new, advice in [(huge, 1, "another checkpoint"), (small, 10**6, "lower --max_new_tokens")]:
+        with pytest.raises(UserError, match=advice):
+            memory.check_generation_memory(
+                config,
+                1,
+                1,
+                n_new,
+                "cpu",
+                "lower --max_new_tokens",
+                weights=True,
+                model_advice="another checkpoint",
+            )

@@ -22,11 +22,13 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 
 import time
 from collections import namedtuple
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 from generation import captured_on, decode_mode, generate_cached
+from model import GPTConfig, NonFiniteLogits
 from plumbing import hardware
 from plumbing.checkpoint import (
     check_settings,
@@ -34,6 +36,7 @@ from plumbing.checkpoint import (
     open_checkpoint,
     open_model,
     pretrained_checkpoint,
+    rope_overrides,
 )
 from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
@@ -77,6 +80,8 @@ class SampleConfig:
         if self.rope_factors and self.rope_scaling is None:
             self.rope_scaling = "longrope"
         require(self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling")
+        both = "--init_from names the one model to sample, --compare several: name GPT-2 among --compare's"
+        require(self.compare is None or self.init_from is None, f"{both} (--compare gpt2 out/...)")
         # the RoPE extension's flags, by RoPE's settings' rules (longrope's factors: read_rope_factors's)
         extension = dict(rope_factor=self.rope_factor, rope_low_freq_factor=self.rope_low_freq_factor,
                          rope_high_freq_factor=self.rope_high_freq_factor)  # fmt: skip
@@ -167,11 +172,37 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     longrope = cfg.rope_factors and read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor)
     original = settings.get("rope_original_len") or block_size
     check_original_len(longrope or {}, original, f"{out_dir}'s original length")
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
+    try:  # a setting the model refuses is the --rope_* flags' mistake, not the checkpoint's
+        scaling = rope_overrides(cfg.rope_scaling, rope_factor, llama3, longrope)
+        config = GPTConfig.from_flat(**GPTConfig(**saved).flat() | scaling)
+    except ValueError as e:
+        raise UserError(f"{rope_flags(cfg)} on {out_dir}: {e}", 2) from None
     advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
     sizes = (cfg.num_samples, len(prompt_ids), max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache)
-    check_generation_memory(loaded.model.config, *sizes)
+    itself = f"the model itself (block_size={block_size:,}) does not fit: use another checkpoint"
+    check_generation_memory(config, *sizes, weights=True, model_advice=itself)  # before the model is built
+    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     return loaded, cfg, prompt_ids, max_new_tokens
+
+
+def rope_flags(cfg):
+    """The --rope_* flags given, as typed: '--rope_scaling=yarn --rope_factor=2' (a factors file's implied
+    --rope_scaling left out)."""
+    given = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name.startswith("rope_")}
+    given = {name: value for name, value in given.items() if value is not None}
+    implied = ["rope_scaling"] if cfg.rope_factors else []
+    shown = lambda value: f"{value:g}" if isinstance(value, float) else value
+    return " ".join(f"--{name}={shown(value)}" for name, value in given.items() if name not in implied)
+
+
+@contextmanager
+def blamed_on(out_dir):
+    """Logits that are not finite (model.NonFiniteLogits: the weights overflow) named by the model's file."""
+    try:
+        yield
+    except NonFiniteLogits as e:
+        path = out_dir if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
+        raise UserError(f"{path}: {e}") from None
 
 
 def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threads=None):
@@ -225,14 +256,18 @@ def compare(cfg, device, threads):
     one model in memory at a time. Their losses past T: python -m lab.eval_length."""
     if not cfg.compare:
         raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
-    for out_dir in cfg.compare:
-        load_for_generation(out_dir, cfg, device, True)
+    schemes = {out_dir: load_for_generation(out_dir, cfg, device, True)[0].model.config.pos
+               for out_dir in cfg.compare}  # fmt: skip
+    if (flags := rope_flags(cfg)) and not any(POSITION_MODULES[pos].rotates for pos in schemes.values()):
+        compared = ", ".join(f"{out_dir} (pos={pos})" for out_dir, pos in schemes.items())
+        raise UserError(f"{flags} extends RoPE; no compared checkpoint takes it: {compared}", 2)
     print(threads)
     rows = []
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
         loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, True)
-        _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, False)
+        with blamed_on(out_dir):
+            _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, False)
         rows.append((out_dir, loaded.model.config, tokens_per_second))  # one model at a time
     print(f"\n{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9}")
     for out_dir, c, speed in rows:
@@ -253,7 +288,10 @@ def main(argv=None):
             return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
-        return loaded, *print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads)
+        with blamed_on(out_dir):
+            return loaded, *print_samples(
+                loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads
+            )
 
 
 if __name__ == "__main__":

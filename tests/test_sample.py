@@ -1,6 +1,7 @@
 """sample.py as a user runs it: train tiny checkpoints with train.py,
 then generate past their trained length."""
 
+import json
 import re
 import shutil
 
@@ -11,6 +12,8 @@ from helpers import TINY_BLOCK, TINY_RUN, error_line, skip_without_gpt2
 import sample
 import train
 from lab.measure import losses
+from model import GPT
+from plumbing import hardware
 from plumbing.tokenizers import CharTokenizer, get_tokenizer, vocabulary_error
 from positions import POS_SCHEMES
 
@@ -202,8 +205,9 @@ def test_bad_flags_are_one_line_errors(flag, message, capsys):
 
 
 def test_rope_scaling_on_a_non_rope_checkpoint_is_a_clear_error(checkpoints, capsys):
-    """--rope_scaling extends RoPE; asking it of an ALiBi model is an error that says so."""
-    err = error_line(capsys, sample, [f"--out_dir={checkpoints['alibi']}", "--rope_scaling=yarn"], 1)
+    """--rope_scaling extends RoPE; asking it of an ALiBi model is an error that says so: the flag's mistake,
+    status 2, as train.py gives it."""
+    err = error_line(capsys, sample, [f"--out_dir={checkpoints['alibi']}", "--rope_scaling=yarn"], 2)
     assert re.search("rope_scaling='yarn' is a setting of pos=rope; this model has pos=alibi", err)
 
 
@@ -321,8 +325,8 @@ def test_compiled_decoding_gives_the_same_greedy_text(checkpoints, capsys):
 
 
 def damaged(out_dir, tmp_path, change, name="damaged"):
-    """A copy of out_dir's ckpt.pt, read as torch.load(weights_only=True) reads it, change(ckpt) applied, saved
-    in its own folder: a damaged file as a user meets one. -> the folder"""
+    """A copy of out_dir's ckpt.pt, read as torch.load(weights_only=True) reads it, change(ckpt) applied,
+    saved in its own folder: a damaged file as a user meets one. -> the folder"""
     ckpt = torch.load(f"{out_dir}/ckpt.pt", weights_only=True)
     change(ckpt)
     (tmp_path / name).mkdir()
@@ -358,3 +362,114 @@ def test_a_checkpoint_whose_characters_repeat_is_refused_in_one_line(checkpoints
     folder = damaged(checkpoints["rope"], tmp_path, lambda c: c["meta"].__setitem__("chars", ["a"] * 65))
     err = error_line(capsys, sample, [f"--out_dir={folder}", "--start=aaa", "--max_new_tokens=2"], 1)
     assert f"{folder / 'ckpt.pt'}: " in err and "chars repeats 'a'" in err, err
+
+
+def scaled(name, factor):
+    return lambda ckpt: ckpt["model"][name].mul_(factor)
+
+
+OVERFLOWING = [  # (scheme, change): finite weights whose forward overflows
+    ("rope", scaled("transformer.h.0.attn.c_attn.weight", 1e30)),
+    ("rope", scaled("transformer.wte.weight", 1e36)),
+    ("fire", lambda ckpt: ckpt["model"]["transformer.wpe.c_log"].fill_(1000.0)),
+]
+
+
+@pytest.mark.parametrize(
+    "flags", [[], ["--kv_cache=off"], ["--temperature=0"], ["--kv_cache=off", "--temperature=0"]]
+)
+@pytest.mark.parametrize("pos, change", OVERFLOWING, ids=["attention", "embedding", "fire-c_log"])
+def test_a_checkpoint_whose_logits_overflow_is_one_line(checkpoints, capsys, tmp_path, pos, change, flags):
+    """A checkpoint of finite weights that overflow in the forward pass (x 1e30, FIRE's c_log = 1000) passes
+    the open-time finite-weights check; sampling from it is one line naming the file, status 1, with the KV
+    cache or without, sampled or greedy: not torch.multinomial's traceback, nor garbage and status 0."""
+    folder = damaged(checkpoints[pos], tmp_path, change)
+    err = error_line(capsys, sample, [f"--out_dir={folder}", "--max_new_tokens=8", "--stream=off", *flags], 1)
+    assert f"{folder / 'ckpt.pt'}: the model's logits are not finite (NaN or inf)" in err, err
+    assert "a diverged or damaged checkpoint" in err, err
+
+
+def test_a_checkpoint_of_a_huge_block_size_is_refused_before_its_model_is_built(
+    checkpoints, capsys, tmp_path, monkeypatch
+):
+    """A checkpoint whose model_config says block_size 10**9: the position table its model would build at
+    that length (RoPE's cos and sin: 64 GB here) is counted before the model is built, and the refusal is
+    one line saying that the model itself does not fit: not a 32 GB allocation's traceback."""
+    folder = damaged(
+        checkpoints["rope"], tmp_path, lambda c: c["model_config"].__setitem__("block_size", 10**9)
+    )
+    monkeypatch.setattr(hardware, "available_memory", lambda device: 16 * 10**9)  # any machine's answer
+    monkeypatch.setattr(GPT, "__init__", lambda *a, **k: pytest.fail("the model was built"))
+    err = error_line(capsys, sample, [f"--out_dir={folder}", "--max_new_tokens=8"], 1)
+    assert "needs about 64.0 GB of memory (position table at block_size 64.0 GB)" in err, err
+    assert "the model itself (block_size=1,000,000,000) does not fit: use another checkpoint" in err, err
+
+
+def write_factors(tmp_path, name, short, long):
+    (tmp_path / name).write_text(json.dumps({"short_factor": short, "long_factor": long}))
+    return tmp_path / name
+
+
+@pytest.mark.parametrize(
+    "pos, flags, words",
+    [
+        (
+            "rope",
+            ["--rope_factors={half}"],
+            "--rope_factors={half} on {out_dir}: rope_long_factor: every factor",
+        ),
+        (
+            "rope",
+            ["--rope_factors={few}"],
+            "--rope_factors={few} on {out_dir}: rope_short_factor has 2 factors",
+        ),
+        (
+            "fire",
+            ["--rope_scaling=yarn"],
+            "--rope_scaling=yarn on {out_dir}: rope_scaling='yarn' is a setting of",
+        ),
+        ("fire", ["--rope_factors={few}"], "--rope_factors={few} on {out_dir}: rope_scaling='longrope' is a"),
+    ],
+    ids=["factor-below-1", "factors-of-another-count", "scaling-on-fire", "factors-on-fire"],
+)
+def test_a_rope_flag_the_checkpoint_refuses_is_the_flags_mistake(
+    checkpoints, capsys, tmp_path, pos, flags, words
+):
+    """A --rope_* flag or --rope_factors file whose settings the checkpoint's model refuses (a factor below 1,
+    the wrong count, any RoPE setting on a scheme without RoPE) is the user's mistake: status 2, naming the
+    flag or file, not blamed on the checkpoint (status 1, its path first)."""
+    files = dict(
+        half=write_factors(tmp_path, "half.json", [1] * 4, [0.5, 1, 1, 1]),
+        few=write_factors(tmp_path, "few.json", [1, 1], [1, 1]),
+        out_dir=checkpoints[pos],
+    )
+    argv = [f"--out_dir={checkpoints[pos]}", "--max_new_tokens=4", *(flag.format(**files) for flag in flags)]
+    err = error_line(capsys, sample, argv, 2)
+    assert f"error: {words.format(**files)}" in err, err
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (
+            ["--rope_scaling=yarn"],
+            "--rope_scaling=yarn extends RoPE; no compared checkpoint takes it: "
+            "{learned} (pos=learned), {fire} (pos=fire)",
+        ),
+        (
+            ["--rope_scaling=yarn", "--rope_factor=3"],
+            "--rope_scaling=yarn --rope_factor=3 extends RoPE; no compared checkpoint takes it",
+        ),
+        (["--init_from=gpt2"], "--init_from names the one model to sample, --compare several"),
+    ],
+    ids=["scaling", "factor", "init_from"],
+)
+def test_compare_refuses_a_flag_that_no_compared_checkpoint_takes(
+    checkpoints, capsys, monkeypatch, flags, words
+):
+    """--compare with a RoPE extension flag where none of the checkpoints is RoPE, or with --init_from (which
+    names the one model to sample): one line, status 2, before any sample, not silently ignored."""
+    monkeypatch.setattr(sample, "print_samples", lambda *a, **k: pytest.fail("a model was sampled"))
+    argv = ["--compare", checkpoints["learned"], checkpoints["fire"], "--max_new_tokens=4", *flags]
+    err = error_line(capsys, sample, argv, 2)
+    assert words.format(**checkpoints) in err, err

@@ -310,17 +310,14 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None):
         """The reference sampler: append max_new_tokens to idx (B, T), rerunning the whole context for each.
-        Learned sees the last block_size tokens; max_context crops further, positions restarting at 0. The
-        prompt's logits are checked finite (check_finite_logits), as generate_cached checks its prefill's; the
-        later ones on the device, read once at the end: argmax would turn NaN into tokens without a word."""
+        Learned sees the last block_size tokens; max_context crops further, positions restarting at 0. Logits
+        that are not finite raise NonFiniteLogits (checked on the device, read once at the end)."""
         crop = window_length(self.length_limit, max_context)
         finite = torch.ones((), dtype=torch.bool, device=idx.device)  # every logit so far; no sync a token
-        for step in range(max_new_tokens):
+        for _ in range(max_new_tokens):
             context = idx if crop is None else idx[:, -crop:]
             logits = self(context)[0][:, -1, :]
-            if step == 0:
-                check_finite_logits(logits)
-            finite &= torch.isfinite(logits).all()
+            finite &= torch.isfinite(logits).all()  # argmax would turn NaN into tokens without a word
             idx_next = sample_next(logits, temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
         if not finite:

@@ -40,7 +40,6 @@ from plumbing.fields import check_fields, require, setting
 from plumbing.memory import check_training_memory
 from plumbing.resume import PLAIN, Run
 from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
-from positions import LONGROPE_FIELDS
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
 # macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
@@ -51,7 +50,6 @@ MODEL_DEFAULTS = MappingProxyType(
 # Micro-batch j of every step comes from the sampler's stream j, whichever rank runs it: a step trains on
 # the same tokens for any number of processes. Evaluation draws from a stream of its own: it changes nothing.
 EVAL_STREAM = 2**31 - 1
-SCALING_NEEDS = ("rope_factor", "rope_original_len")  # settings of an extension: without one they do nothing
 
 
 @dataclass
@@ -121,7 +119,7 @@ def parse_args(argv=None, extension=PLAIN):
     if values["rope_factors"]:
         factor = values["rope_factor"] if "rope_factor" in given else None
         longrope = cli.read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
-        check_longrope_given_once(longrope, given, values["rope_factors"])
+        cli.check_longrope_given_once(longrope, given, values["rope_factors"])
     if source := values["init_from"]:  # parse again: the checkpoint's model config under --config and flags
         saved = resume.saved_model_config(source, model_flags)
         values = cli.parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS | saved | {"out_dir": None})
@@ -133,33 +131,13 @@ def parse_args(argv=None, extension=PLAIN):
     cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags + own})
     # a setting given of another scheme than pos is refused, at its default too
     model_config = GPTConfig.from_flat(given=given | set(longrope), **{k: values[k] for k in model_flags})
-    check_scaling_given(values, given)
+    cli.check_scaling_given(values, given)
     if own:
         extension.configure(extension.Flags(**{k: v for k, v in values.items() if k in own}), model_config)
     check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
     hardware.check_device(cfg.device)
     check_torchrun_device(cfg.device)
     return cfg, model_config
-
-
-def check_longrope_given_once(longrope, given, path):
-    """A LongRoPE setting the --rope_factors file sets and a flag (or --config) gives too is refused: neither
-    value would be the one meant, so neither silently wins."""
-    if twice := [name for name in LONGROPE_FIELDS if name in longrope and name in given]:
-        flags, one = " and ".join(f"--{name}" for name in twice), len(twice) == 1
-        where = f"give {'it' if one else 'each'} in one place, the file or the flag"
-        raise UserError(f"--rope_factors {path} and {flags} both set {', '.join(twice)}: {where}", 2)
-
-
-def check_scaling_given(values, given):
-    """A RoPE extension's factor or original length given without an extension (--rope_scaling) is a
-    setting that changes nothing: refused, as sample.py does. Only when given: a checkpoint's, or a default,
-    is no flag (and --init_from's run sets rope_original_len itself)."""
-    if values["rope_scaling"] is None and (named := [n for n in SCALING_NEEDS if n in given]):
-        flags, one = " and ".join(f"--{n}={values[n]}" for n in named), len(named) == 1
-        what = f"need{'s' * one} --rope_scaling, the extension {'it sets' if one else 'they set'}"
-        drop = " and ".join(f"--{n}" for n in named)
-        raise UserError(f"{flags} {what} (without one RoPE is not scaled): give one, or drop {drop}", 2)
 
 
 def resolve_runtime(cfg, model_config, device=None, world_size=1):

@@ -28,7 +28,7 @@ from pathlib import Path
 from model import GPTConfig
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import choices_of, rule_text
-from positions import POSITION_MODULES
+from positions import LONGROPE_FIELDS, POSITION_MODULES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -306,3 +306,26 @@ def check_original_len(longrope, original, what):
         was = f"--rope_factors: its factors were searched for an original length of {searched} tokens"
         fix = f"search factors for {original} (python -m lab.experiments.longrope)"
         raise UserError(f"{was} (original_max_position_embeddings) but {what} is {original}; {fix}", 2)
+
+
+SCALING_NEEDS = ("rope_factor", "rope_original_len")  # settings of an extension: without one they do nothing
+
+
+def check_longrope_given_once(longrope, given, path):
+    """A LongRoPE setting the --rope_factors file sets and a flag (or --config) gives too is refused: neither
+    value would be the one meant, so neither silently wins."""
+    if twice := [name for name in LONGROPE_FIELDS if name in longrope and name in given]:
+        flags, one = " and ".join(f"--{name}" for name in twice), len(twice) == 1
+        where = f"give {'it' if one else 'each'} in one place, the file or the flag"
+        raise UserError(f"--rope_factors {path} and {flags} both set {', '.join(twice)}: {where}", 2)
+
+
+def check_scaling_given(values, given):
+    """A RoPE extension's factor or original length given without an extension (--rope_scaling) is a
+    setting that changes nothing: refused, as sample.py does. Only when given: a checkpoint's, or a default,
+    is no flag (and --init_from's run sets rope_original_len itself)."""
+    if values["rope_scaling"] is None and (named := [n for n in SCALING_NEEDS if n in given]):
+        flags, one = " and ".join(f"--{n}={values[n]}" for n in named), len(named) == 1
+        what = f"need{'s' * one} --rope_scaling, the extension {'it sets' if one else 'they set'}"
+        drop = " and ".join(f"--{n}" for n in named)
+        raise UserError(f"{flags} {what} (without one RoPE is not scaled): give one, or drop {drop}", 2)

@@ -79,7 +79,7 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     UserError naming the path; mmap=True reads a tensor from disk only when used."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: no such checkpoint file")
+        raise UserError(f"{path}: {'a folder, not a' if path.is_dir() else 'no such'} checkpoint file")
     try:
         mmap = mmap and zipfile.is_zipfile(path)  # torch maps only its zip format
         with warnings.catch_warnings(action="ignore"):  # "Detected pickle protocol 4": the error says it
@@ -120,7 +120,7 @@ def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
             "neither sampled from nor trained on; train.py writes one into every checkpoint"
         )
     if why := vocabulary_error(meta):
-        raise UserError(f"{path}: its meta has no vocabulary: {why}")
+        raise UserError(f"{path}: its meta's vocabulary is not usable: {why}")
     if (model_vocab := ckpt["model_config"]["vocab_size"]) != meta["vocab_size"]:  # both checked: ints
         raise UserError(f"{path}: its meta has {meta['vocab_size']} tokens but its model {model_vocab}")
     return ckpt

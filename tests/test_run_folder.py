@@ -212,7 +212,7 @@ def spoil(path, kind, marker):
     "kind, words",
     [
         ("no meta", "ckpt.pt: no meta entry (the tokenizer and vocabulary its token ids belong to)"),
-        ("no vocabulary", "ckpt.pt: its meta has no vocabulary: a char tokenizer needs chars"),
+        ("no vocabulary", "ckpt.pt: its meta's vocabulary is not usable: a char tokenizer needs chars"),
         (
             "weights that do not fit",
             "ckpt.pt: its GPT state does not fit (missing transformer.h.0.mlp.c_fc.weight; "

@@ -182,6 +182,14 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path, capsys):
     assert re.search(r"error: .*ckpt.pt: .*corrupt", error_line(capsys, sample, [f"--out_dir={tmp_path}"], 1))
 
 
+def test_a_folder_named_ckpt_pt_is_named_a_folder_not_a_missing_file(tmp_path, capsys):
+    """A folder where the checkpoint file belongs is said to be one: "no such file" would send the user
+    looking for a file that is there, as a folder."""
+    (tmp_path / "ckpt.pt").mkdir()
+    err = error_line(capsys, sample, [f"--out_dir={tmp_path}"], 1)
+    assert err.endswith(f"{tmp_path / 'ckpt.pt'}: a folder, not a checkpoint file"), err
+
+
 @pytest.mark.parametrize(
     "flag, message",
     [

@@ -346,7 +346,7 @@ class NonFiniteLogits(ValueError):
 def check_finite_logits(logits, where="on this prompt"):
     """Raise NonFiniteLogits unless every logit is finite: weights that overflow (finite, but huge) give inf
     or NaN, which torch.multinomial refuses with a traceback and argmax turns into garbage. One host sync:
-    the decoding loops call it once, on the prompt's logits, never per token (generation.py)."""
+    generate_cached calls it once, on the prefill's logits, never per token (generation.py)."""
     if not torch.isfinite(logits).all():
         raise NonFiniteLogits(where)
 

@@ -2,6 +2,7 @@
 naming its flag), then written atomically (plumbing.outputs.replace_atomically)."""
 
 import csv
+import json
 import os
 import re
 from contextlib import suppress
@@ -29,6 +30,7 @@ FIGURE_STARTS = {
     "pgf": rb"%% Creator: Matplotlib",
 }
 HEAD_BYTES = 4096  # read of an existing file to tell what it is: a header line, a format's first bytes
+JSON_BYTES = 2**24  # a larger file is read as no report of ours (json_file), not parsed
 
 
 def check_outputs(outputs, inputs=(), earlier=None, replace=False):
@@ -94,6 +96,22 @@ def csv_file(*headers):
         "a CSV with the header this command writes",
         lambda path: head(path).split(b"\n")[0].rstrip(b"\r") in lines,
     )
+
+
+def json_file(*keys):
+    """check_not_theirs's (what, ours) for a JSON report: ours if it is a JSON object holding every one of
+    `keys`, those the command's report always has (a file over JSON_BYTES is not read: not ours)."""
+
+    def ours(path):
+        try:
+            if path.stat().st_size > JSON_BYTES:
+                return False
+            report = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested too deep
+            return False
+        return isinstance(report, dict) and set(keys) <= set(report)
+
+    return f"a JSON report with the keys {', '.join(keys)}", ours
 
 
 def figure_file(fmt):

@@ -3,6 +3,7 @@ bad flags in one line. Speed itself is measured by lab.perf.bench, never asserte
 
 import json
 import math
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,37 @@ def test_json_holds_the_figures_the_machine_and_the_command_line(tiny_report):
         "compiled_tok_s",
         "cached_matches_reference",
     } <= set(row)
+
+
+def test_json_replaces_a_report_this_command_wrote_and_no_other_unless_replace(tiny_report, tmp_path, capsys):
+    """A file of the user's at --json (a script, JSON of other keys, a JSON list) is refused in one line
+    before any work (no threads line) and kept; --replace replaces it; a report this command wrote is replaced
+    again without a flag, the normal rerun; --replace without --json is a usage error."""
+    fast = [*TINY, "--pos=rope", "--train_steps=0", "--gen_multiples", "1"]
+    kept = {
+        "train.py": "print('mine')\n",
+        "notes.json": '{"command": "mine", "config": {}}\n',
+        "list.json": "[1, 2]\n",
+    }
+    for name, text in kept.items():
+        (tmp_path / name).write_text(text)
+        err = error_line(capsys, bench, [*fast, f"--json={tmp_path / name}"], 1)
+        assert err.endswith(
+            f"--json={tmp_path / name}: that file exists and is no earlier output of this command (not a "
+            "JSON report with the keys command, machine, config); give another file, or add --replace to "
+            "replace it"
+        )
+        assert (tmp_path / name).read_text() == text
+    own = tmp_path / "bench.json"
+    own.write_text(json.dumps(tiny_report[1], indent=2) + "\n")  # an earlier run's report
+    bench.main([*fast, f"--json={own}"])
+    assert json.loads(own.read_text())["command"] == shlex.join([*bench.PROG.split(), *fast, f"--json={own}"])
+    replaced = tmp_path / "notes.json"
+    bench.main([*fast, f"--json={replaced}", "--replace"])
+    assert list(json.loads(replaced.read_text())["generation"]) == ["rope"]
+    capsys.readouterr()
+    err = error_line(capsys, bench, [*fast, "--replace"], 2)
+    assert err.endswith("--replace applies to --json only: leave it out, or give --json"), err
 
 
 def test_every_figure_comes_with_the_min_and_max_of_its_repeats(tiny_report):

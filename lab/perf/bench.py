@@ -12,7 +12,8 @@ KV-cached sampler (eager), the uncached reference, the CUDA-graph step (CUDA onl
 greedy, each checked to give the reference's tokens, and the operators one decode step launches (lab.perf.ops:
 on a GPU they, not the arithmetic, set eager decoding's speed). Figures: the median of the repeats with their
 min and max, a loud note when their spread or the load makes them unreliable. Memory: CUDA's peak allocated,
-else max RSS. --config: a training preset's flag keys.
+else max RSS. --config: a training preset's flag keys. A file already at --json is replaced when this command
+wrote it (a JSON report with its keys), any other only with --replace.
 """
 
 import sys
@@ -44,13 +45,13 @@ import torch
 
 from data.common import available_datasets, dataset_dir, load_meta
 from generation import decode_mode, generate_cached
-from lab.outputs import check_outputs, write_output
+from lab.outputs import check_outputs, json_file, write_output
 from lab.perf.ops import decode_step_ops
 from lab.tables import fmt, markdown_table
 from model import GPT, GPTConfig
 from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list, threads_flag
-from plumbing.errors import one_line_errors
+from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from positions import POS_SCHEMES
 
@@ -59,6 +60,7 @@ MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropou
 REPEAT_BUDGET_S = 10.0  # a generation figure stops repeating once its runs took this long
 QUICK = dict(train_steps=10, warmup_steps=2, gen_multiples=[2], repeats=3, matmul_size=1024)
 SAMPLERS = ("cached", "reference", "cuda_graph", "compiled")
+REPORT_KEYS = ("command", "machine", "config")  # every report --json holds them from its first save: its mark
 UNRELIABLE_SPREAD = 1.5  # max / min of a figure's repeats above this: the figure is noise-bound
 
 
@@ -98,6 +100,7 @@ class BenchConfig:
     matmul_size: int = setting(2048, at_least=1)  # side of the float32 torch.mm timed for the CPU's peak
     seed: int = 1337  # seeds the weights and the random batches
     json: str | None = None  # write every figure, the machine and the command line to this file
+    replace: bool = False  # --json may replace a file this command did not write
 
     def __post_init__(self):
         if self.quick:
@@ -122,8 +125,10 @@ class BenchConfig:
 
 def parse_args(argv=None):
     """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
-    sections = [("benchmark", BenchConfig, None)]
-    cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, foreign_keys=True))
+    sections, given = [("benchmark", BenchConfig, None)], set()
+    cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, foreign_keys=True, given=given))
+    if "replace" in given and cfg.json is None:  # ignored, it would look like a setting that took effect
+        raise UserError("--replace applies to --json only: leave it out, or give --json", 2)
     device = hardware.resolve_device(cfg.device)
     hardware.check_device(device)
     kind = device.split(":")[0]
@@ -374,7 +379,10 @@ def check_memory_of_runs(configs, batch, grad_accum, copies, new_tokens, referen
 
 def run(cfg, argv):
     """Every figure cfg asks for, printed and saved to --json as it comes. -> the report dict"""
-    check_outputs({"json": cfg.json})  # before minutes of benchmarking
+    earlier = {
+        "json": json_file(*REPORT_KEYS)
+    }  # a report of an earlier run is replaced, the user's file kept
+    check_outputs({"json": cfg.json}, earlier=earlier, replace=cfg.replace)  # before minutes of benchmarking
     copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
     configs, new_tokens = cfg.model_configs.values(), max(cfg.gen_multiples, default=0) * cfg.block_size
     check_memory_of_runs(

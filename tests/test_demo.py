@@ -5,14 +5,16 @@ trained run.
 
 Tiny random models in float64 wherever exactness is the point; fixed seeds."""
 
+import importlib.util
 import os
 import signal
 
 import pytest
 import torch
+from helpers import error_line
 
 import train
-from lab.demo import permutation
+from lab.demo import figures, permutation, probe
 from lab.experiments import runs
 from lab.measure import instruments
 from model import GPT, GPTConfig
@@ -20,6 +22,8 @@ from plumbing.errors import UserError
 from plumbing.tokenizers import CharTokenizer, GPT2Tokenizer
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
 
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG = b"\x89PNG\r\n\x1a\n"
 LETTERS = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz ")  # 28 characters: enough for "dog bites man"
 
 
@@ -193,6 +197,78 @@ def test_permutation_flag_pos_none_means_the_nope_scheme():
     (a `str | None` flag would read it as None)."""
     assert permutation.parse_args(["--pos=none", "--no_mask"]).pos == "none"
     assert permutation.parse_args([]).pos == "all"
+
+
+def refusal(flag, path):
+    return (
+        f"--{flag}={path}: that file exists and is no earlier output of this command (not a .png image); "
+        "give another file, or add --replace to replace it"
+    )
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="figures need matplotlib")
+def test_probe_figure_replaces_a_figure_this_command_drew_and_no_other_unless_replace(
+    tmp_path, capsys, monkeypatch
+):
+    """A file of the user's at --figure (text named .png) is refused in one line before any model is read, and
+    kept; --replace replaces it; the command's own figure is replaced again without a flag (a new file, not
+    the old one written over); --replace without --figure is a usage error. The probes are stubbed: the files
+    are the point."""
+    notes, none = tmp_path / "notes.png", f"--checkpoints={tmp_path / 'none'}"  # no runs: none is read
+    notes.write_text("not a picture\n")
+    assert error_line(capsys, probe, [none, f"--figure={notes}"], 1).endswith(refusal("figure", notes))
+    assert notes.read_text() == "not a picture\n"
+    r2 = {"position": [(0.9, 0.01), (0.5, -0.02)], "newline": [(0.3, 0.0), (0.2, 0.01)]}
+    monkeypatch.setattr(probe, "run_probes", lambda cfg: {"rope": r2})
+    probe.main([f"--figure={notes}", "--replace"])
+    assert notes.read_bytes().startswith(PNG)
+    own = tmp_path / "probe.png"
+    probe.main([f"--figure={own}"])
+    first = own.stat().st_ino
+    probe.main([f"--figure={own}"])
+    assert own.read_bytes().startswith(PNG) and own.stat().st_ino != first
+    capsys.readouterr()
+    err = error_line(capsys, probe, ["--replace"], 2)
+    assert err.endswith("--replace applies to --figure only: leave it out, or give --figure"), err
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="figures need matplotlib")
+def test_figures_replace_the_pngs_this_command_drew_and_no_other_file_unless_replace(tmp_path, capsys):
+    """Every file a figure writes is checked before any work (attention's second file too): a file of the
+    user's under a figure's name is refused in one line, nothing drawn, and kept; --replace replaces it; a
+    rerun replaces the command's own PNGs (a new file each)."""
+    out, none = tmp_path / "figs", f"--checkpoints={tmp_path / 'none'}"  # no runs: none is read
+    out.mkdir()
+    mine = out / "attention_distance.png"
+    mine.write_text("my notes\n")
+    argv = ["--only=sinusoidal,attention", f"--out={out}", none]
+    assert error_line(capsys, figures, argv, 1).endswith(refusal("out", mine))
+    assert mine.read_text() == "my notes\n" and not (out / "sinusoidal.png").exists()
+    mine.rename(out / "sinusoidal.png")
+    assert error_line(capsys, figures, ["--only=sinusoidal", f"--out={out}"], 1).endswith(
+        refusal("out", out / "sinusoidal.png")
+    )
+    figures.main(["--only=sinusoidal", f"--out={out}", "--replace"])
+    first = (out / "sinusoidal.png").stat().st_ino
+    assert (out / "sinusoidal.png").read_bytes().startswith(PNG)
+    figures.main(["--only=sinusoidal", f"--out={out}"])
+    assert (out / "sinusoidal.png").stat().st_ino != first
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="figures need matplotlib")
+def test_figures_runs_the_probe_over_its_own_figure_and_passes_replace_on(tmp_path, monkeypatch):
+    """lab.demo.figures draws probe.png through python -m lab.demo.probe --figure: a rerun over its PNG needs
+    no flag (the probe takes it for its own), and figures' --replace reaches the probe, whose own check would
+    refuse the user's file that figures' --replace allowed."""
+    commands = []
+    monkeypatch.setattr(figures, "model_dirs", lambda *args, **kwargs: {})
+    monkeypatch.setattr(figures, "run_python", commands.append)
+    (tmp_path / "probe.png").write_text("my notes\n")
+    figures.main(["--only=probe", f"--out={tmp_path}", "--replace"])
+    (tmp_path / "probe.png").write_bytes(PNG)
+    figures.main(["--only=probe", f"--out={tmp_path}"])
+    figure = f"--figure={tmp_path.resolve() / 'probe.png'}"
+    assert commands == [["-m", "lab.demo.probe", figure, "--replace"], ["-m", "lab.demo.probe", figure]]
 
 
 # -----------------------------------------------------------------------------

@@ -12,7 +12,8 @@
     probe           linear probes for position, per layer and scheme (python -m lab.demo.probe --figure)
 
 The README's runs missing are trained first (1.5-2 minutes each on 2 CPU cores). Fixed seeds: the same
-checkpoints give the same PNG bytes."""
+checkpoints give the same PNG bytes. A file already in --out under a figure's name is replaced when it is a
+PNG (this command drew it), any other only with --replace."""
 
 import sys
 
@@ -43,6 +44,7 @@ from positions import POS_SCHEMES, causal_mask, rope_frequencies, sinusoidal_emb
 PROG = "python -m lab.demo.figures"
 FIGURES = ("sinusoidal", "rope_decay", "qk_terms", "attention", "extrapolation", "probe")
 NEEDS_MODELS = ("qk_terms", "attention", "probe")
+FILES = {"attention": ("attention.png", "attention_distance.png")}  # a figure's files but <name>.png
 SEED_FOLDER = re.compile(r"_seed\d+")  # the study's runs of seeds after the first: its table gives the spread
 UNSCALED = ("none", "plain", "", "-")  # the extrapolation table's names for no RoPE extension in a row
 
@@ -53,6 +55,7 @@ class FiguresConfig:
     out: str = "docs/figures"  # where the PNGs go
     checkpoints: str | None = None  # a folder holding <pos>/ or shakespeare_char_<pos>/; default: README's
     csv: str = "docs/extrapolation.csv"  # the extrapolation study's results, read (never recomputed) here
+    replace: bool = False  # the figures may replace files in --out that this command did not write
 
     def __post_init__(self):
         names = self.names()
@@ -207,9 +210,10 @@ def figure_attention(out, folders, head=0, n_windows=64, **_):
     return paths + [instruments.save_figure(fig, out / "attention_distance.png", tight=True)]
 
 
-def figure_probe(out, checkpoints=None, **_):
+def figure_probe(out, checkpoints=None, replace=False, **_):
     """The probe is its own entry point: run as a user would (a subprocess), it draws the figure."""
     given = [f"--checkpoints={Path(checkpoints).resolve()}"] if checkpoints else []
+    given += ["--replace"] if replace else []  # main checked probe.png as this command's output
     run_python(["-m", "lab.demo.probe", f"--figure={out.resolve() / 'probe.png'}", *given])
     return [out / "probe.png"]
 
@@ -278,7 +282,8 @@ def main(argv=None):
         out, names = Path(cfg.out), cfg.names()
         if "extrapolation" in names and Path(cfg.csv).is_file():
             read_extrapolation(cfg.csv)  # a CSV that is not the study's: refused before any figure
-        instruments.check_figure_paths("out", [out / f"{name}.png" for name in names])  # before the work
+        files = [out / file for name in names for file in FILES.get(name, (f"{name}.png",))]
+        instruments.check_figure_paths("out", files, cfg.replace)  # before the work
         folders = {}
         if any(name in NEEDS_MODELS for name in names):
             started = time.perf_counter()
@@ -292,7 +297,9 @@ def main(argv=None):
             started = time.perf_counter()
             torch.manual_seed(0)  # anything that draws without its own generator draws the same every run
             figure = globals()[f"figure_{name}"]
-            paths = figure(out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints)
+            paths = figure(
+                out, folders=folders, csv_path=cfg.csv, checkpoints=cfg.checkpoints, replace=cfg.replace
+            )
             for path in paths:
                 print(f"wrote {path} ({name}, {time.perf_counter() - started:.1f} s)")
             written += paths

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from lab.experiments.runs import model_dirs
 from lab.measure import instruments
 from plumbing.cli import parse_flags
-from plumbing.errors import one_line_errors
+from plumbing.errors import UserError, one_line_errors
 from positions import POS_SCHEMES
 
 PROG = "python -m lab.demo.probe"
@@ -40,6 +40,7 @@ class ProbeConfig:
     windows: int = 512  # validation windows of block_size tokens; the first half fits, the second half scores
     ridge: float = 1e-3  # ridge penalty, relative to the mean diagonal of X^T X
     figure: str | None = None  # also draw the R^2 per layer as a PNG at this path (needs matplotlib)
+    replace: bool = False  # --figure may replace a file this command did not write
 
     def __post_init__(self):
         if self.windows < 4:
@@ -85,8 +86,13 @@ def draw(results, path):
 
 def main(argv=None):
     with one_line_errors(PROG):
-        cfg = ProbeConfig(**parse_flags(argv, PROG, __doc__, [("probe", ProbeConfig, None)]))
-        drawing = cfg.figure is not None and instruments.check_figure_paths("figure", [cfg.figure])
+        given = set()
+        cfg = ProbeConfig(**parse_flags(argv, PROG, __doc__, [("probe", ProbeConfig, None)], given=given))
+        if "replace" in given and cfg.figure is None:  # ignored, it would look like a setting taking effect
+            raise UserError("--replace applies to --figure only: leave it out, or give --figure", 2)
+        drawing = cfg.figure is not None and instruments.check_figure_paths(
+            "figure", [cfg.figure], cfg.replace
+        )
         instruments.use_one_thread()
         results = run_probes(cfg)
         for target, what in TARGETS.items():

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.measure.losses import validation_tokens
-from lab.outputs import check_outputs, write_output
+from lab.outputs import check_outputs, figure_file, write_output
 from model import CausalSelfAttention
 from plumbing.checkpoint import open_model
 from plumbing.errors import UserError
@@ -59,13 +59,13 @@ def figure_format(path, flag):
     return suffix or "png"
 
 
-def check_figure_paths(flag, paths):
-    """Each path writable, in a format matplotlib writes (one line if not). -> False without matplotlib"""
+def check_figure_paths(flag, paths, replace=False):
+    """Each path writable, in a format matplotlib writes, and no file there but a figure of that format unless
+    replace (the command's --replace): one line if not. -> False without matplotlib"""
     if importlib.util.find_spec("matplotlib") is None:
         return False
     for path in paths:
-        figure_format(path, flag)
-        check_outputs({flag: path})
+        check_outputs({flag: path}, earlier={flag: figure_file(figure_format(path, flag))}, replace=replace)
     return True
 
 

@@ -35,16 +35,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
 from data.passkey.task import filler_length
-from lab.measure.instruments import figure_format, pyplot, save_figure
+from lab.measure.instruments import figure_format
+from lab.measure.length_plots import plot_losses, plot_needles
 from lab.measure.losses import validation_tokens, window_bytes, window_losses, window_starts
 from lab.measure.retrieval import count_correct, passkey_batch, wilson_interval
-from lab.outputs import check_outputs, csv_file, figure_file, write_output
+from lab.outputs import check_not_input, check_not_theirs, check_outputs, csv_file, figure_file, write_output
 from lab.tables import fmt, markdown_table
 from model import GPTConfig
 from plumbing import hardware
@@ -72,8 +70,6 @@ TASKS = ("loss", "passkey")
 DEFAULT_LENGTHS = {"loss": "0.5,1,2,4,8", "passkey": "1,2,4,8"}
 MAX_BARE_MULTIPLE = 16  # a bare number up to this is a multiple of T, above it a count of tokens
 LENGTH_FORMS = "2 or 2x (2 x T) or 256 or 256t (256 tokens)"
-LINESTYLES = {"plain": "-", "window": ":", "linear": "--", "ntk": "-.", "yarn": (0, (6, 2))}
-LINESTYLES |= {"dynamic": (0, (3, 1, 1, 1, 1, 1)), "llama3": (0, (8, 2, 1, 2)), "longrope": (0, (1, 1))}
 
 
 @dataclass
@@ -440,66 +436,6 @@ def write_csv(flag, path, columns, lines):
     write_output(flag, path, write)
 
 
-def plot_needles(path, rows):
-    """Needle-in-a-haystack heatmaps, a panel per row: length across, depth down, exact match (grey: n/a)."""
-    plt, columns = pyplot(), min(4, len(rows))
-    cmap, lines = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey"), math.ceil(len(rows) / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.8 * lines), squeeze=False)
-    for ax in axes.flat[len(rows) :]:
-        ax.axis("off")
-    for ax, row in zip(axes.flat, rows):
-        lengths = sorted(row.measures)
-        depths = [c.depth for c in row.measures[lengths[0]]]
-        grid = np.array([[c.accuracy for c in row.measures[n]] for n in lengths], dtype=float).T  # None: NaN
-        ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
-        for (i, j), value in np.ndenumerate(grid):
-            text = "n/a" if math.isnan(value) else f"{value:.0%}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_xlabel(f"length (tokens; T = {row.block_size})", fontsize=7)
-        ax.set_ylabel("depth of the key", fontsize=7)
-        ax.set_title(f"{Path(row.checkpoint).name}\n{row.label}", fontsize=8)
-    save_figure(fig, path, "plot", dpi=120, tight=True)
-
-
-def bucketed(positions, bucket):
-    """(first position of each bucket, its mean loss): one point per `bucket` positions (the last: fewer)."""
-    points = torch.tensor(positions, dtype=torch.float64).split(bucket)
-    return [i * bucket for i in range(len(points))], [p.mean().item() for p in points]
-
-
-def plot(path, rows, bucket=1):
-    """A column per checkpoint, the y-axes shared: on top the loss at each position (per bucket) at each row's
-    longest length, a vertical line at T; below, the loss against L on a log2 axis. Within a column each row
-    (plain, window, a RoPE extension) has its own colour, the same in every column, named in its legend."""
-    plt, checkpoints = pyplot(), dict.fromkeys(row.checkpoint for row in rows)
-    colors = {scaling: plt.cm.tab10(i) for i, scaling in enumerate(LINESTYLES)}
-    size = (4.2 * len(checkpoints) + 1, 7.5)
-    fig, axes = plt.subplots(2, len(checkpoints), figsize=size, squeeze=False, sharey="row")
-    for column, checkpoint in enumerate(checkpoints):
-        by_position, by_length = axes[:, column]
-        for row in (row for row in rows if row.checkpoint == checkpoint):
-            measured = [m for m in row.measures.values() if m.loss is not None]
-            if not measured:
-                continue
-            style = dict(color=colors[row.scaling], linestyle=LINESTYLES[row.scaling], label=row.label)
-            longest = max(measured, key=lambda m: m.length)
-            by_position.plot(*bucketed(longest.positions, bucket), linewidth=1, **style)
-            lengths, losses = [m.length for m in measured], [m.loss for m in measured]
-            by_length.plot(lengths, losses, marker="o", markersize=3, **style)
-            by_position.axvline(row.block_size, color="grey", linewidth=0.8)
-        by_position.set_title(Path(checkpoint).name, fontsize=10)
-        per = "position" if bucket == 1 else f"bucket of {bucket} positions"
-        by_position.set_xlabel(f"position (one point per {per}; grey: T)", fontsize=8)
-        by_length.set_xscale("log", base=2)
-        by_length.set_xlabel("L (tokens, log2)", fontsize=8)
-        by_length.legend(fontsize=7, frameon=False)
-    axes[0, 0].set_ylabel("validation loss at the position\n(at each row's longest length)")
-    axes[1, 0].set_ylabel("mean validation loss over L tokens")
-    save_figure(fig, path, "plot", dpi=120, tight=True)
-
-
 def check_length(source, n, cfg, device):
     """A one-line UserError if `n` tokens cannot be measured: no window of n tokens fits in the split, a
     passkey sample has no room for its key and question, or a batch would not fit in the memory available."""
@@ -587,17 +523,20 @@ def output_flags(cfg):
 
 
 def check_files(cfg, sources=None):
-    """check_outputs on --csv, --positions_csv and --plot: before the checkpoints are read, where they go
-    (none a checkpoint); once `sources` are open, none in the folder of a dataset they read either, nor over a
-    file this command did not write (a CSV of another header, a file that is no image) without --replace."""
-    inputs = [checkpoint_path(name) for name in cfg.checkpoints]
+    """--csv, --positions_csv and --plot: before the checkpoints are read, check_outputs (none a checkpoint,
+    each writable); once `sources` are open, none in the folder of a dataset they read, nor over a file this
+    command did not write (a CSV of another header, a file that is no image) without --replace."""
+    given = {flag: Path(path) for flag, path in output_flags(cfg).items() if path is not None}
     if sources is None:
-        return check_outputs(output_flags(cfg), inputs)
-    inputs += [source.data_dir for source in sources if source.data_dir is not None]
+        return check_outputs(given, [checkpoint_path(name) for name in cfg.checkpoints])
+    data_dirs = [source.data_dir for source in sources if source.data_dir is not None]
     mine = csv_file(CSV_COLUMNS, PASSKEY_COLUMNS, POSITION_COLUMNS)  # a rerun may change the task
-    earlier = {"csv": mine, "positions_csv": mine}
-    earlier |= {"plot": figure_file(figure_format(cfg.plot, "plot"))} if cfg.plot else {}
-    return check_outputs(output_flags(cfg), inputs, earlier, cfg.replace)
+    plot = cfg.plot and figure_file(figure_format(cfg.plot, "plot"))
+    earlier = {"csv": mine, "positions_csv": mine, "plot": plot}
+    for flag, path in given.items():
+        check_not_input(f"--{flag}={path}", path.resolve(), data_dirs)
+    for flag, path in given.items():  # as check_outputs orders them: the message about the place first
+        check_not_theirs(flag, path, *earlier[flag], cfg.replace)
 
 
 def parse_args(argv=None):
@@ -620,7 +559,7 @@ def main(argv=None):
         # first: a full disk leaves torch no temporary folder, which reading a checkpoint may need
         check_files(cfg)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]
-        check_files(cfg, sources)  # again, with the datasets the checkpoints name, and files already there
+        check_files(cfg, sources)  # the datasets the checkpoints name, and the files already there
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
                 check_length(source, n, cfg, device)
@@ -645,7 +584,7 @@ def main(argv=None):
         if cfg.plot and depths:
             plot_needles(cfg.plot, rows)
         elif cfg.plot:
-            plot(cfg.plot, rows, cfg.bucket)
+            plot_losses(cfg.plot, rows, cfg.bucket)
     return rows
 
 

@@ -14,6 +14,7 @@ from helpers import TINY_BLOCK, TINY_RUN, error_line
 import train
 from data.common import dataset_dir
 from lab import eval_length
+from lab.measure import length_plots
 from lab.measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
 from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS
@@ -180,7 +181,7 @@ def test_per_position_curve_has_one_point_per_position(measured):
     assert list(lines[0]) == list(eval_length.POSITION_COLUMNS)
     rope_4t = [int(line["position"]) for line in lines if line["scaling"] == "ntk" and line["length"] == "64"]
     assert rope_4t == list(range(4 * BLOCK))
-    starts, points = eval_length.bucketed(list(range(10)), 4)
+    starts, points = length_plots.bucketed(list(range(10)), 4)
     assert starts == [0, 4, 8] and points == [1.5, 5.5, 8.5]
 
 

@@ -9,16 +9,17 @@ fuses the same static step. tests/test_generation.py checks that every path give
 """
 
 import contextlib
+import time
 
 import torch
 
-from model import check_finite_logits, sample_next, window_length
+from model import NonFiniteLogits, check_finite_logits, sample_next, window_length
 from positions import require
 
 
 @torch.no_grad()
 def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
-                    on_token=None, compile=False, cuda_graph=None, backend=None):  # fmt: skip
+                    on_token=None, compile=False, cuda_graph=None, backend=None, timing=None):  # fmt: skip
     """model.generate's samples in O(context) per token: the prompt idx (B, T) runs once (prefill, in chunks),
     then each new token attends to the cached keys and values (decode); on_token(next_ids (B, 1)) per token.
     Positions count on past block_size; past a scheme's length_limit (learned's table) the window of its last
@@ -28,8 +29,11 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     it was cached (as transformers). A scheme that encodes every position anew past a length (LongRoPE's long
     factors: recode_past) reruns the tokens so far when the sequence passes it, its cached keys rotated anew
     (as transformers, PR #33129). compile, cuda_graph (None: on CUDA): how a decode step runs, decode_mode's
-    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path. The
-    prefill's logits are checked finite once (model.check_finite_logits), never a decoded token's."""
+    choice; backend: torch.compile's. Sampling runs outside the step, eagerly: seeded as the eager path. No
+    token waits for the host: the prefill's logits are checked finite once (model.check_finite_logits), every
+    later token's on the device, read once at the end; on_token gets the token on the device. timing: a dict
+    to fill with the one-off setup's seconds (the prefill and the first decode step: warm-up, capture,
+    compilation) and the decode loop's seconds and tokens after it, each ended by one synchronisation."""
     B, n_prompt = idx.shape
     plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
     crop, n_run, n_pos, window, chunk = plan
@@ -38,9 +42,11 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # the prompt, then the new tokens
     step = decode_step(model, mode, backend)
     # Eager steps under inference_mode; a compiled or captured one under no_grad (pytorch#135892)
+    clock = Clock(idx.device, timing)
     with torch.inference_mode() if mode == "eager" else contextlib.nullcontext():
         logits = prefill(model, idx[:, n_prompt - n_run :], chunk)  # the prompt's latest n_run tokens
         check_finite_logits(logits)  # once, after the prefill: the one host sync this adds
+        finite = torch.ones((), dtype=torch.bool, device=idx.device)  # every later logit, on the device
         position = torch.tensor([n_run], device=idx.device)
         for t in range(n_prompt, n_prompt + max_new_tokens):
             idx_next = sample_next(logits, temperature, top_k, top_p)
@@ -49,6 +55,8 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                 on_token(idx_next)
             if t == n_prompt + max_new_tokens - 1:
                 break
+            if t == n_prompt + 1:  # the first decode step (warm-up, capture) is behind: the loop starts
+                clock.lap("setup_seconds")
             if crop is not None and t + 1 > crop:
                 # the window is full: it slides, every position in it changes: no cache, from 0
                 logits = model(out[:, t + 1 - crop : t + 1])[0][:, -1]
@@ -56,8 +64,31 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                 logits = prefill(model, out[:, : t + 1], chunk)  # the caches a captured step reads
             else:
                 logits = step(model, idx_next, position)  # decode: one token against the cache
+            finite &= torch.isfinite(logits).all()
             position = position + 1  # the next token's (unused once the window slides)
+    clock.lap("decode_seconds", decode_tokens=max(0, max_new_tokens - 2))
+    if not finite:  # the one read of the flag
+        raise NonFiniteLogits("while generating")
     return out
+
+
+class Clock:
+    """generate_cached's timing (a dict, or None: no clock, no sync): lap(name) synchronises the device and
+    records the seconds since the last lap under name; a lap never taken is 0."""
+
+    def __init__(self, device, timing):
+        self.device, self.timing, self.last = torch.device(device), timing, time.perf_counter()
+
+    def lap(self, name, **extra):
+        if self.timing is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timing.setdefault("setup_seconds", 0.0)
+        self.timing[name] = now - self.last
+        self.timing |= extra
+        self.last = now
 
 
 def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=None):
@@ -116,7 +147,7 @@ class CUDAGraphStep:
     warmup_steps = 3
 
     def __init__(self, step_fn):
-        self.step_fn, self.graph = step_fn, None
+        self.step_fn, self.graph, self.replays = step_fn, None, 0
 
     def __call__(self, model, idx, position):
         if self.graph is None:
@@ -126,18 +157,21 @@ class CUDAGraphStep:
             self.idx.copy_(idx)
             self.position.copy_(position)
         self.graph.replay()
+        self.replays += 1
         return self.logits
 
     def capture(self, model):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_steps):
-                self.step_fn(model, self.idx, self.position)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=side):  # the warm-up's stream: its BLAS state made there
-            self.logits = self.step_fn(model, self.idx, self.position)
+        """On the model's own GPU (cuda:1 too, whatever the current device): its stream, its graph."""
+        with torch.cuda.device(model.lm_head.weight.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_steps):
+                    self.step_fn(model, self.idx, self.position)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=side):  # the warm-up's stream: its BLAS state made there
+                self.logits = self.step_fn(model, self.idx, self.position)
 
 
 def prefill(model, tokens, chunk):

@@ -324,6 +324,14 @@ class GPT(nn.Module):
             raise NonFiniteLogits("while generating")
         return idx
 
+    def cast_weights(self, dtype):
+        """The parameters in dtype ("bfloat16": half the bytes a decoded token reads; the KV caches follow,
+        setup_cache), the position tables (buffers) kept as built, in float32, as transformers keeps RoPE's
+        inv_freq: a far position's angle needs float32's digits."""
+        for p in self.parameters():
+            p.data = p.data.to(getattr(torch, dtype))
+        return self
+
 
 def window_length(limit, max_context=None):
     """How many of a sequence's latest tokens a forward pass runs on: past a scheme's length_limit (learned's
@@ -345,23 +353,24 @@ class NonFiniteLogits(ValueError):
 
 def check_finite_logits(logits, where="on this prompt"):
     """Raise NonFiniteLogits unless every logit is finite: weights that overflow (finite, but huge) give inf
-    or NaN, which torch.multinomial refuses with a traceback and argmax turns into garbage. One host sync:
-    generate_cached calls it once, on the prefill's logits, never per token (generation.py)."""
+    or NaN, which argmax and the sampler would turn into tokens without a word. One host sync: generate_cached
+    calls it once, on the prefill's logits; later tokens are checked on the device, read once at the end."""
     if not torch.isfinite(logits).all():
         raise NonFiniteLogits(where)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
-    """One token per row of the last position's logits (B, V) -> (B, 1). temperature=0: the most likely;
-    top_k: among the k most likely; top_p: nucleus sampling (Holtzman et al. 2020), the smallest set reaching
-    top_p."""
+    """One token per row of the last position's logits (B, V) -> (B, 1), on the device, with no host sync
+    (gpt-fast's multinomial_sample_one_no_sync). temperature=0: the most likely; top_k: among the k most
+    likely; top_p: nucleus sampling (Holtzman et al. 2020), the smallest set reaching top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float()  # a bfloat16 model's logits: the softmax and the draw in float32
     # from the largest logit down, so that a tiny temperature (1e-45: every quotient +-inf or 0/0) is greedy
     shifted = logits - logits.amax(dim=-1, keepdim=True)
     logits = torch.where(shifted == 0, 0.0, shifted / temperature)
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # a slice: no index tensor
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
@@ -370,8 +379,13 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         # the top token always stays
         sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-    try:  # multinomial refuses NaN or inf itself (a check it makes anyway): named here, at no cost per token
-        return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-    except RuntimeError:
-        check_finite_logits(logits, "while generating")
-        raise
+    return draw(F.softmax(logits, dim=-1))
+
+
+def draw(probs):
+    """A token per row of probs (B, V) -> (B, 1), drawn as torch.multinomial would but with no host sync
+    (multinomial waits for the GPU): argmax_i p_i / q_i with q_i ~ Exp(1) picks i with probability p_i (the
+    exponential race; gpt-fast's multinomial_sample_one_no_sync), the noise from torch's generator, so a seed
+    fixes the draw. q is kept above 0, where p_i / q_i would be 0/0 for a token of probability 0."""
+    noise = torch.empty_like(probs).exponential_(1).clamp_min_(torch.finfo(probs.dtype).tiny)
+    return (probs / noise).argmax(dim=-1, keepdim=True)

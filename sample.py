@@ -72,6 +72,7 @@ class SampleConfig:
     rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
     rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (lab.experiments.longrope)
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
+    dtype: str = setting("auto", choices=hardware.DTYPES)  # weights and KV caches; auto: bfloat16 on CUDA
 
     def __post_init__(self):
         check_fields(self)
@@ -121,24 +122,42 @@ def mark_trained_length(tokenizer, ids, block_size):
 
 
 class Streamer:
-    """Prints sample 0 as its tokens arrive, as mark_trained_length would. Each call decodes only the tokens
-    not printed yet; a token ending inside a multi-byte character is held back until whole (or close)."""
+    """Prints sample 0 as it is generated, as mark_trained_length would. Its tokens stay on the device until
+    chunk_tokens of them are waiting or chunk_seconds have passed since the last print (a slow model: each
+    token as it comes), then are read in one transfer: a read per token would make every token wait for the
+    GPU. Each print decodes only the ids not printed yet; an id ending inside a multi-byte character is held
+    back until the character is whole (or close)."""
 
-    def __init__(self, tokenizer, prompt_ids, block_size):
-        self.tokenizer, self.block_size, self.n_ids = tokenizer, block_size, len(prompt_ids)
-        self.pending = []  # ids generated but not printed yet
+    chunk_tokens, chunk_seconds = 32, 0.05
+
+    def __init__(self, tokenizer, prompt_ids, block_size, clock=time.perf_counter):
+        self.tokenizer, self.block_size, self.clock = tokenizer, block_size, clock
+        self.n_ids = len(prompt_ids)  # ids printed or waiting: the prompt's, then each new token
+        self.waiting = []  # (1, 1) tokens on the device, not read yet
+        self.pending = []  # ids read but not printed yet
         print(mark_trained_length(tokenizer, prompt_ids, block_size), end="", flush=True)
+        self.printed_at = clock()
 
     def __call__(self, next_ids):
-        if self.n_ids == self.block_size:  # this token is the first past the trained length
-            self._print(self.tokenizer.decode(self.pending) + MARKER.format(self.block_size))
-        self.pending.append(next_ids[0, 0].item())
-        self.n_ids += 1
+        self.waiting.append(next_ids[:1])
+        if len(self.waiting) >= self.chunk_tokens or self.clock() - self.printed_at >= self.chunk_seconds:
+            self.flush()
+
+    def flush(self):
+        ids = torch.cat(self.waiting, dim=1)[0].tolist() if self.waiting else []  # one read for them all
+        self.waiting = []
+        for i in ids:
+            if self.n_ids == self.block_size:  # this token is the first past the trained length
+                self._print(self.tokenizer.decode(self.pending) + MARKER.format(self.block_size))
+            self.pending.append(i)
+            self.n_ids += 1
         text = self.tokenizer.decode(self.pending)
         if not text.endswith("\ufffd"):
             self._print(text)
+        self.printed_at = self.clock()
 
     def close(self):
+        self.flush()
         if self.pending:
             self._print(self.tokenizer.decode(self.pending))
 
@@ -182,6 +201,7 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     itself = f"the model itself (block_size={block_size:,}) does not fit: use another checkpoint"
     check_generation_memory(config, *sizes, weights=True, model_advice=itself)  # before the model is built
     loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
+    loaded.model.cast_weights(hardware.resolve_dtype(cfg.dtype, torch.device(device).type))
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
@@ -220,33 +240,42 @@ def print_samples(loaded, cfg, prompt_ids, max_new_tokens, device, stream, threa
     torch.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)
     sampling = {name: getattr(cfg, name) for name in ("temperature", "top_k", "top_p", "max_context")}
-    start = time.perf_counter()
+    start, timing = time.perf_counter(), {}
     if not cfg.kv_cache:
         out = model.generate(idx, max_new_tokens, **sampling)
     else:
         on_token = Streamer(loaded.tokenizer, prompt_ids, model.config.block_size) if stream else None
         how = dict(on_token=on_token, compile=cfg.compile, cuda_graph=None if cfg.cuda_graph else False)
-        out = generate_cached(model, idx, max_new_tokens, **how, **sampling)  # cuda_graph None: on CUDA
+        out = generate_cached(model, idx, max_new_tokens, **how, **sampling, timing=timing)  # graph: on CUDA
         if on_token:
             on_token.close()
     hardware.synchronize(device)
-    tokens_per_second = cfg.num_samples * max_new_tokens / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
     samples = out.tolist()
     for ids in samples:
         if not stream:
             print(mark_trained_length(loaded.tokenizer, ids, model.config.block_size), end="")
         print("\n" + "-" * 60)
-    print(f"{tokens_per_second:.1f} tokens/s ({decoding(model, cfg, device)})")
+    how, setup = decoding(model, cfg, device)
+    if timing.get("decode_tokens"):  # the decode loop's rate, its one-off setup beside it
+        tokens_per_second = cfg.num_samples * timing["decode_tokens"] / timing["decode_seconds"]
+        how += f"), after {timing['setup_seconds']:.2f} s of setup ({setup}"
+    else:  # no loop to time apart (the reference sampler, or 2 tokens at most): every token
+        tokens_per_second = cfg.num_samples * max_new_tokens / seconds
+    print(f"{tokens_per_second:.1f} tokens/s ({how})")
     return samples, tokens_per_second
 
 
 def decoding(model, cfg, device):
-    """How the tokens were decoded, for the tokens/s line (generation.decode_mode's choice)."""
+    """How the tokens were decoded (generation.decode_mode's choice), and what the one-off setup before the
+    decode loop held, for the tokens/s line. -> (how, setup)"""
     if not cfg.kv_cache:
-        return "no cache"
+        return "no cache", None
     mode = decode_mode(model, device, cfg.compile, None if cfg.cuda_graph else False)
+    step = "its capture" if model.lm_head.weight.is_cuda else "the first step"
     how = dict(eager="KV cache", cuda_graph="KV cache, one CUDA graph replay a token")
-    return how.get(mode, "compiled KV cache, compile time included")
+    setup = dict(eager="prefill, the first step", cuda_graph=f"prefill, warm-up, {step}")
+    return how.get(mode, "compiled KV cache"), setup.get(mode, f"prefill, compilation, {step}")
 
 
 def compare(cfg, device, threads):

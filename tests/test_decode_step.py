@@ -133,13 +133,43 @@ def test_the_operator_count_sees_a_layers_work():
 # On CUDA: the captured graph, replayed once a token
 
 
+GPUS = [f"cuda:{i}" for i in range(2)]
+
+
+def replayed(monkeypatch):
+    """The CUDAGraphSteps generate_cached makes from here on (their replays counted), in a list."""
+    steps, decode_step = [], generation.decode_step
+    monkeypatch.setattr(generation, "decode_step", lambda *a: steps.append(decode_step(*a)) or steps[-1])
+    return steps
+
+
 @on_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("device", GPUS)
 @pytest.mark.parametrize("pos", POS_SCHEMES)
-def test_cuda_graph_greedy_tokens_equal_eager_for_every_scheme(pos):
-    model = tiny_model(pos).cuda()
-    prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(3)).cuda()
-    eager = generation.generate_cached(model, prompt, 4 * BLOCK, temperature=0, cuda_graph=False)
+def test_cuda_graph_is_captured_on_the_models_gpu_replayed_and_gives_the_eager_tokens(
+    monkeypatch, pos, device, dtype
+):
+    """On the model's own GPU (cuda:1 too, the current device left at cuda:0) a graph is captured and
+    replayed once a decode step (the replays counted), and its greedy tokens are the eager cache's: in
+    float32 against the eager step, in bfloat16 against the same static step run eagerly (the eager step's
+    other shapes round otherwise in bfloat16)."""
+    if torch.device(device).index >= torch.cuda.device_count():
+        pytest.skip(f"needs {device}")
+    model = tiny_model(pos).to(device).cast_weights(dtype)
+    prompt = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(3)).to(device)
+    if dtype == "float32":
+        eager = generation.generate_cached(model, prompt, 4 * BLOCK, temperature=0, cuda_graph=False)
+    else:
+        with monkeypatch.context() as patched:
+            patched.setattr(generation, "CUDAGraphStep", lambda step: step)
+            eager = generation.generate_cached(model, prompt, 4 * BLOCK, temperature=0, cuda_graph=True)
+    steps = replayed(monkeypatch)
     assert torch.equal(generation.generate_cached(model, prompt, 4 * BLOCK, temperature=0), eager)
+    (step,) = steps
+    assert isinstance(step, generation.CUDAGraphStep) and step.graph is not None
+    decoded = 4 * BLOCK - 1  # a step per new token but the last; learned's sliding window runs none
+    assert step.replays == decoded if model.length_limit is None else 0 < step.replays < decoded
 
 
 @on_cuda

@@ -59,20 +59,24 @@ def test_streamed_text_equals_the_batch_text(checkpoints, capsys):
     assert text in streamed and text in batch
 
 
-def streamed_text(capsys, tokenizer, ids, n_prompt, block_size):
-    """What sample.Streamer prints when ids[n_prompt:] arrive one by one after the prompt ids[:n_prompt]."""
-    streamer = sample.Streamer(tokenizer, ids[:n_prompt], block_size)
+def streamed_text(capsys, tokenizer, ids, n_prompt, block_size, chunk_tokens=1):
+    """What sample.Streamer prints when ids[n_prompt:] arrive one by one after the prompt ids[:n_prompt],
+    read chunk_tokens at a time, until it is closed."""
+    streamer = sample.Streamer(tokenizer, ids[:n_prompt], block_size, clock=lambda: 0.0)  # no time rule
+    streamer.chunk_tokens = chunk_tokens
     for token in ids[n_prompt:]:
         streamer(torch.tensor([[token]]))
+    streamer.close()
     return capsys.readouterr().out
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 32])
 @pytest.mark.parametrize("tokenizer_name", ["char", "gpt2"])
-def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tokenizer_name):
-    """Token by token, the streamed text is mark_trained_length's for the whole sequence, for every prompt
-    length and trained length; with GPT-2's BPE also where a token ends inside a multi-byte character (held
-    back until the character is complete) and where the crossing falls inside one (both sides shown as
-    decoded, as in the batch)."""
+def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tokenizer_name, chunk_tokens):
+    """Read a token or a chunk at a time, the streamed text is mark_trained_length's for the whole sequence,
+    for every prompt length and trained length, wherever a chunk ends; with GPT-2's BPE also where a token
+    ends inside a multi-byte character (held back until the character is complete) and where the crossing
+    falls inside one (both sides shown as decoded, as in the batch)."""
     text = "ROMEO: caf\u00e9, na\u00efve \u65e5\u672c\u8a9e \U0001f642!"
     if tokenizer_name == "char":
         tokenizer = get_tokenizer({"tokenizer": "char", "chars": sorted(set(text))})
@@ -88,7 +92,7 @@ def test_streamer_prints_the_marked_text_wherever_the_crossing_falls(capsys, tok
     for n_prompt in prompts:
         for block_size in range(1, len(ids) + 2):
             expected = sample.mark_trained_length(tokenizer, ids, block_size)
-            assert streamed_text(capsys, tokenizer, ids, n_prompt, block_size) == expected, (
+            assert streamed_text(capsys, tokenizer, ids, n_prompt, block_size, chunk_tokens) == expected, (
                 n_prompt,
                 block_size,
             )
@@ -123,12 +127,16 @@ def test_greedy_text_is_the_same_with_and_without_kv_cache(checkpoints, capsys, 
 
 def test_cuda_graph_off_is_accepted_and_a_cpu_decodes_eagerly(checkpoints, capsys):
     """--cuda_graph=off (the escape hatch on CUDA) changes nothing on a CPU, which decodes eagerly either way,
-    and the tokens/s line says how the tokens were decoded."""
+    and the tokens/s line says how the tokens were decoded: the decode loop's rate, the one-off setup before
+    it (the prefill, the first step) beside it."""
     flags = [f"--out_dir={checkpoints['rope']}", "--temperature=0", "--max_new_tokens=24", "--stream=off"]
     (_, default, _), out = run_sample(capsys, *flags)
     (_, off, _), out_off = run_sample(capsys, *flags, "--cuda_graph=off")
     assert default == off
-    assert "tokens/s (KV cache)" in out and "tokens/s (KV cache)" in out_off
+    speed = re.compile(
+        r"\d+\.\d tokens/s \(KV cache\), after \d+\.\d\d s of setup \(prefill, the first step\)\n"
+    )
+    assert speed.search(out) and speed.search(out_off), out
 
 
 @pytest.mark.parametrize("temperature", ["1e-45", "1e-30", "1e-300"])
@@ -481,3 +489,21 @@ def test_compare_refuses_a_flag_that_no_compared_checkpoint_takes(
     argv = ["--compare", checkpoints["learned"], checkpoints["fire"], "--max_new_tokens=4", *flags]
     err = error_line(capsys, sample, argv, 2)
     assert words.format(**checkpoints) in err, err
+
+
+@pytest.mark.parametrize("pos", POS_SCHEMES)
+def test_dtype_bfloat16_decodes_in_bfloat16_with_float32_position_tables(checkpoints, capsys, pos):
+    """--dtype=bfloat16 (auto's choice on CUDA) casts the weights, and so the KV caches, to bfloat16; the
+    position tables (buffers) stay float32; every scheme generates its tokens past the trained length, the
+    cached sampler and the reference alike. --dtype=auto on a CPU is float32."""
+    flags = [f"--out_dir={checkpoints[pos]}", "--max_new_tokens=40", "--stream=off", "--dtype=bfloat16"]
+    for cache in ("on", "off"):
+        (loaded, samples, _), _ = run_sample(capsys, *flags, f"--kv_cache={cache}")
+        model = loaded.model
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        assert {b.dtype for b in model.transformer.wpe.buffers() if b.is_floating_point()} <= {torch.float32}
+        assert len(samples[0]) == 1 + 40
+        if cache == "on":
+            assert model.transformer.h[0].attn.kv_cache.k.dtype == torch.bfloat16
+    (loaded, _, _), _ = run_sample(capsys, f"--out_dir={checkpoints[pos]}", "--max_new_tokens=4")
+    assert loaded.model.lm_head.weight.dtype == torch.float32

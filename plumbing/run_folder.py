@@ -1,13 +1,11 @@
-"""A run's folder (train.py): one run at a time, locked by out_dir/train.lock (created atomically; a stale
-one, its process gone, taken over), and never a run replaced without --resume or --overwrite."""
+"""A run's folder (train.py): one run at a time, locked by an OS lock on out_dir/train.lock for the run, and
+never a run replaced without --resume or --overwrite."""
 
-import json
 import os
 import shlex
 import socket
 import sys
 import time
-import uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -15,8 +13,12 @@ from plumbing.checkpoint import open_checkpoint, run_finished
 from plumbing.errors import UserError
 from plumbing.resume import RESUME_KEYS
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (msvcrt's byte-range locks are not worth it), so no folder is locked
+    fcntl = None
+
 LOCK_NAME = "train.lock"
-LOCK_WRITE_SECONDS = 60  # an unreadable lock younger than this is one being written, not a crashed run's
 
 
 def format_out_dir(template, dataset, pos):
@@ -28,96 +30,42 @@ def format_out_dir(template, dataset, pos):
         raise ValueError(f"out_dir={template!r}: {only} ({e!r})") from None
 
 
-def process_start(pid):
-    """When process pid started (Linux /proc), or None: a pid reused by another process has another start."""
-    with suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, after the name
-    return None
+def take_lock(path):
+    """Open path and flock it (exclusive, not waiting) -> the open fd: the lock is held until the fd is
+    closed, which the kernel does when the process dies, kill -9 included, so it is held exactly while its run
+    lives. A run ending unlinks the file before letting go: the file locked must still be the one at path,
+    else it is opened again."""
+    if fcntl is None:
+        return None
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock(path) or "one that has just started"
+            wait = "wait for it to end or give another --out_dir"
+            raise UserError(f"{path.parent} is in use by another run ({holder}); {wait}") from None
+        with suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return name_holder(fd)
+        os.close(fd)
+    raise UserError(f"could not take {path}: other runs keep taking it")
 
 
-def lock_record(folder):
-    """What the lock says of this process: enough for the refusal to name it, and to tell a stale lock (one
-    whose process is gone, or one copied with its folder: the folder's inode is another)."""
-    return {
-        "folder_inode": os.stat(folder).st_ino,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": shlex.join(["python", *sys.argv]),
-        "process_start": process_start(os.getpid()),
-    }
+def name_holder(fd):
+    """Write into the lock file who holds it, the line a refused run quotes -> fd."""
+    started, command = time.strftime("%Y-%m-%d %H:%M:%S"), shlex.join(["python", *sys.argv])
+    os.ftruncate(fd, 0)  # the line a killed run left may be longer
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {command}\n".encode())
+    return fd
 
 
 def read_lock(path):
-    """The lock file's text, or None when there is none."""
-    with suppress(FileNotFoundError):
-        return path.read_text()
+    """The lock file's line (who holds it), or None when there is none."""
+    with suppress(OSError):
+        return path.read_text().strip() or None
     return None
-
-
-def holder_alive(held, path):
-    """Whether the process a lock names may still run; one on another host, or outside POSIX, cannot be
-    checked: assumed alive, so never two runs in one folder. A lock copied from another folder (cp -r of a
-    run, or of a study's runs) holds none: its process runs, if at all, in the folder it was copied from."""
-    if held is None:  # unreadable: being written right now, or left half-written by a crash long ago
-        with suppress(FileNotFoundError):
-            return time.time() - path.stat().st_mtime < LOCK_WRITE_SECONDS
-        return False
-    if held.get("folder_inode") not in (None, path.parent.stat().st_ino):
-        return False
-    if held.get("host") != socket.gethostname() or os.name != "posix":
-        return True
-    try:
-        os.kill(held["pid"], 0)  # signal 0: nothing is sent, only whether the process exists
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    started, now = held.get("process_start"), process_start(held["pid"])
-    return started is None or now is None or started == now
-
-
-def remove_stale_lock(path, text):
-    """Remove the stale lock unless another process took it over meanwhile: moved aside first (one rename,
-    which only one process wins) and put back if it is no longer the stale one."""
-    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.stale")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    if read_lock(aside) != text:
-        with suppress(OSError):
-            os.link(aside, path)  # fails if yet another process holds it now: then that one stays
-    aside.unlink(missing_ok=True)
-
-
-def take_lock(path):
-    """Create the lock (mode "x": one process only) -> (its text, a note if it took a stale one over)."""
-    note = None
-    for _ in range(10):
-        text = json.dumps(lock_record(path.parent))
-        try:
-            with open(path, "x") as f:
-                f.write(text)
-            return text, note
-        except FileExistsError:
-            held_text, held, holder = read_lock(path), None, "unreadable"
-        if held_text is None:
-            continue
-        with suppress(ValueError):
-            held = json.loads(held_text)
-        if isinstance(held, dict) and isinstance(held.get("pid"), int) and held["pid"] > 0:
-            command = held.get("command", "an unknown command")
-            holder = f"pid {held['pid']} on {held.get('host')}, started {held.get('started')}: {command}"
-        else:
-            held = None
-        if holder_alive(held, path):
-            holder = holder if held else "a process that has just started"
-            wait = f"wait for it to end or give another --out_dir (if it is no longer running, delete {path})"
-            raise UserError(f"{path.parent} is in use by another run ({holder}); {wait}")
-        remove_stale_lock(path, held_text)
-        note = f"note: took over {path}, left by a run that no longer runs ({holder})"
-    raise UserError(f"could not take {path}: other runs keep taking it")
 
 
 def describe_run(path):
@@ -173,19 +121,17 @@ def check_out_dir(out_dir):
 
 @contextmanager
 def own_folder(out_dir, resume, overwrite, procs, device):
-    """Rank 0 locks out_dir and checks the run may start there; a refusal stops every rank together. The lock
-    goes on every way out but kill -9 (the next run sees its process gone and takes it over), and so does a
-    folder rank 0 made and left empty."""
+    """Rank 0 locks out_dir for the run and checks the run may start there; a refusal stops every rank
+    together. On every way out the lock file goes, then the lock (kill -9 leaves the file, not the lock: the
+    next run takes it), and so does a folder rank 0 made and left empty."""
     folder = Path(out_dir)
     made = procs.master and not folder.exists()
-    path, text, refusal, note = folder / LOCK_NAME, None, None, None
+    path, fd, refusal, note = folder / LOCK_NAME, None, None, None
     try:
         if procs.master:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                text, took_over = take_lock(path)
-                if took_over:
-                    procs.log(took_over)
+                fd = take_lock(path)
                 note = check_may_start(out_dir, resume, overwrite)
             except UserError as e:
                 refusal = e
@@ -197,8 +143,11 @@ def own_folder(out_dir, resume, overwrite, procs, device):
             procs.log(note)
         yield
     finally:
-        if text is not None and read_lock(path) == text:
-            path.unlink(missing_ok=True)
+        if fd is not None:
+            path.unlink(
+                missing_ok=True
+            )  # while still held: a run taking it meanwhile sees it gone, and retries
+            os.close(fd)
         if made:
             with suppress(OSError):  # not empty: the run wrote something, which stays
                 folder.rmdir()

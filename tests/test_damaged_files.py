@@ -24,7 +24,7 @@ from lab import eval_length
 from lab.experiments.runs import ensure_trained
 from lab.perf import bench
 from plumbing.checkpoint import open_checkpoint
-from plumbing.run_folder import lock_record
+from plumbing.run_folder import LOCK_NAME, take_lock
 
 
 @pytest.fixture(scope="module")
@@ -266,21 +266,25 @@ def test_a_folder_whose_checkpoint_cannot_be_continued_is_refused_without_advisi
 def test_a_copied_run_is_finished_not_in_use_and_a_copied_study_is_the_same_runs(
     tmp_path, capsys, finished_dir
 ):
-    """A run folder copied with the lock of a run still going (cp -r while it trains) is not in use: its lock
-    names another folder. A study's runs copied together, a fine-tune's --init_from pointing into them, are
-    reused as finished, not refused as other runs."""
+    """A run folder copied while a run holds it (cp -r while it trains) is not in use: the copy's train.lock
+    is a file, the lock (the kernel's) stays on the original. A study's runs copied together, a fine-tune's
+    --init_from pointing into them, are reused as finished, not refused as other runs."""
     source, copy = tmp_path / "study", tmp_path / "copy"
     shutil.copytree(finished_dir, source / "base")
     base = [*TINY_RUN, f"--out_dir={source / 'base'}"]
     tune = [*TINY_RUN, f"--init_from={source / 'base'}", "--block_size=32", f"--out_dir={source / 'tune'}"]
     train.main(tune)
-    (source / "base" / "train.lock").write_text(json.dumps(lock_record(source / "base")))  # this live process
-    shutil.copytree(source, copy)
-    err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={copy / 'base'}"], 1)
-    assert f"{copy / 'base'} holds a finished run (step 2 of 2)" in err, err
-    commands = [[a.replace(str(source), str(copy)) for a in argv] for argv in (base, tune)]
-    logged = []
-    assert ensure_trained(commands, log=logged.append) == [copy / "base", copy / "tune"]
+    held = take_lock(source / "base" / LOCK_NAME)  # this process holds base, as a run training there would
+    try:
+        shutil.copytree(source, copy)
+        assert "in use by another run" in error_line(capsys, train, base, 1)
+        err = error_line(capsys, train, [*TINY_RUN, f"--out_dir={copy / 'base'}"], 1)
+        assert f"{copy / 'base'} holds a finished run (step 2 of 2)" in err, err
+        commands = [[a.replace(str(source), str(copy)) for a in argv] for argv in (base, tune)]
+        logged = []
+        assert ensure_trained(commands, log=logged.append) == [copy / "base", copy / "tune"]
+    finally:
+        os.close(held)
     assert all(line.startswith("using ") and line.endswith(", finished") for line in logged), logged
 
 

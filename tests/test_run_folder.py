@@ -1,7 +1,8 @@
 """A run owns its folder, finished means finished, and every bad input to train.py is one line.
 
-A second run in a folder in use is refused naming the holder; a lock a killed run left is taken over; a folder
-holding a run is never replaced without --overwrite; a checkpoint records whether its run finished;
+Of two runs started at once in one folder, one is refused naming the other; the folder's lock is the kernel's
+(flock), so a run killed with -9 holds it no longer and --resume continues it; a folder holding a run is never
+replaced without --overwrite; a checkpoint records whether its run finished;
 checkpoints, datasets and flags that cannot work are one line on stderr, a non-zero exit and no traceback,
 with every file that was there before left as it was. Tiny models on CPU through train.main or
 `python train.py`; no mocks.
@@ -14,13 +15,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers import train_error_line
-from test_resume import ENV, training_until_step
+from test_resume import ENV
 
 import train
 from data.common import DATA_ROOT, load_meta
@@ -62,68 +64,89 @@ def files(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def write_lock(out_dir, **record):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / LOCK_NAME).write_text(
-        json.dumps({"started": "2024-01-01 00:00:00", "command": "python train.py", **record})
-    )
+def tiny_run(*flags, code=None):
+    """`python train.py TINY flags` (or `python -c code TINY flags`) started in a new process."""
+    script = ["-c", code] if code else ["train.py"]
+    return subprocess.Popen(
+        [sys.executable, *script, *TINY, *flags], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def logged_step(proc, step):
+    """Read proc's stdout until it logs step `step`."""
+    for line in proc.stdout:
+        if line.startswith(f"step {step}/"):
+            return
+    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()}")
 
 
 # -----------------------------------------------------------------------------
 # one run per folder
 
 
-def test_a_second_run_in_a_folder_in_use_is_refused_naming_the_first_which_frees_it_when_stopped(
-    tmp_path, capsys
-):
-    """While `python train.py` runs in a folder, a second run there (even with --resume) stops in one line
-    naming the first one's pid, host and command, and touches nothing; SIGTERM stops the first, which removes
-    its lock."""
+def test_of_two_runs_started_at_once_in_one_folder_one_is_refused_naming_the_other(tmp_path, capsys):
+    """Two `python train.py` started together on one new out_dir: one takes the folder, the other stops in
+    one line, status 1, naming the first one's pid, host and command; a third (even with --resume) is refused
+    the same while the first trains, and the refused runs write nothing; SIGTERM stops the first, which
+    removes its lock file."""
     out_dir = tmp_path / "busy"
-    proc = training_until_step(1, *TINY, f"--out_dir={out_dir}", "--max_iters=100000")
+    flags = [f"--out_dir={out_dir}", "--max_iters=100000"]
+    both = [tiny_run(*flags), tiny_run(*flags)]
     try:
+        deadline = time.monotonic() + 60
+        while all(proc.poll() is None for proc in both) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(proc.poll() is not None for proc in both), "both runs train in one folder"
+        refused, first = sorted(both, key=lambda proc: proc.poll() is None)
+        out, err = refused.communicate(timeout=60)
+        holder = f"pid {first.pid} on {socket.gethostname()}, started "
+        assert refused.returncode == 1 and out == "" and err.count("\n") == 1, (out, err)
+        assert err.startswith(f"train.py: error: {out_dir} is in use by another run ({holder}"), err
+        assert "python train.py" in err, err
+        logged_step(first, 1)
         before = files(out_dir)
         for extra in ([], ["--resume"]):
-            err = train_error_line(capsys, [*TINY, f"--out_dir={out_dir}", *extra], status=1)
-            assert (
-                f"{out_dir} is in use by another run (pid {proc.pid} on {socket.gethostname()}, started "
-                in err
-            )
-            assert "python train.py" in err and f"delete {out_dir / LOCK_NAME}" in err, err
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
+            err = train_error_line(capsys, [*TINY, *flags, *extra], status=1)
+            assert f"{out_dir} is in use by another run ({holder}" in err, err
+        first.send_signal(signal.SIGTERM)
+        _, stderr = first.communicate(timeout=120)
     finally:
-        proc.kill()
-    assert proc.returncode == 143, stderr
+        for proc in both:
+            proc.kill()
+    assert first.returncode == 143, stderr
     assert not (out_dir / LOCK_NAME).exists()
     assert set(files(out_dir)) <= set(before) | {"ckpt.pt", "best.pt"}  # nothing of the refused runs
 
 
-def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note_one_from_another_host_is_not(
-    tmp_path, capsys
-):
-    """A kill -9 leaves the lock behind: the next run sees that its process is gone, says so and takes it
-    over. A lock from another machine (a shared filesystem) cannot be checked from here: refused, the lock
-    kept."""
-    out_dir = tmp_path / "stale"
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    write_lock(out_dir, pid=int(dead.stdout), host=socket.gethostname())
-    result = train.main([*TINY, f"--out_dir={out_dir}"])
-    out = capsys.readouterr().out
-    assert (
-        result["iter_num"] == 2
-        and f"note: took over {out_dir / LOCK_NAME}, left by a run that no "
-        f"longer runs (pid {int(dead.stdout)} on {socket.gethostname()}"
-        in out
-    ), out
-    assert sorted(files(out_dir)) == ["best.pt", "ckpt.pt"]
-    elsewhere = tmp_path / "elsewhere"
-    write_lock(elsewhere, pid=1234, host="another-machine")
-    err = train_error_line(capsys, [*TINY, f"--out_dir={elsewhere}"], status=1)
-    assert "in use by another run (pid 1234 on another-machine" in err
-    assert sorted(files(elsewhere)) == [LOCK_NAME]
+SLOW_STEPS = """
+import sys, time, train
+from torch.optim.optimizer import register_optimizer_step_post_hook
+register_optimizer_step_post_hook(lambda *args: time.sleep(0.3))  # time to kill it mid-run
+train.main(sys.argv[1:])
+"""
+
+
+def test_after_kill_9_the_same_command_with_resume_takes_the_folder_and_continues(tmp_path):
+    """A run killed with SIGKILL mid-run leaves its lock file but not the lock (the kernel lets go of a dead
+    process's): `python train.py` with the same flags and --resume, no other, takes the folder and finishes
+    the run from its checkpoint."""
+    out_dir = tmp_path / "killed"
+    flags = [f"--out_dir={out_dir}", "--max_iters=8", "--eval_interval=2"]
+    proc = tiny_run(*flags, code=SLOW_STEPS)
+    try:
+        logged_step(proc, 3)  # step 2's checkpoint written
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and (out_dir / LOCK_NAME).is_file()
+    killed = ckpt_io.load_checkpoint(out_dir / "ckpt.pt")
+    assert 2 <= killed["iter_num"] < 8 and not ckpt_io.run_finished(killed)
+    resumed = tiny_run(*flags, "--resume")
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0 and "in use" not in err, (out, err)
+    assert ckpt_io.run_finished(ckpt_io.load_checkpoint(out_dir / "ckpt.pt"))
+    assert not (out_dir / LOCK_NAME).exists()
 
 
 # -----------------------------------------------------------------------------

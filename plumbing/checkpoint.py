@@ -135,9 +135,12 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
 
 def refusal(error):
     """torch's reason for refusing a pickle, without its advice to load the file with weights_only=False:
-    "Trying to load unsupported GLOBAL posix.system ...", "Unsupported operand 149"."""
-    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(error).splitlines()[1:-1]]
-    return next((line for line in lines if line), "refused by torch.load(weights_only=True)")
+    "Unsupported global: GLOBAL x.Payload was not an allowed global by default.", "Trying to load unsupported
+    GLOBAL posix.system whose module posix is blocked.", "Unsupported operand 149"."""
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(error).splitlines()]
+    advice = ("Weights only load failed", "Check the documentation")
+    reasons = [line for line in lines if line and "weights_only" not in line and not line.startswith(advice)]
+    return reasons[0].split(" Please use")[0] if reasons else "refused by torch.load(weights_only=True)"
 
 
 def read_back(cls, recorded):

@@ -26,12 +26,12 @@ class UserError(ValueError):
 
 
 @contextmanager
-def reading(path, what, fix=None):
+def reading(path, what, fix=None, status=1):
     """The one boundary around reading a file the user names (a checkpoint, a dataset's meta.json, a preset, a
     factors file) and what it records: any exception becomes the UserError `PATH: not a usable WHAT (Type:
-    reason)`, then `; FIX` if given, e.g. `out/x/ckpt.pt: not a usable checkpoint (KeyError: 'model')`. A
-    UserError (a message already meant for the user), running out of memory (the machine's fault, not the
-    file's) and KeyboardInterrupt/SystemExit (no Exception) pass through."""
+    reason)`, then `; FIX` if given, e.g. `out/x/ckpt.pt: not a usable checkpoint (KeyError: 'model')`, with
+    `status` (2: a file a flag names). A UserError (a message already meant for the user), running out of
+    memory (the machine's fault, not the file's) and KeyboardInterrupt/SystemExit (no Exception) pass."""
     try:
         yield
     except (UserError, MemoryError):
@@ -43,7 +43,7 @@ def reading(path, what, fix=None):
         reason = lines[0] if lines else "no details"
         reason = reason if len(reason) <= 200 else reason[:197] + "..."
         fix = f"; {fix}" if fix else ""
-        raise UserError(f"{path}: not a usable {what} ({type(e).__name__}: {reason}){fix}") from None
+        raise UserError(f"{path}: not a usable {what} ({type(e).__name__}: {reason}){fix}", status) from None
 
 
 class Stopped(KeyboardInterrupt):

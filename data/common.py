@@ -1,6 +1,6 @@
 """The one on-disk format every dataset is written in (data/README.md), and what train.py and sample.py read
 it with: data/<name>/train.bin and val.bin, flat arrays of token ids (uint16 when the vocabulary fits in 2**16
-ids, else uint32; read back with np.memmap), and meta.json, the fields _check_meta checks. JSON, not nanoGPT's
+ids, else uint32; read back with np.memmap), and meta.json, the fields DatasetMeta checks. JSON, not nanoGPT's
 meta.pkl: reading a dataset never runs code from it. A dataset is written into data/.<name>.tmp-<pid>/ and
 moved into place when complete, never over one already there without --replace."""
 
@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 from contextlib import suppress
+from dataclasses import MISSING, dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from plumbing.errors import UserError
-from plumbing.tokenizers import vocabulary_error
+from plumbing.errors import UserError, reading
+from plumbing.fields import check_fields, require, setting
+from plumbing.tokenizers import vocabulary_of
 
 DATA_ROOT = Path(__file__).resolve().parent
 SPLITS = ("train", "val")
@@ -35,38 +37,44 @@ def bad_dataset_name(name) -> bool:
 
 
 # meta.json -------------------------------------------------------------------
-def _check_meta(meta, where) -> None:
-    """Raise ValueError unless meta holds meta.json's fields, as data/README.md lists them."""
+@dataclass
+class DatasetMeta:
+    """meta.json's fields, as data/README.md lists them, with their rules (plumbing.fields.setting); the
+    vocabulary (tokenizer, vocab_size, chars) by vocabulary_of, the rule a checkpoint's meta is read by."""
 
-    def require(ok, why):
-        if not ok:
-            raise ValueError(f"{where}: {why}")
+    tokenizer: str
+    vocab_size: int
+    dtype: str = setting(MISSING, choices=("uint16", "uint32"))  # how train.bin and val.bin store an id
+    train_tokens: int = setting(MISSING, at_least=0)
+    val_tokens: int = setting(MISSING, at_least=0)
+    chars: list | str | None = None  # a char vocabulary's characters, id i the i-th
+    sample_length: int | None = setting(None, at_least=2)  # windows start at multiples of it (passkey)
+    generator: dict | None = None  # {"name": one of GENERATED, "filler_segment": [low, high]} (data/passkey)
 
-    def require_int(key, minimum):
-        value = meta.get(key)
-        require(type(value) is int and value >= minimum, f"{key} must be an int >= {minimum}, got {value!r}")
-
-    require(isinstance(meta, dict), "meta must be a JSON object")
-    for key in ("train_tokens", "val_tokens"):
-        require_int(key, 0)
-    why = vocabulary_error(meta)
-    require(why is None, why)
-    dtype, generator = meta.get("dtype"), meta.get("generator")
-    require(dtype in ("uint16", "uint32"), f"dtype must be uint16 or uint32, got {dtype!r}")
-    vocab_size = meta["vocab_size"]
-    require(vocab_size <= np.iinfo(dtype).max + 1, f"vocab_size {vocab_size} does not fit in {dtype}")
-    if generator is not None:
-        segment = generator.get("filler_segment", [1, 1]) if isinstance(generator, dict) else None
-        settings = isinstance(segment, list) and len(segment) == 2 and all(type(x) is int for x in segment)
-        why = f"generator must name one of {', '.join(GENERATED)} and its settings, got {generator!r}"
-        require(settings and generator.get("name") in GENERATED, why)
-        require("sample_length" in meta, "a generated dataset needs sample_length, the length of its samples")
-    if "sample_length" in meta:
-        require_int("sample_length", 2)
+    def __post_init__(self):
+        check_fields(self)
+        vocabulary_of(vars(self))
+        require(self.vocab_size <= np.iinfo(self.dtype).max + 1, f"vocab_size does not fit in {self.dtype}")
+        if self.generator is not None:
+            require(self.generator["name"] in GENERATED, f"generator must name one of {', '.join(GENERATED)}")
+            segment = self.generator.get("filler_segment", [1, 1])
+            require(
+                isinstance(segment, list) and len(segment) == 2,
+                f"filler_segment {segment!r} is no [low, high]",
+            )
+            require(self.sample_length is not None, "a generated dataset needs sample_length")
         for split in SPLITS:
-            tokens, length = meta[f"{split}_tokens"], meta["sample_length"]
-            why = f"{split}_tokens ({tokens}) is not a whole number of samples of sample_length {length}"
-            require(tokens % length == 0, why)
+            tokens, length = getattr(self, f"{split}_tokens"), self.sample_length or 1
+            require(
+                tokens % length == 0, f"{split}_tokens is not a whole number of samples of {length} tokens"
+            )
+
+
+def _check_meta(meta) -> dict:
+    """meta (meta.json's object) -> itself, checked by DatasetMeta's rules: an exception (errors.reading words
+    it) unless it holds meta.json's fields and no other."""
+    DatasetMeta(**meta)
+    return meta
 
 
 def _from_root(command: str) -> str:
@@ -89,26 +97,23 @@ def _prepare_command(data_dir: Path) -> str:
 
 
 def load_meta(data_dir) -> dict:
-    """data_dir/meta.json, checked; a UserError, when missing, damaged or outdated, saying how to redo it."""
+    """data_dir/meta.json, checked (DatasetMeta); a missing one a UserError saying how to prepare it, a
+    damaged one (errors.reading) naming it, an outdated one how to make it again."""
     data_dir = Path(data_dir)
     path, again = data_dir / "meta.json", _prepare_command(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"no dataset at {data_dir} (no such folder): prepare it with {again}")
     if not path.exists():
         raise UserError(f"{path} not found: prepare the dataset with {again}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        _check_meta(meta, path)
-    except OSError as e:
-        raise UserError(f"{path} cannot be read ({e.strerror}): check it, or re-run {again}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}): re-run {again}") from None
-    except ValueError as e:
-        raise UserError(f"{e}: re-run {again}") from None
-    for name in [meta["generator"]["name"]] if meta.get("generator") else GENERATED:
-        if stale := importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir):
-            again = f"make it again with {_from_root(stale[1])} --replace"
-            raise UserError(f"{data_dir} {stale[0]}: {again} (runs trained on it keep their checkpoints)")
+    with reading(path, "dataset meta.json", fix=f"re-run {again}"):
+        meta = _check_meta(json.loads(path.read_text(encoding="utf-8")))
+        tasks = [meta["generator"]["name"]] if meta.get("generator") else GENERATED
+        stale = [
+            importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir) for name in tasks
+        ]
+    if stale := next(filter(None, stale), None):
+        again = f"make it again with {_from_root(stale[1])} --replace"
+        raise UserError(f"{data_dir} {stale[0]}: {again} (runs trained on it keep their checkpoints)")
     return meta
 
 

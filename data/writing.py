@@ -31,7 +31,7 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     full = dict(tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype)
     full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
     full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
-    _check_meta(full, "meta")
+    _check_meta(full)
     return full
 
 

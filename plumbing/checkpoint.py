@@ -1,34 +1,29 @@
-"""Checkpoints: written atomically, read with torch.load(weights_only=True), checked against SCHEMA (tensors
-and plain data; docs/training.md), opened as a model (open_model). train.py writes {out_dir}/ckpt.pt, the
-latest state, at every evaluation, and best.pt (a hard link to it) when the validation loss improved."""
+"""Checkpoints: written atomically, read with torch.load(weights_only=True) inside the one error boundary
+(errors.reading), what they record read back into the dataclasses that hold it (GPTConfig, Progress: their
+declared rules refuse a damaged value; docs/training.md), opened as a model (open_model). train.py writes
+{out_dir}/ckpt.pt, the latest state, at every evaluation, and best.pt (a hard link to it) when the validation
+loss improved."""
 
 import dataclasses
-import io
+import math
 import os
 import pickle
-import pickletools
-import re
 import shutil
 import sys
-import typing
 import warnings
 import zipfile
-from collections import namedtuple
-from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from model import GPT, GPTConfig, scheme_settings
-from plumbing.errors import UserError
+from plumbing.errors import UserError, reading
+from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
-from plumbing.tokenizers import get_tokenizer, vocabulary_error
+from plumbing.tokenizers import get_tokenizer, vocabulary_of
 from positions import LLAMA3_FACTORS, LONGROPE, LONGROPE_FIELDS, POSITION_MODULES, PositionScheme
-
-VOCABULARY = ("tokenizer", "vocab_size", "chars")  # what meta says token ids mean (chars: char's characters)
-# What a train.py checkpoint pickles besides plain data: torch's tensor rebuilders and storages, OrderedDict
-SAFE_GLOBAL = re.compile(r"torch\._utils\._rebuild_\w+|torch\.\w+Storage|collections\.OrderedDict")
 
 
 # Writing: atomically, so that a crash never leaves a half-written checkpoint in place of a good one
@@ -73,206 +68,113 @@ def remove_unfinished_writes(out_dir):
     return len(leftovers)
 
 
-# Reading: weights_only, every failure one line
-def load_checkpoint(path, map_location="cpu", mmap=False):
-    """The checkpoint dict at path (weights_only: unpickling objects could run code), every failure a
-    UserError naming the path; mmap=True reads a tensor from disk only when used."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: {'a folder, not a' if path.is_dir() else 'no such'} checkpoint file")
-    try:
-        mmap = mmap and zipfile.is_zipfile(path)  # torch maps only its zip format
-        with warnings.catch_warnings(action="ignore"):  # "Detected pickle protocol 4": the error says it
-            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as e:  # UnpicklingError, RuntimeError, EOFError ... for a damaged file
-        if isinstance(e, pickle.UnpicklingError) and (refused := refused_globals(path, e)):
-            raise UserError(
-                f"{path}: refused to load: it pickles {refused}, code that unpickling would import and could "
-                "run; a posgpt checkpoint holds only tensors and plain data, so this file was not written by "
-                "train.py or was altered: do not load it"
-            ) from None
-        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # e.g. "Unsupported operand 110"
-        cause = detail.group(1) if detail else f"{type(e).__name__}: {first_line(e)}"
-        raise UserError(f"{path}: truncated or corrupt checkpoint ({cause})") from None
-    if missing := [key for key in ("model", "model_config") if not (isinstance(ckpt, dict) and key in ckpt)]:
-        raise UserError(f"{path}: not a posgpt checkpoint (no {' or '.join(missing)} entry)")
-    if isinstance(ckpt["model_config"], dict):
-        ckpt["model_config"] = current_model_config(ckpt["model_config"], path)
-    return ckpt
+# Reading: weights_only (unpickling objects could run code), every failure one line (errors.reading)
+RUN_ENTRIES = (
+    "train_config",
+    "iter_num",
+    "best_val_loss",
+    "best_iter",
+    "optimizer",
+    "scaler",
+    "sampler",
+    "rng",
+    "wandb_run_id",
+)  # what train.py records beyond sampling's model, model_config, meta; fmt: skip
+OLDER_FILES_SAID = set()  # the older files current_model_config has named
 
 
-def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
-    """load_checkpoint, then a UserError naming the first entry that departs from SCHEMA, or a meta that
-    cannot say what its token ids mean: the one way an entry point opens a checkpoint. vocabulary=False:
-    meta's vocabulary unchecked (to read model_config)."""
-    ckpt = load_checkpoint(path, map_location, mmap)
-    error = schema_error(ckpt, {key: SCHEMA[key] for key in SCHEMA if key in ckpt}, "")
-    if error := error or model_config_error(ckpt["model_config"]):
-        raise UserError(
-            f"{path}: damaged checkpoint ({error}): train.py writes none like it; use another one"
-        )
-    if not vocabulary:
-        return ckpt
-    meta = ckpt.get("meta")
-    if meta is None:  # SCHEMA checked one there is: a dict
-        raise UserError(
-            f"{path}: no meta entry (the tokenizer and vocabulary its token ids belong to): it can be "
-            "neither sampled from nor trained on; train.py writes one into every checkpoint"
-        )
-    if why := vocabulary_error(meta):
-        raise UserError(f"{path}: its meta's vocabulary is not usable: {why}")
-    if (model_vocab := ckpt["model_config"]["vocab_size"]) != meta["vocab_size"]:  # both checked: ints
-        raise UserError(f"{path}: its meta has {meta['vocab_size']} tokens but its model {model_vocab}")
-    return ckpt
+@dataclass
+class Progress:
+    """What the training loop keeps across steps and across a resume; a checkpoint records it (recorded)."""
 
+    iter_num: int = setting(0, at_least=0)  # optimizer steps taken
+    best_val_loss: float = setting(
+        math.inf, at_least=0
+    )  # a cross-entropy; inf before any evaluation, NaN never
+    best_iter: int | None = setting(None, at_least=0)  # the step of best_val_loss
+    wandb_run_id: str | None = None  # the Weights & Biases run --resume continues
+    saved_iter: int | None = setting(None, at_least=0)  # the step of the checkpoint on disk (ckpt.pt)
+    evaluated_iter: int | None = setting(None, at_least=0)  # the step of the last whole evaluation
 
-def refused_globals(path, error):
-    """The 'module.name's a file pickles that weights_only refused ('' if none): from torch's message, else
-    (torch stopped earlier, e.g. at protocol 4's FRAME) from the opcodes, which pickletools decodes without
-    running anything (zip format: its data.pkl). A STACK_GLOBAL's names: the two strings pushed before it."""
-    if named := re.findall(r"GLOBAL ([\w.]+)", str(error)):
-        return ", ".join(dict.fromkeys(named))
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            data = b"".join(z.read(name) for name in z.namelist() if name.endswith("data.pkl"))
-    else:
-        data = Path(path).read_bytes()
-    stream, strings = io.BytesIO(data), []
-    with suppress(Exception):  # a damaged stream: what was read so far
-        while stream.tell() < len(data):
-            for op, arg, _ in pickletools.genops(stream):
-                if op.name == "GLOBAL":
-                    named.append(arg.replace(" ", "."))
-                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    named.append(".".join(strings[-2:]))
-                if isinstance(arg, str):
-                    strings.append(arg)
-    return ", ".join(dict.fromkeys(name for name in named if not SAFE_GLOBAL.fullmatch(name)))
+    def __post_init__(self):
+        check_fields(self)
+
+    @classmethod
+    def recorded(cls, ckpt):
+        """A checkpoint's progress, checked by the fields' rules; older files, without evaluated_iter, were
+        evaluated when written."""
+        step = ckpt["iter_num"]
+        return cls(step, ckpt["best_val_loss"], ckpt["best_iter"], ckpt["wandb_run_id"], step,
+                   ckpt.get("evaluated_iter", step))  # fmt: skip
 
 
 def first_line(error):
     return (str(error).strip().splitlines() or ["no details"])[0]
 
 
-# The schema: what each entry holds, checked when a file is opened (its weights' values: load_weights)
-NONE = type(None)
-Check = namedtuple("Check", "what fits")  # a spec no type says: `what` a value must be, and a test of one
-tensor_of = lambda what, shape, dtype: Check(
-    what, lambda t: isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
-)
-# weights and AdamW's moments: a tensor of integers or complex numbers would be cast without a word
-FLOATS = Check("a Tensor of floats", lambda t: isinstance(t, torch.Tensor) and t.is_floating_point())
-STEP = Check("an int >= 0", lambda v: type(v) is int and v >= 0)  # a step count (not a bool)
-STEP_OR_NONE = Check("an int >= 0 or None", lambda v: v is None or STEP.fits(v))
-# a cross-entropy; inf before the first evaluation, NaN never (no loss would be below it: best.pt frozen)
-LOSS = Check("a loss >= 0 (inf before any evaluation)", lambda v: type(v) in (int, float) and v >= 0)
-SAMPLER = {"seed": int, "train_batches": int, "val_batches": int}  # data.common.BatchSampler.state_dict
-RNG = {  # plumbing.resume.rng_state
-    "python": Check("[version, 625 ints, gauss]", lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and
-        isinstance(v[1], (list, tuple)) and len(v[1]) == 625 and all(type(x) is int for x in [v[0], *v[1]])),
-    "numpy": {"bit_generator": str, "key": tensor_of("624 int64s", (624,), torch.int64), "pos": int,
-              "has_gauss": int, "gauss": (float, int)},
-    "torch": tensor_of("torch's generator state", torch.get_rng_state().shape, torch.uint8),
-    "cuda": Check("a Tensor of uint8 or None", lambda v: v is None or
-                  isinstance(v, torch.Tensor) and v.dtype == torch.uint8),
-}  # fmt: skip
-OLDER_FILES_SAID = set()  # the older files current_model_config has named
+def load_checkpoint(path, map_location="cpu", mmap=False):
+    """The checkpoint dict at path, its model_config in today's form (current_model_config): a missing file,
+    one of another model (no model_config) or any failure to read it a UserError naming the path; mmap=True
+    reads a tensor from disk only when used."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: {'a folder, not a' if path.is_dir() else 'no such'} checkpoint file")
+    with reading(path, "checkpoint"):
+        mmap = mmap and zipfile.is_zipfile(path)  # torch maps only its zip format
+        try:
+            with warnings.catch_warnings(action="ignore"):  # "Detected pickle protocol 4": the error says it
+                ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as e:  # a global weights_only refused, or an opcode it does not run
+            raise pickle.UnpicklingError(refusal(e)) from None
+        if not isinstance(ckpt, dict) or "model_config" not in ckpt:  # GPT-2's state dict, nanoGPT's ...
+            raise UserError(f"{path}: not a posgpt checkpoint (no model_config entry)")
+        if isinstance(ckpt["model_config"], dict):
+            ckpt["model_config"] = current_model_config(ckpt["model_config"], path)
+        return ckpt
 
 
-def type_spec(hint):  # a field's annotation as a spec: int | None -> (int, None); list[float] -> list
-    return tuple(typing.get_origin(t) or t for t in typing.get_args(hint)) or typing.get_origin(hint) or hint
+def refusal(error):
+    """torch's reason for refusing a pickle, without its advice to load the file with weights_only=False:
+    "Unsupported global: GLOBAL x.Payload was not an allowed global by default.", "Trying to load unsupported
+    GLOBAL posix.system whose module posix is blocked.", "Unsupported operand 149"."""
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(error).splitlines()]
+    advice = ("Weights only load failed", "Check the documentation")
+    reasons = [line for line in lines if line and "weights_only" not in line and not line.startswith(advice)]
+    return reasons[0].split(" Please use")[0] if reasons else "refused by torch.load(weights_only=True)"
 
 
-# asdict(GPTConfig): each field as GPTConfig types it, the scheme's settings a dict (model_config_error)
-MODEL_CONFIG = {name: type_spec(hint) for name, hint in typing.get_type_hints(GPTConfig).items()}
-MODEL_CONFIG["pos_settings"] = dict
-# lab.finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
-LORA = {
-    "rank": Check("a whole number >= 1", lambda v: type(v) is int and v >= 1),  # an int, not a bool
-    "alpha": Check("a positive number", lambda v: type(v) in (int, float) and 0 < v < float("inf")),
-    "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
-    "state": {str: FLOATS},
-}
-SCHEMA = {
-    "model": {str: FLOATS},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
-    "model_config": MODEL_CONFIG,  # (load_checkpoint makes an older one today's: current_model_config)
-    "meta": dict,  # the dataset's tokenizer and vocabulary (open_checkpoint): sampling needs no other file
-    # asdict(TrainConfig) as run (device etc. resolved): plain values; max_iters and dataset, read, typed
-    "train_config": {str: (str, int, float, bool, NONE), "max_iters": int, "dataset": str},
-    "iter_num": STEP,  # steps taken, the best validation loss so far and its step
-    "best_val_loss": LOSS,
-    "best_iter": STEP_OR_NONE,
-    "optimizer": {"state": {str: {str: FLOATS}}, "param_groups": list},  # AdamW's state_dict (step: a float)
-    "scaler": dict,  # the float16 GradScaler's state_dict ({} unless float16)
-    "sampler": {"train": SAMPLER, "eval": SAMPLER},  # batches drawn per split
-    "rng": [RNG],  # one per rank
-    "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
-    "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
-    "evaluated_iter": STEP_OR_NONE,  # the step of its last whole evaluation (older files: iter_num)
-    "lora": LORA,  # a LoRA run's adapters (lab/finetune/lora.py), beside "model"'s merged weights
-}
+def read_back(cls, recorded):
+    """The dataclass cls from the dict asdict recorded it as: a field missing a KeyError, one cls has not a
+    TypeError, a value its rules refuse a ValueError (errors.reading words each)."""
+    return cls(**{f.name: recorded[f.name] for f in dataclasses.fields(cls)} | recorded)
 
 
-def shown(value):
-    text = repr(value) if isinstance(value, (str, int, float, bool, NONE)) else a_type(type(value))
-    if isinstance(value, torch.Tensor):
-        text += f" of {str(value.dtype).removeprefix('torch.')}"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def a_type(kind):
-    return "None" if kind is NONE else f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
-
-
-def schema_error(value, spec, name):
-    """How value departs from spec ('name is ..., not ...'), or None. spec: a type or tuple of types (an int
-    is a float, a bool no int); {key: spec}, a dict with those keys ({str: spec, ...}: any keys, each a spec,
-    those named their own); [spec], a non-empty list of them; a Check."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            return f"{name} is {shown(value)}, not a dict"
-        spec = {key: spec.get(key, spec[str]) for key in value} if str in spec else spec
-        if missing := [key for key in spec if key not in value]:
-            return f"{name} has no {', '.join(missing)}"
-        inner = ((value[k], s, f"{name}.{k}" if name else k) for k, s in spec.items())
-        return next((e for v, s, n in inner if (e := schema_error(v, s, n))), None)
-    if isinstance(spec, list):
-        if not isinstance(value, (list, tuple)) or not value:
-            return f"{name} is {shown(value)}, not a non-empty list"
-        return next((e for i, v in enumerate(value) if (e := schema_error(v, spec[0], f"{name}[{i}]"))), None)
-    if isinstance(spec, Check):
-        return None if spec.fits(value) else f"{name} is {shown(value)}, not {spec.what}"
-    types = spec if isinstance(spec, tuple) else (spec,)
-    fits = isinstance(value, types) and (bool in types or not isinstance(value, bool))
-    if fits or float in types and type(value) is int:
-        return None
-    return f"{name} is {shown(value)}, not {' or '.join(map(a_type, types))}"
-
-
-def model_config_error(model_config):
-    """Fields of model_config GPTConfig has not, settings its scheme has not or of the wrong type, or what
-    their checks refuse (SCHEMA typed the fields), or None."""
-    if unknown := [name for name in model_config if name not in MODEL_CONFIG]:
-        return f"model_config has unknown fields {', '.join(map(str, unknown))}"
-    pos, settings = model_config["pos"], model_config["pos_settings"]
-    if scheme := POSITION_MODULES.get(pos):
-        specs = {name: type_spec(hint) for name, hint in typing.get_type_hints(scheme.Settings).items()}
-        if unknown := [name for name in settings if name not in specs]:
-            return f"model_config.pos_settings has {', '.join(map(str, unknown))}, no setting of pos={pos}"
-        if error := schema_error(settings, specs, "model_config.pos_settings"):
-            return error
-    try:
-        GPTConfig(**model_config)
-    except ValueError as e:
-        return f"model_config: {e}"
-    return None
+def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
+    """load_checkpoint, what it records read back and checked by the rules of the dataclasses that hold it
+    (GPTConfig; Progress, where it has one; its meta's vocabulary, the model's), any failure a UserError
+    naming the path: the one way an entry point opens a checkpoint. vocabulary=False: meta unread (to read
+    model_config)."""
+    ckpt = load_checkpoint(path, map_location, mmap)
+    with reading(path, "checkpoint"):
+        model_config = read_back(GPTConfig, ckpt["model_config"])
+        require(
+            isinstance(ckpt["model"], dict), f"model is a {type(ckpt['model']).__name__}, not a state dict"
+        )
+        if "iter_num" in ckpt:  # a run's, not sampling's only
+            Progress.recorded(ckpt)
+            run_finished(ckpt)
+        if vocabulary:
+            vocab_size = vocabulary_of(ckpt["meta"])[1]
+            require(vocab_size == model_config.vocab_size,
+                    f"its meta has {vocab_size} tokens but its model {model_config.vocab_size}")  # fmt: skip
+    return ckpt
 
 
 def current_model_config(model_config, path=None):
     """A checkpoint's model_config in today's form, asdict(GPTConfig): an older one's settings, side by side
     with the GPT's fields, nested under pos_settings, another scheme's (at their defaults: RoPE's were in
     every file) dropped; a setting it lacks (it predates it) at its default, which builds the model the code
-    that wrote it built; said once for each file `path`. Anything else is left for model_config_error."""
+    that wrote it built; said once for each file `path`. Anything else is left for GPTConfig to judge."""
     gpt, others = [f.name for f in dataclasses.fields(GPTConfig)], scheme_settings()
     pos = model_config.get("pos", GPTConfig.pos)
     scheme = POSITION_MODULES.get(pos, PositionScheme) if isinstance(pos, str) else PositionScheme
@@ -298,7 +200,7 @@ def current_model_config(model_config, path=None):
 
 def check_same_vocabulary(path, ckpt_meta, meta, dataset, action):
     """Refuse to `action` ("resume", "initialise from") a checkpoint on a dataset of other token ids."""
-    saved, given = ([m.get(key) for key in VOCABULARY] for m in (ckpt_meta, meta))
+    saved, given = vocabulary_of(ckpt_meta), vocabulary_of(meta)
     if saved != given:
         chars = " (same size, other characters)" if saved[:2] == given[:2] else ""
         trained, has = (f"a {tokenizer} vocabulary of {size} tokens" for tokenizer, size, _ in (saved, given))
@@ -334,36 +236,46 @@ def some(names):
 
 
 def load_weights(path, module, state_dict):
-    """module.load_state_dict, a mismatch a UserError naming the tensors that do not fit; a model's weights
-    then checked finite where they live, on the device."""
+    """module.load_state_dict, a mismatch a UserError naming the tensors that do not fit (a model's: missing,
+    unexpected, mis-shaped, or not floating-point, which load_state_dict would cast without a word); a model's
+    weights then checked finite where they live, on the device."""
     model = isinstance(module, torch.nn.Module)
+    detail = model and weights_misfit(module.state_dict(), state_dict)
     try:
-        module.load_state_dict(state_dict)
+        if not detail:
+            module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        detail = ""
-        if model and not isinstance(state_dict, dict):
-            detail = f"a {type(state_dict).__name__} where a state dict of tensors belongs"
-        elif model:
-            expected = module.state_dict()
-            kinds = {
-                "missing": [n for n in expected if n not in state_dict],
-                "unexpected": [n for n in state_dict if n not in expected],
-                "mis-shaped": [
-                    f"{n} {tuple(getattr(v, 'shape', ()))} where the model has {tuple(expected[n].shape)}"
-                    for n, v in state_dict.items()
-                    if n in expected and getattr(v, "shape", None) != expected[n].shape
-                ],
-            }
-            detail = "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names)
-        raise UserError(
-            f"{path}: its {type(module).__name__} state does not fit ({detail or first_line(e)})"
-        ) from None
+        detail = first_line(e)
+    if detail:
+        raise UserError(f"{path}: its {type(module).__name__} state does not fit ({detail})") from None
     tensors = module.state_dict().items() if model else {}
     if bad := [name for name, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]:
         raise UserError(
             f"{path}: weights that are not finite (NaN or inf) in {some(bad)}: a model that diverged "
             "or a damaged file; use another checkpoint"
         )
+
+
+def weights_misfit(expected, state_dict):
+    """How a model's state dict departs from the `expected` one (names, shapes, floats), or ""."""
+    if not isinstance(state_dict, dict):
+        return f"a {type(state_dict).__name__} where a state dict of tensors belongs"
+    tensor = lambda v: v if isinstance(v, torch.Tensor) else torch.empty(0, dtype=torch.int8)
+    kinds = {
+        "missing": [n for n in expected if n not in state_dict],
+        "unexpected": [n for n in state_dict if n not in expected],
+        "mis-shaped": [
+            f"{n} {tuple(tensor(v).shape)} where the model has {tuple(expected[n].shape)}"
+            for n, v in state_dict.items()
+            if n in expected and tensor(v).shape != expected[n].shape
+        ],
+        "not floating-point": [
+            f"{n} ({str(getattr(v, 'dtype', type(v).__name__)).removeprefix('torch.')})"
+            for n, v in state_dict.items()
+            if n in expected and expected[n].is_floating_point() and not tensor(v).is_floating_point()
+        ],
+    }
+    return "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names)
 
 
 def build_model(path, ckpt, **overrides):

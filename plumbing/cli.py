@@ -26,7 +26,7 @@ from dataclasses import MISSING, field, fields
 from pathlib import Path
 
 from model import GPTConfig
-from plumbing.errors import UserError, one_line_errors
+from plumbing.errors import UserError, one_line_errors, reading
 from plumbing.fields import choices_of, rule_text
 from positions import LONGROPE_FIELDS, POSITION_MODULES
 
@@ -168,20 +168,14 @@ def section_names(sections):
 
 def read_text(path, where, status=2):
     """A file's UTF-8 text (past a byte-order mark, as Windows editors write), or a one-line UserError."""
-    try:
+    with reading(where, "UTF-8 text file", status=status):  # missing, a folder, unreadable, not UTF-8
         return Path(path).read_text(encoding="utf-8-sig")
-    except OSError as e:  # missing, a folder, a file we may not read
-        raise UserError(f"{where}: {e.strerror}", status) from None
-    except UnicodeDecodeError:
-        raise UserError(f"{where}: not UTF-8 text", status) from None
 
 
 def read_config_file(parser, path, valid, foreign_keys):
     """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
-    try:
+    with reading(f"--config {path}", "TOML preset", status=2):
         table = tomllib.loads(read_text(path, f"--config {path}"))
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"--config {path}: not valid TOML: {e}", 2) from None
     if not foreign_keys and (unknown := ", ".join(repr(key) for key in table if key not in valid)):
         raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}", 2)
     table = {key: value for key, value in table.items() if key in valid}
@@ -269,10 +263,8 @@ def read_rope_factors(path, rope_scaling=None, rope_factor=None):
             raise UserError(f"{where}: {', '.join(repeated)} given more than once; give each key once", 2)
         return dict(pairs)
 
-    try:
+    with reading(where, "JSON file of factors", status=2):
         table = json.loads(read_text(path, where), object_pairs_hook=unique)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not a JSON file ({e})", 2) from None
     if not isinstance(table, dict):
         raise UserError(f"{where}: a JSON object of {keys}", 2)
     if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:

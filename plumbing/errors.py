@@ -4,11 +4,13 @@
     raise UserError("give --rope_scaling with --rope_factor", 2)   # a usage mistake: 2, as argparse's
     with one_line_errors("train.py"):                             # around each entry point's main, once
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM: signals.received
+    with reading(path, "checkpoint"): ckpt = torch.load(path)      # any failure: one line naming path
     if __name__ == "__main__": quiet_ctrl_c()                     # an entry point, before importing torch
 
 A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
 stop, or raises Stopped, a KeyboardInterrupt that unwinds the with-blocks (removing temporary files and locks)
-before the handler exits with 128 + the signal's number."""
+before the handler exits with 128 + the signal's number. A file the user names is read inside reading(): what
+goes wrong there is the file's fault, whatever Python raised."""
 
 import os
 import signal
@@ -21,6 +23,27 @@ class UserError(ValueError):
     def __init__(self, message, status=1):
         super().__init__(message)
         self.status = status
+
+
+@contextmanager
+def reading(path, what, fix=None, status=1):
+    """The one boundary around reading a file the user names (a checkpoint, a dataset's meta.json, a preset, a
+    factors file) and what it records: any exception becomes the UserError `PATH: not a usable WHAT (Type:
+    reason)`, then `; FIX` if given, e.g. `out/x/ckpt.pt: not a usable checkpoint (KeyError: 'model')`, with
+    `status` (2: a file a flag names). A UserError (a message already meant for the user), running out of
+    memory (the machine's fault, not the file's) and KeyboardInterrupt/SystemExit (no Exception) pass."""
+    try:
+        yield
+    except (UserError, MemoryError):
+        raise
+    except Exception as e:
+        if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, a RuntimeError
+            raise
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        reason = lines[0] if lines else "no details"
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."
+        fix = f"; {fix}" if fix else ""
+        raise UserError(f"{path}: not a usable {what} ({type(e).__name__}: {reason}){fix}", status) from None
 
 
 class Stopped(KeyboardInterrupt):

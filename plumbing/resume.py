@@ -12,7 +12,8 @@ import torch
 
 from model import GPTConfig
 from plumbing.checkpoint import (
-    SCHEMA,
+    RUN_ENTRIES,
+    Progress,
     check_same_vocabulary,
     checkpoint_path,
     link_checkpoint,
@@ -21,13 +22,10 @@ from plumbing.checkpoint import (
     run_folder,
     save_checkpoint,
 )
-from plumbing.errors import UserError
+from plumbing.errors import UserError, reading
 from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
 
-# Resuming needs these beyond what sampling needs (SCHEMA's order); LATER_KEYS, older files lack; "lora",
-# only a LoRA run's
-LATER_KEYS = ("finished", "evaluated_iter")  # run_finished and resume_run read them with a default
-RESUME_KEYS = [key for key in SCHEMA if key not in ("model", "model_config", "meta", "lora", *LATER_KEYS)]
+RESUME_KEYS = RUN_ENTRIES  # what resuming needs beyond sampling (older files lack finished, evaluated_iter)
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
@@ -67,18 +65,6 @@ class Extension:
 
 
 PLAIN = Extension()  # train.py's own: plain training
-
-
-@dataclass
-class Progress:
-    """What the loop keeps across steps and across a resume."""
-
-    iter_num: int = 0  # optimizer steps taken
-    best_val_loss: float = math.inf
-    best_iter: int | None = None
-    wandb_run_id: str | None = None
-    saved_iter: int | None = None  # the step of the checkpoint on disk (ckpt.pt)
-    evaluated_iter: int | None = None  # the step of the last whole evaluation (a signal may cut one short)
 
 
 @dataclass
@@ -231,6 +217,14 @@ def check_finite(run, loss, step, last):
 
 
 def resume_run(run, path, ckpt, changes):
+    """--resume: restore_run inside the error boundary: a state open_for_resume could not check without the
+    run (the optimizer's, the samplers', the random generators') that cannot be restored is the file's fault,
+    one line, before training starts."""
+    with reading(path, "checkpoint"):
+        restore_run(run, path, ckpt, changes)
+
+
+def restore_run(run, path, ckpt, changes):
     """--resume: put a freshly built run where the checkpoint open_for_resume opened and checked left it (the
     run's extension gives its weights; the random generators last, as building the model drew from them), then
     log what resumed."""
@@ -249,10 +243,7 @@ def resume_run(run, path, ckpt, changes):
     for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
         sampler.load_state_dict(ckpt["sampler"]["train"])
     run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
-    p = run.progress
-    p.iter_num, p.best_val_loss, p.best_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_iter"]
-    p.saved_iter, p.wandb_run_id = ckpt["iter_num"], ckpt["wandb_run_id"]
-    p.evaluated_iter = ckpt.get("evaluated_iter", ckpt["iter_num"])  # older files: evaluated when written
+    p = run.progress = Progress.recorded(ckpt)
     if run.procs.rank < len(ckpt["rng"]):
         set_rng_state(ckpt["rng"][run.procs.rank], run.cfg.device)
     else:  # a rank the saved run did not have: a fresh stream of its own

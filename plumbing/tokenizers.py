@@ -64,23 +64,24 @@ class GPT2Tokenizer:
         return {"tokenizer": self.name, "vocab_size": self.vocab_size}
 
 
-def vocabulary_error(meta: dict):
-    """Why meta (a dataset's meta.json, a checkpoint's meta) says not what its token ids mean, or None: it
-    needs a tokenizer of TOKENIZERS, vocab_size >= 1 and, for char, chars: vocab_size characters, each once
-    (a repeated one would have several ids: which one a text gets would be a guess)."""
+def vocabulary_of(meta: dict):
+    """What meta's token ids mean, (tokenizer, vocab_size, chars or None), checked: the one rule for a
+    dataset's meta.json and a checkpoint's meta, and what two of them are compared by. A ValueError unless it
+    has a tokenizer of TOKENIZERS, vocab_size >= 1 and, for char, chars: vocab_size characters, each once (a
+    repeated one would have several ids: which one a text gets would be a guess)."""
     tokenizer, vocab_size, chars = (meta.get(key) for key in ("tokenizer", "vocab_size", "chars"))
     if tokenizer not in TOKENIZERS:
-        return f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}"
+        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {tokenizer!r}")
     if type(vocab_size) is not int or vocab_size < 1:
-        return f"vocab_size must be an int >= 1, got {vocab_size!r}"
+        raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
     if tokenizer == "char" and (wrong := chars_error(chars, vocab_size)):
         need = f"a char tokenizer needs chars, the {vocab_size} characters its token ids stand for, each once"
-        return f"{need}; {wrong}"
-    return None
+        raise ValueError(f"{need}; {wrong}")
+    return tokenizer, vocab_size, list(chars) if tokenizer == "char" else None
 
 
 def chars_error(chars, vocab_size):
-    """What is wrong with a char vocabulary's chars for vocab_size ids (vocabulary_error's), or None."""
+    """What is wrong with a char vocabulary's chars for vocab_size ids (vocabulary_of's), or None."""
     if chars is None:
         return "chars is missing"
     if not isinstance(chars, (list, str)):
@@ -95,5 +96,5 @@ def chars_error(chars, vocab_size):
 
 
 def get_tokenizer(meta: dict):
-    """The tokenizer a dataset was prepared with, from its meta (checked by load_meta or the checkpoint)."""
+    """The tokenizer a dataset was prepared with, from its meta (checked by vocabulary_of)."""
     return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else GPT2Tokenizer()

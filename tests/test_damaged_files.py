@@ -73,109 +73,117 @@ def set_entry(path, value):
 
 
 DELETE = object()
-# (case, train.py --init_from's exit status, how the checkpoint is spoilt, words the error must hold): the
-# status is 2 where reading --init_from's model settings with the flags finds it, 1 where loading it does
+READ = "read"  # the entry every reader reads (sample.py, lab/eval_length, --init_from, --resume)
+RESUMED = "resumed"  # an entry only --resume reads (the other readers accept the file)
+# (case, whose readers refuse it, train.py --init_from's exit status, how the checkpoint is spoilt, words the
+# line must hold: Python's reason for a value a dataclass's rule refuses, or the general mechanism's words);
+# the status is 2 where reading --init_from's model settings for its flags finds it, 1 where loading does
 DAMAGED_CHECKPOINTS = [
-    ("no meta", 1, set_entry("meta", DELETE), "no meta entry"),
-    ("meta None", 2, set_entry("meta", None), "meta is None, not a dict"),
-    ("model_config a list", 2, set_entry("model_config", [1, 2]), "model_config is a list, not a dict"),
-    ("model_config without block_size", 2, set_entry("model_config/block_size", DELETE), "has no block_size"),
-    ("n_head a string", 2, set_entry("model_config/n_head", "2"), "model_config.n_head is '2', not an int"),
+    ("no meta", READ, 1, set_entry("meta", DELETE), "not a usable checkpoint (KeyError: 'meta')"),
+    ("meta None", READ, 1, set_entry("meta", None), "not a usable checkpoint (AttributeError: "),
+    ("no model", READ, 2, set_entry("model", DELETE), "not a usable checkpoint (KeyError: 'model')"),
+    ("model_config a list", READ, 2, set_entry("model_config", [1, 2]), "not a usable checkpoint (TypeError"),
+    (
+        "model_config without block_size",
+        READ,
+        2,
+        set_entry("model_config/block_size", DELETE),
+        "not a usable checkpoint (KeyError: 'block_size')",
+    ),
+    ("n_head a string", READ, 2, set_entry("model_config/n_head", "2"), "(TypeError: '>=' not supported"),
     (
         "n_head zero",
+        READ,
         2,
         set_entry("model_config/n_head", 0),
-        "model_config: n_head must be >= 1 (a positive integer), got 0",
+        "(ValueError: n_head must be >= 1 (a positive integer), got 0)",
     ),
-    ("unknown model field", 2, set_entry("model_config/n_experts", 8), "unknown fields n_experts"),
+    ("unknown model field", READ, 2, set_entry("model_config/n_experts", 8), "'n_experts'"),
     (
         "unknown setting",
+        READ,
         2,
         set_entry("model_config/pos_settings/rope_warp", 2.0),
-        "model_config.pos_settings has rope_warp, no setting of pos=rope",
+        "(ValueError: rope_warp: no setting of pos=rope)",
     ),
-    (
-        "setting a string",
-        2,
-        set_entry("model_config/pos_settings/rope_base", "big"),
-        "model_config.pos_settings.rope_base is 'big', not a float",
-    ),
-    (
-        "settings a list",
-        2,
-        set_entry("model_config/pos_settings", [1]),
-        "model_config.pos_settings is a list",
-    ),
-    ("model a list", 2, set_entry("model", []), "model is a list, not a dict"),
+    ("setting a string", READ, 2, set_entry("model_config/pos_settings/rope_base", "big"), "(TypeError: "),
+    ("settings a list", READ, 2, set_entry("model_config/pos_settings", [1]), "pos_settings is a list"),
+    ("model a list", READ, 2, set_entry("model", []), "model is a list, not a state dict"),
     (
         "a weight a string",
-        2,
+        READ,
+        1,
         set_entry("model/lm_head.weight", "w"),
-        "model.lm_head.weight is 'w', not a Tensor",
+        "not floating-point lm_head.weight",
     ),
-    ("rng a string", 2, set_entry("rng", "state"), "rng is 'state', not a non-empty list"),
-    ("python rng cut short", 2, set_entry("rng/0/python", [3, [1, 2], None]), "rng[0].python is a list"),
+    ("iter_num a string", READ, 2, set_entry("iter_num", "2"), "(TypeError: '>=' not supported"),
+    ("iter_num negative", READ, 2, set_entry("iter_num", -5), "iter_num must be >= 0, got -5"),
+    ("best_iter negative", READ, 2, set_entry("best_iter", -1), "best_iter must be >= 0, got -1"),
+    ("evaluated_iter negative", READ, 2, set_entry("evaluated_iter", -2), "evaluated_iter must be >= 0"),
     (
-        "torch rng cut short",
+        "best_val_loss NaN",
+        READ,
         2,
-        set_entry("rng/0/torch", torch.zeros(3, dtype=torch.uint8)),
-        "rng[0].torch is",
+        set_entry("best_val_loss", math.nan),
+        "best_val_loss must be >= 0, got nan",
     ),
-    ("empty sampler", 2, set_entry("sampler", {}), "sampler has no train, eval"),
-    ("iter_num a string", 2, set_entry("iter_num", "2"), "iter_num is '2', not an int"),
-    ("max_iters a string", 2, set_entry("train_config/max_iters", "2"), "train_config.max_iters is '2'"),
-    ("iter_num negative", 2, set_entry("iter_num", -5), "iter_num is -5, not an int >= 0"),
-    ("best_iter negative", 2, set_entry("best_iter", -1), "best_iter is -1, not an int >= 0 or None"),
-    ("evaluated_iter negative", 2, set_entry("evaluated_iter", -2), "evaluated_iter is -2, not an int >= 0"),
-    ("best_val_loss NaN", 2, set_entry("best_val_loss", math.nan), "best_val_loss is nan, not a loss >= 0"),
-    ("best_val_loss -inf", 2, set_entry("best_val_loss", -math.inf), "best_val_loss is -inf, not a loss"),
+    ("best_val_loss -inf", READ, 2, set_entry("best_val_loss", -math.inf), "best_val_loss must be >= 0"),
+    ("no best_iter", READ, 2, set_entry("best_iter", DELETE), "(KeyError: 'best_iter')"),
     (
         "int64 weights",
-        2,
+        READ,
+        1,
         as_dtype("model/transformer.h.0.ln_1.weight", torch.int64),
-        "model.transformer.h.0.ln_1.weight is a Tensor of int64, not a Tensor of floats",
+        "not floating-point transformer.h.0.ln_1.weight (int64)",
     ),
     (
         "complex weights",
-        2,
-        as_dtype("model/transformer.wte.weight", torch.complex64),
-        "model.transformer.wte.weight is a Tensor of complex64, not a Tensor of floats",
-    ),
-    (
-        "int64 optimizer moments",
-        2,
-        as_dtype("optimizer/state/0/exp_avg", torch.int64),
-        "optimizer.state.0.exp_avg is a Tensor of int64, not a Tensor of floats",
-    ),
-    (
-        "cuda rng of int64",
-        2,
-        set_entry("rng/0/cuda", torch.zeros(16, dtype=torch.int64)),
-        "rng[0].cuda is a Tensor of int64, not a Tensor of uint8 or None",
-    ),
-    (
-        "NaN weights",
+        READ,
         1,
-        nan_weights,
-        "weights that are not finite (NaN or inf) in transformer.h.0.attn.c_attn",
+        as_dtype("model/transformer.wte.weight", torch.complex64),
+        "not floating-point transformer.wte.weight (complex64)",
     ),
+    ("NaN weights", READ, 1, nan_weights, "weights that are not finite (NaN or inf) in transformer.h.0.attn"),
+    ("rng a string", RESUMED, 1, set_entry("rng", "state"), "not a usable checkpoint (TypeError: "),
+    (
+        "python rng cut short",
+        RESUMED,
+        1,
+        set_entry("rng/0/python", [3, [1, 2], None]),
+        "not a usable checkpoint (ValueError: ",
+    ),
+    (
+        "torch rng cut short",
+        RESUMED,
+        1,
+        set_entry("rng/0/torch", torch.zeros(3, dtype=torch.uint8)),
+        "not a usable checkpoint (RuntimeError: ",
+    ),
+    ("empty sampler", RESUMED, 1, set_entry("sampler", {}), "not a usable checkpoint (KeyError: 'train')"),
+    ("optimizer a string", RESUMED, 1, set_entry("optimizer", "adamw"), "its AdamW state does not fit"),
 ]
 EVAL = ["--lengths=1", "--max_windows=1", "--device=cpu", "--progress=false"]
 
 
 @pytest.mark.parametrize(
-    "case, init_status, spoil, words", DAMAGED_CHECKPOINTS, ids=[c[0] for c in DAMAGED_CHECKPOINTS]
+    "case, readers, init_status, spoil, words", DAMAGED_CHECKPOINTS, ids=[c[0] for c in DAMAGED_CHECKPOINTS]
 )
 def test_a_damaged_checkpoint_is_one_line_in_every_entry_point(
-    tmp_path, capsys, finished, case, init_status, spoil, words
+    tmp_path, capsys, finished, case, readers, init_status, spoil, words
 ):
-    """sample.py, lab/eval_length.py, train.py --init_from and --resume each refuse the spoilt file in one
-    line naming the entry, and the run folder is left as it was."""
+    """sample.py, lab/eval_length.py, train.py --init_from and --resume each refuse the spoilt file (those
+    that read the entry) in one line naming the file and why, before any work: the run folder as it was."""
     ckpt = torch.load(_saved(finished, tmp_path / "whole.pt"), weights_only=True)  # a deep copy
     spoil(ckpt)
     out_dir = tmp_path / "run"
     out_dir.mkdir()
     torch.save(ckpt, out_dir / "ckpt.pt")
+    _refused_everywhere(capsys, tmp_path, out_dir, words, init_status, resume_only=readers == RESUMED)
+
+
+def _refused_everywhere(capsys, tmp_path, out_dir, words, init_status, resume_only=False):
+    """Every entry point that reads out_dir/ckpt.pt says one line naming it and holding words, with its
+    status; nothing in out_dir changes and no --init_from run's folder is made."""
     before = (out_dir / "ckpt.pt").read_bytes()
     runs = [
         (sample, [f"--out_dir={out_dir}", "--max_new_tokens=4", "--stream=off"], 1),
@@ -183,11 +191,32 @@ def test_a_damaged_checkpoint_is_one_line_in_every_entry_point(
         (train, [*TINY_RUN, f"--init_from={out_dir}", f"--out_dir={tmp_path / 'new'}"], init_status),
         (train, [*TINY_RUN, f"--out_dir={out_dir}", "--resume", "--max_iters=3"], 1),
     ]
-    for script, argv, status in runs:
+    for script, argv, status in runs[3:] if resume_only else runs:
         err = error_line(capsys, script, argv, status)
-        assert "ckpt.pt" in err and words in err, (script.__name__, err)
+        assert f"{out_dir / 'ckpt.pt'}: " in err and words in err, (script.__name__, err)
     assert (out_dir / "ckpt.pt").read_bytes() == before and not (tmp_path / "new").exists()
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
+
+
+DAMAGED_BYTES = [  # (case, the file's bytes from the whole checkpoint's): not a checkpoint torch can read
+    ("truncated", lambda data: data[: len(data) // 2]),
+    ("empty", lambda data: b""),
+    ("random bytes", lambda data: np.random.default_rng(0).bytes(4096)),
+    ("a flipped byte in its pickle", lambda data: data.replace(b"model_config", b"model_confiX", 1)),
+]
+
+
+@pytest.mark.parametrize("case, damage", DAMAGED_BYTES, ids=[c[0] for c in DAMAGED_BYTES])
+def test_a_checkpoint_file_torch_cannot_read_is_one_line_in_every_entry_point(
+    tmp_path, capsys, finished_dir, case, damage
+):
+    """A checkpoint cut short, emptied or overwritten: torch.load's own error, through the one boundary, is
+    one line naming the file, status 1 (2 for --init_from, whose model settings are its flags' defaults)."""
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    (out_dir / "ckpt.pt").write_bytes(damage((finished_dir / "ckpt.pt").read_bytes()))
+    words = "not a posgpt checkpoint" if case.startswith("a flipped") else "not a usable checkpoint ("
+    _refused_everywhere(capsys, tmp_path, out_dir, words, init_status=2)
 
 
 def _saved(ckpt, path):
@@ -195,14 +224,14 @@ def _saved(ckpt, path):
     return path
 
 
-def test_the_schema_accepts_what_train_py_writes(finished, tmp_path):
-    """The schema is no stricter than train.py: its own checkpoint loads whole."""
+def test_what_train_py_writes_is_read_back_whole(finished, tmp_path):
+    """open_checkpoint's read-back is no stricter than train.py: its own checkpoint loads whole."""
     assert open_checkpoint(_saved(finished, tmp_path / "ckpt.pt")).keys() == finished.keys()
 
 
 def test_a_checkpoint_written_before_any_evaluation_is_accepted_and_resumes(finished, tmp_path, capsys):
     """A run stopped before its first evaluation wrote best_val_loss inf, best_iter and evaluated_iter None:
-    the schema takes them (a NaN or negative loss, or a negative step, is damage); --resume evaluates."""
+    Progress's rules take them (a NaN or negative loss, or a negative step, is damage); --resume evaluates."""
     unevaluated = {"best_val_loss": math.inf, "best_iter": None, "evaluated_iter": None, "finished": False}
     ckpt = finished | unevaluated
     out_dir = tmp_path / "run"
@@ -237,7 +266,7 @@ FOREIGN_CHECKPOINTS = [  # (case, what out_dir/ckpt.pt holds, given the finished
     ("nanoGPT's", lambda ckpt: {"model": ckpt["model"], "model_args": {"n_layer": 1}, "iter_num": 2}),
     ("malicious", lambda ckpt: {**ckpt, "meta": Shell()}),
     ("sampling only", sampling_only),
-    ("damaged", lambda ckpt: {**ckpt, "rng": "state"}),
+    ("damaged", lambda ckpt: {**ckpt, "best_val_loss": math.nan}),
 ]
 
 
@@ -307,35 +336,60 @@ def dataset():
     shutil.rmtree(folder)
 
 
-DAMAGED_META = [  # (case, a change to meta.json's fields, words the error must hold)
-    ("generator a string", {"generator": "passkey"}, "generator must name one of passkey"),
+DAMAGED_META = [  # (case, meta.json's text from its fields, words the line must hold)
+    ("truncated", lambda meta: json.dumps(meta)[:40], "(JSONDecodeError: "),
+    ("empty", lambda meta: "", "(JSONDecodeError: Expecting value"),
+    ("random bytes", lambda meta: np.random.default_rng(0).bytes(256), "(UnicodeDecodeError: "),
+    ("a list", lambda meta: json.dumps([meta]), "(TypeError: "),
+    ("no dtype", lambda meta: json.dumps({k: v for k, v in meta.items() if k != "dtype"}), "'dtype'"),
+    ("an unknown field", lambda meta: json.dumps(meta | {"stoi": {}}), "'stoi'"),
+    (
+        "train_tokens negative",
+        lambda meta: json.dumps(meta | {"train_tokens": -1}),
+        "train_tokens must be >=",
+    ),
+    ("dtype unknown", lambda meta: json.dumps(meta | {"dtype": "int8"}), "dtype='int8' is not one of uint16"),
+    ("generator a string", lambda meta: json.dumps(meta | {"generator": "passkey"}), "(TypeError: "),
     (
         "generator of no name",
-        {"generator": {"filler_segment": [4, 16]}, "sample_length": 20},
-        "generator must",
+        lambda meta: json.dumps(meta | {"generator": {"filler_segment": [4, 16]}, "sample_length": 20}),
+        "(KeyError: 'name')",
     ),
-    ("generator without sample_length", {"generator": {"name": "passkey"}}, "needs sample_length"),
+    (
+        "generator without sample_length",
+        lambda meta: json.dumps(meta | {"generator": {"name": "passkey"}}),
+        "needs sample_length",
+    ),
     (
         "filler a string",
-        {"generator": {"name": "passkey", "filler_segment": "4-16"}, "sample_length": 20},
-        "generator must",
+        lambda meta: json.dumps(meta | {"generator": {"name": "passkey", "filler_segment": "4-16"}}),
+        "filler_segment '4-16'",
     ),
-    ("vocab_size a string", {"vocab_size": "65"}, "vocab_size must be an int >= 1, got '65'"),
-    ("chars cut short", {"chars": ["a"]}, "a char tokenizer needs chars, the 65 characters"),
+    (
+        "vocab_size a string",
+        lambda meta: json.dumps(meta | {"vocab_size": "65"}),
+        "vocab_size must be an int",
+    ),
+    ("chars cut short", lambda meta: json.dumps(meta | {"chars": ["a"]}), "a char tokenizer needs chars"),
 ]
 
 
-@pytest.mark.parametrize("case, change, words", DAMAGED_META, ids=[c[0] for c in DAMAGED_META])
-def test_a_damaged_meta_json_is_one_line_in_every_entry_point(tmp_path, capsys, dataset, case, change, words):
-    """train.py, lab/eval_length.py and lab.perf.bench on a dataset whose meta.json is damaged: one line
-    naming the file and the field, the dataset as it was."""
+@pytest.mark.parametrize("case, text, words", DAMAGED_META, ids=[c[0] for c in DAMAGED_META])
+def test_a_damaged_meta_json_is_one_line_in_every_entry_point(tmp_path, capsys, dataset, case, text, words):
+    """train.py and lab.perf.bench on a dataset whose meta.json is cut short, empty, random bytes, of a
+    wrong type, missing a field or holding a value a DatasetMeta rule refuses: one line naming the file and
+    Python's reason or the rule, status 1, the dataset as it was."""
     name, folder, meta = dataset
-    (folder / "meta.json").write_text(json.dumps(meta | change))
+    damaged = text(meta)
+    path = folder / "meta.json"
+    path.write_bytes(damaged if isinstance(damaged, bytes) else damaged.encode())
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
     runs = [
         (train, [*TINY_RUN, f"--dataset={name}", f"--out_dir={tmp_path / 'run'}"]),
         (bench, [f"--dataset={name}", "--device=cpu"]),
     ]
     for script, argv in runs:
         err = error_line(capsys, script, argv, 1)
-        assert f"{folder / 'meta.json'}: " in err and words in err, err
-    assert json.loads((folder / "meta.json").read_text()) == meta | change
+        assert f"{path}: not a usable dataset meta.json (" in err and words in err, err
+        assert err.endswith(f"--name {name} --replace"), err  # how to make it again
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before and not (tmp_path / "run").exists()

@@ -413,14 +413,17 @@ def test_the_suggested_command_works_from_another_folder(tmp_path, monkeypatch):
 
 
 def test_load_meta_errors(tmp_path):
-    """A missing meta.json names the prepare command; a malformed one too."""
+    """A missing meta.json names the prepare command; a malformed one is not usable, for Python's reason,
+    and names it too."""
     with pytest.raises(UserError, match="prepare"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text('{"tokenizer": "char", "vocab_size": 3}')
-    with pytest.raises(UserError, match="train_tokens"):
+    with pytest.raises(
+        UserError, match=r"not a usable dataset meta\.json \(TypeError: .*'dtype'.*--replace$"
+    ):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text("not json")
-    with pytest.raises(UserError, match="not valid JSON"):
+    with pytest.raises(UserError, match=r"meta\.json: not a usable dataset meta\.json \(JSONDecodeError: "):
         load_meta(tmp_path)
 
 
@@ -561,11 +564,17 @@ BROKEN_DATASETS = {
     ),
     "bin missing": ("val.bin", r"not found: prepare the dataset with .* --replace$"),
     "meta missing": ("meta.json", r"not found: prepare the dataset with .* --replace$"),
-    "meta unreadable": ("meta.json", r"cannot be read \(Is a directory\): check it, or re-run .* --replace$"),
-    "meta not JSON": ("meta.json", r"is not valid JSON \(.*\): re-run .* --replace$"),
+    "meta unreadable": (
+        "meta.json",
+        r"not a usable dataset meta\.json \(IsADirectoryError: .*; re-run .* --replace$",
+    ),
+    "meta not JSON": (
+        "meta.json",
+        r"not a usable dataset meta\.json \(UnicodeDecodeError: .*; re-run .* --replace$",
+    ),
     "meta without vocab_size": (
         "meta.json",
-        r"vocab_size must be an int >= 1, got None: re-run .* --replace$",
+        r"not a usable dataset meta\.json \(TypeError: .*'vocab_size'\); re-run .* --replace$",
     ),
     "too short for block_size": (
         "d",

@@ -277,7 +277,7 @@ def test_user_errors_are_one_line(checkpoints, tmp_path, capsys):
     )
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
-    assert "corrupt checkpoint" in error_line(capsys, eval_length, [str(junk)], 1)
+    assert "junk.pt: not a usable checkpoint (" in error_line(capsys, eval_length, [str(junk)], 1)
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     assert "not a posgpt checkpoint" in error_line(capsys, eval_length, [str(tmp_path / "other.pt")], 1)
     assert "below 1" in error_line(capsys, eval_length, [checkpoints["rope"], "--lengths=0"], 2)

@@ -182,14 +182,18 @@ CASES = {
     "search: no block_size": (
         LONGROPE,
         "{no_block_size}",
-        "damaged checkpoint (model_config has no block_size)",
+        "rope_damaged/ckpt.pt: not a usable checkpoint (KeyError: 'block_size')",
     ),
     "ablation: no block_size": (
         ABLATION,
         "{no_block_size}",
-        "damaged checkpoint (model_config has no block_size)",
+        "rope_damaged/ckpt.pt: not a usable checkpoint (KeyError: 'block_size')",
     ),
-    "search: meta None": (LONGROPE, "{meta_none}", "damaged checkpoint (meta is None, not a dict)"),
+    "search: meta None": (
+        LONGROPE,
+        "{meta_none}",
+        "rope_damaged/ckpt.pt: not a usable checkpoint (AttributeError: ",
+    ),
     "search: n_hat past L": (
         LONGROPE,
         "{run} --n_hat=100000 --factor=4",
@@ -200,13 +204,17 @@ CASES = {
         "{run} --short",
         "--short searches the short factors of a run extended by its rope_factor s > 1",
     ),
-    "lora: no state": (FINETUNE, "{lora_no_state}", "damaged checkpoint (lora has no state)"),
-    "lora: a string": (FINETUNE, "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
-    "lora: rank a string": (
+    "lora: no state": (
         FINETUNE,
-        "{lora_rank_string}",
-        "damaged checkpoint (lora.rank is '2', not a whole number >= 1)",
+        "{lora_no_state}",
+        "lora_damaged/ckpt.pt: not a usable checkpoint (KeyError: 'state')",
     ),
+    "lora: a string": (
+        FINETUNE,
+        "{lora_string}",
+        "lora_damaged/ckpt.pt: not a usable checkpoint (TypeError: ",
+    ),
+    "lora: rank a string": (FINETUNE, "{lora_rank_string}", "refusing to resume"),
     "t5: rope_scalings": (
         EVAL,
         "{t5} --rope_scalings yarn --lengths=1,2",
@@ -272,7 +280,7 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
     line = one_line(err, prog)
     assert status in (1, 2) and words in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
-    assert "LoRA rank" not in out  # a damaged checkpoint is refused before the model is built
+    assert "resuming" not in out and "tokens/step" not in out  # refused before the run starts
 
 
 def nan_weights(ckpt):

@@ -154,7 +154,7 @@ def test_a_phi3_rope_scaling_block_reads_as_the_model_fields(tmp_path):
 
 
 BAD_FILES = [
-    ("not json", "{short_factor: [1]", "not a JSON file"),
+    ("not json", "{short_factor: [1]", r"not a usable JSON file of factors \(JSONDecodeError: "),
     ("not an object", "[1, 2]", "a JSON object"),
     ("missing keys", {"short_factor": [1, 1, 1, 1]}, "missing long_factor"),
     ("unknown key", {"short_factor": [1] * 4, "long_factor": [1] * 4, "long_mscale": 1.2}, "unknown key"),

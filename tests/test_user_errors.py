@@ -176,7 +176,7 @@ CASES = [
         2,
         "--config",
         "binary.toml",
-        "not UTF-8",
+        "not a usable UTF-8 text file (UnicodeDecodeError",
         id="config-not-utf8",
     ),
     case(

@@ -186,13 +186,6 @@ def type_spec(hint):  # a field's annotation as a spec: int | None -> (int, None
 # asdict(GPTConfig): each field as GPTConfig types it, the scheme's settings a dict (model_config_error)
 MODEL_CONFIG = {name: type_spec(hint) for name, hint in typing.get_type_hints(GPTConfig).items()}
 MODEL_CONFIG["pos_settings"] = dict
-# lab.finetune.lora.checkpoint_entries: the adapters' settings and exact tensors, which resume restores
-LORA = {
-    "rank": Check("a whole number >= 1", lambda v: type(v) is int and v >= 1),  # an int, not a bool
-    "alpha": Check("a positive number", lambda v: type(v) in (int, float) and 0 < v < float("inf")),
-    "train": str,  # what LoRA also trains: "", "embed", "norm" or "embed,norm"
-    "state": {str: FLOATS},
-}
 SCHEMA = {
     "model": {str: FLOATS},  # the uncompiled GPT's state_dict; {str: spec}: any keys, each value a spec
     "model_config": MODEL_CONFIG,  # (load_checkpoint makes an older one today's: current_model_config)
@@ -209,7 +202,6 @@ SCHEMA = {
     "wandb_run_id": (str, NONE),  # the Weights & Biases run --resume continues
     "finished": bool,  # whether the run had completed its max_iters (older files: run_finished)
     "evaluated_iter": STEP_OR_NONE,  # the step of its last whole evaluation (older files: iter_num)
-    "lora": LORA,  # a LoRA run's adapters (lab/finetune/lora.py), beside "model"'s merged weights
 }
 
 

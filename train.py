@@ -36,11 +36,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.common import BatchSampler
+from data.common import BatchSampler, prepare_data
 from model import GPT
 from plumbing import hardware, report, resume
+from plumbing.cli import threads_flag
 from plumbing.distributed import processes
-from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
+from plumbing.errors import UserError, exit_status, one_line_errors
 from plumbing.fields import check_fields, setting
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
@@ -88,9 +89,7 @@ class TrainConfig:
         "auto", choices=("auto", "float32", "bfloat16", "float16")
     )  # autocast; auto: bfloat16 on CUDA, else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
-    threads: str = setting(
-        "auto"
-    )  # CPU threads, at most the cores; auto: the cores idle now, or OMP_NUM_THREADS
+    threads: str = threads_flag()
     seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams
     rope_factors: str | None = None  # longrope's per-pair factors: JSON, a Phi-3 config's rope_scaling keys
 
@@ -382,19 +381,20 @@ def train(cfg, model_config, procs, resume_command="the same command with --resu
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
     start = time.perf_counter()
     final_lr = get_lr(cfg.max_iters - 1, cfg)
-    with resume.open_run(cfg, model_config, procs, final_lr) as (cfg, model_config, meta, data_dir):
+    with resume.open_run(cfg, model_config, procs, final_lr, prepare_data) as started:
+        cfg, model_config, meta, data_dir, signals, peak, opened = started
         run, p = (cfg, model_config, meta), Progress()
         state = build(cfg, model_config, meta, data_dir, procs)
         if cfg.resume:
-            resume.restore(*run, state, p, procs)
+            resume.restore(cfg, opened, state, p, procs)
         flops_per_token, flops_note = state.model.flops_per_token(cfg.batch_size)
         if flops_note:
             procs.log(flops_note)
         tokens_per_step = cfg.batch_size * model_config.block_size * cfg.grad_accum
-        flops_per_step, peak = flops_per_token * tokens_per_step, hardware.peak_flops(cfg.device)
+        flops_per_step = flops_per_token * tokens_per_step
         clock = StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
-        with report.wandb_logging(*run, state.model, p, procs) as wandb_run, StopSignals() as signals:
+        with report.wandb_logging(*run, state.model, p, procs) as wandb_run:
             while True:
                 it = p.iter_num  # steps done
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters

@@ -8,11 +8,11 @@ import random
 from contextlib import contextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from data.common import prepare_data
 from model import GPT, GPTConfig
 from plumbing import cli, hardware
 from plumbing.checkpoint import (
@@ -24,9 +24,10 @@ from plumbing.checkpoint import (
     remove_unfinished_writes,
     run_folder,
     save_checkpoint,
+    some,
 )
 from plumbing.distributed import check_torchrun_device
-from plumbing.errors import UserError
+from plumbing.errors import StopSignals, UserError
 from plumbing.memory import check_training_memory
 from plumbing.report import schedule_notes, wandb_problem
 from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
@@ -90,27 +91,43 @@ def resolve_runtime(cfg, model_config, device=None, world_size=1):
     return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
 
 
+class Started(NamedTuple):
+    """What open_run gives the run it starts."""
+
+    cfg: object  # train.py's TrainConfig, every auto resolved (resolve_runtime)
+    model_config: GPTConfig  # vocab_size the dataset's
+    meta: dict  # the dataset's tokenizer and vocabulary
+    data_dir: Path
+    signals: StopSignals  # SIGINT and SIGTERM as requests to stop
+    peak: float | None  # the device's peak FLOP/s for MFU, or None
+    opened: tuple | None  # --resume: (checkpoint, changes), checked before the model is built (restore)
+
+
 @contextmanager
-def open_run(cfg, model_config, procs, final_lr):
+def open_run(cfg, model_config, procs, final_lr, prepare_data):
     """The start of a run, before its model is built: --wandb usable, every auto resolved (resolve_runtime),
     the threads set, out_dir owned for the block (run_folder.own_folder), the dataset prepared, the memory
-    the run needs there, unfinished checkpoint writes removed. -> (cfg, model_config with the dataset's
-    vocab_size, meta, data_dir) for the block. final_lr: the rate of the last step, for the notes on a
-    schedule the run does not follow (report.schedule_notes)."""
+    the run needs there, unfinished checkpoint writes removed, then SIGINT and SIGTERM taken as requests to
+    stop (errors.StopSignals); with --resume its checkpoint opened and checked. -> Started, for the block.
+    final_lr: the rate of the last step, for the
+    notes on a schedule the run does not follow (report.schedule_notes); prepare_data: data.common's (data/
+    builds on plumbing/, not this on it)."""
     if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
         raise UserError(problem)
     one_per_process = cfg.grad_accum is None
     cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
-    threads = hardware.use_threads(cfg.threads, cfg.device)
     if cfg.grad_accum % procs.world_size:
         raise UserError(
             f"grad_accum={cfg.grad_accum} is not divisible by the {procs.world_size} processes torchrun "
             "started; each runs grad_accum / world_size micro-batches: use a multiple of "
             f"{procs.world_size}, or leave --grad_accum out for one micro-batch per process"
         )
+    threads = hardware.use_threads(cfg.threads, cfg.device)
     with folders.own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
         data_dir, meta = prepare_data(cfg.dataset, procs)
         model_config = replace(model_config, vocab_size=meta["vocab_size"])
+        # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
+        opened = open_for_resume(cfg, model_config, meta, procs) if cfg.resume else None
         micro_steps = cfg.grad_accum // procs.world_size
         check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
         if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
@@ -119,7 +136,9 @@ def open_run(cfg, model_config, procs, final_lr):
         procs.log(threads)
         for note in schedule_notes(cfg, final_lr):
             procs.log(note)
-        yield cfg, model_config, meta, data_dir
+        with StopSignals() as signals:
+            peak = hardware.peak_flops(cfg.device)
+            yield Started(cfg, model_config, meta, data_dir, signals, peak, opened)
 
 
 def header_line(cfg, model_config, meta, procs, one_per_process):
@@ -179,15 +198,13 @@ def model_differences(saved, wanted, may_change):
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
 
-def restore(cfg, model_config, meta, state, progress, procs):
+def restore(cfg, opened, state, progress, procs):
     """--resume: put a freshly built run (state: train.py's model, optimizer, scaler, samplers, eval_sampler)
     where out_dir/ckpt.pt left it, and progress (iter_num, best_val_loss, ...) with it; the random generators
-    last, as building the model drew from them. A checkpoint of another vocabulary, position scheme or model
-    shape, or with model state this run's model does not build, is one line; each knob or flag changed is
-    said."""
-    path, (ckpt, changes) = Path(cfg.out_dir) / "ckpt.pt", open_for_resume(cfg, model_config, meta, procs)
-    method_state = ckpt.get(cfg.state_entry, {}).get("state", {}) if cfg.state_entry else {}
-    load_weights(path, state.model, ckpt["model"] | method_state)
+    last, as building the model drew from them. opened: open_for_resume's (checkpoint, changes); weights
+    this run's model does not fit are one line; each knob or flag changed is said."""
+    path, (ckpt, changes) = Path(cfg.out_dir) / "ckpt.pt", opened
+    load_weights(path, state.model, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
     settings = [{k: v for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups]
     load_weights(path, state.optimizer, ckpt["optimizer"])
     # keep the moments, take this run's betas and weight decay (and fused on this device)
@@ -209,6 +226,41 @@ def restore(cfg, model_config, meta, state, progress, procs):
     changed = "; changed: " + ", ".join(changes) if changes else ""
     best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
     procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
+
+
+def method_state(path, ckpt, entry):
+    """The state dict a training method's checkpoint entry holds beside "model" ({} without one)."""
+    if entry is None or entry not in ckpt:
+        return {}
+    held = ckpt[entry]
+    problem = f"{entry} is {held!r:.40}, not a dict" if not isinstance(held, dict) else None
+    if problem is None and not isinstance(held.get("state"), dict):
+        problem = f"{entry} has no state"
+    if problem:
+        raise UserError(
+            f"{path}: damaged checkpoint ({problem}): train.py writes none like it; use another one"
+        )
+    return held["state"]
+
+
+def check_fits(path, cfg, model_config, weights):
+    """A one-line UserError unless weights (names, shapes) fit the model this run builds: a GPT of
+    model_config as cfg.prepare changes it, built on the meta device (no memory), before the real one."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+        cfg.prepare(model)
+    expected = model.state_dict()
+    kinds = {
+        "missing": [name for name in expected if name not in weights],
+        "unexpected": [name for name in weights if name not in expected],
+        "mis-shaped": [
+            f"{name} {tuple(value.shape)} where the model has {tuple(expected[name].shape)}"
+            for name, value in weights.items()
+            if name in expected and getattr(value, "shape", None) != expected[name].shape
+        ],
+    }
+    if detail := "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names):
+        raise UserError(f"{path}: its GPT state does not fit ({detail})")
 
 
 def open_for_resume(cfg, model_config, meta, procs):
@@ -242,6 +294,7 @@ def open_for_resume(cfg, model_config, meta, procs):
             "(only training settings such as max_iters or learning_rate may change), or start a "
             "new run with another --out_dir"
         )
+    check_fits(path, cfg, model_config, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
     current = vars(cfg)
     knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS] + [
         (name, value, current[name])

@@ -113,6 +113,15 @@ class KVCache(nn.Module):
         return self.k[:, :, :n_keys], self.v[:, :, :n_keys]
 
 
+def causal_attention(q, k, v, mask=None, dropout_p=0.0):
+    """Softmax attention of q over k and v, (B, nh, T, hs) each: causal where mask is None (flash attention
+    on CUDA), else under the additive mask GPT.attention_mask built (SDPA adds it to the scores, in q's dtype
+    under autocast). Every layer's `attend` unless a training method replaces it (lab/finetune)."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -122,7 +131,9 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache while generating (GPT.setup_cache)
-        self.train_attention = None  # attention in training only, (q, k, v, mask=, dropout_p=) -> y (S²-Attn)
+        self.attend = (
+            causal_attention  # (q, k, v, mask, dropout_p) -> y; replaceable: a training method's own
+        )
 
     def forward(self, x, rope=None, mask=None, input_pos=None):
         """x: (B, T, C); rope: (cos, sin) to rotate q and k, or None; mask: None (causal) or the additive mask
@@ -136,13 +147,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v = qkv.unbind(0)
         if input_pos is not None:  # attend to the keys cached so far, this step's included, as the mask says
             k, v = self.kv_cache.update(input_pos, k, v, mask.size(-1))
-        dropout_p = self.dropout if self.training else 0.0
-        if self.train_attention and self.training:  # S²-Attn (LongLoRA), its own mask
-            y = self.train_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-        elif mask is None:  # flash attention on CUDA
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        else:  # SDPA adds a float mask to the scores, in q's dtype under autocast
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
+        y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # re-assemble the heads side by side
         return self.resid_dropout(y) if self.training else y  # eval: no call to the identity, per token
 
@@ -196,7 +201,6 @@ class GPT(nn.Module):
         self.rope_layers = self.transformer.wpe.rope_layers or (True,) * config.n_layer
         self.cache_window = None  # the sliding window of the KV caches, if any (setup_cache)
         self.static_cache = False  # attend to every slot of the KV caches, written or not (setup_cache)
-        self.train_mask = None  # in training, positions -> the mask of the layers' train_attention (S²-Attn)
         self.init_weights()
 
     def init_weights(self):
@@ -252,11 +256,10 @@ class GPT(nn.Module):
         """Every layer's mask, built once per forward: None where SDPA's is_causal says it all (no score bias,
         no cache), else positions.attention_mask over the keys attended to: with KV caches the slots written
         so far, or with a static cache every slot, so that no shape depends on the position and the step can
-        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos). Training
-        with a train_mask (S²-Attn's groups): that one instead, never the T x T score bias."""
+        be captured (-1: an empty slot, masked; the mask is computed on the device from query_pos). The
+        layers' `attend` reads it: a training method that replaces theirs may replace this on the instance
+        too, with the mask its attention needs (lab/finetune)."""
         pos = self.transformer.wpe
-        if not cached and self.training and self.train_mask:
-            return self.train_mask(query_pos)
         if not cached:
             return attention_mask(pos, query_pos, query_pos) if pos.biased else None
         key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))

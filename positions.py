@@ -33,7 +33,7 @@ class PositionScheme(nn.Module):
         rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
                                         their sequence's length (a prefill chunk's), default the last + 1
         score_bias(query_pos, key_pos)  -> (1, n_head or 1, T, n_key) added to the scores at any positions
-                                        (cache slots, S²-Attn's groups), shared by the layers, or None
+                                        (cache slots, a method's groups), shared by the layers, or None
         Settings                        its settings: a dataclass of setting()s, named uniquely (flags)
         check_config(config)            its settings' one-line ValueError against the GPT's (head size ...)
         check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
@@ -46,7 +46,7 @@ class PositionScheme(nn.Module):
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
     Its answers: rope_layers, whether each layer takes rotation's (cos, sin) (None: all); length_limit, the
     longest sequence it encodes (None: any; past it, window_length); rotates (RoPE's settings apply); biased,
-    derived (it overrides score_bias); embedding (--lora_train=embed trains it); encodes (any signal);
+    derived (it overrides score_bias); embedding (an input embedding to train); encodes (any signal);
     recode_past, a length past which it encodes every position anew (a KV cache reruns); step_varies, why its
     decode step's work depends on the length in Python (dynamic NTK), or None: the step is then static, one
     CUDA graph or compiled graph for every position (generation.py)."""
@@ -628,12 +628,12 @@ class FIREPositions(PositionScheme):
 
 
 # -----------------------------------------------------------------------------
-# Attention's one mask: the causal mask and a scheme's score bias (model.py, its KV cache, S²-Attn)
+# Attention's one mask: the causal mask and a scheme's score bias (model.py, its KV cache, lab/finetune)
 
 
 def attention_mask(scheme, query_pos, key_pos, window=None):
     """The one additive mask of attention where SDPA's is_causal cannot serve (a score bias, a KV cache,
-    S²-Attn's groups), for queries at query_pos (T,) and keys at key_pos (n_key,): 0 where causal_mask lets
+    a method's groups), for queries at query_pos (T,) and keys at key_pos (n_key,): 0 where causal_mask lets
     query i see key j (a window, empty cache slots), -inf elsewhere, plus scheme.score_bias at those very
     positions (scheme None: no bias). -> (1, n_head or 1, T, n_key)"""
     visible = causal_mask(query_pos, key_pos, window)[None, None]

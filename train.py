@@ -11,8 +11,9 @@ Train a GPT on one dataset with one position scheme. Every experiment in this re
 
 Settings, lowest priority first: TrainConfig's defaults and MODEL_DEFAULTS, the TOML file given with --config,
 then flags: every field of TrainConfig and GPTConfig but vocab_size (`python train.py --help` lists them).
-Read top to bottom: the config, the run (data, model, optimizer), one step, evaluation, the loop (train) and
-main. The machinery is in plumbing/ (checkpoints, resume, the run folder, flags, DDP) and data/common.py.
+Read top to bottom: the config, the run's state (model, optimizer, scaler, batch streams), one step,
+evaluation, the loop (train) and main. A step calls model.py, the batch sampler and torch only; plumbing/
+reads the flags, starts the run (out_dir, data) and writes and reads its checkpoints (plumbing/resume.py).
 """
 
 from plumbing.errors import quiet_ctrl_c
@@ -20,26 +21,29 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
+import inspect
 import math
+import os
 import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.common import BatchSampler, prepare_data
-from model import GPT, GPTConfig
-from plumbing import cli, hardware, report, resume
-from plumbing.checkpoint import remove_unfinished_writes
-from plumbing.distributed import Processes, check_torchrun_device, micro_steps_per_rank, processes, wrap_ddp
-from plumbing.errors import StopSignals, UserError, exit_status, one_line_errors
-from plumbing.fields import check_fields, require, setting
-from plumbing.memory import check_training_memory
-from plumbing.resume import PLAIN, Run
-from plumbing.run_folder import check_out_dir, format_out_dir, own_folder
+from model import GPT
+from plumbing import hardware, report, resume
+from plumbing.checkpoint import Progress
+from plumbing.cli import threads_flag
+from plumbing.distributed import processes
+from plumbing.errors import UserError, exit_status, one_line_errors
+from plumbing.fields import check_fields, setting
 
 # The model built unless told otherwise: nanoGPT's CPU recipe for shakespeare_char (its README: "I only have a
 # macbook"), minutes on a laptop; GPTConfig's defaults are GPT-2 small. bias=False: nanoGPT's, a bit faster.
@@ -82,74 +86,58 @@ class TrainConfig:
     overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
     init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
     device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
-    dtype: str = setting("auto", choices=hardware.DTYPES)  # autocast; auto: bfloat16 on CUDA, else float32
+    dtype: str = setting(
+        "auto", choices=("auto", "float32", "bfloat16", "float16")
+    )  # autocast; auto: bfloat16 on CUDA, else float32
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
-    threads: str = cli.threads_flag()
+    threads: str = threads_flag()
     seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams
     rope_factors: str | None = None  # longrope's per-pair factors: JSON, a Phi-3 config's rope_scaling keys
+
+    # A training method (lab/finetune) is a subclass: its own fields are flags beside these, recorded in the
+    # checkpoint's train_config as these are; it runs train.main(argv, its class) and may override:
+    prog = "train.py"  # the command as typed: its error lines and resume command name it
+    state_entry = None  # the checkpoint entry of model state a plain GPT has not
+
+    def fit(self, model_config):
+        """This config, its settings checked against the model (a ValueError: one line, status 2)."""
+        return self
+
+    def prepare(self, model):
+        """Change the built model before the optimizer takes its parameters (swap modules, replace a layer's
+        attend) -> a log line or None. Its state_dict is what the checkpoint keeps and --resume loads."""
+        return None
 
     def __post_init__(self):
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
         check_fields(self)
         v = vars(self)
-        for n in ("out_dir", "init_from"):  # an unset shell variable (--out_dir=$OUT) must not mean "here"
-            empty = f"--{n} is empty (an unset shell variable?): give a folder, e.g. --{n}=out/NAME"
-            require(v[n] is None or v[n].strip(), empty)
+        empty = "is empty (an unset shell variable?): give a folder, e.g."
+        rules = [  # an unset shell variable (--out_dir=$OUT) must not mean "here"
+            (v[n] is None or v[n].strip(), f"--{n} {empty} --{n}=out/NAME") for n in ("out_dir", "init_from")
+        ]
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
-        require(self.min_lr <= self.learning_rate, too_high)
-        require(self.wandb_project.strip(), "wandb_project must not be empty")
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
-        require(not (self.resume and self.overwrite), both)
+        rules += [
+            (self.min_lr <= self.learning_rate, too_high),
+            (self.wandb_project.strip(), "wandb_project must not be empty"),
+            (not (self.resume and self.overwrite), both),
+        ]
+        if broken := next((message for ok, message in rules if not ok), None):
+            raise ValueError(broken)
         hardware.check_device_name(self.device)
         hardware.check_threads(self.threads)
 
 
-def parse_args(argv=None, extension=PLAIN):
-    """Flags (and --config) -> (TrainConfig, GPTConfig), vocab_size left to the dataset; the extension's own
-    flags (a training method's, plumbing.resume.Extension) go to its configure. With --init_from the model
-    settings not given are that checkpoint's, out_dir beside it. A bad flag or value: one line."""
-    sections, given = [("training", TrainConfig, None), *cli.model_sections()], set()
-    model_flags = cli.section_names(sections[1:])
-    own = [f.name for f in fields(extension.Flags)] if extension.Flags else []
-    sections += [(extension.prog, extension.Flags, None)] if own else []
-    prog, doc = extension.prog, extension.__doc__ if own else __doc__
-    values = cli.parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS, given=given)
-    longrope, saved = {}, {}
-    if values["rope_factors"]:
-        factor = values["rope_factor"] if "rope_factor" in given else None
-        longrope = cli.read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
-        cli.check_longrope_given_once(longrope, given, values["rope_factors"])
-    if source := values["init_from"]:  # parse again: the checkpoint's model config under --config and flags
-        saved = resume.saved_model_config(source, model_flags)
-        values = cli.parse_flags(argv, prog, doc, sections, MODEL_DEFAULTS | saved | {"out_dir": None})
-    trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
-    cli.check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
-    values |= longrope
-    if source:
-        values |= resume.init_from_settings(values, saved)
-    cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_flags + own})
-    # a setting given of another scheme than pos is refused, at its default too
-    model_config = GPTConfig.from_flat(given=given | set(longrope), **{k: values[k] for k in model_flags})
-    cli.check_scaling_given(values, given)
-    if own:
-        extension.configure(extension.Flags(**{k: v for k, v in values.items() if k in own}), model_config)
-    check_out_dir(format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
-    hardware.check_device(cfg.device)
-    check_torchrun_device(cfg.device)
-    return cfg, model_config
-
-
-def resolve_runtime(cfg, model_config, device=None, world_size=1):
-    """cfg with every `auto` and None replaced by what this run uses, so the checkpoint records it; device:
-    torchrun's cuda:LOCAL_RANK, if given. grad_accum=None: one micro-batch per process."""
-    device = device or hardware.resolve_device(cfg.device)
-    device_type = device.split(":")[0]
-    grad_accum = world_size if cfg.grad_accum is None else cfg.grad_accum
-    compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
-    out_dir = format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
-    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
-    return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
+def parse_args(argv=None, Config=None):
+    """Flags (and --config) -> (TrainConfig, or a training method's subclass Config; GPTConfig), vocab_size
+    left to the dataset. With --init_from the model settings not given are that checkpoint's, out_dir beside
+    it. A bad flag or value: one line, status 2 (plumbing.resume.parse_flags)."""
+    Config = Config or TrainConfig
+    return resume.parse_flags(
+        argv, Config, MODEL_DEFAULTS, Config.__doc__ if Config is not TrainConfig else __doc__
+    )
 
 
 def get_lr(it, cfg):
@@ -164,78 +152,88 @@ def get_lr(it, cfg):
 
 
 # -----------------------------------------------------------------------------
-# The run: data, model, optimizer, batch streams
+# The run's state: the model, the optimizer, the loss scaler and the batch streams
 
 
-def build_run(cfg, model_config, meta, data_dir, procs, extension=PLAIN):
-    """A fresh Run: the model (--init_from's weights, then what the extension changes: lab/finetune's S²-Attn
-    and LoRA), compiled and DDP-wrapped, the optimizer, this rank's batch streams."""
-    micro_steps = micro_steps_per_rank(cfg.grad_accum, procs)
-    check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
+@dataclass
+class State:
+    model: torch.nn.Module  # the plain GPT (a training method's changes in it): its state_dict is saved
+    train_model: torch.nn.Module  # what a step calls: compiled and/or wrapped in DDP
+    eval_model: torch.nn.Module  # compiled, never DDP: rank 0 evaluates alone
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # float16's loss scaling; a no-op otherwise
+    autocast: object  # the autocast context of cfg.dtype, or nullcontext (float32)
+    samplers: list  # this rank's micro-batch streams (data.common.BatchSampler)
+    eval_sampler: BatchSampler
+    launched: bool  # under torchrun (DDP): the micro-steps before the last skip the all-reduce
+
+
+def build(cfg, model_config, meta, data_dir, procs):
+    """A fresh run's State: the model (--init_from's weights, then what a training method changes),
+    compiled and DDP-wrapped, the optimizer, this rank's batch streams."""
     device_type = cfg.device.split(":")[0]
-    autocast, scaler = hardware.precision(cfg)
+    if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
+        torch.set_float32_matmul_precision("high")
+    dtype = getattr(torch, cfg.dtype)
+    autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype)
+    # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = GPT(model_config).to(cfg.device)
-    if cfg.init_from and not cfg.resume:  # context extension: the weights of a trained run, a fresh optimizer
-        note = resume.init_model_from(cfg.init_from, model, meta, cfg.dataset)
-        procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
-    if note := extension.adapt(model):  # before the optimizer and the DDP wrapper take the trained parameters
+    resume.init_from(cfg, model, meta, procs)  # context extension: a trained run's weights, a fresh optimizer
+    if note := cfg.prepare(model):  # before the optimizer and the DDP wrapper take the trained parameters
         procs.log(note)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type)
     compiled = torch.compile(model) if cfg.compile else model
-    wrapped = wrap_ddp(compiled, procs, device_type)  # DDP around the compiled module, as nanoGPT
+    train_model = compiled
+    if procs.launched:  # DDP around the compiled module, as nanoGPT; buffers (RoPE's cos/sin) never differ
+        ids = [procs.local_rank] if device_type == "cuda" else None
+        unsynced = (
+            "forward_sync_buffers"
+            if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else "broadcast_buffers"
+        )
+        train_model = DDP(
+            compiled, device_ids=ids, **{unsynced: False}
+        )  # the flag's name in newer torch, older
+    micro_steps = cfg.grad_accum // procs.world_size
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
     shape = (model_config.block_size, cfg.batch_size)
     sampler = lambda stream: BatchSampler(data_dir, *shape, cfg.device, cfg.seed, rank=stream)
     *samplers, eval_sampler = [sampler(stream) for stream in [*slots, EVAL_STREAM]]
     if procs.rank:
         torch.manual_seed(cfg.seed + procs.rank)  # dropout masks differ across ranks
-    parts = (model, wrapped, compiled, optimizer, scaler, autocast, samplers, eval_sampler)
-    return Run(cfg, model_config, meta, procs, *parts, extension)
-
-
-def start_run(cfg, model_config, procs, extension=PLAIN):
-    """The Run: built fresh, or continued from out_dir/ckpt.pt with --resume."""
-    data_dir, meta = prepare_data(cfg.dataset, procs)
-    model_config = replace(model_config, vocab_size=meta["vocab_size"])
-    # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
-    opened = cfg.resume and resume.open_for_resume(
-        cfg.out_dir, cfg, model_config, meta, procs.world_size, extension
+    return State(
+        model, train_model, compiled, optimizer, scaler, autocast, samplers, eval_sampler, procs.launched
     )
-    run = build_run(cfg, model_config, meta, data_dir, procs, extension)
-    if opened:  # checked against the settings before the weights are read into the run
-        resume.resume_run(run, *opened)
-    if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
-        procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
-    return run
 
 
 # -----------------------------------------------------------------------------
-# One training step, evaluation, checkpoints
+# One training step, evaluation
 
 
-def train_step(run, lr):
+def train_step(state, lr, grad_clip):
     """One AdamW step over this rank's micro-batches at learning rate lr; returns their mean loss (a tensor).
     Under DDP the gradients are all-reduced once, in the last micro-step's backward (no_sync before it)."""
-    for group in run.optimizer.param_groups:
+    for group in state.optimizer.param_groups:
         group["lr"] = lr
     total = 0.0
-    for i, sampler in enumerate(run.samplers):
+    for i, sampler in enumerate(state.samplers):
         x, y = sampler.get_batch("train")  # drawn here: its copy to the GPU overlaps the previous backward
-        last = i == len(run.samplers) - 1
-        with nullcontext() if last or not run.procs.launched else run.train_model.no_sync():
-            with run.autocast:
-                _, loss = run.train_model(x, y)
-            loss = loss / len(run.samplers)  # the step's loss is the mean over its micro-batches
-            run.scaler.scale(loss).backward()  # the scaler is a no-op unless dtype is float16
+        last = i == len(state.samplers) - 1
+        with nullcontext() if last or not state.launched else state.train_model.no_sync():
+            with state.autocast:
+                _, loss = state.train_model(x, y)
+            loss = loss / len(state.samplers)  # the step's loss is the mean over its micro-batches
+            state.scaler.scale(loss).backward()  # the scaler is a no-op unless dtype is float16
         total = total + loss.detach()
-    if run.cfg.grad_clip > 0:
-        run.scaler.unscale_(run.optimizer)  # clip the true gradient, not the scaled one
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
+    if grad_clip > 0:
+        state.scaler.unscale_(state.optimizer)  # clip the true gradient, not the scaled one
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
     return total
 
 
@@ -259,69 +257,140 @@ def estimate_loss(model, sampler, eval_iters, autocast, stopping=lambda: False):
     return losses
 
 
-def evaluate(run, wandb_run, signals):
+# -----------------------------------------------------------------------------
+# The loop
+
+
+SLOWDOWN = 2.5  # log windows this many times slower per step than the fastest step get one note in the log
+
+
+class StepClock:
+    """Wall time of the steps between two log lines (evaluations left out), the time the run has left, and one
+    note when steps run far slower than this run's fastest: the machine's rate with the cores to itself."""
+
+    def __init__(self, cfg, start_iter, clock=time.perf_counter):
+        self.cfg, self.start_iter, self.clock = cfg, start_iter, clock
+        self.train_seconds, self.eval_seconds = 0.0, 0.0  # in steps so far, and in the last evaluation
+        self.window_start = self.last_step = clock()  # the first window's start, the end of the last step
+        self.window_steps, self.fastest, self.noted = 0, None, False
+
+    def evaluated(self, start):  # an evaluation began at clock() = start and ended now: kept out of ms/iter
+        self.train_seconds += start - self.window_start
+        self.window_start = self.last_step = self.clock()
+        self.eval_seconds, self.window_steps = self.window_start - start, 0
+
+    def step(self):
+        now = self.clock()
+        self.fastest = min(self.fastest or now - self.last_step, now - self.last_step)
+        self.window_steps, self.last_step = self.window_steps + 1, now
+
+    def lap(self, steps_done):
+        """(seconds per step since the last lap, seconds left). Call it after the device was waited for."""
+        now, end, every = self.clock(), self.cfg.max_iters, self.cfg.eval_interval
+        step_seconds = (now - self.window_start) / self.window_steps
+        self.train_seconds += now - self.window_start
+        self.window_start, self.window_steps = now, 0
+        per_step = self.train_seconds / (steps_done - self.start_iter)
+        # the evaluations left: at the multiples of eval_interval, and the final one
+        evals = end // every - steps_done // every + (1 if end % every and steps_done < end else 0)
+        return step_seconds, (end - steps_done) * per_step + evals * self.eval_seconds
+
+    def slowdown(self, step_seconds):
+        """The note, once per run, when a window's seconds per step exceed SLOWDOWN x the fastest step."""
+        if self.noted or not self.fastest or step_seconds < SLOWDOWN * self.fastest:
+            return None
+        self.noted, threads, cores = True, torch.get_num_threads(), os.cpu_count()
+        load = f"load average {os.getloadavg()[0]:.1f} on {cores} cores" if hasattr(os, "getloadavg") else ""
+        fix = "; --threads=1 keeps this run's threads off the others' cores" if threads > 1 else ""
+        return (
+            f"note: steps take {step_seconds * 1e3:.0f} ms, {step_seconds / self.fastest:.1f}x this run's "
+            f"fastest step ({self.fastest * 1e3:.0f} ms): likely other processes share the CPU ({load}, "
+            f"threads={threads} here){fix}"
+        )
+
+
+def step_line(step, cfg, loss, lr, speed, seconds_left):
+    """`step 50/2000 | loss 2.1 | lr 5.0e-04 | 35.6 ms/iter | 21,500 tok/s | mfu 40.0% | 1m30s left`"""
+    mfu = f" | mfu {speed['mfu']:.1%}" if "mfu" in speed else ""
+    return (
+        f"step {step}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {speed['ms_per_iter']:.1f} ms/iter | "
+        f"{speed['tokens_per_sec']:,.0f} tok/s{mfu} | {report.format_seconds(seconds_left)} left"
+    )
+
+
+def kept_checkpoint(cfg, p):
+    """What an error that stops training says of the checkpoint on disk."""
+    ckpt = Path(cfg.out_dir) / "ckpt.pt"
+    return "no checkpoint was written" if p.saved_iter is None else f"{ckpt} (step {p.saved_iter}) was kept"
+
+
+def evaluate(cfg, run, state, p, procs, wandb_run, signals):
     """Estimate the losses (rank 0; the others get them), stop if not finite, else write checkpoints. -> the
-    losses, or None if a stop request cut the estimate short."""
-    p, cfg = run.progress, run.cfg
-    run.procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
+    losses, or None if a stop request cut the estimate short. run: (cfg, model_config, meta) to save."""
+    procs.log(f"step {p.iter_num}: evaluating on {cfg.eval_iters} batches of train and of val ...")
     estimate, cut = {"train": math.nan, "val": math.nan}, False
-    if run.procs.master:
+    if procs.master:
         requested = lambda: signals.received is not None
-        before = run.eval_sampler.state_dict()
-        measured = estimate_loss(run.eval_model, run.eval_sampler, cfg.eval_iters, run.autocast, requested)
+        before = state.eval_sampler.state_dict()
+        measured = estimate_loss(
+            state.eval_model, state.eval_sampler, cfg.eval_iters, state.autocast, requested
+        )
         estimate, cut = measured or estimate, measured is None
         if cut:  # the checkpoint keeps the stream as it stood, so --resume draws this evaluation's batches
-            run.eval_sampler.load_state_dict(before)
-    train_loss, val_loss, cut = run.procs.share([estimate["train"], estimate["val"], float(cut)], cfg.device)
+            state.eval_sampler.load_state_dict(before)
+    train_loss, val_loss, cut = estimate["train"], estimate["val"], float(cut)
+    if procs.launched:  # rank 0's figures on every rank
+        shared = torch.tensor([train_loss, val_loss, cut], device=cfg.device)
+        dist.broadcast(shared, src=0)
+        train_loss, val_loss, cut = shared.tolist()
     if cut:  # the loop stops, saying so
         return None
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         what = f"the estimated loss is not finite at step {p.iter_num} (train {train_loss}, val {val_loss})"
-        raise UserError(f"{what}: training stopped; {resume.kept_checkpoint(run)}")
+        raise UserError(f"{what}: training stopped; {kept_checkpoint(cfg, p)}")
     improved, p.evaluated_iter = val_loss < p.best_val_loss, p.iter_num
     if improved:
         p.best_val_loss, p.best_iter = val_loss, p.iter_num
     with signals.deferred():  # a second Ctrl-C now stops the script once the file is whole
-        resume.write_checkpoints(run, improved)
-    best = f"(best {p.best_val_loss:.4f} at step {p.best_iter})"
-    saved = f"saved {run.ckpt_path} {f'and {run.best_path.name} (best)' if improved else best}"
-    run.procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
+        resume.write_checkpoint(*run, state, p, procs, improved)
+    ckpt, best = Path(cfg.out_dir) / "ckpt.pt", Path(cfg.out_dir) / "best.pt"
+    kept = f"(best {p.best_val_loss:.4f} at step {p.best_iter})"
+    saved = f"saved {ckpt} {f'and {best.name} (best)' if improved else kept}"
+    procs.log(f"step {p.iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f} | {saved}")
     if wandb_run:
         wandb_run.log({"eval/train_loss": train_loss, "eval/val_loss": val_loss}, step=p.iter_num)
-        paths = {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path)}
+        paths = {"checkpoint": str(ckpt), "best_checkpoint": str(best)}
         wandb_run.summary.update(paths | {"best_val_loss": p.best_val_loss})
     return {"iter": p.iter_num, "train": train_loss, "val": val_loss}
 
 
-def train(cfg, model_config, procs=None, resume_command="the same command with --resume", extension=PLAIN):
+def train(cfg, model_config, procs, resume_command="the same command with --resume"):
     """Train from scratch, or on from out_dir/ckpt.pt with cfg.resume, holding out_dir's lock: evaluate and
     checkpoint every eval_interval steps and at the end, step, log, until max_iters or a signal (the step
     ends, a checkpoint is written). -> the summary below; losses: {step: loss} of the steps run here."""
-    start, procs = time.perf_counter(), procs or Processes()
-    if cfg.wandb and (problem := report.wandb_problem()):  # before any work: data can take hours
-        raise UserError(problem)
-    one_per_process = cfg.grad_accum is None
-    cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
-    threads = hardware.use_threads(cfg.threads, cfg.device)
-    with own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
-        run = start_run(cfg, model_config, procs, extension)
-        p = run.progress
-        procs.log(report.header_line(run, one_per_process))
-        procs.log(threads)
-        flops_per_token, flops_note = run.model.flops_per_token(cfg.batch_size)
-        for note in filter(None, [*report.schedule_notes(cfg, get_lr(cfg.max_iters - 1, cfg)), flops_note]):
-            procs.log(note)
-        flops_per_step = flops_per_token * run.tokens_per_step
-        peak = hardware.peak_flops(cfg.device)
-        clock = report.StepClock(cfg, p.iter_num)
+    start = time.perf_counter()
+    final_lr = get_lr(cfg.max_iters - 1, cfg)
+    with resume.open_run(cfg, model_config, procs, final_lr, prepare_data) as started:
+        cfg, model_config, meta, data_dir, signals, peak, opened = started
+        run, p = (cfg, model_config, meta), Progress()
+        state = build(cfg, model_config, meta, data_dir, procs)
+        if cfg.resume:
+            resume.restore(cfg, opened, state, p, procs)
+        flops_per_token, flops_note = state.model.flops_per_token(cfg.batch_size)
+        if flops_note:
+            procs.log(flops_note)
+        tokens_per_step = cfg.batch_size * model_config.block_size * cfg.grad_accum
+        flops_per_step = flops_per_token * tokens_per_step
+        clock = StepClock(cfg, p.iter_num)
         evals, losses, stop, stopped = [], {}, False, None
-        with report.wandb_logging(run) as wandb_run, StopSignals() as signals:
+        with report.wandb_logging(*run, state.model, p, procs) as wandb_run:
             while True:
                 it = p.iter_num  # steps done
                 due = it % cfg.eval_interval == 0 or it == cfg.max_iters
                 if due and p.evaluated_iter != it:  # a resumed step was evaluated unless a signal cut it
-                    with clock.evaluation():
-                        evaluated = evaluate(run, wandb_run, signals)
+                    began = clock.clock()
+                    evaluated = evaluate(cfg, run, state, p, procs, wandb_run, signals)
+                    clock.evaluated(began)
                     stop = stop or evaluated is None  # a stop request cut the evaluation short
                     evals += [evaluated] if evaluated else []
                 if it >= cfg.max_iters and not stop:
@@ -329,47 +398,75 @@ def train(cfg, model_config, procs=None, resume_command="the same command with -
                 if stop:
                     if p.saved_iter != it:
                         with signals.deferred():
-                            resume.write_checkpoints(run, improved=False)
+                            resume.write_checkpoint(*run, state, p, procs, improved=False)
                     stopped = signals.received or "a signal to another rank"
-                    saved = f"saved {run.ckpt_path}; to continue, run {resume_command}"
+                    saved = f"saved {Path(cfg.out_dir) / 'ckpt.pt'}; to continue, run {resume_command}"
                     procs.log(f"stopped by {stopped} after step {it}: {saved}")
                     break
                 lr = get_lr(it, cfg)
-                loss, stop = procs.agree(train_step(run, lr), signals.received is not None, cfg.device)
+                loss, stop = train_step(state, lr, cfg.grad_clip), signals.received is not None
+                if procs.launched:  # the mean loss over the processes, and whether any was asked to stop
+                    both = torch.stack([loss.float(), torch.tensor(float(stop), device=cfg.device)])
+                    dist.all_reduce(both)  # SUM; a NaN on any rank makes the mean NaN on every rank
+                    total, stops = both.tolist()
+                    loss, stop = total / procs.world_size, stops > 0
+                else:
+                    loss = loss.item()  # waits for the device: the clock below reads real time
                 p.iter_num = it + 1
-                resume.check_finite(run, loss, it + 1, losses.get(it))
+                if not math.isfinite(
+                    loss
+                ):  # stop before an evaluation overwrites ckpt.pt with broken weights
+                    last = (
+                        f"last good loss {losses[it]:.4f} at step {it}"
+                        if it in losses
+                        else "no finite loss before it"
+                    )
+                    retry = "a lower --learning_rate may help, with --resume to continue from it"
+                    advice = f"{kept_checkpoint(cfg, p)}; {retry}"
+                    raise UserError(f"loss is {loss} at step {it + 1}: training stopped ({last}); {advice}")
                 losses[it + 1] = loss
                 clock.step()
-                if (it + 1) % cfg.log_interval == 0:  # agree() waited for the device: real time on the clock
+                if (it + 1) % cfg.log_interval == 0:
                     step_seconds, seconds_left = clock.lap(it + 1)
-                    tokens = run.tokens_per_step
-                    metrics = hardware.speed(step_seconds, tokens, flops_per_step, peak, procs.world_size)
-                    procs.log(report.step_line(it + 1, cfg, loss, lr, metrics, seconds_left))
+                    speed = dict(
+                        ms_per_iter=step_seconds * 1e3, tokens_per_sec=tokens_per_step / step_seconds
+                    )
+                    speed["tflops"] = flops_per_step / step_seconds / 1e12
+                    if peak:  # MFU: the model FLOPs achieved over every device's peak (PaLM, appendix B)
+                        speed["mfu"] = flops_per_step / step_seconds / (peak * procs.world_size)
+                    procs.log(step_line(it + 1, cfg, loss, lr, speed, seconds_left))
                     if note := clock.slowdown(step_seconds):
                         procs.log(note)
                     if wandb_run:
-                        logged = {"loss": loss, "lr": lr} | metrics
+                        logged = {"loss": loss, "lr": lr} | speed
                         wandb_run.log({f"train/{k}": v for k, v in logged.items()}, step=it + 1)
     seconds = time.perf_counter() - start
+    best = Path(cfg.out_dir) / "best.pt"
     if not stopped:
-        procs.log(report.done_line(run, seconds))
+        said = f"best val loss {p.best_val_loss:.4f} at step {p.best_iter}, in {best}"
+        said = said if p.best_iter is not None else "no evaluation"
+        procs.log(f"done in {report.format_seconds(seconds)}: {said}")
     summary = {"best_val_loss": p.best_val_loss, "best_iter": p.best_iter, "iter_num": p.iter_num}
-    summary |= {"checkpoint": str(run.ckpt_path), "best_checkpoint": str(run.best_path), "evals": evals}
+    summary |= {
+        "checkpoint": str(Path(cfg.out_dir) / "ckpt.pt"),
+        "best_checkpoint": str(best),
+        "evals": evals,
+    }
     summary |= {"losses": losses, "stopped": stopped, "wandb_run_id": p.wandb_run_id, "seconds": seconds}
     return summary
 
 
-def main(argv=None, extension=PLAIN):
+def main(argv=None, Config=None):
     """Parse flags, join torchrun's processes if launched by it, train: -> train()'s summary. A UserError
     is one line and its status; a second Ctrl-C stops at once, status 130 (the last checkpoint is whole).
-    extension: a training method's additions (plumbing.resume.Extension; lab/finetune), default none."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    interrupted = f"{extension.prog}: interrupted: stopped at once (the last checkpoint written is whole)"
-    with one_line_errors(extension.prog, stopped=interrupted):
-        cfg, model_config = parse_args(argv, extension)
+    Config: a training method's TrainConfig subclass (lab/finetune), default TrainConfig: plain training."""
+    argv, Config = sys.argv[1:] if argv is None else list(argv), Config or TrainConfig
+    interrupted = f"{Config.prog}: interrupted: stopped at once (the last checkpoint written is whole)"
+    with one_line_errors(Config.prog, stopped=interrupted):
+        cfg, model_config = parse_args(argv, Config)
         with processes(cfg) as procs:
-            again = procs.resume_command(argv, cfg.resume, extension.prog)
-            return train(cfg, model_config, procs, again, extension)
+            again = procs.resume_command(argv, cfg.resume, Config.prog)
+            return train(cfg, model_config, procs, again)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 rank 0 alone logs, evaluates, saves. Without torchrun every collective is a no-op: train.py has one path."""
 
 import gc
-import inspect
 import os
 import shlex
 from contextlib import contextmanager
@@ -11,7 +10,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from plumbing.errors import UserError
 from plumbing.hardware import resolve_device
@@ -34,15 +32,6 @@ class Processes:
     def log(self, text):
         if self.master:
             print(text, flush=True)  # flushed: a log piped to tee shows each line as it comes
-
-    def agree(self, loss, stop, device):
-        """(mean loss over all processes, whether any was asked to stop), on every rank."""
-        if not self.launched:
-            return loss.item(), stop
-        summed = torch.stack([loss.float(), torch.tensor(float(stop), device=device)])
-        dist.all_reduce(summed)  # SUM; a NaN on any rank makes the mean NaN on every rank
-        total, stops = summed.tolist()
-        return total / self.world_size, stops > 0
 
     def share(self, values, device):
         """values (a list of floats) from rank 0, on every rank."""
@@ -115,23 +104,3 @@ def end_processes(procs, clean):
         dist.barrier()
     gc.collect()  # reference cycles (the model, DDP's reducer) go now, not in finalization
     dist.destroy_process_group()
-
-
-def micro_steps_per_rank(grad_accum, procs):
-    """This rank's share of a step's grad_accum micro-batches (a total over all processes)."""
-    if grad_accum % procs.world_size:
-        raise UserError(
-            f"grad_accum={grad_accum} is not divisible by the {procs.world_size} processes torchrun started; "
-            f"each runs grad_accum / world_size micro-batches: use a multiple of {procs.world_size}, "
-            "or leave --grad_accum out for one micro-batch per process"
-        )
-    return grad_accum // procs.world_size
-
-
-def wrap_ddp(module, procs, device_type):
-    """module in DDP under torchrun, buffers unsynced: ours (RoPE's cos/sin, ALiBi's slopes) never differ."""
-    if not procs.launched:
-        return module
-    params = inspect.signature(DDP).parameters  # the flag's name in newer torch, and in older
-    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-    return DDP(module, device_ids=[procs.local_rank] if device_type == "cuda" else None, **{no_sync: False})

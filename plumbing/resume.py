@@ -1,16 +1,20 @@
-"""A training run's state (Run) and its checkpoints (plumbing/checkpoint.py): checking that one can be
-resumed, writing them, putting a run back where it stopped, starting one from another's (--init_from)."""
+"""A training run's flags and its checkpoints (plumbing/checkpoint.py), for train.py: reading the flags (an
+--init_from run's defaults from its source), the run's start (out_dir owned, the data, the device's threads),
+a run's weights from another's (--init_from), putting a run back where its checkpoint left it (--resume) and
+writing its checkpoints. train.py calls these from main() and at the start of train(), and writes a
+checkpoint at each evaluation; the step and the loop are train.py's own."""
 
-import math
 import random
-import typing
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from model import GPTConfig
+from model import GPT, GPTConfig
+from plumbing import cli, hardware
 from plumbing.checkpoint import (
     RUN_ENTRIES,
     Progress,
@@ -19,76 +23,140 @@ from plumbing.checkpoint import (
     link_checkpoint,
     load_weights,
     open_checkpoint,
+    remove_unfinished_writes,
     run_folder,
     save_checkpoint,
+    some,
 )
-from plumbing.errors import UserError, reading
+from plumbing.distributed import check_torchrun_device
+from plumbing.errors import StopSignals, UserError, reading
+from plumbing.memory import check_training_memory
+from plumbing.report import schedule_notes, wandb_problem
 from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
 
-RESUME_KEYS = RUN_ENTRIES  # what resuming needs beyond sampling (older files lack finished, evaluated_iter)
+# What resuming reads beyond what sampling needs (model, model_config, meta); older files lack LATER_KEYS,
+# which restore reads with a default
+LATER_KEYS = ("finished", "evaluated_iter")
+RESUME_KEYS = RUN_ENTRIES
+WRITTEN = ("model", "model_config", "meta", *RESUME_KEYS, *LATER_KEYS)  # every entry write_checkpoint writes
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
 
-class Extension:
-    """train.py's extension point: what a training method adds to a run, each default plain training. A method
-    (lab/finetune: S²-Attn and LoRA) subclasses it and runs train.main(argv, extension=its instance)."""
+# The flags: train.py's, its model's and a training method's (a TrainConfig subclass: its own fields)
+def parse_flags(argv, Config, model_defaults, doc):
+    """Flags (and --config) -> (Config, GPTConfig), vocab_size left to the dataset; Config: train.py's
+    TrainConfig or a training method's subclass, whose own fields are flags too and whose fit checks them
+    against the model. With --init_from the model settings not given are that checkpoint's, out_dir beside
+    it. A bad flag or value: one line, status 2."""
+    base = next(c for c in Config.__mro__ if c.__name__ == "TrainConfig")
+    sections, given = [("training", base, None), *cli.model_sections()], set()
+    model_flags = cli.section_names(sections[1:])
+    own = [f.name for f in fields(Config) if f.name not in {f.name for f in fields(base)}]
+    sections += [(Config.prog, Config, own)] if own else []
+    prog = Config.prog
+    values = cli.parse_flags(argv, prog, doc, sections, model_defaults, given=given)
+    longrope, saved = {}, {}
+    if values["rope_factors"]:
+        factor = values["rope_factor"] if "rope_factor" in given else None
+        longrope = cli.read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
+        cli.check_longrope_given_once(longrope, given, values["rope_factors"])
+    if source := values["init_from"]:  # parse again: the checkpoint's model config under --config and flags
+        saved = saved_model_config(source, model_flags)
+        values = cli.parse_flags(argv, prog, doc, sections, model_defaults | saved | {"out_dir": None})
+    trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
+    cli.check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
+    values |= longrope
+    if source:
+        values |= init_from_settings(values, saved)
+    cfg = Config(**{k: v for k, v in values.items() if k not in model_flags})
+    # a setting given of another scheme than pos is refused, at its default too
+    model_config = GPTConfig.from_flat(given=given | set(longrope), **{k: values[k] for k in model_flags})
+    cli.check_scaling_given(values, given)
+    cfg = cfg.fit(model_config)
+    folders.check_out_dir(folders.format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
+    hardware.check_device(cfg.device)
+    check_torchrun_device(cfg.device)
+    return cfg, model_config
 
-    prog = "train.py"  # the command, as the user types it: its error lines and the resume command name it
-    Flags = None  # a dataclass of the method's own flags, parsed beside train.py's (--help lists them)
-    flags = None  # their values, once configure has checked them
 
-    def configure(self, flags, model_config):
-        """Take the method's flags (a Flags), checked against the model: a ValueError, one line."""
-        self.flags = flags
-
-    def recorded(self):
-        """Its flags as the checkpoint's train_config records them beside train.py's."""
-        return asdict(self.flags) if self.flags is not None else {}
-
-    def adapt(self, model):
-        """Change the model before the optimizer, torch.compile and DDP take it -> a log line, or None."""
-        return None
-
-    def checkpoint_entries(self, model):
-        """{"model": the plain GPT's state dict, and any entry the method keeps beside it for --resume}."""
-        return {"model": model.state_dict()}
-
-    def resume_state(self, path, ckpt, model):
-        """The state dict that puts the built model where its checkpoint left it (a ValueError: one line)."""
-        if ckpt.get("lora") is not None:  # adapters beside the merged weights: LoRA's run, not a plain one
-            raise ValueError(
-                f"refusing to resume {path}: it was trained with LoRA adapters, which this command does not "
-                f"add; resume it with the command that trained it (its train_config)"
-            )
-        return ckpt["model"]
+def resolve_runtime(cfg, model_config, device=None, world_size=1):
+    """cfg with every `auto` and None replaced by what this run uses, so the checkpoint records it; device:
+    torchrun's cuda:LOCAL_RANK, if given. grad_accum=None: one micro-batch per process."""
+    device = device or hardware.resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    grad_accum = world_size if cfg.grad_accum is None else cfg.grad_accum
+    compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
+    out_dir = folders.format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos)
+    dtype = hardware.resolve_dtype(cfg.dtype, device_type)
+    return replace(cfg, grad_accum=grad_accum, device=device, dtype=dtype, compile=compile, out_dir=out_dir)
 
 
-PLAIN = Extension()  # train.py's own: plain training
+class Started(NamedTuple):
+    """What open_run gives the run it starts."""
+
+    cfg: object  # train.py's TrainConfig, every auto resolved (resolve_runtime)
+    model_config: GPTConfig  # vocab_size the dataset's
+    meta: dict  # the dataset's tokenizer and vocabulary
+    data_dir: Path
+    signals: StopSignals  # SIGINT and SIGTERM as requests to stop
+    peak: float | None  # the device's peak FLOP/s for MFU, or None
+    opened: tuple | None  # --resume: (checkpoint, changes), checked before the model is built (restore)
 
 
-@dataclass
-class Run:
-    """Everything one training run builds (train.py's build_run)."""
+@contextmanager
+def open_run(cfg, model_config, procs, final_lr, prepare_data):
+    """The start of a run, before its model is built: --wandb usable, every auto resolved (resolve_runtime),
+    the threads set, out_dir owned for the block (run_folder.own_folder), the dataset prepared, the memory
+    the run needs there, unfinished checkpoint writes removed, then SIGINT and SIGTERM taken as requests to
+    stop (errors.StopSignals); with --resume its checkpoint opened and checked. -> Started, for the block.
+    final_lr: the rate of the last step, for the
+    notes on a schedule the run does not follow (report.schedule_notes); prepare_data: data.common's (data/
+    builds on plumbing/, not this on it)."""
+    if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
+        raise UserError(problem)
+    one_per_process = cfg.grad_accum is None
+    cfg = resolve_runtime(cfg, model_config, procs.device, procs.world_size)
+    if cfg.grad_accum % procs.world_size:
+        raise UserError(
+            f"grad_accum={cfg.grad_accum} is not divisible by the {procs.world_size} processes torchrun "
+            "started; each runs grad_accum / world_size micro-batches: use a multiple of "
+            f"{procs.world_size}, or leave --grad_accum out for one micro-batch per process"
+        )
+    threads = hardware.use_threads(cfg.threads, cfg.device)
+    with folders.own_folder(cfg.out_dir, cfg.resume, cfg.overwrite, procs, cfg.device):
+        data_dir, meta = prepare_data(cfg.dataset, procs)
+        model_config = replace(model_config, vocab_size=meta["vocab_size"])
+        # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
+        opened = open_for_resume(cfg, model_config, meta, procs) if cfg.resume else None
+        micro_steps = cfg.grad_accum // procs.world_size
+        check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
+        if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
+            procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
+        procs.log(header_line(cfg, model_config, meta, procs, one_per_process))
+        procs.log(threads)
+        for note in schedule_notes(cfg, final_lr):
+            procs.log(note)
+        with StopSignals() as signals:
+            peak = hardware.peak_flops(cfg.device)
+            yield Started(cfg, model_config, meta, data_dir, signals, peak, opened)
 
-    cfg: typing.Any  # train.py's TrainConfig, resolved: device, dtype, compile, grad_accum, out_dir filled in
-    model_config: typing.Any  # GPTConfig
-    meta: dict
-    procs: typing.Any  # plumbing.distributed.Processes
-    model: torch.nn.Module  # the plain GPT: checkpoints save its state_dict (no `_orig_mod.`, `module.`)
-    train_model: torch.nn.Module  # what a step calls: compiled and/or wrapped in DDP
-    eval_model: torch.nn.Module  # compiled, never DDP: rank 0 evaluates alone
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    autocast: typing.Any
-    samplers: list  # this rank's micro-batch streams (data.common.BatchSampler)
-    eval_sampler: typing.Any
-    extension: Extension = PLAIN  # what a training method adds (lab/finetune), or plain training
-    progress: Progress = field(default_factory=Progress)
 
-    ckpt_path = property(lambda r: Path(r.cfg.out_dir) / "ckpt.pt")
-    best_path = property(lambda r: Path(r.cfg.out_dir) / "best.pt")
-    tokens_per_step = property(lambda r: r.cfg.batch_size * r.model_config.block_size * r.cfg.grad_accum)
+def header_line(cfg, model_config, meta, procs, one_per_process):
+    """What is trained, on what, how: the first line of every run's log."""
+    split = f" | {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
+    if procs.launched:
+        given = " (one per process: --grad_accum not given)" if one_per_process else ""
+        split = f" | {procs.world_size} processes x {cfg.grad_accum // procs.world_size} micro-batches{given}"
+    compiled = " compiled" if cfg.compile else ""
+    with torch.device("meta"):  # the parameters counted without allocating them
+        params = GPT(model_config).num_params()
+    tokens = cfg.batch_size * model_config.block_size * cfg.grad_accum
+    return (
+        f"{cfg.dataset} ({meta['vocab_size']} tokens) | pos={model_config.pos} | {params / 1e6:.2f}M "
+        f"parameters | {cfg.device} {cfg.dtype}{compiled} | {tokens:,} tokens/step{split} | "
+        f"{cfg.max_iters} steps"
+    )
 
 
 # Resuming: the random generators, and whether a checkpoint can be continued
@@ -131,14 +199,82 @@ def model_differences(saved, wanted, may_change):
     return ", ".join(f"--{name}={wanted[name]} but the checkpoint has {saved.get(name)}" for name in differ)
 
 
-def open_for_resume(out_dir, train_config, model_config, meta, world_size, extension=PLAIN):
-    """(path, checkpoint, changes) of out_dir/ckpt.pt on train_config.device; one of another vocabulary,
-    position scheme or model shape refused. changes: "name old -> new" for each knob or flag changed."""
-    path = Path(out_dir) / "ckpt.pt"
+def restore(cfg, opened, state, progress, procs):
+    """--resume: put a freshly built run (state: train.py's model, optimizer, scaler, samplers, eval_sampler)
+    where out_dir/ckpt.pt left it, and progress (iter_num, best_val_loss, ...) with it; the random generators
+    last, as building the model drew from them. opened: open_for_resume's (checkpoint, changes); weights
+    this run's model does not fit are one line; each knob or flag changed is said."""
+    path, (ckpt, changes) = Path(cfg.out_dir) / "ckpt.pt", opened
+    with reading(path, "checkpoint"):  # a state open_for_resume could not check without the run: one line
+        restore_state(cfg, path, ckpt, state)
+    vars(progress).update(vars(Progress.recorded(ckpt)))
+    if procs.rank < len(ckpt["rng"]):
+        set_rng_state(ckpt["rng"][procs.rank], cfg.device)
+    else:  # a rank the saved run did not have: a fresh stream of its own
+        torch.manual_seed(cfg.seed + procs.rank + progress.iter_num)
+    changed = "; changed: " + ", ".join(changes) if changes else ""
+    best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
+    procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
+
+
+def restore_state(cfg, path, ckpt, state):
+    """The weights, the optimizer's and the scaler's state, the batch streams, as the checkpoint left them."""
+    load_weights(path, state.model, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups]
+    load_weights(path, state.optimizer, ckpt["optimizer"])
+    # keep the moments, take this run's betas and weight decay (and fused on this device)
+    for group, fresh in zip(state.optimizer.param_groups, settings):
+        group.update(fresh)
+    if ckpt["scaler"] and state.scaler.is_enabled():
+        load_weights(path, state.scaler, ckpt["scaler"])
+    for sampler in state.samplers:  # every micro-batch stream has drawn one batch per step: the same count
+        sampler.load_state_dict(ckpt["sampler"]["train"])
+    state.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
+
+
+def method_state(path, ckpt, entry):
+    """The state dict a training method's checkpoint entry holds beside "model" ({} without one)."""
+    if entry is None or entry not in ckpt:
+        return {}
+    held = ckpt[entry]
+    problem = f"{entry} is {held!r:.40}, not a dict" if not isinstance(held, dict) else None
+    if problem is None and not isinstance(held.get("state"), dict):
+        problem = f"{entry} has no state"
+    if problem:
+        raise UserError(
+            f"{path}: damaged checkpoint ({problem}): train.py writes none like it; use another one"
+        )
+    return held["state"]
+
+
+def check_fits(path, cfg, model_config, weights):
+    """A one-line UserError unless weights (names, shapes) fit the model this run builds: a GPT of
+    model_config as cfg.prepare changes it, built on the meta device (no memory), before the real one."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+        cfg.prepare(model)
+    expected = model.state_dict()
+    kinds = {
+        "missing": [name for name in expected if name not in weights],
+        "unexpected": [name for name in weights if name not in expected],
+        "mis-shaped": [
+            f"{name} {tuple(value.shape)} where the model has {tuple(expected[name].shape)}"
+            for name, value in weights.items()
+            if name in expected and getattr(value, "shape", None) != expected[name].shape
+        ],
+    }
+    if detail := "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names):
+        raise UserError(f"{path}: its GPT state does not fit ({detail})")
+
+
+def open_for_resume(cfg, model_config, meta, procs):
+    """(checkpoint, changes) of out_dir/ckpt.pt on cfg.device, refused in one line unless this run can
+    continue it. changes: "name old -> new" for each knob or flag changed."""
+    path = Path(cfg.out_dir) / "ckpt.pt"
     if not path.is_file():
         raise UserError(f"--resume: {path} does not exist; start without --resume to train from scratch")
     try:
-        ckpt = open_checkpoint(path, map_location=train_config.device)
+        ckpt = open_checkpoint(path, map_location=cfg.device)
     except UserError as e:
         raise UserError(
             f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
@@ -148,14 +284,23 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size, exten
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
         )
-    check_same_vocabulary(path, ckpt["meta"], meta, train_config.dataset, "resume")
+    if foreign := [key for key in ckpt if key not in WRITTEN and key != cfg.state_entry]:
+        flags = [name for name in ckpt["train_config"] if name not in vars(cfg)]
+        took = f", with the flags {', '.join(flags)}" if flags else ""
+        raise UserError(
+            f"refusing to resume {path}: it holds model state ({', '.join(foreign)}) that {cfg.prog} does "
+            f"not build: it was trained by another command{took}; resume it with the command that trained it"
+        )
+    check_same_vocabulary(path, ckpt["meta"], meta, cfg.dataset, "resume")
     if changes := model_differences(ckpt["model_config"], model_config, MODEL_KNOBS):
         raise UserError(
             f"refusing to resume {path}: {changes}; pass the checkpoint's model settings "
             "(only training settings such as max_iters or learning_rate may change), or start a "
             "new run with another --out_dir"
         )
-    current = vars(train_config) | extension.recorded()
+    with reading(path, "checkpoint"):  # weights not tensors, a method's entry not a dict: the file's fault
+        check_fits(path, cfg, model_config, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
+    current = vars(cfg)
     knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS] + [
         (name, value, current[name])
         for name, value in ckpt["train_config"].items()
@@ -163,94 +308,74 @@ def open_for_resume(out_dir, train_config, model_config, meta, world_size, exten
     ]
     ignored = {"seed": " (ignored: the saved random and data streams continue)"}
     changes = [f"{name} {old} -> {new}{ignored.get(name, '')}" for name, old, new in knobs if old != new]
-    if len(ckpt["rng"]) != world_size:
-        changes.append(f"processes {len(ckpt['rng'])} -> {world_size}")
-    return path, ckpt, changes
+    if len(ckpt["rng"]) != procs.world_size:
+        changes.append(f"processes {len(ckpt['rng'])} -> {procs.world_size}")
+    return ckpt, changes
 
 
-# A training run to and from its checkpoint (SCHEMA)
-def write_checkpoints(run, improved):
-    """ckpt.pt, and best.pt if the validation loss improved: every rank gives its RNG state, rank 0 writes."""
-    rng, p = run.procs.gather(rng_state(run.cfg.device)), run.progress
-    if run.procs.master:
+def write_checkpoint(cfg, model_config, meta, state, progress, procs, improved):
+    """ckpt.pt, and best.pt if the validation loss improved: every rank gives its RNG state, rank 0 writes.
+    "model" is the state a plain GPT of model_config loads (sample.py's, --init_from's); any other entries of
+    the model's state_dict (a training method's modules' own) go under cfg.state_entry, for --resume."""
+    rng, p = procs.gather(rng_state(cfg.device)), progress
+    if procs.master:
+        with torch.device("meta"):
+            plain = GPT(model_config).state_dict().keys()
+        weights = state.model.state_dict()
         ckpt = {
-            **run.extension.checkpoint_entries(run.model),  # "model": plain weights; a method's own entries
-            "model_config": asdict(run.model_config),
-            "train_config": asdict(run.cfg) | run.extension.recorded(),
+            "model": {key: weights[key] for key in plain},
+            "model_config": asdict(model_config),
+            "train_config": asdict(cfg),
             "iter_num": p.iter_num,
             "best_val_loss": p.best_val_loss,
             "best_iter": p.best_iter,
-            "meta": run.meta,
-            "optimizer": run.optimizer.state_dict(),
-            "scaler": run.scaler.state_dict(),
-            "sampler": {"train": run.samplers[0].state_dict(), "eval": run.eval_sampler.state_dict()},
+            "meta": meta,
+            "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict(),
+            "sampler": {"train": state.samplers[0].state_dict(), "eval": state.eval_sampler.state_dict()},
             "rng": rng,
             "wandb_run_id": p.wandb_run_id,
-            "finished": p.iter_num >= run.cfg.max_iters and p.evaluated_iter == p.iter_num,
+            "finished": p.iter_num >= cfg.max_iters and p.evaluated_iter == p.iter_num,
             "evaluated_iter": p.evaluated_iter,
         }
+        if own := {key: value for key, value in weights.items() if key not in plain}:
+            ckpt[cfg.state_entry] = {"state": own}  # a training method's (TrainConfig.state_entry)
+        ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
         try:
-            save_checkpoint(ckpt, run.ckpt_path)
+            save_checkpoint(ckpt, ckpt_path)
             if improved:
-                link_checkpoint(run.ckpt_path, run.best_path)
+                link_checkpoint(ckpt_path, Path(cfg.out_dir) / "best.pt")
         except UserError as e:  # no space left: the files on disk are whole
-            raise UserError(f"{e}; training stopped: {kept_checkpoint(run)}") from None
+            raise UserError(f"{e}; training stopped: {kept_checkpoint(cfg, p)}") from None
     p.saved_iter = p.iter_num
 
 
-def kept_checkpoint(run):
+def kept_checkpoint(cfg, progress):
     """What an error that stops training says of the checkpoint on disk."""
-    saved = run.progress.saved_iter
-    return "no checkpoint was written" if saved is None else f"{run.ckpt_path} (step {saved}) was kept"
-
-
-def check_finite(run, loss, step, last):
-    """Stop on a NaN or infinite loss, before an evaluation overwrites ckpt.pt with broken weights. last:
-    the step before's loss (finite), if this process ran it."""
-    if math.isfinite(loss):
-        return
-    last_good = (
-        f"last good loss {last:.4f} at step {step - 1}" if last is not None else "no finite loss before it"
+    saved = progress.saved_iter
+    return (
+        "no checkpoint was written"
+        if saved is None
+        else f"{Path(cfg.out_dir) / 'ckpt.pt'} (step {saved}) was kept"
     )
-    advice = f"{kept_checkpoint(run)}; a lower --learning_rate may help, with --resume to continue from it"
-    raise UserError(f"loss is {loss} at step {step}: training stopped ({last_good}); {advice}")
 
 
-def resume_run(run, path, ckpt, changes):
-    """--resume: restore_run inside the error boundary: a state open_for_resume could not check without the
-    run (the optimizer's, the samplers', the random generators') that cannot be restored is the file's fault,
-    one line, before training starts."""
-    with reading(path, "checkpoint"):
-        restore_run(run, path, ckpt, changes)
-
-
-def restore_run(run, path, ckpt, changes):
-    """--resume: put a freshly built run where the checkpoint open_for_resume opened and checked left it (the
-    run's extension gives its weights; the random generators last, as building the model drew from them), then
-    log what resumed."""
-    try:
-        state = run.extension.resume_state(path, ckpt, run.model)
-    except ValueError as e:  # a method's settings the run and its checkpoint do not share: a flag to fix
-        raise UserError(str(e)) from None
-    load_weights(path, run.model, state)
-    settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
-    load_weights(path, run.optimizer, ckpt["optimizer"])
-    # keep the moments, take this run's betas and weight decay (and fused on this device)
-    for group, fresh in zip(run.optimizer.param_groups, settings):
-        group.update(fresh)
-    if ckpt["scaler"] and run.scaler.is_enabled():
-        load_weights(path, run.scaler, ckpt["scaler"])
-    for sampler in run.samplers:  # every micro-batch stream has drawn one batch per step: the same count
-        sampler.load_state_dict(ckpt["sampler"]["train"])
-    run.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
-    p = run.progress = Progress.recorded(ckpt)
-    if run.procs.rank < len(ckpt["rng"]):
-        set_rng_state(ckpt["rng"][run.procs.rank], run.cfg.device)
-    else:  # a rank the saved run did not have: a fresh stream of its own
-        torch.manual_seed(run.cfg.seed + run.procs.rank + p.iter_num)
-    changed = "; changed: " + ", ".join(changes) if changes else ""
-    best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
-    run.procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
+def init_from(cfg, model, meta, procs):
+    """--init_from (without --resume): load that run's weights into model (plain, before a training method
+    changes it), whose config may differ from it only in INIT_KNOBS; the log says so."""
+    if not cfg.init_from or cfg.resume:
+        return
+    path = checkpoint_path(cfg.init_from)
+    ckpt = open_checkpoint(path, mmap=True)
+    check_same_vocabulary(path, ckpt["meta"], meta, cfg.dataset, "initialise from")
+    if changes := model_differences(ckpt["model_config"], model.config, INIT_KNOBS):
+        raise UserError(
+            f"refusing to initialise from {path}: {changes}; --init_from may change only "
+            f"{', '.join(INIT_KNOBS)} (the weights must fit)"
+        )
+    state, note = model.transformer.wpe.adapt_state(ckpt["model"], "transformer.wpe.")
+    load_weights(path, model, state)
+    procs.log(f"initialised from {cfg.init_from}" + (f": {note}" if note else ""))
 
 
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
@@ -292,17 +417,5 @@ def init_from_settings(values, saved):
     return settings
 
 
-def init_model_from(out_dir, model, meta, dataset):
-    """Load out_dir's checkpoint into model, whose config may differ from it only in INIT_KNOBS -> a note for
-    the log when the position scheme fitted its entries (wpe.adapt_state: learned's table resized)."""
-    path = checkpoint_path(out_dir)
-    ckpt = open_checkpoint(path, mmap=True)
-    check_same_vocabulary(path, ckpt["meta"], meta, dataset, "initialise from")
-    if changes := model_differences(ckpt["model_config"], model.config, INIT_KNOBS):
-        raise UserError(
-            f"refusing to initialise from {path}: {changes}; --init_from may change only "
-            f"{', '.join(INIT_KNOBS)} (the weights must fit)"
-        )
-    state, note = model.transformer.wpe.adapt_state(ckpt["model"], "transformer.wpe.")
-    load_weights(path, model, state)
-    return note
+# last: run_folder reads RESUME_KEYS from this module as it loads
+from plumbing import run_folder as folders  # noqa: E402

@@ -35,8 +35,8 @@ ENTRY_POINTS = (
     "lab.course.__main__",
     "lab.finetune.__main__",
 )
-# train.py's run with a training method added through its extension point (plumbing.resume.Extension,
-# train.main(argv, extension)): these entry points import train, and no other entry point
+# train.py's run with a training method, a train.TrainConfig subclass (train.main(argv, Config)): these
+# entry points import train, and no other entry point
 EXTENDS_TRAIN = ("lab.finetune.__main__",)
 SHARED_MODULES = (
     "model",

@@ -16,7 +16,7 @@ import torch
 from helpers import signalled_in_the_first_evaluation
 
 import train
-from plumbing import checkpoint, distributed
+from plumbing import checkpoint, distributed, resume
 from plumbing.errors import UserError
 from plumbing.run_folder import LOCK_NAME
 
@@ -133,7 +133,7 @@ import sys
 from dataclasses import replace
 sys.path.insert(0, {root!r})
 from data.common import prepare_data
-from plumbing import distributed
+from plumbing import distributed, resume
 import train
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -141,8 +141,8 @@ cfg, model_config = train.parse_args({flags!r})
 procs = distributed.start_processes(cfg)
 data_dir, meta = prepare_data(cfg.dataset, procs)
 model_config = replace(model_config, vocab_size=meta["vocab_size"])
-cfg = train.resolve_runtime(cfg, model_config, procs.device)
-run = train.build_run(cfg, model_config, meta, data_dir, procs)
+cfg = resume.resolve_runtime(cfg, model_config, procs.device, procs.world_size)
+run = train.build(cfg, model_config, meta, data_dir, procs)
 calls = []
 
 def counting_allreduce(process_group, bucket):  # DDP's own all-reduce, counted
@@ -153,7 +153,7 @@ run.train_model.register_comm_hook(None, counting_allreduce)
 per_step = []
 for it in range(3):
     before = len(calls)
-    train.train_step(run, train.get_lr(it, cfg))
+    train.train_step(run, train.get_lr(it, cfg), cfg.grad_clip)
     per_step.append(len(calls) - before)
 print(
     f"rank {{procs.rank}}: {{len(run.samplers)}} micro-batches, all-reduces per step {{per_step}}",
@@ -177,11 +177,13 @@ def test_gradients_are_all_reduced_once_per_step_not_per_micro_batch(tmp_path):
         assert f"rank {rank}: 2 micro-batches, all-reduces per step [1, 1, 1]" in out, out
 
 
-def test_grad_accum_must_divide_among_the_processes():
+def test_grad_accum_must_divide_among_the_processes(tmp_path):
     """grad_accum micro-batches are shared evenly: 3 among 2 processes is a one-line error naming a fix."""
+    cfg, model_config = train.parse_args(["--device=cpu", "--grad_accum=3", f"--out_dir={tmp_path}"])
     with pytest.raises(UserError, match=r"grad_accum=3 is not divisible by the 2 processes.*multiple of 2"):
-        distributed.micro_steps_per_rank(3, distributed.Processes(world_size=2))
-    assert distributed.micro_steps_per_rank(8, distributed.Processes(world_size=2)) == 4
+        with resume.open_run(cfg, model_config, distributed.Processes(world_size=2), 0.0, None):
+            pass
+    assert not any(tmp_path.iterdir())  # refused before out_dir is taken
 
 
 def test_torchrun_without_grad_accum_runs_one_micro_batch_per_process(tmp_path):

@@ -138,9 +138,10 @@ def test_a_setting_of_another_scheme_or_out_of_bounds_is_one_line(capsys, tmp_pa
 
 
 def test_it_trains_with_s2_attn_and_lora(tmp_path):
-    out_dir = tmp_path / "fine_tuned"
-    argv = [*TINY_RUN, f"--pos={NAME}", "--block_size=16", *FINE_TUNE, f"--out_dir={out_dir}"]
+    base, out_dir = tmp_path / "base", tmp_path / "fine_tuned"
+    train.main([*TINY_RUN, f"--pos={NAME}", "--block_size=16", f"--out_dir={base}"])  # the run to fine-tune
+    argv = [*TINY_RUN, f"--init_from={base}", *FINE_TUNE, f"--out_dir={out_dir}"]
     result = finetune.main(argv)  # python -m lab.finetune: train.py's run with S²-Attn and LoRA
     assert result["iter_num"] == 2 and all(math.isfinite(loss) for loss in result["losses"].values())
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
-    assert ckpt["model_config"]["pos_settings"] == {SETTING: 1.0} and ckpt["lora"]["rank"] == 2
+    assert ckpt["model_config"]["pos_settings"] == {SETTING: 1.0} and ckpt["train_config"]["lora_rank"] == 2

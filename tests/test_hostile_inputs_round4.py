@@ -117,7 +117,7 @@ def runs(tmp_path_factory):
     for name, flags in {
         "rope": ["--pos=rope"],
         "t5": ["--pos=t5"],
-        "lora": ["--pos=rope", "--lora_rank=2"],
+        "lora": ["--pos=rope", "--lora_rank=2", f"--init_from={root / 'rope'}"],  # a fine-tune of rope
     }.items():
         main = finetune.main if name == "lora" else train.main
         main([*TINY_RUN, *flags, f"--out_dir={root / name}"])
@@ -139,6 +139,11 @@ def without(entry, key):
 
 def replaced(entry, key, value):
     return lambda ckpt: ckpt | {entry: ckpt[entry] | {key: value}}
+
+
+def mis_shaped_adapter(ckpt):
+    state = ckpt["lora"]["state"] | {"transformer.h.0.attn.c_attn.lora_A": torch.zeros(1, 16)}
+    return ckpt | {"lora": {"state": state}}
 
 
 def foreign_csv(path, header="a,b\n1,2\n"):
@@ -204,17 +209,13 @@ CASES = {
         "{run} --short",
         "--short searches the short factors of a run extended by its rope_factor s > 1",
     ),
-    "lora: no state": (
+    "lora: no state": (FINETUNE, "{lora_no_state}", "damaged checkpoint (lora has no state)"),
+    "lora: a string": (FINETUNE, "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
+    "lora: an adapter mis-shaped": (
         FINETUNE,
-        "{lora_no_state}",
-        "lora_damaged/ckpt.pt: not a usable checkpoint (KeyError: 'state')",
+        "{lora_rank_string}",
+        "does not fit (mis-shaped transformer.h.0.attn.c_attn.lora_A (1, 16)",
     ),
-    "lora: a string": (
-        FINETUNE,
-        "{lora_string}",
-        "lora_damaged/ckpt.pt: not a usable checkpoint (TypeError: ",
-    ),
-    "lora: rank a string": (FINETUNE, "{lora_rank_string}", "refusing to resume"),
     "t5: rope_scalings": (
         EVAL,
         "{t5} --rope_scalings yarn --lengths=1,2",
@@ -265,7 +266,7 @@ def test_a_hostile_input_is_one_line_before_any_work(runs, tmp_path, capsys, cas
         "meta_none": lambda: damaged(runs, tmp_path, "rope", lambda ckpt: ckpt | {"meta": None}),
         "lora_no_state": lambda: damaged(runs, tmp_path, "lora", without("lora", "state")),
         "lora_string": lambda: damaged(runs, tmp_path, "lora", lambda ckpt: ckpt | {"lora": "adapters"}),
-        "lora_rank_string": lambda: damaged(runs, tmp_path, "lora", replaced("lora", "rank", "2")),
+        "lora_rank_string": lambda: damaged(runs, tmp_path, "lora", mis_shaped_adapter),
     }
     for name, make in folders.items():
         if "{" + name + "}" in argv:

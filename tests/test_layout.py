@@ -169,6 +169,6 @@ def test_sample_eval_length_and_the_demos_open_a_checkpoint_alike(scaling):
 def test_the_fine_tuning_methods_build_on_model_code_alone():
     """S²-Attn and LoRA (lab/finetune/s2.py, lora.py) import torch and the root modules only (positions,
     model): a fork takes them into its own training code; longlora.py and __main__.py join them to train.py's
-    run through its extension point (plumbing.resume.Extension)."""
+    run as a train.TrainConfig subclass."""
     for path in [ROOT / "lab" / "finetune" / "s2.py", ROOT / "lab" / "finetune" / "lora.py"]:
         assert {node_of(name) for name in imported(path)} - {None, *MODULES} == set(), path.name

@@ -43,12 +43,11 @@ def test_every_setting_of_the_authors_trains_with_pi_at_the_extension_and_their_
         assert ("s2_attn" in given) == ("s2" in name) and out.endswith("_seed1338")
         assert command[:2] == ["-m", "lab.finetune"]
         tiny = [flag for flag in command[2:] if not flag.startswith(("--block_size", "--dataset"))]
-        extension = finetune.extension()
-        training, model = train.parse_args([*tiny, "--block_size=64"], extension)  # the checkpoint records it
+        training, model = train.parse_args([*tiny, "--block_size=64"], finetune.Config)  # what it records
         scaling = model.pos_settings
         assert (scaling.rope_scaling, scaling.rope_factor, scaling.rope_original_len) == ("linear", 4.0, 16)
         assert training.weight_decay == 0 and training.min_lr == 5e-4
-        adapters = extension.flags
+        adapters = training
         assert adapters.lora_rank in (0, 8) and (adapters.lora_rank == 0 or adapters.lora_dropout == 0)
 
 

@@ -1,15 +1,19 @@
 """LoRA (lab/finetune/lora.py): adapters start as the identity, merge exactly, leave frozen weights without
-gradients, and through python -m lab.finetune write plain checkpoints and resume bit for bit."""
+gradients, and through python -m lab.finetune write plain checkpoints and resume bit for bit, the checkpoints
+of the format before its state moved into the model's state_dict too."""
+
+import dataclasses
 
 import pytest
 import torch
 from helpers import TINY_BLOCK, TINY_RUN, finetune_error_line, train_error_line
 
+import sample
 import train
 from lab.finetune import __main__ as finetune
 from lab.finetune import lora
 from model import GPT, GPTConfig
-from plumbing.checkpoint import build_model, load_checkpoint
+from plumbing.checkpoint import build_model, load_checkpoint, save_checkpoint
 
 CONFIG = GPTConfig.from_flat(pos="rope", block_size=16, n_layer=2, n_head=2, n_embd=16, vocab_size=11)
 
@@ -38,13 +42,14 @@ def test_at_step_0_the_adapted_model_gives_the_base_models_logits_exactly():
 
 
 def test_merged_weights_compute_what_the_adapters_do():
-    """B set to random values: the checkpoint's plain state dict, loaded into a GPT, gives the same logits."""
+    """B set to random values: the adapted model's state_dict holds a plain GPT's entries (the checkpoint's
+    "model"), merged: loaded into a GPT, they give the same logits."""
     _, model = adapted()
     with torch.no_grad():
         for module in lora.adapters(model).values():
             module.lora_B.normal_()
     plain = GPT(CONFIG).double().eval()
-    plain.load_state_dict(lora.checkpoint_entries(model)["model"])
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k in plain.state_dict()})
     x = torch.randint(0, 11, (2, 16))
     torch.testing.assert_close(plain(x)[0], model(x)[0], rtol=1e-12, atol=1e-12)
     assert not torch.allclose(plain(x)[0], adapted()[0](x)[0])  # the adapters changed something
@@ -120,10 +125,9 @@ def test_a_lora_setting_given_without_lora_rank_is_refused_as_lora_train_is(caps
 def test_lora_settings_not_given_are_recorded_as_their_defaults():
     """The checkpoint's train_config says what the run used, with LoRA or without (as before they could be
     left unset), so that a resume or a study compares like with like."""
-    for rank, flags in ((0, []), (2, ["--lora_rank=2"])):
-        extension = finetune.extension()
-        train.parse_args([*TINY_RUN, "--out_dir=out/x", *flags], extension)
-        recorded = extension.recorded()
+    for rank, flags in ((0, []), (2, ["--lora_rank=2", "--resume"])):
+        cfg, _ = train.parse_args([*TINY_RUN, "--out_dir=out/x", *flags], finetune.Config)
+        recorded = dataclasses.asdict(cfg)  # the checkpoint's train_config
         assert (recorded["lora_rank"], recorded["lora_alpha"], recorded["lora_dropout"]) == (rank, 16.0, 0.05)
 
 
@@ -163,12 +167,16 @@ def test_lora_s2_fine_tune_resumes_bit_identically_and_writes_a_plain_checkpoint
 
 def test_train_py_refuses_to_resume_a_lora_run_naming_the_command_that_can(capsys, tmp_path, base_run):
     """train.py adds no adapters: its --resume of a run lab.finetune trained with LoRA would load merged
-    weights into a model the adapters' state does not fit, so it stops in one line and says which can."""
+    weights into a model the adapters' state does not fit, so it stops in one line, naming the state it does
+    not build and the flags it does not take, and says which command can; the checkpoint is left as it was."""
     finetune.main(fine_tune_flags(base_run, tmp_path, 2))
     capsys.readouterr()
+    before = (tmp_path / "ckpt.pt").read_bytes()
     flags = [f"--init_from={base_run}", f"--block_size={2 * TINY_BLOCK}", f"--out_dir={tmp_path}", "--resume"]
     err = train_error_line(capsys, [*TINY_RUN, *flags, "--max_iters=4"], 1)
-    assert "trained with LoRA adapters" in err and "resume it with the command that trained it" in err
+    assert "model state (lora)" in err and "lora_rank" in err and str(tmp_path) in err
+    assert err.endswith("resume it with the command that trained it")
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
     assert "resuming" not in capsys.readouterr().out
 
 
@@ -179,11 +187,56 @@ def test_a_resumed_fine_tune_names_the_fine_tuning_flags_it_changed(capsys, tmp_
     assert "changed: " in (out := capsys.readouterr().out) and "lora_dropout 0.1 -> 0.2" in out, out
 
 
-def test_resuming_with_other_lora_settings_is_refused_before_it_says_it_resumes(capsys, tmp_path, base_run):
+def test_resuming_with_another_lora_rank_is_refused_before_it_says_it_resumes(capsys, tmp_path, base_run):
+    """Adapters of rank 3 do not fit the checkpoint's of rank 2: one line naming the file and the tensors
+    that do not fit, status 1, before the resume is said; the checkpoint is left as it was."""
     finetune.main(fine_tune_flags(base_run, tmp_path, 2))
     capsys.readouterr()
-    with pytest.raises(SystemExit):
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit) as stopped:
         finetune.main([*fine_tune_flags(base_run, tmp_path, 4), "--resume", "--lora_rank=3"])
     out, err = capsys.readouterr()
-    assert "trained with rank 2, alpha 16, train 'embed,norm'" in err and "rank 3" in err
-    assert err.count("\n") == 1 and "resuming" not in out, out
+    assert stopped.value.code == 1 and err.count("\n") == 1 and "resuming" not in out, out
+    assert str(tmp_path / "ckpt.pt") in err and "does not fit" in err and "lora_A" in err, err
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_a_lora_fine_tune_without_a_base_is_one_line_before_any_work(capsys, tmp_path):
+    """--lora_rank trains adapters on a frozen model: without --init_from (or --resume) it would train them on
+    a random one; one line naming --init_from, status 2, nothing written."""
+    out_dir = tmp_path / "run"
+    err = finetune_error_line(capsys, [*TINY_RUN, f"--out_dir={out_dir}", "--lora_rank=4"], 2)
+    assert "--lora_rank=4" in err and "--init_from=RUN" in err and not out_dir.exists()
+
+
+def older_format(ckpt):
+    """ckpt as lab.finetune wrote it before the adapters' state moved into the model's state_dict: "lora"
+    held the settings beside the adapted Linears' exact tensors (lora_A, lora_B, base.weight)."""
+    names = {key.rsplit(".", 1)[0] for key in ckpt["lora"]["state"] if key.endswith(".lora_A")}
+    exact = {f"{name}.{part}" for name in names for part in ("lora_A", "lora_B", "base.weight")}
+    assert set(ckpt["lora"]["state"]) == exact  # bias=False: no base.bias
+    t = ckpt["train_config"]
+    settings = dict(rank=t["lora_rank"], alpha=t["lora_alpha"], train=t["lora_train"])
+    return ckpt | {"lora": settings | {"state": ckpt["lora"]["state"]}}
+
+
+def test_a_checkpoint_of_the_older_lora_format_samples_and_resumes_bit_identically(
+    tmp_path, base_run, capsys
+):
+    """A LoRA + S²-Attn checkpoint as the code before wrote it (settings in "lora", "model" merged) samples
+    (sample.py) and resumes with python -m lab.finetune --resume to the same losses and weights, bit for
+    bit, as the run made in one go."""
+    whole = finetune.main(fine_tune_flags(base_run, tmp_path / "whole", 4))
+    finetune.main(fine_tune_flags(base_run, tmp_path / "old", 2))
+    path = tmp_path / "old" / "ckpt.pt"
+    save_checkpoint(older_format(load_checkpoint(path)), path)
+    (tmp_path / "old" / "best.pt").unlink()
+    capsys.readouterr()
+    sample.main([f"--out_dir={tmp_path / 'old'}", "--num_samples=1", "--max_new_tokens=8", "--device=cpu"])
+    assert "pos=rope" in capsys.readouterr().out
+    second = finetune.main([*fine_tune_flags(base_run, tmp_path / "old", 4), "--resume"])
+    assert second["losses"] == {step: whole["losses"][step] for step in (3, 4)}
+    a, b = load_checkpoint(path), load_checkpoint(tmp_path / "whole" / "ckpt.pt")
+    assert (
+        same(a["model"], b["model"]) and same(a["lora"], b["lora"]) and same(a["optimizer"], b["optimizer"])
+    )

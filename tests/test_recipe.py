@@ -14,12 +14,13 @@ import torch
 import train
 from data.common import prepare_data
 from model import GPT, GPTConfig
+from plumbing import resume
 from plumbing.distributed import Processes
 from positions import sinusoidal_embedding
 
 
 def tiny_run(tmp_path, *flags):
-    """train.py's Run (model, optimizer, batch streams) for a tiny model on shakespeare_char,
+    """train.py's State (model, optimizer, batch streams) for a tiny model on shakespeare_char,
     built as train() does."""
     cfg, model_config = train.parse_args(
         [
@@ -36,14 +37,14 @@ def tiny_run(tmp_path, *flags):
     )
     data_dir, meta = prepare_data(cfg.dataset, Processes())
     model_config = replace(model_config, vocab_size=meta["vocab_size"])
-    cfg = train.resolve_runtime(cfg, model_config)
-    return train.build_run(cfg, model_config, meta, data_dir, Processes())
+    cfg = resume.resolve_runtime(cfg, model_config)
+    return cfg, train.build(cfg, model_config, meta, data_dir, Processes())
 
 
 def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
     """With dropout 0.5 the estimate equals the eval-mode loss on the same batches (dropout would make it
     higher and random), and the model is back in train mode afterwards."""
-    run = tiny_run(tmp_path, "--dropout=0.5")
+    _, run = tiny_run(tmp_path, "--dropout=0.5")
     state = run.eval_sampler.state_dict()
     estimate = train.estimate_loss(run.model, run.eval_sampler, 3, run.autocast)
     assert run.model.training
@@ -57,9 +58,10 @@ def test_loss_estimate_runs_in_eval_mode_with_dropout_off(tmp_path):
     assert estimate == pytest.approx(expected, abs=1e-6)
 
 
-def gradient_norm_at_step(run, lr=1e-3):
+def gradient_norm_at_step(cfg_run, lr=1e-3):
     """The global gradient norm the optimizer sees in one train_step
     (read by the optimizer's own pre-step hook)."""
+    cfg, run = cfg_run
     seen = []
     hook = run.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(
@@ -70,7 +72,7 @@ def gradient_norm_at_step(run, lr=1e-3):
             )
         )
     )
-    train.train_step(run, lr)
+    train.train_step(run, lr, cfg.grad_clip)
     hook.remove()
     return seen[0].item()
 
@@ -85,7 +87,7 @@ def test_train_step_clips_the_gradient_norm_before_the_optimizer_step(tmp_path):
 def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_path):
     """grad_accum=2: the step's loss and the gradient the optimizer sees are the means over the two
     micro-batches (a sum would double the effective learning rate with every extra micro-batch)."""
-    run = tiny_run(tmp_path, "--grad_accum=2", "--grad_clip=0")
+    cfg, run = tiny_run(tmp_path, "--grad_accum=2", "--grad_clip=0")
     states = [sampler.state_dict() for sampler in run.samplers]
     batches = [sampler.get_batch("train") for sampler in run.samplers]
     for sampler, state in zip(run.samplers, states):
@@ -96,7 +98,7 @@ def test_a_step_over_micro_batches_uses_their_mean_loss_and_mean_gradient(tmp_pa
     run.optimizer.register_step_pre_hook(
         lambda *_: seen.append([p.grad.clone() for p in run.model.parameters()])
     )
-    loss = train.train_step(run, lr=1e-3)
+    loss = train.train_step(run, 1e-3, cfg.grad_clip)
     assert loss.item() == pytest.approx(sum(micro.item() for micro in losses) / 2, rel=1e-6)
     for got, want in zip(seen[0], expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)

@@ -6,7 +6,7 @@ import torch
 from helpers import TINY_RUN, finetune_error_line
 
 import train
-from lab.finetune.longlora import LongLoRA
+from lab.finetune import __main__ as finetune
 from lab.finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
@@ -208,9 +208,8 @@ def test_a_default_group_that_does_not_fit_names_block_size_not_a_flag_never_giv
 
 
 def test_s2_group_defaults_to_a_quarter_of_block_size():
-    extension = LongLoRA()
-    train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"], extension)
-    assert extension.flags.s2_group == 4
+    cfg, _ = train.parse_args([*TINY_RUN, "--s2_attn", "--out_dir=out/x"], finetune.Config)
+    assert cfg.s2_group == 4
 
 
 def test_the_lessons_figure_shows_the_pattern_the_code_applies():

@@ -24,7 +24,7 @@ from plumbing import hardware
 from plumbing.cli import threads_flag
 from plumbing.errors import UserError
 from plumbing.progress import progress_bar
-from plumbing.report import SLOWDOWN, StepClock, step_line
+from train import SLOWDOWN, StepClock, step_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_perf_threads_tables_regenerates_the_committed_block_from_the_committed_
 
 
 def test_perf_threads_reads_the_threads_and_ms_per_iter_from_the_lines_train_py_prints(monkeypatch):
-    """The figures come from train.py's own threads line and step lines (plumbing.report.step_line), and the
+    """The figures come from train.py's own threads line and step lines (train.step_line), and the
     child runs without OMP_NUM_THREADS, which its --threads=auto would keep instead of reading the machine."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cfg = SimpleNamespace(max_iters=60)

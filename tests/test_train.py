@@ -20,7 +20,7 @@ from helpers import train_error_line
 
 import train
 from model import GPT, GPTConfig, scheme_settings
-from plumbing import checkpoint, hardware
+from plumbing import checkpoint, hardware, resume
 from plumbing.errors import UserError
 from positions import POS_SCHEMES
 
@@ -317,7 +317,7 @@ def test_default_out_dir_names_dataset_and_pos():
     """Runs of different schemes go to different folders instead of overwriting one checkpoint."""
     for pos in ("rope", "learned"):
         cfg, model_config = train.parse_args([f"--pos={pos}", "--device=cpu"])
-        assert train.resolve_runtime(cfg, model_config).out_dir == f"out/shakespeare_char_{pos}"
+        assert resume.resolve_runtime(cfg, model_config).out_dir == f"out/shakespeare_char_{pos}"
 
 
 # -----------------------------------------------------------------------------

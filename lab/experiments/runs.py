@@ -29,17 +29,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DURATION = "1-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
 # train.py's own reading of its flags, defaults and --config (entry points never import each other): the
 # settings each command will train with, one JSON line per command. A command starting `-m NAME` runs that
-# module, which extends train.py's run: its extension() (plumbing.resume.Extension) reads its own flags too
+# module, which runs train.py with a training method: its Config (a train.TrainConfig) reads its own flags too
 PLAN_CODE = (
     "import dataclasses, importlib, json, sys, train\n"
     "from plumbing.errors import one_line_errors\n"
     "for args in json.loads(sys.argv[1]):\n"
     "    module = args[:1] == ['-m'] and importlib.import_module(args[1] + '.__main__')\n"
-    "    extension = module.extension() if module else train.PLAIN\n"
-    "    with one_line_errors(extension.prog):\n"
-    "        cfg, model = train.parse_args(args[2:] if module else args, extension)\n"
-    "    trained = dataclasses.asdict(cfg) | extension.recorded()\n"
-    "    print(json.dumps([trained, dataclasses.asdict(model)]))\n"
+    "    Config = module.Config if module else train.TrainConfig\n"
+    "    with one_line_errors(Config.prog):\n"
+    "        cfg, model = train.parse_args(args[2:] if module else args, Config)\n"
+    "    print(json.dumps([dataclasses.asdict(cfg), dataclasses.asdict(model)]))\n"
 )
 # Settings of where and how a run ran, not what it trained, or that train.py fills in as it starts
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "device", "dtype", "compile", "grad_accum", "log_interval")

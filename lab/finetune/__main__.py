@@ -1,6 +1,6 @@
 """python -m lab.finetune: train.py's run with LongLoRA's S²-Attn and LoRA (lab/finetune/longlora.py), added
-through train.py's extension point (train.main(argv, extension)); `python -m lab.finetune --help` lists every
-flag."""
+as train.py takes a training method: a TrainConfig subclass with its own flags, run by train.main(argv,
+FineTuneConfig); `python -m lab.finetune --help` lists every flag."""
 
 import sys
 
@@ -13,22 +13,40 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
     quiet_ctrl_c()
 
 import signal
+from dataclasses import dataclass
 
 import train
-from lab.finetune.longlora import LongLoRA
+from lab.finetune import longlora
 from plumbing.errors import exit_status
 
 PROG = "python -m lab.finetune"  # as the user types it, in every error line
 
 
-def extension():
-    """What this command adds to train.py's run (lab.experiments.runs reads its flags through it too)."""
-    return LongLoRA()
+@dataclass
+class FineTuneConfig(train.TrainConfig, longlora.FineTuneFlags):
+    """python -m lab.finetune: train.py's run (every train.py flag) with LongLoRA's S²-Attn and LoRA.
+
+    python -m lab.finetune --init_from=out/shakespeare_char_rope --block_size=256 --rope_scaling=linear \\
+        --rope_factor=4 --s2_attn --lora_rank=8 --lora_train=embed,norm
+    python -m lab.finetune ... --resume                 # the same command plus --resume continues the run
+    """
+
+    prog = PROG
+    state_entry = longlora.STATE_ENTRY
+
+    def fit(self, model_config):
+        return longlora.fit(self, model_config)
+
+    def prepare(self, model):
+        return longlora.prepare(self, model)
+
+
+Config = FineTuneConfig  # what lab.experiments.runs reads a command's settings with
 
 
 def main(argv=None):
     """-> train.main's summary of the fine-tuning run."""
-    return train.main(argv, extension())
+    return train.main(argv, FineTuneConfig)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""LongLoRA's fine-tuning (Chen et al. 2024) as an extension of train.py's run (plumbing.resume.Extension):
-S²-Attn in training (s2.py) and LoRA adapters (lora.py), each with flags of its own beside train.py's. `python
--m lab.finetune` runs it; a checkpoint holds the plain GPT's weights (LoRA merged), which sample.py,
-lab.eval_length and --init_from read as any other, and the adapters beside them for an exact --resume."""
+"""LongLoRA's fine-tuning (Chen et al. 2024) as train.py runs a training method: its flags (FineTuneFlags),
+checked against the model (fit), and what it does to the built model before the optimizer takes its
+parameters (prepare): S²-Attn in training (s2.py) replaces each layer's attention, LoRA (lora.py) wraps
+attention's Linears. `python -m lab.finetune` joins them to train.py's TrainConfig. A checkpoint holds the
+plain GPT's weights (LoRA merged), which sample.py, lab.eval_length and --init_from read as any other, and the
+adapters' exact tensors beside them ("lora", from the model's state_dict) for an exact --resume."""
 
 from dataclasses import dataclass, replace
 
 from lab.finetune import lora, s2
-from plumbing.resume import Extension
 from positions import require
+
+STATE_ENTRY = "lora"  # the checkpoint entry of the adapters' state (TrainConfig.state_entry)
 
 
 @dataclass
@@ -20,40 +23,30 @@ class FineTuneFlags:
     lora_train: str | None = None  # with LoRA also train: embed, norm or embed,norm (LongLoRA's LoRA+)
 
 
-class LongLoRA(Extension):
-    """python -m lab.finetune: train.py's run (every train.py flag) with LongLoRA's S²-Attn and LoRA.
+def fit(flags, model_config):
+    """flags (a FineTuneFlags, or a config holding its fields) checked against the model, each mistake a
+    one-line ValueError, before any work -> flags as the run records them: the defaults where not given."""
+    lora.check_flags(flags.lora_rank, flags.lora_alpha, flags.lora_dropout, flags.lora_train)
+    lora.check_rank(flags.lora_rank, model_config.n_embd)
+    base = getattr(flags, "init_from", True) or getattr(flags, "resume", False)
+    require(
+        not flags.lora_rank or base,
+        f"--lora_rank={flags.lora_rank} trains adapters on a frozen model: give the run to fine-tune, "
+        "--init_from=RUN (or --resume to continue a fine-tune)",
+    )
+    alpha = lora.ALPHA if flags.lora_alpha is None else flags.lora_alpha
+    dropout = lora.DROPOUT if flags.lora_dropout is None else flags.lora_dropout
+    require(flags.s2_attn or flags.s2_group is None, "--s2_group needs --s2_attn")
+    group = flags.s2_group
+    if flags.s2_attn:
+        group = s2.group_size(flags.s2_group, model_config.block_size, model_config.n_head)
+    return replace(flags, lora_alpha=alpha, lora_dropout=dropout, s2_group=group)
 
-    python -m lab.finetune --init_from=out/shakespeare_char_rope --block_size=256 --rope_scaling=linear \\
-        --rope_factor=4 --s2_attn --lora_rank=8 --lora_train=embed,norm
-    python -m lab.finetune ... --resume                 # the same command plus --resume continues the run
-    """
 
-    prog = "python -m lab.finetune"
-    Flags = FineTuneFlags
-
-    def configure(self, flags, model_config):
-        lora.check_flags(flags.lora_rank, flags.lora_alpha, flags.lora_dropout, flags.lora_train)
-        lora.check_rank(flags.lora_rank, model_config.n_embd)
-        # the run records what it used: the defaults where a flag was not given (None)
-        alpha = lora.ALPHA if flags.lora_alpha is None else flags.lora_alpha
-        dropout = lora.DROPOUT if flags.lora_dropout is None else flags.lora_dropout
-        flags = replace(flags, lora_alpha=alpha, lora_dropout=dropout)
-        require(flags.s2_attn or flags.s2_group is None, "--s2_group needs --s2_attn")
-        if flags.s2_attn:
-            group = s2.group_size(flags.s2_group, model_config.block_size, model_config.n_head)
-            flags = replace(flags, s2_group=group)
-        self.flags = flags
-
-    def adapt(self, model):
-        s2.use_s2_attn(model, self.flags.s2_group)  # None: full attention
-        f = self.flags
-        if f.lora_rank:
-            lora.add_adapters(model, f.lora_rank, f.lora_alpha, f.lora_dropout, f.lora_train)
-            return lora.describe(model)
+def prepare(flags, model):
+    """S²-Attn and LoRA on the built model (fit's flags) -> the log line on what trains, or None."""
+    s2.use_s2_attn(model, flags.s2_group if flags.s2_attn else None)
+    if not flags.lora_rank:
         return None
-
-    def checkpoint_entries(self, model):
-        return lora.checkpoint_entries(model)
-
-    def resume_state(self, path, ckpt, model):
-        return lora.resume_state(path, ckpt, model)
+    lora.add_adapters(model, flags.lora_rank, flags.lora_alpha, flags.lora_dropout, flags.lora_train)
+    return lora.describe(model)

@@ -2,8 +2,9 @@
 projections (c_attn, holding q, k and v, and c_proj), every base weight frozen, optionally the embeddings and
 LayerNorms trained too (LongLoRA's LoRA+, which closes most of LoRA's gap to full fine-tuning at long
 context). Written here, not with peft, so the model stays a plain GPT and the checkpoint holds the merged
-weights under GPT-2's names, which sample.py, lab/eval_length.py and --init_from read as any other; the
-adapters and the unmerged base weights go beside them ("lora") for an exact --resume."""
+weights under GPT-2's names, which sample.py, lab/eval_length.py and --init_from read as any other: an adapted
+Linear's state_dict holds the plain Linear's (weight merged, bias) beside its own exact tensors (lora_A,
+lora_B, base.weight, base.bias), which train.py keeps beside the plain weights for an exact --resume."""
 
 import math
 
@@ -14,8 +15,6 @@ from positions import require
 
 TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
 TRAINABLE = ("embed", "norm")  # --lora_train: the input embeddings (token, learned's table); LayerNorms
-SETTINGS = ("rank", "alpha", "train")  # what a resumed run must share with its checkpoint
-SAID = "rank {rank}, alpha {alpha:g}, train {train!r}"  # SETTINGS as a refused resume names them
 ALPHA, DROPOUT = 16.0, 0.05  # --lora_alpha and --lora_dropout where not given: LongLoRA's (peft's LoraConfig)
 
 
@@ -38,6 +37,18 @@ class LoRALinear(nn.Module):
     def merged_weight(self):
         """W + (alpha / rank) B A: the plain Linear's weight that computes the same function (in eval)."""
         return (self.base.weight + self.scale * self.lora_B @ self.lora_A).detach()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """Its own tensors, and the plain Linear's it stands for: weight (merged) and bias."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.merged_weight()
+        if self.base.bias is not None:
+            destination[prefix + "bias"] = self.base.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        for name in ("weight", "bias"):  # the plain Linear's: derived from the exact tensors, not loaded
+            state_dict.pop(prefix + name, None)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
 class InputOnlyHead(nn.Linear):
@@ -113,35 +124,3 @@ def describe(model):
 
 def adapters(model):
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-
-
-def checkpoint_entries(model):
-    """{"model": the plain GPT's state dict, each adapted Linear merged under its own name} for a checkpoint;
-    with adapters also "lora": the settings and the adapted layers' exact tensors, for resume_state."""
-    state, found = model.state_dict(), adapters(model)
-    if not found:
-        return {"model": state}
-    prefixes = tuple(f"{name}." for name in found)
-    exact = {key: value for key, value in state.items() if key.startswith(prefixes)}
-    plain = {key: value for key, value in state.items() if key not in exact}
-    for name, module in found.items():
-        plain[f"{name}.weight"] = module.merged_weight()
-        if module.base.bias is not None:
-            plain[f"{name}.bias"] = module.base.bias.detach()
-    return {"model": plain, "lora": model.lora | {"state": exact}}
-
-
-def resume_state(path, ckpt, model):
-    """The state dict that puts model (with adapters, or not, as the resumed run asks) back where the
-    checkpoint left it; a ValueError when the run and the checkpoint differ in SETTINGS."""
-    saved, wanted = ckpt.get("lora"), getattr(model, "lora", None)
-    if (saved is None) != (wanted is None) or any(saved[k] != wanted[k] for k in SETTINGS if saved):
-        said = ["no LoRA" if lora is None else SAID.format(**lora) for lora in (saved, wanted)]
-        raise ValueError(
-            f"refusing to resume {path}: it was trained with {said[0]}, this run asks for {said[1]}; "
-            "pass the checkpoint's --lora_rank, --lora_alpha and --lora_train"
-        )
-    if saved is None:
-        return ckpt["model"]
-    prefixes = tuple(f"{name}." for name in adapters(model))
-    return {k: v for k, v in ckpt["model"].items() if not k.startswith(prefixes)} | saved["state"]

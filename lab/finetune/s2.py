@@ -4,11 +4,10 @@ only chooses which earlier keys a query sees, so every position scheme works wit
 inside each group, at its true positions); learned trains past its table only when --init_from interpolates
 it."""
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 
+from model import causal_attention
 from positions import attention_mask, require
 
 
@@ -27,15 +26,31 @@ def group_size(group, block_size, n_head):
 
 
 def use_s2_attn(model, group):
-    """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full), the score
-    bias of model's position scheme read at each group's true positions: its mask built once a forward by
-    GPT.attention_mask (model.train_mask), from (G, G) biases, and shared by the layers."""
-    scheme, n_head = model.transformer.wpe, model.config.n_head
-    mask = lambda positions: s2_mask(n_head, positions.numel(), group, scheme, positions.device)
-    model.train_mask = mask if group else None
-    attention = partial(shifted_sparse_attention, group=group) if group else None
+    """Every attention layer of model trains with S²-Attn in groups of `group` tokens (None: full attention
+    again), through model.py's attention hooks: each layer's `attend` and, on the instance,
+    GPT.attention_mask, which in training builds S²-Attn's mask (s2_mask: the score bias of model's position
+    scheme read at each group's true positions, from (G, G) biases) once a forward for the layers to share.
+    Evaluation, sampling and the KV cache keep full attention and model.py's own mask."""
+    model.__dict__.pop("attention_mask", None)  # model.py's own mask again
     for block in model.transformer.h:
-        block.attn.train_attention = attention
+        block.attn.attend = causal_attention
+    if not group:
+        return
+    scheme, n_head, full_mask = model.transformer.wpe, model.config.n_head, model.attention_mask
+
+    def attention_mask(query_pos, cached=False):
+        if cached or not model.training:
+            return full_mask(query_pos, cached)
+        return s2_mask(n_head, query_pos.numel(), group, scheme, query_pos.device)
+
+    def attend(q, k, v, mask, dropout_p):
+        if not model.training:
+            return causal_attention(q, k, v, mask, dropout_p)
+        return shifted_sparse_attention(q, k, v, group, mask=mask, dropout_p=dropout_p)
+
+    model.attention_mask = attention_mask
+    for block in model.transformer.h:
+        block.attn.attend = attend
 
 
 def shifted_sparse_attention(q, k, v, group, scheme=None, dropout_p=0.0, mask=None):

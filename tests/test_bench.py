@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import error_line
 
 from lab.perf import ab, bench
@@ -184,6 +185,37 @@ def test_reference_past_its_limit_is_reported_skipped_not_run():
     assert short["reference_tok_s"] > 0 and long["reference_tok_s"] is None and "skipped" in long["reference"]
     assert long["cached_matches_reference"] is True  # checked against the shorter reference's tokens
     assert report["training"] == {}
+
+
+def test_generation_runs_in_the_dtype_asked_and_the_table_and_json_say_which(monkeypatch, capsys, tmp_path):
+    """--dtype=bfloat16: every sampler gets the model cast to bfloat16 (its KV caches too, lm_head's dtype),
+    each generation row and the table's dtype column say bfloat16; a CPU's default stays float32."""
+    seen = []  # (weights' dtype, first layer's KV cache dtype) per generate_cached call
+
+    def spy(model, *args, **kwargs):
+        out = generate_cached(model, *args, **kwargs)
+        seen.append((model.lm_head.weight.dtype, model.transformer.h[0].attn.kv_cache.k.dtype))
+        return out
+
+    generate_cached = bench.generate_cached
+    monkeypatch.setattr(bench, "generate_cached", spy)
+    fast = [*TINY, "--pos=rope", "--train_steps=0", "--gen_multiples", "1"]
+    for asked, dtype in ((["--dtype=bfloat16"], torch.bfloat16), ([], torch.float32)):
+        seen.clear()
+        path = tmp_path / f"{dtype}.json"
+        report = bench.main([*fast, *asked, f"--json={path}"])
+        name = str(dtype).removeprefix("torch.")
+        assert seen and set(seen) == {(dtype, dtype)}
+        rows = json.loads(path.read_text())["generation"]["rope"]["rows"]
+        assert (
+            [row["dtype"] for row in rows]
+            == [name]
+            == [r["dtype"] for r in report["generation"]["rope"]["rows"]]
+        )
+        table = capsys.readouterr().out.splitlines()
+        head = next(line for line in table if line.startswith("| pos | dtype |"))
+        (row,) = [line for line in table if line.startswith("| rope |")]
+        assert row.split(" | ")[1] == name and head.split(" | ")[1] == "dtype"
 
 
 def test_no_warmup_steps_times_every_step():

@@ -10,10 +10,12 @@ Training: ms per optimizer step on random tokens, tokens/s, FLOPs per token (6N 
 (CUDA: the card's bf16 peak; CPU: a float32 torch.mm timed here), compile time. Generation: tokens/s of the
 KV-cached sampler (eager), the uncached reference, the CUDA-graph step (CUDA only) and compiled decoding,
 greedy, each checked to give the reference's tokens, and the operators one decode step launches (lab.perf.ops:
-on a GPU they, not the arithmetic, set eager decoding's speed). Figures: the median of the repeats with their
-min and max, a loud note when their spread or the load makes them unreliable. Memory: CUDA's peak allocated,
-else max RSS. --config: a training preset's flag keys. A file already at --json is replaced when this command
-wrote it (a JSON report with its keys), any other only with --replace.
+on a GPU they, not the arithmetic, set eager decoding's speed). --dtype is training's autocast dtype and
+generation's: the model generates cast to it (weights, position tables, so the KV caches too; auto: bfloat16
+on CUDA, float32 elsewhere, as train.py); the ops/step count is float32's. Figures: the median of the repeats
+with their min and max, a loud note when their spread or the load makes them unreliable. Memory: CUDA's peak
+allocated, else max RSS. --config: a training preset's flag keys. A file already at --json is replaced when
+this command wrote it (a JSON report with its keys), any other only with --replace.
 """
 
 import sys
@@ -93,7 +95,9 @@ class BenchConfig:
     compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = setting(
-        "auto", "training autocast dtype; auto: bfloat16 on CUDA, float32 elsewhere", choices=hardware.DTYPES
+        "auto",
+        "the autocast dtype in training, the model's in generation; auto: bfloat16 on CUDA, else float32",
+        choices=hardware.DTYPES,
     )
     compile: bool | None = None  # torch.compile the training step; None: on CUDA only
     threads: str = threads_flag()
@@ -248,8 +252,8 @@ def bench_generation(cfg, pos, log):
     """[figures per length] for one scheme: tokens/s, the median, and "<sampler>_tok_s_range": [min, max].
     The cached tokens are checked against the longest reference's so far, the graphed and compiled against the
     cached."""
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model_configs[pos]).to(cfg.device).eval()
+    torch.manual_seed(cfg.seed)  # built in float32 as in training, then cast: the same weights, rounded
+    model = GPT(cfg.model_configs[pos]).to(cfg.device, getattr(torch, cfg.dtype)).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long, device=cfg.device)
     samplers = {
         "cached": partial(generate_cached, model, prompt, temperature=0, cuda_graph=False),
@@ -263,7 +267,7 @@ def bench_generation(cfg, pos, log):
     for multiple in cfg.gen_multiples:
         n = multiple * cfg.block_size
         skipped = f"skipped: {n} new tokens > --reference_max_tokens={limit}" if limit and n > limit else None
-        row = {"new_tokens": n, "multiple": multiple, "reference": skipped}  # reference: why it was skipped
+        row = {"new_tokens": n, "multiple": multiple, "dtype": cfg.dtype, "reference": skipped}  # why skipped
         row |= {f"{name}_tok_s{part}": None for name in SAMPLERS for part in ("", "_range")}
         graphed = decode_mode(model, cfg.device) == "cuda_graph"  # on CUDA, where the scheme's step is static
         outs, wanted = {}, {"cached": True, "reference": not skipped, "cuda_graph": graphed}
@@ -352,10 +356,10 @@ def print_report(report, cfg):
             matches = [r[check] for check in checks if r.get(check) is not None]
             same = "n/a" if not matches else "yes" if all(matches) else "NO"
             speedup = fmt(r["speedup"], ".1f", "-") + ("x" if r["speedup"] else "")
-            cells = [pos, str(r["new_tokens"]), *rates[:2], speedup, *rates[2:], same]
+            cells = [pos, r["dtype"], str(r["new_tokens"]), *rates[:2], speedup, *rates[2:], same]
             generate.append(cells + [str(r.get("ops_per_step", "-")), f"{g['peak_memory_mb']:,.0f}"])
-    head = "pos|new tokens|cached tok/s|reference tok/s|speed-up|CUDA graph tok/s|compiled tok/s|same tokens"
-    head += "|ops/step|peak MB"
+    head = "pos|dtype|new tokens|cached tok/s|reference tok/s|speed-up|CUDA graph tok/s|compiled tok/s"
+    head += "|same tokens|ops/step|peak MB"
     if generate:
         print(markdown_table(head.split("|"), generate))
     for note in report["warnings"]:

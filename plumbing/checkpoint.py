@@ -160,7 +160,8 @@ def open_checkpoint(path, map_location="cpu", mmap=False, vocabulary=True):
         require(
             isinstance(ckpt["model"], dict), f"model is a {type(ckpt['model']).__name__}, not a state dict"
         )
-        if "iter_num" in ckpt:  # a run's, not sampling's only
+        older = str(path) in OLDER_FILES_SAID  # the first format lacks some of RUN_ENTRIES: sampled only
+        if "iter_num" in ckpt and (not older or all(key in ckpt for key in RUN_ENTRIES)):  # a run's record
             Progress.recorded(ckpt)
             run_finished(ckpt)
         if vocabulary:

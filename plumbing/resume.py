@@ -207,11 +207,11 @@ def restore(cfg, opened, state, progress, procs):
     path, (ckpt, changes) = Path(cfg.out_dir) / "ckpt.pt", opened
     with reading(path, "checkpoint"):  # a state open_for_resume could not check without the run: one line
         restore_state(cfg, path, ckpt, state)
-    vars(progress).update(vars(Progress.recorded(ckpt)))
-    if procs.rank < len(ckpt["rng"]):
-        set_rng_state(ckpt["rng"][procs.rank], cfg.device)
-    else:  # a rank the saved run did not have: a fresh stream of its own
-        torch.manual_seed(cfg.seed + procs.rank + progress.iter_num)
+        vars(progress).update(vars(Progress.recorded(ckpt)))
+        if procs.rank < len(ckpt["rng"]):
+            set_rng_state(ckpt["rng"][procs.rank], cfg.device)
+        else:  # a rank the saved run did not have: a fresh stream of its own
+            torch.manual_seed(cfg.seed + procs.rank + progress.iter_num)
     changed = "; changed: " + ", ".join(changes) if changes else ""
     best = f"best val loss {ckpt['best_val_loss']:.4f} at step {ckpt['best_iter']}"
     procs.log(f"resuming {path} at step {ckpt['iter_num']} ({best}){changed}")
@@ -260,7 +260,7 @@ def check_fits(path, cfg, model_config, weights):
         "mis-shaped": [
             f"{name} {tuple(value.shape)} where the model has {tuple(expected[name].shape)}"
             for name, value in weights.items()
-            if name in expected and getattr(value, "shape", None) != expected[name].shape
+            if name in expected and isinstance(value, torch.Tensor) and value.shape != expected[name].shape
         ],
     }
     if detail := "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names):

@@ -24,11 +24,6 @@ if not __package__:  # `python lab/eval_length.py`: the repository's packages ar
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.eval_length`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import csv
 import importlib.util
 import math

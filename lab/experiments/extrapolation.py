@@ -31,11 +31,6 @@ if not __package__:  # `python lab/experiments/extrapolation.py`: the repository
     )
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import importlib.util
 import statistics
 import subprocess
@@ -64,6 +59,7 @@ from lab.experiments.extrapolation_results import (
 from lab.experiments.runs import (
     DEFAULT_DURATION,
     EVAL_COLUMNS,
+    EVAL_NUMBERS,
     ROOT,
     ensure_trained,
     plan,
@@ -569,7 +565,9 @@ def run_study(cfg, argv):
             text = f"{said}\n{table}"
             write_output("out_root", printed, lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        records += read_rows(csv_path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length")
+        records += read_rows(
+            csv_path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length", *EVAL_NUMBERS[cfg.task]
+        )
     per_seed, trained = read_cells(records, cfg.task)
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])

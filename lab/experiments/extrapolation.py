@@ -61,6 +61,7 @@ from lab.experiments.runs import (
     EVAL_COLUMNS,
     EVAL_NUMBERS,
     ROOT,
+    check_jobs,
     ensure_trained,
     plan,
     read_rows,
@@ -480,6 +481,8 @@ def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
         check_device(resolve_device(cfg.device))  # as train.py and lab/eval_length.py will, before any run
+        if not cfg.tables:  # the runs it trains, --jobs at once
+            check_jobs(cfg.jobs, cfg.device)
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
         check_folder("out_root", ROOT / cfg.out_root)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)

@@ -24,7 +24,6 @@ import sys
 if not __package__:  # `python lab/experiments/longlora.py`: the repository's packages are not importable
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.experiments.longlora`")
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from lab.experiments.longlora_results import (
 )
 from lab.experiments.runs import (
     ROOT,
+    check_jobs,
     ensure_trained,
     eval_length,
     mean_sd,
@@ -130,8 +130,7 @@ class StudyConfig:
     def __post_init__(self):
         fields.check_fields(self)
         require(self.rates and all(r > 0 for r in self.rates), f"rates must be > 0, got {self.rates}")
-        cores = os.cpu_count() or 1  # more runs than cores take turns on them, each slowing the others
-        require(self.jobs <= cores, f"jobs={self.jobs}: give 1 to {cores} (the cores) runs side by side")
+        check_jobs(self.jobs, "cpu")  # every run of the study trains on the CPU
         require(all(n >= 1 for n in self.curve), f"curve's budgets must be >= 1 step, got {self.curve}")
         budget_steps(self.budgets)  # checks them
         if self.quick:

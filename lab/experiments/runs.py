@@ -25,6 +25,7 @@ from lab.measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.cli import read_text
 from plumbing.errors import Stopped, UserError
+from plumbing.hardware import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DURATION = "1-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
@@ -339,6 +340,22 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
     with signals_passed_on(), ThreadPoolExecutor(max(1, jobs)) as pool:  # the workers' runs signalled too
         list(pool.map(lambda job: train(job[0], *job[1]), enumerate(todo, 1)))  # raises a run's failure
     return [ROOT / p.out_dir for p in plans]
+
+
+def check_jobs(jobs, device):
+    """Every study's rule on --jobs, the runs it trains side by side: on a CPU at most its cores, as more take
+    turns on them, each slowing the others (and the times a study reports); a GPU runs several at once, as
+    its memory allows (train.py checks that). A one-line UserError naming --jobs, a GPU preset's jobs on a CPU
+    included."""
+    if resolve_device(device).split(":")[0] != "cpu":
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if jobs > cores:
+        raise UserError(
+            f"--jobs={jobs}: give 1 to {cores}: the CPU (--device={device}) has {cores} cores, and more runs "
+            "side by side than cores take turns on them",
+            2,
+        )
 
 
 def find_checkpoint(pos, checkpoints):

@@ -534,10 +534,26 @@ def check_files(cfg, sources=None):
         check_not_theirs(flag, path, *earlier[flag], cfg.replace)
 
 
+def check_checkpoints_first(argv):
+    """A checkpoint (a run's folder, or a .pt file) among the arguments after the first flag, not the value of
+    the flag before it (`--csv PATH`), is a usage UserError saying that checkpoints go first: argparse would
+    call it an unrecognized argument."""
+    first = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+    for before, arg in zip(argv[first:], argv[first + 1 :]):
+        if arg.startswith("-") or (before.startswith("--") and "=" not in before):  # a flag, or its value
+            continue
+        if (Path(arg).is_dir() and checkpoint_path(arg).is_file()) or (
+            arg.endswith(".pt") and Path(arg).is_file()
+        ):
+            where = f"give the checkpoints before the flags: {PROG} CHECKPOINT... --FLAG..."
+            raise UserError(f"{arg}: a checkpoint after the flags; {where}", 2)
+
+
 def parse_args(argv=None):
     """The flags (sys.argv[1:] when None) -> EvalConfig, each rule on them checked: a bad one is a UserError
     of status 2 (or parse_flags' exit)."""
     sections, given = [("evaluation", EvalConfig, None)], set()
+    check_checkpoints_first(sys.argv[1:] if argv is None else argv)
     cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoints",), given=given))
     check_flags_used(cfg, given)
     check_checkpoints_distinct(cfg.checkpoints)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from lab.experiments.runs import model_dirs, read_rows, run_python
+from lab.experiments.runs import inputs_of, model_dirs, read_rows, run_python
 from lab.measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -278,7 +278,8 @@ def main(argv=None):
         if "extrapolation" in names and Path(cfg.csv).is_file():
             read_extrapolation(cfg.csv)  # a CSV that is not the study's: refused before any figure
         files = [out / file for name in names for file in FILES.get(name, (f"{name}.png",))]
-        instruments.check_figure_paths("out", files, cfg.replace)  # before the work
+        inputs = [cfg.csv, *inputs_of(POS_SCHEMES, cfg.checkpoints)]  # what no figure may replace
+        instruments.check_figure_paths("out", files, cfg.replace, inputs)  # before the work
         folders = {}
         if any(name in NEEDS_MODELS for name in names):
             started = time.perf_counter()

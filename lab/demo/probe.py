@@ -18,7 +18,7 @@ if not __package__:  # `python lab/demo/probe.py`: the repository's packages are
 
 from dataclasses import dataclass
 
-from lab.experiments.runs import model_dirs
+from lab.experiments.runs import inputs_of, model_dirs
 from lab.measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -86,7 +86,7 @@ def main(argv=None):
         if "replace" in given and cfg.figure is None:  # ignored, it would look like a setting taking effect
             raise UserError("--replace applies to --figure only: leave it out, or give --figure", 2)
         drawing = cfg.figure is not None and instruments.check_figure_paths(
-            "figure", [cfg.figure], cfg.replace
+            "figure", [cfg.figure], cfg.replace, inputs_of(POS_SCHEMES, cfg.checkpoints)
         )
         instruments.use_one_thread()
         results = run_probes(cfg)

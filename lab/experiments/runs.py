@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from data.common import dataset_dir
 from lab.measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.cli import read_text
@@ -363,6 +364,21 @@ def find_checkpoint(pos, checkpoints):
     first holding best.pt or ckpt.pt; None where neither does."""
     folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
     return next((folder for folder in folders if checkpoint_path(folder).is_file()), None)
+
+
+def inputs_of(schemes, checkpoints=None):
+    """What a demo reads from --checkpoints (None: the README's runs, under out/): each scheme's checkpoint
+    file and the folder of the dataset it trained on, the inputs an output may not replace
+    (lab.outputs.check_outputs)."""
+    folders = [find_checkpoint(pos, checkpoints or ROOT / "out") for pos in schemes]
+    found = [checkpoint_path(folder) for folder in folders if folder is not None]
+    datasets = set()
+    for path in found:
+        with suppress(UserError, OSError):  # a damaged checkpoint is refused when it is loaded
+            datasets.add(
+                dataset_dir(str(open_checkpoint(path, mmap=True).get("train_config", {})["dataset"]))
+            )
+    return [*found, *datasets]
 
 
 def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a folder of runs)"):

@@ -48,7 +48,7 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import parse_flags, read_rope_factors, threads_flag
+from plumbing.cli import list_flag, parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
@@ -534,17 +534,23 @@ def check_files(cfg, sources=None):
         check_not_theirs(flag, path, *earlier[flag], cfg.replace)
 
 
-def check_checkpoints_first(argv):
-    """A checkpoint (a run's folder, or a .pt file) among the arguments after the first flag, not the value of
-    the flag before it (`--csv PATH`), is a usage UserError saying that checkpoints go first: argparse would
-    call it an unrecognized argument."""
-    first = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
-    for before, arg in zip(argv[first:], argv[first + 1 :]):
-        if arg.startswith("-") or (before.startswith("--") and "=" not in before):  # a flag, or its value
+def check_checkpoints_first(argv, sections):
+    """A checkpoint (a run's folder, or a .pt file) that starts a second group of positional arguments, after
+    flags that ended the first (`CKPT --lengths=1 CKPT2`), is a usage UserError saying that checkpoints go
+    first, where argparse would call it an unrecognized argument. A flag's value (`--csv PATH`) is no
+    positional; after a list flag, which takes every word, parse_flags says so itself."""
+    groups, previous = 0, None
+    for before, arg in zip([None, *argv], argv):
+        flag = before is not None and before.startswith("--") and "=" not in before
+        if flag and list_flag(sections, before[2:].replace("-", "_")):
+            return
+        if arg.startswith("-") or flag:  # a flag, or its value
+            previous = None
             continue
-        if (Path(arg).is_dir() and checkpoint_path(arg).is_file()) or (
-            arg.endswith(".pt") and Path(arg).is_file()
-        ):
+        groups += previous is None
+        previous = arg
+        is_run = Path(arg).is_dir() and checkpoint_path(arg).is_file()
+        if groups > 1 and (is_run or (arg.endswith(".pt") and Path(arg).is_file())):
             where = f"give the checkpoints before the flags: {PROG} CHECKPOINT... --FLAG..."
             raise UserError(f"{arg}: a checkpoint after the flags; {where}", 2)
 
@@ -553,7 +559,7 @@ def parse_args(argv=None):
     """The flags (sys.argv[1:] when None) -> EvalConfig, each rule on them checked: a bad one is a UserError
     of status 2 (or parse_flags' exit)."""
     sections, given = [("evaluation", EvalConfig, None)], set()
-    check_checkpoints_first(sys.argv[1:] if argv is None else argv)
+    check_checkpoints_first(sys.argv[1:] if argv is None else argv, sections)
     cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoints",), given=given))
     check_flags_used(cfg, given)
     check_checkpoints_distinct(cfg.checkpoints)

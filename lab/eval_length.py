@@ -24,11 +24,6 @@ if not __package__:  # `python lab/eval_length.py`: the repository's packages ar
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.eval_length`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import csv
 import importlib.util
 import math
@@ -53,7 +48,7 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import parse_flags, read_rope_factors, threads_flag
+from plumbing.cli import list_flag, parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
@@ -539,10 +534,32 @@ def check_files(cfg, sources=None):
         check_not_theirs(flag, path, *earlier[flag], cfg.replace)
 
 
+def check_checkpoints_first(argv, sections):
+    """A checkpoint (a run's folder, or a .pt file) that starts a second group of positional arguments, after
+    flags that ended the first (`CKPT --lengths=1 CKPT2`), is a usage UserError saying that checkpoints go
+    first, where argparse would call it an unrecognized argument. A flag's value (`--csv PATH`) is no
+    positional; after a list flag, which takes every word, parse_flags says so itself."""
+    groups, previous = 0, None
+    for before, arg in zip([None, *argv], argv):
+        flag = before is not None and before.startswith("--") and "=" not in before
+        if flag and list_flag(sections, before[2:].replace("-", "_")):
+            return
+        if arg.startswith("-") or flag:  # a flag, or its value
+            previous = None
+            continue
+        groups += previous is None
+        previous = arg
+        is_run = Path(arg).is_dir() and checkpoint_path(arg).is_file()
+        if groups > 1 and (is_run or (arg.endswith(".pt") and Path(arg).is_file())):
+            where = f"give the checkpoints before the flags: {PROG} CHECKPOINT... --FLAG..."
+            raise UserError(f"{arg}: a checkpoint after the flags; {where}", 2)
+
+
 def parse_args(argv=None):
     """The flags (sys.argv[1:] when None) -> EvalConfig, each rule on them checked: a bad one is a UserError
     of status 2 (or parse_flags' exit)."""
     sections, given = [("evaluation", EvalConfig, None)], set()
+    check_checkpoints_first(sys.argv[1:] if argv is None else argv, sections)
     cfg = EvalConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoints",), given=given))
     check_flags_used(cfg, given)
     check_checkpoints_distinct(cfg.checkpoints)

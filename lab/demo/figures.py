@@ -21,11 +21,6 @@ if not __package__:  # `python lab/demo/figures.py`: the repository's packages a
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.demo.figures`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import math
 import os
 import re
@@ -35,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from lab.experiments.runs import model_dirs, read_rows, run_python
+from lab.experiments.runs import inputs_of, model_dirs, read_rows, run_python
 from lab.measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -283,7 +278,8 @@ def main(argv=None):
         if "extrapolation" in names and Path(cfg.csv).is_file():
             read_extrapolation(cfg.csv)  # a CSV that is not the study's: refused before any figure
         files = [out / file for name in names for file in FILES.get(name, (f"{name}.png",))]
-        instruments.check_figure_paths("out", files, cfg.replace)  # before the work
+        inputs = [cfg.csv, *inputs_of(POS_SCHEMES, cfg.checkpoints)]  # what no figure may replace
+        instruments.check_figure_paths("out", files, cfg.replace, inputs)  # before the work
         folders = {}
         if any(name in NEEDS_MODELS for name in names):
             started = time.perf_counter()

@@ -15,11 +15,6 @@ if not __package__:  # `python lab/demo/permutation.py`: the repository's packag
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.demo.permutation`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 from dataclasses import dataclass
 
 import torch

@@ -16,14 +16,9 @@ if not __package__:  # `python lab/demo/probe.py`: the repository's packages are
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.demo.probe`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 from dataclasses import dataclass
 
-from lab.experiments.runs import model_dirs
+from lab.experiments.runs import inputs_of, model_dirs
 from lab.measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
@@ -91,7 +86,7 @@ def main(argv=None):
         if "replace" in given and cfg.figure is None:  # ignored, it would look like a setting taking effect
             raise UserError("--replace applies to --figure only: leave it out, or give --figure", 2)
         drawing = cfg.figure is not None and instruments.check_figure_paths(
-            "figure", [cfg.figure], cfg.replace
+            "figure", [cfg.figure], cfg.replace, inputs_of(POS_SCHEMES, cfg.checkpoints)
         )
         instruments.use_one_thread()
         results = run_probes(cfg)

@@ -31,11 +31,6 @@ if not __package__:  # `python lab/experiments/extrapolation.py`: the repository
     )
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import importlib.util
 import statistics
 import subprocess
@@ -64,7 +59,9 @@ from lab.experiments.extrapolation_results import (
 from lab.experiments.runs import (
     DEFAULT_DURATION,
     EVAL_COLUMNS,
+    EVAL_NUMBERS,
     ROOT,
+    check_jobs,
     ensure_trained,
     plan,
     read_rows,
@@ -484,6 +481,8 @@ def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
         check_device(resolve_device(cfg.device))  # as train.py and lab/eval_length.py will, before any run
+        if not cfg.tables:  # the runs it trains, --jobs at once
+            check_jobs(cfg.jobs, cfg.device)
         check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
         check_folder("out_root", ROOT / cfg.out_root)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
@@ -569,7 +568,9 @@ def run_study(cfg, argv):
             text = f"{said}\n{table}"
             write_output("out_root", printed, lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))
         tables.append(f"Seed {seed}:\n\n{table.rstrip()}")
-        records += read_rows(csv_path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length")
+        records += read_rows(
+            csv_path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length", *EVAL_NUMBERS[cfg.task]
+        )
     per_seed, trained = read_cells(records, cfg.task)
     columns = list(records[0]) if records else []  # the seeds' CSVs as one file, one header
     write_rows("results", results / f"{name}.csv", columns, [list(r.values()) for r in records])

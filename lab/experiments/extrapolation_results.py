@@ -10,7 +10,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.experiments.runs import EVAL_COLUMNS, ROOT, pooled_cells, read_rows
+from lab.experiments.runs import EVAL_COLUMNS, EVAL_NUMBERS, ROOT, pooled_cells, read_rows
 from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device_name
 from positions import POS_SCHEMES, require
@@ -231,11 +231,12 @@ def read_study(cfg):
     results, name = ROOT / cfg.results, results_name(cfg)
     study = "python -m lab.experiments.extrapolation (its flags, without --tables)"
     per_seed, trained = read_cells(
-        read_rows(results / f"{name}.csv", EVAL_COLUMNS[cfg.task], study), cfg.task
+        read_rows(results / f"{name}.csv", EVAL_COLUMNS[cfg.task], study, *EVAL_NUMBERS[cfg.task]), cfg.task
     )
     for path in sorted(results.glob(f"{name}_seed*.csv")):
         more, runs = read_cells(
-            read_rows(path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length"), cfg.task
+            read_rows(path, EVAL_COLUMNS[cfg.task], "python -m lab.eval_length", *EVAL_NUMBERS[cfg.task]),
+            cfg.task,
         )
         per_seed |= {seed: cells for seed, cells in more.items() if seed not in per_seed}
         trained |= runs

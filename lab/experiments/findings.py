@@ -20,10 +20,10 @@ from functools import cache
 from lab.experiments import extrapolation_results as study
 from lab.experiments import longlora_results as longlora
 from lab.experiments import longrope_ablation_results as ablation
-from lab.experiments.runs import read_rows
+from lab.experiments.runs import Values, paired_sides, read_rows
 from lab.measure.paired import paired_difference, verdict, welch_difference
 from lab.tables import fill_generated
-from plumbing.errors import one_line_errors
+from plumbing.errors import UserError, one_line_errors
 from plumbing.report import ROOT
 
 PROG = "python -m lab.experiments.findings"
@@ -34,12 +34,8 @@ LONG = longlora.LONG
 def interval(a, b, points, welch=False):
     """'+39 [+16, +61] points' (points: rates in percentage points) or '-0.310 [-0.330, -0.290]': a "
     "- b, paired
-    over the keys both hold ({key: value} each), or Welch's over all values of each."""
-    if welch:
-        mean, low, high = welch_difference([*a.values()], [*b.values()])
-    else:
-        keys = sorted(a.keys() & b.keys())
-        mean, low, high = paired_difference([a[k] for k in keys], [b[k] for k in keys])
+    over the keys both hold (Values each), or Welch's over all values of each."""
+    mean, low, high = (welch_difference if welch else paired_difference)(*paired_sides(a, b, welch))
     near = [abs(100 * v) for v in (low, high) if 0 < abs(100 * v) < 1]  # an end near 0 keeps its digit
     places = max(1, -math.floor(math.log10(min(near)))) if near else 0
     show = (lambda v: f"{100 * v:+.{places}f}") if points else (lambda v: f"{v:+.3f}")
@@ -48,15 +44,11 @@ def interval(a, b, points, welch=False):
 
 def word(a, b, points, welch=False):
     """The word the interval of a - b supports, retrieval higher-better, loss lower-better."""
-    if welch:
-        _, low, high = welch_difference([*a.values()], [*b.values()])
-    else:
-        keys = sorted(a.keys() & b.keys())
-        _, low, high = paired_difference([a[k] for k in keys], [b[k] for k in keys])
+    _, low, high = (welch_difference if welch else paired_difference)(*paired_sides(a, b, welch))
     return verdict(low, high, points)
 
 
-rate = lambda values: f"{100 * sum(values) / len(values):.0f}%"  # the mean of rates, as a percentage
+rate = lambda values: f"{100 * values.mean():.0f}%"  # the mean of rates (Values), as a percentage
 
 
 @cache
@@ -65,19 +57,29 @@ def longlora_rows():
 
 
 def lora(setting, task, steps=1000, phase="report"):
-    """{seed: value} at 4 T of one LongLoRA setting."""
-    return longlora.seed_values(longlora_rows()[0], setting, task, LONG, steps, phase)
+    """Values {seed: value} at 4 T of one LongLoRA setting (steps None: at any)."""
+    values = longlora.seed_values(longlora_rows()[0], setting, task, LONG, steps, phase)
+    at = f", {steps} steps" if steps else ""
+    where = f"{DOCS / 'longlora.csv'}: setting {setting} ({phase} rows, {task} at {LONG} tokens{at})"
+    return Values(values, where, longlora.PROG)
+
+
+def only_row(rows, file, **match):
+    """The first row of `file` holding every value of `match`; none is a one-line UserError."""
+    found = next((r for r in rows if all(r[k] == str(v) for k, v in match.items())), None)
+    if found is None:
+        wanted = ", ".join(f"{k} {v}" for k, v in match.items())
+        raise UserError(f"{DOCS / file}: no row of {wanted}; `{longlora.PROG}` rebuilds it", 2)
+    return found
 
 
 def learning_rate(setting):
-    rows = longlora_rows()[0]
-    return next(r["learning_rate"] for r in rows if r["phase"] == "report" and r["setting"] == setting)
+    return only_row(longlora_rows()[0], "longlora.csv", phase="report", setting=setting)["learning_rate"]
 
 
 def attention_gflops(method):
     """longlora_cost.csv's attention GFLOPs per step of a method at 4 T."""
-    cost = longlora_rows()[1]
-    return float(next(c for c in cost if c["method"] == method and int(c["tokens"]) == LONG)[COST_FLOPS])
+    return float(only_row(longlora_rows()[1], "longlora_cost.csv", method=method, tokens=LONG)[COST_FLOPS])
 
 
 COST_FLOPS = longlora.COST[3]
@@ -97,8 +99,7 @@ def s2_group_lesson():
 
 def recovered(g2, s2, full):
     """The share of full attention's lead over groups of T that groups of 2 T close, in the seeds' means."""
-    mean = lambda values: sum(values.values()) / len(values)
-    return (mean(g2) - mean(s2)) / (mean(full) - mean(s2))
+    return (g2.mean() - s2.mean()) / (full.mean() - s2.mean())
 
 
 def s2_group_study():
@@ -124,12 +125,12 @@ def lora_budget():
     """docs/extrapolation.md: LoRA's test loss at 1,000 steps (the report's base) and at 8,000 (the budget's
     base): Welch, as the two come from two trainings of the base."""
     short, long = lora("pi_s2_lora", "loss"), lora("pi_s2_lora", "loss", 8000, "budget")
-    base = longlora.seed_values(longlora_rows()[0], "base", "loss", LONG)
+    base = lora("base", "loss", steps=None)
     return (
         f"- **LoRA trained longer, across two bases: {word(long, short, False, welch=True)} in loss.** "
-        f"LoRA's test loss at 4 T is {sum(long.values()) / len(long):.3f} after 8,000 steps (the budget "
-        f"rows) against {sum(short.values()) / len(short):.3f} after 1,000 (the report's) and the base's "
-        f"{sum(base.values()) / len(base):.3f}: 8,000 against 1,000 steps {interval(long, short, False)} by "
+        f"LoRA's test loss at 4 T is {long.mean():.3f} after 8,000 steps (the budget "
+        f"rows) against {short.mean():.3f} after 1,000 (the report's) and the base's "
+        f"{base.mean():.3f}: 8,000 against 1,000 steps {interval(long, short, False)} by "
         "Welch's interval, unpaired, as the two come from two trainings of the base. That the "
         "adapters fit the "
         "grouped pattern of training and lose under the full attention they are evaluated with is a "
@@ -148,10 +149,10 @@ def pi_full_budget():
     )
     gains = ", ".join(step(curve, a, b, True) for a, b in ((4000, 2000), (8000, 4000), (16000, 8000)))
     losses = ", ".join(step(loss, a, b, False) for a, b in ((8000, 4000), (16000, 8000)))
-    low, high = min(min(v.values()) for v in s2.values()), max(max(v.values()) for v in s2.values())
+    low, high = min(min(v.measured()) for v in s2.values()), max(max(v.measured()) for v in s2.values())
     return (
-        f"The budget table's `pi_full` retrieves {rate(curve[1000].values())} at 1,000 steps and "
-        f"{rate(curve[16000].values())} at 16,000 steps; between its budgets past 2,000, paired over the "
+        f"The budget table's `pi_full` retrieves {rate(curve[1000])} at 1,000 steps and "
+        f"{rate(curve[16000])} at 16,000 steps; between its budgets past 2,000, paired over the "
         f"seeds: retrieval {gains}; the loss {losses}. `pi_s2` retrieves {100 * low:.0f} to "
         f"{100 * high:.0f}% in every seed at every budget to 8,000 steps, its loss "
         f"{step(s2_loss, 8000, 4000, False)}."
@@ -162,12 +163,20 @@ def pi_full_budget():
 def longrope_study(task):
     cfg = study.StudyConfig(task=task, schemes=["rope"], longrope=True)
     per_seed, trained = study.read_study(cfg)
-    return per_seed, min(trained.values())
+    return cfg, per_seed, min(trained.values())
+
+
+def study_values(cfg, per_seed, block_size, side):
+    """Values {seed: value} of a side of the study cfg names (read_study's per_seed and T)."""
+    where = (
+        f"{ROOT / cfg.results / study.results_name(cfg)}.csv: {side.run} {side.method} at {side.multiple} T"
+    )
+    values = study.side_values(per_seed, side, block_size, cfg.task == "loss")
+    return Values(values, where, "python -m lab.experiments.extrapolation (its flags, without --tables)")
 
 
 def side(task, run, method, multiple):
-    per_seed, block_size = longrope_study(task)
-    return study.side_values(per_seed, study.Side(run, method, multiple), block_size, task == "loss")
+    return study_values(*longrope_study(task), study.Side(run, method, multiple))
 
 
 def zero_shot(task, formula):
@@ -212,13 +221,15 @@ def progressive(readme=False):
 
 
 def ablation_rows():
-    return read_rows(DOCS / "longrope_passkey_x4.csv", ablation.COLUMNS, ablation.PROG)
+    return read_rows(DOCS / "longrope_passkey_x4.csv", ablation.COLUMNS, ablation.PROG, *ablation.NUMBERS)
 
 
 def variant(name, task):
+    """Values {(checkpoint, search seed): value} of one variant at the ablation's longest length."""
     rows = ablation_rows()
-    lengths = sorted({int(r["length"]) for r in rows})
-    return ablation.cells(rows, name, task, lengths[-1])
+    longest = max(int(r["length"]) for r in rows)
+    where = f"{DOCS / 'longrope_passkey_x4.csv'}: variant {name} ({task} at {longest} tokens)"
+    return Values(ablation.cells(rows, name, task, longest), where, ablation.PROG)
 
 
 def fitness(readme=False):
@@ -268,20 +279,16 @@ def n_hat():
 
 
 @cache
-def base_retrieval():
-    per_seed, trained = study.read_study(study.StudyConfig(task="passkey"))
-    return per_seed, min(trained.values())
+def base_study(task):
+    cfg = study.StudyConfig(task=task)
+    per_seed, trained = study.read_study(cfg)
+    return cfg, per_seed, min(trained.values())
 
 
 def rope_loss_against_retrieval():
     """docs/lesson.md: plain RoPE's loss past T against its retrieval, per training seed."""
-    per_seed, block_size = base_retrieval()
-    hits = lambda m: study.side_values(per_seed, study.Side("rope", "plain", m), block_size, False)
-    losses = {}
-    loss_seeds, loss_block = study.read_study(study.StudyConfig(task="loss"))
-    loss_block = min(loss_block.values())
-    for m in (1, 2):
-        losses[m] = study.side_values(loss_seeds, study.Side("rope", "plain", m), loss_block, True)
+    hits = lambda m: study_values(*base_study("passkey"), study.Side("rope", "plain", m))
+    losses = {m: study_values(*base_study("loss"), study.Side("rope", "plain", m)) for m in (1, 2)}
     first = study.FIRST_SEED
     rise = losses[2][first] / losses[1][first] - 1
     at = {m: hits(m) for m in (1, 2, 4)}

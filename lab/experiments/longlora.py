@@ -24,13 +24,6 @@ import sys
 if not __package__:  # `python lab/experiments/longlora.py`: the repository's packages are not importable
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.experiments.longlora`")
 
-from plumbing import fields
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -42,6 +35,7 @@ from data.passkey.task import default_name
 from lab.experiments.longlora_results import (
     COST,
     CSV_COLUMNS,
+    CSV_NUMBERS,
     EXTENSION,
     FIRST_SEED,
     LONG,
@@ -52,6 +46,7 @@ from lab.experiments.longlora_results import (
 )
 from lab.experiments.runs import (
     ROOT,
+    check_jobs,
     ensure_trained,
     eval_length,
     mean_sd,
@@ -65,6 +60,7 @@ from lab.measure.instruments import pyplot, save_figure
 from lab.outputs import check_folder, check_outputs, write_output, write_rows
 from lab.tables import fill_generated, markdown_table, measured
 from model import GPT, GPTConfig
+from plumbing import fields
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.memory import check_training_memory
@@ -134,8 +130,7 @@ class StudyConfig:
     def __post_init__(self):
         fields.check_fields(self)
         require(self.rates and all(r > 0 for r in self.rates), f"rates must be > 0, got {self.rates}")
-        cores = os.cpu_count() or 1  # more runs than cores take turns on them, each slowing the others
-        require(self.jobs <= cores, f"jobs={self.jobs}: give 1 to {cores} (the cores) runs side by side")
+        check_jobs(self.jobs, "cpu")  # every run of the study trains on the CPU
         require(all(n >= 1 for n in self.curve), f"curve's budgets must be >= 1 step, got {self.curve}")
         budget_steps(self.budgets)  # checks them
         if self.quick:
@@ -344,7 +339,7 @@ def train_base(cfg, base):
 def run_budgets(cfg, results, argv):
     """--budgets: each setting's fine-tunes at its budgets from the base {out_root}/{budget_base}, at the rate
     results/longlora.csv's rows chose for it; their rows replace that file's budget rows of these settings."""
-    start, old = time.perf_counter(), read_rows(results / "longlora.csv", CSV_COLUMNS, PROG)
+    start, old = time.perf_counter(), read_rows(results / "longlora.csv", CSV_COLUMNS, PROG, *CSV_NUMBERS)
     rates = {
         r["setting"]: float(r["learning_rate"]) for r in old if r["phase"] == "report" and r["learning_rate"]
     }

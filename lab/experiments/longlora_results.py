@@ -9,14 +9,17 @@ T, EXTENSION, FIRST_SEED = 64, 4, 1337
 LONG = EXTENSION * T
 COST = ("method", "tokens", "trained params", "attention GFLOPs/step", "peak MiB (est.)", "ms/step")
 CSV_COLUMNS = ("phase", "task", "seed", "setting", "learning_rate", "steps", "length", "value", "base")
+# read_rows's numbers and blank of each file: the base's rows have no learning rate
+CSV_NUMBERS = dict(seed=int, learning_rate=float, steps=int, length=int, value=float), ("learning_rate",)
+COST_NUMBERS = {"tokens": int, COST[3]: float}, ()
 
 
 def read_results(results):
     """(longlora.csv's rows, longlora_cost.csv's rows) under the folder results, each checked to be the
     study's."""
     return (
-        read_rows(results / "longlora.csv", CSV_COLUMNS, PROG),
-        read_rows(results / "longlora_cost.csv", COST, PROG),
+        read_rows(results / "longlora.csv", CSV_COLUMNS, PROG, *CSV_NUMBERS),
+        read_rows(results / "longlora_cost.csv", COST, PROG, *COST_NUMBERS),
     )
 
 

@@ -23,12 +23,6 @@ if not __package__:  # `python lab/experiments/longrope.py`: the repository's pa
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.experiments.longrope`")
 
 
-from plumbing.errors import quiet_ctrl_c
-from plumbing.fields import check_fields, setting
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import importlib.util
 import json
 import time
@@ -48,6 +42,7 @@ from model import GPTConfig
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, resolve_device
 from positions import LONGROPE, POSITION_MODULES, require, rope_frequencies, rope_inv_freq, rotary_dim
 

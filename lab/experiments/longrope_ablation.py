@@ -23,22 +23,17 @@ if not __package__:  # run as a file: the repository's packages are not importab
     )
 
 
-from plumbing.errors import quiet_ctrl_c
-from plumbing.fields import check_fields, setting
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.experiments.longrope_ablation_results import COLUMNS, PROG, cells
+from lab.experiments.longrope_ablation_results import COLUMNS, NUMBERS, PROG, cells
 from lab.experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
 from lab.outputs import check_outputs, write_output, write_rows
 from lab.tables import fill_generated, markdown_table
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
+from plumbing.fields import check_fields, setting
 from positions import POSITION_MODULES, require
 
 VARIANTS = {  # name: lab.experiments.longrope's flags
@@ -111,7 +106,9 @@ def main(argv=None):
         data, T = datasets(cfg)
         name = cfg.name or f"longrope_{next(iter(data.values()))}_x{cfg.factor:g}"
         results = ROOT / cfg.results
-        rows = read_rows(results / f"{name}.csv", COLUMNS, PROG) if cfg.tables else None  # before any write
+        rows = (
+            read_rows(results / f"{name}.csv", COLUMNS, PROG, *NUMBERS) if cfg.tables else None
+        )  # before any write
         for suffix in (".csv", "_table.md"):  # before any search
             check_outputs({"results": results / f"{name}{suffix}"})
         if cfg.tables:  # the measurement's own line kept, where the table is there
@@ -138,7 +135,7 @@ def run(cfg, data, T, results, name, argv):
                             rows.append((Path(folder).name, variant, seed, task, n, value))
     write_rows("results", results / f"{name}.csv", COLUMNS, rows)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    written = read_rows(results / f"{name}.csv", COLUMNS, PROG)
+    written = read_rows(results / f"{name}.csv", COLUMNS, PROG, *NUMBERS)
     return write_table(results, name, f"Measured by `{command}`.", written)
 
 

@@ -4,6 +4,7 @@ sentences from those CSVs: an entry point imports no other."""
 
 PROG = "python -m lab.experiments.longrope_ablation"  # the ablation's command: the one that writes its CSVs
 COLUMNS = ("checkpoint", "variant", "search_seed", "task", "length", "value")
+NUMBERS = dict(search_seed=int, length=int, value=float), ("search_seed",)  # read_rows's: YaRN's has no seed
 
 
 def cells(rows, variant, task, length):

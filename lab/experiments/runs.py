@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import shlex
 import signal
@@ -17,13 +18,15 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from data.common import dataset_dir
 from lab.measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.cli import read_text
 from plumbing.errors import Stopped, UserError
+from plumbing.hardware import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DURATION = "1-2.5 minutes on 2 CPU cores"  # the README's time for `python train.py`
@@ -116,29 +119,91 @@ def run_python(args, said="see its output above", **kwargs):
     return subprocess.CompletedProcess(process.args, status, stdout, stderr)
 
 
-def read_rows(path, columns, made_by):
+def read_rows(path, columns, made_by, numbers=None, blank=()):
     """A CSV file's rows, as dicts, each with `columns`: a file that is missing, unreadable, without those
-    columns or without rows is a one-line UserError naming the file and `made_by`, the command that writes
-    it."""
+    columns or without rows, or a value in a column of `numbers` ({column: int or float}) that is not a finite
+    number of that kind (empty only in a column of `blank`), is a one-line UserError naming the file (and the
+    line) and `made_by`, the command that writes it."""
     where, make = f"{path}", f"`{made_by}` writes it"
     if not Path(path).is_file():
         raise UserError(f"{where}: no such file; {make}", 2)
     try:
         reader = csv.DictReader(io.StringIO(read_text(path, where), newline=""))
-        rows = list(reader)
+        rows = [(reader.line_num, row) for row in reader]
     except csv.Error as e:
         raise UserError(f"{where}: not a CSV file ({e}); {make}", 2) from None
     if missing := [c for c in columns if c not in (reader.fieldnames or ())]:
         raise UserError(f"{where}: no column {', '.join(missing)}, so not this table; {make}", 2)
     if not rows:
         raise UserError(f"{where}: a header and no rows; {make}", 2)
-    return rows
+    for line, row in rows:
+        for column, kind in (numbers or {}).items():
+            if not is_number(row.get(column), kind, column in blank):
+                empty = "" if column in blank else ", or is empty"
+                what = f"an integer{empty}" if kind is int else f"a finite number{empty}"
+                raise UserError(
+                    f"{where}, line {line}: {column} is {row.get(column)!r}, not {what}; {make}", 2
+                )
+    return [row for _, row in rows]
+
+
+def is_number(text, kind, may_be_empty=False):
+    """Whether a CSV cell holds a number of `kind` (int, or float: finite), or is empty where it may be."""
+    if text == "" and may_be_empty:
+        return True
+    try:
+        return math.isfinite(kind(text))
+    except (TypeError, ValueError):  # None: a short row; "abc"; "1.5" as an int
+        return False
+
+
+class Values(dict):
+    """{seed (or another key): value} of one setting, with where they come from: `where` (the file and the
+    setting) and `made_by` (the command that writes the file). A key it lacks is a one-line UserError."""
+
+    def __init__(self, values, where, made_by):
+        super().__init__(values)
+        self.where, self.made_by = where, made_by
+
+    def __missing__(self, key):
+        raise UserError(f"{self.where}: no row of {key!r}; `{self.made_by}` rebuilds it", 2)
+
+    def measured(self):
+        """[value]: none is a one-line UserError."""
+        if not self:
+            raise UserError(f"{self.where}: no rows; `{self.made_by}` rebuilds it", 2)
+        return [*self.values()]
+
+    def mean(self):
+        return statistics.fmean(self.measured())
+
+
+def paired_sides(a, b, welch=False):
+    """The lists an interval of a - b takes from two Values: the values of the seeds both hold (paired), or
+    all of each (welch). A side, or (paired) the seeds both hold, under 2 is a one-line UserError naming the
+    settings and the command that rebuilds their file."""
+    for side in (a, b):
+        if len(side) < 2:
+            rows = f"{len(side)} row{'' if len(side) == 1 else 's'}"
+            message = f"{side.where}: {rows}, and an interval needs 2 or more; `{side.made_by}` rebuilds it"
+            raise UserError(message, 2)
+    if welch:
+        return [*a.values()], [*b.values()]
+    keys = sorted(a.keys() & b.keys())
+    if len(keys) < 2:
+        both = f"{a.where} and {b.where}: {len(keys)} seed{'' if len(keys) == 1 else 's'} in both"
+        raise UserError(f"{both}, and a paired interval needs 2 or more; `{a.made_by}` rebuilds them", 2)
+    return [a[k] for k in keys], [b[k] for k in keys]
 
 
 # the columns of lab/eval_length.py's CSV that pooled_cells and the studies' tables read, per --task
 EVAL_COLUMNS = {
     "loss": ("checkpoint", "scaling", "block_size", "length", "loss"),
     "passkey": ("checkpoint", "scaling", "block_size", "length", "trials", "correct"),
+}
+EVAL_NUMBERS = {  # read_rows's numbers and blank for those columns: a loss is empty past a learned table
+    "loss": ({"block_size": int, "length": int, "loss": float}, ("loss",)),
+    "passkey": ({"block_size": int, "length": int, "trials": int, "correct": int}, ()),
 }
 
 
@@ -162,7 +227,8 @@ def eval_length(cfg, task, checkpoints, lengths, path, key, *flags):
     command = ["-m", "lab.eval_length", *checkpoints, f"--task={task}", "--lengths", lengths, amount, *flags]
     print(f"\n$ python {' '.join(map(str, [*command, '--csv', path]))}")
     run_python([*command, "--csv", path])
-    found = pooled_cells(read_rows(path, EVAL_COLUMNS[task], "python -m lab.eval_length"), task, key)
+    rows = read_rows(path, EVAL_COLUMNS[task], "python -m lab.eval_length", *EVAL_NUMBERS[task])
+    found = pooled_cells(rows, task, key)
     return {k: (v[0] / v[1] if task == "passkey" else v) for k, v in found.items()}
 
 
@@ -276,11 +342,42 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
     return [ROOT / p.out_dir for p in plans]
 
 
+def check_jobs(jobs, device):
+    """Every study's rule on --jobs, the runs it trains side by side: on a CPU at most its cores, as more take
+    turns on them, each slowing the others (and the times a study reports); a GPU runs several at once, as
+    its memory allows (train.py checks that). A one-line UserError naming --jobs, a GPU preset's jobs on a CPU
+    included."""
+    if resolve_device(device).split(":")[0] != "cpu":
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if jobs > cores:
+        raise UserError(
+            f"--jobs={jobs}: give 1 to {cores}: the CPU (--device={device}) has {cores} cores, and more runs "
+            "side by side than cores take turns on them",
+            2,
+        )
+
+
 def find_checkpoint(pos, checkpoints):
     """checkpoints/<pos>, or checkpoints/shakespeare_char_<pos> (train.py's default out_dir under out/), the
     first holding best.pt or ckpt.pt; None where neither does."""
     folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
     return next((folder for folder in folders if checkpoint_path(folder).is_file()), None)
+
+
+def inputs_of(schemes, checkpoints=None):
+    """What a demo reads from --checkpoints (None: the README's runs, under out/): each scheme's checkpoint
+    file and the folder of the dataset it trained on, the inputs an output may not replace
+    (lab.outputs.check_outputs)."""
+    folders = [find_checkpoint(pos, checkpoints or ROOT / "out") for pos in schemes]
+    found = [checkpoint_path(folder) for folder in folders if folder is not None]
+    datasets = set()
+    for path in found:
+        with suppress(UserError, OSError):  # a damaged checkpoint is refused when it is loaded
+            datasets.add(
+                dataset_dir(str(open_checkpoint(path, mmap=True).get("train_config", {})["dataset"]))
+            )
+    return [*found, *datasets]
 
 
 def model_dirs(schemes, checkpoints=None, log=print, other="--checkpoints=DIR (a folder of runs)"):

@@ -59,13 +59,15 @@ def figure_format(path, flag):
     return suffix or "png"
 
 
-def check_figure_paths(flag, paths, replace=False):
-    """Each path writable, in a format matplotlib writes, and no file there but a figure of that format unless
-    replace (the command's --replace): one line if not. -> False without matplotlib"""
+def check_figure_paths(flag, paths, replace=False, inputs=()):
+    """Each path writable, in a format matplotlib writes, none an input of the run (inputs: the files and the
+    dataset folders it reads, --replace or not), and no file there but a figure of that format unless replace
+    (the command's --replace): one line if not. -> False without matplotlib"""
     if importlib.util.find_spec("matplotlib") is None:
         return False
     for path in paths:
-        check_outputs({flag: path}, earlier={flag: figure_file(figure_format(path, flag))}, replace=replace)
+        earlier = {flag: figure_file(figure_format(path, flag))}
+        check_outputs({flag: path}, inputs, earlier=earlier, replace=replace)
     return True
 
 

@@ -14,11 +14,6 @@ if not __package__:  # `python lab/perf/ab.py`: the repository's packages are no
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m lab.perf.ab`")
 
 
-from plumbing.errors import quiet_ctrl_c
-
-if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
-    quiet_ctrl_c()
-
 import math
 import statistics
 import subprocess

@@ -29,6 +29,7 @@ from plumbing.errors import quiet_ctrl_c
 if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (seconds): status 130, no traceback
     quiet_ctrl_c()
 
+import argparse
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ import shlex
 import statistics
 import subprocess
 import time
+import tomllib
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -50,7 +52,7 @@ from generation import decode_mode, generate_cached
 from lab.outputs import check_outputs, json_file, write_output
 from lab.perf.ops import decode_step_ops
 from lab.tables import fmt, markdown_table
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_settings
 from plumbing import hardware, memory
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
@@ -127,12 +129,44 @@ class BenchConfig:
         self.model_configs = {pos: GPTConfig(**model_fields, pos=pos) for pos in self.schemes}
 
 
+def config_files(argv):
+    """The --config files argv names, in order (parse_flags has read and checked them)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", action="append", default=[])
+    return parser.parse_known_args(argv)[0].config
+
+
+def scheme_settings_of(configs, schemes):
+    """{pos: {setting: value}} of the position schemes' settings the --config files hold (foreign keys to
+    BenchConfig, which parse_flags leaves out): each applied to the model of its scheme, so the figures time
+    the preset's model; a setting of a scheme not timed (--pos) is a usage UserError, not dropped."""
+    known, found = scheme_settings(), {}
+    for path in configs:
+        for key, value in tomllib.loads(Path(path).read_text(encoding="utf-8-sig")).items():
+            if key in known and known[key][0] not in schemes:
+                message = (
+                    f"--config {path}: {key} is a setting of pos={known[key][0]}, which --pos does not time"
+                )
+                raise UserError(f"{message}: add {known[key][0]} to --pos, or remove {key}", 2)
+            if key in known:
+                found.setdefault(known[key][0], {})[key] = value
+    return found
+
+
 def parse_args(argv=None):
-    """Flags (and --config: a training preset, other keys ignored) -> BenchConfig, `auto` and None resolved"""
+    """Flags (and --config: a training preset; keys that are no flag ignored, but a scheme's setting applied)
+    -> BenchConfig, `auto` and None resolved"""
     sections, given = [("benchmark", BenchConfig, None)], set()
+    argv = sys.argv[1:] if argv is None else list(argv)
     cfg = BenchConfig(**parse_flags(argv, PROG, __doc__, sections, foreign_keys=True, given=given))
     if "replace" in given and cfg.json is None:  # ignored, it would look like a setting that took effect
         raise UserError("--replace applies to --json only: leave it out, or give --json", 2)
+    if cfg.quick and (
+        replaced := [key for key in QUICK if key in given]
+    ):  # --quick sets them: they'd be lost
+        keys = ", ".join(f"--{key}" for key in replaced)
+        raise UserError(f"--quick sets {keys} (to {', '.join(str(QUICK[k]) for k in replaced)}): give {keys} "
+                        "or --quick, not both", 2)  # fmt: skip
     device = hardware.resolve_device(cfg.device)
     hardware.check_device(device)
     kind = device.split(":")[0]
@@ -140,7 +174,10 @@ def parse_args(argv=None):
     decode = compile_ if cfg.compile_decode is None else cfg.compile_decode
     rounds = cfg.rounds or (3 if kind == "cpu" and cfg.train_steps >= 3 else 1)  # CUDA: one model at a time
     dtype = hardware.resolve_dtype(cfg.dtype, kind)
-    return replace(cfg, device=device, dtype=dtype, compile=compile_, compile_decode=decode, rounds=rounds)
+    cfg = replace(cfg, device=device, dtype=dtype, compile=compile_, compile_decode=decode, rounds=rounds)
+    for pos, settings in scheme_settings_of(config_files(argv), cfg.schemes).items():  # GPTConfig checks them
+        cfg.model_configs[pos] = GPTConfig(**asdict(cfg.model_configs[pos]) | {"pos_settings": settings})
+    return cfg
 
 
 def timed(fn, device):
@@ -386,7 +423,8 @@ def run(cfg, argv):
     earlier = {
         "json": json_file(*REPORT_KEYS)
     }  # a report of an earlier run is replaced, the user's file kept
-    check_outputs({"json": cfg.json}, earlier=earlier, replace=cfg.replace)  # before minutes of benchmarking
+    inputs = [*config_files(argv), dataset_dir(cfg.dataset or "shakespeare_char")]  # no output replaces them
+    check_outputs({"json": cfg.json}, inputs, earlier=earlier, replace=cfg.replace)  # before the benchmark
     copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
     configs, new_tokens = cfg.model_configs.values(), max(cfg.gen_multiples, default=0) * cfg.block_size
     check_memory_of_runs(

@@ -426,9 +426,13 @@ class CtrlC:
             os.kill(os.getpid(), signal.SIGINT)
 
 sys.meta_path.insert(0, CtrlC())
-sys.argv = [sys.argv[1], "--help"]
-run = runpy.run_path if sys.argv[0].endswith(".py") else runpy.run_module
-run(sys.argv[0], run_name="__main__")
+entry = sys.argv[1]
+if entry.endswith(".py"):
+    sys.argv = [entry, "--help"]
+    runpy.run_path(entry, run_name="__main__")
+else:  # as `python -m entry --help`: sys.argv[0] is "-m" while the module is looked for
+    sys.argv = ["-m", "--help"]
+    runpy.run_module(entry, run_name="__main__", alter_sys=True)
 """
 
 

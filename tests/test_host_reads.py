@@ -151,3 +151,14 @@ def test_logits_that_turn_non_finite_mid_generation_are_one_line(monkeypatch, ca
             named + ("" if err.endswith("generating") else err[err.index(named) + len(named) :])
         )
         assert named in err
+
+
+def test_the_draw_gives_torch_multinomials_tokens_for_a_seed_on_the_cpu():
+    """torch.multinomial draws one sample by the same exponential race on the CPU: for a seed, draw gives its
+    very tokens, so a seed's text from before the change is the same text (docs/usage.md's samples)."""
+    for seed in range(5):
+        probs = torch.softmax(torch.randn(64, 65, generator=torch.Generator().manual_seed(seed)), dim=-1)
+        torch.manual_seed(seed)
+        expected = torch.multinomial(probs, num_samples=1)
+        torch.manual_seed(seed)
+        assert torch.equal(draw(probs), expected)

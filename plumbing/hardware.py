@@ -1,14 +1,20 @@
 """What a script runs on: the device (auto: cuda, then mps, then cpu), the precision (auto: bfloat16 on CUDA,
-float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU) and its free memory."""
+float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU), its free memory, and the one
+boundary for running out of it (out_of_memory)."""
 
 import os
 import re
 import time
-from contextlib import nullcontext, suppress
+import traceback
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import fields
 
 import torch
+import torch.nn as nn
 
-from plumbing.errors import UserError
+from model import GPTConfig
+from plumbing.errors import UserError, out_of_memory_error
+from positions import PositionScheme
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -130,6 +136,54 @@ def check_memory(parts, device, what, advice):
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
     free = f"{device} has {format_bytes(available)} available"
     raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {free}; {advice}")
+
+
+@contextmanager
+def out_of_memory(advice):
+    """The one memory boundary: an allocation refused where it happens (errors.out_of_memory_error: CUDA's
+    torch.OutOfMemoryError, the CPU allocator's refusal, MemoryError) becomes the UserError `out of memory
+    (torch's reason): ADVICE`, status 1; advice names the flags that size the work inside the block. Nothing
+    is predicted from the shapes, and nothing is written on the way out: every checkpoint stays as it was.
+    Where a position scheme's own code made the allocation, its settings that sized it are named instead."""
+    try:
+        yield
+    except Exception as e:
+        if not out_of_memory_error(e):
+            raise
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        reason = re.sub(r"^\[enforce fail at [^\]]*\] err == 0\. ", "", lines[0])  # CPU: c10's assertion
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."
+        raise UserError(f"out of memory ({reason}): {scheme_sized(e.__traceback__) or advice}", 1) from None
+
+
+def scheme_sized(tb):
+    """'lower --t5_num_buckets=2000000000 (pos=t5's setting)' where traceback tb passes through a position
+    scheme's own code (a frame whose self is a PositionScheme: building its tables or parameters, computing
+    its score bias), else None. The rule: a whole-number setting of that scheme set away from its default
+    (a count: T5's buckets, FIRE's hidden units) sized the allocation; at its defaults the GPT's shape
+    (block_size, n_head) sized it, which the caller's advice names. The settings are read from the
+    GPTConfig the traceback's frames hold (the scheme's __init__(self, config), a GPT's self.config)."""
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
+    schemes = [f.f_locals["self"] for f in frames if isinstance(f.f_locals.get("self"), PositionScheme)]
+    if not schemes:
+        return None
+    kind, configs = type(schemes[-1]), []  # the innermost scheme frame: the one allocating
+    for value in (value for frame in frames for value in frame.f_locals.values()):
+        config = getattr(value, "config", None) if isinstance(value, nn.Module) else value  # a GPT's
+        if isinstance(config, GPTConfig) and isinstance(config.pos_settings, kind.Settings):
+            configs.append(config)
+    if not configs:
+        return None
+    settings = configs[-1].pos_settings
+    given = {
+        f.name: getattr(settings, f.name) for f in fields(settings) if getattr(settings, f.name) != f.default
+    }
+    counts = [f"--{name}={value}" for name, value in given.items() if type(value) is int]
+    return (
+        f"lower {' or '.join(counts)} (pos={configs[-1].pos}'s settings off their defaults)"
+        if counts
+        else None
+    )
 
 
 def synchronize(device):

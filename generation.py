@@ -35,7 +35,7 @@ def generate_cached(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     to fill with the one-off setup's seconds (the prefill and the first decode step: warm-up, capture,
     compilation) and the decode loop's seconds and tokens after it, each ended by one synchronisation."""
     B, n_prompt = idx.shape
-    plan = cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
+    plan = _cache_plan(model.length_limit, model.config.block_size, n_prompt, max_new_tokens, max_context)
     crop, n_run, n_pos, window, chunk = plan
     mode = decode_mode(model, idx.device, compile, cuda_graph)
     model.setup_cache(B, n_pos, window, chunk, static=mode != "eager")
@@ -91,14 +91,14 @@ class Clock:
         self.last = now
 
 
-def cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=None):
-    """What generate_cached runs and caches for a prompt of n_prompt tokens (plumbing/memory.py estimates the
-    same, before the model is built): crop, the window a scheme with a length_limit slides (learned's table),
-    or None; n_run, the prompt's latest tokens the prefill runs; n_pos, the positions that get a key (the
-    last new token is never run); window, the KV caches' sliding window (max_context, unless crop bounds the
-    context); chunk, the prefill's tokens a call: with a window its length, so that a chunk fits the ring of
-    window + chunk - 1 slots, else block_size, so that a long prompt's attention mask is block_size x the keys
-    so far, never n_prompt x n_prompt. -> (crop, n_run, n_pos, window, chunk)"""
+def _cache_plan(length_limit, block_size, n_prompt, max_new_tokens, max_context=None):
+    """What generate_cached runs and caches for a prompt of n_prompt tokens: crop, the window a scheme with a
+    length_limit slides (learned's table), or None; n_run, the prompt's latest tokens the prefill runs; n_pos,
+    the positions that get a key (the last new token is never run); window, the KV caches' sliding window
+    (max_context, unless crop bounds the context); chunk, the prefill's tokens a call: with a window its
+    length, so that a chunk fits the ring of window + chunk - 1 slots, else block_size, so that a long
+    prompt's attention mask is block_size x the keys so far, never n_prompt x n_prompt.
+    -> (crop, n_run, n_pos, window, chunk)"""
     crop = None if length_limit is None else window_length(length_limit, max_context)
     n_run = n_prompt if crop is None else min(n_prompt, crop)
     n_pos = n_run + max_new_tokens - 1 if crop is None else min(n_run + max_new_tokens - 1, crop)

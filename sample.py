@@ -10,9 +10,9 @@ each position scheme does there.
 
 The checkpoint carries the model config and the vocabulary: --out_dir is all it needs. The text marks where
 the trained length was crossed. --compare runs the same prompt, seed and settings through several checkpoints
-and reports each one's speed (their losses past the trained length: python -m lab.eval_length). A generation
-that would not fit in the memory left is refused in one line before it allocates. Ctrl-C stops quietly (status
-130).
+and reports each one's speed (their losses past the trained length: python -m lab.eval_length). A model or a
+generation that does not fit in memory is one line naming what to lower (status 1). Ctrl-C stops quietly
+(status 130).
 """
 
 from plumbing.errors import quiet_ctrl_c
@@ -42,7 +42,6 @@ from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
-from plumbing.memory import check_generation_memory
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
 from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor
@@ -98,6 +97,8 @@ def parse_args(argv=None):
     return SampleConfig(**parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)]))
 
 
+# what sizes a generation's memory: its KV cache, the tokens, each forward's logits and mask
+GENERATING = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
 MARKER = "[[trained length {} ends here]]"  # where the text crosses the trained length
 # the GPT in eval mode, its tokenizer, and the checkpoint's configs, meta and progress (not its tensors)
 Loaded = namedtuple("Loaded", "model tokenizer checkpoint")
@@ -169,7 +170,7 @@ class Streamer:
 def load_for_generation(out_dir, cfg, device, compared=False):
     """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
-    the weights live once, in the model. A generation that would not fit in memory is refused here, first.
+    the weights live once, in the model; one that does not fit in memory is one line (status 1).
     compared: one of --compare's, where --rope_scaling applies to the RoPE checkpoints only."""
     path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
     flag = "--compare" if compared else "--init_from"
@@ -193,14 +194,14 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     check_original_len(longrope or {}, original, f"{out_dir}'s original length")
     try:  # a setting the model refuses is the --rope_* flags' mistake, not the checkpoint's
         scaling = rope_overrides(cfg.rope_scaling, rope_factor, llama3, longrope)
-        config = GPTConfig.from_flat(**GPTConfig(**saved).flat() | scaling)
+        GPTConfig.from_flat(**GPTConfig(**saved).flat() | scaling)  # the model open_model will build
     except ValueError as e:
         raise UserError(f"{rope_flags(cfg)} on {out_dir}: {e}", 2) from None
-    advice = "lower --max_new_tokens or --num_samples, or bound the context with --max_context"
-    sizes = (cfg.num_samples, len(prompt_ids), max_new_tokens, device, advice, cfg.max_context, cfg.kv_cache)
-    itself = f"the model itself (block_size={block_size:,}) does not fit: use another checkpoint"
-    check_generation_memory(config, *sizes, weights=True, model_advice=itself)  # before the model is built
-    loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
+    shape = ", ".join(f"{name}={saved[name]:,}" for name in ("block_size", "n_layer", "n_embd"))
+    with hardware.out_of_memory(
+        f"the model of {path or out_dir} ({shape}) does not fit: use another checkpoint"
+    ):
+        loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
     loaded.model.cast_weights(hardware.resolve_dtype(cfg.dtype, torch.device(device).type))
     return loaded, cfg, prompt_ids, max_new_tokens
 
@@ -295,7 +296,7 @@ def compare(cfg, device, threads):
     for out_dir in cfg.compare:
         print(f"\n=== {out_dir} ===")
         loaded, cfg_here, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device, True)
-        with blamed_on(out_dir):
+        with blamed_on(out_dir), hardware.out_of_memory(GENERATING):
             _, tokens_per_second = print_samples(loaded, cfg_here, prompt_ids, max_new_tokens, device, False)
         rows.append((out_dir, loaded.model.config, tokens_per_second))  # one model at a time
     print(f"\n{'checkpoint':<34} {'pos':<11} {'T':>5} {'scaling':<10} {'tokens/s':>9}")
@@ -317,7 +318,7 @@ def main(argv=None):
             return compare(cfg, device, threads)
         out_dir = cfg.init_from or cfg.out_dir
         loaded, cfg, prompt_ids, max_new_tokens = load_for_generation(out_dir, cfg, device)
-        with blamed_on(out_dir):
+        with blamed_on(out_dir), hardware.out_of_memory(GENERATING):
             return loaded, *print_samples(
                 loaded, cfg, prompt_ids, max_new_tokens, device, cfg.stream, threads
             )

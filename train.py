@@ -466,7 +466,9 @@ def main(argv=None, Config=None):
         cfg, model_config = parse_args(argv, Config)
         with processes(cfg) as procs:
             again = procs.resume_command(argv, cfg.resume, Config.prog)
-            return train(cfg, model_config, procs, again)
+            fit = "lower --batch_size or --block_size (raise --grad_accum to keep the tokens per step)"
+            with hardware.out_of_memory(f"{fit}, or --n_layer/--n_embd"):  # the model, steps, evaluations
+                return train(cfg, model_config, procs, again)
 
 
 if __name__ == "__main__":

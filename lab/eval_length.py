@@ -30,12 +30,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from data.common import dataset_dir, load_meta
 from data.passkey.task import CHARS as PASSKEY_CHARS
 from data.passkey.task import filler_length
 from lab.measure.instruments import figure_format
 from lab.measure.length_plots import plot_losses, plot_needles
-from lab.measure.losses import validation_tokens, window_bytes, window_losses, window_starts
+from lab.measure.losses import validation_tokens, window_losses, window_starts
 from lab.measure.retrieval import count_correct, passkey_batch, wilson_interval
 from lab.outputs import check_not_input, check_not_theirs, check_outputs, csv_file, figure_file, write_output
 from lab.tables import fmt, markdown_table
@@ -51,10 +53,9 @@ from plumbing.checkpoint import (
 from plumbing.cli import list_flag, parse_flags, read_rope_factors, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
-from plumbing.hardware import check_device, check_device_name, check_memory, resolve_device
-from plumbing.memory import scheme_shapes
+from plumbing.hardware import check_device, check_device_name, out_of_memory, resolve_device
 from plumbing.progress import progress_bar
-from positions import LONGROPE, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
+from positions import LONGROPE, POSITION_MODULES, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
 
 PROG = "python -m lab.eval_length"  # as the user types it, in every error line
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
@@ -189,9 +190,8 @@ class Source:
     def __post_init__(self):
         self.config = GPTConfig(**self.ckpt["model_config"]).flat()  # its fields and settings, by name
         self.block_size = self.config["block_size"]
-        self.scheme = scheme_shapes(
-            GPTConfig.from_flat(**self.config)
-        )  # its answers (a meta module: no memory)
+        with torch.device("meta"):  # its answers, no memory allocated
+            self.scheme = POSITION_MODULES[self.config["pos"]](GPTConfig.from_flat(**self.config))
         self.limit = self.scheme.length_limit  # learned's table; None: unbounded
 
     def methods(self, rope_scalings, longrope=None):
@@ -431,21 +431,17 @@ def write_csv(flag, path, columns, lines):
     write_output(flag, path, write)
 
 
-def check_length(source, n, cfg, device):
-    """A one-line UserError if `n` tokens cannot be measured: no window of n tokens fits in the split, a
-    passkey sample has no room for its key and question, or a batch would not fit in the memory available."""
+def check_length(source, n, cfg):
+    """A one-line UserError if `n` tokens cannot be measured: no window of n tokens fits in the split, or a
+    passkey sample has no room for its key and question."""
     if cfg.task == "passkey":
         passkey_vocabulary(source)
         try:
             filler_length(n + 1)  # n inputs, and the last digit as their last target
         except ValueError as e:
             raise UserError(f"--lengths: {n} tokens of {source.name}: {e}; choose longer lengths") from None
-        batch = min(cfg.batch_size, cfg.trials)
     else:
-        batch = min(cfg.batch_size, len(window_starts(len(source.tokens), n, cfg.max_windows)))
-    what = f"evaluating {source.name} at L = {n:,} tokens in batches of {batch}"
-    parts = window_bytes(GPTConfig.from_flat(**source.config), batch, n)
-    check_memory(parts, device, what, "lower --lengths or --batch_size")
+        window_starts(len(source.tokens), n, cfg.max_windows)
 
 
 def check_rope_scalings(sources, cfg):
@@ -579,13 +575,14 @@ def main(argv=None):
         check_files(cfg, sources)  # the datasets the checkpoints name, and the files already there
         for source in sources:  # every length before any work
             for n in lengths_for(source, lengths).values():
-                check_length(source, n, cfg, device)
+                check_length(source, n, cfg)
         for note in (check_longrope(sources, lengths, cfg), check_rope_scalings(sources, cfg)):
             if note:
                 print(note)
         print(hardware.use_threads(cfg.threads, device))  # the checks passed: work starts
         depths = parse_depths(cfg.depths) if cfg.task == "passkey" else None  # never empty for the passkey
-        rows = evaluate(sources, lengths, cfg, device, depths)
+        with out_of_memory("lower --lengths or --batch_size"):
+            rows = evaluate(sources, lengths, cfg, device, depths)
         print(passkey_table(rows, lengths, depths, cfg.trials) if depths else loss_table(rows, lengths))
         cells = [(row, n, c) for row in rows for n, m in row.measures.items() for c in (m if depths else [m])]
         if cfg.csv:  # a line per Measure, or per Retrieval (a depth)

@@ -5,6 +5,7 @@
     with one_line_errors("train.py"):                             # around each entry point's main, once
     with StopSignals() as signals:                                # Ctrl-C / SIGTERM: signals.received
     with reading(path, "checkpoint"): ckpt = torch.load(path)      # any failure: one line naming path
+    with hardware.out_of_memory("lower --batch_size"): train(...)  # an allocation refused: one line
     if __name__ == "__main__": quiet_ctrl_c()                     # an entry point, before importing torch
 
 A UserError is what the user can fix; anything else is a bug and keeps its traceback. A signal asks a loop to
@@ -34,16 +35,23 @@ def reading(path, what, fix=None, status=1):
     memory (the machine's fault, not the file's) and KeyboardInterrupt/SystemExit (no Exception) pass."""
     try:
         yield
-    except (UserError, MemoryError):
+    except UserError:
         raise
     except Exception as e:
-        if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, a RuntimeError
+        if out_of_memory_error(e):  # hardware.out_of_memory words it
             raise
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         reason = lines[0] if lines else "no details"
         reason = reason if len(reason) <= 200 else reason[:197] + "..."
         fix = f"; {fix}" if fix else ""
         raise UserError(f"{path}: not a usable {what} ({type(e).__name__}: {reason}){fix}", status) from None
+
+
+def out_of_memory_error(e):
+    """Whether exception e is an allocation refused: torch.OutOfMemoryError (CUDA; a RuntimeError), the CPU
+    allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory: ..."), Python's MemoryError."""
+    oom = isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+    return oom or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
 class Stopped(KeyboardInterrupt):

@@ -1,14 +1,20 @@
 """What a script runs on: the device (auto: cuda, then mps, then cpu), the precision (auto: bfloat16 on CUDA,
-float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU) and its free memory."""
+float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU), its free memory, and the one
+boundary for running out of it (out_of_memory)."""
 
 import os
 import re
 import time
-from contextlib import nullcontext, suppress
+import traceback
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import fields
 
 import torch
+import torch.nn as nn
 
-from plumbing.errors import UserError
+from model import GPTConfig
+from plumbing.errors import UserError, out_of_memory_error
+from positions import PositionScheme
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -130,6 +136,56 @@ def check_memory(parts, device, what, advice):
     detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
     free = f"{device} has {format_bytes(available)} available"
     raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {free}; {advice}")
+
+
+@contextmanager
+def out_of_memory(advice):
+    """The one memory boundary: an allocation refused where it happens (errors.out_of_memory_error: CUDA's
+    torch.OutOfMemoryError, the CPU allocator's refusal, MemoryError) becomes the UserError `out of memory
+    (torch's reason): ADVICE`, status 1; advice names the flags that size the work inside the block. Nothing
+    is predicted from the shapes, and nothing is written on the way out: every checkpoint stays as it was.
+    Where a position scheme's own code made the allocation, the settings of it that sized it come first."""
+    try:
+        yield
+    except Exception as e:
+        if not out_of_memory_error(e):
+            raise
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        reason = re.sub(r"^\[enforce fail at [^\]]*\] err == 0\. ", "", lines[0])  # CPU: c10's assertion
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."
+        scheme = scheme_sized(e.__traceback__)
+        raise UserError(
+            f"out of memory ({reason}): {scheme + ', or ' if scheme else ''}{advice}", 1
+        ) from None
+
+
+def scheme_sized(tb):
+    """Where traceback tb passes through a position scheme's own code (a frame whose self is a PositionScheme:
+    building its tables or parameters, computing its score bias): "pos=fire's own allocation, sized by its
+    setting --fire_hidden=10000000 (off the defaults): lower it"; else None. The rule: the whole-numbered
+    settings of that scheme set away from their defaults (counts: T5's buckets, FIRE's hidden units) sized
+    it; at their defaults the GPT's shape (block_size, n_head) did, which the caller's advice names (given
+    after it in any case). The settings are read from the GPTConfig the traceback's frames hold (the
+    scheme's __init__(self, config), a GPT's self.config): the scheme's class says which scheme, no name."""
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
+    schemes = [f.f_locals["self"] for f in frames if isinstance(f.f_locals.get("self"), PositionScheme)]
+    configs = []
+    for value in (value for frame in frames for value in frame.f_locals.values()) if schemes else ():
+        config = getattr(value, "config", None) if isinstance(value, nn.Module) else value  # a GPT's
+        if isinstance(config, GPTConfig) and isinstance(config.pos_settings, type(schemes[-1]).Settings):
+            configs.append(config)  # schemes[-1]: the innermost scheme frame, the one allocating
+    if not configs:
+        return None
+    settings, pos = configs[-1].pos_settings, configs[-1].pos
+    values = {f.name: (getattr(settings, f.name), f.default) for f in fields(settings)}
+    counts = [f"--{name}={v}" for name, (v, default) in values.items() if type(v) is int and v != default]
+    if not counts:
+        return None
+    one = len(counts) == 1
+    given = f"setting {counts[0]}" if one else f"settings {' and '.join(counts)}"
+    return (
+        f"pos={pos}'s own allocation, sized by its {given} (off the defaults): lower {'it' * one or 'them'}"
+    )
 
 
 def synchronize(device):

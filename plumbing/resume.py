@@ -30,7 +30,6 @@ from plumbing.checkpoint import (
 )
 from plumbing.distributed import check_torchrun_device
 from plumbing.errors import StopSignals, UserError, reading
-from plumbing.memory import check_training_memory
 from plumbing.report import schedule_notes, wandb_problem
 from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
 
@@ -107,8 +106,8 @@ class Started(NamedTuple):
 @contextmanager
 def open_run(cfg, model_config, procs, final_lr, prepare_data):
     """The start of a run, before its model is built: --wandb usable, every auto resolved (resolve_runtime),
-    the threads set, out_dir owned for the block (run_folder.own_folder), the dataset prepared, the memory
-    the run needs there, unfinished checkpoint writes removed, then SIGINT and SIGTERM taken as requests to
+    the threads set, out_dir owned for the block (run_folder.own_folder), the dataset prepared, unfinished
+    checkpoint writes removed, then SIGINT and SIGTERM taken as requests to
     stop (errors.StopSignals); with --resume its checkpoint opened and checked. -> Started, for the block.
     final_lr: the rate of the last step, for the
     notes on a schedule the run does not follow (report.schedule_notes); prepare_data: data.common's (data/
@@ -129,8 +128,6 @@ def open_run(cfg, model_config, procs, final_lr, prepare_data):
         model_config = replace(model_config, vocab_size=meta["vocab_size"])
         # --resume: a damaged checkpoint, or one of another model, is one line before the model is built
         opened = open_for_resume(cfg, model_config, meta, procs) if cfg.resume else None
-        micro_steps = cfg.grad_accum // procs.world_size
-        check_training_memory(model_config, cfg.batch_size, micro_steps, cfg.device)  # before any allocation
         if procs.master and (removed := remove_unfinished_writes(cfg.out_dir)):
             procs.log(f"removed {removed} unfinished checkpoint write(s) from {cfg.out_dir}")
         procs.log(header_line(cfg, model_config, meta, procs, one_per_process))

@@ -19,7 +19,6 @@ from data.passkey import prepare as passkey_prepare
 from data.text import prepare as text_prepare
 from lab import eval_length
 from lab.finetune import __main__ as finetune
-from lab.perf import bench
 from model import GPT, GPTConfig
 
 HUGE_SEED = str(2**64)
@@ -150,7 +149,6 @@ CASES = [
     ),
     ("factors of another count, eval", eval_length, ["{rope}", "--rope_factors={three}"], 2, "on {rope}: "),
     ("lora_train twice", finetune, [*RUN, "--lora_rank=2", "--lora_train=embed,embed"], 2, "each once"),
-    ("matmul past memory", bench, ["--device=cpu", "--matmul_size=10000000"], 1, "lower --matmul_size"),
     (
         "lora_rank above n_embd",
         finetune,

@@ -16,11 +16,9 @@ import torch
 import sample
 from lab import eval_length
 from lab.measure import instruments
-from lab.measure.losses import window_bytes
 from model import GPT, GPTConfig
 from plumbing.checkpoint import load_checkpoint
-from plumbing.memory import scheme_shapes
-from positions import POS_SCHEMES, ROPE_SCALINGS, default_rope_factor
+from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS, default_rope_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "sample", "lab.eval_length", "lab.perf.bench", "lab.perf.ab", "lab.perf.threads"}
@@ -115,10 +113,9 @@ def compares_pos_to_learned(path):
 @pytest.mark.parametrize("pos", POS_SCHEMES)
 def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
     """The scheme's length_limit says where its positions end; the model (and so generation and
-    lab.measure.losses, which read model.length_limit), eval_length's rows and the memory estimate follow
-    it."""
+    lab.measure.losses, which read model.length_limit) and eval_length's rows follow it."""
     config = GPTConfig.from_flat(pos=pos, block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
-    limit = scheme_shapes(config).length_limit
+    limit = POSITION_MODULES[pos](config).length_limit
     assert GPT(config).length_limit == limit
     assert pos != "learned" or limit == config.block_size  # learned's: its table
     source = eval_length.Source("x", Path("x.pt"), {"model_config": asdict(config)}, None)
@@ -126,7 +123,6 @@ def test_learned_past_its_table_is_one_rule_through_every_entry_point(pos):
     assert eval_length.available(source, "plain", 2 * config.block_size) == (limit is None)
     assert eval_length.available(source, "plain", config.block_size)
     assert ("window" in source.methods(ROPE_SCALINGS)) == (limit is not None)
-    assert ("sliding windows" in window_bytes(config, 2, 2 * config.block_size)) == (limit is not None)
 
 
 def test_no_entry_point_or_measure_writes_the_table_rule_again():

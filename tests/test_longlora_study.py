@@ -14,7 +14,6 @@ import train
 from lab.experiments import longlora
 from lab.finetune import __main__ as finetune
 from lab.tables import generated_blocks
-from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -142,15 +141,6 @@ def test_the_study_refuses_more_jobs_than_cores_or_an_unwritable_out_root_first(
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code != 0 and err.startswith(f"{longlora.PROG}: error: ") and "\n" not in err, err
     assert words in err, err
-
-
-def test_the_study_refuses_a_batch_beyond_memory_before_any_work(monkeypatch, tmp_path):
-    monkeypatch.setattr(longlora, "ensure_trained", lambda *a, **kw: pytest.fail("a run started"))
-    monkeypatch.setattr(longlora, "run_python", lambda *a, **kw: pytest.fail("a script started"))
-    monkeypatch.setattr(longlora, "draw_pattern", lambda path: pytest.fail("the figure was drawn"))
-    cfg = longlora.StudyConfig(batch_size=10**7, out_root=str(tmp_path), results=str(tmp_path))
-    with pytest.raises(UserError, match="lower"):
-        longlora.run_study(cfg, tmp_path, [])
 
 
 def test_run_as_a_script_it_says_how_to_run_it_in_one_line():

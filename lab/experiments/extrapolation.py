@@ -71,11 +71,9 @@ from lab.measure.paired import paired_difference, verdict
 from lab.measure.retrieval import wilson_interval
 from lab.outputs import check_folder, check_outputs, write_output, write_rows
 from lab.tables import fill_generated, markdown_table, measured
-from model import GPTConfig
 from plumbing.cli import build_parser, parse_flags, read_config_file
 from plumbing.errors import UserError, one_line_errors
 from plumbing.hardware import check_device, resolve_device
-from plumbing.memory import check_training_memory
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
 
@@ -173,20 +171,6 @@ def fine_tune(cfg, dataset, long_dataset, block_size, seed):
         commands[-1] += [f"--device={cfg.device}", f"--out_dir={out_dirs[-1]}"]
     train_runs(cfg, commands)
     return out_dirs, data + schedule + rest + [f"--device={cfg.device}"]
-
-
-def check_fine_tune_memory(cfg, model_config, dataset):
-    """Refuse, before any run trains, fine-tunes at EXTENSION x T beyond the device's memory; the vocabulary
-    the data's when prepared, else train.py's default (an upper bound)."""
-    prepared = (ROOT / "data" / dataset / "meta.json").is_file()
-    vocab = load_meta(ROOT / "data" / dataset)["vocab_size"] if prepared else model_config["vocab_size"]
-    batch, long = QUICK_BATCH if cfg.quick else cfg.batch_size, EXTENSION * model_config["block_size"]
-    for pos in sorted({pos for pos, _ in FINE_TUNES if pos in cfg.schemes}):
-        gpt = {
-            name: value for name, value in model_config.items() if name != "pos_settings"
-        }  # pos's defaults
-        config = GPTConfig(**gpt | dict(block_size=long, vocab_size=vocab, pos=pos))
-        check_training_memory(config, batch, 1, resolve_device(cfg.device))
 
 
 def search_longrope(cfg, ckpt, seed, name, *flags):
@@ -515,7 +499,6 @@ def run_study(cfg, argv):
                 filler_length(n + 1)  # n inputs, and the key's last digit as their last target
         except ValueError as e:
             raise UserError(f"--lengths={cfg.lengths}: {e}; choose longer lengths", 2) from None
-    check_fine_tune_memory(cfg, preset.model_config, dataset)
     long_dataset = dataset
     if cfg.task == "passkey":
         if default_name(block_size) != dataset:  # checked before anything is prepared

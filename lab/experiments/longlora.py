@@ -63,7 +63,6 @@ from model import GPT, GPTConfig
 from plumbing import fields
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
-from plumbing.memory import check_training_memory
 from positions import require
 
 LENGTHS = (1, 2, 4, 8)  # evaluation lengths, multiples of T
@@ -263,9 +262,6 @@ def main(argv=None):
 
 def run_study(cfg, results, argv):
     start = time.perf_counter()
-    if not cfg.figure_only:  # refused before any work, the figure included
-        long_config = GPTConfig(**MODEL, block_size=LONG, pos="rope")
-        check_training_memory(long_config, cfg.batch_size, 1, "cpu", copies=cfg.jobs)
     print(f"wrote {draw_pattern(results / 'figures' / 's2_attn.png')}")
     if cfg.figure_only:
         return None

@@ -345,8 +345,8 @@ def ensure_trained(commands, duration=None, retrain=False, elsewhere="move it aw
 def check_jobs(jobs, device):
     """Every study's rule on --jobs, the runs it trains side by side: on a CPU at most its cores, as more take
     turns on them, each slowing the others (and the times a study reports); a GPU runs several at once, as
-    its memory allows (train.py checks that). A one-line UserError naming --jobs, a GPU preset's jobs on a CPU
-    included."""
+    its memory allows (a run past it stops in one line). A one-line UserError naming --jobs, a GPU preset's
+    jobs on a CPU included."""
     if resolve_device(device).split(":")[0] != "cpu":
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from data.common import check_split, dataset_dir, ensure_prepared, load_meta
 from model import window_length
 from plumbing.errors import UserError
-from plumbing.hardware import check_memory
-from plumbing.memory import forward_bytes, position_table_bytes, scheme_shapes
 
 
 @torch.no_grad()
@@ -32,17 +30,6 @@ def token_losses(model, x, y, chunk=64):
 def position_losses(model, x, y, chunk=64):
     """token_losses averaged over the batch: the loss at each position. -> (L,)"""
     return token_losses(model, x, y, chunk).mean(0)
-
-
-def window_bytes(config, batch, length):
-    """{what: bytes} token_losses allocates for `batch` windows of `length` tokens (for check_memory): a
-    forward pass, the log-softmax, the position table grown to `length`, past a table its sliding windows."""
-    parts = forward_bytes(config, batch, length) | {"position table": position_table_bytes(config, length)}
-    parts["log-softmax"] = parts["logits"]
-    limit = window_length(scheme_shapes(config).length_limit)
-    if limit is not None and length > limit:
-        parts["sliding windows"] = batch * (length - limit) * limit * 8
-    return parts
 
 
 def validation_tokens(dataset, prepare=True):
@@ -92,7 +79,7 @@ def unmeasurable(dataset):
 @torch.no_grad()
 def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     """Mean val loss at positions < block_size and >= it over n_windows windows of `length` tokens. ->
-    (inside, beyond), or None where unmeasurable(dataset) says why; a UserError if out of memory."""
+    (inside, beyond), or None where unmeasurable(dataset) says why."""
     if dataset is None:
         return None
     try:
@@ -100,8 +87,6 @@ def inside_vs_beyond_loss(model, dataset, device, length, n_windows=8):
     except UserError:
         return None
     length = min(length, len(val) - 1)
-    what = f"measuring the validation loss over {n_windows} windows of {length:,} tokens"
-    check_memory(window_bytes(model.config, n_windows, length), device, what, "lower --max_new_tokens")
     starts = np.linspace(0, len(val) - length - 1, n_windows).astype(np.int64)
     losses = window_losses(model, val, length, starts, n_windows, device).mean(0)
     T = model.config.block_size

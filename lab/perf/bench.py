@@ -53,7 +53,7 @@ from lab.outputs import check_outputs, json_file, write_output
 from lab.perf.ops import decode_step_ops
 from lab.tables import fmt, markdown_table
 from model import GPT, GPTConfig, scheme_settings
-from plumbing import hardware, memory
+from plumbing import hardware
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
@@ -403,19 +403,7 @@ def print_report(report, cfg):
         print(f"\n!!! UNRELIABLE: {note}")
 
 
-def check_memory_of_runs(configs, batch, grad_accum, copies, new_tokens, reference_max_tokens, device):
-    """lab.perf.bench's runs, each model checked before any is built: training (`copies` trainers at once),
-    then generating new_tokens from a token with the KV cache, and up to reference_max_tokens (0: all)
-    without."""
-    advice = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"
-    reference_tokens = min(new_tokens, reference_max_tokens or new_tokens)
-    for config in configs:
-        batches = 2 * batch * config.block_size * 8  # each of grad_accum streams holds an int64 (x, y) batch
-        if copies:
-            memory.check_training_memory(config, batch, grad_accum, device, copies, batches)
-        for n, cached in ((new_tokens, True), (reference_tokens, False)):
-            if n:
-                memory.check_generation_memory(config, 1, 1, n, device, advice, cached=cached, weights=True)
+GENERATING = "lower --gen_multiples, or --reference_max_tokens for the reference sampler"  # what sizes it
 
 
 def run(cfg, argv):
@@ -425,22 +413,15 @@ def run(cfg, argv):
     }  # a report of an earlier run is replaced, the user's file kept
     inputs = [*config_files(argv), dataset_dir(cfg.dataset or "shakespeare_char")]  # no output replaces them
     check_outputs({"json": cfg.json}, inputs, earlier=earlier, replace=cfg.replace)  # before the benchmark
-    copies = (len(cfg.schemes) if cfg.rounds > 1 else 1) if cfg.train_steps else 0  # trainers held at once
-    configs, new_tokens = cfg.model_configs.values(), max(cfg.gen_multiples, default=0) * cfg.block_size
-    check_memory_of_runs(
-        configs, cfg.batch_size, cfg.grad_accum, copies, new_tokens, cfg.reference_max_tokens, cfg.device
-    )
-    if cfg.device == "cpu":  # the peak's matmul: two float32 size^2 operands and their product
-        what, size = f"the peak's float32 torch.mm (--matmul_size={cfg.matmul_size})", cfg.matmul_size
-        hardware.check_memory({"3 matrices": 3 * 4 * size**2}, "cpu", what, "lower --matmul_size")
     log = partial(print, file=sys.stderr, flush=True)
     log(hardware.use_threads(cfg.threads, cfg.device))
     command, date = shlex.join(["python", "-m", "lab.perf.bench", *argv]), datetime.now(UTC).isoformat()
     report = {"command": command, "date": date, **machine_and_source(cfg.device), "config": asdict(cfg)}
     if cfg.device == "cpu":  # the CPU's practical peak: a float32 size^2 torch.mm, 2 size^3 FLOPs
         size = cfg.matmul_size
-        product = partial(torch.mm, torch.randn(size, size), torch.randn(size, size))
-        product()  # warm-up
+        with hardware.out_of_memory("lower --matmul_size"):  # two float32 size^2 operands and their product
+            product = partial(torch.mm, torch.randn(size, size), torch.randn(size, size))
+            product()  # warm-up
         seconds = statistics.median(timed(product, "cpu")[0] for _ in range(5))
         peak = 2 * size**3 / seconds, f"float32 {size}^2 torch.mm, measured in this run"
     elif cfg.device.startswith("cuda"):
@@ -459,11 +440,14 @@ def run(cfg, argv):
         if cfg.json:
             write_output("json", cfg.json, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
 
-    if cfg.train_steps:
-        bench_training(cfg, report["peak_flops"], report["training"], log, save)
+    if cfg.train_steps:  # with --rounds > 1 every scheme's trainer is held at once
+        fit = "lower --batch_size, --block_size, --grad_accum, --n_layer or --n_embd, or time fewer --pos"
+        with hardware.out_of_memory(fit + (" (--rounds > 1 holds them all)" if cfg.rounds > 1 else "")):
+            bench_training(cfg, report["peak_flops"], report["training"], log, save)
     for pos in cfg.schemes if cfg.gen_multiples else ():
         peak_memory_mb(cfg.device, reset=True)
-        rows = bench_generation(cfg, pos, log)
+        with hardware.out_of_memory(GENERATING):
+            rows = bench_generation(cfg, pos, log)
         report["generation"][pos] = {"rows": rows, "peak_memory_mb": peak_memory_mb(cfg.device)}
         save()  # a run cut short by a timeout keeps what it measured
     save()

@@ -1,8 +1,11 @@
 """A position scheme is one class. A toy scheme, written below as one PositionScheme subclass and registered
-in POSITION_MODULES, trains, decodes with the KV cache, is evaluated and is estimated, no other file touched;
-and no code outside positions.py compares a scheme's name: the rest of the repository asks the class."""
+in POSITION_MODULES, trains, decodes with the KV cache, is evaluated and its FLOPs counted, no other file
+touched; no code outside positions.py compares a scheme's name: the rest of the repository asks the class; and
+PositionScheme's public names are the ones its docstring lists."""
 
 import ast
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +14,8 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import generation
-from lab.measure.losses import position_losses, window_bytes
+from lab.measure.losses import position_losses
 from model import GPT, GPTConfig
-from plumbing.memory import forward_bytes, parameter_count, training_bytes
 from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,26 +78,18 @@ def test_a_registered_scheme_decodes_with_the_kv_cache(toy, monkeypatch):
 
 
 def test_a_registered_scheme_is_evaluated_past_block_size(toy):
-    """lab.measure.losses at twice block_size: a finite loss at every position, and its memory estimate."""
+    """lab.measure.losses at twice block_size: a finite loss at every position."""
     torch.manual_seed(0)
     x = torch.randint(0, 11, (2, 2 * toy.block_size + 1))
     losses = position_losses(GPT(toy).eval(), x[:, :-1], x[:, 1:])
     assert losses.shape == (2 * toy.block_size,) and torch.isfinite(losses).all()
-    assert window_bytes(toy, 2, 2 * toy.block_size)["attention mask"] > 0
 
 
-def test_a_registered_scheme_is_estimated(toy):
-    """plumbing.memory counts its parameters (from the module) and its per-head bias in the mask; GPT's FLOP
-    count adds its own per-token term to 6N (its parameters left out) and attention's."""
+def test_a_registered_scheme_is_counted(toy):
+    """Its parameters count in the model's; GPT's FLOP count adds its own per-token term to 6N (its
+    parameters left out) and attention's."""
     model = GPT(toy)
-    assert (
-        parameter_count(toy)
-        == model.num_params()
-        == GPT(GPTConfig.from_flat(**{**vars(toy), "pos": "none"})).num_params() + 2
-    )
-    assert training_bytes(toy, 1, 1)["weights"] == 4 * model.num_params()
-    mask = forward_bytes(toy, 1, 8)["attention mask"]  # int64 distances, bools, a float bias per head (2)
-    assert mask == 8 * 8 * (8 + 1 + 2 * toy.n_head * 4)
+    assert model.num_params() == GPT(GPTConfig.from_flat(**{**vars(toy), "pos": "none"})).num_params() + 2
     c = toy
     attention = 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
     assert model.flops_per_token() == (6 * (model.num_params() - 2) + attention + 3 * c.block_size, None)
@@ -234,3 +228,27 @@ def test_a_schemes_own_init_weights_runs_after_gpt_2s_draw_of_its_children(monke
         GPTConfig.from_flat(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     )
     assert torch.equal(model.transformer.wpe.slope.weight, torch.full((2, 1), -0.5))
+
+
+# -----------------------------------------------------------------------------
+# The interface's names: the ones its docstring lists, each what the core asks and only a scheme can answer
+
+
+def listed_names(doc):
+    """The names a docstring lists: each entry line starts with 4 spaces, then the name (continuations are
+    indented further)."""
+    return {match.group(1) for match in re.finditer(r"^ {4}(\w+)", doc, re.MULTILINE)}
+
+
+def test_the_listing_reads_each_entry_and_no_continuation():
+    """The check below can fail: an entry line gives its name, a continuation line or prose none."""
+    doc = "Names:\n    embed(x)   -> y\n                continued(z)\n    length_limit    the longest\nprose"
+    assert listed_names(doc) == {"embed", "length_limit"}
+
+
+def test_position_schemes_public_names_are_the_ones_its_docstring_lists():
+    """What PositionScheme itself defines without a leading "_" is exactly what its docstring lists, 13 names:
+    a name added to the class without its entry (or the reverse) fails here, and so does a 14th."""
+    public = {name for name in vars(PositionScheme) if not name.startswith("_")}
+    assert public == listed_names(inspect.getdoc(PositionScheme))
+    assert len(public) <= 13, sorted(public)

@@ -19,6 +19,7 @@ from positions import (
     apply_rope,
     attention_mask,
     check_fields,
+    overrides,
     require,
     setting,
 )
@@ -238,8 +239,7 @@ class GPT(nn.Module):
         sequence they belong to where it is longer (a prefill's chunk), for the scheme (LongRoPE)."""
         T, pos = idx.size(1), self.transformer.wpe
         if input_pos is None:
-            pos.check_length(T)  # learned refuses past its table, in one line
-            pos.grow(T)  # tables grow here, outside any step
+            pos.grow(T)  # tables grow here, outside any step; learned refuses past its table, in one line
         positions = torch.arange(T, device=idx.device) if input_pos is None else input_pos
         tok_emb = self.transformer.wte(idx)  # (B, T, C)
         x = self.transformer.drop(pos.embed(tok_emb, positions))  # position enters: the embedding
@@ -261,7 +261,7 @@ class GPT(nn.Module):
         too, with the mask its attention needs (lab/finetune)."""
         pos = self.transformer.wpe
         if not cached:
-            return attention_mask(pos, query_pos, query_pos) if pos.biased else None
+            return attention_mask(pos, query_pos, query_pos) if overrides(pos, "score_bias") else None
         key_pos = cached_key_positions(query_pos[-1:] + 1, self.transformer.h[0].attn.kv_cache.k.size(2))
         if not self.static_cache:  # eager: only the slots written so far (reads the position: a host sync)
             key_pos = key_pos[: int(query_pos[-1]) + 1]
@@ -273,8 +273,7 @@ class GPT(nn.Module):
         so that a chunk never overwrites a key its own queries see. The position tables grow here, once.
         static: every step attends to every slot (masked), so that a decode step has the same shapes and
         reads no position on the host: a CUDA graph or a compiled step serves every position."""
-        self.transformer.wpe.check_length(n_pos)
-        self.transformer.wpe.grow(n_pos)
+        self.transformer.wpe.grow(n_pos)  # or refuses n_pos in one line (learned, past its table)
         size = self.cache_size(n_pos, window, chunk)
         dtype = dtype or self.lm_head.weight.dtype
         c, device = self.config, self.lm_head.weight.device

@@ -28,7 +28,8 @@ from plumbing.fields import check_fields, require, setting
 
 
 class PositionScheme(nn.Module):
-    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors.
+    """What every scheme is; each default means "nothing here". Positions are absolute, (T,) tensors. Its
+    public names, each what the core asks and only a scheme can answer (tests/test_scheme_interface.py):
         embed(tok_emb, positions)       -> what enters the first block (learned, sinusoidal add here)
         rotation(positions, seq_len)    -> (cos, sin) turning q and k (apply_rope's tables), or None; seq_len:
                                         their sequence's length (a prefill chunk's), default the last + 1
@@ -36,28 +37,22 @@ class PositionScheme(nn.Module):
                                         (cache slots, a method's groups), shared by the layers, or None
         Settings                        its settings: a dataclass of setting()s, named uniquely (flags)
         check_config(config)            its settings' one-line ValueError against the GPT's (head size ...)
-        check_length(n_pos)             refuse in one line a length it cannot encode (learned past its table)
-        grow(n_pos)                     extend its tables to positions 0 .. n_pos - 1, outside any step
+        grow(n_pos)                     ready it for positions 0 .. n_pos - 1, outside any step: its tables
+                                        extended, or a length it cannot encode refused in one line (learned)
         init_weights()                  its parameters' initial values (after GPT.init_weights' N(0, 0.02))
-        table_bytes(n_pos)              its tables' bytes at n_pos positions (a 2-D buffer: a row each)
         flops_per_token(seq_len, batch_size)  its own training FLOPs a token beyond 6 a weight, batch_size
                                         sequences sharing what a forward builds once; None: unknown
-        bias_bytes(n_query, n_key)      what score_bias computes beside the bias (FIRE's hidden layer)
         adapt_state(state, prefix)      -> (a checkpoint's entries fitted to it, a note): --init_from
-    Its answers: rope_layers, whether each layer takes rotation's (cos, sin) (None: all); length_limit, the
-    longest sequence it encodes (None: any; past it, window_length); rotates (RoPE's settings apply); biased,
-    derived (it overrides score_bias); embedding (an input embedding to train); encodes (any signal);
-    recode_past, a length past which it encodes every position anew (a KV cache reruns); step_varies, why its
-    decode step's work depends on the length in Python (dynamic NTK), or None: the step is then static, one
-    CUDA graph or compiled graph for every position (generation.py)."""
+        length_limit                    the longest sequence it encodes (None: any; past it, window_length)
+        rope_layers                     whether each layer takes rotation's (cos, sin) (None: all)
+        recode_past                     a length past which it encodes every position anew (a KV cache reruns)
+        step_varies                     why its decode step's work depends on the length in Python (dynamic
+                                        NTK), or None: the step is then static, one CUDA graph or compiled
+                                        graph for every position (generation.py)
+    What follows from these is read off them, not declared: overrides(scheme, "score_bias") (a bias, so the
+    forward builds a mask), takes(scheme, "rope_scaling") (RoPE's settings apply)."""
 
     length_limit = recode_past = step_varies = rope_layers = None
-    rotates = biased = embedding = False
-    encodes = True
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.biased = cls.score_bias is not PositionScheme.score_bias  # derived: overriding score_bias is all
 
     @dataclass
     class Settings:  # none; a scheme's own: @dataclass class Settings(PositionScheme.Settings)
@@ -73,16 +68,25 @@ class PositionScheme(nn.Module):
     def score_bias(self, query_pos, key_pos): return None
     @classmethod
     def check_config(cls, config): pass
-    def check_length(self, n_pos): pass
     def grow(self, n_pos): pass
     def init_weights(self): pass
     def flops_per_token(self, seq_len, batch_size): return None  # unknown: GPT.flops_per_token says so
-    def bias_bytes(self, n_query, n_key): return 0
     def adapt_state(self, state, prefix): return state, None
     # fmt: on
 
-    def table_bytes(self, n_pos):
-        return n_pos * sum(b[0].numel() * b.element_size() for b in self.buffers() if b.dim() == 2)
+
+def overrides(scheme, hook):
+    """Whether a scheme (its class or an instance) overrides PositionScheme's method `hook`: a score bias is
+    overriding score_bias (GPT.attention_mask then builds the mask); a signal, overriding embed, rotation
+    or score_bias (NoPE overrides none)."""
+    cls = scheme if isinstance(scheme, type) else type(scheme)
+    return getattr(cls, hook) is not getattr(PositionScheme, hook)
+
+
+def takes(scheme, name):
+    """Whether a scheme (its class or an instance) declares the setting `name` (RoPE's rope_scaling: its
+    extension's flags apply to it)."""
+    return any(f.name == name for f in fields(scheme.Settings))
 
 
 def elementwise_flops(scheme, seq_len, batch_size):
@@ -108,7 +112,6 @@ def causal_mask(query_pos, key_pos, window=None):
 class NoPositions(PositionScheme):
     """NoPE: no signal, the causal mask alone reveals order (Haviv et al. 2022; Kazemnejad et al. 2023)."""
 
-    encodes = False
     flops_per_token = elementwise_flops
 
 
@@ -120,7 +123,6 @@ class LearnedPositions(PositionScheme):
     """GPT-2: a trained vector per position 0..block_size-1 (transformer.wpe.weight), added to the tokens.
     None was trained past block_size: a longer input is refused, a longer sequence runs on windows of it."""
 
-    embedding = True
     flops_per_token = elementwise_flops
 
     def __init__(self, config):
@@ -132,9 +134,9 @@ class LearnedPositions(PositionScheme):
     def init_weights(self):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
-    def check_length(self, n_pos):
-        """No row was trained past block_size - 1: refused in one line, not an index error mid-forward, naming
-        the schemes that run longer (every other of POSITION_MODULES)."""
+    def grow(self, n_pos):
+        """No row was trained past block_size - 1: a longer length is refused in one line, not an index error
+        mid-forward, naming the schemes that run longer (every other of POSITION_MODULES)."""
         if n_pos > self.length_limit:
             past = f"pos=learned has no embedding past position {self.length_limit - 1}"
             *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
@@ -364,7 +366,6 @@ class RotaryPositions(PositionScheme):
     every position of a sequence longer than that with its long factors (as transformers), the first
     rope_keep_first (n-hat) with plain RoPE's (the authors' MixedLongRoPEScaledRotaryEmbedding)."""
 
-    rotates = True
     flops_per_token = elementwise_flops
 
     # fmt: off
@@ -617,9 +618,6 @@ class FIREPositions(PositionScheme):
         """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one
         forward, whose bias all batch_size sequences share."""
         return 6 * self.hidden * (1 + self.n_head) * seq_len * seq_len / (batch_size * seq_len)
-
-    def bias_bytes(self, n_query, n_key):  # float32 per pair: f's input, hidden layer and n_head outputs
-        return n_query * n_key * (1 + self.hidden + self.n_head) * 4
 
     def score_bias(self, query_pos, key_pos):
         x = fire_input(query_pos, key_pos, self.c_log.exp(), 1 + self.L_log.exp())[..., None]  # (n_q, n_k, 1)

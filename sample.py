@@ -44,7 +44,7 @@ from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
-from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor
+from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor, takes
 
 
 @dataclass
@@ -177,7 +177,7 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
     saved = checkpoint["model_config"]  # open_checkpoint brought an older one up to date
     block_size, settings = saved["block_size"], saved["pos_settings"]
-    if compared and not POSITION_MODULES[saved["pos"]].rotates:  # every --rope_* flag is RoPE's extension
+    if compared and not takes(POSITION_MODULES[saved["pos"]], "rope_scaling"):  # --rope_* extend RoPE
         cfg = replace(cfg, **{f.name: None for f in fields(cfg) if f.name.startswith("rope_")})
     try:
         prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
@@ -288,7 +288,8 @@ def compare(cfg, device, threads):
         raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
     schemes = {out_dir: load_for_generation(out_dir, cfg, device, True)[0].model.config.pos
                for out_dir in cfg.compare}  # fmt: skip
-    if (flags := rope_flags(cfg)) and not any(POSITION_MODULES[pos].rotates for pos in schemes.values()):
+    rope = any(takes(POSITION_MODULES[pos], "rope_scaling") for pos in schemes.values())
+    if (flags := rope_flags(cfg)) and not rope:
         compared = ", ".join(f"{out_dir} (pos={pos})" for out_dir, pos in schemes.items())
         raise UserError(f"{flags} extends RoPE; no compared checkpoint takes it: {compared}", 2)
     print(threads)

@@ -55,7 +55,14 @@ from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, out_of_memory, resolve_device
 from plumbing.progress import progress_bar
-from positions import LONGROPE, POSITION_MODULES, ROPE_SCALING_CHOICES, ROPE_SCALINGS, default_rope_factor
+from positions import (
+    LONGROPE,
+    POSITION_MODULES,
+    ROPE_SCALING_CHOICES,
+    ROPE_SCALINGS,
+    default_rope_factor,
+    takes,
+)
 
 PROG = "python -m lab.eval_length"  # as the user types it, in every error line
 ROW_COLUMNS = ("checkpoint", "pos", "scaling", "block_size", "length")
@@ -199,7 +206,7 @@ class Source:
         only where `longrope`, the --rope_factors read, fits it (no_longrope)."""
         if self.config.get("rope_scaling"):
             return [self.config["rope_scaling"]]  # fine-tuned with it: measured as recorded, never re-scaled
-        if self.scheme.rotates:
+        if takes(self.scheme, "rope_scaling"):
             fits = longrope is not None and not self.no_longrope(longrope)
             return ["plain", *(m for m in rope_scalings if m != LONGROPE or fits)]
         return ["plain", "window"] if self.limit is not None else ["plain"]
@@ -207,7 +214,7 @@ class Source:
     def no_rope_scalings(self):
         """Why this checkpoint takes no --rope_scalings row (its scheme rotates nothing, or it is measured at
         its own extension); None: it takes them."""
-        if not self.scheme.rotates:
+        if not takes(self.scheme, "rope_scaling"):
             return f"pos={self.config['pos']}, not RoPE"
         if self.config.get("rope_scaling"):
             return f"measured at its own rope_scaling={self.config['rope_scaling']}"

@@ -52,7 +52,7 @@ def describe_model(model):
     scaling), trained length and size."""
     c, params, rope = model.config, f"{model.num_params():,} parameters", model.transformer.wpe
     pos, scaled = c.pos, []
-    if rope.rotates:  # RoPE's settings apply
+    if hasattr(c.pos_settings, "rope_scaling"):  # RoPE's settings apply
         s = c.pos_settings
         scaling = "none" if s.rope_scaling is None else f"{s.rope_scaling} x{s.rope_factor:g}"
         if s.rope_scaling == "llama3":

@@ -10,10 +10,10 @@ import torch
 import generation
 from lab.perf.ops import RECIPE_SHAPE, decode_step_ops
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS
+from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS, overrides, takes
 
 BLOCK = 16
-ROTATING = [pos for pos in POS_SCHEMES if POSITION_MODULES[pos].rotates]
+ROTATING = [pos for pos in POS_SCHEMES if takes(POSITION_MODULES[pos], "rope_scaling")]  # RoPE's settings
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -115,7 +115,7 @@ def test_every_schemes_decode_step_meets_its_operator_target():
     counts = {pos: len(decode_step_ops(GPTConfig.from_flat(**RECIPE_SHAPE, pos=pos))) for pos in POS_SCHEMES}
     learned, layers = counts["learned"], RECIPE_SHAPE["n_layer"]
     for pos, count in counts.items():
-        allowed = learned + (4 * layers if POSITION_MODULES[pos].rotates else 15)
+        allowed = learned + (4 * layers if overrides(POSITION_MODULES[pos], "rotation") else 15)
         assert count <= allowed, f"{pos}: {count} operators a decode step, the target {allowed} ({counts})"
 
 

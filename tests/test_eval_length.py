@@ -17,7 +17,7 @@ from lab import eval_length
 from lab.measure import length_plots
 from lab.measure.losses import validation_tokens, window_losses, window_starts
 from plumbing.checkpoint import build_model, checkpoint_path, load_checkpoint
-from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS
+from positions import POS_SCHEMES, POSITION_MODULES, ROPE_SCALINGS, takes
 
 BLOCK = TINY_BLOCK
 TINY = TINY_RUN
@@ -109,7 +109,7 @@ def test_rows_are_plain_plus_each_rope_extension_and_learned_window(measured, ch
     assert list(rows_of(rows, checkpoints["rope"])) == ["plain", *ROPE_SCALINGS]
     assert list(rows_of(rows, checkpoints["learned"])) == ["plain", "window"]
     for pos in POS_SCHEMES:  # a scheme that neither rotates nor has a length limit: plain alone
-        if not POSITION_MODULES[pos].rotates and pos != "learned":
+        if not takes(POSITION_MODULES[pos], "rope_scaling") and pos != "learned":
             assert list(rows_of(rows, checkpoints[pos])) == ["plain"], pos
     extended = rows_of(rows, checkpoints["extended"])
     assert list(extended) == ["yarn"] and extended["yarn"].block_size == 2 * BLOCK

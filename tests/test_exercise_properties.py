@@ -117,15 +117,15 @@ def test_sinusoidal_first_rows_worked_by_hand():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_learned_check_length_refuses_only_past_block_size(seed):
-    """check_length(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
+def test_learned_grow_refuses_only_past_block_size(seed):
+    """grow(n) is silent for every n up to block_size and a ValueError naming block_size past it."""
     block = random.Random(seed).randint(1, 40)
     table = LearnedPositions(GPTConfig.from_flat(block_size=block, n_embd=8, n_head=2, pos="learned"))
     for n in range(1, block + 1):
-        table.check_length(n)
+        table.grow(n)
     for n in (block + 1, 2 * block + 3):
         with pytest.raises(ValueError, match=f"block_size={block}"):
-            table.check_length(n)
+            table.grow(n)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

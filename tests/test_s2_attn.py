@@ -9,7 +9,7 @@ import train
 from lab.finetune import __main__ as finetune
 from lab.finetune.s2 import s2_mask, shifted_sparse_attention, use_s2_attn
 from model import GPT, GPTConfig
-from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme
+from positions import POS_SCHEMES, POSITION_MODULES, PositionScheme, overrides
 
 
 def visible(n_head, T, group):
@@ -82,7 +82,7 @@ def test_s2_attn_reads_a_score_bias_at_each_groups_true_positions(group):
     torch.testing.assert_close(shifted_sparse_attention(q, k, v, group, scheme), expected)
 
 
-BIASED = [pos for pos in POS_SCHEMES if POSITION_MODULES[pos].biased]
+BIASED = [pos for pos in POS_SCHEMES if overrides(POSITION_MODULES[pos], "score_bias")]
 
 
 @pytest.mark.parametrize("pos", BIASED)

@@ -1,8 +1,11 @@
 """A position scheme is one class. A toy scheme, written below as one PositionScheme subclass and registered
-in POSITION_MODULES, trains, decodes with the KV cache, is evaluated and counted, no other file touched;
-and no code outside positions.py compares a scheme's name: the rest of the repository asks the class."""
+in POSITION_MODULES, trains, decodes with the KV cache, is evaluated and its FLOPs counted, no other file
+touched; no code outside positions.py compares a scheme's name: the rest of the repository asks the class; and
+PositionScheme's public names are the ones its docstring lists."""
 
 import ast
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -83,8 +86,8 @@ def test_a_registered_scheme_is_evaluated_past_block_size(toy):
 
 
 def test_a_registered_scheme_is_counted(toy):
-    """GPT counts its parameters (from the module: one bias per head); its FLOP count adds the scheme's own
-    per-token term to 6N (its parameters left out) and attention's."""
+    """Its parameters count in the model's; GPT's FLOP count adds its own per-token term to 6N (its
+    parameters left out) and attention's."""
     model = GPT(toy)
     assert model.num_params() == GPT(GPTConfig.from_flat(**{**vars(toy), "pos": "none"})).num_params() + 2
     c = toy
@@ -225,3 +228,27 @@ def test_a_schemes_own_init_weights_runs_after_gpt_2s_draw_of_its_children(monke
         GPTConfig.from_flat(pos="linear_bias", block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=11)
     )
     assert torch.equal(model.transformer.wpe.slope.weight, torch.full((2, 1), -0.5))
+
+
+# -----------------------------------------------------------------------------
+# The interface's names: the ones its docstring lists, each what the core asks and only a scheme can answer
+
+
+def listed_names(doc):
+    """The names a docstring lists: each entry line starts with 4 spaces, then the name (continuations are
+    indented further)."""
+    return {match.group(1) for match in re.finditer(r"^ {4}(\w+)", doc, re.MULTILINE)}
+
+
+def test_the_listing_reads_each_entry_and_no_continuation():
+    """The check below can fail: an entry line gives its name, a continuation line or prose none."""
+    doc = "Names:\n    embed(x)   -> y\n                continued(z)\n    length_limit    the longest\nprose"
+    assert listed_names(doc) == {"embed", "length_limit"}
+
+
+def test_position_schemes_public_names_are_the_ones_its_docstring_lists():
+    """What PositionScheme itself defines without a leading "_" is exactly what its docstring lists, 13 names:
+    a name added to the class without its entry (or the reverse) fails here, and so does a 14th."""
+    public = {name for name in vars(PositionScheme) if not name.startswith("_")}
+    assert public == listed_names(inspect.getdoc(PositionScheme))
+    assert len(public) <= 13, sorted(public)

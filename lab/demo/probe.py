@@ -22,7 +22,7 @@ from lab.experiments.runs import inputs_of, model_dirs
 from lab.measure import instruments
 from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
-from positions import POS_SCHEMES
+from positions import POS_SCHEMES, overrides
 
 PROG = "python -m lab.demo.probe"
 TARGETS = {"position": "absolute position", "newline": "distance to the latest newline"}
@@ -52,8 +52,8 @@ def run_probes(cfg):
         print(f"pos={pos:<11} {instruments.describe(folder, ckpt)}")
         windows = instruments.validation_windows(ckpt, cfg.windows)
         newline = tokenizer.encode("\n")[0]
-        unmask = not model.transformer.wpe.encodes  # NoPE unmasked too: no position signal but the mask's
-        masks = {pos: True} | ({NOPE_UNMASKED: False} if unmask else {})
+        signal = any(overrides(model.transformer.wpe, h) for h in ("embed", "rotation", "score_bias"))
+        masks = {pos: True} | ({} if signal else {NOPE_UNMASKED: False})  # NoPE unmasked too: the mask's only
         for label, mask in masks.items():
             results[label] = instruments.probe_positions(model, windows, newline, mask=mask, ridge=cfg.ridge)
     return results

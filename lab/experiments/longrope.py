@@ -44,7 +44,7 @@ from plumbing.cli import parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from plumbing.hardware import check_device, check_device_name, resolve_device
-from positions import LONGROPE, POSITION_MODULES, require, rope_frequencies, rope_inv_freq, rotary_dim
+from positions import LONGROPE, POSITION_MODULES, require, rope_frequencies, rope_inv_freq, rotary_dim, takes
 
 PROG = "python -m lab.experiments.longrope"
 N_HATS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # n-hat's choices (the paper's set starts 0, 1, 2, 4, 8, 12, 16...)
@@ -237,7 +237,7 @@ def main(argv=None):
         ckpt = open_checkpoint(path, mmap=True)
         config = GPTConfig(**ckpt["model_config"]).flat()  # its fields and settings, by name
         require(
-            POSITION_MODULES[config["pos"]].rotates,
+            takes(POSITION_MODULES[config["pos"]], "rope_scaling"),
             f"{path}: pos={config['pos']}: LongRoPE rescales RoPE's frequencies",
         )
         T = config.get("rope_original_len") or config["block_size"]

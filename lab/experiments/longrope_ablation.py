@@ -34,7 +34,7 @@ from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
 from plumbing.cli import parse_flags
 from plumbing.errors import one_line_errors
 from plumbing.fields import check_fields, setting
-from positions import POSITION_MODULES, require
+from positions import POSITION_MODULES, require, takes
 
 VARIANTS = {  # name: lab.experiments.longrope's flags
     "loss": (),  # the paper's: the loss at L, n-hat searched
@@ -73,7 +73,8 @@ def datasets(cfg):
     found = {}
     for folder in cfg.checkpoints:
         ckpt = open_checkpoint(checkpoint_path(folder), mmap=True)
-        require(POSITION_MODULES[ckpt["model_config"]["pos"]].rotates, f"{folder}: not a RoPE checkpoint")
+        scheme = POSITION_MODULES[ckpt["model_config"]["pos"]]
+        require(takes(scheme, "rope_scaling"), f"{folder}: not a RoPE checkpoint")
         found[folder] = (ckpt.get("train_config") or {}).get("dataset"), ckpt["model_config"]["block_size"]
     require(len(set(found.values())) == 1, f"the checkpoints differ in dataset or T: {found}")
     return {folder: dataset for folder, (dataset, _) in found.items()}, next(iter(found.values()))[1]

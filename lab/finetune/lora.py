@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn as nn
 
-from positions import require
+from positions import overrides, require
 
 TARGETS = ("c_attn", "c_proj")  # the adapted Linears of each block's attention
 TRAINABLE = ("embed", "norm")  # --lora_train: the input embeddings (token, learned's table); LayerNorms
@@ -97,7 +97,7 @@ def add_adapters(model, rank, alpha, dropout=0.0, train=None):
             setattr(attn, name, LoRALinear(getattr(attn, name), rank, alpha, dropout).train(model.training))
     if "embed" in train:  # the token embedding by its input gradient only (InputOnlyHead); the scheme's own
         model.transformer.wte.requires_grad_(True)  # if it says they are an embedding (learned's table)
-        model.transformer.wpe.requires_grad_(model.transformer.wpe.embedding)
+        model.transformer.wpe.requires_grad_(overrides(model.transformer.wpe, "embed"))
         head = model.lm_head
         model.lm_head = InputOnlyHead(head.in_features, head.out_features, head.bias is not None)
         model.lm_head.weight, model.lm_head.bias = head.weight, head.bias  # the tied matrix, shared

@@ -18,7 +18,7 @@ from lab.outputs import check_outputs, figure_file, write_output
 from model import CausalSelfAttention
 from plumbing.checkpoint import open_model
 from plumbing.errors import UserError
-from positions import apply_rope, attention_mask
+from positions import apply_rope, attention_mask, overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,7 +188,7 @@ def qk_terms(model, idx, head=0):
     position-position, before scale and mask. ln_1 is split by the statistics of the sum, exactly with
     bias=False: LN(x) = g (e - mean e) / sigma + g (p - mean p) / sigma. -> {name: (T, T)} for idx[0]"""
     wpe = model.transformer.wpe
-    if not wpe.embedding or model.config.bias:
+    if not (overrides(wpe, "embed") and list(wpe.parameters())) or model.config.bias:
         raise ValueError("the four-term split needs a trained position table (pos=learned) and bias=False")
     block, T = model.transformer.h[0], idx.size(1)
     e = model.transformer.wte(idx[:1])[0]  # (T, C), and p the rows the scheme adds at positions 0 .. T-1

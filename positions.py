@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 
-from plumbing.fields import check_fields, require, setting
+from plumbing.fields import changed_fields, check_fields, read_settings_file, require, setting
 
 # -----------------------------------------------------------------------------
 # The interface: what a scheme is, and what model.py asks of it
@@ -206,6 +206,10 @@ LONGROPE = "longrope"  # a factor per frequency pair, from a Phi-3 config or sea
 ROPE_SCALING_CHOICES = (*ROPE_SCALINGS, LONGROPE)
 LONGROPE_FIELDS = ("rope_short_factor", "rope_long_factor", "rope_attention_factor", "rope_keep_first")
 LLAMA3_FACTORS = ("rope_low_freq_factor", "rope_high_freq_factor")  # llama3's blend
+ROPE_FACTORS_KEYS = dict(  # a factors file's keys (Phi-3's rope_scaling block; n-hat): the setting each sets
+    type=None, rope_type=None, factor="rope_factor", short_factor="rope_short_factor",
+    long_factor="rope_long_factor", original_max_position_embeddings="rope_original_len",
+    attention_factor="rope_attention_factor", keep_first="rope_keep_first")  # fmt: skip
 
 
 def rope_inv_freq(dim, base=10000.0):
@@ -380,15 +384,29 @@ class RotaryPositions(PositionScheme):
         rope_fraction: float = setting(1.0, above=0, at_most=1)  # share of a head's dims rotated, the first
         nope_interval: int = setting(0, at_least=0)  # every k-th layer (k-1, 2k-1, ...) skips RoPE (Llama 4)
         nope_layers: str | None = None  # or the layers that skip RoPE, 0-based, comma-separated: 3,7
-        rope_short_factor: list[float] | None = None  # longrope's factors up to rope_original_len
-        rope_long_factor: list[float] | None = None  # past it (--rope_factors=FILE gives both)
+        rope_short_factor: list[float] | None = setting(None, at_least=1, below=math.inf)  # to original_len
+        rope_long_factor: list[float] | None = setting(None, at_least=1, below=math.inf)  # past it
         rope_attention_factor: float | None = setting(None, above=0)  # cos/sin scale; None: sqrt(1+ln s/ln T)
         rope_keep_first: int = setting(0, at_least=0)  # longrope's n-hat: positions below turn as RoPE
+        rope_factors: str | None = None  # longrope's from a JSON file (ROPE_FACTORS_KEYS), kept as values
+        at_sampling = ("rope_scaling", "rope_factor", *LLAMA3_FACTORS, "rope_factors")  # sample.py may change
+        at_init_from = (*at_sampling, "rope_original_len", *LONGROPE_FIELDS)  # and train.py --init_from
 
         def __post_init__(self):
-            """Then: llama3's factors with llama3 only; LongRoPE's with longrope, which needs them."""
+            """A factors file read into its settings (longrope); then: a factor or an original length with an
+            extension; llama3's factors with llama3 only; LongRoPE's with longrope, which needs them."""
+            if (path := self.rope_factors) is not None:  # its type: longrope, or "su" (Phi-3's first name)
+                kind = read_settings_file(self, "rope_factors", ROPE_FACTORS_KEYS, "LongRoPE factors file")
+                kind = kind.get("type", kind.get("rope_type", LONGROPE))
+                require(kind in (LONGROPE, "su"), f"{path}: type {kind!r} is not longrope")
+                drop = f"rope_factors={path} is longrope's factors: drop rope_scaling={self.rope_scaling}"
+                require(self.rope_scaling in (None, LONGROPE), drop)
+                self.rope_scaling = LONGROPE
             super().__post_init__()
-            changed = [f.name for f in fields(self) if getattr(self, f.name) != f.default]
+            changed, extension = changed_fields(self), ("rope_factor", "rope_original_len")
+            scales = " and ".join(f"{n}={changed[n]}" for n in extension if n in changed)
+            require(self.rope_scaling or not scales, f"{scales} needs rope_scaling, the extension it sets "
+                    "(without one RoPE is not scaled): give one, or drop it")
             llama3 = ", ".join(f"{n}={getattr(self, n)}" for n in changed if n in LLAMA3_FACTORS)
             has = f"this model has rope_scaling={self.rope_scaling!r}"
             require(not llama3 or self.rope_scaling == "llama3", f"{llama3}: llama3's frequency factors, and "
@@ -402,11 +420,8 @@ class RotaryPositions(PositionScheme):
             longrope = ", ".join(n for n in LONGROPE_FIELDS if n in changed)
             if self.rope_scaling != LONGROPE:
                 return require(not longrope, f"{longrope}: LongRoPE's settings, and {has}")
-            for name in LONGROPE_FIELDS[:2]:
-                factors = getattr(self, name)
-                require(factors is not None, f"rope_scaling=longrope needs {name} (give --rope_factors=FILE)")
-                valid = all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 1 for f in factors)
-                require(valid, f"{name}: every factor must be a finite number >= 1, got {list(factors)}")
+            missing = " and ".join(n for n in LONGROPE_FIELDS[:2] if getattr(self, n) is None)
+            require(not missing, f"rope_scaling=longrope needs {missing}: give rope_factors=FILE")
     # fmt: on
 
     def __init__(self, config):

@@ -23,7 +23,7 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below load torch (secon
 import time
 from collections import namedtuple
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -38,13 +38,13 @@ from plumbing.checkpoint import (
     pretrained_checkpoint,
     rope_overrides,
 )
-from plumbing.cli import check_original_len, parse_flags, read_prompt, read_rope_factors, threads_flag
+from plumbing.cli import check_original_len, parse_flags, read_prompt, section_names, threads_flag
 from plumbing.errors import UserError, one_line_errors
-from plumbing.fields import check_fields, require, setting
+from plumbing.fields import changed_fields, check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
 from plumbing.report import describe_model
 from plumbing.tokenizers import get_tokenizer
-from positions import POSITION_MODULES, ROPE_SCALING_CHOICES, default_rope_factor, takes
+from positions import POSITION_MODULES, default_rope_factor, takes
 
 
 @dataclass
@@ -65,36 +65,39 @@ class SampleConfig:
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
     cuda_graph: bool = True  # on CUDA, a token one replay of the decode step's CUDA graph; off: eager
     max_context: int | None = setting(None, at_least=1)  # attend to at most this many latest tokens
-    rope_scaling: str | None = setting(None, choices=ROPE_SCALING_CHOICES)  # RoPE extension
-    rope_factor: float | None = None  # its factor s; default: the generated length over block_size
-    rope_low_freq_factor: float | None = None  # llama3's: pairs turning fewer times get theta/s; None: 1
-    rope_high_freq_factor: float | None = None  # llama3's: pairs turning more times keep theta; None: 4
-    rope_factors: str | None = None  # longrope's per-pair factors, a JSON file (lab.experiments.longrope)
     stream: bool = True  # print tokens as they are produced (one sample, with the KV cache)
     dtype: str = setting("auto", choices=hardware.DTYPES)  # weights and KV caches; auto: bfloat16 on CUDA
+    # no flag: the scheme settings given (at_sampling_flags), applied over the checkpoint's, checked by their
+    # Settings here; --rope_scaling without --rope_factor: s = the generated length over block_size
+    pos_settings: dict = field(default_factory=dict)
 
     def __post_init__(self):
         check_fields(self)
         if self.top_k == 0:
             self.top_k = None
-        if self.rope_factors and self.rope_scaling is None:
-            self.rope_scaling = "longrope"
-        require(self.rope_factor is None or self.rope_scaling is not None, "rope_factor needs --rope_scaling")
         both = "--init_from names the one model to sample, --compare several: name GPT-2 among --compare's"
         require(self.compare is None or self.init_from is None, f"{both} (--compare gpt2 out/...)")
-        # the RoPE extension's flags, by RoPE's settings' rules (longrope's factors: read_rope_factors's)
-        extension = dict(rope_factor=self.rope_factor, rope_low_freq_factor=self.rope_low_freq_factor,
-                         rope_high_freq_factor=self.rope_high_freq_factor)  # fmt: skip
-        check_settings(**extension, rope_scaling=None if self.rope_factors else self.rope_scaling)
+        check_settings(**self.pos_settings)  # by their schemes' rules: a factors file read and checked
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
         hardware.check_device_name(self.device)
         hardware.check_threads(self.threads)
 
 
+def at_sampling_flags():
+    """parse_flags' sections of the scheme settings a sampling run may change: each Settings' at_sampling."""
+    return [(f"pos={name}'s settings, over the checkpoint's", scheme.Settings, scheme.Settings.at_sampling)
+            for name, scheme in POSITION_MODULES.items()
+            if getattr(scheme.Settings, "at_sampling", ())]  # fmt: skip
+
+
 def parse_args(argv=None):
     """Flags (and --config) -> SampleConfig; a bad flag or value is one line and status 2, as in train.py."""
-    return SampleConfig(**parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, None)]))
+    own = [f.name for f in fields(SampleConfig) if f.name != "pos_settings"]
+    schemes, given = at_sampling_flags(), set()
+    values = parse_flags(argv, "sample.py", __doc__, [("sampling", SampleConfig, own), *schemes], given=given)
+    settings = {name: values.pop(name) for name in section_names(schemes)}
+    return SampleConfig(**values, pos_settings={name: v for name, v in settings.items() if name in given})
 
 
 # what sizes a generation's memory: its KV cache, the tokens, each forward's logits and mask
@@ -168,17 +171,18 @@ class Streamer:
 
 
 def load_for_generation(out_dir, cfg, device, compared=False):
-    """The model of out_dir (or a GPT2_MODELS name) with --rope_scaling applied, and its prompt's ids:
+    """The model of out_dir (or a GPT2_MODELS name) with cfg.pos_settings applied, and its prompt's ids:
     -> (Loaded, cfg, prompt ids, max_new_tokens). The checkpoint is mapped, not read, and let go on return:
     the weights live once, in the model; one that does not fit in memory is one line (status 1).
-    compared: one of --compare's, where --rope_scaling applies to the RoPE checkpoints only."""
+    compared: one of --compare's, where a scheme's settings apply to its own checkpoints only (--rope_*)."""
     path = None if out_dir in GPT2_MODELS else checkpoint_path(out_dir)
     flag = "--compare" if compared else "--init_from"
     checkpoint = open_checkpoint(path, mmap=True) if path else pretrained_checkpoint(out_dir, flag)
     saved = checkpoint["model_config"]  # open_checkpoint brought an older one up to date
     block_size, settings = saved["block_size"], saved["pos_settings"]
-    if compared and not takes(POSITION_MODULES[saved["pos"]], "rope_scaling"):  # --rope_* extend RoPE
-        cfg = replace(cfg, **{f.name: None for f in fields(cfg) if f.name.startswith("rope_")})
+    if compared:  # the settings of the scheme of this checkpoint
+        own = {f.name for f in fields(POSITION_MODULES[saved["pos"]].Settings)}
+        cfg = replace(cfg, pos_settings={n: v for n, v in cfg.pos_settings.items() if n in own})
     try:
         prompt_ids = get_tokenizer(checkpoint["meta"]).encode(cfg.start)
     except UserError as e:  # say the prompt was the default one, not the user's
@@ -187,13 +191,16 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     if not prompt_ids:
         raise UserError("the prompt is empty: give --start some text")
     max_new_tokens = cfg.max_new_tokens or 4 * block_size
-    rope_factor = cfg.rope_factor or default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
-    llama3 = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor)
-    longrope = cfg.rope_factors and read_rope_factors(cfg.rope_factors, cfg.rope_scaling, cfg.rope_factor)
-    original = settings.get("rope_original_len") or block_size
-    check_original_len(longrope or {}, original, f"{out_dir}'s original length")
+    given = {}
+    for checked in check_settings(**cfg.pos_settings).values():  # a factors file read into its values
+        given |= {name: getattr(checked, name) for name in cfg.pos_settings} | changed_fields(checked)
+    if given.get("rope_scaling") and "rope_factor" not in given:
+        given["rope_factor"] = default_rope_factor(len(prompt_ids) + max_new_tokens, block_size)
+    if "rope_factors" in cfg.pos_settings:  # LongRoPE's, searched for the checkpoint's original length
+        original = settings.get("rope_original_len") or block_size
+        check_original_len(given.get("rope_original_len"), original, f"{out_dir}'s original length")
     try:  # a setting the model refuses is the --rope_* flags' mistake, not the checkpoint's
-        scaling = rope_overrides(cfg.rope_scaling, rope_factor, llama3, longrope)
+        scaling = rope_overrides(given.pop("rope_scaling", None), given.pop("rope_factor", None)) | given
         GPTConfig.from_flat(**GPTConfig(**saved).flat() | scaling)  # the model open_model will build
     except ValueError as e:
         raise UserError(f"{rope_flags(cfg)} on {out_dir}: {e}", 2) from None
@@ -201,19 +208,15 @@ def load_for_generation(out_dir, cfg, device, compared=False):
     with hardware.out_of_memory(
         f"the model of {path or out_dir} ({shape}) does not fit: use another checkpoint"
     ):
-        loaded = load(out_dir, device, cfg.rope_scaling, rope_factor, checkpoint, llama3, longrope)
+        loaded = load(out_dir, device, checkpoint=checkpoint, longrope=scaling)
     loaded.model.cast_weights(hardware.resolve_dtype(cfg.dtype, torch.device(device).type))
     return loaded, cfg, prompt_ids, max_new_tokens
 
 
 def rope_flags(cfg):
-    """The --rope_* flags given, as typed: '--rope_scaling=yarn --rope_factor=2' (a factors file's implied
-    --rope_scaling left out)."""
-    given = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name.startswith("rope_")}
-    given = {name: value for name, value in given.items() if value is not None}
-    implied = ["rope_scaling"] if cfg.rope_factors else []
+    """The scheme settings' flags given (--rope_*), as typed: '--rope_scaling=yarn --rope_factor=2'."""
     shown = lambda value: f"{value:g}" if isinstance(value, float) else value
-    return " ".join(f"--{name}={shown(value)}" for name, value in given.items() if name not in implied)
+    return " ".join(f"--{name}={shown(value)}" for name, value in cfg.pos_settings.items())
 
 
 @contextmanager

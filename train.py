@@ -92,7 +92,6 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     threads: str = threads_flag()
     seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams
-    rope_factors: str | None = None  # longrope's per-pair factors: JSON, a Phi-3 config's rope_scaling keys
 
     # A training method (lab/finetune) is a subclass: its own fields are flags beside these, recorded in the
     # checkpoint's train_config as these are; it runs train.main(argv, its class) and may override:

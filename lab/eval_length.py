@@ -50,9 +50,9 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import list_flag, parse_flags, read_rope_factors, threads_flag
+from plumbing.cli import list_flag, parse_flags, threads_flag
 from plumbing.errors import UserError, one_line_errors
-from plumbing.fields import check_fields, setting
+from plumbing.fields import changed_fields, check_fields, setting
 from plumbing.hardware import check_device, check_device_name, out_of_memory, resolve_device
 from plumbing.progress import progress_bar
 from positions import (
@@ -126,7 +126,8 @@ class EvalConfig:
             self.rope_scalings = [*self.rope_scalings, LONGROPE]
         if LONGROPE in self.rope_scalings and not self.rope_factors:
             raise ValueError("--rope_scalings=longrope takes its factors from --rope_factors=FILE")
-        self.longrope = read_rope_factors(self.rope_factors) if self.rope_factors else None
+        read = self.rope_factors and POSITION_MODULES["rope"].Settings(rope_factors=self.rope_factors)
+        self.longrope = changed_fields(read) if read else None  # the file's settings, by RoPE's rules
         if self.plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)")
         if self.plot:

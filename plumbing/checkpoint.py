@@ -305,7 +305,7 @@ def open_model(
 ):
     """(model in eval mode on device, tokenizer, checkpoint dict) of `source` (checkpoint_path), or of `ckpt`
     already loaded, with RoPE extension rope_scaling at rope_factor; llama3_factors: (low, high), None keeping
-    the checkpoint's; longrope: a --rope_factors file's settings (cli.read_rope_factors), over the rest."""
+    the checkpoint's; longrope: settings by name over the rest (a factors file's, read by RoPE's Settings)."""
     path = checkpoint_path(source)
     ckpt = ckpt or open_checkpoint(path, mmap=True)
     scaling = rope_overrides(rope_scaling, rope_factor, llama3_factors, longrope)
@@ -315,13 +315,12 @@ def open_model(
 
 def check_settings(**values):
     """Settings given by name (None: not given, left out) checked by their schemes' Settings, whose rules
-    they are: a one-line ValueError as a model with them would give."""
+    they are: a one-line ValueError as a model with them would give. -> {scheme: its Settings of them}"""
     by_scheme, known = {}, scheme_settings()
     for name, value in values.items():
         if value is not None:
             by_scheme.setdefault(known[name][0], {})[name] = value
-    for scheme, settings in by_scheme.items():
-        POSITION_MODULES[scheme].Settings(**settings)
+    return {scheme: POSITION_MODULES[scheme].Settings(**settings) for scheme, settings in by_scheme.items()}
 
 
 def rope_overrides(rope_scaling=None, rope_factor=None, llama3_factors=(), longrope=None):

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import difflib
 import inspect
-import json
 import math
 import re
 import tomllib
@@ -28,7 +27,7 @@ from pathlib import Path
 from model import GPTConfig
 from plumbing.errors import UserError, one_line_errors, reading
 from plumbing.fields import choices_of, rule_text
-from positions import LONGROPE_FIELDS, POSITION_MODULES
+from positions import POSITION_MODULES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -231,15 +230,6 @@ def parse_flags(
     return values
 
 
-# LongRoPE's factors file: Hugging Face's rope_scaling keys (a Phi-3 config's block pastes in), and n-hat,
-# as the GPTConfig fields they set
-ROPE_FACTORS_FIELDS = dict(
-    factor="rope_factor", short_factor="rope_short_factor", long_factor="rope_long_factor",
-    original_max_position_embeddings="rope_original_len", attention_factor="rope_attention_factor",
-    keep_first="rope_keep_first")  # fmt: skip
-ROPE_FACTORS_KEYS = ("type", "rope_type", *ROPE_FACTORS_FIELDS)
-
-
 def read_prompt(start):
     """sample.py's --start: the prompt itself, or FILE:path to a UTF-8 file holding it."""
     path = start.removeprefix("FILE:")
@@ -252,72 +242,11 @@ def read_prompt(start):
     return read_text(path, f"prompt file {path}", status=1)
 
 
-def read_rope_factors(path, rope_scaling=None, rope_factor=None):
-    """--rope_factors FILE (JSON) -> the GPTConfig fields of LongRoPE; anything else is a one-line UserError.
-    short_factor and long_factor are required; GPTConfig checks their count and values. The file sets
-    rope_scaling and its factor: another --rope_scaling, or a --rope_factor beside the file's, is refused."""
-    where, keys = f"--rope_factors {path}", ", ".join(ROPE_FACTORS_KEYS)
-
-    def unique(pairs):  # json keeps the last of a repeated key without a word
-        if repeated := [key for key in dict(pairs) if [k for k, _ in pairs].count(key) > 1]:
-            raise UserError(f"{where}: {', '.join(repeated)} given more than once; give each key once", 2)
-        return dict(pairs)
-
-    with reading(where, "JSON file of factors", status=2):
-        table = json.loads(read_text(path, where), object_pairs_hook=unique)
-    if not isinstance(table, dict):
-        raise UserError(f"{where}: a JSON object of {keys}", 2)
-    if unknown := [key for key in table if key not in ROPE_FACTORS_KEYS]:
-        raise UserError(f"{where}: unknown key {', '.join(unknown)}; valid keys: {keys}", 2)
-    if missing := [key for key in ("short_factor", "long_factor") if key not in table]:
-        raise UserError(f"{where}: missing {' and '.join(missing)}, a list of factors per rotated pair", 2)
-    if rope_scaling not in (None, "longrope"):
-        raise UserError(f"{where} is longrope's factors: drop --rope_scaling={rope_scaling}", 2)
-    if None not in (rope_factor, table.get("factor")) and rope_factor != table["factor"]:
-        raise UserError(f"{where} gives factor {table['factor']}: drop --rope_factor={rope_factor:g}", 2)
-    kind = table.get("type", table.get("rope_type", "longrope"))
-    if kind not in ("longrope", "su"):  # "su": Phi-3's first name for it
-        raise UserError(f"{where}: type {kind!r} is not longrope", 2)
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    for key in ("short_factor", "long_factor"):
-        if not isinstance(table[key], list) or not all(map(number, table[key])):
-            raise UserError(f"{where}: {key} must be a list of finite numbers, got {table[key]!r}", 2)
-    for key in ("factor", "attention_factor", "original_max_position_embeddings", "keep_first"):
-        whole, value = key in ("original_max_position_embeddings", "keep_first"), table.get(key)
-        if value is not None and not (number(value) and (not whole or isinstance(value, int))):
-            raise UserError(f"{where}: {key} must be a {'whole ' if whole else ''}number, got {value!r}", 2)
-    given = {key: value for key, value in table.items() if key in ROPE_FACTORS_FIELDS and value is not None}
-    return {ROPE_FACTORS_FIELDS[key]: value for key, value in given.items()} | dict(rope_scaling="longrope")
-
-
-def check_original_len(longrope, original, what):
-    """A usage UserError unless LongRoPE's factors (read_rope_factors) were searched for `original` tokens,
-    the length they extend (None: any): factors searched for another length scale the wrong rotations."""
-    searched = longrope.get("rope_original_len")
+def check_original_len(searched, original, what):
+    """A usage UserError unless LongRoPE's factors (a --rope_factors file's) were searched for `original`
+    tokens, the length they extend (searched None: any): factors searched for another length scale the wrong
+    rotations."""
     if None not in (searched, original) and searched != original:
         was = f"--rope_factors: its factors were searched for an original length of {searched} tokens"
         fix = f"search factors for {original} (python -m lab.experiments.longrope)"
         raise UserError(f"{was} (original_max_position_embeddings) but {what} is {original}; {fix}", 2)
-
-
-SCALING_NEEDS = ("rope_factor", "rope_original_len")  # settings of an extension: without one they do nothing
-
-
-def check_longrope_given_once(longrope, given, path):
-    """A LongRoPE setting the --rope_factors file sets and a flag (or --config) gives too is refused: neither
-    value would be the one meant, so neither silently wins."""
-    if twice := [name for name in LONGROPE_FIELDS if name in longrope and name in given]:
-        flags, one = " and ".join(f"--{name}" for name in twice), len(twice) == 1
-        where = f"give {'it' if one else 'each'} in one place, the file or the flag"
-        raise UserError(f"--rope_factors {path} and {flags} both set {', '.join(twice)}: {where}", 2)
-
-
-def check_scaling_given(values, given):
-    """A RoPE extension's factor or original length given without an extension (--rope_scaling) is a
-    setting that changes nothing: refused, as sample.py does. Only when given: a checkpoint's, or a default,
-    is no flag (and --init_from's run sets rope_original_len itself)."""
-    if values["rope_scaling"] is None and (named := [n for n in SCALING_NEEDS if n in given]):
-        flags, one = " and ".join(f"--{n}={values[n]}" for n in named), len(named) == 1
-        what = f"need{'s' * one} --rope_scaling, the extension {'it sets' if one else 'they set'}"
-        drop = " and ".join(f"--{n}" for n in named)
-        raise UserError(f"{flags} {what} (without one RoPE is not scaled): give one, or drop {drop}", 2)

@@ -12,7 +12,11 @@ choices from the same metadata. Standard library only: positions.py imports it.
             check_fields(self)  # batch_size must be >= 1 (a positive integer), got 0
 """
 
-from dataclasses import field, fields
+import json
+import math
+import types
+import typing
+from dataclasses import MISSING, field, fields
 
 
 def require(ok, message):
@@ -83,4 +87,91 @@ def check_fields(obj):
     """Check every field of the dataclass instance obj by its setting() rule: the first broken one a
     one-line ValueError."""
     for f in fields(obj):
+        require(not (error := type_error(f, getattr(obj, f.name))), error)
         require(not (error := field_error(f, getattr(obj, f.name))), error)
+
+
+# The types a field's annotation declares, each as a test and in words: int, float (an int too; NaN is no
+# number), str, bool, list[one of them], or any of them | None; another (a dataclass, a dict) is not checked
+TYPES = {
+    bool: (lambda v: isinstance(v, bool), "a boolean"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v),
+        "a number",
+    ),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def type_test(annotation):
+    """(test, words) of a value of this annotation, or None where it is none of TYPES' (or a list of one)."""
+    if annotation in TYPES:
+        return TYPES[annotation]
+    if typing.get_origin(annotation) is list and (item := type_test(typing.get_args(annotation)[0])):
+        test, words = item
+        return (
+            lambda v: isinstance(v, (list, tuple)) and all(map(test, v)),
+            f"a list of {words.split(' ', 1)[1]}s",
+        )
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        tests = [type_test(a) for a in typing.get_args(annotation) if a is not type(None)]
+        if len(tests) == 1 and tests[0] and type(None) in typing.get_args(annotation):
+            test, words = tests[0]
+            return lambda v: v is None or test(v), f"{words} or None"
+    return None
+
+
+def type_error(f, value):
+    """How value breaks field f's declared type, one line naming it and the type, or None."""
+    test = type_test(f.type)
+    if test is None or test[0](value):
+        return None
+    return f"{f.name} must be {test[1]}, got {value!r}"
+
+
+def changed_fields(obj):
+    """{name: value} of the dataclass instance obj's fields not at their default."""
+    default = lambda f: f.default_factory() if f.default is MISSING else f.default
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) != default(f)}
+
+
+def read_json(path, what):
+    """A JSON file's object, each key once; anything else a one-line ValueError naming the path, what it was
+    read as and Python's reason: `f.json: not a usable WHAT (JSONDecodeError: ...)`."""
+
+    def unique(pairs):  # json keeps the last of a repeated key without a word
+        keys = [key for key, _ in pairs]
+        require(
+            len(set(keys)) == len(keys),
+            f"{sorted({k for k in keys if keys.count(k) > 1})} given more than once",
+        )
+        return dict(pairs)
+
+    try:
+        with open(path, encoding="utf-8-sig") as file:  # past a byte-order mark, as Windows editors write
+            table = json.load(file, object_pairs_hook=unique)
+        require(isinstance(table, dict), f"a JSON object of keys, got a {type(table).__name__}")
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"{path}: not a usable {what} ({type(e).__name__}: {e})") from None
+    return table
+
+
+def read_settings_file(obj, name, keys, what):
+    """Read the JSON file that obj's field `name` names into obj's fields (keys: the file's key -> the field
+    it sets, or None: a key read, not set), then set `name` to None: obj holds the values, not the path. A key
+    not in keys, or a field the file sets that obj has at another value than its default and the file's, is a
+    one-line ValueError. -> the file's table"""
+    path = getattr(obj, name)
+    table = read_json(path, what)
+    unknown = [key for key in table if key not in keys]
+    require(not unknown, f"{path}: unknown key {', '.join(unknown)}; valid keys: {', '.join(keys)}")
+    setting_values = {keys[key]: value for key, value in table.items() if keys[key] is not None}
+    explicit = changed_fields(obj)
+    twice = [n for n, value in setting_values.items() if n in explicit and explicit[n] != value]
+    sets, given = (" and ".join(f"{n}={values[n]!r}" for n in twice) for values in (setting_values, explicit))
+    require(not twice, f"{name}={path} sets {sets}: drop {given}, given too (each in one place)")
+    for field_name, value in setting_values.items():
+        setattr(obj, field_name, value)
+    setattr(obj, name, None)
+    return table

@@ -31,7 +31,7 @@ from plumbing.checkpoint import (
 from plumbing.distributed import check_torchrun_device
 from plumbing.errors import StopSignals, UserError, reading
 from plumbing.report import schedule_notes, wandb_problem
-from positions import LLAMA3_FACTORS, LONGROPE_FIELDS
+from positions import POSITION_MODULES
 
 # What resuming reads beyond what sampling needs (model, model_config, meta); older files lack LATER_KEYS,
 # which restore reads with a default
@@ -55,23 +55,14 @@ def parse_flags(argv, Config, model_defaults, doc):
     sections += [(Config.prog, Config, own)] if own else []
     prog = Config.prog
     values = cli.parse_flags(argv, prog, doc, sections, model_defaults, given=given)
-    longrope, saved = {}, {}
-    if values["rope_factors"]:
-        factor = values["rope_factor"] if "rope_factor" in given else None
-        longrope = cli.read_rope_factors(values["rope_factors"], values["rope_scaling"], factor)
-        cli.check_longrope_given_once(longrope, given, values["rope_factors"])
     if source := values["init_from"]:  # parse again: the checkpoint's model config under --config and flags
         saved = saved_model_config(source, model_flags)
         values = cli.parse_flags(argv, prog, doc, sections, model_defaults | saved | {"out_dir": None})
-    trained = f"--init_from={source}'s original length" if source else "--rope_original_len"
-    cli.check_original_len(longrope, values["rope_original_len"] or saved.get("block_size"), trained)
-    values |= longrope
+    # a setting given of another scheme than pos is refused, at its default too; a factors file read here
+    model_config = GPTConfig.from_flat(given=given, **{k: values[k] for k in model_flags})
     if source:
-        values |= init_from_settings(values, saved)
+        model_config, values["out_dir"] = init_from_settings(values, saved, model_config, given)
     cfg = Config(**{k: v for k, v in values.items() if k not in model_flags})
-    # a setting given of another scheme than pos is refused, at its default too
-    model_config = GPTConfig.from_flat(given=given | set(longrope), **{k: values[k] for k in model_flags})
-    cli.check_scaling_given(values, given)
     cfg = cfg.fit(model_config)
     folders.check_out_dir(folders.format_out_dir(cfg.out_dir, cfg.dataset, model_config.pos))
     hardware.check_device(cfg.device)
@@ -376,9 +367,12 @@ def init_from(cfg, model, meta, procs):
 
 
 # Starting a new run from a checkpoint's weights (train.py --init_from): context extension by fine-tuning
-# GPTConfig fields an --init_from run may change: every weight still fits (a learned table is resized)
-INIT_KNOBS = ("block_size", "rope_scaling", "rope_factor", "rope_original_len", *LLAMA3_FACTORS,
-              *LONGROPE_FIELDS, "dropout")  # fmt: skip
+# GPTConfig fields and scheme settings (each Settings' at_init_from) an --init_from run may change: every
+# weight still fits (a learned table is resized)
+SCHEME_KNOBS = (
+    n for scheme in POSITION_MODULES.values() for n in getattr(scheme.Settings, "at_init_from", ())
+)
+INIT_KNOBS = ("block_size", *SCHEME_KNOBS, "dropout")
 
 
 def saved_model_config(out_dir, names):
@@ -397,21 +391,27 @@ def fine_tune_dir(source, block_size, rope_scaling):
     return str(source.parent / f"{source.name}_ctx{block_size}_{rope_scaling or 'plain'}")
 
 
-def init_from_settings(values, saved):
-    """What a run started from values["init_from"] (model settings `saved`) needs beyond its flags:
-    rope_original_len, the length a new RoPE extension scales against, and an out_dir of its own."""
-    source, settings = Path(values["init_from"]), {}
-    if values["rope_scaling"] and not saved.get("rope_scaling") and values["rope_original_len"] is None:
-        settings["rope_original_len"] = saved["block_size"]
+def init_from_settings(values, saved, model_config, given):
+    """What a run started from values["init_from"] (model settings `saved`) needs beyond its flags: a new
+    RoPE extension scaling against the source's block_size (rope_original_len; a factors file's searched for
+    it), and an out_dir of its own. -> (model_config, out_dir)"""
+    source, settings = Path(values["init_from"]), model_config.pos_settings
+    scaling = getattr(settings, "rope_scaling", None)
+    if scaling and not saved.get("rope_scaling"):
+        if settings.rope_original_len is None:
+            settings = replace(settings, rope_original_len=saved["block_size"])
+        elif "rope_factors" in given and "rope_original_len" not in given:
+            what = f"--init_from={source}'s original length"
+            cli.check_original_len(settings.rope_original_len, saved["block_size"], what)
     out_dir = values["out_dir"]
     if out_dir is None:
-        out_dir = settings["out_dir"] = fine_tune_dir(source, values["block_size"], values["rope_scaling"])
+        out_dir = fine_tune_dir(source, values["block_size"], scaling)
     if Path(out_dir).resolve() == run_folder(source).resolve():
         raise ValueError(
             f"--init_from={source} and --out_dir are the same folder: a run started from a "
             "checkpoint writes its own; give another --out_dir"
         )
-    return settings
+    return replace(model_config, pos_settings=settings), out_dir
 
 
 # last: run_folder reads RESUME_KEYS from this module as it loads

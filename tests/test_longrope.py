@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from plumbing.cli import read_rope_factors
-from plumbing.errors import UserError
-from positions import longrope_scale, rope_cos_sin, rope_frequencies
+from plumbing.fields import changed_fields
+from positions import RotaryPositions, longrope_scale, rope_cos_sin, rope_frequencies
 
 BASE = 10000.0
 
@@ -131,6 +130,11 @@ def test_positions_below_n_hat_rotate_as_plain_rope(keep_first):
 # The factors file
 
 
+def read_rope_factors(path):
+    """The settings a factors file gives, as RoPE's Settings read it (those not at their default)."""
+    return changed_fields(RotaryPositions.Settings(rope_factors=str(path)))
+
+
 def write_json(tmp_path, table):
     path = tmp_path / "factors.json"
     path.write_text(json.dumps(table) if not isinstance(table, str) else table)
@@ -154,22 +158,51 @@ def test_a_phi3_rope_scaling_block_reads_as_the_model_fields(tmp_path):
 
 
 BAD_FILES = [
-    ("not json", "{short_factor: [1]", r"not a usable JSON file of factors \(JSONDecodeError: "),
-    ("not an object", "[1, 2]", "a JSON object"),
-    ("missing keys", {"short_factor": [1, 1, 1, 1]}, "missing long_factor"),
-    ("unknown key", {"short_factor": [1] * 4, "long_factor": [1] * 4, "long_mscale": 1.2}, "unknown key"),
-    ("not numbers", {"short_factor": [1, "2", 3, 4], "long_factor": [1] * 4}, "list of finite numbers"),
-    ("a boolean", {"short_factor": [1, True, 3, 4], "long_factor": [1] * 4}, "list of finite numbers"),
-    ("not finite", {"short_factor": [1] * 4, "long_factor": [1, math.nan, 1, 1]}, "list of finite numbers"),
+    (
+        "not json",
+        "{short_factor: [1]",
+        r"factors.json: not a usable LongRoPE factors file \(JSONDecodeError: ",
+    ),
+    ("not an object", "[1, 2]", "factors.json: not a usable LongRoPE factors file .*a JSON object"),
+    ("repeated key", '{"factor": 2, "factor": 3}', "factors.json: .*'factor'.* given more than once"),
+    ("missing keys", {"short_factor": [1, 1, 1, 1]}, "needs rope_long_factor"),
+    (
+        "unknown key",
+        {"short_factor": [1] * 4, "long_factor": [1] * 4, "long_mscale": 1.2},
+        "factors.json: unknown key",
+    ),
+    (
+        "not numbers",
+        {"short_factor": [1, "2", 3, 4], "long_factor": [1] * 4},
+        "rope_short_factor must be a list",
+    ),
+    (
+        "a boolean",
+        {"short_factor": [1, True, 3, 4], "long_factor": [1] * 4},
+        "rope_short_factor must be a list",
+    ),
+    (
+        "not finite",
+        {"short_factor": [1] * 4, "long_factor": [1, math.nan, 1, 1]},
+        "rope_long_factor must be a list of numbers",
+    ),
     ("another type", {"type": "yarn", "short_factor": [1] * 4, "long_factor": [1] * 4}, "is not longrope"),
-    ("keep_first not whole", {"short_factor": [1] * 4, "long_factor": [1] * 4, "keep_first": 2.5}, "whole"),
+    (
+        "keep_first not whole",
+        {"short_factor": [1] * 4, "long_factor": [1] * 4, "keep_first": 2.5},
+        "an integer",
+    ),
+    ("no such file", None, "factors.json: not a usable LongRoPE factors file \\(FileNotFoundError"),
 ]
 
 
 @pytest.mark.parametrize("case,table,message", BAD_FILES, ids=[case for case, _, _ in BAD_FILES])
 def test_a_bad_factors_file_is_a_one_line_error(tmp_path, case, table, message):
-    with pytest.raises(UserError, match=message) as error:
-        read_rope_factors(write_json(tmp_path, table))
+    """Any file RoPE's Settings cannot take (unreadable, not JSON, a key unknown or twice, a value of the
+    wrong type or out of its rule): one line, naming the file or the setting."""
+    path = tmp_path / "factors.json" if table is None else write_json(tmp_path, table)
+    with pytest.raises(ValueError, match=message) as error:
+        read_rope_factors(path)
     assert "\n" not in str(error.value)
 
 
@@ -179,8 +212,16 @@ BAD_VALUES = [
         dict(rope_short_factor=[1.0] * 3, rope_long_factor=[1.0] * 4),
         "has 3 factors: .* 4 pairs",
     ),
-    ("below 1", dict(rope_short_factor=[1.0] * 4, rope_long_factor=[1.0, 0.5, 2, 2]), "finite number >= 1"),
-    ("not finite", dict(rope_short_factor=[1.0] * 4, rope_long_factor=[1.0, math.inf, 2, 2]), "finite"),
+    (
+        "below 1",
+        dict(rope_short_factor=[1.0] * 4, rope_long_factor=[1.0, 0.5, 2, 2]),
+        r"long_factor must be in \[1, inf\)",
+    ),
+    (
+        "not finite",
+        dict(rope_short_factor=[1.0] * 4, rope_long_factor=[1.0, math.inf, 2, 2]),
+        r"in \[1, inf\)",
+    ),
     ("missing", dict(rope_short_factor=[1.0] * 4), "needs rope_long_factor"),
     (
         "negative n-hat",

@@ -17,7 +17,8 @@ from lab.measure.losses import validation_tokens
 from lab.measure.retrieval import count_correct, passkey_batch
 from model import GPTConfig
 from plumbing.checkpoint import checkpoint_path, load_checkpoint, open_model
-from plumbing.cli import read_rope_factors
+from plumbing.fields import changed_fields
+from positions import RotaryPositions
 from tests.helpers import TINY_RUN
 
 
@@ -68,6 +69,11 @@ def rope_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("longrope") / "rope"
     train.main([*TINY_RUN, "--pos=rope", "--max_iters=4", "--eval_interval=4", f"--out_dir={folder}"])
     return folder
+
+
+def read_rope_factors(path):
+    """The settings a factors file gives, as RoPE's Settings read it (those not at their default)."""
+    return changed_fields(RotaryPositions.Settings(rope_factors=str(path)))
 
 
 def test_the_search_on_a_checkpoint_ends_no_worse_than_its_initial_population(rope_run, tmp_path, capsys):

@@ -506,6 +506,7 @@ def test_a_model_config_without_the_variant_fields_loads_as_plain_rope():
             rope_long_factor=None,
             rope_attention_factor=None,
             rope_keep_first=0,
+            rope_factors=None,  # a factors file is recorded as its values
         )
     )
     model = GPT(GPTConfig(**config))

@@ -205,7 +205,7 @@ def test_a_folder_named_ckpt_pt_is_named_a_folder_not_a_missing_file(tmp_path, c
         ("--rope_scaling=cubic", "invalid choice: 'cubic'"),
         ("--device=tpu", "choose from auto, cpu, cuda, cuda:N, mps"),
         ("--kv_cache=maybe", "expected a boolean"),
-        ("--rope_factor=2", "rope_factor needs --rope_scaling"),
+        ("--rope_factor=2", "rope_factor=2.0 needs rope_scaling"),
         (
             "--rope_high_freq_factor=8",
             "llama3's frequency factors, and this model has rope_scaling=None; give rope_scaling=llama3",
@@ -415,11 +415,7 @@ def write_factors(tmp_path, name, short, long):
 @pytest.mark.parametrize(
     "pos, flags, words",
     [
-        (
-            "rope",
-            ["--rope_factors={half}"],
-            "--rope_factors={half} on {out_dir}: rope_long_factor: every factor",
-        ),
+        ("rope", ["--rope_factors={half}"], "rope_long_factor must be in [1, inf), got [0.5, 1, 1, 1]"),
         (
             "rope",
             ["--rope_factors={few}"],

@@ -206,7 +206,7 @@ def test_a_longrope_setting_in_the_factors_file_and_a_flag_is_refused(
     factors = factors_file(tmp_path, **file_keys)
     argv = [*TINY, f"--rope_factors={factors}", *(flag.format(toml=toml) for flag in flags)]
     err = train_error_line(capsys, argv, status=2)
-    assert f"--rope_factors {factors} and" in err and names in err, err
+    assert f"rope_factors={factors} sets" in err and f"drop {names.split()[-1]}=" in err, err
 
 
 def test_a_longrope_setting_the_factors_file_leaves_out_is_taken_from_its_flag(tmp_path):
@@ -221,10 +221,10 @@ def test_a_longrope_setting_the_factors_file_leaves_out_is_taken_from_its_flag(t
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--rope_factor=4"], "--rope_factor=4.0 needs --rope_scaling"),
-        (["--rope_original_len=4"], "--rope_original_len=4 needs --rope_scaling"),
-        (["--rope_factor=1", "--rope_scaling=none"], "--rope_factor=1.0 needs --rope_scaling"),
-        (["--config={toml}"], "--rope_factor=4.0 needs --rope_scaling"),  # a --config key is given too
+        (["--rope_factor=4"], "rope_factor=4.0 needs rope_scaling"),
+        (["--rope_original_len=4"], "rope_original_len=4 needs rope_scaling"),
+        (["--rope_factor=2", "--rope_scaling=none"], "rope_factor=2.0 needs rope_scaling"),
+        (["--config={toml}"], "rope_factor=4.0 needs rope_scaling"),  # a --config key is given too
     ],
 )
 def test_a_rope_extension_setting_without_rope_scaling_is_refused(capsys, tmp_path, flags, words):
@@ -234,7 +234,7 @@ def test_a_rope_extension_setting_without_rope_scaling_is_refused(capsys, tmp_pa
     toml.write_text("rope_factor = 4.0\n")
     argv = [*TINY, f"--out_dir={tmp_path / 'run'}", *(flag.format(toml=toml) for flag in flags)]
     err = train_error_line(capsys, argv, status=2)
-    assert words in err and "drop --rope_" in err, err
+    assert words in err and "drop it" in err, err
     assert not (tmp_path / "run").exists()
 
 

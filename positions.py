@@ -47,8 +47,7 @@ class PositionScheme(nn.Module):
         rope_layers                     whether each layer takes rotation's (cos, sin) (None: all)
         recode_past                     a length past which it encodes every position anew (a KV cache reruns)
         step_varies                     why its decode step's work depends on the length in Python (dynamic
-                                        NTK), or None: the step is then static, one CUDA graph or compiled
-                                        graph for every position (generation.py)
+                                        NTK), or None: one static step (a CUDA graph) serves every position
     What follows from these is read off them, not declared: overrides(scheme, "score_bias") (a bias, so the
     forward builds a mask), takes(scheme, "rope_scaling") (RoPE's settings apply)."""
 
@@ -76,16 +75,14 @@ class PositionScheme(nn.Module):
 
 
 def overrides(scheme, hook):
-    """Whether a scheme (its class or an instance) overrides PositionScheme's method `hook`: a score bias is
-    overriding score_bias (GPT.attention_mask then builds the mask); a signal, overriding embed, rotation
-    or score_bias (NoPE overrides none)."""
+    """Whether a scheme (its class or an instance) overrides PositionScheme's method `hook`: a score bias
+    overrides score_bias (GPT.attention_mask then builds the mask), a signal embed, rotation or score_bias."""
     cls = scheme if isinstance(scheme, type) else type(scheme)
     return getattr(cls, hook) is not getattr(PositionScheme, hook)
 
 
 def takes(scheme, name):
-    """Whether a scheme (its class or an instance) declares the setting `name` (RoPE's rope_scaling: its
-    extension's flags apply to it)."""
+    """Whether a scheme (class or instance) declares the setting `name` (rope_scaling: RoPE's flags apply)."""
     return any(f.name == name for f in fields(scheme.Settings))
 
 
@@ -137,11 +134,10 @@ class LearnedPositions(PositionScheme):
     def grow(self, n_pos):
         """No row was trained past block_size - 1: a longer length is refused in one line, not an index error
         mid-forward, naming the schemes that run longer (every other of POSITION_MODULES)."""
-        if n_pos > self.length_limit:
-            past = f"pos=learned has no embedding past position {self.length_limit - 1}"
-            *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
-            raise ValueError(f"sequence length {n_pos} exceeds block_size={self.length_limit}: {past}; "
-                             f"{', '.join(others)} and {last} run longer")  # fmt: skip
+        *others, last = (name for name, scheme in POSITION_MODULES.items() if scheme is not type(self))
+        past = f"pos=learned has no embedding past position {(T := self.length_limit) - 1}"
+        require(n_pos <= T, f"sequence length {n_pos} exceeds block_size={T}: {past}; {', '.join(others)} "
+                f"and {last} run longer")  # fmt: skip
 
     def embed(self, tok_emb, positions):
         # the rows at these absolute positions, not the first T: with a KV cache they go on where it left off
@@ -279,8 +275,7 @@ def yarn_ramp(dim, base, original_len, beta_fast=32, beta_slow=1):
 
     low = max(math.floor(pair_index(beta_fast)), 0)
     high = min(math.ceil(pair_index(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001  # as released: avoids dividing by zero
+    high += 0.001 if low == high else 0  # as released: avoids dividing by zero
     return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
 
 
@@ -318,11 +313,10 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
                  (Llama 3.1: 1 and 4, T = 8192, s = 8), scale 1
         longrope LongRoPE (Ding et al. 2024; Phi-3): theta_i / lambda_i, a factor per pair, short_factor while
                  seq_len <= T, long_factor past it; scale attention_factor, by default longrope_scale(s, T).
-                 As transformers' _compute_longrope_parameters"""
-    rules = RotaryPositions.Settings  # RoPE's settings' rules, checked here as where a model is built
-    rules(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
-          rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor,
-          rope_long_factor=long_factor, rope_attention_factor=attention_factor)  # fmt: skip
+                 As transformers' _compute_longrope_parameters. Its settings' rules checked, as a model's."""
+    RotaryPositions.Settings(rope_scaling=scaling, rope_factor=factor, rope_low_freq_factor=low_freq_factor,
+        rope_high_freq_factor=high_freq_factor, rope_short_factor=short_factor, rope_long_factor=long_factor,
+        rope_attention_factor=attention_factor)  # fmt: skip
     if scaling in ("dynamic", "yarn", "llama3", LONGROPE) and original_len is None:
         needs = "original_len and seq_len" if scaling == "dynamic" else "original_len"
         raise ValueError(f"{scaling} rope scaling needs {needs}")
@@ -334,8 +328,7 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, factor=1.0, original_
     elif scaling == "ntk":
         theta = rope_inv_freq(d, base * s ** (d / (d - 2)))
     elif scaling == "dynamic":
-        if seq_len is None:
-            raise ValueError("dynamic rope scaling needs original_len and seq_len")
+        require(seq_len is not None, "dynamic rope scaling needs original_len and seq_len")
         grown = max(1.0, s * seq_len / original_len - (s - 1))
         theta = rope_inv_freq(d, base * grown ** (d / (d - 2)))
     elif scaling == "yarn":
@@ -563,10 +556,9 @@ def t5_bucket(distance, num_buckets=32, max_distance=128):
 
 class T5Positions(PositionScheme):
     """T5's relative attention bias (Raffel et al. 2020, 2.1): a learned scalar per head for each bucket of
-    i - j (t5_bucket), added to the scores, computed once and reused by every layer as T5's. Past max_distance
-    every key gets the last bucket's bias: no new bias, but far keys are no longer told apart by distance.
-    transformers draws the table N(0, initializer_factor / sqrt(d_model)) (0.036 at d_model 768); here
-    GPT.init_weights draws it N(0, 0.02) as every nn.Embedding: a near-zero bias at the start either way."""
+    i - j (t5_bucket), computed once and shared by every layer as T5's. Past max_distance keys share the last
+    bucket's bias, no longer told apart. Drawn N(0, 0.02) as every nn.Embedding (transformers: N(0, 1 /
+    sqrt(d_model)), 0.036 at 768): a near-zero bias at the start either way."""
 
     flops_per_token = elementwise_flops  # a lookup
 
@@ -603,15 +595,12 @@ def fire_input(query_pos, key_pos, c, threshold):
 
 
 class FIREPositions(PositionScheme):
-    """FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers",
-    ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 -> fire_hidden -> n_head with
-    ReLU whose outputs are the heads' biases (the paper's f: R -> R^H), 32 hidden units as the public PyTorch
-    FIRE (mcleish7/arithmetic, cramming/architectures/embeddings.py). Every distance falls in [0, 1] at any
-    length: past the training length f meets only finer inputs (progressive interpolation); below L the input
-    is psi(i - j) / psi(L), short contexts unstretched. One f shared by every layer, computed once a forward
-    (the public code builds one per layer; the studies here measure the shared f). c = e^c_log > 0 from 0.1 as
-    that code, L = 1 + e^L_log > 1 from 1 + block_size / 4 (that code: 512, a quarter of the paper's 2048):
-    positive with smooth gradients where that code takes |c| and |L|, moved by Adam in relative steps."""
+    """FIRE (Li et al., ICLR 2024): the bias of query i on key j is f(fire_input(i, j)), f an MLP 1 ->
+    fire_hidden -> n_head with ReLU (the paper's f: R -> R^H; 32 hidden units as the public PyTorch FIRE,
+    mcleish7/arithmetic, cramming/architectures/embeddings.py). Every input is in [0, 1] at any length: past
+    the training length f meets only finer ones (progressive interpolation). One f shared by every layer (that
+    code builds one per layer). c = e^c_log from 0.1, L = 1 + e^L_log from 1 + block_size / 4 (that code: 512
+    of the paper's 2048): positive with smooth gradients where that code takes |c| and |L|."""
 
     @dataclass
     class Settings(PositionScheme.Settings):
@@ -619,7 +608,7 @@ class FIREPositions(PositionScheme):
 
     def __init__(self, config):
         super().__init__(config)
-        self.hidden = config.pos_settings.fire_hidden  # f's hidden units
+        self.hidden, self.n_head = config.pos_settings.fire_hidden, config.n_head  # f's hidden units, outputs
         # f's weights drawn as nn.Linear draws them, the public code's start, but held as plain Parameters:
         # GPT.init_weights' N(0, 0.02) and zero biases would start f linear in x and of order 1e-3
         first, second = nn.Linear(1, self.hidden), nn.Linear(self.hidden, config.n_head)
@@ -627,7 +616,6 @@ class FIREPositions(PositionScheme):
         self.w2, self.b2 = nn.Parameter(second.weight.detach()), nn.Parameter(second.bias.detach())
         self.c_log = nn.Parameter(torch.tensor(math.log(0.1)))
         self.L_log = nn.Parameter(torch.tensor(math.log(config.block_size / 4)))
-        self.n_head = config.n_head
 
     def flops_per_token(self, seq_len, batch_size):
         """f's two matmuls, forward and backward (6 per weight), on each of the seq_len^2 pairs of one

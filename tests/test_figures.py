@@ -110,6 +110,8 @@ def tiny_checkpoints(folder):
             "train_config": {"dataset": "shakespeare_char"},
             "iter_num": 0,
             "best_val_loss": 4.2,
+            "best_iter": 0,
+            "wandb_run_id": None,
         }
         (folder / pos).mkdir(parents=True)
         torch.save(ckpt, folder / pos / "ckpt.pt")

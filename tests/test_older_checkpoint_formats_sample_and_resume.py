@@ -21,7 +21,7 @@ from positions import POSITION_MODULES
 PLAIN_ROPE = dict(
     rope_scaling=None, rope_factor=1.0, rope_original_len=None, rope_low_freq_factor=1.0,
     rope_high_freq_factor=4.0, rope_fraction=1.0, nope_interval=0, nope_layers=None, rope_short_factor=None,
-    rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0,
+    rope_long_factor=None, rope_attention_factor=None, rope_keep_first=0, rope_factors=None,
 )  # fmt: skip
 
 FIXTURES = Path(__file__).parent / "fixtures"

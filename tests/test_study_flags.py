@@ -32,7 +32,6 @@ CASES = [
     (extrapolation, [*STUDY, "--results={file}"], 1, "--results=", "is a file, not a folder"),
     (extrapolation, [*STUDY, "--results={under}"], 1, "is a file, not a folder"),
     (extrapolation, [*STUDY, "--results={proc}"], 1, "cannot write there"),
-    (extrapolation, ["--out_root={dir}/study", "--batch_size=100000"], 1, "batches of 100000 x 256", "lower"),
     (extrapolation, [*OUT_ROOT, "--out_root={file}"], 1, "--out_root=", "is a file, not a folder"),
     (extrapolation, [*OUT_ROOT, "--out_root={under}"], 1, "--out_root=", "is a file, not a folder"),
     (extrapolation, [*OUT_ROOT, "--out_root={proc}/study"], 1, "--out_root=", "cannot write there"),

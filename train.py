@@ -38,9 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.common import BatchSampler, prepare_data
 from model import GPT
-from plumbing import hardware, report, resume
+from plumbing import report, resume
 from plumbing.checkpoint import Progress
-from plumbing.cli import threads_flag
+from plumbing.cli import device_flag, threads_flag
 from plumbing.distributed import processes
 from plumbing.errors import UserError, exit_status, one_line_errors
 from plumbing.fields import check_fields, setting
@@ -59,7 +59,9 @@ EVAL_STREAM = 2**31 - 1
 @dataclass
 class TrainConfig:
     # data
-    dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
+    dataset: str = setting(
+        "shakespeare_char", "a folder under data/; the embedded ones are prepared on first use", path=True
+    )
     batch_size: int = setting(12, at_least=1)  # sequences per micro-batch, each block_size tokens long
     grad_accum: int | None = setting(None, at_least=1)  # micro-batches a step, all processes; None: one each
     # AdamW; model.configure_optimizers decays 2-D weights only
@@ -81,11 +83,15 @@ class TrainConfig:
     wandb_project: str = "posgpt"  # the W&B project the run goes to
     wandb_run_name: str | None = None  # the W&B run's display name; None: out_dir's folder name
     # system
-    out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
+    out_dir: str = setting("out/{dataset}_{pos}", path=True)  # checkpoint folder; {dataset}, {pos} filled in
     resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
     overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
-    init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
-    device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
+    init_from: str | None = setting(
+        None, "a new run from this out_dir's (or checkpoint's) weights and model flags", path=True
+    )
+    device: str = device_flag(
+        help="auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK"
+    )
     dtype: str = setting(
         "auto", choices=("auto", "float32", "bfloat16", "float16")
     )  # autocast; auto: bfloat16 on CUDA, else float32
@@ -112,22 +118,15 @@ class TrainConfig:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
         check_fields(self)
-        v = vars(self)
-        empty = "is empty (an unset shell variable?): give a folder, e.g."
-        rules = [  # an unset shell variable (--out_dir=$OUT) must not mean "here"
-            (v[n] is None or v[n].strip(), f"--{n} {empty} --{n}=out/NAME") for n in ("out_dir", "init_from")
-        ]
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
-        rules += [
+        rules = [
             (self.min_lr <= self.learning_rate, too_high),
             (self.wandb_project.strip(), "wandb_project must not be empty"),
             (not (self.resume and self.overwrite), both),
         ]
         if broken := next((message for ok, message in rules if not ok), None):
             raise ValueError(broken)
-        hardware.check_device_name(self.device)
-        hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None, Config=None):

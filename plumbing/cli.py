@@ -22,12 +22,13 @@ import math
 import re
 import tomllib
 import typing
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from model import GPTConfig
+from plumbing import hardware
 from plumbing.errors import UserError, one_line_errors, reading
-from plumbing.fields import choices_of, rule_text
+from plumbing.fields import EMPTY, choices_of, path_error, rule_text, setting
 from positions import LONGROPE_FIELDS, POSITION_MODULES
 
 
@@ -37,9 +38,6 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message, 2)
 
 
-# what an empty value (`--flag=` from an unset shell variable, or '' in a list) gets: never read as a default
-# or as a path, where "" is the current folder
-EMPTY = "is empty (an unset shell variable?): give a value or leave the flag out"
 BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
 EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 
@@ -72,7 +70,7 @@ def flag_options(name, annotation, choices, positional):
 
     def convert(text):
         if (optional or is_list) and not text.strip():
-            raise argparse.ArgumentTypeError(EMPTY)
+            raise argparse.ArgumentTypeError(f"{EMPTY}: give a value or leave the flag out")
         if optional and text.lower() == "none":
             return None
         if kind not in EXPECTED:
@@ -98,9 +96,25 @@ def list_flag(sections, name):
 
 
 def threads_flag():
-    """Every entry point's --threads field (plumbing.hardware checks and applies it)."""
+    """Every entry point's --threads field, checked by check_fields (hardware.check_threads); the entry point
+    applies it with hardware.use_threads."""
     help_text = "CPU threads, at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS"
-    return field(default="auto", metadata={"help": help_text})
+    return setting("auto", help_text, check=hardware.check_threads)
+
+
+def device_flag(default="auto", help=None):
+    """Every entry point's --device field: auto or a device's name (hardware.check_device_name, by
+    check_fields); whether this machine has it: machine_device, as the work starts. help: its --help (None:
+    the comment after the field)."""
+    return setting(default, help, check=hardware.check_device_name)
+
+
+def machine_device(device):
+    """The device a --device names on this machine (auto: cuda, then mps, then cpu), or a usage UserError
+    where it lacks it: every entry point's, before its work."""
+    device = hardware.resolve_device(device)
+    hardware.check_device(device)
+    return device
 
 
 def check_seed(name, value):
@@ -110,9 +124,9 @@ def check_seed(name, value):
 
 
 def not_empty(text):
-    """A path flag's value, refused empty (EMPTY): "" would read as the current folder."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(EMPTY)
+    """A path flag's value (--config's), refused empty by the path rule (fields.path_error)."""
+    if error := path_error("", [text]):
+        raise argparse.ArgumentTypeError(error.lstrip())
     return text
 
 
@@ -245,10 +259,8 @@ def read_prompt(start):
     path = start.removeprefix("FILE:")
     if path == start:
         return start
-    if not path.strip():  # "" would read as the current folder
-        raise UserError(
-            "--start=FILE: the path is empty (an unset shell variable?): give FILE:path or a prompt", 2
-        )
+    if error := path_error("--start=FILE:", [path]):  # "" would read as the current folder
+        raise UserError(error, 2)
     return read_text(path, f"prompt file {path}", status=1)
 
 

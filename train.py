@@ -103,6 +103,7 @@ class TrainConfig:
     # A training method (lab/finetune) is a subclass: its own fields are flags beside these, recorded in the
     # checkpoint's train_config as these are; it runs train.main(argv, its class) and may override:
     prog = "train.py"  # the command as typed: its error lines and resume command name it
+    flags_elsewhere = "training methods' flags: python -m lab.NAME --help"  # ends an unknown flag's line
     state_entry = None  # the checkpoint entry of model state a plain GPT has not
 
     def fit(self, model_config):

@@ -180,18 +180,26 @@ def section_names(sections):
     return [f.name for f in section_fields(sections)]
 
 
+def flags_elsewhere(sections):
+    """Where the flags a command lacks live, as its config class says (a class attribute flags_elsewhere,
+    e.g. train.TrainConfig's: the commands that train otherwise), or None: said after an unknown flag."""
+    return next((c.flags_elsewhere for _, c, _ in sections if getattr(c, "flags_elsewhere", None)), None)
+
+
 def read_text(path, where, status=2):
     """A file's UTF-8 text (past a byte-order mark, as Windows editors write), or a one-line UserError."""
     with reading(where, "UTF-8 text file", status=status):  # missing, a folder, unreadable, not UTF-8
         return Path(path).read_text(encoding="utf-8-sig")
 
 
-def read_config_file(parser, path, valid, foreign_keys):
-    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
+def read_config_file(parser, path, valid, foreign_keys, elsewhere=None):
+    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag;
+    elsewhere: where the flags this command lacks live, said after an unknown key (flags_elsewhere)."""
     with reading(f"--config {path}", "TOML preset", status=2):
         table = tomllib.loads(read_text(path, f"--config {path}"))
     if not foreign_keys and (unknown := ", ".join(repr(key) for key in table if key not in valid)):
-        raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}", 2)
+        more = f" ({elsewhere})" if elsewhere else ""
+        raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}{more}", 2)
     table = {key: value for key, value in table.items() if key in valid}
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
@@ -208,7 +216,8 @@ def parse_flags(
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
     (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all), each field's
     help and choices its setting()'s (choices: more, by name). given: a set, filled with the names a flag or
-    a --config file gave. A mistake exits with status 2 and one line naming the valid choices."""
+    a --config file gave. A mistake exits with status 2 and one line naming the valid choices; an unknown
+    flag or key, the valid ones, then where others live (flags_elsewhere)."""
     names, choices, given = section_names(sections), choices or {}, set() if given is None else given
     values = {f.name: f.default_factory() if f.default is MISSING else f.default
               for f in section_fields(sections)
@@ -217,6 +226,7 @@ def parse_flags(
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
     parser = build_parser(prog, doc, sections, values, choices, positional, files)
+    elsewhere = flags_elsewhere(sections)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
@@ -227,6 +237,7 @@ def parse_flags(
                 guess = difflib.get_close_matches(typo, flag_names, n=1, cutoff=0.7)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(flag_names)}"
+                message += f" ({elsewhere})" if elsewhere else ""
             elif positional and (taken := re.match(r"argument --(\w+): invalid choice", message)):
                 if list_flag(sections, taken[1]):  # it took the words after it, a positional among them
                     message += f"; --{taken[1]} takes every word after it: give {positional[0]} before it"
@@ -234,7 +245,7 @@ def parse_flags(
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, doc, sections, values, choices, (), False)
             for path in flags.pop("config"):
-                from_file = read_config_file(file_parser, path, valid, foreign_keys)
+                from_file = read_config_file(file_parser, path, valid, foreign_keys, elsewhere)
                 values |= from_file
                 given.update(from_file)
         values |= flags

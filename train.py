@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -465,6 +465,7 @@ def main(argv=None, Config=None):
     with one_line_errors(Config.prog, stopped=interrupted):
         cfg, model_config = parse_args(argv, Config)
         with processes(cfg) as procs:
+            procs = replace(procs, command=procs.resume_command(argv, True, Config.prog))  # as typed
             again = procs.resume_command(argv, cfg.resume, Config.prog)
             return train(cfg, model_config, procs, again)
 

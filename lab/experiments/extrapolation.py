@@ -66,6 +66,7 @@ from lab.experiments.runs import (
     plan,
     read_rows,
     run_python,
+    study_inputs,
 )
 from lab.measure.paired import paired_difference, verdict
 from lab.measure.retrieval import wilson_interval
@@ -483,8 +484,11 @@ def main(argv=None):
         machine_device(cfg.device)  # as train.py and lab/eval_length.py will, before any run
         if not cfg.tables:  # the runs it trains, --jobs at once
             check_jobs(cfg.jobs, cfg.device)
-        check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
-        check_folder("out_root", ROOT / cfg.out_root)
+        name, inputs = results_name(cfg), study_inputs(cfg.config and ROOT / cfg.config)
+        written = ("_table.md",) if cfg.tables else (".csv", ".png", "_table.md")  # --tables reads the CSV
+        for suffix in written:  # before any run
+            check_outputs({"results": ROOT / cfg.results / f"{name}{suffix}"}, inputs)
+        check_folder("out_root", ROOT / cfg.out_root, inputs)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
 
 

@@ -34,6 +34,7 @@ import torch
 
 from data.common import check_split, ensure_prepared, load_meta
 from data.passkey.task import CHARS, KEY_DIGITS
+from lab.experiments.runs import study_inputs
 from lab.measure.instruments import pyplot, save_figure
 from lab.measure.losses import token_losses, window_losses, window_starts
 from lab.measure.retrieval import passkey_batch
@@ -274,7 +275,9 @@ def main(argv=None):
             require(dataset, f"{path}: no train_config.dataset: the search measures loss on its train split")
             tokens = search_tokens(dataset)
             starts = window_starts(len(tokens), length, cfg.windows, split="train")
-        check_outputs({"out": out / "factors.json"})  # before the search, not after it; its folder made last
+        read = study_inputs(path)  # the checkpoint, and the folder of the dataset it searches on: data/
+        for written in ("factors.json", "fitness.csv"):  # before the search; its folder made last
+            check_outputs({"out": out / written}, read)
 
         @torch.no_grad()
         def fitness(candidate):

@@ -182,7 +182,7 @@ def section_names(sections):
 
 def flags_elsewhere(sections):
     """Where the flags a command lacks live, as its config class says (a class attribute flags_elsewhere,
-    e.g. train.TrainConfig's: the commands that train otherwise), or None: said after an unknown flag."""
+    e.g. train.py's config: the commands that train otherwise), or None: said after an unknown flag."""
     return next((c.flags_elsewhere for _, c, _ in sections if getattr(c, "flags_elsewhere", None)), None)
 
 

@@ -38,7 +38,15 @@ from plumbing.checkpoint import (
     pretrained_checkpoint,
     rope_overrides,
 )
-from plumbing.cli import check_original_len, parse_flags, read_prompt, section_names, threads_flag
+from plumbing.cli import (
+    check_original_len,
+    device_flag,
+    machine_device,
+    parse_flags,
+    read_prompt,
+    section_names,
+    threads_flag,
+)
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import changed_fields, check_fields, require, setting
 from plumbing.gpt2 import GPT2_MODELS
@@ -49,9 +57,9 @@ from positions import POSITION_MODULES, default_rope_factor, takes
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out/shakespeare_char_rope"  # where train.py wrote best.pt / ckpt.pt
+    out_dir: str = setting("out/shakespeare_char_rope", path=True)  # where train.py wrote best.pt / ckpt.pt
     init_from: str | None = setting(None, choices=GPT2_MODELS)  # instead of out_dir, OpenAI's GPT-2 weights
-    compare: list[str] | None = None  # several out_dirs side by side (overrides out_dir)
+    compare: list[str] | None = setting(None, path=True)  # several out_dirs side by side (overrides out_dir)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = setting(1, at_least=1)  # independent samples, generated as one batch
     max_new_tokens: int | None = setting(None, at_least=1)  # default: 4 x the trained block_size, past it
@@ -59,7 +67,7 @@ class SampleConfig:
     top_k: int | None = setting(200, at_least=0)  # only among the k most likely tokens (0 or None: all)
     top_p: float | None = setting(None, above=0, at_most=1)  # nucleus: the fewest tokens of probability top_p
     seed: int = setting(1337, at_least=0)  # same seed, same settings: same text
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    device: str = device_flag()  # auto | cpu | cuda | cuda:N | mps
     threads: str = threads_flag()
     kv_cache: bool = True  # False: the reference sampler that recomputes the whole context per token
     compile: bool = False  # compile the cached decode step once (static shapes; CUDA graphs on CUDA)
@@ -80,8 +88,6 @@ class SampleConfig:
         check_settings(**self.pos_settings)  # by their schemes' rules: a factors file read and checked
         cache = "--compile compiles the KV-cached decode step: drop --kv_cache=off"
         require(self.kv_cache or not self.compile, cache)
-        hardware.check_device_name(self.device)
-        hardware.check_threads(self.threads)
 
 
 def at_sampling_flags():
@@ -287,8 +293,6 @@ def compare(cfg, device, threads):
     RoPE ones only), then a summary table; threads: a line to print once every checkpoint is checked. Each
     is opened and checked (its weights, its vocabulary against the prompt) before any sample, then let go:
     one model in memory at a time. Their losses past T: python -m lab.eval_length."""
-    if not cfg.compare:
-        raise UserError("--compare names no checkpoint (an unset variable?): give the out_dirs", 2)
     schemes = {out_dir: load_for_generation(out_dir, cfg, device, True)[0].model.config.pos
                for out_dir in cfg.compare}  # fmt: skip
     rope = any(takes(POSITION_MODULES[pos], "rope_scaling") for pos in schemes.values())
@@ -314,8 +318,7 @@ def main(argv=None):
     """-> (Loaded, samples, tokens/s); with --compare a row per checkpoint: (out_dir, GPTConfig, tokens/s)."""
     with one_line_errors("sample.py"):  # Ctrl-C too: quietly, with the status a shell gives it (130)
         cfg = parse_args(argv)
-        device = hardware.resolve_device(cfg.device)
-        hardware.check_device(device)
+        device = machine_device(cfg.device)
         threads = hardware.use_threads(cfg.threads, device)  # printed under the model's line
         cfg = replace(cfg, start=read_prompt(cfg.start))  # once, before any checkpoint is loaded
         if cfg.compare is not None:

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -40,7 +40,7 @@ from data.common import BatchSampler, prepare_data
 from model import GPT
 from plumbing import hardware, report, resume
 from plumbing.checkpoint import Progress
-from plumbing.cli import threads_flag
+from plumbing.cli import device_flag, threads_flag
 from plumbing.distributed import processes
 from plumbing.errors import UserError, exit_status, one_line_errors
 from plumbing.fields import check_fields, setting
@@ -59,7 +59,9 @@ EVAL_STREAM = 2**31 - 1
 @dataclass
 class TrainConfig:
     # data
-    dataset: str = "shakespeare_char"  # a folder under data/; the embedded ones are prepared on first use
+    dataset: str = setting(
+        "shakespeare_char", "a folder under data/; the embedded ones are prepared on first use", path=True
+    )
     batch_size: int = setting(12, at_least=1)  # sequences per micro-batch, each block_size tokens long
     grad_accum: int | None = setting(None, at_least=1)  # micro-batches a step, all processes; None: one each
     # AdamW; model.configure_optimizers decays 2-D weights only
@@ -81,11 +83,15 @@ class TrainConfig:
     wandb_project: str = "posgpt"  # the W&B project the run goes to
     wandb_run_name: str | None = None  # the W&B run's display name; None: out_dir's folder name
     # system
-    out_dir: str = "out/{dataset}_{pos}"  # checkpoint folder; {dataset} and {pos} are filled in
+    out_dir: str = setting("out/{dataset}_{pos}", path=True)  # checkpoint folder; {dataset}, {pos} filled in
     resume: bool = False  # continue from out_dir/ckpt.pt: weights, optimizer, step, RNG and data streams
     overwrite: bool = False  # start again in an out_dir that holds a run, replacing it (without: refused)
-    init_from: str | None = None  # a new run from this out_dir's (or checkpoint's) weights and model flags
-    device: str = "auto"  # auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK
+    init_from: str | None = setting(
+        None, "a new run from this out_dir's (or checkpoint's) weights and model flags", path=True
+    )
+    device: str = device_flag(
+        help="auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK"
+    )
     dtype: str = setting(
         "auto", choices=("auto", "float32", "bfloat16", "float16")
     )  # autocast; auto: bfloat16 on CUDA, else float32
@@ -96,6 +102,7 @@ class TrainConfig:
     # A training method (lab/finetune) is a subclass: its own fields are flags beside these, recorded in the
     # checkpoint's train_config as these are; it runs train.main(argv, its class) and may override:
     prog = "train.py"  # the command as typed: its error lines and resume command name it
+    flags_elsewhere = "training methods' flags: python -m lab.NAME --help"  # ends an unknown flag's line
     state_entry = None  # the checkpoint entry of model state a plain GPT has not
 
     def fit(self, model_config):
@@ -111,22 +118,15 @@ class TrainConfig:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
         check_fields(self)
-        v = vars(self)
-        empty = "is empty (an unset shell variable?): give a folder, e.g."
-        rules = [  # an unset shell variable (--out_dir=$OUT) must not mean "here"
-            (v[n] is None or v[n].strip(), f"--{n} {empty} --{n}=out/NAME") for n in ("out_dir", "init_from")
-        ]
         too_high = f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
         both = "--resume continues the run in out_dir and --overwrite replaces it: give one of them"
-        rules += [
+        rules = [
             (self.min_lr <= self.learning_rate, too_high),
             (self.wandb_project.strip(), "wandb_project must not be empty"),
             (not (self.resume and self.overwrite), both),
         ]
         if broken := next((message for ok, message in rules if not ok), None):
             raise ValueError(broken)
-        hardware.check_device_name(self.device)
-        hardware.check_threads(self.threads)
 
 
 def parse_args(argv=None, Config=None):
@@ -464,6 +464,7 @@ def main(argv=None, Config=None):
     with one_line_errors(Config.prog, stopped=interrupted):
         cfg, model_config = parse_args(argv, Config)
         with processes(cfg) as procs:
+            procs = replace(procs, command=procs.resume_command(argv, True, Config.prog))  # as typed
             again = procs.resume_command(argv, cfg.resume, Config.prog)
             fit = "lower --batch_size or --block_size (raise --grad_accum to keep the tokens per step)"
             with hardware.out_of_memory(f"{fit}, or --n_layer/--n_embd"):  # the model, steps, evaluations

@@ -50,10 +50,10 @@ from plumbing.checkpoint import (
     open_model,
     rope_overrides,
 )
-from plumbing.cli import list_flag, parse_flags, threads_flag
+from plumbing.cli import device_flag, list_flag, machine_device, parse_flags, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import changed_fields, check_fields, setting
-from plumbing.hardware import check_device, check_device_name, out_of_memory, resolve_device
+from plumbing.hardware import out_of_memory
 from plumbing.progress import progress_bar
 from positions import (
     LONGROPE,
@@ -104,7 +104,7 @@ class EvalConfig:
     )
     batch_size: int = setting(8, at_least=1)  # windows per forward pass
     dataset: str | None = None  # evaluate on this dataset's val split; None: each checkpoint's own
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    device: str = device_flag()  # auto | cpu | cuda | cuda:N | mps
     threads: str = threads_flag()
     csv: str | None = None  # write one line per (checkpoint, method, length) to this CSV file
     positions_csv: str | None = None  # write the mean loss at every position to this CSV file
@@ -120,8 +120,6 @@ class EvalConfig:
         self.lengths = self.lengths or DEFAULT_LENGTHS[self.task]
         parse_lengths(self.lengths)
         parse_depths(self.depths)
-        check_device_name(self.device)
-        hardware.check_threads(self.threads)
         if self.rope_factors and LONGROPE not in self.rope_scalings:
             self.rope_scalings = [*self.rope_scalings, LONGROPE]
         if LONGROPE in self.rope_scalings and not self.rope_factors:
@@ -575,8 +573,7 @@ def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
         lengths = parse_lengths(cfg.lengths)
-        device = resolve_device(cfg.device)
-        check_device(device)
+        device = machine_device(cfg.device)
         # first: a full disk leaves torch no temporary folder, which reading a checkpoint may need
         check_files(cfg)
         sources = [open_source(name, cfg.dataset, cfg.task) for name in cfg.checkpoints]

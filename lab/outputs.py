@@ -122,8 +122,10 @@ def figure_file(fmt):
     return f"a .{fmt} image", ours
 
 
-def check_folder(flag, folder):
-    """check_outputs for a folder the work fills with files of its own (a study's --out_root)."""
+def check_folder(flag, folder, inputs=()):
+    """check_outputs for a folder the work fills with files of its own (a study's --out_root): writable, and
+    neither an input nor in a folder of inputs."""
+    check_not_input(f"--{flag}={folder}", Path(folder).resolve(), inputs)
     check_writable(f"--{flag}={folder}", Path(folder) / "probe")
 
 

@@ -21,12 +21,13 @@ import math
 import re
 import tomllib
 import typing
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from model import GPTConfig
+from plumbing import hardware
 from plumbing.errors import UserError, one_line_errors, reading
-from plumbing.fields import choices_of, rule_text
+from plumbing.fields import EMPTY, choices_of, path_error, rule_text, setting
 from positions import POSITION_MODULES
 
 
@@ -36,9 +37,6 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message, 2)
 
 
-# what an empty value (`--flag=` from an unset shell variable, or '' in a list) gets: never read as a default
-# or as a path, where "" is the current folder
-EMPTY = "is empty (an unset shell variable?): give a value or leave the flag out"
 BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
 EXPECTED = {bool: "a boolean (true/false, 1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 
@@ -71,7 +69,7 @@ def flag_options(name, annotation, choices, positional):
 
     def convert(text):
         if (optional or is_list) and not text.strip():
-            raise argparse.ArgumentTypeError(EMPTY)
+            raise argparse.ArgumentTypeError(f"{EMPTY}: give a value or leave the flag out")
         if optional and text.lower() == "none":
             return None
         if kind not in EXPECTED:
@@ -97,9 +95,25 @@ def list_flag(sections, name):
 
 
 def threads_flag():
-    """Every entry point's --threads field (plumbing.hardware checks and applies it)."""
+    """Every entry point's --threads field, checked by check_fields (hardware.check_threads); the entry point
+    applies it with hardware.use_threads."""
     help_text = "CPU threads, at most the cores (more: refused); auto: the cores idle now, or OMP_NUM_THREADS"
-    return field(default="auto", metadata={"help": help_text})
+    return setting("auto", help_text, check=hardware.check_threads)
+
+
+def device_flag(default="auto", help=None):
+    """Every entry point's --device field: auto or a device's name (hardware.check_device_name, by
+    check_fields); whether this machine has it: machine_device, as the work starts. help: its --help (None:
+    the comment after the field)."""
+    return setting(default, help, check=hardware.check_device_name)
+
+
+def machine_device(device):
+    """The device a --device names on this machine (auto: cuda, then mps, then cpu), or a usage UserError
+    where it lacks it: every entry point's, before its work."""
+    device = hardware.resolve_device(device)
+    hardware.check_device(device)
+    return device
 
 
 def check_seed(name, value):
@@ -109,9 +123,9 @@ def check_seed(name, value):
 
 
 def not_empty(text):
-    """A path flag's value, refused empty (EMPTY): "" would read as the current folder."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(EMPTY)
+    """A path flag's value (--config's), refused empty by the path rule (fields.path_error)."""
+    if error := path_error("", [text]):
+        raise argparse.ArgumentTypeError(error.lstrip())
     return text
 
 
@@ -165,18 +179,26 @@ def section_names(sections):
     return [f.name for f in section_fields(sections)]
 
 
+def flags_elsewhere(sections):
+    """Where the flags a command lacks live, as its config class says (a class attribute flags_elsewhere,
+    e.g. train.py's config: the commands that train otherwise), or None: said after an unknown flag."""
+    return next((c.flags_elsewhere for _, c, _ in sections if getattr(c, "flags_elsewhere", None)), None)
+
+
 def read_text(path, where, status=2):
     """A file's UTF-8 text (past a byte-order mark, as Windows editors write), or a one-line UserError."""
     with reading(where, "UTF-8 text file", status=status):  # missing, a folder, unreadable, not UTF-8
         return Path(path).read_text(encoding="utf-8-sig")
 
 
-def read_config_file(parser, path, valid, foreign_keys):
-    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag."""
+def read_config_file(parser, path, valid, foreign_keys, elsewhere=None):
+    """A TOML file's settings, checked by the flags' parser; foreign_keys: ignore keys that are no flag;
+    elsewhere: where the flags this command lacks live, said after an unknown key (flags_elsewhere)."""
     with reading(f"--config {path}", "TOML preset", status=2):
         table = tomllib.loads(read_text(path, f"--config {path}"))
     if not foreign_keys and (unknown := ", ".join(repr(key) for key in table if key not in valid)):
-        raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}", 2)
+        more = f" ({elsewhere})" if elsewhere else ""
+        raise UserError(f"{path}: unknown key {unknown}; valid keys: {', '.join(valid)}{more}", 2)
     table = {key: value for key, value in table.items() if key in valid}
     for key, value in table.items():
         if not isinstance(value, (str, int, float, bool)):
@@ -193,7 +215,8 @@ def parse_flags(
     """{field: value}: the dataclass defaults, then `defaults`, then each --config file, then argv's flags
     (sys.argv[1:] when None); sections: (title, dataclass, its field names or None for all), each field's
     help and choices its setting()'s (choices: more, by name). given: a set, filled with the names a flag or
-    a --config file gave. A mistake exits with status 2 and one line naming the valid choices."""
+    a --config file gave. A mistake exits with status 2 and one line naming the valid choices; an unknown
+    flag or key, the valid ones, then where others live (flags_elsewhere)."""
     names, choices, given = section_names(sections), choices or {}, set() if given is None else given
     values = {f.name: f.default_factory() if f.default is MISSING else f.default
               for f in section_fields(sections)
@@ -202,6 +225,7 @@ def parse_flags(
     valid = [name for name in names if name not in positional]
     files = "config" not in names  # a script whose own setting is called config has no files
     parser = build_parser(prog, doc, sections, values, choices, positional, files)
+    elsewhere = flags_elsewhere(sections)
     with one_line_errors(prog):
         try:
             flags = vars(parser.parse_args(argv))
@@ -212,6 +236,7 @@ def parse_flags(
                 guess = difflib.get_close_matches(typo, flag_names, n=1, cutoff=0.7)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 message += f"{hint}; valid flags: {' '.join(flag_names)}"
+                message += f" ({elsewhere})" if elsewhere else ""
             elif positional and (taken := re.match(r"argument --(\w+): invalid choice", message)):
                 if list_flag(sections, taken[1]):  # it took the words after it, a positional among them
                     message += f"; --{taken[1]} takes every word after it: give {positional[0]} before it"
@@ -219,7 +244,7 @@ def parse_flags(
         if files and "config" in flags:  # a file's keys are flags (a positional is none)
             file_parser = build_parser(prog, doc, sections, values, choices, (), False)
             for path in flags.pop("config"):
-                from_file = read_config_file(file_parser, path, valid, foreign_keys)
+                from_file = read_config_file(file_parser, path, valid, foreign_keys, elsewhere)
                 values |= from_file
                 given.update(from_file)
         values |= flags
@@ -235,10 +260,8 @@ def read_prompt(start):
     path = start.removeprefix("FILE:")
     if path == start:
         return start
-    if not path.strip():  # "" would read as the current folder
-        raise UserError(
-            "--start=FILE: the path is empty (an unset shell variable?): give FILE:path or a prompt", 2
-        )
+    if error := path_error("--start=FILE:", [path]):  # "" would read as the current folder
+        raise UserError(error, 2)
     return read_text(path, f"prompt file {path}", status=1)
 
 

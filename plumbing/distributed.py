@@ -24,6 +24,7 @@ class Processes:
     world_size: int = 1
     device: str | None = None  # cuda:LOCAL_RANK under torchrun on CUDA; None: cfg.device decides
     launched: bool = False  # True under torchrun: a process group exists
+    command: str | None = None  # what started them, as typed (resume_command): a checkpoint records it
 
     @property
     def master(self):

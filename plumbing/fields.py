@@ -7,6 +7,8 @@ choices from the same metadata. Standard library only: positions.py imports it.
     class Config:
         batch_size: int = setting(12, at_least=1)  # sequences per micro-batch (the comment: its --help)
         dtype: str = setting("auto", "autocast", choices=("auto", "float32"))  # or the help given
+        out_dir: str = setting("out", path=True)  # a path: "" (an unset shell variable) refused
+        device: str = setting("auto", check=check_device_name)  # any rule a function words
 
         def __post_init__(self):
             check_fields(self)  # batch_size must be >= 1 (a positive integer), got 0
@@ -25,13 +27,24 @@ def require(ok, message):
         raise ValueError(message)
 
 
-def setting(default, help=None, *, choices=None, at_least=None, above=None, below=None, at_most=None):
+# an empty path (`--out_dir=$OUT` with OUT unset) is refused: "" would name the current folder
+EMPTY = "is empty (an unset shell variable?)"
+
+
+def setting(
+    default, help=None, *, choices=None, at_least=None, above=None, below=None, at_most=None, path=False,
+    check=None,
+):  # fmt: skip
     """A dataclass field: its default, its --help text (None: the comment after the field, as plumbing/cli
     reads it), and its rule: one of `choices` (a tuple, or a function returning one, read when checked: a
     registry that grows), or a number within the bounds (at_least <= v, above < v, v < below, v <= at_most);
-    a list's items each. None passes every rule."""
+    a list's items each. path: a file or folder name, never empty (a list of them: not empty either, nor
+    any item). check: a function of the value raising a one-line ValueError (a device's name, --threads).
+    None passes every rule."""
     rule = dict(choices=choices, at_least=at_least, above=above, below=below, at_most=at_most)
     rule = {name: bound for name, bound in rule.items() if bound is not None}
+    rule |= dict(path=True) if path else {}
+    rule |= dict(check=check) if check else {}
     metadata = dict(rule=rule) | ({} if help is None else dict(help=help))
     if isinstance(default, list):  # each instance its own copy
         return field(default_factory=lambda: list(default), metadata=metadata)
@@ -67,6 +80,13 @@ def field_error(f, value):
     if value is None or not rule:
         return None
     values = value if isinstance(value, (list, tuple)) else [value]  # a list: each item
+    if rule.get("path") and (error := path_error(f"--{f.name}", values)):
+        return error
+    if check := rule.get("check"):
+        try:
+            check(value)
+        except ValueError as e:
+            return str(e)
     if (choices := choices_of(f)) is not None:
         wrong = [v for v in values if v not in choices]
         return f"{f.name}={wrong[0]!r} is not one of {', '.join(map(str, choices))}" if wrong else None
@@ -81,6 +101,14 @@ def field_error(f, value):
         " (a positive integer)" if rule.get("at_least") == 1 and high is None and type(value) is int else ""
     )
     return f"{f.name} must be {rule_text(f)}{whole}, got {value}"
+
+
+def path_error(name, paths):
+    """How the paths given as `name` (a flag) break the path rule: none given, or one empty -> one line, or
+    None."""
+    if not paths or any(not str(path).strip() for path in paths):
+        return f"{name} {EMPTY}: give a folder or file, or leave the flag out"
+    return None
 
 
 def check_fields(obj):

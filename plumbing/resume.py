@@ -5,6 +5,7 @@ writing its checkpoints. train.py calls these from main() and at the start of tr
 checkpoint at each evaluation; the step and the loop are train.py's own."""
 
 import random
+import shlex
 from contextlib import contextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -34,8 +35,8 @@ from plumbing.report import schedule_notes, wandb_problem
 from positions import POSITION_MODULES
 
 # What resuming reads beyond what sampling needs (model, model_config, meta); older files lack LATER_KEYS,
-# which restore reads with a default
-LATER_KEYS = ("finished", "evaluated_iter")
+# which restore reads with a default (command: the one that trained it, for open_for_resume's refusal)
+LATER_KEYS = ("finished", "evaluated_iter", "command")
 RESUME_KEYS = RUN_ENTRIES
 WRITTEN = ("model", "model_config", "meta", *RESUME_KEYS, *LATER_KEYS)  # every entry write_checkpoint writes
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
@@ -275,9 +276,13 @@ def open_for_resume(cfg, model_config, meta, procs):
     if foreign := [key for key in ckpt if key not in WRITTEN and key != cfg.state_entry]:
         flags = [name for name in ckpt["train_config"] if name not in vars(cfg)]
         took = f", with the flags {', '.join(flags)}" if flags else ""
+        again = "the command that trained it"
+        if isinstance(command := ckpt.get("command"), str):  # older files record none: the flags say it
+            words = [w for w in shlex.split(command) if w.split("=")[0] not in ("--overwrite", "--resume")]
+            again = f"{again}: {shlex.join(words)} --resume"
         raise UserError(
             f"refusing to resume {path}: it holds model state ({', '.join(foreign)}) that {cfg.prog} does "
-            f"not build: it was trained by another command{took}; resume it with the command that trained it"
+            f"not build: it was trained by another command{took}; resume it with {again}"
         )
     check_same_vocabulary(path, ckpt["meta"], meta, cfg.dataset, "resume")
     if changes := model_differences(ckpt["model_config"], model_config, MODEL_KNOBS):
@@ -325,6 +330,7 @@ def write_checkpoint(cfg, model_config, meta, state, progress, procs, improved):
             "wandb_run_id": p.wandb_run_id,
             "finished": p.iter_num >= cfg.max_iters and p.evaluated_iter == p.iter_num,
             "evaluated_iter": p.evaluated_iter,
+            "command": procs.command,  # as typed; None where train.main did not start it
         }
         if own := {key: value for key, value in weights.items() if key not in plain}:
             ckpt[cfg.state_entry] = {"state": own}  # a training method's (TrainConfig.state_entry)

@@ -313,7 +313,7 @@ def test_compare_checks_every_checkpoint_before_the_first_sample(runs, tmp_path,
 
 def test_an_empty_compare_is_refused(runs, capsys):
     status, err, out = in_process(capsys, sample.main, [f"--out_dir={runs / 'rope'}", "--compare"])
-    assert status == 2 and "--compare names no checkpoint" in one_line(err, "sample.py")
+    assert status == 2 and "--compare is empty" in one_line(err, "sample.py")
 
 
 def test_a_checkpoint_after_a_flag_is_taken(runs, capsys):

@@ -175,7 +175,8 @@ def test_train_py_refuses_to_resume_a_lora_run_naming_the_command_that_can(capsy
     flags = [f"--init_from={base_run}", f"--block_size={2 * TINY_BLOCK}", f"--out_dir={tmp_path}", "--resume"]
     err = train_error_line(capsys, [*TINY_RUN, *flags, "--max_iters=4"], 1)
     assert "model state (lora)" in err and "lora_rank" in err and str(tmp_path) in err
-    assert err.endswith("resume it with the command that trained it")
+    assert "resume it with the command that trained it: python -m lab.finetune " in err  # its record
+    assert err.endswith(" --resume") and "--lora_rank=2" in err
     assert (tmp_path / "ckpt.pt").read_bytes() == before
     assert "resuming" not in capsys.readouterr().out
 

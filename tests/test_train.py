@@ -83,6 +83,7 @@ def test_each_pos_trains_and_writes_a_loadable_checkpoint(tmp_path, pos):
         "wandb_run_id",
         "finished",
         "evaluated_iter",
+        "command",
     }  # sampling's, resume's
     assert ckpt["model_config"]["pos"] == pos and ckpt["evaluated_iter"] == 3 and ckpt["finished"]
     assert (

@@ -66,14 +66,14 @@ from lab.experiments.runs import (
     plan,
     read_rows,
     run_python,
+    study_inputs,
 )
 from lab.measure.paired import paired_difference, verdict
 from lab.measure.retrieval import wilson_interval
 from lab.outputs import check_folder, check_outputs, write_output, write_rows
 from lab.tables import fill_generated, markdown_table, measured
-from plumbing.cli import build_parser, parse_flags, read_config_file
+from plumbing.cli import build_parser, machine_device, parse_flags, read_config_file
 from plumbing.errors import UserError, one_line_errors
-from plumbing.hardware import check_device, resolve_device
 from plumbing.resume import fine_tune_dir
 from positions import LONGROPE, POS_SCHEMES, require
 
@@ -464,11 +464,14 @@ def search_spread(cfg, per_seed, block_size):
 def main(argv=None):
     with one_line_errors(PROG):
         cfg = parse_args(argv)
-        check_device(resolve_device(cfg.device))  # as train.py and lab/eval_length.py will, before any run
+        machine_device(cfg.device)  # as train.py and lab/eval_length.py will, before any run
         if not cfg.tables:  # the runs it trains, --jobs at once
             check_jobs(cfg.jobs, cfg.device)
-        check_outputs({"results": ROOT / cfg.results / f"{results_name(cfg)}_table.md"})  # before any run
-        check_folder("out_root", ROOT / cfg.out_root)
+        name, inputs = results_name(cfg), study_inputs(cfg.config and ROOT / cfg.config)
+        written = ("_table.md",) if cfg.tables else (".csv", ".png", "_table.md")  # --tables reads the CSV
+        for suffix in written:  # before any run
+            check_outputs({"results": ROOT / cfg.results / f"{name}{suffix}"}, inputs)
+        check_folder("out_root", ROOT / cfg.out_root, inputs)
         return write_tables(cfg) if cfg.tables else run_study(cfg, argv)
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.experiments.runs import EVAL_COLUMNS, EVAL_NUMBERS, ROOT, pooled_cells, read_rows
+from plumbing.cli import device_flag
 from plumbing.fields import check_fields, setting
-from plumbing.hardware import check_device_name
 from positions import POS_SCHEMES, require
 
 EXTENSION = 4  # the fine-tunes' context: 4 x T
@@ -49,7 +49,7 @@ class StudyConfig:
         64, at_least=1
     )  # loss: evaluation windows per length and row, over the val split
     trials: int = setting(50, at_least=1)  # passkey: samples per length and depth
-    device: str = "auto"  # passed to train.py and lab/eval_length.py
+    device: str = device_flag()  # passed to train.py and lab/eval_length.py
     extra: bool = False  # also train and evaluate EXTRA_RUNS (partial RoPE, RoPE skipping every 4th layer)
     schemes: list[str] = field(default_factory=lambda: [*POS_SCHEMES])  # the base runs' schemes
     longrope: bool = False  # also LongRoPE on rope: searched at 4 T, fine-tuned, searched at 8 T and at T
@@ -65,7 +65,6 @@ class StudyConfig:
     def __post_init__(self):  # task and schemes: parse_flags' choices
         check_fields(self)
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
-        check_device_name(self.device)
         exists = self.config is None or (ROOT / self.config).is_file()
         require(exists, f"config {self.config!r}: no such file; the presets are in configs/")
         require(self.schemes, f"--schemes is empty: give some of {', '.join(POS_SCHEMES)}")

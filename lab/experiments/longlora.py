@@ -53,6 +53,7 @@ from lab.experiments.runs import (
     paired_verdict,
     read_rows,
     run_python,
+    study_inputs,
 )
 from lab.finetune import lora, s2
 from lab.finetune.s2 import shifted_sparse_attention
@@ -255,8 +256,8 @@ def main(argv=None):
         if cfg.tables:
             return write_tables(cfg, results, footer=None)
         for name in ("longlora.csv", "longlora_cost.csv", "longlora_table.md"):  # before any training
-            check_outputs({"results": results / name})
-        check_folder("out_root", ROOT / cfg.out_root)
+            check_outputs({"results": results / name}, study_inputs())
+        check_folder("out_root", ROOT / cfg.out_root, study_inputs())
         return run_budgets(cfg, results, argv) if cfg.budgets else run_study(cfg, results, argv)
 
 

@@ -34,16 +34,16 @@ import torch
 
 from data.common import check_split, ensure_prepared, load_meta
 from data.passkey.task import CHARS, KEY_DIGITS
+from lab.experiments.runs import study_inputs
 from lab.measure.instruments import pyplot, save_figure
 from lab.measure.losses import token_losses, window_losses, window_starts
 from lab.measure.retrieval import passkey_batch
 from lab.outputs import check_outputs, write_output, write_rows
 from model import GPTConfig
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, open_model, run_folder
-from plumbing.cli import parse_flags
+from plumbing.cli import device_flag, machine_device, parse_flags
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
-from plumbing.hardware import check_device, check_device_name, resolve_device
 from positions import LONGROPE, POSITION_MODULES, require, rope_frequencies, rope_inv_freq, rotary_dim, takes
 
 PROG = "python -m lab.experiments.longrope"
@@ -81,7 +81,7 @@ class SearchConfig:
     passkey_seed: int = 1  # --fitness=passkey's samples (lab/eval_length.py evaluates its --passkey_seed, 0)
     seed: int = 0
     out: str | None = None  # output folder; None: beside the checkpoint's folder
-    device: str = "cpu"
+    device: str = device_flag("cpu")
 
     def __post_init__(self):
         require(self.factor > 1 or self.short, f"factor must be > 1 (the extension), got {self.factor}")
@@ -96,7 +96,6 @@ class SearchConfig:
         require(top, f"top must be >= 1 (x L/T: PI's factor), or unset for 1 + L/T, got {self.top}")
         why = "0 draws lab/eval_length.py's evaluation samples"
         require(self.passkey_seed >= 1, f"passkey_seed must be >= 1 ({why}), got {self.passkey_seed}")
-        check_device_name(self.device)
 
 
 def constrain(factors, top):
@@ -231,8 +230,7 @@ def main(argv=None):
     with one_line_errors(PROG):
         sections = [("search", SearchConfig, None)]
         cfg = SearchConfig(**parse_flags(argv, PROG, __doc__, sections, positional=("checkpoint",)))
-        device = resolve_device(cfg.device)
-        check_device(device)
+        device = machine_device(cfg.device)
         path = checkpoint_path(cfg.checkpoint)
         ckpt = open_checkpoint(path, mmap=True)
         config = GPTConfig(**ckpt["model_config"]).flat()  # its fields and settings, by name
@@ -277,7 +275,9 @@ def main(argv=None):
             require(dataset, f"{path}: no train_config.dataset: the search measures loss on its train split")
             tokens = search_tokens(dataset)
             starts = window_starts(len(tokens), length, cfg.windows, split="train")
-        check_outputs({"out": out / "factors.json"})  # before the search, not after it; its folder made last
+        read = study_inputs(path)  # the checkpoint, and the folder of the dataset it searches on: data/
+        for written in ("factors.json", "fitness.csv"):  # before the search; its folder made last
+            check_outputs({"out": out / written}, read)
 
         @torch.no_grad()
         def fitness(candidate):

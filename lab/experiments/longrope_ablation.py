@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.experiments.longrope_ablation_results import COLUMNS, NUMBERS, PROG, cells
-from lab.experiments.runs import ROOT, eval_length, mean_sd, paired_verdict, read_rows, run_python
+from lab.experiments.runs import (
+    ROOT,
+    eval_length,
+    mean_sd,
+    paired_verdict,
+    read_rows,
+    run_python,
+    study_inputs,
+)
 from lab.outputs import check_outputs, write_output, write_rows
 from lab.tables import fill_generated, markdown_table
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_folder
@@ -110,8 +118,9 @@ def main(argv=None):
         rows = (
             read_rows(results / f"{name}.csv", COLUMNS, PROG, *NUMBERS) if cfg.tables else None
         )  # before any write
-        for suffix in (".csv", "_table.md"):  # before any search
-            check_outputs({"results": results / f"{name}{suffix}"})
+        read = study_inputs(*map(checkpoint_path, cfg.checkpoints))
+        for suffix in ("_table.md",) if cfg.tables else (".csv", "_table.md"):  # before any search
+            check_outputs({"results": results / f"{name}{suffix}"}, read)
         if cfg.tables:  # the measurement's own line kept, where the table is there
             old = results / f"{name}_table.md"
             footer = old.read_text(encoding="utf-8").rstrip().rsplit("\n", 1)[-1] if old.is_file() else ""

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from data.common import dataset_dir
+from data.common import DATA_ROOT, dataset_dir
 from lab.measure.paired import paired_cell, paired_difference, welch_difference
 from plumbing.checkpoint import checkpoint_path, open_checkpoint, run_finished
 from plumbing.cli import read_text
@@ -363,6 +363,14 @@ def find_checkpoint(pos, checkpoints):
     first holding best.pt or ckpt.pt; None where neither does."""
     folders = [Path(checkpoints) / name for name in (pos, f"shakespeare_char_{pos}")]
     return next((folder for folder in folders if checkpoint_path(folder).is_file()), None)
+
+
+def study_inputs(*files):
+    """What a study reads, which none of its outputs may be or lie in (lab.outputs.check_outputs, with
+    --replace too): the datasets' folder (data/: every dataset a study trains or evaluates on is one there,
+    and it prepares them there), the presets' (configs/), and files (its --config, the checkpoints it
+    opens; None: none)."""
+    return [DATA_ROOT, ROOT / "configs", *(Path(file) for file in files if file is not None)]
 
 
 def inputs_of(schemes, checkpoints=None):

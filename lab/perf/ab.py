@@ -34,6 +34,7 @@ from lab.tables import markdown_table
 from plumbing import hardware
 from plumbing.cli import parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
+from plumbing.fields import check_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 PROG = "python -m lab.perf.ab"
@@ -58,7 +59,7 @@ class ABConfig:
         if self.new_tokens < 2 or min(self.steps, self.rounds) < 1:
             raise UserError("--new_tokens must be >= 2, --steps and --rounds >= 1", 2)
         self.schemes = parse_list("pos", self.pos, positions.POS_SCHEMES)
-        hardware.check_threads(self.threads)
+        check_fields(self)  # --threads' rule
 
 
 def recipe_model(module, pos):

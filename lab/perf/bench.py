@@ -54,7 +54,7 @@ from lab.perf.ops import decode_step_ops
 from lab.tables import fmt, markdown_table
 from model import GPT, GPTConfig, scheme_settings
 from plumbing import hardware
-from plumbing.cli import parse_flags, parse_list, threads_flag
+from plumbing.cli import device_flag, machine_device, parse_flags, parse_list, threads_flag
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from positions import POS_SCHEMES
@@ -95,7 +95,7 @@ class BenchConfig:
         1024, "skip the O(n^2) uncached reference past this many new tokens; 0: never", at_least=0
     )
     compile_decode: bool | None = None  # also time compiled decoding; None: as --compile
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    device: str = device_flag()  # auto | cpu | cuda | cuda:N | mps
     dtype: str = setting(
         "auto",
         "the autocast dtype in training, the model's in generation; auto: bfloat16 on CUDA, else float32",
@@ -118,12 +118,10 @@ class BenchConfig:
         meta = dataset_dir(data) / "meta.json"  # train.py's vocabulary; a damaged one is an error
         vocab = load_meta(meta.parent)["vocab_size"] if meta.exists() else unprepared
         self.vocab_size = vocab if self.vocab_size is None else self.vocab_size
-        hardware.check_threads(self.threads)
         check_fields(self)
         if self.rounds is not None and not 1 <= self.rounds <= max(1, self.train_steps):
             message = f"rounds must be between 1 and train_steps={self.train_steps}, got {self.rounds}"
             raise ValueError(message)
-        hardware.check_device_name(self.device)
         self.schemes = parse_list("pos", self.pos, POS_SCHEMES, everything="all")
         model_fields = {key: getattr(self, key) for key in MODEL_KEYS}  # GPTConfig checks them too
         self.model_configs = {pos: GPTConfig(**model_fields, pos=pos) for pos in self.schemes}
@@ -167,8 +165,7 @@ def parse_args(argv=None):
         keys = ", ".join(f"--{key}" for key in replaced)
         raise UserError(f"--quick sets {keys} (to {', '.join(str(QUICK[k]) for k in replaced)}): give {keys} "
                         "or --quick, not both", 2)  # fmt: skip
-    device = hardware.resolve_device(cfg.device)
-    hardware.check_device(device)
+    device = machine_device(cfg.device)
     kind = device.split(":")[0]
     compile_ = kind == "cuda" if cfg.compile is None else cfg.compile
     decode = compile_ if cfg.compile_decode is None else cfg.compile_decode

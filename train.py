@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.common import BatchSampler, prepare_data
 from model import GPT
-from plumbing import hardware, report, resume
+from plumbing import report, resume
 from plumbing.checkpoint import Progress
 from plumbing.cli import device_flag, threads_flag
 from plumbing.distributed import processes
@@ -466,9 +466,7 @@ def main(argv=None, Config=None):
         with processes(cfg) as procs:
             procs = replace(procs, command=procs.resume_command(argv, True, Config.prog))  # as typed
             again = procs.resume_command(argv, cfg.resume, Config.prog)
-            fit = "lower --batch_size or --block_size (raise --grad_accum to keep the tokens per step)"
-            with hardware.out_of_memory(f"{fit}, or --n_layer/--n_embd"):  # the model, steps, evaluations
-                return train(cfg, model_config, procs, again)
+            return train(cfg, model_config, procs, again)
 
 
 if __name__ == "__main__":

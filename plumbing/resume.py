@@ -99,11 +99,10 @@ class Started(NamedTuple):
 def open_run(cfg, model_config, procs, final_lr, prepare_data):
     """The start of a run, before its model is built: --wandb usable, every auto resolved (resolve_runtime),
     the threads set, out_dir owned for the block (run_folder.own_folder), the dataset prepared, unfinished
-    checkpoint writes removed, then SIGINT and SIGTERM taken as requests to
-    stop (errors.StopSignals); with --resume its checkpoint opened and checked. -> Started, for the block.
-    final_lr: the rate of the last step, for the
-    notes on a schedule the run does not follow (report.schedule_notes); prepare_data: data.common's (data/
-    builds on plumbing/, not this on it)."""
+    checkpoint writes removed, then SIGINT and SIGTERM taken as requests to stop (errors.StopSignals) and
+    running out of memory made one line (hardware.out_of_memory); with --resume its checkpoint opened and
+    checked. -> Started, for the block. final_lr: the rate of the last step, for the notes on a schedule the
+    run does not follow (report.schedule_notes); prepare_data: data.common's (data/ builds on plumbing/)."""
     if cfg.wandb and (problem := wandb_problem()):  # before any work: data can take hours
         raise UserError(problem)
     one_per_process = cfg.grad_accum is None
@@ -126,7 +125,9 @@ def open_run(cfg, model_config, procs, final_lr, prepare_data):
         procs.log(threads)
         for note in schedule_notes(cfg, final_lr):
             procs.log(note)
-        with StopSignals() as signals:
+        # out of memory in the block (the model, its steps, evaluations): one line, checkpoints as they were
+        fit = "lower --batch_size or --block_size (raise --grad_accum to keep the tokens per step)"
+        with StopSignals() as signals, hardware.out_of_memory(f"{fit}, or --n_layer/--n_embd"):
             peak = hardware.peak_flops(cfg.device)
             yield Started(cfg, model_config, meta, data_dir, signals, peak, opened)
 

@@ -188,14 +188,9 @@ def build(cfg, model_config, meta, data_dir, procs):
     train_model = compiled
     if procs.launched:  # DDP around the compiled module, as nanoGPT; buffers (RoPE's cos/sin) never differ
         ids = [procs.local_rank] if device_type == "cuda" else None
-        unsynced = (
-            "forward_sync_buffers"
-            if "forward_sync_buffers" in inspect.signature(DDP).parameters
-            else "broadcast_buffers"
-        )
-        train_model = DDP(
-            compiled, device_ids=ids, **{unsynced: False}
-        )  # the flag's name in newer torch, older
+        flags = inspect.signature(DDP).parameters  # the flag's name in newer torch, else in older
+        unsynced = "forward_sync_buffers" if "forward_sync_buffers" in flags else "broadcast_buffers"
+        train_model = DDP(compiled, device_ids=ids, **{unsynced: False})
     micro_steps = cfg.grad_accum // procs.world_size
     slots = range(procs.rank * micro_steps, (procs.rank + 1) * micro_steps)  # this rank's share of the step
     shape = (model_config.block_size, cfg.batch_size)
@@ -412,16 +407,11 @@ def train(cfg, model_config, procs, resume_command="the same command with --resu
                 else:
                     loss = loss.item()  # waits for the device: the clock below reads real time
                 p.iter_num = it + 1
-                if not math.isfinite(
-                    loss
-                ):  # stop before an evaluation overwrites ckpt.pt with broken weights
-                    last = (
-                        f"last good loss {losses[it]:.4f} at step {it}"
-                        if it in losses
-                        else "no finite loss before it"
-                    )
+                if not math.isfinite(loss):  # stopped before an evaluation writes broken weights over ckpt.pt
+                    last = f"last good loss {losses[it]:.4f} at step {it}" if it in losses else None
                     retry = "a lower --learning_rate may help, with --resume to continue from it"
                     advice = f"{kept_checkpoint(cfg, p)}; {retry}"
+                    last = last or "no finite loss before it"
                     raise UserError(f"loss is {loss} at step {it + 1}: training stopped ({last}); {advice}")
                 losses[it + 1] = loss
                 clock.step()

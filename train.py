@@ -93,8 +93,10 @@ class TrainConfig:
         help="auto: cuda, then mps, then cpu; under torchrun each process takes cuda:LOCAL_RANK"
     )
     dtype: str = setting(
-        "auto", choices=("auto", "float32", "bfloat16", "float16")
-    )  # autocast; auto: bfloat16 on CUDA, else float32
+        "auto",
+        "autocast; auto: bfloat16 on CUDA, else float32",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
     compile: bool | None = None  # torch.compile; None: on CUDA only (on a CPU it costs more than it saves)
     threads: str = threads_flag()
     seed: int = setting(1337, at_least=0)  # seeds the initialisation, the dropout masks and the batch streams

@@ -1,6 +1,6 @@
 """What a script runs on: the device (auto: cuda, then mps, then cpu), the precision (auto: bfloat16 on CUDA,
-float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU), its free memory, and the one
-boundary for running out of it (out_of_memory)."""
+float32 elsewhere), the CPU threads, the hardware's peak speed (for MFU), and the one boundary for running out
+of memory (out_of_memory)."""
 
 import os
 import re
@@ -107,35 +107,12 @@ def precision(cfg):
     return autocast, torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 
 
-def available_memory(device):
-    """Bytes device can still allocate, or None: CUDA's free memory and what torch's allocator holds idle."""
-    if str(device).startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    with suppress(OSError, StopIteration, ValueError), open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    with suppress(AttributeError, OSError, ValueError):  # no sysconf (Windows), or not this name (macOS)
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return None
-
-
 def format_bytes(n):
     """1234567 -> '1.2 MB' (powers of 1000, as df and free -H print sizes)."""
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
         if n < 1000 or unit == "PB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-
-
-def check_memory(parts, device, what, advice):
-    """A UserError if parts ({what: bytes}) exceed device's memory, before the kernel kills without a word."""
-    needed, available = sum(parts.values()), available_memory(device)
-    if available is None or needed <= available:
-        return
-    largest = sorted(parts.items(), key=lambda part: -part[1])
-    detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
-    free = f"{device} has {format_bytes(available)} available"
-    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {free}; {advice}")
 
 
 @contextmanager

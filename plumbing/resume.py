@@ -27,7 +27,7 @@ from plumbing.checkpoint import (
     remove_unfinished_writes,
     run_folder,
     save_checkpoint,
-    some,
+    weights_misfit,
 )
 from plumbing.distributed import check_torchrun_device
 from plumbing.errors import StopSignals, UserError, reading
@@ -209,7 +209,7 @@ def restore(cfg, opened, state, progress, procs):
 
 def restore_state(cfg, path, ckpt, state):
     """The weights, the optimizer's and the scaler's state, the batch streams, as the checkpoint left them."""
-    load_weights(path, state.model, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
+    load_weights(path, state.model, ckpt["model"] | method_state(ckpt, cfg.state_entry))
     settings = [{k: v for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups]
     load_weights(path, state.optimizer, ckpt["optimizer"])
     # keep the moments, take this run's betas and weight decay (and fused on this device)
@@ -222,19 +222,10 @@ def restore_state(cfg, path, ckpt, state):
     state.eval_sampler.load_state_dict(ckpt["sampler"]["eval"])
 
 
-def method_state(path, ckpt, entry):
-    """The state dict a training method's checkpoint entry holds beside "model" ({} without one)."""
-    if entry is None or entry not in ckpt:
-        return {}
-    held = ckpt[entry]
-    problem = f"{entry} is {held!r:.40}, not a dict" if not isinstance(held, dict) else None
-    if problem is None and not isinstance(held.get("state"), dict):
-        problem = f"{entry} has no state"
-    if problem:
-        raise UserError(
-            f"{path}: damaged checkpoint ({problem}): train.py writes none like it; use another one"
-        )
-    return held["state"]
+def method_state(ckpt, entry):
+    """The state dict a training method's checkpoint entry holds beside "model" ({} without one); a damaged
+    entry fails in the caller's error boundary (errors.reading), as any damaged entry does."""
+    return ckpt[entry]["state"] if entry in ckpt else {}
 
 
 def check_fits(path, cfg, model_config, weights):
@@ -243,17 +234,7 @@ def check_fits(path, cfg, model_config, weights):
     with torch.device("meta"):
         model = GPT(model_config)
         cfg.prepare(model)
-    expected = model.state_dict()
-    kinds = {
-        "missing": [name for name in expected if name not in weights],
-        "unexpected": [name for name in weights if name not in expected],
-        "mis-shaped": [
-            f"{name} {tuple(value.shape)} where the model has {tuple(expected[name].shape)}"
-            for name, value in weights.items()
-            if name in expected and isinstance(value, torch.Tensor) and value.shape != expected[name].shape
-        ],
-    }
-    if detail := "; ".join(f"{what} {some(names)}" for what, names in kinds.items() if names):
+    if detail := weights_misfit(model.state_dict(), weights):
         raise UserError(f"{path}: its GPT state does not fit ({detail})")
 
 
@@ -293,7 +274,7 @@ def open_for_resume(cfg, model_config, meta, procs):
             "new run with another --out_dir"
         )
     with reading(path, "checkpoint"):  # weights not tensors, a method's entry not a dict: the file's fault
-        check_fits(path, cfg, model_config, ckpt["model"] | method_state(path, ckpt, cfg.state_entry))
+        check_fits(path, cfg, model_config, ckpt["model"] | method_state(ckpt, cfg.state_entry))
     current = vars(cfg)
     knobs = [(name, ckpt["model_config"][name], getattr(model_config, name)) for name in MODEL_KNOBS] + [
         (name, value, current[name])

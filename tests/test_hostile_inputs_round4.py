@@ -209,8 +209,8 @@ CASES = {
         "{run} --short",
         "--short searches the short factors of a run extended by its rope_factor s > 1",
     ),
-    "lora: no state": (FINETUNE, "{lora_no_state}", "damaged checkpoint (lora has no state)"),
-    "lora: a string": (FINETUNE, "{lora_string}", "damaged checkpoint (lora is 'adapters', not a dict)"),
+    "lora: no state": (FINETUNE, "{lora_no_state}", "ckpt.pt: not a usable checkpoint (KeyError: 'state')"),
+    "lora: a string": (FINETUNE, "{lora_string}", "ckpt.pt: not a usable checkpoint (TypeError: "),
     "lora: an adapter mis-shaped": (
         FINETUNE,
         "{lora_rank_string}",

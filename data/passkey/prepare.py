@@ -14,7 +14,9 @@ if not __package__:  # `python data/passkey/prepare.py`: the repository's packag
     sys.exit(f"{sys.argv[0]}: error: run it from the repository root as `python -m data.passkey.prepare`")
 
 
+import os
 import shutil
+from contextlib import suppress
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from data import common, writing
 from data.passkey.task import CHARS, GENERATOR, KEY_CHARACTERS, default_name, training_sample
 from plumbing.cli import ArgumentParser, check_seed
 from plumbing.errors import UserError
-from plumbing.hardware import check_memory, format_bytes
+from plumbing.hardware import format_bytes
 from plumbing.tokenizers import CharTokenizer
 
 TRAIN_SAMPLES, VAL_SAMPLES = 100_000, 1_000  # the CPU recipe draws 96,000 (3,000 steps of 32)
@@ -33,6 +35,27 @@ def passkey_dataset_bytes(block_size, train_samples, val_samples):
     built its samples' strings, their join and the token list (CPython: 10 bytes a character, 49 a string)."""
     length, largest = block_size + 1, max(train_samples, val_samples)
     return {"token arrays": 8 * (train_samples + val_samples) * length, "text": largest * (10 * length + 49)}
+
+
+def available_memory():
+    """Bytes this machine can still allocate (Linux's MemAvailable; elsewhere the free pages), or None."""
+    with suppress(OSError, StopIteration, ValueError), open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    with suppress(AttributeError, OSError, ValueError):  # no sysconf (Windows), or not this name (macOS)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return None
+
+
+def check_memory(parts, what, advice):
+    """A UserError if parts ({what: bytes}) exceed the memory available, before hours of drawing end in the
+    kernel's out-of-memory kill, which says nothing."""
+    needed, available = sum(parts.values()), available_memory()
+    if available is None or needed <= available:
+        return
+    largest = sorted(parts.items(), key=lambda part: -part[1])
+    detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in largest if size >= needed / 100)
+    free = f"this machine has {format_bytes(available)} available"
+    raise UserError(f"{what} needs about {format_bytes(needed)} of memory ({detail}) but {free}; {advice}")
 
 
 def prepare(
@@ -73,7 +96,7 @@ def main(argv=None):
         # refused before hours of drawing: what memory or disk (uint16 ids) cannot hold
         what = f"{n_train + n_val:,} samples of {T + 1:,} characters"
         advice = "lower --train_samples, --val_samples or --block_size"
-        check_memory(passkey_dataset_bytes(T, n_train, n_val), "cpu", what, advice)
+        check_memory(passkey_dataset_bytes(T, n_train, n_val), what, advice)
         if (size := 2 * (n_train + n_val) * (T + 1)) > (free := shutil.disk_usage(common.DATA_ROOT).free):
             raise UserError(f"{what} take {format_bytes(size)} on disk but {common.DATA_ROOT} has "
                             f"{format_bytes(free)} free; {advice}")  # fmt: skip

@@ -322,18 +322,10 @@ def write_checkpoint(cfg, model_config, meta, state, progress, procs, improved):
             if improved:
                 link_checkpoint(ckpt_path, Path(cfg.out_dir) / "best.pt")
         except UserError as e:  # no space left: the files on disk are whole
-            raise UserError(f"{e}; training stopped: {kept_checkpoint(cfg, p)}") from None
+            kept = f"{ckpt_path} (step {p.saved_iter}) was kept"
+            kept = kept if p.saved_iter is not None else "no checkpoint was written"
+            raise UserError(f"{e}; training stopped: {kept}") from None
     p.saved_iter = p.iter_num
-
-
-def kept_checkpoint(cfg, progress):
-    """What an error that stops training says of the checkpoint on disk."""
-    saved = progress.saved_iter
-    return (
-        "no checkpoint was written"
-        if saved is None
-        else f"{Path(cfg.out_dir) / 'ckpt.pt'} (step {saved}) was kept"
-    )
 
 
 def init_from(cfg, model, meta, procs):

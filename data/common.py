@@ -70,13 +70,6 @@ class DatasetMeta:
             )
 
 
-def _check_meta(meta) -> dict:
-    """meta (meta.json's object) -> itself, checked by DatasetMeta's rules: an exception (errors.reading words
-    it) unless it holds meta.json's fields and no other."""
-    DatasetMeta(**meta)
-    return meta
-
-
 def _from_root(command: str) -> str:
     """command (python -m data....) as typed where the user stands: outside the repository root, after cd."""
     root = DATA_ROOT.parent
@@ -106,7 +99,8 @@ def load_meta(data_dir) -> dict:
     if not path.exists():
         raise UserError(f"{path} not found: prepare the dataset with {again}")
     with reading(path, "dataset meta.json", fix=f"re-run {again}"):
-        meta = _check_meta(json.loads(path.read_text(encoding="utf-8")))
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        DatasetMeta(**meta)  # its rules: an exception unless it holds meta.json's fields and no other
         tasks = [meta["generator"]["name"]] if meta.get("generator") else GENERATED
         stale = [
             importlib.import_module(f"{__package__}.{name}.task").outdated(meta, data_dir) for name in tasks

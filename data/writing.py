@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.common import FILES, _check_meta, dataset_dir, dataset_files
+from data.common import FILES, DatasetMeta, dataset_dir, dataset_files
 from plumbing.cli import ArgumentParser
 from plumbing.errors import StopSignals, UserError, one_line_errors
 from plumbing.outputs import no_space, space_error
@@ -31,7 +31,7 @@ def complete_meta(meta: dict, train_tokens: int, val_tokens: int) -> dict:
     full = dict(tokenizer=meta.get("tokenizer"), vocab_size=vocab_size, dtype=dtype)
     full |= dict(train_tokens=int(train_tokens), val_tokens=int(val_tokens))
     full |= {key: meta[key] for key in ("chars", "sample_length", "generator") if key in meta}
-    _check_meta(full)
+    DatasetMeta(**full)
     return full
 
 

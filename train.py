@@ -169,21 +169,16 @@ class State:
     launched: bool  # under torchrun (DDP): the micro-steps before the last skip the all-reduce
 
 
-def precision(cfg):
-    """(autocast context, GradScaler) for cfg.dtype on cfg.device, both resolved; float32: no autocast."""
-    device_type, dtype = cfg.device.split(":")[0], getattr(torch, cfg.dtype)
-    if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
-        torch.set_float32_matmul_precision("high")
-    autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype)
-    # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
-    return autocast, torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
-
-
 def build(cfg, model_config, meta, data_dir, procs):
     """A fresh run's State: the model (--init_from's weights, then what a training method changes),
     compiled and DDP-wrapped, the optimizer, this rank's batch streams."""
     device_type = cfg.device.split(":")[0]
-    autocast, scaler = precision(cfg)
+    if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
+        torch.set_float32_matmul_precision("high")
+    dtype = getattr(torch, cfg.dtype)
+    autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype)
+    # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = GPT(model_config).to(cfg.device)
     resume.init_from(cfg, model, meta, procs)  # context extension: a trained run's weights, a fresh optimizer
@@ -310,13 +305,6 @@ class StepClock:
         )
 
 
-def speed_of(seconds, tokens, flops, peak=None, n_devices=1):
-    """A step's ms, tokens/s, model TFLOP/s, and MFU: the model FLOPs achieved over every device's peak (PaLM,
-    appendix B), where the peak is known."""
-    metrics = dict(ms_per_iter=seconds * 1e3, tokens_per_sec=tokens / seconds, tflops=flops / seconds / 1e12)
-    return metrics | (dict(mfu=flops / seconds / (peak * n_devices)) if peak else {})
-
-
 def step_line(step, cfg, loss, lr, speed, seconds_left):
     """`step 50/2000 | loss 2.1 | lr 5.0e-04 | 35.6 ms/iter | 21,500 tok/s | mfu 40.0% | 1m30s left`"""
     mfu = f" | mfu {speed['mfu']:.1%}" if "mfu" in speed else ""
@@ -431,7 +419,12 @@ def train(cfg, model_config, procs, resume_command="the same command with --resu
                 clock.step()
                 if (it + 1) % cfg.log_interval == 0:
                     step_seconds, seconds_left = clock.lap(it + 1)
-                    speed = speed_of(step_seconds, tokens_per_step, flops_per_step, peak, procs.world_size)
+                    speed = dict(
+                        ms_per_iter=step_seconds * 1e3, tokens_per_sec=tokens_per_step / step_seconds
+                    )
+                    speed["tflops"] = flops_per_step / step_seconds / 1e12
+                    if peak:  # MFU: the model FLOPs achieved over every device's peak (PaLM, appendix B)
+                        speed["mfu"] = flops_per_step / step_seconds / (peak * procs.world_size)
                     procs.log(step_line(it + 1, cfg, loss, lr, speed, seconds_left))
                     if note := clock.slowdown(step_seconds):
                         procs.log(note)

@@ -6,7 +6,7 @@ import os
 import re
 import time
 import traceback
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import fields
 
 import torch
@@ -97,6 +97,16 @@ def resolve_dtype(dtype, device_type):
     return "float32"  # CPU autocast is slower than float32 for models this small
 
 
+def precision(cfg):
+    """(autocast context, GradScaler) for cfg.dtype on cfg.device, both resolved; float32: no autocast."""
+    device_type, dtype = cfg.device.split(":")[0], cfg.dtype
+    if device_type == "cuda":  # TF32 matmuls: ~free speed on Ampere and later, ample precision for training
+        torch.set_float32_matmul_precision("high")
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
+    # float16's 5-bit exponent underflows small gradients: scale the loss up, unscale before the step
+    return autocast, torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+
+
 def format_bytes(n):
     """1234567 -> '1.2 MB' (powers of 1000, as df and free -H print sizes)."""
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
@@ -170,3 +180,9 @@ def peak_flops_of(gpu_name):
 def peak_flops(device):
     """The device's peak FLOP/s for MFU, or None (CPU, MPS, a GPU not in PEAK_FLOPS): then no MFU logged."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if str(device).startswith("cuda") else None
+
+
+def speed(seconds, tokens, flops, peak=None, n_devices=1):
+    """A step's ms, tokens/s, model TFLOP/s, and MFU (over all devices' peak) where the peak is known."""
+    metrics = dict(ms_per_iter=seconds * 1e3, tokens_per_sec=tokens / seconds, tflops=flops / seconds / 1e12)
+    return metrics | (dict(mfu=flops / seconds / (peak * n_devices)) if peak else {})

@@ -10,7 +10,7 @@ import torch
 
 import train
 from model import GPT, GPTConfig
-from plumbing import checkpoint, resume
+from plumbing import checkpoint, hardware, resume
 from positions import POS_SCHEMES
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=1, n_head=2, n_embd=16)
@@ -63,7 +63,7 @@ def test_inductor_compiles_a_tiny_rope_model():
 def precision_for(*flags):
     cfg, model_config = train.parse_args(["--device=cpu", *flags])
     cfg = resume.resolve_runtime(cfg, model_config)
-    autocast, scaler = train.precision(cfg)
+    autocast, scaler = hardware.precision(cfg)
     return cfg.dtype, autocast, scaler
 
 
@@ -107,6 +107,6 @@ def test_cuda_defaults_to_bf16_or_fp16_with_a_scaler():
     """On CUDA auto is bfloat16 where supported, else float16 with loss scaling."""
     cfg, model_config = train.parse_args(["--device=cuda"])
     cfg = resume.resolve_runtime(cfg, model_config)
-    _, scaler = train.precision(cfg)
+    _, scaler = hardware.precision(cfg)
     assert cfg.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
     assert scaler.is_enabled() == (cfg.dtype == "float16") and cfg.compile is True

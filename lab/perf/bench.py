@@ -58,7 +58,6 @@ from plumbing.cli import device_flag, machine_device, parse_flags, parse_list, t
 from plumbing.errors import UserError, one_line_errors
 from plumbing.fields import check_fields, setting
 from positions import POS_SCHEMES
-from train import precision, speed_of
 
 PROG = "python -m lab.perf.bench"
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias")
@@ -225,7 +224,7 @@ class Trainer:
         self.cfg, self.model = cfg, GPT(cfg.model_configs[pos]).to(cfg.device)
         self.optimizer = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), cfg.device.split(":")[0])
         self.run = torch.compile(self.model) if cfg.compile else self.model
-        self.autocast, self.scaler = precision(cfg)
+        self.autocast, self.scaler = hardware.precision(cfg)
         shape = (cfg.grad_accum, 2, cfg.batch_size, cfg.block_size)  # an (x, y) pair per micro-batch
         self.batches = torch.randint(cfg.vocab_size, shape, device=cfg.device)
         warmup = [timed(self.step, cfg.device)[0] for _ in range(cfg.warmup_steps)]
@@ -254,7 +253,7 @@ class Trainer:
             **dict(ms_per_step=ms, step_ms_min=low, step_ms_max=high, timed_steps=len(self.step_seconds)),
             **dict(tokens_per_step=tokens, first_step_s=first, compile_s=compile_s, flops_per_token=flops),
             **dict(params=model.num_params(), peak_memory_mb=memory_mb, flops_note=note),
-            **speed_of(ms / 1e3, tokens, flops * tokens, peak),
+            **hardware.speed(ms / 1e3, tokens, flops * tokens, peak),
         }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig, scheme_settings
-from plumbing.errors import UserError, reading
+from plumbing.errors import UserError, first_line, reading
 from plumbing.fields import check_fields, require, setting
 from plumbing.gpt2 import download_gpt2, gpt2_weights_from_hf
 from plumbing.outputs import replace_atomically
@@ -106,10 +106,6 @@ class Progress:
         step = ckpt["iter_num"]
         return cls(step, ckpt["best_val_loss"], ckpt["best_iter"], ckpt["wandb_run_id"], step,
                    ckpt.get("evaluated_iter", step))  # fmt: skip
-
-
-def first_line(error):
-    return (str(error).strip().splitlines() or ["no details"])[0]
 
 
 def load_checkpoint(path, map_location="cpu", mmap=False):

@@ -40,11 +40,15 @@ def reading(path, what, fix=None, status=1):
     except Exception as e:
         if out_of_memory_error(e):  # hardware.out_of_memory words it
             raise
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        reason = lines[0] if lines else "no details"
-        reason = reason if len(reason) <= 200 else reason[:197] + "..."
-        fix = f"; {fix}" if fix else ""
+        reason, fix = first_line(e), f"; {fix}" if fix else ""
         raise UserError(f"{path}: not a usable {what} ({type(e).__name__}: {reason}){fix}", status) from None
+
+
+def first_line(error, default="no details"):
+    """Python's reason for an exception in one line: its message's first line, at most 200 characters."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = lines[0] if lines else default
+    return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
 def out_of_memory_error(e):

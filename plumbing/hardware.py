@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from model import GPTConfig
-from plumbing.errors import UserError, out_of_memory_error
+from plumbing.errors import UserError, first_line, out_of_memory_error
 from positions import PositionScheme
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -127,9 +127,8 @@ def out_of_memory(advice):
     except Exception as e:
         if not out_of_memory_error(e):
             raise
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        reason = re.sub(r"^\[enforce fail at [^\]]*\] err == 0\. ", "", lines[0])  # CPU: c10's assertion
-        reason = reason if len(reason) <= 200 else reason[:197] + "..."
+        enforce = r"^\[enforce fail at [^\]]*\] err == 0\. "  # the CPU's: c10's assertion before the reason
+        reason = first_line(re.sub(enforce, "", str(e).strip()), type(e).__name__)
         scheme = scheme_sized(e.__traceback__)
         raise UserError(
             f"out of memory ({reason}): {scheme + ', or ' if scheme else ''}{advice}", 1

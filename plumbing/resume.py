@@ -16,6 +16,7 @@ import torch
 
 from model import GPT, GPTConfig
 from plumbing import cli, hardware
+from plumbing import run_folder as folders
 from plumbing.checkpoint import (
     RUN_ENTRIES,
     Progress,
@@ -34,11 +35,10 @@ from plumbing.errors import StopSignals, UserError, reading
 from plumbing.report import schedule_notes, wandb_problem
 from positions import POSITION_MODULES
 
-# What resuming reads beyond what sampling needs (model, model_config, meta); older files lack LATER_KEYS,
-# which restore reads with a default (command: the one that trained it, for open_for_resume's refusal)
+# Resuming reads RUN_ENTRIES beyond what sampling needs (model, model_config, meta); older files lack
+# LATER_KEYS, which restore reads with a default (command: the one that trained it, for open_for_resume)
 LATER_KEYS = ("finished", "evaluated_iter", "command")
-RESUME_KEYS = RUN_ENTRIES
-WRITTEN = ("model", "model_config", "meta", *RESUME_KEYS, *LATER_KEYS)  # every entry write_checkpoint writes
+WRITTEN = ("model", "model_config", "meta", *RUN_ENTRIES, *LATER_KEYS)  # every entry write_checkpoint writes
 MODEL_KNOBS = ("dropout",)  # GPTConfig fields a resumed run may change: they shape no weight
 NOT_COMPARED = ("resume", "init_from", "overwrite")  # TrainConfig fields not about the run continued
 
@@ -250,7 +250,7 @@ def open_for_resume(cfg, model_config, meta, procs):
         raise UserError(
             f"--resume: {e}; --overwrite (without --resume) starts again there, or give another --out_dir"
         ) from None
-    if missing := [key for key in RESUME_KEYS if key not in ckpt]:
+    if missing := [key for key in RUN_ENTRIES if key not in ckpt]:
         raise UserError(
             f"{path} has no {', '.join(missing)}: it can be sampled from but not resumed "
             "(written by an older train.py?); start a new run with another --out_dir"
@@ -392,7 +392,3 @@ def init_from_settings(values, saved, model_config, given):
             "checkpoint writes its own; give another --out_dir"
         )
     return replace(model_config, pos_settings=settings), out_dir
-
-
-# last: run_folder reads RESUME_KEYS from this module as it loads
-from plumbing import run_folder as folders  # noqa: E402

@@ -9,9 +9,8 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from plumbing.checkpoint import open_checkpoint, run_finished
+from plumbing.checkpoint import RUN_ENTRIES, open_checkpoint, run_finished
 from plumbing.errors import UserError
-from plumbing.resume import RESUME_KEYS
 
 try:
     import fcntl
@@ -74,7 +73,7 @@ def describe_run(path):
         ckpt = open_checkpoint(path, mmap=True)
     except UserError as e:  # unreadable, damaged, foreign (GPT-2's, nanoGPT's) or malicious
         return f"a checkpoint that cannot be continued ({e})", None
-    if missing := [key for key in RESUME_KEYS if key not in ckpt]:
+    if missing := [key for key in RUN_ENTRIES if key not in ckpt]:
         return f"a checkpoint that cannot be continued (it has no {', '.join(missing)})", None
     step = f"step {ckpt.get('iter_num')} of {(ckpt.get('train_config') or {}).get('max_iters')}"
     if run_finished(ckpt):

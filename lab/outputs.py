@@ -131,9 +131,11 @@ def check_folder(flag, folder, inputs=()):
 
 def check_writable(where, path):
     """A one-line UserError starting `where` unless a file can be written at path: no file in the way of its
-    folders, its folder made (as the write will), a temporary file written, flushed to disk and removed."""
+    folders, its folder made (as the write will), a temporary file written, flushed to disk and removed, and
+    the folders made for it removed too: a command refused after this check leaves nothing behind."""
     if in_the_way := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
         raise UserError(f"{where}: {in_the_way} is a file, not a folder")
+    made = [folder for folder in path.parents if not folder.exists()]  # deepest first
     probe = temporary_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +152,9 @@ def check_writable(where, path):
     finally:  # once closed: Windows removes no open file
         with suppress(OSError):
             probe.unlink()
+        for folder in made:  # deepest first; one that something else has filled meanwhile stays
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def write_output(flag, path, write):

@@ -158,6 +158,15 @@ def test_a_study_never_writes_where_it_reads(argv, flag):
     assert sorted(p.name for p in (ROOT / "data").rglob("*")) == before
 
 
+def test_a_refused_study_leaves_no_folder_its_checks_made(tmp_path):
+    """The writability check makes an output's folders to probe them: a study refused after it (here its
+    --out_root, in data/) removes them again, so a refused command leaves nothing on disk."""
+    results = tmp_path / "new" / "results"
+    done = study("lab.experiments.extrapolation", "--quick", f"--results={results}", "--out_root=data/r")
+    assert done.returncode == 1 and "--out_root" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == [] and not (ROOT / "data" / "r").exists()
+
+
 def test_a_search_never_writes_over_its_checkpoint_or_dataset(capsys, tmp_path):
     """lab.experiments.longrope --out in the dataset's folder it measures on: one line, before the search."""
     run = tmp_path / "run"

@@ -66,8 +66,9 @@ def test_figures_out_over_its_csv_is_refused_with_replace(tmp_path, capsys):
     csv = tmp_path / "extrapolation.png"
     shutil.copy(ROOT / "docs" / "extrapolation.csv", csv)
     before = csv.read_bytes()
+    (tmp_path / "runs").mkdir()  # no runs: not the README's in out/, whatever this checkout holds
     argv = [f"--csv={csv}", f"--out={tmp_path}", "--only=extrapolation", "--replace"]
-    err = error_line(capsys, figures, argv, 1)
+    err = error_line(capsys, figures, [*argv, f"--checkpoints={tmp_path / 'runs'}"], 1)
     assert "that file is an input of this run" in err and csv.read_bytes() == before
 
 

@@ -60,11 +60,17 @@ def name_holder(fd):
     return fd
 
 
-def read_lock(path):
-    """The lock file's line (who holds it), or None when there is none."""
-    with suppress(OSError):
-        return path.read_text().strip() or None
-    return None
+def read_lock(path, patience=1.0):
+    """The lock file's line (who holds it), waiting up to `patience` seconds for a run that has just taken the
+    lock to write it (name_holder); None if it is still not whole by then."""
+    deadline = time.monotonic() + patience
+    while True:
+        with suppress(OSError):
+            if (text := path.read_text()).endswith("\n"):
+                return text.strip()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
 
 
 def describe_run(path):

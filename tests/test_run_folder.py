@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from test_resume import ENV
 import train
 from data.common import DATA_ROOT, load_meta
 from plumbing import checkpoint as ckpt_io
-from plumbing.run_folder import LOCK_NAME
+from plumbing.errors import UserError
+from plumbing.run_folder import LOCK_NAME, take_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -117,6 +119,29 @@ def test_of_two_runs_started_at_once_in_one_folder_one_is_refused_naming_the_oth
     assert first.returncode == 143, stderr
     assert not (out_dir / LOCK_NAME).exists()
     assert set(files(out_dir)) <= set(before) | {"ckpt.pt", "best.pt"}  # nothing of the refused runs
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="flock: POSIX only")
+def test_a_run_refused_just_after_the_lock_was_taken_names_its_holder(tmp_path):
+    """The holder writes its line just after it takes the lock: a run refused in between waits for the line
+    (briefly) and quotes it, not "one that has just started"; a line never written: said so in a second."""
+    path = tmp_path / LOCK_NAME
+    holder = take_lock(path)  # this process holds it; its line is now replaced by an empty file, then written
+    os.ftruncate(holder, 0)
+    os.lseek(holder, 0, os.SEEK_SET)
+    late = threading.Timer(0.2, os.write, (holder, b"pid 1 on host, started now: python train.py\n"))
+    late.start()
+    with pytest.raises(
+        UserError, match=r"in use by another run \(pid 1 on host, started now: python train.py\)"
+    ):
+        take_lock(path)
+    late.join()
+    os.ftruncate(holder, 0)  # a holder that never writes: the refusal still comes, within a second or so
+    began = time.monotonic()
+    with pytest.raises(UserError, match="one that has just started"):
+        take_lock(path)
+    assert time.monotonic() - began < 5
+    os.close(holder)
 
 
 SLOW_STEPS = """
